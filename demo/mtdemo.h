@@ -17,7 +17,7 @@
 #define NOINLINE __attribute__((noinline))
 
 /* Opaque use of a pointer: forces the allocation (and its writes) to happen. */
-static NOINLINE void mtdemo_sink(void *p)
+static NOINLINE __attribute__((unused)) void mtdemo_sink(void *p)
 {
     __asm__ volatile("" : : "r"(p) : "memory");
 }

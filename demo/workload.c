@@ -48,7 +48,7 @@
 #include <pthread.h>
 
 static int g_scale = 1;
-static void *g_kept_frames[1024];
+void *g_kept_frames[1024];
 static int g_nkept;
 
 NOINLINE void json_parse_document(int doc)

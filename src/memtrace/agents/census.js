@@ -1,0 +1,209 @@
+'use strict';
+/*
+ * memtrace census agent (Darwin / iOS only). Loaded into ONE host process -- by default
+ * Frida's system session (pid 0: frida-server itself, root, task_for_pid-capable) -- and
+ * measures every other process from outside: nothing is injected into the measured processes.
+ *
+ * DEVICE-UNVERIFIED: every offset and constant below is written from xnu's public headers
+ * (bsd/sys/resource.h, bsd/sys/kern_memorystatus.h, osfmk/mach/task_info.h) and has not yet
+ * been run on an iPhone. Frida 17 API only (Module.findGlobalExportByName; no static
+ * Module.findExportByName).
+ *
+ * rpc.exports.census() -> {rows: [...], errors: {...}, pageSize, pid}
+ */
+
+function fn(name, ret, args, system) {
+  const address = Module.findGlobalExportByName(name);
+  if (address === null)
+    return null;
+  // SystemFunction returns {value, errno}: the errno says *why* a pid could not be read.
+  return system ? new SystemFunction(address, ret, args) : new NativeFunction(address, ret, args);
+}
+
+// libproc.h
+const proc_listallpids = fn('proc_listallpids', 'int', ['pointer', 'int'], true);
+const proc_pid_rusage = fn('proc_pid_rusage', 'int', ['int', 'int', 'pointer'], true);
+const proc_name = fn('proc_name', 'int', ['int', 'pointer', 'uint32'], false);
+// sys/kern_memorystatus.h (private; exported by libsystem_kernel)
+const memorystatus_control = fn('memorystatus_control', 'int',
+  ['uint32', 'int32', 'uint32', 'pointer', 'size_t'], true);
+// mach: task_name_for_pid is enough for task_info(TASK_VM_INFO); task_for_pid is the fallback.
+const task_name_for_pid = fn('task_name_for_pid', 'int', ['uint32', 'int', 'pointer'], false);
+const task_for_pid = fn('task_for_pid', 'int', ['uint32', 'int', 'pointer'], false);
+const task_info = fn('task_info', 'int', ['uint32', 'uint32', 'pointer', 'pointer'], false);
+const mach_port_deallocate = fn('mach_port_deallocate', 'int', ['uint32', 'uint32'], false);
+const mach_task_self_ptr = Module.findGlobalExportByName('mach_task_self_');
+
+const RUSAGE_INFO_V4 = 4;
+// struct rusage_info_v4 (bsd/sys/resource.h); all fields after ri_uuid[16] are uint64_t.
+const RUSAGE_V4_SIZE = 296;            // 16 + 35 * 8
+const RI_RESIDENT_SIZE = 64;           // ri_resident_size
+const RI_PHYS_FOOTPRINT = 72;          // ri_phys_footprint
+const RI_LIFETIME_MAX_FOOTPRINT = 240; // ri_lifetime_max_phys_footprint
+const RI_INTERVAL_MAX_FOOTPRINT = 280; // ri_interval_max_phys_footprint
+
+const MEMORYSTATUS_CMD_GET_PRIORITY_LIST = 1;
+// memorystatus_priority_entry_t {pid_t pid; int32_t priority; uint64_t user_data;
+//                                int32_t limit /* MB, -1 = none */; uint32_t state;}
+const PRIORITY_ENTRY_SIZE = 24;
+const PE_PID = 0, PE_PRIORITY = 4, PE_USER_DATA = 8, PE_LIMIT = 16, PE_STATE = 20;
+// Older kernels refuse buffers larger than MEMORYSTATUS_BUFFERSIZE_MAX (65536).
+const MEMORYSTATUS_BUFFERSIZE_MAX = 65536;
+const EINVAL = 22;
+
+// struct task_vm_info (osfmk/mach/task_info.h). The kernel fills as many revisions as the
+// count allows and writes back the count it filled, so each field is read only if covered.
+const TASK_VM_INFO = 22;
+const TASK_VM_INFO_BUFFER = 512;                // larger than any revision so far
+const TVI_REUSABLE = 80;                        // mach_vm_size_t reusable
+const TVI_PHYS_FOOTPRINT = 144;                 // rev1: phys_footprint
+const TVI_LEDGER_PURGEABLE_NONVOLATILE = 176;   // rev3: int64 ledger_purgeable_nonvolatile
+const TVI_LEDGER_PURGEABLE_VOLATILE = 192;      // rev3: int64 ledger_purgeable_volatile
+const TVI_LEDGER_GRAPHICS_FOOTPRINT = 272;      // rev3: int64 ledger_tag_graphics_footprint
+const TVI_LEDGER_GRAPHICS_FOOTPRINT_COMPRESSED = 280;
+
+function u64(p) {
+  return p.readU64().toNumber();
+}
+
+function taskSelf() {
+  return mach_task_self_ptr === null ? 0 : mach_task_self_ptr.readU32();
+}
+
+function listPids(errors) {
+  if (proc_listallpids === null) {
+    errors.proc_listallpids = 'not exported';
+    return [];
+  }
+  const estimate = proc_listallpids(NULL, 0).value;
+  const capacity = Math.max(estimate, 0) + 256;  // processes start between the two calls
+  const buf = Memory.alloc(capacity * 4);
+  const r = proc_listallpids(buf, capacity * 4);
+  if (r.value < 0) {
+    errors.proc_listallpids = 'errno ' + r.errno;
+    return [];
+  }
+  const pids = [];
+  for (let i = 0; i < r.value && i < capacity; i++) {
+    const pid = buf.add(i * 4).readS32();
+    if (pid > 0)
+      pids.push(pid);
+  }
+  return pids;
+}
+
+function priorityList(errors) {
+  const out = {};
+  if (memorystatus_control === null) {
+    errors.memorystatus_control = 'not exported';
+    return out;
+  }
+  const sized = memorystatus_control(MEMORYSTATUS_CMD_GET_PRIORITY_LIST, 0, 0, NULL, 0);
+  if (sized.value < 0) {
+    errors.memorystatus_control = 'size query: errno ' + sized.errno;
+    return out;
+  }
+  let size = sized.value + 64 * PRIORITY_ENTRY_SIZE;
+  let buf = Memory.alloc(size);
+  let r = memorystatus_control(MEMORYSTATUS_CMD_GET_PRIORITY_LIST, 0, 0, buf, size);
+  if (r.value < 0 && r.errno === EINVAL && size > MEMORYSTATUS_BUFFERSIZE_MAX) {
+    size = MEMORYSTATUS_BUFFERSIZE_MAX;
+    buf = Memory.alloc(size);
+    r = memorystatus_control(MEMORYSTATUS_CMD_GET_PRIORITY_LIST, 0, 0, buf, size);
+  }
+  if (r.value < 0) {
+    errors.memorystatus_control = 'errno ' + r.errno;
+    return out;
+  }
+  for (let off = 0; off + PRIORITY_ENTRY_SIZE <= r.value; off += PRIORITY_ENTRY_SIZE) {
+    const e = buf.add(off);
+    const limit = e.add(PE_LIMIT).readS32();
+    out[e.add(PE_PID).readS32()] = {
+      priority: e.add(PE_PRIORITY).readS32(),
+      user_data: e.add(PE_USER_DATA).readU64().toString(),
+      limit: limit > 0 ? limit * 1024 * 1024 : null,
+      state: e.add(PE_STATE).readU32(),
+    };
+  }
+  return out;
+}
+
+function vmInfo(pid, self, port, count, info) {
+  // Returns null when the task cannot be reached (the census then leaves these columns empty).
+  if (task_info === null)
+    return null;
+  port.writeU32(0);
+  let kr = task_name_for_pid === null ? -1 : task_name_for_pid(self, pid, port);
+  if (kr !== 0 && task_for_pid !== null)
+    kr = task_for_pid(self, pid, port);
+  if (kr !== 0)
+    return null;
+  const task = port.readU32();
+  count.writeU32(TASK_VM_INFO_BUFFER / 4);
+  kr = task_info(task, TASK_VM_INFO, info, count);
+  if (mach_port_deallocate !== null)
+    mach_port_deallocate(self, task);
+  if (kr !== 0)
+    return null;
+  const filled = count.readU32() * 4;
+  const field = (off, signed) => (filled >= off + 8
+    ? (signed ? info.add(off).readS64().toNumber() : u64(info.add(off))) : null);
+  return {
+    reusable: field(TVI_REUSABLE, false),
+    task_phys_footprint: field(TVI_PHYS_FOOTPRINT, false),
+    purgeable_nonvolatile: field(TVI_LEDGER_PURGEABLE_NONVOLATILE, true),
+    purgeable_volatile: field(TVI_LEDGER_PURGEABLE_VOLATILE, true),
+    graphics: (() => {
+      const a = field(TVI_LEDGER_GRAPHICS_FOOTPRINT, true);
+      const b = field(TVI_LEDGER_GRAPHICS_FOOTPRINT_COMPRESSED, true);
+      return a === null ? null : a + (b || 0);
+    })(),
+  };
+}
+
+function census() {
+  const errors = {};
+  const pids = listPids(errors);
+  const priorities = priorityList(errors);
+  const ru = Memory.alloc(RUSAGE_V4_SIZE);
+  const nameBuf = Memory.alloc(256);
+  const port = Memory.alloc(4);
+  const count = Memory.alloc(4);
+  const info = Memory.alloc(TASK_VM_INFO_BUFFER);
+  const self = taskSelf();
+  const rows = [];
+  for (const pid of pids) {
+    const row = { pid: pid, status: 'ok' };
+    if (proc_name !== null && proc_name(pid, nameBuf, 256) > 0)
+      row.name = nameBuf.readUtf8String();
+    if (proc_pid_rusage !== null) {
+      const r = proc_pid_rusage(pid, RUSAGE_INFO_V4, ru);
+      if (r.value === 0) {
+        row.footprint = u64(ru.add(RI_PHYS_FOOTPRINT));
+        row.lifetime_max = u64(ru.add(RI_LIFETIME_MAX_FOOTPRINT));
+        row.interval_max = u64(ru.add(RI_INTERVAL_MAX_FOOTPRINT));
+        row.rss = u64(ru.add(RI_RESIDENT_SIZE));
+      } else {
+        row.status = r.errno === 3 /* ESRCH */ ? 'vanished' : (r.errno === 1 /* EPERM */ ? 'denied' : 'errno ' + r.errno);
+      }
+    }
+    const prio = priorities[pid];
+    if (prio !== undefined) {
+      row.priority = prio.priority;
+      row.limit = prio.limit;
+      row.state = prio.state;
+      row.user_data = prio.user_data;
+    }
+    if (row.status === 'ok') {
+      const vm = vmInfo(pid, self, port, count, info);
+      if (vm !== null)
+        Object.assign(row, vm);
+    }
+    rows.push(row);
+  }
+  return { rows: rows, errors: errors, pid: Process.id, pageSize: Process.pageSize };
+}
+
+rpc.exports = {
+  census: census,
+};

@@ -1,0 +1,143 @@
+"""Census analysis: pure functions from collected rows to sorted rows, totals, band names, Markdown.
+
+The census document (``memtrace census --json`` / ``--out FILE.json``; a report folder
+recognises it by ``"kind": "census"``)::
+
+    {
+      "kind": "census", "version": 1,
+      "platform": "linux" | "darwin",
+      "device": {"id": str, "name": str, "type": str},
+      "time": ISO-8601 UTC, "host_pid": int | null,
+      "rows": [row, ...],
+      "totals": {"processes", "measured", "vanished", "denied", "footprint", "purgeable_volatile",
+                 "purgeable_nonvolatile", "reusable", "graphics"},
+      "errors": {source: message}, "notes": [str, ...]
+    }
+
+A row (bytes unless said otherwise; ``null`` when the platform or the process's permissions
+do not expose the figure)::
+
+    pid, name, status ("ok" | "partial" | "denied" | "vanished" | "errno N"),
+    footprint, lifetime_max, purgeable_volatile, purgeable_nonvolatile, reusable,
+    graphics (IOSurface / graphics-tagged memory), rss, pss, swap,
+    priority (jetsam priority, or oom_score_adj on Linux), band (its name), limit, limit_source
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FORMAT_VERSION = 1
+SORT_KEYS = ("footprint", "purgeable", "lifetime_max", "name", "pid", "priority")
+
+# xnu bsd/sys/kern_memorystatus.h JETSAM_PRIORITY_* (-1 is an alias for the default band).
+DARWIN_BANDS = {
+    -1: "DEFAULT", 0: "IDLE", 1: "AGING_BAND1", 2: "AGING_BAND2", 3: "BACKGROUND", 4: "MAIL", 5: "PHONE",
+    8: "UI_SUPPORT", 9: "FOREGROUND_SUPPORT", 10: "FOREGROUND", 12: "AUDIO_AND_ACCESSORY",
+    13: "CONDUCTOR", 16: "HOME", 17: "EXECUTIVE", 18: "IMPORTANT", 19: "CRITICAL", 21: "MAX",
+}
+
+# oom_score_adj ranges, named after Android lmkd's adj levels (the closest Linux analogue of
+# jetsam bands: higher = killed earlier). Lower bound inclusive, checked in order.
+LINUX_BANDS = (
+    (-1000, "OOM_DISABLED"), (-999, "PROTECTED"), (0, "DEFAULT"), (1, "VISIBLE"),
+    (200, "PERCEPTIBLE"), (300, "BACKGROUND"), (500, "SERVICE"), (900, "CACHED"),
+)
+
+SUMMED = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable", "graphics")
+
+
+def darwin_band(priority: int | None) -> str | None:
+    if priority is None:
+        return None
+    return DARWIN_BANDS.get(priority, f"BAND_{priority}")
+
+
+def linux_band(oom_score_adj: int | None) -> str | None:
+    if oom_score_adj is None:
+        return None
+    name = None
+    for low, label in LINUX_BANDS:
+        if oom_score_adj >= low:
+            name = label
+    return name or "OOM_DISABLED"
+
+
+def band_name(platform: str, priority: int | None) -> str | None:
+    return darwin_band(priority) if platform == "darwin" else linux_band(priority)
+
+
+def _num(row: dict[str, Any], key: str) -> int:
+    v = row.get(key)
+    return v if isinstance(v, int) else -1
+
+
+def sort_rows(rows: list[dict[str, Any]], key: str = "footprint") -> list[dict[str, Any]]:
+    """Largest first for sizes and priority; alphabetical for name; ascending for pid."""
+    if key not in SORT_KEYS:
+        raise ValueError(f"unknown sort key {key!r}; expected one of {', '.join(SORT_KEYS)}")
+    if key == "name":
+        return sorted(rows, key=lambda r: ((r.get("name") or "").lower(), r.get("pid", 0)))
+    if key == "pid":
+        return sorted(rows, key=lambda r: r.get("pid", 0))
+    if key == "purgeable":
+        return sorted(rows, key=lambda r: (-(max(_num(r, "purgeable_volatile"), 0)
+                                             + max(_num(r, "purgeable_nonvolatile"), 0)), r.get("pid", 0)))
+    return sorted(rows, key=lambda r: (-_num(r, key), r.get("pid", 0)))
+
+
+def totals(rows: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Counts and byte sums; a sum is None when no row exposes that figure (e.g. purgeable on Linux)."""
+    out: dict[str, int | None] = {
+        "processes": len(rows),
+        "measured": sum(1 for r in rows if isinstance(r.get("footprint"), int)),
+        "vanished": sum(1 for r in rows if r.get("status") == "vanished"),
+        "denied": sum(1 for r in rows if r.get("status") == "denied"),
+    }
+    for key in SUMMED:
+        values = [r[key] for r in rows if isinstance(r.get(key), int)]
+        out[key] = sum(values) if values else None
+    return out
+
+
+def format_bytes(n: Any) -> str:
+    if not isinstance(n, int):
+        return "-"
+    if n >= 1024 * 1024 * 1024:
+        return f"{n / (1024 ** 3):.2f} GB"
+    return f"{n / (1024 * 1024):.1f} MB"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(census: dict[str, Any], limit: int = 30) -> str:
+    """The "Census" section of a report (GitHub Markdown, starts with ``## Census``)."""
+    rows = sort_rows(list(census.get("rows", [])), "footprint")
+    t = census.get("totals") or totals(rows)
+    device = census.get("device") or {}
+    lines = ["## Census", ""]
+    lines.append(f"{t.get('processes', len(rows))} processes on {_cell(device.get('name') or '?')} "
+                 f"({census.get('platform', '?')}, {census.get('time', '?')}); total footprint "
+                 f"{format_bytes(t.get('footprint'))}"
+                 + (f"; {t['vanished']} vanished and {t['denied']} denied during the scan"
+                    if t.get("vanished") or t.get("denied") else "") + ".")
+    lines += ["", "| pid | process | footprint | lifetime max | purgeable vol / nonvol | reusable | "
+                  "graphics | band | limit | status |",
+              "|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for r in rows[:limit]:
+        purg = f"{format_bytes(r.get('purgeable_volatile'))} / {format_bytes(r.get('purgeable_nonvolatile'))}"
+        band = r.get("band") or "-"
+        if r.get("priority") is not None:
+            band = f"{band} ({r['priority']})"
+        lines.append(f"| {r.get('pid')} | {_cell(r.get('name') or '?')} | {format_bytes(r.get('footprint'))} | "
+                     f"{format_bytes(r.get('lifetime_max'))} | {purg} | {format_bytes(r.get('reusable'))} | "
+                     f"{format_bytes(r.get('graphics'))} | {_cell(band)} | {format_bytes(r.get('limit'))} | "
+                     f"{_cell(r.get('status', '-'))} |")
+    if len(rows) > limit:
+        lines.append(f"\n{len(rows) - limit} smaller processes not shown.")
+    for note in census.get("notes", []):
+        lines.append(f"\n> {_cell(note)}")
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""``memtrace limit``: a process's footprint, the memory still available to it, and its limit."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from memtrace.analyze.census import format_bytes as fb
+from memtrace.errors import InputError
+from memtrace.limit import (
+    IOSLimitProbe,
+    device_is_local,
+    find_pid,
+    get_frida_device,
+    limit_document,
+    linux_sample,
+    parse_device_spec,
+    watch_series,
+)
+
+
+def _local_pid_by_name(name: str) -> int:
+    from memtrace.census import LinuxScanner
+
+    scanner = LinuxScanner()
+    matches = []
+    for pid in scanner.pids():
+        row = scanner.row(pid)
+        if row is not None and row.get("name") == name:
+            matches.append(pid)
+    if not matches:
+        raise InputError(f"no process named {name!r}")
+    if len(matches) > 1:
+        raise InputError(f"{len(matches)} processes named {name!r} ({', '.join(map(str, matches[:8]))}); use --pid")
+    return matches[0]
+
+
+def _render(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{doc.get('name') or '?'}[/] (pid {doc['pid']}, {doc['platform']}): footprint "
+                  f"[bold]{fb(doc.get('footprint'))}[/], available {fb(doc.get('available'))}, "
+                  f"limit [bold]{fb(doc.get('limit'))}[/]"
+                  + (f" (binding: {doc['binding']})" if doc.get("binding") else ""))
+    if doc.get("bounds"):
+        table = Table(title="bounds", title_justify="left")
+        for col in ("bound", "limit", "used", "available", "how"):
+            table.add_column(col, justify="left" if col in ("bound", "how") else "right")
+        for b in doc["bounds"]:
+            mark = " ◀" if b["name"] == doc.get("binding") else ""
+            table.add_row(b["name"] + mark, fb(b["limit"]), fb(b["used"]), fb(b["available"]), b["detail"])
+        console.print(table)
+    if doc.get("memlimit"):
+        m = doc["memlimit"]
+        console.print(f"memorystatus limits: active {fb(m.get('active'))}{' (fatal)' if m.get('active_fatal') else ''}"
+                      f", inactive {fb(m.get('inactive'))}{' (fatal)' if m.get('inactive_fatal') else ''}")
+    for source, message in (doc.get("errors") or {}).items():
+        console.print(f"[yellow]warning[/]: {source}: {message}")
+    if "series" in doc:
+        table = Table(title="footprint over time", title_justify="left")
+        for col in ("t (s)", "footprint", "available", "limit"):
+            table.add_column(col, justify="right")
+        for s in doc["series"]:
+            table.add_row(f"{s['t']:.1f}", fb(s["footprint"]), fb(s["available"]), fb(s["limit"]))
+        console.print(table)
+        if doc.get("stopped"):
+            console.print(f"[yellow]stopped early[/]: {doc['stopped']}")
+    for e in doc.get("pressure_events", []):
+        share = ""
+        if isinstance(e.get("footprint"), int) and isinstance(e.get("available"), int) and e["footprint"] + e["available"]:
+            share = f" = {100 * e['footprint'] / (e['footprint'] + e['available']):.0f}% of the limit"
+        console.print(f"[red]memory pressure[/] {e.get('event')} via {e.get('via')} at footprint "
+                      f"{fb(e.get('footprint'))}{share}")
+
+
+@click.command("limit")
+@click.option("--pid", type=int, help="Target process id.")
+@click.option("--name", help="Target process name (must be unique).")
+@click.option("--device", "device", default="auto", show_default=True,
+              help="auto|local|usb|id:UDID|remote:HOST[:PORT]")
+@click.option("--watch", "watch", type=click.FloatRange(min=0), default=None,
+              help="Sample for this many seconds (a footprint-over-time series; iOS: also memory warnings).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
+              help="Seconds between samples with --watch.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("--quiet", "-q", is_flag=True, help="No output but errors (with --json: JSON only).")
+def limit(pid: int | None, name: str | None, device: str, watch: float | None, interval: float,
+          as_json: bool, quiet: bool) -> int:
+    """Footprint, memory still available, and the limit that binds (no injection on Linux)."""
+    if (pid is None) == (name is None):
+        raise InputError("give exactly one of --pid or --name")
+    spec = parse_device_spec(device)
+    frida_device = None if spec.kind == "local" else get_frida_device(spec)
+    events: list[dict[str, Any]] = []
+    if frida_device is None or device_is_local(frida_device):
+        target = pid if pid is not None else _local_pid_by_name(name or "")
+        first = linux_sample(target)
+        platform = "linux"
+
+        def sample() -> dict[str, Any]:
+            return linux_sample(target)
+
+        probe = None
+    else:
+        target = pid if pid is not None else find_pid(frida_device, name or "")
+        probe = IOSLimitProbe(frida_device, target)
+        platform = "darwin"
+        sample = probe.sample
+    try:
+        if probe is not None and watch is not None:
+            probe.watch()
+        first = sample()
+        series, stopped = watch_series(sample, watch, interval) if watch is not None else (None, None)
+        if probe is not None:
+            events = probe.events
+            stopped = stopped or (f"detached: {probe.detached}" if probe.detached else None)
+    finally:
+        if probe is not None:
+            probe.close()
+    doc = limit_document(platform, first, series, events, stopped)
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif not quiet:
+        _render(doc)
+    return 0
+
+
+command = limit

@@ -30,7 +30,6 @@ from memtrace.errors import InputError, TargetError
 
 AGENTS_DIR = Path(__file__).parent / "agents"
 FRIDA_REMOTE_PORT = 27042
-UNLIMITED = None
 
 
 # --- device selection ------------------------------------------------------------------------
@@ -140,12 +139,12 @@ def parse_limits(text: str) -> dict[str, int | None]:
 
 def _mem_available(reader: Any, proc_root: Path) -> int | None:
     try:
-        return census_mod().parse_kb_fields(reader(proc_root / "meminfo")).get("MemAvailable")
+        return _census().parse_kb_fields(reader(proc_root / "meminfo")).get("MemAvailable")
     except OSError:
         return None
 
 
-def census_mod() -> Any:
+def _census() -> Any:
     from memtrace import census
 
     return census
@@ -154,7 +153,7 @@ def census_mod() -> Any:
 def linux_sample(pid: int, proc_root: Path = Path("/proc"), reader: Any = None,
                  scanner: Any = None) -> dict[str, Any]:
     """Footprint, every bound on growth, and the binding one, for one Linux process."""
-    census = census_mod()
+    census = _census()
     reader = reader or census.read_text
     scanner = scanner or census.LinuxScanner(proc_root, reader)
     base = proc_root / str(pid)

@@ -1,21 +1,26 @@
 /*
  * anti_debug — "anti-debug" death type (memtrace issue 6): detects instrumentation and hangs.
  *
- * Usage: anti_debug [SECONDS]   (default 5: lifetime when not instrumented)
+ * Usage: anti_debug [SECONDS] [--interval-ms M]
+ *   SECONDS         lifetime when not instrumented (default 5)
+ *   --interval-ms M check period (default 10 ms, so detection normally lands while Frida is
+ *                   still attaching / loading the script)
  *
- * Thread "integrity" runs integrity_check() every 50 ms (first check immediately at start).
+ * Thread "integrity" runs integrity_check() every M ms (default 10) (first check immediately at start).
  * It reads /proc/self/maps and every /proc/self/task/<tid>/comm with raw open/read/getdents64
  * (no malloc) and declares instrumentation if
  *   - a line of /proc/self/maps contains "frida" (Frida's agent is mapped as
  *     "/memfd:frida-agent-64.so (deleted)"), or
  *   - a thread name starts with "gum-js-loop", "gmain", "gdbus", "frida" or "pool-frida"
- *     (threads Frida's injected agent creates; this program's own threads are "anti_debug",
- *     "integrity" and "app-main" only).
+ *     (threads Frida's injected agent creates; this program's own threads are "anti_debug"
+ *     and "integrity" only).
  * On detection it writes
  *     "anti_debug: instrumentation detected (<evidence>), stopping"
  * to stderr and raises SIGSTOP on itself: the WHOLE process (all threads, including the
  * injected agent's) is stopped, so a Frida attach, script load or rpc call never answers.  The
- * process stays stopped until someone sends SIGCONT or SIGKILL (tests must SIGKILL it).  After
+ * process stays stopped until someone sends SIGCONT or SIGKILL (tests must SIGKILL it).
+ * Measured with Frida 17 on Linux (spawn, resume, attach 0.5 s later): device.attach() returns
+ * (~0.1 s), then create_script()/load() never returns; /proc/PID/status shows State T (stopped).  After
  * a SIGCONT it raises SIGSTOP again at the next check while the agent is still present.
  *
  * Without instrumentation: the main thread runs app_main_loop_tick() every 100 ms (10 x
@@ -33,6 +38,7 @@
 #include <sys/syscall.h>
 
 static atomic_int g_checks;
+static double g_interval = 0.01;
 static char g_buf[1 << 16];
 
 static int read_all(const char *path, char *buf, size_t cap)
@@ -141,7 +147,7 @@ static void *integrity_thread(void *arg)
                 _exit(3);
             raise(SIGSTOP);
         }
-        mtdemo_sleep(0.05);
+        mtdemo_sleep(g_interval);
     }
     return NULL;
 }
@@ -161,11 +167,11 @@ NOINLINE void app_main_loop_tick(void)
 
 int main(int argc, char **argv)
 {
-    double seconds = argc > 1 ? strtod(argv[1], NULL) : 5;
+    double seconds = (argc > 1 && argv[1][0] != '-') ? strtod(argv[1], NULL) : 5;
+    g_interval = mtdemo_opt_double(argc, argv, "--interval-ms", 10) / 1000.0;
     pthread_t th;
     pthread_create(&th, NULL, integrity_thread, NULL);
     pthread_setname_np(th, "integrity");
-    pthread_setname_np(pthread_self(), "app-main");
     double t0 = mtdemo_now();
     while (mtdemo_now() - t0 < seconds) {
         app_main_loop_tick();

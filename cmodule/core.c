@@ -148,6 +148,13 @@ extern gint pthread_attr_destroy (gpointer attr);
 extern glong syscall (glong number, ...);
 #endif
 
+#ifndef G_UNLIKELY
+# define G_LIKELY(x) (x)
+# define G_UNLIKELY(x) (x)
+#endif
+
+static gint64 mt_next_gap (MtSlot * s);
+
 #define MT_CFG (&mt_config)
 #define MT_G (&mt_globals)
 
@@ -615,8 +622,8 @@ mt_ln (gdouble x)
 static gint64
 mt_next_gap (MtSlot * s)
 {
-  gdouble u = ((gdouble) (mt_next_random (s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-  gint64 gap = (gint64) (-mt_ln (u) * (gdouble) mt_config.sample_interval);
+  gdouble u = ((gdouble) (gint64) (mt_next_random (s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  gint64 gap = (gint64) (-mt_ln (u) * (gdouble) (gint64) mt_config.sample_interval);
   return gap > 0 ? gap : 1;
 }
 

@@ -148,6 +148,7 @@ function buildCore(config, sources, extraSymbols) {
     } catch (e) {
       if (config.toolchain === 'external')
         throw e;
+      state.toolchainError = String(e.message || e).split('\n')[0];
       cm = null;
     }
   }
@@ -195,6 +196,7 @@ function buildCore(config, sources, extraSymbols) {
   };
   return {
     toolchain,
+    toolchainError: state.toolchainError || null,
     tlsKey: key,
     ringSize,
     threadSlots: nSlots,
@@ -388,24 +390,35 @@ function calibrate() {
 
 /* ---- end of life: exit and crash --------------------------------------- */
 
+/* A native listener only notes the exit status: a JavaScript one on exit()
+ * deadlocks against Frida's own exit handling.  The goodbye itself goes out
+ * from rpc.exports.dispose, which Frida runs (and flushes) as the process exits. */
+const EXIT_WATCH_C = `
+#include <gum/guminterceptor.h>
+extern volatile gint mt_exit_seen;
+extern volatile gint mt_exit_status;
+extern volatile gint mt_exit_how;
+void mt_on_exit (GumInvocationContext * ic)
+{
+  mt_exit_status = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, 0);
+  mt_exit_how = GPOINTER_TO_INT (gum_invocation_context_get_listener_function_data (ic));
+  mt_exit_seen = 1;
+}
+`;
+const EXIT_NAMES = ['exit', '_exit', '_Exit'];
+
 function watchExit() {
-  for (const name of ['exit', '_exit', '_Exit']) {
+  const cell = Memory.alloc(16);
+  state.exitCell = cell;
+  const cm = new CModule(EXIT_WATCH_C, {
+    mt_exit_seen: cell, mt_exit_status: cell.add(4), mt_exit_how: cell.add(8),
+  });
+  state.exitModule = cm;
+  EXIT_NAMES.forEach((name, i) => {
     const p = findExport(name);
-    if (p === null)
-      continue;
-    Interceptor.attach(p, {
-      onEnter(args) {
-        if (state.finished)
-          return;
-        try {
-          flush();
-        } catch (e) {
-          // the process is going away; nothing more to save
-        }
-        send({ type: 'agent:exit', t: now(), status: args[0].toInt32(), how: name });
-      },
-    });
-  }
+    if (p !== null)
+      Interceptor.attach(p, cm.mt_on_exit, ptr(i));
+  });
   Process.setExceptionHandler(details => {
     if (!state.finished) {
       try {
@@ -445,12 +458,12 @@ rpc.exports = Object.assign({
       tracer.install(state.config);
     watchExit();
     state.running = true;
+    state.moduleTick = 1;
     state.timer = setInterval(() => {
       flush();
       if (state.moduleTick++ % 10 === 0)
         announceModules();
     }, DRAIN_INTERVAL_MS);
-    state.moduleTick = 1;
     return { t: now() };
   },
   flush() {
@@ -469,6 +482,31 @@ rpc.exports = Object.assign({
     flush();
     announceModules();
     return { t: now() };
+  },
+  dispose() {
+    // Frida calls this as the process exits (and on unload); messages sent here are flushed.
+    if (state.finished)
+      return;
+    state.finished = true;
+    try {
+      flush();
+    } catch (e) {
+      // the process is going away; nothing more to save
+    }
+    const cell = state.exitCell;
+    const seen = cell !== undefined && cell.readS32() === 1;
+    let calibration = null;
+    try {
+      calibration = calibrate();
+    } catch (e) {
+      calibration = null;
+    }
+    send({
+      type: 'agent:exit', t: now(), exiting: true,
+      status: seen ? cell.add(4).readS32() : null,
+      how: seen ? EXIT_NAMES[cell.add(8).readS32()] : null,
+      calibration,
+    });
   },
   symbolize(addresses) {
     return symbolize(addresses);

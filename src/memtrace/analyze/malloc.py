@@ -1,0 +1,258 @@
+"""The malloc line, offline: exact counters, live set at end, stacks, coverage.
+
+Pure: an iterator of capture records in, a :class:`MallocSummary` out.  Memory
+is bounded by distinct stacks and live blocks, never by the number of events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.analyze.symbols import SymbolTable
+from memtrace.capture import (
+    C_BYTES,
+    C_CALLS,
+    C_TIER_BYTES,
+    C_TIER_CALLS,
+    COUNTER_NAMES,
+    DROPPED_STACK,
+    FLAG_LIVE,
+    FLAG_SAMPLED,
+    KIND_NAMES,
+    NO_STACK,
+    TIER_MAX_BYTES,
+    AllocRecord,
+    FreeRecord,
+    Record,
+    RecordType,
+    decode_agent_records,
+)
+
+FREE_KINDS = {3, 13}
+
+
+@dataclass
+class StackStats:
+    stack_id: int
+    count: int = 0              # exact allocations seen with this stack
+    bytes: int = 0              # their exact bytes
+    est_bytes: float = 0.0      # exact + sampled weights (unbiased estimate)
+    est_count: float = 0.0
+    live_count: int = 0
+    live_bytes: int = 0
+    live_est_bytes: float = 0.0
+
+
+@dataclass
+class MallocSummary:
+    meta: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    counters: list[int] = field(default_factory=lambda: [0] * 64)
+    missing: list[str] = field(default_factory=list)
+    recon: list[dict[str, Any]] = field(default_factory=list)
+    calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    by_stack: dict[int, StackStats] = field(default_factory=dict)
+    live_count: int = 0
+    live_bytes: int = 0
+    live_est_bytes: float = 0.0
+    stacked_bytes: int = 0
+    sampled_est_bytes: float = 0.0
+    unmatched_frees: int = 0
+    symbols: SymbolTable = field(default_factory=SymbolTable)
+    batches: int = 0
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+    # -- derived ----------------------------------------------------------------
+
+    @property
+    def calls(self) -> dict[str, int]:
+        return {name: self.counters[C_CALLS + k] for k, name in KIND_NAMES.items()}
+
+    @property
+    def gross_bytes(self) -> int:
+        return sum(self.counters[C_BYTES + k] for k in KIND_NAMES if k not in FREE_KINDS)
+
+    @property
+    def alloc_calls(self) -> int:
+        return sum(self.counters[C_CALLS + k] for k in KIND_NAMES if k not in FREE_KINDS)
+
+    @property
+    def tiers(self) -> list[dict[str, Any]]:
+        return [{"max_bytes": m, "calls": self.counters[C_TIER_CALLS + i], "bytes": self.counters[C_TIER_BYTES + i]}
+                for i, m in enumerate(TIER_MAX_BYTES)]
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        d = {COUNTER_NAMES[i]: self.counters[i] for i in (44, 45, 46, 47)}
+        d["unmatched_frees"] = self.unmatched_frees
+        return d
+
+    def stack_frames(self, stack_id: int) -> list[str]:
+        frames = self.stacks.get(stack_id)
+        if frames is None:
+            return ["<stack dropped>" if stack_id == DROPPED_STACK else f"<stack {stack_id} not in capture>"]
+        return self.symbols.labels(frames)
+
+    def top_stacks(self, n: int = 10, live: bool = False) -> list[StackStats]:
+        key = (lambda s: s.live_est_bytes) if live else (lambda s: s.est_bytes)
+        rows = [s for s in self.by_stack.values() if key(s) > 0]
+        rows.sort(key=lambda s: (-key(s), s.stack_id))
+        return rows[:n]
+
+    def coverage(self) -> dict[str, Any]:
+        gross = self.gross_bytes
+        before = self.calibration.get("before", {})
+        after = self.calibration.get("after") or self.calibration.get("at-exit") or {}
+        out: dict[str, Any] = {
+            "stacked_bytes": self.stacked_bytes,
+            "stack_coverage": round(self.stacked_bytes / gross, 4) if gross else None,
+            "estimated_bytes_with_sampling": round(self.stacked_bytes + self.sampled_est_bytes),
+            "estimated_coverage": round((self.stacked_bytes + self.sampled_est_bytes) / gross, 4) if gross else None,
+        }
+        ab, aa = before.get("allocator") or {}, after.get("allocator") or {}
+        if ab and aa and "in_use" in ab and "in_use" in aa:
+            delta = aa["in_use"] - ab["in_use"]
+            out["allocator"] = {"source": aa.get("source"), "in_use_before": ab["in_use"],
+                                "in_use_after": aa["in_use"], "in_use_delta": delta,
+                                "after_phase": "after" if "after" in self.calibration else "at-exit"}
+            tracked = self.live_est_bytes
+            out["live_coverage"] = round(tracked / delta, 4) if delta > 0 else None
+        fb, fa = before.get("footprint") or {}, after.get("footprint") or {}
+        if fb and fa and "footprint" in fb and "footprint" in fa:
+            out["footprint"] = {"source": fa.get("source"), "before": fb["footprint"], "after": fa["footprint"],
+                                "delta": fa["footprint"] - fb["footprint"]}
+        return out
+
+    def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
+        def stack_json(s: StackStats, live: bool = False) -> dict[str, Any]:
+            return {"bytes": round(s.live_est_bytes if live else s.est_bytes),
+                    "count": s.live_count if live else round(s.est_count),
+                    "exact_bytes": s.live_bytes if live else s.bytes,
+                    "stack_id": s.stack_id, "frames": self.stack_frames(s.stack_id)}
+
+        return {
+            "capture": capture,
+            "tracer": self.meta.get("tracer", "malloc"),
+            "target": self.meta.get("target", {}).get("label"),
+            "ended": self.end.get("ended", "truncated"),
+            "reason": self.end.get("reason", "the capture ends without an END record (memtrace or the machine died)"),
+            "calls": self.calls,
+            "alloc_calls": self.alloc_calls,
+            "gross_bytes": self.gross_bytes,
+            "tiers": self.tiers,
+            "live": {"count": self.live_count, "bytes": self.live_bytes,
+                     "estimated_bytes": round(self.live_est_bytes)},
+            "top_stacks": [stack_json(s) for s in self.top_stacks(top)],
+            "live_by_stack": [stack_json(s, live=True) for s in self.top_stacks(top, live=True)],
+            "dropped": self.dropped,
+            "sampled": self.counters[49],
+            "truncated_stacks": self.counters[48],
+            "missing": self.missing,
+            "coverage": self.coverage(),
+            "window_s": self.meta.get("options", {}).get("window"),
+            "captured_s": self.end.get("timing", {}).get("captured_s"),
+        }
+
+
+def summarize(records: Iterable[Record]) -> MallocSummary:
+    s = MallocSummary()
+    live: dict[int, tuple[int, int, float]] = {}      # ptr -> (stack id, size, weight)
+    replaced: dict[int, int] = {}                     # ptr -> frees owed to an overwritten entry
+    early_frees: dict[int, int] = {}                  # ptr -> frees seen before their alloc
+    by_stack = s.by_stack
+    for rec in records:
+        t = rec.type
+        if t == RecordType.BATCH:
+            s.batches += 1
+            counters = rec.body.get("counters")
+            if counters:
+                s.counters = counters
+            if rec.data:
+                _fold_batch(s, rec.data, live, replaced, early_frees, by_stack)
+        elif t == RecordType.SYMBOLS:
+            s.symbols.add_rows(rec.body.get("rows", []))
+        elif t == RecordType.MODULES:
+            s.symbols.add_modules(rec.body.get("modules", []))
+        elif t == RecordType.META:
+            s.meta = rec.body
+        elif t == RecordType.RECON:
+            s.recon = rec.body.get("symbols", [])
+            s.missing = [r["name"] for r in s.recon if r.get("status") == "MISSING"]
+        elif t == RecordType.CALIBRATION:
+            s.calibration[rec.body.get("phase", "?")] = rec.body
+        elif t == RecordType.END:
+            s.end = rec.body
+            if rec.body.get("counters") and sum(rec.body["counters"]) >= sum(s.counters):
+                s.counters = rec.body["counters"]
+        elif t == RecordType.WARNING:
+            s.warnings.append(rec.body)
+    s.unmatched_frees = sum(early_frees.values())
+    for _ptr, (sid, size, weight) in live.items():
+        s.live_count += 1
+        s.live_bytes += size
+        s.live_est_bytes += weight
+        st = by_stack.get(sid)
+        if st is None:
+            st = by_stack[sid] = StackStats(sid)
+        st.live_count += 1
+        st.live_bytes += size
+        st.live_est_bytes += weight
+    return s
+
+
+def _fold_batch(s: MallocSummary, data: bytes, live: dict[int, tuple[int, int, float]],
+                replaced: dict[int, int], early_frees: dict[int, int],
+                by_stack: dict[int, StackStats]) -> None:
+    # The agent drains thread by thread, so a free on one thread can arrive before the
+    # allocation it releases (made on another).  The agent removes a block from its live
+    # table before the real free, so an address is never live twice: a second allocation
+    # of a live address proves the first was freed, and a free with no live block is
+    # matched with the allocation still to come.
+    for r in decode_agent_records(data):
+        if type(r) is AllocRecord:
+            sampled = r.flags & FLAG_SAMPLED
+            sid = r.stack_id
+            if sid != NO_STACK:
+                st = by_stack.get(sid)
+                if st is None:
+                    st = by_stack[sid] = StackStats(sid)
+                if sampled:
+                    st.est_bytes += r.weight
+                    st.est_count += r.weight / r.size if r.size else 0
+                    s.sampled_est_bytes += r.weight
+                else:
+                    st.count += 1
+                    st.bytes += r.size
+                    st.est_bytes += r.size
+                    st.est_count += 1
+                    s.stacked_bytes += r.size
+            if r.flags & FLAG_LIVE:
+                p = r.ptr
+                owed = early_frees.get(p)
+                if owed:
+                    if owed == 1:
+                        del early_frees[p]
+                    else:
+                        early_frees[p] = owed - 1
+                    continue
+                if p in live:
+                    replaced[p] = replaced.get(p, 0) + 1
+                live[p] = (sid, r.size, r.weight if sampled else r.size)
+        elif type(r) is FreeRecord:
+            p = r.ptr
+            owed = replaced.get(p)
+            if owed:
+                if owed == 1:
+                    del replaced[p]
+                else:
+                    replaced[p] = owed - 1
+            elif p in live:
+                del live[p]
+            else:
+                early_frees[p] = early_frees.get(p, 0) + 1
+        else:
+            s.stacks[r.stack_id] = r.frames
+

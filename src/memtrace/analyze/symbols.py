@@ -1,0 +1,72 @@
+"""Return addresses to readable frames, from a capture's SYMBOLS and MODULES records."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    address: int
+    module: str | None
+    offset: int | None
+    symbol: str | None
+    file: str | None = None
+    line: int | None = None
+
+    def label(self) -> str:
+        """`symbol (module)` when known, else `module+0xoffset`, else the address."""
+        if self.symbol and not self.symbol.startswith("0x"):
+            return f"{self.symbol} ({self.module})" if self.module else self.symbol
+        if self.module is not None and self.offset is not None:
+            return f"{self.module}+{self.offset:#x}"
+        return f"{self.address:#x}"
+
+
+class SymbolTable:
+    """Each address resolved once: agent-provided rows first, module ranges as the fallback."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, Frame] = {}
+        self._bases: list[int] = []
+        self._modules: list[tuple[int, int, str]] = []
+        self._cache: dict[int, Frame] = {}
+
+    def add_rows(self, rows: list[list[Any]]) -> None:
+        for row in rows:
+            addr = int(row[0], 16) if isinstance(row[0], str) else int(row[0])
+            module, offset, name = row[1], row[2], row[3]
+            file = row[4] if len(row) > 4 else None
+            line = row[5] if len(row) > 5 else None
+            self._rows[addr] = Frame(addr, module, offset, name or None, file, line)
+            self._cache.pop(addr, None)
+
+    def add_modules(self, modules: list[dict[str, Any]]) -> None:
+        for m in modules:
+            base = int(m["base"], 16) if isinstance(m["base"], str) else int(m["base"])
+            i = bisect.bisect_left(self._bases, base)
+            if i < len(self._bases) and self._bases[i] == base:
+                continue
+            self._bases.insert(i, base)
+            self._modules.insert(i, (base, int(m["size"]), m["name"]))
+
+    def frame(self, address: int) -> Frame:
+        f = self._cache.get(address)
+        if f is not None:
+            return f
+        f = self._rows.get(address)
+        if f is None:
+            i = bisect.bisect_right(self._bases, address) - 1
+            if i >= 0:
+                base, size, name = self._modules[i]
+                if address < base + size:
+                    f = Frame(address, name, address - base, None)
+            if f is None:
+                f = Frame(address, None, None, None)
+        self._cache[address] = f
+        return f
+
+    def labels(self, frames: tuple[int, ...] | list[int]) -> list[str]:
+        return [self.frame(a).label() for a in frames]

@@ -1,0 +1,329 @@
+"""The capture file format: the only module that knows its bytes.
+
+A capture is a 16-byte header followed by length-prefixed records, appended as
+data arrives and flushed after every batch, so a reader can always get back
+everything up to the last flush, whatever happened to the target or to memtrace.
+
+    header  : b"MEMTRACE" | u16 format version | u16 flags (0) | u32 reserved
+    record  : u8 type | u8 0 | u16 0 | u32 payload length | payload
+
+Record payloads are UTF-8 JSON, except BATCH, whose payload is
+``u32 json length | json | agent records`` -- the agent's binary records are
+kept exactly as the agent produced them (layout in cmodule/core.c, decoded by
+:func:`decode_agent_records`), so a capture can be re-interpreted later.
+
+Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in
+per-thread chunks ``u32 tid | u32 length | records``:
+
+    STACK (1): u8 type | u8 nframes | u16 0 | u32 stack id | u64 frames[nframes]
+    ALLOC (2): u8 type | u8 kind | u16 flags | u32 stack id | u64 ptr | u64 size | u64 weight
+    FREE  (3): u8 type | u8 kind | u16 0 | u32 0 | u64 ptr | u64 size
+    PAD   (0): u8 0 | u8 0 | u16 0 | u32 length    (skip ``length`` bytes)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, BinaryIO
+
+MAGIC = b"MEMTRACE"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sHHI")
+RECORD_HEADER = struct.Struct("<BBHI")
+MAX_RECORD = 1 << 30
+FILE_NAME = "capture.mtc"
+
+
+class RecordType(IntEnum):
+    META = 1          # who, what, where, options, start time
+    RECON = 2         # hook symbols found / MISSING
+    MODULES = 3       # loaded modules (name, path, base, size)
+    BATCH = 4         # agent counters + binary records
+    SYMBOLS = 5       # [address, module, offset, symbol, file, line] rows
+    CALIBRATION = 6   # allocator statistics and footprint at a phase
+    EVENTS = 7        # low-frequency tracers' JSON events
+    WARNING = 8       # something the user should know
+    SNAPSHOT = 9      # periodic counters/rates, for death evidence
+    END = 10          # how the capture ended, with evidence
+    RESULT = 11       # a tracer's computed result (probe truth table, census, ...)
+
+
+# Agent-side constants, mirrored from cmodule/core.c (tests check they agree).
+REC_PAD, REC_STACK, REC_ALLOC, REC_FREE = 0, 1, 2, 3
+FLAG_LIVE, FLAG_SAMPLED, FLAG_TRUNCATED = 1, 2, 4
+NO_STACK = 0xFFFFFFFF
+DROPPED_STACK = 0xFFFFFFFE
+
+KIND_NAMES = {
+    0: "malloc", 1: "calloc", 2: "realloc", 3: "free", 4: "posix_memalign", 5: "memalign",
+    6: "aligned_alloc", 7: "valloc", 8: "pvalloc", 12: "vm_allocate", 13: "vm_deallocate",
+    14: "mapped_file",
+}
+TIER_MAX_BYTES: tuple[int | None, ...] = (256, 1024, 4096, 8192, 65536, None)
+
+C_CALLS, C_BYTES, C_TIER_CALLS, C_TIER_BYTES = 0, 16, 32, 38
+COUNTER_NAMES = {
+    44: "dropped_records", 45: "dropped_record_bytes", 46: "dropped_stacks", 47: "live_table_full",
+    48: "truncated_stacks", 49: "sampled", 50: "failed_allocs", 51: "nested_calls",
+    52: "tracked_frees", 53: "records", 54: "record_bytes",
+}
+
+_CHUNK = struct.Struct("<II")
+_STACK_HEAD = struct.Struct("<BBHI")
+_ALLOC = struct.Struct("<BBHIQQQ")
+_FREE = struct.Struct("<BBHIQQ")
+
+
+class CaptureError(Exception):
+    """A capture that cannot be read; the message names the file and the problem."""
+
+
+@dataclass(slots=True)
+class StackRecord:
+    tid: int
+    stack_id: int
+    frames: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class AllocRecord:
+    tid: int
+    kind: int
+    flags: int
+    stack_id: int
+    ptr: int
+    size: int
+    weight: int
+
+
+@dataclass(slots=True)
+class FreeRecord:
+    tid: int
+    kind: int
+    ptr: int
+    size: int
+
+
+AgentRecord = StackRecord | AllocRecord | FreeRecord
+
+
+@dataclass(slots=True)
+class Record:
+    type: RecordType
+    body: Any                       # decoded JSON
+    data: bytes = b""               # BATCH only: the agent's binary records
+
+
+@dataclass
+class CaptureInfo:
+    """What a reader learned about the file itself, beyond its records."""
+
+    path: Path
+    version: int = 0
+    records: int = 0
+    truncated: bool = False
+    truncation: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- writing -----------------------------------------------------------------
+
+
+class CaptureWriter:
+    """Appends records and flushes each one to the OS, so a crash loses nothing written."""
+
+    def __init__(self, path: Path | str, fsync_interval: float = 1.0) -> None:
+        self.path = Path(path)
+        self._file: BinaryIO = open(self.path, "xb")  # noqa: SIM115 -- closed in close()
+        self._file.write(HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0))
+        self._file.flush()
+        self.bytes_written = HEADER.size
+        self._fsync_interval = fsync_interval
+        self._last_sync = 0.0
+
+    def write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
+        blob = json.dumps(body, separators=(",", ":"), default=_json_default).encode()
+        payload = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
+        self._file.write(RECORD_HEADER.pack(int(rtype), 0, 0, len(payload)))
+        self._file.write(payload)
+        self._file.flush()
+        self.bytes_written += RECORD_HEADER.size + len(payload)
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()
+
+    def __enter__(self) -> CaptureWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+# ---- reading -----------------------------------------------------------------
+
+
+def resolve_capture_path(path: Path | str) -> Path:
+    """A capture file, or a capture folder holding ``capture.mtc``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / FILE_NAME
+    return p
+
+
+def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[Record]:
+    """Yield every complete record; a torn tail ends the iteration and is noted in ``info``."""
+    p = resolve_capture_path(path)
+    info = info if info is not None else CaptureInfo(p)
+    info.path = p
+    try:
+        f = open(p, "rb")  # noqa: SIM115 -- closed below, generator-safe
+    except FileNotFoundError:
+        raise CaptureError(f"{p}: no such capture") from None
+    except OSError as e:
+        raise CaptureError(f"{p}: cannot open: {e.strerror}") from None
+    with f:
+        head = f.read(HEADER.size)
+        if len(head) < HEADER.size or head[:8] != MAGIC:
+            raise CaptureError(f"{p}: not a memtrace capture (bad magic)")
+        _, version, _, _ = HEADER.unpack(head)
+        info.version = version
+        if version > FORMAT_VERSION:
+            raise CaptureError(
+                f"{p}: capture format version {version} is newer than this memtrace reads "
+                f"(up to {FORMAT_VERSION}); upgrade memtrace"
+            )
+        offset = HEADER.size
+        while True:
+            rh = f.read(RECORD_HEADER.size)
+            if not rh:
+                return
+            if len(rh) < RECORD_HEADER.size:
+                _torn(info, offset, "record header cut short")
+                return
+            rtype, _, _, length = RECORD_HEADER.unpack(rh)
+            if length > MAX_RECORD:
+                _torn(info, offset, f"implausible record length {length}")
+                return
+            payload = f.read(length)
+            if len(payload) < length:
+                _torn(info, offset, f"record cut short ({len(payload)} of {length} bytes)")
+                return
+            offset += RECORD_HEADER.size + length
+            try:
+                record = _decode(rtype, payload)
+            except (ValueError, UnicodeDecodeError) as e:
+                _torn(info, offset, f"undecodable record: {e}")
+                return
+            if record is None:          # a record type from a newer minor revision
+                continue
+            info.records += 1
+            yield record
+
+
+def _torn(info: CaptureInfo, offset: int, why: str) -> None:
+    info.truncated = True
+    info.truncation = f"truncated at byte {offset}: {why}"
+
+
+def _decode(rtype: int, payload: bytes) -> Record | None:
+    try:
+        kind = RecordType(rtype)
+    except ValueError:
+        return None
+    if kind == RecordType.BATCH:
+        (n,) = struct.unpack_from("<I", payload)
+        body = json.loads(payload[4:4 + n])
+        return Record(kind, body, payload[4 + n:])
+    return Record(kind, json.loads(payload))
+
+
+def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
+    """Decode one BATCH's binary records, in per-thread order."""
+    mv = memoryview(data)
+    end = len(data)
+    pos = 0
+    while pos + 8 <= end:
+        tid, length = _CHUNK.unpack_from(mv, pos)
+        pos += 8
+        stop = min(pos + length, end)
+        while pos + 8 <= stop:
+            rtype = mv[pos]
+            if rtype == REC_ALLOC:
+                _, kind, flags, sid, ptr, size, weight = _ALLOC.unpack_from(mv, pos)
+                yield AllocRecord(tid, kind, flags, sid, ptr, size, weight)
+                pos += 32
+            elif rtype == REC_FREE:
+                _, kind, _, _, ptr, size = _FREE.unpack_from(mv, pos)
+                yield FreeRecord(tid, kind, ptr, size)
+                pos += 24
+            elif rtype == REC_STACK:
+                _, n, _, sid = _STACK_HEAD.unpack_from(mv, pos)
+                frames = struct.unpack_from(f"<{n}Q", mv, pos + 8)
+                yield StackRecord(tid, sid, frames)
+                pos += 8 + 8 * n
+            elif rtype == REC_PAD:
+                (skip,) = struct.unpack_from("<I", mv, pos + 4)
+                pos += max(skip, 8)
+            else:
+                raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
+        pos = stop
+
+
+def encode_agent_records(tid: int, records: list[AgentRecord]) -> bytes:
+    """The inverse of :func:`decode_agent_records`, for tests and synthetic captures."""
+    out = bytearray()
+    for r in records:
+        if isinstance(r, AllocRecord):
+            out += _ALLOC.pack(REC_ALLOC, r.kind, r.flags, r.stack_id, r.ptr, r.size, r.weight)
+        elif isinstance(r, FreeRecord):
+            out += _FREE.pack(REC_FREE, r.kind, 0, 0, r.ptr, r.size)
+        else:
+            out += _STACK_HEAD.pack(REC_STACK, len(r.frames), 0, r.stack_id)
+            out += struct.pack(f"<{len(r.frames)}Q", *r.frames)
+    return _CHUNK.pack(tid, len(out)) + bytes(out)
+
+
+def record_to_json(record: Record) -> Iterator[dict[str, Any]]:
+    """JSON-lines view of a record (BATCH expands to one line per agent record)."""
+    name = record.type.name.lower()
+    if record.type != RecordType.BATCH:
+        yield {"record": name, **(record.body if isinstance(record.body, dict) else {"value": record.body})}
+        return
+    yield {"record": name, **record.body}
+    for r in decode_agent_records(record.data):
+        if isinstance(r, AllocRecord):
+            yield {"record": "alloc", "tid": r.tid, "kind": KIND_NAMES.get(r.kind, r.kind), "flags": r.flags,
+                   "stack": _sid(r.stack_id), "ptr": hex(r.ptr), "size": r.size, "weight": r.weight}
+        elif isinstance(r, FreeRecord):
+            yield {"record": "free", "tid": r.tid, "kind": KIND_NAMES.get(r.kind, r.kind),
+                   "ptr": hex(r.ptr), "size": r.size}
+        else:
+            yield {"record": "stack", "tid": r.tid, "stack": r.stack_id, "frames": [hex(f) for f in r.frames]}
+
+
+def _sid(stack_id: int) -> int | None | str:
+    if stack_id == NO_STACK:
+        return None
+    if stack_id == DROPPED_STACK:
+        return "dropped"
+    return stack_id

@@ -1,0 +1,69 @@
+"""End-of-run summaries on a terminal (rich), from the same JSON the --json flag prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from memtrace.ui import human_bytes
+
+ENDED_STYLE = {"completed": "green", "target-exited": "green", "interrupted": "yellow"}
+
+
+def ended_line(console: Console, s: dict[str, Any]) -> None:
+    style = ENDED_STYLE.get(s["ended"], "red")
+    console.print(f"[bold]ended:[/bold] [{style}]{s['ended']}[/{style}] — {s['reason']}")
+
+
+def malloc_summary(console: Console, s: dict[str, Any]) -> None:
+    console.rule(f"memtrace malloc · {s.get('target') or ''}")
+    ended_line(console, s)
+    calls = Table(title="calls by kind", show_edge=False)
+    calls.add_column("kind")
+    calls.add_column("calls", justify="right")
+    for k, v in s["calls"].items():
+        if v:
+            calls.add_row(k, f"{v:,}")
+    console.print(calls)
+    console.print(f"[bold]gross bytes allocated:[/bold] {human_bytes(s['gross_bytes'])} "
+                  f"({s['gross_bytes']:,} B in {s['alloc_calls']:,} calls)")
+    tiers = Table(title="size tiers", show_edge=False)
+    for col in ("size", "calls", "bytes"):
+        tiers.add_column(col, justify="right")
+    lo = 0
+    for t in s["tiers"]:
+        label = f"{lo}–{t['max_bytes']}" if t["max_bytes"] is not None else f"> {lo}"
+        tiers.add_row(label, f"{t['calls']:,}", human_bytes(t["bytes"]))
+        lo = (t["max_bytes"] or 0) + 1
+    console.print(tiers)
+    live = s["live"]
+    console.print(f"[bold]live at end[/bold] (tracked blocks): {live['count']:,} blocks, {human_bytes(live['bytes'])}")
+    if s["top_stacks"]:
+        top = Table(title="top stacks by bytes", show_edge=False, show_lines=True)
+        top.add_column("bytes", justify="right")
+        top.add_column("count", justify="right")
+        top.add_column("frames")
+        for st in s["top_stacks"]:
+            top.add_row(human_bytes(st["bytes"]), f"{st['count']:,}", "\n".join(st["frames"][:8]))
+        console.print(top)
+    dropped = {k: v for k, v in s["dropped"].items() if v}
+    console.print(f"[bold]dropped:[/bold] {dropped or 'nothing'}")
+    cov = s["coverage"]
+    parts = []
+    if cov.get("stack_coverage") is not None:
+        parts.append(f"stacks cover {cov['stack_coverage']:.1%} of gross bytes")
+    if cov.get("estimated_coverage") is not None and s.get("sampled"):
+        parts.append(f"{cov['estimated_coverage']:.1%} with sampling")
+    if "allocator" in cov:
+        a = cov["allocator"]
+        parts.append(f"allocator in-use Δ {human_bytes(a['in_use_delta'])} ({a['source']})")
+    if cov.get("live_coverage") is not None:
+        parts.append(f"live tracked = {cov['live_coverage']:.1%} of in-use Δ")
+    if "footprint" in cov:
+        parts.append(f"footprint Δ {human_bytes(cov['footprint']['delta'])}")
+    console.print(f"[bold]coverage:[/bold] {'; '.join(parts) or 'n/a'}")
+    if s["missing"]:
+        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
+    console.print(f"[bold]capture:[/bold] {s['capture']}")

@@ -1,0 +1,654 @@
+"""Launch or attach, load an agent, stream its batches into a capture, end cleanly.
+
+One engine for every tracer.  Frida callbacks only enqueue; the calling thread
+does all the work (writing, symbolizing, progress), so a slow disk never stalls
+Frida's thread and Ctrl-C lands in one place.  The engine never prints: it
+reports to a :class:`memtrace.ui.UI`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import frida
+
+from memtrace import __version__
+from memtrace.capture import (
+    FILE_NAME,
+    CaptureWriter,
+    RecordType,
+    StackRecord,
+    decode_agent_records,
+)
+from memtrace.deaths import DeathThresholds, classify_end
+from memtrace.errors import InputError, MemtraceError, TargetError
+from memtrace.ui import UI, Progress, SilentUI
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+AGENT_DIR = PACKAGE_DIR / "agents"
+
+
+def cmodule_dir() -> Path:
+    """cmodule/ ships inside the wheel; in a source checkout it sits at the repo root."""
+    for candidate in (PACKAGE_DIR / "cmodule", PACKAGE_DIR.parent.parent / "cmodule"):
+        if candidate.is_dir():
+            return candidate
+    raise MemtraceError("cannot find memtrace's cmodule/ sources (broken installation)")
+
+
+def agent_source(tracer: str) -> str:
+    # The tracer file defines `tracer`, which common.js's rpc table reads at load.
+    common = (AGENT_DIR / "common.js").read_text()
+    own = (AGENT_DIR / f"{tracer}.js").read_text()
+    return own + "\n" + common
+
+
+def c_sources(tracer: str) -> list[str]:
+    d = cmodule_dir()
+    sources = [(d / "core.c").read_text()]
+    own = d / f"{tracer}.c"
+    if own.exists():
+        sources.append(own.read_text())
+    return sources
+
+
+@dataclass
+class TargetSpec:
+    device: str = "auto"
+    app: str | None = None
+    pid: int | None = None
+    name: str | None = None
+    argv: list[str] = field(default_factory=list)
+    launch: str = "auto"          # auto | frida | pmd3 | none
+
+    def describe(self) -> str:
+        if self.app:
+            return self.app
+        if self.pid is not None:
+            return f"pid {self.pid}"
+        if self.name:
+            return self.name
+        return " ".join(self.argv)
+
+    def slug(self) -> str:
+        if self.app:
+            base = self.app
+        elif self.pid is not None:
+            base = f"pid{self.pid}"
+        elif self.name:
+            base = self.name
+        else:
+            base = Path(self.argv[0]).name if self.argv else "target"
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in base)[:60]
+
+    def validate(self) -> None:
+        chosen = sum(x is not None and x != [] for x in (self.app, self.pid, self.name, self.argv or None))
+        if chosen == 0:
+            raise InputError("no target: give --app BUNDLE_ID, --pid N, --name NAME or -- PROGRAM ARGS")
+        if chosen > 1:
+            raise InputError("give only one target: --app, --pid, --name or -- PROGRAM")
+        if self.pid is not None and self.pid <= 0:
+            raise InputError(f"--pid {self.pid}: not a process id")
+
+
+@dataclass
+class CaptureOptions:
+    tracer: str
+    window: float = 60.0
+    attach_delay: float = 0.0
+    out: Path | None = None
+    agent_config: dict[str, Any] = field(default_factory=dict)
+    keep_running: bool = False
+    rpc_timeout: float = 20.0
+    thresholds: DeathThresholds = field(default_factory=DeathThresholds)
+
+    def validate(self) -> None:
+        if self.window <= 0:
+            raise InputError(f"--window {self.window:g}: must be a positive number of seconds")
+        if self.attach_delay < 0:
+            raise InputError(f"--attach-delay {self.attach_delay:g}: must be zero or more seconds")
+
+
+@dataclass
+class CaptureResult:
+    path: Path
+    ended: str
+    reason: str
+    evidence: dict[str, Any]
+    pid: int | None
+    missing: list[str]
+    interrupted: bool = False
+
+
+class AgentTimeout(MemtraceError):
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(f"the agent did not answer {what} within {seconds:g} s")
+        self.what = what
+        self.seconds = seconds
+
+
+# ---- devices ------------------------------------------------------------------
+
+
+def resolve_device(spec: str) -> frida.core.Device:
+    """auto = the USB iOS device if one is attached, else this machine."""
+    try:
+        if spec == "local":
+            return frida.get_local_device()
+        if spec == "usb":
+            return frida.get_usb_device(timeout=5)
+        if spec == "auto":
+            for d in frida.enumerate_devices():
+                if d.type == "usb":
+                    return d
+            return frida.get_local_device()
+        if spec.startswith("id:"):
+            return frida.get_device(spec[3:], timeout=5)
+        if spec.startswith("remote:"):
+            return frida.get_device_manager().add_remote_device(spec[7:])
+    except (frida.InvalidArgumentError, frida.TimedOutError, frida.ServerNotRunningError) as e:
+        raise TargetError(f"--device {spec}: {e}") from None
+    raise InputError(f"--device {spec}: expected auto, local, usb, id:UDID or remote:HOST[:PORT]")
+
+
+def device_description(device: frida.core.Device) -> dict[str, Any]:
+    info: dict[str, Any] = {"id": device.id, "name": device.name, "type": device.type}
+    try:
+        params = device.query_system_parameters()
+        info["os"] = params.get("os", {})
+        info["platform"] = params.get("platform")
+        info["arch"] = params.get("arch")
+        info["hostname"] = params.get("name") or socket.gethostname()
+    except frida.NotSupportedError:
+        pass
+    return info
+
+
+def default_out_dir(target: TargetSpec, tracer: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("captures") / f"{target.slug()}-{tracer}-{stamp}"
+
+
+def prepare_out_dir(out: Path) -> Path:
+    """Create the capture folder up front: an unwritable --out fails before anything is launched."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--out {out}: cannot create folder: {e.strerror}") from None
+    path = out / FILE_NAME
+    if path.exists():
+        raise InputError(f"--out {out}: already holds a capture ({FILE_NAME}); choose a new folder")
+    if not os.access(out, os.W_OK):
+        raise InputError(f"--out {out}: folder is not writable")
+    return path
+
+
+# ---- the engine ---------------------------------------------------------------
+
+
+class CaptureSession:
+    """One capture of one target with one tracer."""
+
+    def __init__(self, target: TargetSpec, options: CaptureOptions, ui: UI | None = None) -> None:
+        target.validate()
+        options.validate()
+        self.target = target
+        self.options = options
+        self.ui = ui or SilentUI()
+        self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self.writer: CaptureWriter | None = None
+        self.device: frida.core.Device | None = None
+        self.session: frida.core.Session | None = None
+        self.script: frida.core.Script | None = None
+        self.pid: int | None = None
+        self.spawned = False
+        self.gone = False
+        self.detach_reason: str | None = None
+        self.exit_info: dict[str, Any] | None = None
+        self.crash_info: dict[str, Any] | None = None
+        self.timeout_info: dict[str, Any] | None = None
+        self.missing: list[str] = []
+        self.t_launch: float | None = None
+        self.t_attach: float | None = None
+        self.t_start: float | None = None
+        self.t_gone: float | None = None
+        self.counters: list[int] = [0] * 64
+        self.rates: list[dict[str, float]] = []
+        self.seen_addresses: set[int] = set()
+        self.pending_addresses: list[int] = []
+        self.batches = 0
+        self.agent_live = 0
+        self.agent_stacks = 0
+        self._last_snapshot = 0.0
+        self._last_progress = (0.0, 0, 0)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memtrace-rpc")
+
+    # -- public ---------------------------------------------------------------
+
+    def run(self) -> CaptureResult:
+        out = self.options.out or default_out_dir(self.target, self.options.tracer)
+        path = prepare_out_dir(out)
+        self.writer = CaptureWriter(path)
+        interrupted = False
+        previous = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._write_meta("starting")
+            try:
+                self._launch_and_attach()
+                self._instrument()
+                self._capture_window()
+            except KeyboardInterrupt:
+                interrupted = True
+            except _TargetGone:
+                pass
+            except AgentTimeout as e:
+                self.timeout_info = {"what": e.what, "timeout_s": e.seconds}
+                self.ui.warning(str(e))
+            except (frida.ProcessNotFoundError, frida.ProcessNotRespondingError,
+                    frida.TransportError, frida.InvalidOperationError) as e:
+                if self.t_attach is None and not self.spawned:
+                    raise TargetError(f"{self.target.describe()}: {e}") from None
+                self.gone = True
+                self.detach_reason = self.detach_reason or f"frida: {e}"
+            try:
+                self._finish(interrupted)
+            except KeyboardInterrupt:
+                interrupted = True
+            result = self._end(interrupted)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
+            self.writer.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        return result
+
+    # -- phases ---------------------------------------------------------------
+
+    def _launch_and_attach(self) -> None:
+        self.ui.phase("launching")
+        self.device = resolve_device(self.target.device)
+        self.device.on("output", self._on_output)
+        self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
+        t = self.target
+        delay = self.options.attach_delay
+        if t.pid is not None or t.name is not None:
+            self.pid = t.pid if t.pid is not None else self._find_pid(t.name or "")
+            self._check_alive_pid()
+            if delay > 0:
+                self.ui.phase("waiting")
+                self._sleep_watching(delay)
+            self._attach()
+            return
+        program: str | list[str] = t.app if t.app else t.argv
+        self.t_launch = time.monotonic()
+        try:
+            if t.app:
+                self.pid = self.device.spawn(program)
+            else:
+                self.pid = self.device.spawn(program, stdio="pipe")
+        except (frida.ExecutableNotFoundError, frida.NotSupportedError, frida.PermissionDeniedError,
+                frida.InvalidArgumentError, frida.ProcessNotFoundError) as e:
+            raise TargetError(f"cannot launch {t.describe()}: {e}") from None
+        self.spawned = True
+        if delay > 0:
+            self.device.resume(self.pid)
+            self.ui.phase("waiting")
+            self._sleep_watching(delay)
+        self._attach()
+
+    def _find_pid(self, name: str) -> int:
+        assert self.device is not None
+        try:
+            return self.device.get_process(name).pid
+        except frida.ProcessNotFoundError:
+            raise TargetError(f"--name {name}: no running process with that name") from None
+
+    def _check_alive_pid(self) -> None:
+        assert self.device is not None
+        pids = {p.pid for p in self.device.enumerate_processes()}
+        if self.pid not in pids:
+            raise TargetError(f"--pid {self.pid}: no such process on {self.device.name}")
+
+    def _sleep_watching(self, seconds: float) -> None:
+        """Wait before attaching; a spawned target that exits meanwhile ends the capture."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+            if self.spawned and self.pid is not None and not _pid_alive(self.device, self.pid):
+                self.gone = True
+                self.t_gone = time.monotonic()
+                self.detach_reason = "process-terminated"
+                raise _TargetGone()
+
+    def _attach(self) -> None:
+        assert self.device is not None and self.pid is not None
+        self.ui.phase("attaching")
+        try:
+            self.session = self.device.attach(self.pid)
+        except frida.ProcessNotFoundError:
+            if self.spawned:
+                self.gone = True
+                self.detach_reason = "process-terminated"
+                raise _TargetGone() from None
+            raise TargetError(f"pid {self.pid}: no such process") from None
+        except frida.PermissionDeniedError as e:
+            raise TargetError(f"cannot attach to pid {self.pid}: {e}") from None
+        self.t_attach = time.monotonic()
+        self.session.on("detached", self._on_detached)
+
+    def _instrument(self) -> None:
+        assert self.session is not None
+        self.ui.phase("loading agent")
+        tracer = self.options.tracer
+        self.script = self.session.create_script(agent_source(tracer), name=f"memtrace-{tracer}")
+        self.script.on("message", self._on_message)
+        self._call("script load", self.script.load)
+        api = self.script.exports_sync
+        hello = self._call("hello", api.hello)
+        config = self._agent_config()
+        init = self._call("init", lambda: api.init(config, c_sources(tracer)))
+        recon = init.get("recon", [])
+        self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
+        self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello})
+        for name in self.missing:
+            self.ui.warning(f"MISSING hook symbol: {name}")
+        self._write(RecordType.CALIBRATION, {"phase": "before", **self._call("calibrate", api.calibrate)})
+        self._call("start", api.start)
+        self.t_start = time.monotonic()
+        if self.spawned and self.options.attach_delay == 0:
+            assert self.device is not None and self.pid is not None
+            self.device.resume(self.pid)
+
+    def _capture_window(self) -> None:
+        self.ui.phase("capturing")
+        assert self.t_start is not None
+        deadline = self.t_start + self.options.window
+        while not self.gone:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            try:
+                kind, a, b = self.events.get(timeout=min(0.1, deadline - now))
+            except queue.Empty:
+                kind = None
+            if kind is not None:
+                self._handle(kind, a, b)
+                while not self.gone:
+                    try:
+                        kind, a, b = self.events.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._handle(kind, a, b)
+            self._symbolize_pending()
+            self._tick()
+
+    def _finish(self, interrupted: bool) -> None:
+        """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
+        self.ui.phase("flushing")
+        api = self.script.exports_sync if self.script is not None else None
+        if api is not None and not self.gone and self.timeout_info is None:
+            try:
+                self._call("stop", api.stop, timeout=10)
+                self._drain_queue()
+                self._write(RecordType.CALIBRATION, {"phase": "after", **self._call("calibrate", api.calibrate, timeout=10)})
+            except (AgentTimeout, frida.InvalidOperationError, frida.TransportError):
+                pass
+        self._drain_queue()
+        self._symbolize_pending(final=True)
+        if self.session is not None and not self.gone:
+            with contextlib.suppress(AgentTimeout, frida.InvalidOperationError):
+                self._call("detach", self.session.detach, timeout=5)
+        if self.spawned and not self.options.keep_running and self.pid is not None and not self.gone:
+            try:
+                assert self.device is not None
+                self.device.kill(self.pid)
+            except (frida.ProcessNotFoundError, frida.InvalidOperationError):
+                pass
+        time.sleep(0.05)
+        self._drain_queue()
+
+    def _end(self, interrupted: bool) -> CaptureResult:
+        now = time.monotonic()
+        end_body = classify_end(
+            window=self.options.window,
+            attach_delay=self.options.attach_delay,
+            t_start=self.t_start,
+            t_attach=self.t_attach,
+            t_gone=self.t_gone if self.gone else None,
+            t_now=now,
+            interrupted=interrupted,
+            detach_reason=self.detach_reason,
+            exit_info=self.exit_info,
+            crash_info=self.crash_info,
+            timeout_info=self.timeout_info,
+            rates=self.rates,
+            thresholds=self.options.thresholds,
+            calls_total=sum(self.counters[0:16]),
+        )
+        end_body["ended_at"] = _iso_now()
+        end_body["counters"] = self.counters
+        end_body["batches"] = self.batches
+        end_body["pid"] = self.pid
+        end_body["timing"] = {
+            "launch_to_attach_s": None if self.t_launch is None or self.t_attach is None
+            else round(self.t_attach - self.t_launch, 3),
+            "captured_s": None if self.t_start is None
+            else round((self.t_gone if self.gone and self.t_gone else now) - self.t_start, 3),
+        }
+        self._write(RecordType.END, end_body)
+        assert self.writer is not None
+        self.ui.phase("done")
+        return CaptureResult(
+            path=self.writer.path, ended=end_body["ended"], reason=end_body["reason"],
+            evidence=end_body.get("evidence", {}), pid=self.pid, missing=self.missing,
+            interrupted=interrupted,
+        )
+
+    # -- helpers --------------------------------------------------------------
+
+    def _agent_config(self) -> dict[str, Any]:
+        cfg = {
+            "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28, "sampleBytes": 0,
+            "ringKb": 1024, "threadSlots": 1024, "rings": 64, "stackTable": 1 << 16,
+            "liveTable": 1 << 20, "toolchain": "auto", "backend": "auto",
+        }
+        cfg.update(self.options.agent_config)
+        return cfg
+
+    def _call(self, what: str, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """An rpc with a deadline: an agent that never answers is evidence (anti-debug), not a hang."""
+        seconds = timeout if timeout is not None else self.options.rpc_timeout
+        future = self._pool.submit(fn)
+        try:
+            return future.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            raise AgentTimeout(what, seconds) from None
+        except frida.RPCException as e:
+            raise MemtraceError(f"agent {what} failed: {str(e).splitlines()[0]}") from None
+
+    def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
+        assert self.writer is not None
+        self.writer.write(rtype, body, data)
+
+    def _write_meta(self, phase: str) -> None:
+        self._write(RecordType.META, {
+            "tool": "memtrace", "tool_version": __version__, "tracer": self.options.tracer,
+            "target": {"device": self.target.device, "app": self.target.app, "pid": self.target.pid,
+                       "name": self.target.name, "argv": self.target.argv, "label": self.target.slug()},
+            "options": {"window": self.options.window, "attach_delay": self.options.attach_delay,
+                        "agent": self._agent_config()},
+            "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0],
+                     "frida": frida.__version__},
+            "started_at": _iso_now(),
+        })
+
+    def _on_message(self, message: dict[str, Any], data: bytes | None) -> None:
+        self.events.put(("message", message, data))
+
+    def _on_detached(self, reason: str, crash: Any) -> None:
+        self.events.put(("detached", reason, crash))
+
+    def _on_output(self, pid: int, fd: int, data: bytes) -> None:
+        if pid == self.pid and data:
+            self.ui.output(fd, data)
+
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                kind, a, b = self.events.get(timeout=0.05)
+            except queue.Empty:
+                return
+            self._handle(kind, a, b)
+
+    def _handle(self, kind: str, a: Any, b: Any) -> None:
+        if kind == "detached":
+            self.gone = True
+            self.t_gone = self.t_gone or time.monotonic()
+            self.detach_reason = self.detach_reason or a
+            if b is not None:
+                self.crash_info = self.crash_info or {"summary": getattr(b, "summary", str(b)),
+                                                      "report": getattr(b, "report", "")[:4000]}
+            return
+        if kind == "device-lost":
+            self.gone = True
+            self.t_gone = self.t_gone or time.monotonic()
+            self.detach_reason = "device-lost"
+            return
+        message = a
+        if message.get("type") == "error":
+            self._write(RecordType.WARNING, {"agent_error": message.get("description"),
+                                             "stack": message.get("stack")})
+            self.ui.warning(f"agent error: {message.get('description')}")
+            return
+        payload = message.get("payload") or {}
+        ptype = payload.get("type")
+        if ptype == "events:batch":
+            self._on_batch(payload, b or b"")
+        elif ptype == "events:json":
+            self._write(RecordType.EVENTS, payload)
+            self.batches += 1
+        elif ptype == "modules:update":
+            self._write(RecordType.MODULES, payload)
+        elif ptype == "agent:warning":
+            self._write(RecordType.WARNING, payload)
+            self.ui.warning(payload.get("message", ""))
+        elif ptype == "agent:exit":
+            self.exit_info = {"status": payload.get("status"), "how": payload.get("how"), "t": payload.get("t")}
+            if payload.get("calibration"):
+                self._write(RecordType.CALIBRATION, {"phase": "at-exit", **payload["calibration"]})
+        elif ptype == "agent:crash":
+            self.crash_info = {k: payload.get(k) for k in ("kind", "address", "module", "t")}
+        elif ptype == "result":
+            self._write(RecordType.RESULT, payload)
+
+    def _on_batch(self, payload: dict[str, Any], data: bytes) -> None:
+        self._write(RecordType.BATCH, payload, data)
+        self.batches += 1
+        self.counters = payload.get("counters", self.counters)
+        self.agent_live = payload.get("live", 0)
+        self.agent_stacks = payload.get("stacks", 0)
+        if data:
+            for r in decode_agent_records(data):
+                if isinstance(r, StackRecord):
+                    for f in r.frames:
+                        if f not in self.seen_addresses:
+                            self.seen_addresses.add(f)
+                            self.pending_addresses.append(f)
+
+    def _symbolize_pending(self, final: bool = False) -> None:
+        """Each distinct return address is symbolized once, by the agent, off the hot path."""
+        if not self.pending_addresses or self.script is None or (self.gone and not final):
+            return
+        if self.gone or self.timeout_info is not None:
+            return
+        while self.pending_addresses:
+            chunk = self.pending_addresses[:2000]
+            try:
+                rows = self._call("symbolize", lambda c=chunk: self.script.exports_sync.symbolize(  # type: ignore[union-attr]
+                    [hex(x) for x in c]), timeout=30)
+            except (AgentTimeout, frida.InvalidOperationError, frida.TransportError, MemtraceError):
+                return
+            self._write(RecordType.SYMBOLS, {"rows": rows})
+            del self.pending_addresses[:len(chunk)]
+            if not final:
+                return
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_snapshot < 1.0:
+            return
+        calls = sum(self.counters[0:16])
+        nbytes = sum(self.counters[16:32]) - self.counters[16 + 3]
+        t_prev, calls_prev, bytes_prev = self._last_progress
+        dt = now - t_prev if t_prev else 0.0
+        rate = (calls - calls_prev) / dt if dt > 0 else 0.0
+        brate = (nbytes - bytes_prev) / dt if dt > 0 else 0.0
+        assert self.t_start is not None
+        elapsed = now - self.t_start
+        sample = {"t": round(elapsed, 3), "calls": calls, "bytes": nbytes,
+                  "calls_per_s": round(rate, 1), "bytes_per_s": round(brate, 1),
+                  "events": self.batches}
+        self.rates.append(sample)
+        self._write(RecordType.SNAPSHOT, {**sample, "counters": self.counters, "live": self.agent_live,
+                                          "stacks": self.agent_stacks})
+        self._last_snapshot = now
+        self._last_progress = (now, calls, nbytes)
+        self.ui.progress(Progress(
+            elapsed=elapsed, window=self.options.window, calls=calls, bytes=nbytes,
+            calls_per_s=rate, bytes_per_s=brate, dropped=_dropped(self.counters),
+            live=self.agent_live, stacks=self.agent_stacks, batches=self.batches,
+        ))
+
+
+class _TargetGone(Exception):
+    """The target ended before instrumentation finished."""
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _dropped(counters: list[int]) -> int:
+    return counters[44] + counters[46]
+
+
+def _pid_alive(device: frida.core.Device | None, pid: int) -> bool:
+    if device is not None and device.type == "local":
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ", 1)[1][:1] != "Z"
+        except (OSError, IndexError):
+            return False
+    if device is None:
+        return False
+    return any(p.pid == pid for p in device.enumerate_processes())
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False)

@@ -1,0 +1,143 @@
+"""Where the session engine reports: a rich live panel, or silence for scripts and tests."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+
+@dataclass
+class Progress:
+    elapsed: float
+    window: float
+    calls: int
+    bytes: int
+    calls_per_s: float
+    bytes_per_s: float
+    dropped: int
+    live: int = 0
+    stacks: int = 0
+    batches: int = 0
+    families: list[tuple[str, int]] = field(default_factory=list)
+
+
+class UI(Protocol):
+    def phase(self, name: str) -> None: ...
+    def progress(self, p: Progress) -> None: ...
+    def warning(self, message: str) -> None: ...
+    def output(self, fd: int, data: bytes) -> None: ...
+
+
+class SilentUI:
+    """Tests and --quiet: target output still passes through, nothing else is shown."""
+
+    def __init__(self, passthrough: bool = True, stdout_to_stderr: bool = False) -> None:
+        self.passthrough = passthrough
+        self.stdout_to_stderr = stdout_to_stderr
+        self.phases: list[str] = []
+        self.warnings: list[str] = []
+
+    def phase(self, name: str) -> None:
+        self.phases.append(name)
+
+    def progress(self, p: Progress) -> None:
+        pass
+
+    def warning(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def output(self, fd: int, data: bytes) -> None:
+        if not self.passthrough:
+            return
+        stream = sys.stderr if fd == 2 or self.stdout_to_stderr else sys.stdout
+        stream.buffer.write(data)
+        stream.flush()
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+class RichUI(SilentUI):
+    """The live panel on a terminal (stderr): phase, elapsed vs window, rates, drops, families."""
+
+    def __init__(self, console: Console | None = None, stdout_to_stderr: bool = False) -> None:
+        super().__init__(passthrough=True, stdout_to_stderr=stdout_to_stderr)
+        self.console = console or Console(stderr=True)
+        self._phase = "starting"
+        self._last: Progress | None = None
+        self._t0 = time.monotonic()
+        self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        self._started = False
+
+    def _ensure(self) -> None:
+        if not self._started and self.console.is_terminal:
+            self._live.start()
+            self._started = True
+
+    def phase(self, name: str) -> None:
+        super().phase(name)
+        self._phase = name
+        if name == "done":
+            self.close()
+            return
+        self._ensure()
+        if not self.console.is_terminal:
+            self.console.print(f"[dim]memtrace: {name}[/dim]")
+        self._refresh()
+
+    def progress(self, p: Progress) -> None:
+        self._last = p
+        self._ensure()
+        self._refresh()
+
+    def warning(self, message: str) -> None:
+        super().warning(message)
+        self.console.print(f"[yellow]warning:[/yellow] {message}")
+
+    def output(self, fd: int, data: bytes) -> None:
+        if self._started:
+            self._live.console.print(Text(data.decode(errors="replace").rstrip("\n")), highlight=False)
+        else:
+            super().output(fd, data)
+
+    def close(self) -> None:
+        if self._started:
+            self._live.stop()
+            self._started = False
+
+    def _refresh(self) -> None:
+        if self._started:
+            self._live.update(self._render())
+
+    def _render(self) -> Group:
+        p = self._last
+        head = Text.assemble(("memtrace ", "bold"), (self._phase, "cyan"))
+        if p is None:
+            return Group(head)
+        bar = ProgressBar(total=p.window, completed=min(p.elapsed, p.window), width=40)
+        t = Table.grid(padding=(0, 2))
+        t.add_row("elapsed", f"{p.elapsed:5.1f} / {p.window:g} s")
+        t.add_row("calls", f"{p.calls:,}  ({p.calls_per_s:,.0f}/s)")
+        t.add_row("bytes", f"{human_bytes(p.bytes)}  ({human_bytes(p.bytes_per_s)}/s)")
+        t.add_row("live / stacks", f"{p.live:,} / {p.stacks:,}")
+        t.add_row("dropped", Text(f"{p.dropped:,}", style="red" if p.dropped else ""))
+        rows = [head, bar, t]
+        if p.families:
+            ft = Table(title="top stack families so far", box=None, show_header=False)
+            for name, nbytes in p.families[:5]:
+                ft.add_row(name, human_bytes(nbytes))
+            rows.append(ft)
+        return Group(*rows)

@@ -81,7 +81,9 @@ def classify_end(
                                      f"(still starting, or idle); try a longer --attach-delay")
         return out("completed", f"the {window:g} s window completed")
     if exit_info is not None:
-        return out("target-exited", f"the target exited on its own (exit status {exit_info.get('status')})")
+        status = exit_info.get("status")
+        said = f"exit status {status}" if status is not None else "normal process exit"
+        return out("target-exited", f"the target exited on its own ({said})")
     rate_at_death = max(mean_rate, recent[-1]["calls_per_s"] if recent else 0.0)
     how = "crashed" if crash_info else "was killed (no exit() seen: a signal such as SIGKILL, or a watchdog)"
     if t_start is None or (alive is not None and alive <= thresholds.storm_seconds

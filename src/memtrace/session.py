@@ -36,6 +36,7 @@ from memtrace.capture import (
 )
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import InputError, MemtraceError, TargetError
+from memtrace.symbolize import HostSymbolizer
 from memtrace.ui import UI, Progress, SilentUI
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -230,6 +231,7 @@ class CaptureSession:
         self.rates: list[dict[str, float]] = []
         self.seen_addresses: set[int] = set()
         self.pending_addresses: list[int] = []
+        self.host_symbols: HostSymbolizer | None = None
         self.batches = 0
         self.agent_live = 0
         self.agent_stacks = 0
@@ -283,6 +285,8 @@ class CaptureSession:
     def _launch_and_attach(self) -> None:
         self.ui.phase("launching")
         self.device = resolve_device(self.target.device)
+        if self.device.type == "local":
+            self.host_symbols = HostSymbolizer()
         self.device.on("output", self._on_output)
         self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
         t = self.target
@@ -545,6 +549,8 @@ class CaptureSession:
             self.batches += 1
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)
+            if self.host_symbols is not None:
+                self.host_symbols.add_modules(payload.get("modules", []))
         elif ptype == "agent:warning":
             self._write(RecordType.WARNING, payload)
             self.ui.warning(payload.get("message", ""))
@@ -572,10 +578,18 @@ class CaptureSession:
                             self.pending_addresses.append(f)
 
     def _symbolize_pending(self, final: bool = False) -> None:
-        """Each distinct return address is symbolized once, by the agent, off the hot path."""
-        if not self.pending_addresses or self.script is None or (self.gone and not final):
+        """Each distinct return address is symbolized once, off the target's hot path.
+
+        Local targets: on the host from the ELF files (works after the target died).
+        Remote targets: by the agent, while it is alive."""
+        if not self.pending_addresses:
             return
-        if self.gone or self.timeout_info is not None:
+        if self.host_symbols is not None:
+            rows = self.host_symbols.symbolize(self.pending_addresses)
+            self._write(RecordType.SYMBOLS, {"rows": rows, "by": "host-elf"})
+            self.pending_addresses.clear()
+            return
+        if self.script is None or self.gone or self.timeout_info is not None:
             return
         while self.pending_addresses:
             chunk = self.pending_addresses[:2000]
@@ -584,7 +598,7 @@ class CaptureSession:
                     [hex(x) for x in c]), timeout=30)
             except (AgentTimeout, frida.InvalidOperationError, frida.TransportError, MemtraceError):
                 return
-            self._write(RecordType.SYMBOLS, {"rows": rows})
+            self._write(RecordType.SYMBOLS, {"rows": rows, "by": "agent"})
             del self.pending_addresses[:len(chunk)]
             if not final:
                 return

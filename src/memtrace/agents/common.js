@@ -390,35 +390,10 @@ function calibrate() {
 
 /* ---- end of life: exit and crash --------------------------------------- */
 
-/* A native listener only notes the exit status: a JavaScript one on exit()
- * deadlocks against Frida's own exit handling.  The goodbye itself goes out
- * from rpc.exports.dispose, which Frida runs (and flushes) as the process exits. */
-const EXIT_WATCH_C = `
-#include <gum/guminterceptor.h>
-extern volatile gint mt_exit_seen;
-extern volatile gint mt_exit_status;
-extern volatile gint mt_exit_how;
-void mt_on_exit (GumInvocationContext * ic)
-{
-  mt_exit_status = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, 0);
-  mt_exit_how = GPOINTER_TO_INT (gum_invocation_context_get_listener_function_data (ic));
-  mt_exit_seen = 1;
-}
-`;
-const EXIT_NAMES = ['exit', '_exit', '_Exit'];
-
+/* Process exit is seen through rpc.exports.dispose, which Frida runs (and
+ * flushes) from its own exit monitor; a JavaScript listener on exit() deadlocks
+ * against that monitor.  Crashes come through the exception handler. */
 function watchExit() {
-  const cell = Memory.alloc(16);
-  state.exitCell = cell;
-  const cm = new CModule(EXIT_WATCH_C, {
-    mt_exit_seen: cell, mt_exit_status: cell.add(4), mt_exit_how: cell.add(8),
-  });
-  state.exitModule = cm;
-  EXIT_NAMES.forEach((name, i) => {
-    const p = findExport(name);
-    if (p !== null)
-      Interceptor.attach(p, cm.mt_on_exit, ptr(i));
-  });
   Process.setExceptionHandler(details => {
     if (!state.finished) {
       try {
@@ -493,8 +468,17 @@ rpc.exports = Object.assign({
     } catch (e) {
       // the process is going away; nothing more to save
     }
-    const cell = state.exitCell;
-    const seen = cell !== undefined && cell.readS32() === 1;
+    // Take our hooks out before Frida tears the agent down: its teardown with
+    // replaced allocator entries still in place hangs the exiting process.
+    setEnabled(false);
+    try {
+      if (tracer.uninstall)
+        tracer.uninstall(state.config);
+      Interceptor.detachAll();
+      Interceptor.flush();
+    } catch (e) {
+      // keep going: the goodbye message matters more
+    }
     let calibration = null;
     try {
       calibration = calibrate();
@@ -503,8 +487,8 @@ rpc.exports = Object.assign({
     }
     send({
       type: 'agent:exit', t: now(), exiting: true,
-      status: seen ? cell.add(4).readS32() : null,
-      how: seen ? EXIT_NAMES[cell.add(8).readS32()] : null,
+      status: null,
+      how: 'process exit',
       calibration,
     });
   },

@@ -32,11 +32,11 @@ def malloc_summary(console: Console, s: dict[str, Any]) -> None:
     tiers = Table(title="size tiers", show_edge=False)
     for col in ("size", "calls", "bytes"):
         tiers.add_column(col, justify="right")
-    lo = 0
+    prev = 0
     for t in s["tiers"]:
-        label = f"{lo}–{t['max_bytes']}" if t["max_bytes"] is not None else f"> {lo}"
+        label = f"{prev + 1 if prev else 0}–{t['max_bytes']}" if t["max_bytes"] is not None else f"> {prev}"
         tiers.add_row(label, f"{t['calls']:,}", human_bytes(t["bytes"]))
-        lo = (t["max_bytes"] or 0) + 1
+        prev = t["max_bytes"] or prev
     console.print(tiers)
     live = s["live"]
     console.print(f"[bold]live at end[/bold] (tracked blocks): {live['count']:,} blocks, {human_bytes(live['bytes'])}")

@@ -547,6 +547,7 @@ class CaptureSession:
         elif ptype == "events:json":
             self._write(RecordType.EVENTS, payload)
             self.batches += 1
+            self._note_event_frames(payload.get("events", []))
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)
             if self.host_symbols is not None:
@@ -576,6 +577,15 @@ class CaptureSession:
                         if f not in self.seen_addresses:
                             self.seen_addresses.add(f)
                             self.pending_addresses.append(f)
+
+    def _note_event_frames(self, events: list[dict[str, Any]]) -> None:
+        """JSON events carry their stacks as "frames": ["0x...", ...]; symbolize those too."""
+        for ev in events:
+            for f in ev.get("frames") or ():
+                a = int(f, 16) if isinstance(f, str) else int(f)
+                if a not in self.seen_addresses:
+                    self.seen_addresses.add(a)
+                    self.pending_addresses.append(a)
 
     def _symbolize_pending(self, final: bool = False) -> None:
         """Each distinct return address is symbolized once, off the target's hot path.

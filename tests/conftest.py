@@ -1,0 +1,73 @@
+"""Shared fixtures: real programs built once per session, real captures on the local device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread", "-rdynamic",
+          "-fno-optimize-sibling-calls"]
+
+
+@pytest.fixture(scope="session")
+def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bin")
+
+
+@pytest.fixture(scope="session")
+def demo_bin(build_dir: Path) -> Path:
+    """The bundled demo programs and the Darwin stand-in library, built with frame pointers."""
+    out = build_dir / "demo"
+    subprocess.run(["make", "-s", "-C", str(ROOT / "demo"), f"OUT={out}"], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def compile_c(build_dir: Path) -> Callable[..., Path]:
+    """Compile tests/programs/NAME.c (once) and return the executable."""
+    built: dict[str, Path] = {}
+
+    def compile_one(name: str, *extra: str) -> Path:
+        key = name + " ".join(extra)
+        if key not in built:
+            exe = build_dir / name
+            subprocess.run(["gcc", *CFLAGS, "-o", str(exe), str(PROGRAMS / f"{name}.c"), *extra], check=True)
+            built[key] = exe
+        return built[key]
+
+    return compile_one
+
+
+def run_memtrace(*args: str | Path, timeout: float = 120, check: bool = True,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, exactly as a user runs it."""
+    cmd = [sys.executable, "-m", "memtrace.cli", *[str(a) for a in args]]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"memtrace {' '.join(map(str, args))} exited {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def memtrace_json(*args: str | Path, timeout: float = 120) -> dict:
+    proc = run_memtrace(args[0], "--json", *args[1:], timeout=timeout)
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def memtrace() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_memtrace
+
+
+@pytest.fixture
+def memtrace_json_fixture() -> Callable[..., dict]:
+    return memtrace_json

@@ -522,6 +522,8 @@ class CaptureSession:
 
     def _handle(self, kind: str, a: Any, b: Any) -> None:
         if kind == "detached":
+            if a == "application-requested":
+                return      # our own detach at the end of the window
             self.gone = True
             self.t_gone = self.t_gone or time.monotonic()
             self.detach_reason = self.detach_reason or a

@@ -94,7 +94,12 @@ class MallocSummary:
         frames = self.stacks.get(stack_id)
         if frames is None:
             return ["<stack dropped>" if stack_id == DROPPED_STACK else f"<stack {stack_id} not in capture>"]
-        return self.symbols.labels(frames)
+        # Entries Frida redirects with a trampoline (Interceptor.replace) leave its
+        # return address on top: a frame in no module, before the real caller.
+        i = 0
+        while i < len(frames) - 1 and self.symbols.frame(frames[i]).module is None:
+            i += 1
+        return self.symbols.labels(frames[i:])
 
     def top_stacks(self, n: int = 10, live: bool = False) -> list[StackStats]:
         key = (lambda s: s.live_est_bytes) if live else (lambda s: s.est_bytes)

@@ -1,0 +1,40 @@
+# memtrace: two commands do all set-up on a fresh clone.
+#   make demo   virtualenv + install + build the demo workload + capture it on this machine + report
+#   make test   virtualenv + install + the whole test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_OUT := build/demo
+DEMO_CAPTURE := demo-out/workload-malloc
+
+.PHONY: all demo test bench lint programs clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+programs:
+	$(MAKE) -s -C demo OUT=$(abspath $(DEMO_OUT))
+
+demo: $(STAMP) programs
+	rm -rf $(DEMO_CAPTURE)
+	$(BIN)/memtrace malloc --device local --window 30 --out $(DEMO_CAPTURE) -- $(DEMO_OUT)/workload
+	@if $(BIN)/memtrace --help | grep -q ' report'; then \
+	    $(BIN)/memtrace report demo-out && echo "report: demo-out/REPORT.md"; fi
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP) programs
+	$(BIN)/python bench/malloc_bench.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+clean:
+	rm -rf build demo-out captures .pytest_cache

@@ -1,0 +1,493 @@
+'use strict';
+/*
+ * purgeable tracer: when the target declares memory discardable and takes it back.
+ *
+ * Entries (DOMAIN.md §4):
+ *   vm_purgable_control / mach_vm_purgable_control  C listener: GET / PURGE_ALL only counted
+ *       (GET is hot); SET reads the new state on enter and the old state the kernel writes
+ *       back into *state on leave, then hands old->new + caller frames to JS.
+ *   vm_allocate / mach_vm_allocate / mach_vm_map    C listener: every call counted; those with
+ *       VM_FLAGS_PURGABLE (0x2) streamed with the address read back on leave (object sizes
+ *       let a later SET carry its bytes).
+ *   madvise (libc)                                  C listener: counted per advice value; the
+ *       platform's "reusable"-line advice values streamed with their caller.  Never a
+ *       purgeable transition.
+ *   IOSurfaceSetPurgeable                           JS: *oldState after the call.
+ *   CABackingStoreSetVolatile, CA::Render::Shmem::new_shmem / set_volatile
+ *                                                   JS: calls with stacks (the transition
+ *       itself is seen underneath, at mach_vm_purgable_control).
+ *
+ * Stacks of C-listener events: the C side passes the return address and the caller's frame
+ * pointer at function entry; JS walks the frame-pointer chain with guarded reads (a bad frame
+ * throws in JS instead of crashing the target).
+ */
+
+const PURG_C = `
+#include <gum/guminterceptor.h>
+
+/* Counter slots (gint): see COUNTS in purgeable.js. */
+extern volatile gint mt_counts[256];
+extern volatile gint mt_madv_stream[2];   /* bit masks of advice values to stream, per table */
+extern volatile gint mt_madv_stream_hi[2];
+extern void mt_on_set (gint fn, gpointer addr, gint control, gint new_state, gint old_state, gint kr,
+    gpointer ret, gpointer fp);
+extern void mt_on_create (gint fn, guint64 addr, guint64 size, gint flags, gint kr, gpointer ret, gpointer fp);
+extern void mt_on_madvise (gint fn, gpointer addr, guint64 len, gint advice, gpointer ret, gpointer fp);
+
+typedef struct {
+  gpointer p;
+  gint * statep;
+  guint64 size;
+  gint control;
+  gint new_state;
+  gint flags;
+  gint report;
+  gpointer ret;
+  gpointer fp;
+} MtInv;
+
+#if defined (__aarch64__)
+# define MT_FP(ic) ((gpointer) (ic)->cpu_context->fp)
+#else
+# define MT_FP(ic) ((gpointer) (ic)->cpu_context->rbp)
+#endif
+
+static gint
+fn_of (GumInvocationContext * ic)
+{
+  return (gint) (gsize) gum_invocation_context_get_listener_function_data (ic);
+}
+
+/* fn 0 vm_purgable_control, 1 mach_vm_purgable_control */
+void
+purg_enter (GumInvocationContext * ic)
+{
+  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
+  gint fn = fn_of (ic);
+  gint control = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, 2);
+  gint * statep = (gint *) gum_invocation_context_get_nth_argument (ic, 3);
+  d->report = 0;
+  d->control = control;
+  if (control >= 0 && control <= 3)
+    g_atomic_int_add (&mt_counts[fn * 8 + control], 1);
+  else
+    g_atomic_int_add (&mt_counts[fn * 8 + 4], 1);
+  if ((control == 0 || control == 3) && statep != NULL)
+  {
+    d->report = 1;
+    d->p = gum_invocation_context_get_nth_argument (ic, 1);
+    d->new_state = *statep;
+    d->statep = statep;
+    d->ret = gum_invocation_context_get_return_address (ic);
+    d->fp = MT_FP (ic);
+  }
+}
+
+void
+purg_leave (GumInvocationContext * ic)
+{
+  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
+  gint kr;
+  if (!d->report)
+    return;
+  kr = (gint) (gsize) gum_invocation_context_get_return_value (ic);
+  mt_on_set (fn_of (ic), d->p, d->control, d->new_state, *d->statep, kr, d->ret, d->fp);
+}
+
+/* fn 4 vm_allocate, 5 mach_vm_allocate (flags = arg 3); 6 mach_vm_map (flags = arg 4) */
+void
+create_enter (GumInvocationContext * ic)
+{
+  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
+  gint fn = fn_of (ic);
+  gint flags = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, fn == 6 ? 4 : 3);
+  g_atomic_int_add (&mt_counts[16 + fn], 1);
+  d->report = (flags & 0x2) != 0;
+  if (!d->report)
+    return;
+  d->p = gum_invocation_context_get_nth_argument (ic, 1);
+  d->size = (guint64) (gsize) gum_invocation_context_get_nth_argument (ic, 2);
+  d->flags = flags;
+  d->ret = gum_invocation_context_get_return_address (ic);
+  d->fp = MT_FP (ic);
+}
+
+void
+create_leave (GumInvocationContext * ic)
+{
+  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
+  gint kr;
+  if (!d->report)
+    return;
+  kr = (gint) (gsize) gum_invocation_context_get_return_value (ic);
+  mt_on_create (fn_of (ic), d->p != NULL ? *(guint64 *) d->p : 0, d->size, d->flags, kr, d->ret, d->fp);
+}
+
+/* fn 2 libc madvise (platform advice table 0), 3 the stand-in's Darwin madvise (table 1).
+ * Slots 32 + 64 * table + advice (advice 0..62; 63 = anything larger). */
+void
+madv_enter (GumInvocationContext * ic)
+{
+  gint fn = fn_of (ic);
+  gint table = fn - 2;
+  gint advice = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, 2);
+  gint slot = (advice >= 0 && advice < 63) ? advice : 63;
+  gboolean stream;
+  g_atomic_int_add (&mt_counts[32 + 64 * table + slot], 1);
+  if (advice < 0 || advice >= 64)
+    return;
+  stream = advice < 32 ? ((mt_madv_stream[table] >> advice) & 1) : ((mt_madv_stream_hi[table] >> (advice - 32)) & 1);
+  if (stream)
+    mt_on_madvise (fn, gum_invocation_context_get_nth_argument (ic, 0),
+        (guint64) (gsize) gum_invocation_context_get_nth_argument (ic, 1), advice,
+        gum_invocation_context_get_return_address (ic), MT_FP (ic));
+}
+`;
+
+/* Advice values of the reusable line, per platform (the values are the platform's own). */
+const MADVISE_DARWIN = { 5: 'MADV_FREE', 6: 'MADV_ZERO_WIRED_PAGES', 7: 'MADV_FREE_REUSABLE',
+  8: 'MADV_FREE_REUSE', 9: 'MADV_CAN_REUSE', 10: 'MADV_PAGEOUT' };
+const MADVISE_LINUX = { 4: 'MADV_DONTNEED', 8: 'MADV_FREE', 20: 'MADV_COLD', 21: 'MADV_PAGEOUT' };
+const FN_NAMES = ['vm_purgable_control', 'mach_vm_purgable_control', 'madvise', 'mtdarwin_madvise',
+  'vm_allocate', 'mach_vm_allocate', 'mach_vm_map'];
+const STATE_MACHINE = ['vm_purgable_control', 'mach_vm_purgable_control'];
+const CREATION = ['vm_allocate', 'mach_vm_allocate', 'mach_vm_map'];
+const CA_SET_VOLATILE = 'CA::Render::Shmem::set_volatile';
+const CA_NEW_SHMEM = 'CA::Render::Shmem::new_shmem';
+const CA_MODULE = 'QuartzCore';
+const STACK_FRAMES = 16;
+
+const purg = {
+  cm: null,
+  counts: null,
+  callbacks: [],
+  listeners: [],
+  objects: new Map(),       // base address (string) -> size, from creation events
+  resolved: {},
+  darwinMadvise: false,
+};
+
+/* Itanium nested-name encoding of a qualified C++ name: the part every mangled overload shares. */
+function mangledNestedName(qualified) {
+  return 'N' + qualified.split('::').map(p => p.length + p).join('') + 'E';
+}
+
+function findCxx(qualified) {
+  const needle = mangledNestedName(qualified);
+  let modules;
+  if (IS_DARWIN) {
+    const qc = Process.findModuleByName(CA_MODULE);
+    modules = qc === null ? [] : [qc];
+  } else {
+    modules = Process.enumerateModules();
+  }
+  for (const m of modules) {
+    if (m.name.startsWith('frida-agent'))
+      continue;
+    let symbols;
+    try {
+      symbols = m.enumerateSymbols();
+    } catch (e) {
+      continue;
+    }
+    // `_ZN…E<args>`: the nested name right after the _Z prefix (Mach-O names may carry one more `_`).
+    const hit = symbols.find(s => s.type === 'function' && !s.address.isNull() &&
+        (s.name.startsWith('_Z' + needle) || s.name.startsWith('__Z' + needle)));
+    if (hit !== undefined)
+      return hit.address;
+  }
+  return null;
+}
+
+/* The C library's own madvise, not a same-named export of another module. */
+function libcMadvise() {
+  if (!IS_DARWIN) {
+    for (const m of Process.enumerateModules()) {
+      if (/^libc[.-]/.test(m.name) || m.name === 'libc.so') {
+        const p = m.findExportByName('madvise');
+        if (p !== null)
+          return p;
+      }
+    }
+  }
+  return findExport('madvise');
+}
+
+function resolveOnce(name, how) {
+  if (!(name in purg.resolved))
+    purg.resolved[name] = how();
+  return purg.resolved[name];
+}
+
+function wantedSymbols(config) {
+  const list = [];
+  for (const n of STATE_MACHINE)
+    list.push({ name: n, role: 'state-machine', resolve: () => resolveOnce(n, () => findExport(n)) });
+  for (const n of CREATION)
+    list.push({ name: n, role: 'creation', resolve: () => resolveOnce(n, () => findExport(n)) });
+  list.push({ name: 'madvise', role: 'reusable', resolve: () => resolveOnce('madvise', libcMadvise) });
+  if (config.standinMadvise)
+    list.push({ name: 'mtdarwin_madvise', role: 'reusable-standin',
+      resolve: () => resolveOnce('mtdarwin_madvise', () => findExport('mtdarwin_madvise')) });
+  for (const n of ['IOSurfaceSetPurgeable', 'CABackingStoreSetVolatile'])
+    list.push({ name: n, role: 'framework', resolve: () => resolveOnce(n, () => findExport(n)) });
+  for (const n of [CA_NEW_SHMEM, CA_SET_VOLATILE])
+    list.push({ name: n, module: IS_DARWIN ? CA_MODULE : null, role: 'framework',
+      resolve: () => resolveOnce(n, () => findCxx(n)) });
+  list.push({ name: 'IOSurfaceGetAllocSize', role: 'accessor',
+    resolve: () => resolveOnce('IOSurfaceGetAllocSize', () => findExport('IOSurfaceGetAllocSize')) });
+  return list;
+}
+
+/* Return address + the frame-pointer chain above it; every read guarded. */
+function walkFrames(ret, fp, max) {
+  const frames = [ret.strip().toString()];
+  const ps = Process.pointerSize;
+  let f = fp;
+  try {
+    while (frames.length < max && !f.isNull() && f.and(ps - 1).isNull()) {
+      const next = f.readPointer();
+      const r = f.add(ps).readPointer().strip();
+      if (r.isNull())
+        break;
+      frames.push(r.toString());
+      if (next.compare(f) <= 0)
+        break;
+      f = next;
+    }
+  } catch (e) {
+    // an unreadable frame ends the stack; what was read is still evidence
+  }
+  return frames;
+}
+
+function objectSize(addr) {
+  const key = addr.toString();
+  if (purg.objects.has(key))
+    return purg.objects.get(key);
+  // SET may name any address inside the object.
+  for (const [base, size] of purg.objects) {
+    const b = ptr(base);
+    if (addr.compare(b) >= 0 && addr.compare(b.add(size)) < 0)
+      return size;
+  }
+  return null;
+}
+
+function makeCallbacks() {
+  const onSet = new NativeCallback((fn, addr, control, newState, oldState, kr, ret, fp) => {
+    emitJson({
+      type: 'set', entry: FN_NAMES[fn], control, addr: addr.toString(),
+      new_state: newState & 3, old_state: kr === 0 ? (oldState & 3) : null, kr,
+      bytes: objectSize(addr), tid: Process.getCurrentThreadId(),
+      frames: walkFrames(ret, fp, STACK_FRAMES),
+    });
+  }, 'void', ['int', 'pointer', 'int', 'int', 'int', 'int', 'pointer', 'pointer']);
+  const onCreate = new NativeCallback((fn, addr, size, flags, kr, ret, fp) => {
+    const a = ptr(addr.toString());
+    // The kernel rounds an object up to whole pages.
+    const bytes = Number(size.add(Process.pageSize - 1).and(uint64(Process.pageSize - 1).not()));
+    if (kr === 0)
+      purg.objects.set(a.toString(), bytes);
+    emitJson({
+      type: 'create', entry: FN_NAMES[fn], addr: a.toString(), size: Number(size), bytes, flags, kr,
+      tid: Process.getCurrentThreadId(), frames: walkFrames(ret, fp, STACK_FRAMES),
+    });
+  }, 'void', ['int', 'uint64', 'uint64', 'int', 'int', 'pointer', 'pointer']);
+  const onMadvise = new NativeCallback((fn, addr, len, advice, ret, fp) => {
+    const table = (fn === 3 || IS_DARWIN) ? MADVISE_DARWIN : MADVISE_LINUX;
+    emitJson({
+      type: 'madvise', entry: FN_NAMES[fn], advice, advice_name: table[advice] || null,
+      platform: (fn === 3 || IS_DARWIN) ? 'darwin' : 'linux',
+      addr: addr.toString(), len: Number(len), tid: Process.getCurrentThreadId(),
+      frames: walkFrames(ret, fp, STACK_FRAMES),
+    });
+  }, 'void', ['int', 'pointer', 'uint64', 'int', 'pointer', 'pointer']);
+  purg.callbacks = [onSet, onCreate, onMadvise];
+  return { mt_on_set: onSet, mt_on_create: onCreate, mt_on_madvise: onMadvise };
+}
+
+function adviceMask(table) {
+  let lo = 0;
+  let hi = 0;
+  for (const k of Object.keys(table).map(Number)) {
+    if (k < 32)
+      lo |= (1 << k);
+    else
+      hi |= (1 << (k - 32));
+  }
+  return [lo, hi];
+}
+
+/* Cumulative C counters as one event; the analyzer keeps the last one. */
+function countsEvent() {
+  const c = i => purg.counts.add(i * 4).readS32();
+  const byFn = fn => ({ set: c(fn * 8), get: c(fn * 8 + 1), purge_all: c(fn * 8 + 2),
+    set_from_kernel: c(fn * 8 + 3), other: c(fn * 8 + 4) });
+  const advice = table => {
+    const out = {};
+    for (let a = 0; a < 64; a++) {
+      const n = c(32 + 64 * table + a);
+      if (n)
+        out[a === 63 ? '63+' : String(a)] = n;
+    }
+    return out;
+  };
+  return {
+    type: 'counts', t: now(),
+    controls: { vm_purgable_control: byFn(0), mach_vm_purgable_control: byFn(1) },
+    creation_calls: { vm_allocate: c(20), mach_vm_allocate: c(21), mach_vm_map: c(22) },
+    madvise_all: advice(0),
+    madvise_standin_all: advice(1),
+    madvise_platform: IS_DARWIN ? 'darwin' : 'linux',
+  };
+}
+
+function hookJs(name, callbacks) {
+  const p = purg.resolved[name];
+  if (p === null || p === undefined)
+    return;
+  try {
+    purg.listeners.push(Interceptor.attach(p, callbacks));
+  } catch (e) {
+    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
+  }
+}
+
+function hookC(name, fn, enter, leave) {
+  const p = purg.resolved[name];
+  if (p === null || p === undefined)
+    return;
+  const cbs = { onEnter: purg.cm[enter] };
+  if (leave)
+    cbs.onLeave = purg.cm[leave];
+  try {
+    purg.listeners.push(Interceptor.attach(p, cbs, ptr(fn)));
+  } catch (e) {
+    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
+  }
+}
+
+function jsFrames(ctx) {
+  return Thread.backtrace(ctx, Backtracer.ACCURATE).slice(0, STACK_FRAMES).map(p => p.toString());
+}
+
+function installFramework() {
+  let allocSize = null;
+  const a = purg.resolved.IOSurfaceGetAllocSize;
+  if (a)
+    allocSize = new NativeFunction(a, 'size_t', ['pointer']);
+  hookJs('IOSurfaceSetPurgeable', {
+    onEnter(args) {
+      this.surface = args[0];
+      this.newState = args[1].toUInt32();
+      this.oldp = args[2];
+      // A caller may pass NULL for oldState; give the call our own slot so the transition is known.
+      if (this.oldp.isNull()) {
+        this.oldp = Memory.alloc(4);
+        args[2] = this.oldp;
+      }
+      this.frames = jsFrames(this.context);
+    },
+    onLeave(retval) {
+      const kr = retval.toInt32();
+      let bytes = null;
+      try {
+        bytes = allocSize === null ? null : Number(allocSize(this.surface));
+      } catch (e) {
+        bytes = null;
+      }
+      emitJson({
+        type: 'set', entry: 'IOSurfaceSetPurgeable', control: this.newState === 3 ? 'keep-current' : 'set',
+        addr: this.surface.toString(), new_state: this.newState,
+        old_state: kr === 0 ? (this.oldp.readU32() & 3) : null, kr, bytes,
+        tid: Process.getCurrentThreadId(), frames: this.frames,
+      });
+    },
+  });
+  hookJs('CABackingStoreSetVolatile', {
+    onEnter(args) {
+      emitJson({ type: 'call', entry: 'CABackingStoreSetVolatile', store: args[0].toString(),
+        volatile: args[1].toInt32() !== 0, tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) });
+    },
+  });
+  hookJs(CA_SET_VOLATILE, {
+    onEnter(args) {
+      // C++ member: args[0] = this, args[1] = bool, args[2] = int *old
+      this.ev = { type: 'call', entry: CA_SET_VOLATILE, shmem: args[0].toString(),
+        volatile: (args[1].toUInt32() & 0xff) !== 0, tid: Process.getCurrentThreadId(),
+        frames: jsFrames(this.context) };
+    },
+    onLeave(retval) {
+      this.ev.survived = (retval.toUInt32() & 0xff) !== 0;
+      emitJson(this.ev);
+    },
+  });
+  hookJs(CA_NEW_SHMEM, {
+    onEnter(args) {
+      this.ev = { type: 'call', entry: CA_NEW_SHMEM, size: Number(args[0].toString()),
+        tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) };
+    },
+    onLeave(retval) {
+      this.ev.shmem = retval.toString();
+      emitJson(this.ev);
+    },
+  });
+}
+
+const tracer = {
+  name: 'purgeable',
+
+  symbols(config) {
+    return wantedSymbols(config);
+  },
+
+  init(config, sources) {
+    // Own C listener (not the malloc core): hot GET/madvise counted without entering JS.
+    purg.counts = Memory.alloc(256 * 4);
+    const streamLo = Memory.alloc(8);
+    const streamHi = Memory.alloc(8);
+    const [l0, h0] = adviceMask(IS_DARWIN ? MADVISE_DARWIN : MADVISE_LINUX);
+    const [l1, h1] = adviceMask(MADVISE_DARWIN);
+    streamLo.writeS32(l0);
+    streamLo.add(4).writeS32(l1);
+    streamHi.writeS32(h0);
+    streamHi.add(4).writeS32(h1);
+    purg.cm = new CModule(PURG_C, Object.assign({
+      mt_counts: purg.counts, mt_madv_stream: streamLo, mt_madv_stream_hi: streamHi,
+    }, makeCallbacks()));
+    purg.streamMasks = [streamLo, streamHi];
+    return {
+      madvise_platform: IS_DARWIN ? 'darwin' : 'linux',
+      madvise_streamed: IS_DARWIN ? MADVISE_DARWIN : MADVISE_LINUX,
+      standin_madvise: !!config.standinMadvise,
+    };
+  },
+
+  install(config) {
+    hookC('vm_purgable_control', 0, 'purg_enter', 'purg_leave');
+    hookC('mach_vm_purgable_control', 1, 'purg_enter', 'purg_leave');
+    hookC('madvise', 2, 'madv_enter', null);
+    if (config.standinMadvise)
+      hookC('mtdarwin_madvise', 3, 'madv_enter', null);
+    hookC('vm_allocate', 4, 'create_enter', 'create_leave');
+    hookC('mach_vm_allocate', 5, 'create_enter', 'create_leave');
+    hookC('mach_vm_map', 6, 'create_enter', 'create_leave');
+    installFramework();
+    Interceptor.flush();
+    purg.timer = setInterval(() => emitJson(countsEvent()), 1000);
+  },
+
+  uninstall() {
+    if (purg.timer)
+      clearInterval(purg.timer);
+    purg.timer = null;
+    for (const l of purg.listeners)
+      l.detach();
+    purg.listeners = [];
+    Interceptor.flush();
+    // Sent directly: at process exit common.js has already flushed the JSON buffer.
+    if (purg.counts !== null)
+      send({ type: 'events:json', t: now(), events: [countsEvent()] });
+  },
+};

@@ -1,0 +1,215 @@
+"""The purgeable line, offline: the transition matrix, who drives it, the reusable line.
+
+Pure: capture records in, a :class:`PurgeableSummary` out.  Transitions come from the state
+machine's own entries (``vm_purgable_control`` / ``mach_vm_purgable_control`` SET, and
+``IOSurfaceSetPurgeable``, which IOKit applies in the kernel where a trap hook cannot see it).
+Framework entries (Core Animation) are reported as calls with their callers: the transitions
+they cause are already counted underneath, so counting them again would double the matrix.
+``madvise`` is its own "reusable" line and is never a transition (DOMAIN.md §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.analyze.symbols import SymbolTable
+from memtrace.capture import Record, RecordType
+
+STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
+MADVISE_NAMES = {
+    "darwin": {5: "MADV_FREE", 6: "MADV_ZERO_WIRED_PAGES", 7: "MADV_FREE_REUSABLE", 8: "MADV_FREE_REUSE",
+               9: "MADV_CAN_REUSE", 10: "MADV_PAGEOUT"},
+    "linux": {4: "MADV_DONTNEED", 8: "MADV_FREE", 20: "MADV_COLD", 21: "MADV_PAGEOUT"},
+}
+STATE_MACHINE_ENTRIES = ("vm_purgable_control", "mach_vm_purgable_control")
+NO_END = "the capture ends without an END record (memtrace or the machine died)"
+
+
+@dataclass
+class Group:
+    """Events sharing a key and a stack."""
+
+    count: int = 0
+    bytes: int = 0
+    unknown_bytes: int = 0          # events whose object size was not seen (created before attach)
+    frames: tuple[int, ...] = ()
+
+
+@dataclass
+class PurgeableSummary:
+    meta: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    recon: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    symbols: SymbolTable = field(default_factory=SymbolTable)
+    counts: dict[str, Any] = field(default_factory=dict)
+    transitions: dict[str, int] = field(default_factory=dict)
+    transition_bytes: dict[str, int] = field(default_factory=dict)
+    by_entry: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_caller: dict[tuple[str, str, tuple[int, ...]], Group] = field(default_factory=dict)
+    keep_current: int = 0
+    failed_sets: int = 0
+    set_events: int = 0
+    created: dict[tuple[str, tuple[int, ...]], Group] = field(default_factory=dict)
+    madvise: dict[tuple[str, int, tuple[int, ...]], Group] = field(default_factory=dict)
+    madvise_platform: dict[str, str] = field(default_factory=dict)
+    calls: dict[tuple[str, tuple[int, ...]], Group] = field(default_factory=dict)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+    # -- derived ----------------------------------------------------------------
+
+    def _controls(self) -> dict[str, dict[str, int]]:
+        return self.counts.get("controls", {})
+
+    @property
+    def set_calls(self) -> int:
+        """SET calls into the state machine's trap entries (exact, counted in C)."""
+        return sum(c.get("set", 0) + c.get("set_from_kernel", 0) for c in self._controls().values())
+
+    @property
+    def get_calls(self) -> int:
+        return sum(c.get("get", 0) for c in self._controls().values())
+
+    def caller(self, frames: tuple[int, ...]) -> str | None:
+        if not frames:
+            return None
+        f = self.symbols.frame(frames[0])
+        return f.symbol or f.label()
+
+    def to_json(self, capture: str | None = None, top: int = 50) -> dict[str, Any]:
+        def group_rows(items: Iterable[tuple[tuple[Any, ...], Group]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+            rows = []
+            for key, g in items:
+                row = dict(zip(keys, key[:-1], strict=True))
+                row.update({"count": g.count, "bytes": g.bytes if g.unknown_bytes < g.count else None,
+                            "caller": self.caller(g.frames), "frames": self.symbols.labels(g.frames)})
+                if g.unknown_bytes and g.unknown_bytes < g.count:
+                    row["events_without_size"] = g.unknown_bytes
+                rows.append(row)
+            rows.sort(key=lambda r: (-r["count"], -(r["bytes"] or 0), str(r.get("caller"))))
+            return rows[:top] if top else rows
+
+        madvise_counts: dict[str, int] = {}
+        madvise_bytes: dict[str, int] = {}
+        standin_counts: dict[str, int] = {}
+        for (entry, advice, _), g in self.madvise.items():
+            target = standin_counts if entry == "mtdarwin_madvise" else madvise_counts
+            target[str(advice)] = target.get(str(advice), 0) + g.count
+            if entry != "mtdarwin_madvise":
+                madvise_bytes[str(advice)] = madvise_bytes.get(str(advice), 0) + g.bytes
+        platform = self.madvise_platform.get("madvise") or self.counts.get("madvise_platform") or "linux"
+        created_bytes = sum(g.bytes for (entry, _), g in self.created.items())
+        calls_json: dict[str, Any] = {}
+        for (entry, frames), g in sorted(self.calls.items(), key=lambda kv: -kv[1].count):
+            e = calls_json.setdefault(entry, {"calls": 0, "by_caller": []})
+            e["calls"] += g.count
+            e["by_caller"].append({"count": g.count, "caller": self.caller(frames),
+                                   "frames": self.symbols.labels(frames)})
+        return {
+            "capture": capture,
+            "tracer": "purgeable",
+            "target": self.meta.get("target", {}).get("label"),
+            "ended": self.end.get("ended", "truncated"),
+            "reason": self.end.get("reason", NO_END),
+            "transitions": dict(sorted(self.transitions.items())),
+            "transition_bytes": dict(sorted(self.transition_bytes.items())),
+            "set_calls": self.set_calls,
+            "get_calls": self.get_calls,
+            "purge_all_calls": sum(c.get("purge_all", 0) for c in self._controls().values()),
+            "controls": self._controls(),
+            "by_entry": self.by_entry,
+            "keep_current": self.keep_current,
+            "failed_sets": self.failed_sets,
+            "stolen": {"count": self.transitions.get("2->0", 0), "bytes": self.transition_bytes.get("2->0", 0)},
+            "created_purgeable": sum(g.count for g in self.created.values()),
+            "created_bytes": created_bytes,
+            "created_by": group_rows(self.created.items(), ("entry",)),
+            "creation_calls": self.counts.get("creation_calls", {}),
+            "madvise": madvise_counts,
+            "madvise_bytes": madvise_bytes,
+            "madvise_platform": platform,
+            "madvise_names": {a: MADVISE_NAMES.get(platform, {}).get(int(a)) for a in madvise_counts},
+            "madvise_all_advice": self.counts.get("madvise_all", {}),
+            "madvise_standin": standin_counts,
+            "madvise_by_caller": group_rows(self.madvise.items(), ("entry", "advice")),
+            "by_caller": group_rows(self.by_caller.items(), ("entry", "transition")),
+            "framework_calls": calls_json,
+            "missing": self.missing,
+            "window_s": self.meta.get("options", {}).get("window"),
+            "captured_s": self.end.get("timing", {}).get("captured_s"),
+        }
+
+
+def _frames(ev: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
+
+
+def _bump(table: dict[Any, Group], key: Any, frames: tuple[int, ...], nbytes: int | None) -> None:
+    g = table.get(key)
+    if g is None:
+        g = table[key] = Group(frames=frames)
+    g.count += 1
+    if nbytes is None:
+        g.unknown_bytes += 1
+    else:
+        g.bytes += nbytes
+
+
+def _fold_event(s: PurgeableSummary, ev: dict[str, Any]) -> None:
+    kind = ev.get("type")
+    if kind == "counts":
+        s.counts = ev                       # cumulative: the last one wins
+        return
+    frames = _frames(ev)
+    if kind == "set":
+        entry = ev.get("entry", "?")
+        if ev.get("control") == "keep-current":
+            s.keep_current += 1             # IOSurface query: reads the state, moves nothing
+            s.by_entry.setdefault(entry, {})["keep_current"] = s.by_entry.get(entry, {}).get("keep_current", 0) + 1
+            return
+        s.set_events += 1
+        old = ev.get("old_state")
+        if old is None:
+            s.failed_sets += 1
+            return
+        key = f"{old}->{ev.get('new_state')}"
+        s.transitions[key] = s.transitions.get(key, 0) + 1
+        nbytes = ev.get("bytes")
+        s.transition_bytes[key] = s.transition_bytes.get(key, 0) + (nbytes or 0)
+        per = s.by_entry.setdefault(entry, {})
+        per[key] = per.get(key, 0) + 1
+        _bump(s.by_caller, (entry, key, frames), frames, nbytes)
+    elif kind == "create":
+        if ev.get("kr") == 0:
+            _bump(s.created, (ev.get("entry", "?"), frames), frames, ev.get("bytes"))
+    elif kind == "madvise":
+        entry = ev.get("entry", "madvise")
+        s.madvise_platform[entry] = ev.get("platform", "linux")
+        _bump(s.madvise, (entry, int(ev.get("advice", -1)), frames), frames, ev.get("len"))
+    elif kind == "call":
+        _bump(s.calls, (ev.get("entry", "?"), frames), frames, None)
+
+
+def summarize(records: Iterable[Record]) -> PurgeableSummary:
+    s = PurgeableSummary()
+    for rec in records:
+        t = rec.type
+        if t == RecordType.EVENTS:
+            for ev in rec.body.get("events", []):
+                _fold_event(s, ev)
+        elif t == RecordType.SYMBOLS:
+            s.symbols.add_rows(rec.body.get("rows", []))
+        elif t == RecordType.MODULES:
+            s.symbols.add_modules(rec.body.get("modules", []))
+        elif t == RecordType.META:
+            s.meta = rec.body
+        elif t == RecordType.RECON:
+            s.recon = rec.body.get("symbols", [])
+            s.missing = [r["name"] for r in s.recon if r.get("status") == "MISSING"]
+        elif t == RecordType.END:
+            s.end = rec.body
+        elif t == RecordType.WARNING:
+            s.warnings.append(rec.body)
+    return s

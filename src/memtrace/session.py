@@ -26,7 +26,7 @@ from typing import Any
 
 import frida
 
-from memtrace import __version__
+from memtrace import __version__, launchers
 from memtrace.capture import (
     FILE_NAME,
     CaptureWriter,
@@ -217,6 +217,8 @@ class CaptureSession:
         self.script: frida.core.Script | None = None
         self.pid: int | None = None
         self.spawned = False
+        self._suspended = False
+        self.launch_how: str | None = None
         self.gone = False
         self.detach_reason: str | None = None
         self.exit_info: dict[str, Any] | None = None
@@ -252,7 +254,12 @@ class CaptureSession:
         try:
             self._write_meta("starting")
             try:
-                self._launch_and_attach()
+                try:
+                    self._launch_and_attach()
+                except MemtraceError:
+                    if self.pid is None:
+                        self._discard_capture()
+                    raise
                 self._instrument()
                 self._capture_window()
             except KeyboardInterrupt:
@@ -280,6 +287,14 @@ class CaptureSession:
             self._pool.shutdown(wait=False, cancel_futures=True)
         return result
 
+    def _discard_capture(self) -> None:
+        """Nothing was launched or attached: leave no capture behind, only the error."""
+        assert self.writer is not None
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            self.writer.path.unlink()
+            self.writer.path.parent.rmdir()
+
     # -- phases ---------------------------------------------------------------
 
     def _launch_and_attach(self) -> None:
@@ -289,45 +304,21 @@ class CaptureSession:
             self.host_symbols = HostSymbolizer()
         self.device.on("output", self._on_output)
         self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
-        t = self.target
+        launcher = launchers.choose(self.target.launch, self.target)
+        launched = launcher.launch(self.device, self.target, stdio_pipe=True)
+        self.pid = launched.pid
+        self.spawned = launched.spawned
+        self.t_launch = launched.t_launch
+        self.launch_how = launched.how
+        self._suspended = launched.suspended
         delay = self.options.attach_delay
-        if t.pid is not None or t.name is not None:
-            self.pid = t.pid if t.pid is not None else self._find_pid(t.name or "")
-            self._check_alive_pid()
-            if delay > 0:
-                self.ui.phase("waiting")
-                self._sleep_watching(delay)
-            self._attach()
-            return
-        program: str | list[str] = t.app if t.app else t.argv
-        self.t_launch = time.monotonic()
-        try:
-            if t.app:
-                self.pid = self.device.spawn(program)
-            else:
-                self.pid = self.device.spawn(program, stdio="pipe")
-        except (frida.ExecutableNotFoundError, frida.NotSupportedError, frida.PermissionDeniedError,
-                frida.InvalidArgumentError, frida.ProcessNotFoundError) as e:
-            raise TargetError(f"cannot launch {t.describe()}: {e}") from None
-        self.spawned = True
         if delay > 0:
-            self.device.resume(self.pid)
+            if self._suspended:
+                self.device.resume(self.pid)
+                self._suspended = False
             self.ui.phase("waiting")
             self._sleep_watching(delay)
         self._attach()
-
-    def _find_pid(self, name: str) -> int:
-        assert self.device is not None
-        try:
-            return self.device.get_process(name).pid
-        except frida.ProcessNotFoundError:
-            raise TargetError(f"--name {name}: no running process with that name") from None
-
-    def _check_alive_pid(self) -> None:
-        assert self.device is not None
-        pids = {p.pid for p in self.device.enumerate_processes()}
-        if self.pid not in pids:
-            raise TargetError(f"--pid {self.pid}: no such process on {self.device.name}")
 
     def _sleep_watching(self, seconds: float) -> None:
         """Wait before attaching; a spawned target that exits meanwhile ends the capture."""
@@ -375,9 +366,10 @@ class CaptureSession:
         self._write(RecordType.CALIBRATION, {"phase": "before", **self._call("calibrate", api.calibrate)})
         self._call("start", api.start)
         self.t_start = time.monotonic()
-        if self.spawned and self.options.attach_delay == 0:
+        if self._suspended:
             assert self.device is not None and self.pid is not None
             self.device.resume(self.pid)
+            self._suspended = False
 
     def _capture_window(self) -> None:
         self.ui.phase("capturing")
@@ -449,6 +441,7 @@ class CaptureSession:
         end_body["counters"] = self.counters
         end_body["batches"] = self.batches
         end_body["pid"] = self.pid
+        end_body["launch"] = {"how": self.launch_how, "launcher": self.target.launch}
         end_body["timing"] = {
             "launch_to_attach_s": None if self.t_launch is None or self.t_attach is None
             else round(self.t_attach - self.t_launch, 3),

@@ -23,6 +23,9 @@ def target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--app", metavar="BUNDLE_ID", help="Launch this app on the device and trace it."),
         click.option("--pid", type=int, help="Attach to this running process."),
         click.option("--name", "proc_name", metavar="NAME", help="Attach to the running process with this name."),
+        click.option("--launch", type=click.Choice(["auto", "frida", "pmd3", "none"]), default="auto",
+                     show_default=True,
+                     help="How the target starts: Frida spawn, pymobiledevice3 (DVT), or none (attach to a running one)."),
         click.option("--attach-delay", type=float, default=0.0, show_default=True, metavar="SECONDS",
                      help="Wait this long after launch before attaching (0 = instrument before the first instruction)."),
         click.option("--window", type=float, default=60.0, show_default=True, metavar="SECONDS",
@@ -50,7 +53,7 @@ def make_ui(as_json: bool, quiet: bool) -> UI:
 
 def run_capture(tracer: str, agent_config: dict[str, Any], **kw: Any) -> CaptureResult:
     target = TargetSpec(device=kw["device"], app=kw["app"], pid=kw["pid"], name=kw["proc_name"],
-                        argv=list(kw["program"]))
+                        argv=list(kw["program"]), launch=kw["launch"])
     options = CaptureOptions(
         tracer=tracer, window=kw["window"], attach_delay=kw["attach_delay"], out=kw["out"],
         agent_config=agent_config, keep_running=kw["keep_running"], rpc_timeout=kw["rpc_timeout"],

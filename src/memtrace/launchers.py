@@ -1,0 +1,152 @@
+"""How a target comes to life before memtrace attaches: one interface, chosen with --launch.
+
+    frida  Frida spawn (suspended) + resume: an app by bundle id, or a local program.
+    pmd3   pymobiledevice3's DVT process control launches the app and reports its pid
+           (developer disk image / iOS 17+ tunnel needed).  DEVICE-UNVERIFIED: written
+           against pymobiledevice3 11's source, tested with a fake at that boundary.
+    none   attach to what is already running (--pid, --name, or --app's running pid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import frida
+
+from memtrace.errors import InputError, TargetError
+
+LAUNCHERS = ("auto", "frida", "pmd3", "none")
+
+
+@dataclass
+class Launched:
+    pid: int
+    t_launch: float | None      # monotonic time of the launch; None when memtrace did not launch it
+    suspended: bool             # still suspended: the engine resumes it after instrumenting
+    spawned: bool               # memtrace started it (and so may kill it at the end)
+    how: str
+
+
+class Launcher(Protocol):
+    name: str
+
+    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched: ...
+
+
+def choose(name: str, target: Any) -> Launcher:
+    if name not in LAUNCHERS:
+        raise InputError(f"--launch {name}: expected one of {', '.join(LAUNCHERS)}")
+    if name == "auto":
+        name = "none" if (target.pid is not None or target.name is not None) else "frida"
+    if name == "pmd3":
+        if not target.app:
+            raise InputError("--launch pmd3 launches an app: give --app BUNDLE_ID")
+        return Pmd3Launcher()
+    if name == "none":
+        return AttachLauncher()
+    if target.pid is not None or target.name is not None:
+        raise InputError(f"--launch {name} starts a new process: give --app or -- PROGRAM, not --pid/--name")
+    return FridaLauncher()
+
+
+class FridaLauncher:
+    name = "frida"
+
+    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+        t = time.monotonic()
+        try:
+            if target.app:
+                pid = device.spawn(target.app)
+            else:
+                pid = device.spawn(target.argv, stdio="pipe" if stdio_pipe else "inherit")
+        except (frida.ExecutableNotFoundError, frida.NotSupportedError, frida.PermissionDeniedError,
+                frida.InvalidArgumentError, frida.ProcessNotFoundError) as e:
+            raise TargetError(f"cannot launch {target.describe()}: {_locked_hint(str(e))}") from None
+        return Launched(pid, t, suspended=True, spawned=True, how="frida spawn")
+
+
+class AttachLauncher:
+    name = "none"
+
+    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+        if target.pid is not None:
+            if not any(p.pid == target.pid for p in device.enumerate_processes()):
+                raise TargetError(f"--pid {target.pid}: no such process on {device.name}")
+            return Launched(target.pid, None, suspended=False, spawned=False, how="attach to pid")
+        if target.name is not None:
+            try:
+                pid = device.get_process(target.name).pid
+            except frida.ProcessNotFoundError:
+                raise TargetError(f"--name {target.name}: no running process with that name") from None
+            return Launched(pid, None, suspended=False, spawned=False, how="attach by name")
+        if target.app:
+            apps = [a for a in device.enumerate_applications(identifiers=[target.app]) if a.pid]
+            if not apps:
+                raise TargetError(f"--app {target.app}: not running (use --launch frida or pmd3 to start it)")
+            return Launched(apps[0].pid, None, suspended=False, spawned=False, how="attach to running app")
+        raise InputError("--launch none needs --pid, --name or --app")
+
+
+class Pmd3Launcher:
+    """Launch through Instruments' process control, as Xcode does.  DEVICE-UNVERIFIED."""
+
+    name = "pmd3"
+
+    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+        t = time.monotonic()
+        try:
+            pid = asyncio.run(pmd3_launch(device.id, target.app))
+        except TargetError:
+            raise
+        except Exception as e:  # noqa: BLE001 -- any transport/service failure becomes one clear line
+            raise TargetError(f"pymobiledevice3 could not launch {target.app}: {_locked_hint(str(e))}") from None
+        return Launched(pid, t, suspended=False, spawned=True, how="pymobiledevice3 DVT process control")
+
+
+def pmd3_api() -> tuple[Any, Any, Any]:
+    """The pymobiledevice3 entry points used (the boundary tests replace)."""
+    from pymobiledevice3.lockdown import create_using_usbmux
+    from pymobiledevice3.services.dvt.instruments.dvt_provider import DvtProvider
+    from pymobiledevice3.services.dvt.instruments.process_control import ProcessControl
+    return create_using_usbmux, DvtProvider, ProcessControl
+
+
+async def pmd3_launch(udid: str, bundle_id: str) -> int:
+    create_using_usbmux, dvt_provider, process_control = pmd3_api()
+    lockdown = await create_using_usbmux(serial=udid)
+    await check_unlocked(lockdown)
+    async with dvt_provider(lockdown) as dvt, process_control(dvt) as pc:
+        return int(await pc.launch(bundle_id, kill_existing=True))
+
+
+async def check_unlocked(lockdown: Any) -> None:
+    """Where lockdown can tell: a passcode-protected device that reports itself locked refuses launches.
+
+    lockdown has no documented "is locked" value; ``PasswordProtected`` only says a passcode is
+    set.  The definitive signal is FrontBoard's ``RequestDenied: Locked`` on launch, which
+    ``_locked_hint`` turns into a clear message.
+    """
+    try:
+        protected = await lockdown.get_value(key="PasswordProtected")
+    except Exception:  # noqa: BLE001 -- older devices do not answer; the launch error will say
+        return
+    if protected and await _reports_locked(lockdown):
+        raise TargetError("the device is locked: unlock it (and keep it unlocked) before launching apps")
+
+
+async def _reports_locked(lockdown: Any) -> bool:
+    try:
+        value = await lockdown.get_value(domain="com.apple.springboard", key="DeviceLocked")
+    except Exception:  # noqa: BLE001
+        return False
+    return bool(value)
+
+
+def _locked_hint(message: str) -> str:
+    first = message.splitlines()[0] if message else "unknown error"
+    if "Locked" in message or "locked" in message:
+        return f"{first} -- the device is locked; unlock it and keep it unlocked during the run"
+    return first

@@ -164,7 +164,6 @@ const purg = {
   listeners: [],
   objects: new Map(),       // base address (string) -> size, from creation events
   resolved: {},
-  darwinMadvise: false,
 };
 
 /* Itanium nested-name encoding of a qualified C++ name: the part every mangled overload shares. */
@@ -239,15 +238,22 @@ function wantedSymbols(config) {
   return list;
 }
 
+/* PAC-signed on arm64e; a no-op elsewhere.  (A frame of a function hooked with a call listener
+ * would show Interceptor's trampoline here: the framework hooks above the C-hooked entries
+ * are therefore probes.) */
+function realReturn(p) {
+  return p.strip();
+}
+
 /* Return address + the frame-pointer chain above it; every read guarded. */
 function walkFrames(ret, fp, max) {
-  const frames = [ret.strip().toString()];
+  const frames = [realReturn(ret).toString()];
   const ps = Process.pointerSize;
   let f = fp;
   try {
     while (frames.length < max && !f.isNull() && f.and(ps - 1).isNull()) {
       const next = f.readPointer();
-      const r = f.add(ps).readPointer().strip();
+      const r = realReturn(f.add(ps).readPointer());
       if (r.isNull())
         break;
       frames.push(r.toString());
@@ -405,33 +411,23 @@ function installFramework() {
       });
     },
   });
-  hookJs('CABackingStoreSetVolatile', {
-    onEnter(args) {
-      emitJson({ type: 'call', entry: 'CABackingStoreSetVolatile', store: args[0].toString(),
-        volatile: args[1].toInt32() !== 0, tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) });
-    },
+  hookJs('CABackingStoreSetVolatile', function (args) {
+    emitJson({ type: 'call', entry: 'CABackingStoreSetVolatile', store: args[0].toString(),
+      volatile: args[1].toInt32() !== 0, tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) });
   });
-  hookJs(CA_SET_VOLATILE, {
-    onEnter(args) {
-      // C++ member: args[0] = this, args[1] = bool, args[2] = int *old
-      this.ev = { type: 'call', entry: CA_SET_VOLATILE, shmem: args[0].toString(),
-        volatile: (args[1].toUInt32() & 0xff) !== 0, tid: Process.getCurrentThreadId(),
-        frames: jsFrames(this.context) };
-    },
-    onLeave(retval) {
-      this.ev.survived = (retval.toUInt32() & 0xff) !== 0;
-      emitJson(this.ev);
-    },
+  // Probes, not call listeners: a call listener (even without onLeave) makes Interceptor
+  // rewrite the return address, and the frame-pointer walk of the mach_vm_* calls these
+  // make underneath would then see its trampoline instead of the caller.
+  // A bare function is a probe: Interceptor then leaves the return path alone.
+  hookJs(CA_SET_VOLATILE, function (args) {
+    // C++ member: args[0] = this, args[1] = bool, args[2] = int *old
+    emitJson({ type: 'call', entry: CA_SET_VOLATILE, shmem: args[0].toString(),
+      volatile: (args[1].toUInt32() & 0xff) !== 0, tid: Process.getCurrentThreadId(),
+      frames: jsFrames(this.context) });
   });
-  hookJs(CA_NEW_SHMEM, {
-    onEnter(args) {
-      this.ev = { type: 'call', entry: CA_NEW_SHMEM, size: Number(args[0].toString()),
-        tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) };
-    },
-    onLeave(retval) {
-      this.ev.shmem = retval.toString();
-      emitJson(this.ev);
-    },
+  hookJs(CA_NEW_SHMEM, function (args) {
+    emitJson({ type: 'call', entry: CA_NEW_SHMEM, size: Number(args[0].toString()),
+      tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) });
   });
 }
 

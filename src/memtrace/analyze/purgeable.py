@@ -10,6 +10,7 @@ they cause are already counted underneath, so counting them again would double t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,18 +74,39 @@ class PurgeableSummary:
         return sum(c.get("get", 0) for c in self._controls().values())
 
     def caller(self, frames: tuple[int, ...]) -> str | None:
+        """The direct caller's function name (demangled nested name for C++)."""
         if not frames:
             return None
         f = self.symbols.frame(frames[0])
-        return f.symbol or f.label()
+        return demangle_nested(f.symbol) if f.symbol else f.label()
+
+    def labels(self, frames: tuple[int, ...]) -> list[str]:
+        out = []
+        for a in frames:
+            f = self.symbols.frame(a)
+            name = demangle_nested(f.symbol) if f.symbol else None
+            out.append(f"{name} ({f.module})" if name and f.module else (name or f.label()))
+        return out
 
     def to_json(self, capture: str | None = None, top: int = 50) -> dict[str, Any]:
         def group_rows(items: Iterable[tuple[tuple[Any, ...], Group]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
-            rows = []
+            # Stacks are kept per return address; a row is one caller *function* (several call
+            # sites and deeper stacks merge), with the stack that carried most of its events.
+            merged: dict[tuple[Any, ...], tuple[Group, Group, int]] = {}
             for key, g in items:
-                row = dict(zip(keys, key[:-1], strict=True))
+                k = (*key[:-1], self.caller(g.frames))
+                if k not in merged:
+                    merged[k] = (Group(), g, 0)
+                total, best, n = merged[k]
+                total.count += g.count
+                total.bytes += g.bytes
+                total.unknown_bytes += g.unknown_bytes
+                merged[k] = (total, g if g.count > best.count else best, n + 1)
+            rows = []
+            for k, (g, best, n) in merged.items():
+                row = dict(zip((*keys, "caller"), k, strict=True))
                 row.update({"count": g.count, "bytes": g.bytes if g.unknown_bytes < g.count else None,
-                            "caller": self.caller(g.frames), "frames": self.symbols.labels(g.frames)})
+                            "stacks": n, "frames": self.labels(best.frames)})
                 if g.unknown_bytes and g.unknown_bytes < g.count:
                     row["events_without_size"] = g.unknown_bytes
                 rows.append(row)
@@ -102,11 +124,11 @@ class PurgeableSummary:
         platform = self.madvise_platform.get("madvise") or self.counts.get("madvise_platform") or "linux"
         created_bytes = sum(g.bytes for (entry, _), g in self.created.items())
         calls_json: dict[str, Any] = {}
-        for (entry, frames), g in sorted(self.calls.items(), key=lambda kv: -kv[1].count):
-            e = calls_json.setdefault(entry, {"calls": 0, "by_caller": []})
-            e["calls"] += g.count
-            e["by_caller"].append({"count": g.count, "caller": self.caller(frames),
-                                   "frames": self.symbols.labels(frames)})
+        for row in group_rows(self.calls.items(), ("entry",)):
+            e = calls_json.setdefault(row.pop("entry"), {"calls": 0, "by_caller": []})
+            row.pop("bytes", None)
+            e["calls"] += row["count"]
+            e["by_caller"].append(row)
         return {
             "capture": capture,
             "tracer": "purgeable",
@@ -140,6 +162,27 @@ class PurgeableSummary:
             "window_s": self.meta.get("options", {}).get("window"),
             "captured_s": self.end.get("timing", {}).get("captured_s"),
         }
+
+
+def demangle_nested(symbol: str) -> str:
+    """`_ZN2CA6Render5Shmem12set_volatileEbPi` -> `CA::Render::Shmem::set_volatile`.
+
+    Only the nested name (what callers are matched on); parameters are dropped.  Anything that
+    is not an Itanium nested name is returned unchanged."""
+    m = re.match(r"_{1,2}ZN[KVr]*", symbol)
+    if m is None:
+        return symbol
+    pos, parts = m.end(), []
+    while pos < len(symbol) and symbol[pos].isdigit():
+        n = re.match(r"\d+", symbol[pos:])
+        assert n is not None
+        length = int(n.group())
+        start = pos + len(n.group())
+        parts.append(symbol[start:start + length])
+        pos = start + length
+    if not parts or pos >= len(symbol) or symbol[pos] != "E":
+        return symbol
+    return "::".join(parts)
 
 
 def _frames(ev: dict[str, Any]) -> tuple[int, ...]:

@@ -1,0 +1,37 @@
+"""memtrace report: every capture under a folder -> REPORT.md and report.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from memtrace.report import build_report
+
+
+@click.command("report")
+@click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
+              help="Write REPORT.md and report.json here (default: into FOLDER).")
+@click.option("--families", "families", type=click.Path(path_type=Path, dir_okay=False), metavar="RULES.yaml",
+              help="Stack family rules added to (and overriding) the built-in ones.")
+@click.option("--json", "as_json", is_flag=True, help="Also print report.json on stdout.")
+def report(folder: Path, out: Path | None, families: Path | None, as_json: bool) -> int:
+    """Aggregate every capture under FOLDER (any tracers, targets and runs) into REPORT.md + report.json.
+
+    Exit status 0 when every capture was read in full, 1 when any file was skipped or only partly
+    read (listed in the report's "Captures skipped" section), 2 on a usage error.
+    """
+    result = build_report(folder, out=out, families=families)
+    if as_json:
+        sys.stdout.write(json.dumps(result.document, indent=1, ensure_ascii=False) + "\n")
+    for s in result.skipped:
+        click.echo(f"memtrace: skipped{' (partly read)' if s.partial else ''}: {s.path}: {s.reason}", err=True)
+    for p in result.paths:
+        click.echo(f"wrote {p}", err=True)
+    return result.exit_code
+
+
+command = report

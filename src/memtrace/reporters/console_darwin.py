@@ -6,5 +6,10 @@ from typing import Any
 
 from rich.console import Console
 
+
 def purgeable_summary(console: Console, s: dict[str, Any]) -> None:
+    console.print(s)
+
+
+def iosurface_summary(console: Console, s: dict[str, Any]) -> None:
     console.print(s)

@@ -1,0 +1,157 @@
+"""The IOSurface line, offline: surfaces created, by stack and format, released or still held.
+
+Pure: capture records in, an :class:`IOSurfaceSummary` out.  A surface is "held at end" when the
+capture saw it created and never saw it destroyed: on the Linux stand-in destruction is visible
+(``mtdarwin_surface_destroy``); on iOS no destruction entry is exported and ``CFRelease`` is too
+hot to hook, so there "held" means "still referenced by the app as far as we saw".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.analyze.symbols import SymbolTable
+from memtrace.capture import Record, RecordType
+
+NO_END = "the capture ends without an END record (memtrace or the machine died)"
+
+
+@dataclass
+class Surface:
+    id: int | None
+    surface: str
+    alloc_size: int
+    width: int | None
+    height: int | None
+    bytes_per_row: int | None
+    format: str | None
+    name: str | None
+    frames: tuple[int, ...]
+    t: int | None = None
+    released: bool = False
+    use_inc: int = 0
+    use_dec: int = 0
+
+
+@dataclass
+class IOSurfaceSummary:
+    meta: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    recon: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    symbols: SymbolTable = field(default_factory=SymbolTable)
+    surfaces: list[Surface] = field(default_factory=list)
+    failed: int = 0
+    releases_untracked: int = 0     # destroyed surfaces created before the capture
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def release_visible(self) -> bool:
+        return bool(self.info.get("release_hook")) and self.info["release_hook"] not in self.missing
+
+    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
+        by_stack: dict[tuple[int, ...], list[Surface]] = {}
+        by_format: dict[str, list[Surface]] = {}
+        for s in self.surfaces:
+            by_stack.setdefault(s.frames, []).append(s)
+            by_format.setdefault(s.format or "?", []).append(s)
+        stacks = [{"bytes": sum(x.alloc_size for x in group), "count": len(group),
+                   "caller": self._caller(frames), "frames": self.symbols.labels(frames)}
+                  for frames, group in by_stack.items()]
+        stacks.sort(key=lambda r: (-r["bytes"], -r["count"]))
+        formats = [{"format": f, "count": len(g), "bytes": sum(x.alloc_size for x in g),
+                    "sizes": sorted({(x.width, x.height, x.bytes_per_row, x.alloc_size) for x in g})}
+                   for f, g in by_format.items()]
+        formats.sort(key=lambda r: -r["bytes"])
+        released = [s for s in self.surfaces if s.released]
+        held = [s for s in self.surfaces if not s.released]
+        return {
+            "capture": capture,
+            "tracer": "iosurface",
+            "target": self.meta.get("target", {}).get("label"),
+            "ended": self.end.get("ended", "truncated"),
+            "reason": self.end.get("reason", NO_END),
+            "surfaces": len(self.surfaces),
+            "bytes": sum(s.alloc_size for s in self.surfaces),
+            "by_stack": stacks[:top] if top else stacks,
+            "by_format": formats,
+            "released": {"count": len(released), "bytes": sum(s.alloc_size for s in released),
+                         "ids": sorted(s.id for s in released if s.id is not None),
+                         "visible": self.release_visible,
+                         "untracked": self.releases_untracked},
+            "held_at_end": {"count": len(held), "bytes": sum(s.alloc_size for s in held),
+                            "ids": sorted(s.id for s in held if s.id is not None),
+                            "meaning": ("created in the window and not seen destroyed"
+                                        if self.release_visible else
+                                        "still referenced by the app as far as we saw (no destruction "
+                                        "entry is visible on this platform)")},
+            "use_count_calls": {"increment": sum(s.use_inc for s in self.surfaces),
+                                "decrement": sum(s.use_dec for s in self.surfaces)},
+            "surface_list": [{"id": s.id, "alloc_size": s.alloc_size, "width": s.width, "height": s.height,
+                              "bytes_per_row": s.bytes_per_row, "format": s.format, "name": s.name,
+                              "released": s.released} for s in self.surfaces],
+            "failed_creates": self.failed,
+            "missing": self.missing,
+            "window_s": self.meta.get("options", {}).get("window"),
+            "captured_s": self.end.get("timing", {}).get("captured_s"),
+        }
+
+    def _caller(self, frames: tuple[int, ...]) -> str | None:
+        if not frames:
+            return None
+        f = self.symbols.frame(frames[0])
+        return f.symbol or f.label()
+
+
+def _frames(ev: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
+
+
+def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
+    s = IOSurfaceSummary()
+    live: dict[str, Surface] = {}
+    for rec in records:
+        t = rec.type
+        if t == RecordType.EVENTS:
+            for ev in rec.body.get("events", []):
+                kind = ev.get("type")
+                if kind == "surface":
+                    surface = Surface(
+                        id=ev.get("id"), surface=ev.get("surface", "?"), alloc_size=int(ev.get("alloc_size") or 0),
+                        width=ev.get("width"), height=ev.get("height"), bytes_per_row=ev.get("bytes_per_row"),
+                        format=ev.get("format"), name=ev.get("name"), frames=_frames(ev), t=ev.get("t"))
+                    s.surfaces.append(surface)
+                    live[surface.surface] = surface
+                elif kind == "release":
+                    found = live.pop(ev.get("surface", "?"), None)
+                    if found is None:
+                        s.releases_untracked += 1
+                    else:
+                        found.released = True
+                elif kind == "use":
+                    u = live.get(ev.get("surface", "?"))
+                    if u is not None:
+                        if ev.get("op") == "inc":
+                            u.use_inc += 1
+                        else:
+                            u.use_dec += 1
+                elif kind == "create-failed":
+                    s.failed += 1
+        elif t == RecordType.SYMBOLS:
+            s.symbols.add_rows(rec.body.get("rows", []))
+        elif t == RecordType.MODULES:
+            s.symbols.add_modules(rec.body.get("modules", []))
+        elif t == RecordType.META:
+            s.meta = rec.body
+        elif t == RecordType.RECON:
+            s.recon = rec.body.get("symbols", [])
+            s.info = rec.body.get("info", {})
+            s.missing = [r["name"] for r in s.recon if r.get("status") == "MISSING"]
+        elif t == RecordType.END:
+            s.end = rec.body
+        elif t == RecordType.WARNING:
+            s.warnings.append(rec.body)
+    return s

@@ -1,0 +1,101 @@
+"""The routing probe's truth table, offline, and its Markdown rendering.
+
+Pure: capture records in (the agent's RESULT record), a :class:`ProbeSummary` out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.capture import Record, RecordType
+
+STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
+LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable")
+NO_END = "the capture ends without an END record (memtrace or the machine died)"
+
+
+@dataclass
+class ProbeSummary:
+    meta: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+
+    def to_json(self, capture: str | None = None) -> dict[str, Any]:
+        r = self.result or {}
+        errors = list(r.get("errors", []))
+        if self.result is None:
+            errors.append("the agent sent no probe result")
+        return {
+            "capture": capture,
+            "tracer": "probe",
+            "target": self.meta.get("target", {}).get("label"),
+            "ended": self.end.get("ended", "truncated"),
+            "reason": self.end.get("reason", NO_END),
+            "platform": r.get("platform"),
+            "bytes": r.get("bytes"),
+            "madvise_entry": r.get("madvise_entry"),
+            "ledger_available": r.get("ledger_available", False),
+            "rows": r.get("rows", []),
+            "errors": errors,
+            "missing": self.missing,
+        }
+
+
+def summarize(records: Iterable[Record]) -> ProbeSummary:
+    s = ProbeSummary()
+    for rec in records:
+        if rec.type == RecordType.RESULT and rec.body.get("tracer") == "probe":
+            s.result = rec.body
+        elif rec.type == RecordType.META:
+            s.meta = rec.body
+        elif rec.type == RecordType.RECON:
+            s.missing = [x["name"] for x in rec.body.get("symbols", []) if x.get("status") == "MISSING"]
+        elif rec.type == RecordType.END:
+            s.end = rec.body
+    return s
+
+
+def _state(v: Any) -> str:
+    return "—" if v is None else f"{v} {STATE_NAMES.get(v, '?')}"
+
+
+def _bytes(v: Any) -> str:
+    if v is None:
+        return "—"
+    return "0" if v == 0 else f"{v:+,}"
+
+
+def render_markdown(probe: dict[str, Any]) -> str:
+    """The truth table: entry | drives the state machine? | state | ledger moves in bytes."""
+    lines = [f"## Purgeable routing probe — {probe.get('target') or ''}", ""]
+    size = probe.get("bytes")
+    if size:
+        lines.append(f"One {size:,}-byte purgeable mapping (`mach_vm_allocate(ANYWHERE|PURGABLE)`); "
+                     f"madvise entry: `{probe.get('madvise_entry')}`; platform: {probe.get('platform')}.")
+        lines.append("")
+    for e in probe.get("errors", []):
+        lines.append(f"> **error:** {e}")
+    if probe.get("missing"):
+        lines.append(f"> **MISSING:** {', '.join(probe['missing'])}")
+    if probe.get("errors") or probe.get("missing"):
+        lines.append("")
+    if probe.get("rows"):
+        lines.append("| entry | drives the state machine? | state before → after | Δ footprint | "
+                     "Δ purgeable volatile | Δ purgeable nonvolatile | Δ reusable |")
+        lines.append("|---|---|---|---:|---:|---:|---:|")
+        for row in probe["rows"]:
+            drives = row.get("drives_state_machine")
+            d = row.get("ledger_delta") or {}
+            entry = str(row.get("entry")).replace("|", "\\|")      # a bare | would split the cell
+            cells = [f"`{entry}`",
+                     "—" if drives is None else ("**yes**" if drives else "no"),
+                     f"{_state(row.get('state_before'))} → {_state(row.get('state_after'))}"]
+            cells += [_bytes(d.get(k)) for k in LEDGER_KEYS]
+            if row.get("error"):
+                cells[1] = row["error"]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    return "\n".join(lines)

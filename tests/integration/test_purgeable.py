@@ -1,0 +1,144 @@
+"""``memtrace purgeable`` on the scenario programs driving the Darwin stand-in (exact counts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import memtrace_json
+
+MIB = 1024 * 1024
+DARWIN_ONLY = ["vm_purgable_control", "mach_vm_purgable_control", "vm_allocate", "mach_vm_allocate",
+               "mach_vm_map", "IOSurfaceSetPurgeable", "CABackingStoreSetVolatile",
+               "CA::Render::Shmem::new_shmem", "CA::Render::Shmem::set_volatile", "IOSurfaceGetAllocSize"]
+
+
+def run(demo_bin: Path, tmp_path: Path, program: str, *extra: str) -> dict[str, Any]:
+    return memtrace_json("purgeable", "--device", "local", "--window", "30", "--out", tmp_path / "c", *extra,
+                         "--", demo_bin / program)
+
+
+def callers(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], tuple[int, int | None]]:
+    """{(key..., caller): (count, bytes)} from by_caller-style rows."""
+    return {(*(r[k] for k in keys), r["caller"]): (r["count"], r.get("bytes")) for r in rows}
+
+
+def test_sqlite_cache_bounces_0_1(demo_bin: Path, tmp_path: Path) -> None:
+    s = run(demo_bin, tmp_path, "scn_sqlite_cache")
+    assert s["ended"] == "target-exited"
+    assert s["missing"] == []
+    assert s["transitions"] == {"0->1": 200, "1->0": 200}
+    assert s["transition_bytes"] == {"0->1": 200 * MIB, "1->0": 200 * MIB}
+    assert s["set_calls"] == 400
+    assert s["get_calls"] == 100
+    assert s["controls"]["vm_purgable_control"]["set"] == 400
+    assert s["controls"]["vm_purgable_control"]["get"] == 100
+    assert s["controls"]["mach_vm_purgable_control"] == {"set": 0, "get": 0, "purge_all": 0,
+                                                         "set_from_kernel": 0, "other": 0}
+    assert s["created_purgeable"] == 4
+    assert s["created_bytes"] == 4 * MIB
+    assert callers(s["created_by"], "entry") == {("vm_allocate", "sqlite_pcache_create"): (4, 4 * MIB)}
+    assert s["creation_calls"] == {"vm_allocate": 4, "mach_vm_allocate": 0, "mach_vm_map": 0}
+    assert callers(s["by_caller"], "entry", "transition") == {
+        ("vm_purgable_control", "0->1", "sqlite3_db_release_memory"): (100, 100 * MIB),
+        ("vm_purgable_control", "0->1", "sqlite_pcache_unpin"): (100, 100 * MIB),
+        ("vm_purgable_control", "1->0", "sqlite_pcache_fetch_page"): (200, 200 * MIB),
+    }
+    assert s["stolen"] == {"count": 0, "bytes": 0}
+    assert s["madvise"] == {}
+    assert s["framework_calls"] == {}
+
+
+def test_ca_backing_stores_stolen_and_reacquired(demo_bin: Path, tmp_path: Path) -> None:
+    s = run(demo_bin, tmp_path, "scn_ca_backing")
+    assert s["missing"] == []
+    assert s["transitions"] == {"0->1": 12, "1->0": 4, "2->0": 8}
+    assert s["transition_bytes"] == {"0->1": 7864320, "1->0": 2621440, "2->0": 5242880}
+    assert s["stolen"] == {"count": 8, "bytes": 5242880}
+    assert s["set_calls"] == 24
+    assert s["get_calls"] == 0
+    assert s["controls"]["vm_purgable_control"]["set"] == 0
+    # Every transition's direct caller is CA's set_volatile, found by its demangled name.
+    assert callers(s["by_caller"], "entry", "transition") == {
+        ("mach_vm_purgable_control", "0->1", "CA::Render::Shmem::set_volatile"): (12, 7864320),
+        ("mach_vm_purgable_control", "2->0", "CA::Render::Shmem::set_volatile"): (8, 5242880),
+        ("mach_vm_purgable_control", "1->0", "CA::Render::Shmem::set_volatile"): (4, 2621440),
+    }
+    # ... and the frame above it (the row's most frequent stack) is the app's, not an
+    # Interceptor trampoline (set_volatile itself is hooked too).
+    assert {r["frames"][1] for r in s["by_caller"]} == {"ca_layer_backing_update (scn_ca_backing)"}
+    assert s["created_purgeable"] == 12
+    assert s["created_bytes"] == 7864320
+    assert callers(s["created_by"], "entry") == {("mach_vm_allocate", "CA::Render::Shmem::new_shmem"): (12, 7864320)}
+    fw = {entry: {r["caller"]: r["count"] for r in v["by_caller"]} for entry, v in s["framework_calls"].items()}
+    assert fw == {
+        "CA::Render::Shmem::set_volatile": {"ca_layer_backing_update": 20, "CABackingStoreSetVolatile": 4},
+        "CA::Render::Shmem::new_shmem": {"ca_layer_backing_create": 12},
+        "CABackingStoreSetVolatile": {"ca_context_background_stores": 4},
+    }
+    assert s["madvise"] == {}
+
+
+def test_network_empties_segments_and_madvise_line(demo_bin: Path, tmp_path: Path) -> None:
+    s = run(demo_bin, tmp_path, "scn_network", "--standin-madvise")
+    assert s["missing"] == []
+    assert s["transitions"] == {"0->2": 18, "2->0": 18}
+    assert s["transition_bytes"] == {"0->2": 18 * 65536, "2->0": 18 * 65536}
+    assert s["set_calls"] == 36
+    assert s["get_calls"] == 36
+    assert s["controls"]["mach_vm_purgable_control"]["get"] == 36
+    assert callers(s["by_caller"], "entry", "transition") == {
+        ("mach_vm_purgable_control", "0->2", "nw_segment_empty"): (18, 1179648),
+        ("mach_vm_purgable_control", "2->0", "nw_segment_reacquire"): (18, 1179648),
+    }
+    assert s["created_purgeable"] == 6
+    assert s["created_bytes"] == 6 * 65536
+    assert s["creation_calls"] == {"vm_allocate": 0, "mach_vm_allocate": 0, "mach_vm_map": 6}
+    # libc madvise with Linux advice values: its own line, never a transition.
+    assert s["madvise_platform"] == "linux"
+    assert s["madvise"] == {"8": 2, "4": 3, "20": 1, "21": 1}
+    assert s["madvise_bytes"] == {"8": 131072, "4": 196608, "20": 65536, "21": 65536}
+    assert s["madvise_names"] == {"8": "MADV_FREE", "4": "MADV_DONTNEED", "20": "MADV_COLD", "21": "MADV_PAGEOUT"}
+    assert s["madvise_all_advice"] == {"4": 3, "8": 2, "20": 1, "21": 1}
+    assert callers(s["madvise_by_caller"], "entry", "advice") == {
+        ("madvise", 8, "nw_buffer_trim"): (2, 131072),
+        ("madvise", 4, "nw_buffer_trim"): (3, 196608),
+        ("madvise", 20, "nw_buffer_trim"): (1, 65536),
+        ("madvise", 21, "nw_buffer_trim"): (1, 65536),
+        ("mtdarwin_madvise", 7, "nw_buffer_recycle"): (4, 262144),
+        ("mtdarwin_madvise", 5, "nw_buffer_recycle"): (3, 196608),
+        ("mtdarwin_madvise", 8, "nw_buffer_recycle"): (2, 131072),
+    }
+    assert s["madvise_standin"] == {"7": 4, "5": 3, "8": 2}
+
+
+def test_network_without_standin_flag_sees_no_darwin_madvise(demo_bin: Path, tmp_path: Path) -> None:
+    s = run(demo_bin, tmp_path, "scn_network")
+    assert s["madvise_standin"] == {}
+    assert s["madvise"] == {"8": 2, "4": 3, "20": 1, "21": 1}
+
+
+def test_camera_surface_purgeable(demo_bin: Path, tmp_path: Path) -> None:
+    s = run(demo_bin, tmp_path, "scn_camera")
+    # IOSurfaceSetPurgeable is applied "from the kernel": the trap entries see nothing.
+    assert s["set_calls"] == 0
+    assert s["get_calls"] == 0
+    assert s["transitions"] == {"0->1": 6, "2->0": 3}
+    assert s["transition_bytes"] == {"0->1": 74678272, "2->0": 37339136}
+    assert s["keep_current"] == 1
+    assert s["by_entry"] == {"IOSurfaceSetPurgeable": {"0->1": 6, "2->0": 3, "keep_current": 1}}
+    assert callers(s["by_caller"], "entry", "transition") == {
+        ("IOSurfaceSetPurgeable", "0->1", "camera_pool_mark_purgeable"): (6, 74678272),
+        ("IOSurfaceSetPurgeable", "2->0", "camera_pool_reclaim"): (3, 37339136),
+    }
+    assert s["stolen"] == {"count": 3, "bytes": 37339136}
+    assert s["created_purgeable"] == 0
+
+
+def test_plain_glibc_program_lists_darwin_entries_missing(demo_bin: Path, tmp_path: Path) -> None:
+    s = run(demo_bin, tmp_path, "workload")
+    assert s["ended"] == "target-exited"
+    assert sorted(s["missing"]) == sorted(DARWIN_ONLY)
+    assert "madvise" not in s["missing"]
+    assert s["transitions"] == {}
+    assert s["set_calls"] == 0

@@ -85,9 +85,25 @@ def _malloc_target(entries: list[dict[str, Any]]) -> dict[str, Any]:
     # "all churn"), so a shrinking heap never reads as a tiny or negative ratio.
     m["churn_ratio"] = round(g / d, 1) if d and d > 0 else None
     m["families"] = _sorted_families(fam)
-    m["top_stacks"] = sorted(top, key=lambda r: (-r["bytes"], r["frames"]))[:TOP]
-    m["live_by_stack"] = sorted(live, key=lambda r: (-r["bytes"], r["frames"]))[:TOP]
+    m["top_stacks"] = _merge_stacks(top)
+    m["live_by_stack"] = _merge_stacks(live)
     return m
+
+
+def _merge_stacks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same frames from several captures (runs) of one target are one row."""
+    merged: dict[tuple[str, ...], dict[str, Any]] = {}
+    for r in rows:
+        key = tuple(r["frames"])
+        m = merged.get(key)
+        if m is None:
+            merged[key] = {"bytes": r["bytes"], "count": r["count"], "exact_bytes": r.get("exact_bytes", 0),
+                           "family": r.get("family"), "frames": r["frames"]}
+        else:
+            m["bytes"] += r["bytes"]
+            m["count"] += r["count"]
+            m["exact_bytes"] += r.get("exact_bytes", 0)
+    return sorted(merged.values(), key=lambda r: (-r["bytes"], r["frames"]))[:TOP]
 
 
 def _iosurface_target(entries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -144,6 +144,7 @@ def _entry(tracer: str, summary: Any, rel: str, rules: FamilyRules, top: int) ->
         return malloc_entry(summary, rel, rules, top)
     j = summary.to_json(capture=rel)
     j["analyzed"] = True
+    j.pop("surface_list", None)          # one row per surface: not needed, and unbounded
     if tracer == "iosurface":
         # Families of surface stacks too: the IOSurface half of a business fingerprint.
         fam: dict[str, dict[str, int]] = {}

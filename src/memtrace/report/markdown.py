@@ -125,6 +125,9 @@ def _malloc(targets: list[dict[str, Any]]) -> list[str]:
     rows = []
     for t in ms:
         m = t["malloc"]
+        if not t["measurable"]:
+            rows.append([t["target"], f"not measurable ({t['ended']})", *["—"] * 6])
+            continue
         rows.append([t["target"], fmt_bytes(m["gross_bytes"]), f"{m['alloc_calls']:,}",
                      fmt_bytes(m["in_use_delta"], signed=True), fmt_bytes(m["live_bytes"]), f"{m['live_count']:,}",
                      "—" if m["churn_ratio"] is None else f"{m['churn_ratio']:,.1f}×",
@@ -132,7 +135,8 @@ def _malloc(targets: list[dict[str, Any]]) -> list[str]:
     lines += table(["target", "gross", "calls", "in-use Δ", "live at end", "survivors", "churn (gross / in-use Δ)",
                     "footprint Δ"], "lrrrrrrr", rows)
     lines += ["### Size tiers (calls / bytes)", ""]
-    rows = [[t["target"], *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in t["malloc"]["tiers"])] for t in ms]
+    rows = [[t["target"], *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in t["malloc"]["tiers"])]
+            for t in ms if t["measurable"]]
     lines += table(["target", *TIER_LABELS], "l" + "r" * len(TIER_LABELS), rows)
     for title, key in (("Live by stack at window end", "live_by_stack"), ("Top stacks by gross bytes", "top_stacks")):
         lines += [f"### {title}", ""]
@@ -159,15 +163,23 @@ def _iosurface(targets: list[dict[str, Any]]) -> list[str]:
         if rows:
             lines += ["By stack:", ""] + table(["bytes", "surfaces", "family", "frames"], "rrll", rows)
         if s["by_format"]:
-            keys = [k for k in s["by_format"][0] if not isinstance(s["by_format"][0][k], list | dict)]
-            rows = [[fmt_bytes(r.get(k)) if "bytes" in k else r.get(k, "—") for k in keys] for r in s["by_format"]]
-            lines += ["By size / pixel format:", ""] + table(keys, "l" * len(keys), rows)
+            rows = [[r.get("format", "—"), f"{int(r.get('count') or 0):,}", fmt_bytes(r.get("bytes")),
+                     ", ".join(_size(z) for z in r.get("sizes") or [])] for r in s["by_format"]]
+            lines += ["By pixel format and size:", ""]
+            lines += table(["format", "surfaces", "bytes", "sizes (w×h, bytes per row, alloc size)"], "lrrl", rows)
     return lines
+
+
+def _size(z: Any) -> str:
+    if isinstance(z, list | tuple) and len(z) == 4:
+        w, h, bpr, alloc = z
+        return f"{w}×{h} ({bpr} B/row, {fmt_bytes(alloc)})"
+    return str(z)
 
 
 def _held(h: Any) -> str:
     if isinstance(h, dict):
-        return ", ".join(f"{k} {fmt_bytes(v) if 'bytes' in k else v}" for k, v in h.items())
+        return f"{int(h.get('count') or 0):,} surfaces, {fmt_bytes(h.get('bytes'))}"
     return fmt_bytes(h) if isinstance(h, int) else str(h)
 
 
@@ -241,7 +253,9 @@ def _calibration(doc: dict[str, Any]) -> list[str]:
              "bytes at end / allocator in-use Δ.", ""]
     rows = []
     for c in doc["calibration"]:
-        if c["tracer"] == "malloc" and "gross_bytes" in c:
+        if c["tracer"] == "malloc" and c.get("gross_bytes") == 0:
+            detail = "no allocation captured"
+        elif c["tracer"] == "malloc" and "gross_bytes" in c:
             detail = (f"stacks {fmt_bytes(c['stacked_bytes'])} of {fmt_bytes(c['gross_bytes'])} = "
                       f"{pct(c['stack_coverage'])}; in-use {fmt_bytes(c['in_use_before'])} → "
                       f"{fmt_bytes(c['in_use_after'])} ({c['allocator_source'] or '—'}); live "

@@ -88,7 +88,18 @@ class SyntheticCapture:
             self._pending.append(StackRecord(self.tid, sid, tuple(self._address(s) for s in symbols)))
         return sid
 
-    # -- events ---------------------------------------------------------------------
+    def frames(self, *symbols: str) -> list[str]:
+        """Frame addresses (hex, innermost first) as the low-frequency tracers' events carry them."""
+        return [hex(self._address(sym)) for sym in symbols]
+
+    def events(self, events: list[dict[str, Any]]) -> None:
+        """One EVENTS record (IOSurface, purgeable, probe tracers), after the symbols it needs."""
+        if self._rows:
+            self.writer.write(RecordType.SYMBOLS, {"rows": self._rows, "by": "synthetic"})
+            self._rows = []
+        self.writer.write(RecordType.EVENTS, {"type": "events", "events": events})
+
+    # -- malloc events ---------------------------------------------------------------
 
     def alloc(self, sid: int | None, size: int, kind: int = MALLOC) -> int:
         """One allocation; stacked and live as the agent's thresholds decide.  Returns the pointer."""

@@ -1,0 +1,40 @@
+"""The IOSurface analyzer on synthetic captures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memtrace.analyze.iosurface import summarize
+from memtrace.capture import CaptureWriter, RecordType, read_records
+
+
+def surface(n: int, size: int, fmt: str, frames: list[str]) -> dict[str, Any]:
+    return {"type": "surface", "surface": hex(0x9000 + n), "id": n, "alloc_size": size, "width": 10, "height": 10,
+            "bytes_per_row": 64, "format": fmt, "name": None, "frames": frames}
+
+
+def write(p: Path, events: list[dict[str, Any]], release_hook: str | None) -> Path:
+    with CaptureWriter(p) as w:
+        w.write(RecordType.RECON, {"symbols": [], "info": {"release_hook": release_hook}})
+        w.write(RecordType.EVENTS, {"events": events})
+        w.write(RecordType.SYMBOLS, {"rows": [["0x10", "app", 16, "pool_create"]]})
+    return p
+
+
+def test_held_released_and_untracked(tmp_path: Path) -> None:
+    events = [surface(1, 100, "BGRA", ["0x10"]), surface(2, 200, "BGRA", ["0x10"]), surface(3, 50, "420v", []),
+              {"type": "use", "op": "inc", "surface": hex(0x9001)},
+              {"type": "release", "surface": hex(0x9002)}, {"type": "release", "surface": "0xdead"}]
+    s = summarize(read_records(write(tmp_path / "c.mtc", events, "mtdarwin_surface_destroy"))).to_json()
+    assert (s["surfaces"], s["bytes"]) == (3, 350)
+    assert s["by_stack"][0] == {"bytes": 300, "count": 2, "caller": "pool_create", "frames": ["pool_create (app)"]}
+    assert s["released"] == {"count": 1, "bytes": 200, "ids": [2], "visible": True, "untracked": 1}
+    assert (s["held_at_end"]["count"], s["held_at_end"]["bytes"], s["held_at_end"]["ids"]) == (2, 150, [1, 3])
+    assert s["use_count_calls"] == {"increment": 1, "decrement": 0}
+
+
+def test_no_destruction_entry_is_said_honestly(tmp_path: Path) -> None:
+    s = summarize(read_records(write(tmp_path / "c.mtc", [surface(1, 100, "BGRA", [])], None))).to_json()
+    assert s["released"]["visible"] is False
+    assert "still referenced by the app as far as we saw" in s["held_at_end"]["meaning"]

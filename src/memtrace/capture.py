@@ -171,6 +171,19 @@ class CaptureWriter:
         self.close()
 
 
+def append_record(path: Path | str, rtype: RecordType, body: Any) -> None:
+    """Add one record to a finished capture (e.g. a batch's verdict; the last END wins)."""
+    p = resolve_capture_path(path)
+    with open(p, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise CaptureError(f"{p}: not a memtrace capture (bad magic)")
+    payload = json.dumps(body, separators=(",", ":"), default=_json_default).encode()
+    with open(p, "ab") as f:
+        f.write(RECORD_HEADER.pack(int(rtype), 0, 0, len(payload)) + payload)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)

@@ -84,6 +84,8 @@ def classify_end(
         status = exit_info.get("status")
         said = f"exit status {status}" if status is not None else "normal process exit"
         return out("target-exited", f"the target exited on its own ({said})")
+    if t_attach is None:
+        return out("target-exited", "the target ended before memtrace attached (during --attach-delay)")
     rate_at_death = max(mean_rate, recent[-1]["calls_per_s"] if recent else 0.0)
     how = "crashed" if crash_info else "was killed (no exit() seen: a signal such as SIGKILL, or a watchdog)"
     if t_start is None or (alive is not None and alive <= thresholds.storm_seconds

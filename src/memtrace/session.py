@@ -238,6 +238,7 @@ class CaptureSession:
         self.agent_live = 0
         self.agent_stacks = 0
         self._last_snapshot = 0.0
+        self._last_message = time.monotonic()
         self._last_progress = (0.0, 0, 0)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memtrace-rpc")
 
@@ -373,6 +374,7 @@ class CaptureSession:
 
     def _capture_window(self) -> None:
         self.ui.phase("capturing")
+        self._last_message = time.monotonic()
         assert self.t_start is not None
         deadline = self.t_start + self.options.window
         while not self.gone:
@@ -393,6 +395,14 @@ class CaptureSession:
                     self._handle(kind, a, b)
             self._symbolize_pending()
             self._tick()
+            silent = time.monotonic() - self._last_message
+            if silent > self.options.rpc_timeout and not self.gone:
+                # The agent flushes every 100 ms even when idle: silence this long while the
+                # process lives means it was frozen (anti-debug stops, a debugger, SIGSTOP).
+                self.timeout_info = {"what": "its periodic flush (agent went silent)", "timeout_s":
+                                     self.options.rpc_timeout, "silent_s": round(silent, 3)}
+                self.ui.warning(f"the agent has been silent for {silent:.1f} s")
+                return
 
     def _finish(self, interrupted: bool) -> None:
         """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
@@ -403,7 +413,10 @@ class CaptureSession:
                 self._call("stop", api.stop, timeout=10)
                 self._drain_queue()
                 self._write(RecordType.CALIBRATION, {"phase": "after", **self._call("calibrate", api.calibrate, timeout=10)})
-            except (AgentTimeout, frida.InvalidOperationError, frida.TransportError):
+            except AgentTimeout as e:
+                if not self.gone:
+                    self.timeout_info = {"what": e.what, "timeout_s": e.seconds}
+            except (frida.InvalidOperationError, frida.TransportError):
                 pass
         self._drain_queue()
         self._symbolize_pending(final=True)
@@ -496,6 +509,7 @@ class CaptureSession:
         })
 
     def _on_message(self, message: dict[str, Any], data: bytes | None) -> None:
+        self._last_message = time.monotonic()
         self.events.put(("message", message, data))
 
     def _on_detached(self, reason: str, crash: Any) -> None:

@@ -1,0 +1,199 @@
+"""Death classification on real scenario programs, batch runs, and captures that survive any kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memtrace import launchers
+from memtrace.analyze.malloc import summarize
+from memtrace.capture import CaptureInfo, RecordType, decode_agent_records, read_records
+from memtrace.session import CaptureOptions, CaptureSession, TargetSpec
+from memtrace.ui import SilentUI
+
+from ..conftest import ROOT, memtrace_json, run_memtrace  # noqa: TID252
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
+
+
+def test_launch_storm(demo_bin: Path, tmp_path: Path) -> None:
+    # A watchdog this strict fires within the storm's first windows (instrumented or not):
+    # the target dies moments after instrumentation under millions of calls per second.
+    s = memtrace_json("malloc", "--device", "local", "--window", "20", "--stack-threshold", "0",
+                      "--out", tmp_path / "c", "--", demo_bin / "die_storm", "--max-slowdown", "1.05")
+    assert s["ended"] == "launch-storm"
+    end = _end(tmp_path / "c")
+    ev = end["evidence"]
+    assert ev["alive_after_start_s"] < 10
+    assert max(ev["mean_calls_per_s"], ev["peak_calls_per_s"]) >= ev["thresholds"]["storm_rate"]
+    assert "exit" not in ev, "a SIGKILLed process never reaches exit()"
+
+
+def test_slow_start(demo_bin: Path, tmp_path: Path) -> None:
+    s = memtrace_json("malloc", "--device", "local", "--window", "3", "--out", tmp_path / "c", "--",
+                      demo_bin / "slow_start", "30")
+    assert s["ended"] == "slow-start"
+    ev = _end(tmp_path / "c")["evidence"]
+    assert ev["calls"] == 0 and ev["window_s"] == 3
+
+
+def test_anti_debug(demo_bin: Path, tmp_path: Path) -> None:
+    s = memtrace_json("malloc", "--device", "local", "--window", "10", "--rpc-timeout", "3",
+                      "--out", tmp_path / "c", "--", demo_bin / "anti_debug")
+    assert s["ended"] == "anti-debug"
+    ev = _end(tmp_path / "c")["evidence"]
+    assert ev["timeout"]["timeout_s"] == 3
+
+
+def test_perpetual_stream_suspected_then_confirmed_by_batch(demo_bin: Path, tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+defaults: {{device: local, window: 8, retries: 1, retry_delay_step: 1.5, rpc_timeout: 3}}
+runs:
+  - {{label: json, program: [{demo_bin / 'json_service'}]}}
+  - {{label: perpetual, program: [{demo_bin / 'die_perpetual'}, --lifetime, "3"]}}
+  - {{label: slow, program: [{demo_bin / 'slow_start'}, "30"], window: 3, retries: 0}}
+  - {{label: antidebug, program: [{demo_bin / 'anti_debug'}], retries: 0}}
+  - {{label: missing, program: [/nonexistent/program]}}
+""")
+    out = tmp_path / "batch"
+    proc = run_memtrace("batch", plan, "--out", out, "--json", check=False, timeout=300)
+    assert proc.returncode == 1, "a failed target makes the batch exit 1 (but never stops it)"
+    rows = {r["label"]: r for r in json.loads(proc.stdout)["runs"]}
+    assert {k: v["outcome"] for k, v in rows.items()} == {
+        "json": "target-exited", "perpetual": "perpetual-stream", "slow": "slow-start",
+        "antidebug": "anti-debug", "missing": "failed"}
+    assert [a["attach_delay"] for a in rows["perpetual"]["attempts"]] == [0.0, 1.5]
+    assert rows["json"]["events"] > 20000 and rows["json"]["bytes"] > 10_000_000
+    end = _end(out / "perpetual-malloc")
+    assert end["ended"] == "perpetual-stream" and end["confidence"] == "confirmed"
+    assert (out / "perpetual-malloc" / "attempt-1" / "capture.mtc.failed").exists()
+    # Re-running the plan skips what is done.
+    again = run_memtrace("batch", plan, "--out", out, "--json", check=False, timeout=300)
+    skipped = {r["label"]: r["skipped"] for r in json.loads(again.stdout)["runs"]}
+    assert skipped == {"json": True, "perpetual": True, "slow": True, "antidebug": True, "missing": False}
+
+
+def test_random_kills_always_leave_readable_captures(compile_c, tmp_path: Path) -> None:
+    exe = compile_c("steady")
+    rng = random.Random(1234)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for i in range(6):
+        out = tmp_path / f"c{i}"
+        victim_is_target = i % 2 == 0
+        mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--quiet",
+                               "--window", "30", "--out", str(out), "--", str(exe)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert mt.stdout is not None
+        line = mt.stdout.readline()
+        assert line.startswith("ready "), line
+        time.sleep(rng.uniform(0.2, 2.0))
+        if victim_is_target:
+            os.kill(int(line.split()[1]), signal.SIGKILL)
+            mt.communicate(timeout=60)
+        else:
+            mt.send_signal(signal.SIGKILL)    # memtrace itself dies mid-stream
+            mt.communicate(timeout=60)
+            os.kill(int(line.split()[1]), signal.SIGKILL)
+        info = CaptureInfo(out)
+        records = list(read_records(out, info))
+        assert records[0].type == RecordType.META
+        for r in records:
+            if r.type == RecordType.BATCH:
+                list(decode_agent_records(r.data))
+        s = summarize(iter(records))
+        if victim_is_target:
+            assert not info.truncated and s.end["ended"] == "target-exited"
+            assert "killed" in s.end["reason"]
+        else:
+            assert s.end == {}, "memtrace was killed: no END, but everything flushed reads back"
+        assert s.counters[0] >= 0
+
+
+class FakeProcessControl:
+    launched: list[tuple[str, bool]] = []
+    pid = 0
+
+    def __init__(self, dvt: object) -> None:
+        self.dvt = dvt
+
+    async def __aenter__(self) -> FakeProcessControl:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def launch(self, bundle_id: str, kill_existing: bool = True) -> int:
+        FakeProcessControl.launched.append((bundle_id, kill_existing))
+        return FakeProcessControl.pid
+
+
+class FakeDvt:
+    def __init__(self, lockdown: object) -> None:
+        self.lockdown = lockdown
+
+    async def __aenter__(self) -> FakeDvt:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class FakeLockdown:
+    def __init__(self, locked: bool) -> None:
+        self.locked = locked
+
+    async def get_value(self, domain: str | None = None, key: str | None = None) -> object:
+        return {"PasswordProtected": True, "DeviceLocked": self.locked}[key or ""]
+
+
+def test_pmd3_launcher_with_a_fake_at_the_pymobiledevice3_boundary(compile_c, tmp_path: Path, monkeypatch) -> None:
+    """The DVT launch returns a pid; memtrace waits, attaches (here: Frida's local device) and traces it."""
+    steady = subprocess.Popen([str(compile_c("steady"))], stdout=subprocess.PIPE, text=True)
+    assert steady.stdout is not None and steady.stdout.readline().startswith("ready ")
+    FakeProcessControl.pid = steady.pid
+
+    async def fake_usbmux(serial: str | None = None) -> FakeLockdown:
+        return FakeLockdown(locked=False)
+
+    monkeypatch.setattr(launchers, "pmd3_api", lambda: (fake_usbmux, FakeDvt, FakeProcessControl))
+    try:
+        result = CaptureSession(TargetSpec(device="local", app="com.example.steady", launch="pmd3"),
+                                CaptureOptions(tracer="malloc", window=1.5, attach_delay=0.3,
+                                               out=tmp_path / "c"), SilentUI()).run()
+    finally:
+        steady.kill()
+        steady.wait()
+    assert FakeProcessControl.launched == [("com.example.steady", True)]
+    assert result.ended == "completed" and result.pid == steady.pid
+    end = _end(tmp_path / "c")
+    assert end["launch"]["how"].startswith("pymobiledevice3")
+    assert end["timing"]["launch_to_attach_s"] >= 0.3
+    s = summarize(read_records(tmp_path / "c"))
+    assert any(s.stack_frames(sid)[0].startswith("steady_tick ") for sid in s.by_stack)
+
+
+def test_pmd3_launcher_refuses_a_locked_device(monkeypatch) -> None:
+    async def fake_usbmux(serial: str | None = None) -> FakeLockdown:
+        return FakeLockdown(locked=True)
+
+    monkeypatch.setattr(launchers, "pmd3_api", lambda: (fake_usbmux, FakeDvt, FakeProcessControl))
+    with pytest.raises(launchers.TargetError, match="device is locked"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+
+
+def _end(capture: Path) -> dict:
+    end: dict = {}
+    for r in read_records(capture):
+        if r.type == RecordType.END:
+            end = r.body
+    return end

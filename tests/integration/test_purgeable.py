@@ -142,3 +142,14 @@ def test_plain_glibc_program_lists_darwin_entries_missing(demo_bin: Path, tmp_pa
     assert "madvise" not in s["missing"]
     assert s["transitions"] == {}
     assert s["set_calls"] == 0
+
+
+def test_allocator_trimming_madvise_inside_glibc_does_not_take_the_target_down(demo_bin: Path, tmp_path: Path) -> None:
+    """camera_surfaces frees on a second thread: glibc trims that arena with madvise while holding
+    its lock.  Those calls are counted, never streamed into JavaScript, and the app finishes."""
+    s = run(demo_bin, tmp_path, "camera_surfaces")
+    assert s["ended"] == "target-exited"
+    assert s["transitions"] == {"0->1": 8, "2->0": 4}
+    rows = {(r["transition"], r["frames"][0].split(" ")[0]): r["count"] for r in s["by_caller"]}
+    assert rows == {("0->1", "frame_cache_make_purgeable"): 6, ("2->0", "frame_cache_reacquire"): 4,
+                    ("0->1", "camera_session_configure"): 2}

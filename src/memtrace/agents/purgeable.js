@@ -32,6 +32,7 @@ extern volatile gint mt_madv_stream_hi[2];
 extern void mt_on_set (gint fn, gpointer addr, gint control, gint new_state, gint old_state, gint kr,
     gpointer ret, gpointer fp);
 extern void mt_on_create (gint fn, guint64 addr, guint64 size, gint flags, gint kr, gpointer ret, gpointer fp);
+extern guint64 mt_libc_range[2];
 extern void mt_on_madvise (gint fn, gpointer addr, guint64 len, gint advice, gpointer ret, gpointer fp);
 
 typedef struct {
@@ -137,6 +138,18 @@ madv_enter (GumInvocationContext * ic)
   if (advice < 0 || advice >= 64)
     return;
   stream = advice < 32 ? ((mt_madv_stream[table] >> advice) & 1) : ((mt_madv_stream_hi[table] >> (advice - 32)) & 1);
+  /* The C library's own madvise calls (glibc's allocator trimming its heaps, with an arena
+   * lock held) are counted but never streamed: entering JavaScript there can take the
+   * target down, and they are the allocator's business, not the app's reusable line. */
+  if (stream)
+  {
+    guint64 ret = (guint64) (gsize) gum_invocation_context_get_return_address (ic);
+    if (ret >= mt_libc_range[0] && ret < mt_libc_range[1])
+    {
+      g_atomic_int_add (&mt_counts[31], 1);
+      return;
+    }
+  }
   if (stream)
     mt_on_madvise (fn, gum_invocation_context_get_nth_argument (ic, 0),
         (guint64) (gsize) gum_invocation_context_get_nth_argument (ic, 1), advice,
@@ -345,6 +358,7 @@ function countsEvent() {
     creation_calls: { vm_allocate: c(20), mach_vm_allocate: c(21), mach_vm_map: c(22) },
     madvise_all: advice(0),
     madvise_standin_all: advice(1),
+    madvise_allocator_internal: c(31),
     madvise_platform: IS_DARWIN ? 'darwin' : 'linux',
   };
 }
@@ -449,8 +463,15 @@ const tracer = {
     streamLo.add(4).writeS32(l1);
     streamHi.writeS32(h0);
     streamHi.add(4).writeS32(h1);
+    const libcRange = Memory.alloc(16);
+    const libc = IS_DARWIN ? null : Process.enumerateModules().find(m => /^libc[.-]/.test(m.name));
+    if (libc) {
+      libcRange.writeU64(uint64(libc.base.toString()));
+      libcRange.add(8).writeU64(uint64(libc.base.add(libc.size).toString()));
+    }
+    purg.libcRange = libcRange;
     purg.cm = new CModule(PURG_C, Object.assign({
-      mt_counts: purg.counts, mt_madv_stream: streamLo, mt_madv_stream_hi: streamHi,
+      mt_counts: purg.counts, mt_madv_stream: streamLo, mt_madv_stream_hi: streamHi, mt_libc_range: libcRange,
     }, makeCallbacks()));
     purg.streamMasks = [streamLo, streamHi];
     return {

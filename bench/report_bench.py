@@ -6,7 +6,7 @@ Writes one synthetic malloc capture of about N agent records (allocations and fr
 realistic mix of sizes and a few hundred distinct stacks, through the real capture writer), then
 times, in this one run:
 
-1. read + decode: ``read_records`` and ``decode_agent_records`` over every record, nothing else;
+1. read + decode: ``read_records`` and ``iter_agent_tuples`` over every record, nothing else;
 2. ``memtrace report`` on the folder (the real CLI entry, in-process, writing REPORT.md and
    report.json).
 
@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from memtrace.capture import RecordType, decode_agent_records, read_records  # noqa: E402
+from memtrace.capture import RecordType, iter_agent_tuples, read_records  # noqa: E402
 from memtrace.report import build_report  # noqa: E402
 from memtrace.report.synthetic import CALLOC, MALLOC, REALLOC, SyntheticCapture  # noqa: E402
 
@@ -76,7 +76,7 @@ def read_and_decode(path: Path) -> int:
     n = 0
     for rec in read_records(path):
         if rec.type == RecordType.BATCH and rec.data:
-            for _ in decode_agent_records(rec.data):
+            for _ in iter_agent_tuples(rec.data):
                 n += 1
     return n
 

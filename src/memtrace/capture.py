@@ -302,6 +302,45 @@ def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
         pos = stop
 
 
+def iter_agent_tuples(data: bytes) -> Iterator[tuple[int, ...]]:
+    """The same records as :func:`decode_agent_records`, as plain tuples, for hot loops:
+
+        (REC_ALLOC, tid, kind, flags, stack_id, ptr, size, weight)
+        (REC_FREE, tid, kind, ptr, size)
+        (REC_STACK, tid, stack_id, frames)
+    """
+    mv = memoryview(data)
+    end = len(data)
+    pos = 0
+    alloc_from = _ALLOC.unpack_from
+    free_from = _FREE.unpack_from
+    rec_alloc, rec_free = REC_ALLOC, REC_FREE
+    while pos + 8 <= end:
+        tid, length = _CHUNK.unpack_from(mv, pos)
+        pos += 8
+        stop = min(pos + length, end)
+        while pos + 8 <= stop:
+            rtype = mv[pos]
+            if rtype == rec_alloc:
+                _, kind, flags, sid, ptr, size, weight = alloc_from(mv, pos)
+                yield (rec_alloc, tid, kind, flags, sid, ptr, size, weight)
+                pos += 32
+            elif rtype == rec_free:
+                _, kind, _, _, ptr, size = free_from(mv, pos)
+                yield (rec_free, tid, kind, ptr, size)
+                pos += 24
+            elif rtype == REC_STACK:
+                _, n, _, sid = _STACK_HEAD.unpack_from(mv, pos)
+                yield (REC_STACK, tid, sid, struct.unpack_from(f"<{n}Q", mv, pos + 8))
+                pos += 8 + 8 * n
+            elif rtype == REC_PAD:
+                (skip,) = struct.unpack_from("<I", mv, pos + 4)
+                pos += max(skip, 8)
+            else:
+                raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
+        pos = stop
+
+
 def encode_agent_records(tid: int, records: list[AgentRecord]) -> bytes:
     """The inverse of :func:`decode_agent_records`, for tests and synthetic captures."""
     out = bytearray()

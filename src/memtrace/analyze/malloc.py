@@ -22,12 +22,12 @@ from memtrace.capture import (
     FLAG_SAMPLED,
     KIND_NAMES,
     NO_STACK,
+    REC_ALLOC,
+    REC_FREE,
     TIER_MAX_BYTES,
-    AllocRecord,
-    FreeRecord,
     Record,
     RecordType,
-    decode_agent_records,
+    iter_agent_tuples,
 )
 
 FREE_KINDS = {3, 13}
@@ -164,10 +164,7 @@ class MallocSummary:
 
 def summarize(records: Iterable[Record]) -> MallocSummary:
     s = MallocSummary()
-    live: dict[int, tuple[int, int, float]] = {}      # ptr -> (stack id, size, weight)
-    replaced: dict[int, int] = {}                     # ptr -> frees owed to an overwritten entry
-    early_frees: dict[int, int] = {}                  # ptr -> frees seen before their alloc
-    by_stack = s.by_stack
+    fold = _Fold()
     for rec in records:
         t = rec.type
         if t == RecordType.BATCH:
@@ -176,7 +173,7 @@ def summarize(records: Iterable[Record]) -> MallocSummary:
             if counters:
                 s.counters = counters
             if rec.data:
-                _fold_batch(s, rec.data, live, replaced, early_frees, by_stack)
+                fold.batch(rec.data, s.stacks)
         elif t == RecordType.SYMBOLS:
             s.symbols.add_rows(rec.body.get("rows", []))
         elif t == RecordType.MODULES:
@@ -194,70 +191,99 @@ def summarize(records: Iterable[Record]) -> MallocSummary:
                 s.counters = rec.body["counters"]
         elif t == RecordType.WARNING:
             s.warnings.append(rec.body)
-    s.unmatched_frees = sum(early_frees.values())
-    for _ptr, (sid, size, weight) in live.items():
-        s.live_count += 1
-        s.live_bytes += size
-        s.live_est_bytes += weight
-        st = by_stack.get(sid)
-        if st is None:
-            st = by_stack[sid] = StackStats(sid)
-        st.live_count += 1
-        st.live_bytes += size
-        st.live_est_bytes += weight
+    fold.finish(s)
     return s
 
 
-def _fold_batch(s: MallocSummary, data: bytes, live: dict[int, tuple[int, int, float]],
-                replaced: dict[int, int], early_frees: dict[int, int],
-                by_stack: dict[int, StackStats]) -> None:
-    # The agent drains thread by thread, so a free on one thread can arrive before the
-    # allocation it releases (made on another).  The agent removes a block from its live
-    # table before the real free, so an address is never live twice: a second allocation
-    # of a live address proves the first was freed, and a free with no live block is
-    # matched with the allocation still to come.
-    for r in decode_agent_records(data):
-        if type(r) is AllocRecord:
-            sampled = r.flags & FLAG_SAMPLED
-            sid = r.stack_id
-            if sid != NO_STACK:
-                st = by_stack.get(sid)
-                if st is None:
-                    st = by_stack[sid] = StackStats(sid)
-                if sampled:
-                    st.est_bytes += r.weight
-                    st.est_count += r.weight / r.size if r.size else 0
-                    s.sampled_est_bytes += r.weight
+class _Fold:
+    """The per-record hot loop, on plain dicts (this is where a report spends its time).
+
+    The agent drains thread by thread, so a free on one thread can arrive before the
+    allocation it releases (made on another).  The agent removes a block from its live
+    table before the real free, so an address is never live twice: a second allocation
+    of a live address proves the first was freed, and a free with no live block is
+    matched with the allocation still to come.
+    """
+
+    def __init__(self) -> None:
+        self.count: dict[int, int] = {}            # stack -> exact allocations
+        self.nbytes: dict[int, int] = {}           # stack -> their bytes
+        self.sampled: dict[int, float] = {}        # stack -> summed sample weights
+        self.sampled_count: dict[int, float] = {}  # stack -> estimated allocations
+        self.live: dict[int, tuple[int, int, float]] = {}   # ptr -> (stack id, size, weight)
+        self.replaced: dict[int, int] = {}         # ptr -> frees owed to an overwritten entry
+        self.early: dict[int, int] = {}            # ptr -> frees seen before their alloc
+
+    def batch(self, data: bytes, stacks: dict[int, tuple[int, ...]]) -> None:
+        count, nbytes, live, replaced, early = self.count, self.nbytes, self.live, self.replaced, self.early
+        count_get, bytes_get = count.get, nbytes.get
+        rec_alloc, rec_free, f_sampled, f_live, no_stack = REC_ALLOC, REC_FREE, FLAG_SAMPLED, FLAG_LIVE, NO_STACK
+        for r in iter_agent_tuples(data):
+            rtype = r[0]
+            if rtype == rec_alloc:
+                _, _, _, flags, sid, p, size, weight = r
+                if flags & f_sampled:
+                    if sid != no_stack:
+                        self.sampled[sid] = self.sampled.get(sid, 0.0) + weight
+                        self.sampled_count[sid] = self.sampled_count.get(sid, 0.0) + (weight / size if size else 0)
                 else:
-                    st.count += 1
-                    st.bytes += r.size
-                    st.est_bytes += r.size
-                    st.est_count += 1
-                    s.stacked_bytes += r.size
-            if r.flags & FLAG_LIVE:
-                p = r.ptr
-                owed = early_frees.get(p)
+                    weight = size
+                    if sid != no_stack:
+                        count[sid] = count_get(sid, 0) + 1
+                        nbytes[sid] = bytes_get(sid, 0) + size
+                if flags & f_live:
+                    owed = early.get(p)
+                    if owed:
+                        if owed == 1:
+                            del early[p]
+                        else:
+                            early[p] = owed - 1
+                        continue
+                    if p in live:
+                        replaced[p] = replaced.get(p, 0) + 1
+                    live[p] = (sid, size, weight)
+            elif rtype == rec_free:
+                p = r[3]
+                owed = replaced.get(p)
                 if owed:
                     if owed == 1:
-                        del early_frees[p]
+                        del replaced[p]
                     else:
-                        early_frees[p] = owed - 1
-                    continue
-                if p in live:
-                    replaced[p] = replaced.get(p, 0) + 1
-                live[p] = (sid, r.size, r.weight if sampled else r.size)
-        elif type(r) is FreeRecord:
-            p = r.ptr
-            owed = replaced.get(p)
-            if owed:
-                if owed == 1:
-                    del replaced[p]
+                        replaced[p] = owed - 1
+                elif p in live:
+                    del live[p]
                 else:
-                    replaced[p] = owed - 1
-            elif p in live:
-                del live[p]
+                    early[p] = early.get(p, 0) + 1
             else:
-                early_frees[p] = early_frees.get(p, 0) + 1
-        else:
-            s.stacks[r.stack_id] = r.frames
+                stacks[r[2]] = r[3]
 
+    def finish(self, s: MallocSummary) -> None:
+        by_stack = s.by_stack
+
+        def stats(sid: int) -> StackStats:
+            st = by_stack.get(sid)
+            if st is None:
+                st = by_stack[sid] = StackStats(sid)
+            return st
+
+        for sid, n in self.count.items():
+            st = stats(sid)
+            st.count = n
+            st.bytes = self.nbytes[sid]
+            st.est_count += n
+            st.est_bytes += st.bytes
+            s.stacked_bytes += st.bytes
+        for sid, w in self.sampled.items():
+            st = stats(sid)
+            st.est_bytes += w
+            st.est_count += self.sampled_count[sid]
+            s.sampled_est_bytes += w
+        s.unmatched_frees = sum(self.early.values())
+        for sid, size, weight in self.live.values():
+            s.live_count += 1
+            s.live_bytes += size
+            s.live_est_bytes += weight
+            st = stats(sid)
+            st.live_count += 1
+            st.live_bytes += size
+            st.live_est_bytes += weight

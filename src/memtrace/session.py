@@ -27,12 +27,15 @@ from typing import Any
 import frida
 
 from memtrace import __version__, launchers
+from memtrace.analyze.families import classify as classify_family
+from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
     FILE_NAME,
+    REC_ALLOC,
+    REC_STACK,
     CaptureWriter,
     RecordType,
-    StackRecord,
-    decode_agent_records,
+    iter_agent_tuples,
 )
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import InputError, MemtraceError, TargetError
@@ -210,6 +213,7 @@ class CaptureSession:
         self.target = target
         self.options = options
         self.ui = ui or SilentUI()
+        self.ui_wants_families = getattr(self.ui, "wants_families", False)
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.writer: CaptureWriter | None = None
         self.device: frida.core.Device | None = None
@@ -234,6 +238,9 @@ class CaptureSession:
         self.seen_addresses: set[int] = set()
         self.pending_addresses: list[int] = []
         self.host_symbols: HostSymbolizer | None = None
+        self.symtab = SymbolTable()                 # for the live view's families
+        self.stack_frames: dict[Any, tuple[int, ...]] = {}
+        self.stack_bytes: dict[Any, int] = {}
         self.batches = 0
         self.agent_live = 0
         self.agent_stacks = 0
@@ -559,6 +566,7 @@ class CaptureSession:
             self._note_event_frames(payload.get("events", []))
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)
+            self.symtab.add_modules(payload.get("modules", []))
             if self.host_symbols is not None:
                 self.host_symbols.add_modules(payload.get("modules", []))
         elif ptype == "agent:warning":
@@ -580,9 +588,14 @@ class CaptureSession:
         self.agent_live = payload.get("live", 0)
         self.agent_stacks = payload.get("stacks", 0)
         if data:
-            for r in decode_agent_records(data):
-                if isinstance(r, StackRecord):
-                    for f in r.frames:
+            frames_of, bytes_of = self.stack_frames, self.stack_bytes
+            for r in iter_agent_tuples(data):
+                if r[0] == REC_ALLOC:
+                    sid = r[4]
+                    bytes_of[sid] = bytes_of.get(sid, 0) + (r[7] if r[3] & 2 else r[6])
+                elif r[0] == REC_STACK:
+                    frames_of[r[2]] = r[3]
+                    for f in r[3]:
                         if f not in self.seen_addresses:
                             self.seen_addresses.add(f)
                             self.pending_addresses.append(f)
@@ -590,11 +603,27 @@ class CaptureSession:
     def _note_event_frames(self, events: list[dict[str, Any]]) -> None:
         """JSON events carry their stacks as "frames": ["0x...", ...]; symbolize those too."""
         for ev in events:
-            for f in ev.get("frames") or ():
-                a = int(f, 16) if isinstance(f, str) else int(f)
+            frames = tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
+            for a in frames:
                 if a not in self.seen_addresses:
                     self.seen_addresses.add(a)
                     self.pending_addresses.append(a)
+            size = ev.get("bytes", ev.get("alloc_size"))
+            if frames and isinstance(size, int):
+                self.stack_frames[frames] = frames
+                self.stack_bytes[frames] = self.stack_bytes.get(frames, 0) + size
+
+    def _families(self, top: int = 200) -> list[tuple[str, int]]:
+        """Top stack families so far, from the biggest stacks (cheap enough for a 1 s tick)."""
+        ranked = sorted(self.stack_bytes.items(), key=lambda kv: -kv[1])[:top]
+        totals: dict[str, int] = {}
+        for sid, nbytes in ranked:
+            frames = self.stack_frames.get(sid)
+            if not frames:
+                continue
+            name = classify_family(self.symtab.labels(frames))
+            totals[name] = totals.get(name, 0) + nbytes
+        return sorted(totals.items(), key=lambda kv: -kv[1])[:5]
 
     def _symbolize_pending(self, final: bool = False) -> None:
         """Each distinct return address is symbolized once, off the target's hot path.
@@ -605,6 +634,7 @@ class CaptureSession:
             return
         if self.host_symbols is not None:
             rows = self.host_symbols.symbolize(self.pending_addresses)
+            self.symtab.add_rows(rows)
             self._write(RecordType.SYMBOLS, {"rows": rows, "by": "host-elf"})
             self.pending_addresses.clear()
             return
@@ -617,6 +647,7 @@ class CaptureSession:
                     [hex(x) for x in c]), timeout=30)
             except (AgentTimeout, frida.InvalidOperationError, frida.TransportError, MemtraceError):
                 return
+            self.symtab.add_rows(rows)
             self._write(RecordType.SYMBOLS, {"rows": rows, "by": "agent"})
             del self.pending_addresses[:len(chunk)]
             if not final:
@@ -646,6 +677,7 @@ class CaptureSession:
             elapsed=elapsed, window=self.options.window, calls=calls, bytes=nbytes,
             calls_per_s=rate, bytes_per_s=brate, dropped=_dropped(self.counters),
             live=self.agent_live, stacks=self.agent_stacks, batches=self.batches,
+            families=self._families() if self.ui_wants_families else [],
         ))
 
 

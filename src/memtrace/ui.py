@@ -73,6 +73,8 @@ def human_bytes(n: float) -> str:
 class RichUI(SilentUI):
     """The live panel on a terminal (stderr): phase, elapsed vs window, rates, drops, families."""
 
+    wants_families = True
+
     def __init__(self, console: Console | None = None, stdout_to_stderr: bool = False) -> None:
         super().__init__(passthrough=True, stdout_to_stderr=stdout_to_stderr)
         self.console = console or Console(stderr=True)

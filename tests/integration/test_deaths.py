@@ -197,3 +197,29 @@ def _end(capture: Path) -> dict:
         if r.type == RecordType.END:
             end = r.body
     return end
+
+
+class RecordingUI(SilentUI):
+    wants_families = True
+
+    def __init__(self) -> None:
+        super().__init__(passthrough=False)
+        self.progress_seen: list = []
+
+    def progress(self, p) -> None:  # type: ignore[no-untyped-def]
+        self.progress_seen.append(p)
+
+
+def test_live_view_sees_phases_rates_and_top_families(demo_bin: Path, tmp_path: Path) -> None:
+    ui = RecordingUI()
+    result = CaptureSession(TargetSpec(device="local", argv=[str(demo_bin / "workload"), "--linger", "2.5"]),
+                            CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c"), ui).run()
+    assert result.ended == "target-exited"
+    assert ui.phases[:4] == ["launching", "attaching", "loading agent", "capturing"]
+    assert ui.phases[-2:] == ["flushing", "done"]
+    last = ui.progress_seen[-1]
+    assert last.window == 30 and 1.0 <= last.elapsed <= 30
+    assert last.calls > 40000 and last.dropped == 0
+    families = dict(last.families)
+    assert families.get("image decode", 0) == 6 * (1 + 2 + 4 + 8) * 1024 * 1024
+    assert len(families) >= 3

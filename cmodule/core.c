@@ -17,6 +17,7 @@
  * A drained batch is a sequence of chunks: u32 thread_id, u32 length, bytes.
  */
 #include <glib.h>
+#include <gum/guminterceptor.h>
 
 #define MT_REC_STACK 1
 #define MT_REC_ALLOC 2
@@ -133,6 +134,9 @@ extern volatile guint64 mt_stack_table[];
 extern volatile guint64 mt_live_table[];
 extern volatile gint mt_live_occupancy[];
 extern volatile gint mt_live_locks[];
+/* Kinds whose entry Frida could only redirect through a trampoline (Interceptor.replace):
+ * there the caller's return address is off the frame-pointer chain; the invocation has it. */
+extern volatile guint64 mt_slow_kinds;
 
 extern gpointer pthread_getspecific (guint key);
 extern gint pthread_setspecific (guint key, gconstpointer value);
@@ -678,6 +682,12 @@ mt_record_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
     guint64 frames[MT_MAX_FRAMES];
     gboolean truncated;
     guint n = mt_walk (s, fp, frames, (guint) mt_config.max_frames, &truncated);
+    if (n > 0 && kind < 64 && (mt_slow_kinds & (1ULL << kind)) != 0)
+    {
+      GumInvocationContext * ic = gum_interceptor_get_current_invocation ();
+      if (ic != NULL)
+        frames[0] = (guint64) (gsize) gum_invocation_context_get_return_address (ic) & mt_config.code_mask;
+    }
     if (truncated)
     {
       flags |= MT_FLAG_TRUNCATED;

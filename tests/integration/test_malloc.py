@@ -204,3 +204,14 @@ def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("memtrace: launching")]
     errors = [ln for ln in lines if ln.startswith("memtrace: error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr
+
+
+def test_entries_redirected_through_a_trampoline_keep_their_caller(demo_bin: Path, tmp_path: Path) -> None:
+    """glibc's memalign (aliased by aligned_alloc) cannot take a fast redirect; its stacks must still
+    start at the calling function, not at Frida's trampoline or the caller's caller."""
+    s = memtrace_json("malloc", "--device", "local", "--top", "40", "--out", tmp_path / "cap", "--",
+                      demo_bin / "workload")
+    simd = sorted((x["count"], x["bytes"]) for x in stack_by_function(s, "simd_buffer_alloc"))
+    # posix_memalign 8192, aligned_alloc 16384 (counted as memalign: same address), valloc 12288.
+    assert simd == [(10, 81920), (10, 122880), (10, 163840)]
+    assert s["calls"]["memalign"] == 20 and s["calls"]["aligned_alloc"] == 0

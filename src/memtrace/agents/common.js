@@ -108,6 +108,8 @@ function buildCore(config, sources, extraSymbols) {
   const liveTable = Memory.alloc(liveBuckets * 8 * 8);
   const liveOcc = Memory.alloc(liveBuckets * 4);
   const liveLocks = Memory.alloc(liveBuckets * 4);
+  const slowKinds = Memory.alloc(8);
+  state.slowKinds = slowKinds;
 
   const symbols = Object.assign({
     mt_config: cfg,
@@ -118,6 +120,7 @@ function buildCore(config, sources, extraSymbols) {
     mt_live_table: liveTable,
     mt_live_occupancy: liveOcc,
     mt_live_locks: liveLocks,
+    mt_slow_kinds: slowKinds,
     pthread_getspecific: findExport('pthread_getspecific'),
     pthread_setspecific: findExport('pthread_setspecific'),
     pthread_self: findExport('pthread_self'),

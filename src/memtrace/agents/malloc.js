@@ -15,6 +15,10 @@
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
   'aligned_alloc', 'valloc', 'pvalloc'];
 
+/* Kind numbers of cmodule/core.c (MT_K_*). */
+const KIND_OF = { malloc: 0, calloc: 1, realloc: 2, free: 3, posix_memalign: 4, memalign: 5,
+  aligned_alloc: 6, valloc: 7, pvalloc: 8 };
+
 const LOGGER_MODULE = 'libsystem_malloc.dylib';
 const SYSCALL_LOGGER_MODULE = 'libsystem_kernel.dylib';
 
@@ -141,6 +145,8 @@ const tracer = {
           Interceptor.replace(target, cm['mt_' + name]);
           mallocState.replaced.push(target);
           mallocState.slow.push(name);
+          const kind = KIND_OF[name];
+          state.slowKinds.writeU64(state.slowKinds.readU64().or(uint64(1).shl(kind)));
         } catch (e) {
           mallocState.realSlots[name].writePointer(NULL);
           mallocState.failed[name] = String(e.message || e);

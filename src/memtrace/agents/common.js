@@ -110,6 +110,7 @@ function buildCore(config, sources, extraSymbols) {
   const liveLocks = Memory.alloc(liveBuckets * 4);
   const slowKinds = Memory.alloc(8);
   state.slowKinds = slowKinds;
+  const tlsOffset = Memory.alloc(8);
 
   const symbols = Object.assign({
     mt_config: cfg,
@@ -121,6 +122,7 @@ function buildCore(config, sources, extraSymbols) {
     mt_live_occupancy: liveOcc,
     mt_live_locks: liveLocks,
     mt_slow_kinds: slowKinds,
+    mt_tls_offset: tlsOffset,
     pthread_getspecific: findExport('pthread_getspecific'),
     pthread_setspecific: findExport('pthread_setspecific'),
     pthread_self: findExport('pthread_self'),
@@ -167,6 +169,9 @@ function buildCore(config, sources, extraSymbols) {
   if (keyCreate(keyBuf, cm.mt_thread_exit) !== 0)
     throw new Error('memtrace agent: pthread_key_create failed');
   const key = keyBuf.readU32();
+  const tlsDirect = (NATIVE_PLATFORM === 'linux' && Process.arch === 'x64' && toolchain === 'external')
+    ? findTlsOffset(key) : 0;
+  tlsOffset.writeU64(tlsDirect);
 
   const codeMask = (IS_DARWIN && Process.arch === 'arm64') ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff');
   cfg.writeU64(config.liveThreshold);
@@ -200,6 +205,7 @@ function buildCore(config, sources, extraSymbols) {
   return {
     toolchain,
     toolchainError: state.toolchainError || null,
+    tlsDirectOffset: tlsDirect,
     tlsKey: key,
     ringSize,
     threadSlots: nSlots,
@@ -207,6 +213,36 @@ function buildCore(config, sources, extraSymbols) {
     stackTable: stackSlots,
     liveCapacity: liveBuckets * 8,
   };
+}
+
+/* Where glibc keeps this thread's value for `key`, relative to the thread pointer (keys
+ * below 32 live inline in struct pthread, the same offset for every thread).  Found by
+ * planting two sentinels and checking both land at one offset; 0 when not found. */
+function findTlsOffset(key) {
+  if (key >= 32)
+    return 0;
+  const set = libcFunction('pthread_setspecific', 'int', ['uint', 'pointer']);
+  const self = libcFunction('pthread_self', 'pointer', []);
+  if (set === null || self === null)
+    return 0;
+  const base = self();
+  const probe = sentinel => {
+    set(key, ptr(sentinel));
+    for (let off = 0; off < 4096; off += 8) {
+      if (base.add(off).readPointer().equals(ptr(sentinel)))
+        return off;
+    }
+    return -1;
+  };
+  try {
+    const a = probe('0x6d656d7472616365');
+    const b = probe('0x1d2c3b4a59687706');
+    return (a > 0 && a === b) ? a : 0;
+  } catch (e) {
+    return 0;
+  } finally {
+    set(key, NULL);
+  }
 }
 
 function setEnabled(on) {

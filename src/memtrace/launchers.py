@@ -56,6 +56,14 @@ class FridaLauncher:
     name = "frida"
 
     def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+        if target.app and device.type == "usb":
+            # A locked iPhone refuses launches without saying so; ask lockdown first when it can tell.
+            try:
+                asyncio.run(_check_unlocked_usb(device.id))
+            except TargetError:
+                raise
+            except Exception:  # noqa: BLE001 -- lockdown unreachable: the spawn error will speak
+                pass
         t = time.monotonic()
         try:
             if target.app:
@@ -120,6 +128,11 @@ async def pmd3_launch(udid: str, bundle_id: str) -> int:
     await check_unlocked(lockdown)
     async with dvt_provider(lockdown) as dvt, process_control(dvt) as pc:
         return int(await pc.launch(bundle_id, kill_existing=True))
+
+
+async def _check_unlocked_usb(udid: str) -> None:
+    create_using_usbmux, _, _ = pmd3_api()
+    await check_unlocked(await create_using_usbmux(serial=udid))
 
 
 async def check_unlocked(lockdown: Any) -> None:

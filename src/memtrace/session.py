@@ -368,7 +368,9 @@ class CaptureSession:
         init = self._call("init", lambda: api.init(config, c_sources(tracer)))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
-        self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello})
+        assert self.device is not None
+        self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
+                                       "device": device_description(self.device)})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
         self._write(RecordType.CALIBRATION, {"phase": "before", **self._call("calibrate", api.calibrate)})

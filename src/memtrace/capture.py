@@ -271,35 +271,14 @@ def _decode(rtype: int, payload: bytes) -> Record | None:
 
 
 def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
-    """Decode one BATCH's binary records, in per-thread order."""
-    mv = memoryview(data)
-    end = len(data)
-    pos = 0
-    while pos + 8 <= end:
-        tid, length = _CHUNK.unpack_from(mv, pos)
-        pos += 8
-        stop = min(pos + length, end)
-        while pos + 8 <= stop:
-            rtype = mv[pos]
-            if rtype == REC_ALLOC:
-                _, kind, flags, sid, ptr, size, weight = _ALLOC.unpack_from(mv, pos)
-                yield AllocRecord(tid, kind, flags, sid, ptr, size, weight)
-                pos += 32
-            elif rtype == REC_FREE:
-                _, kind, _, _, ptr, size = _FREE.unpack_from(mv, pos)
-                yield FreeRecord(tid, kind, ptr, size)
-                pos += 24
-            elif rtype == REC_STACK:
-                _, n, _, sid = _STACK_HEAD.unpack_from(mv, pos)
-                frames = struct.unpack_from(f"<{n}Q", mv, pos + 8)
-                yield StackRecord(tid, sid, frames)
-                pos += 8 + 8 * n
-            elif rtype == REC_PAD:
-                (skip,) = struct.unpack_from("<I", mv, pos + 4)
-                pos += max(skip, 8)
-            else:
-                raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
-        pos = stop
+    """Decode one BATCH's binary records, in per-thread order, as typed records."""
+    for r in iter_agent_tuples(data):
+        if r[0] == REC_ALLOC:
+            yield AllocRecord(*r[1:])
+        elif r[0] == REC_FREE:
+            yield FreeRecord(*r[1:])
+        else:
+            yield StackRecord(*r[1:])
 
 
 def iter_agent_tuples(data: bytes) -> Iterator[tuple[int, ...]]:

@@ -212,7 +212,7 @@ class RecordingUI(SilentUI):
 
 def test_live_view_sees_phases_rates_and_top_families(demo_bin: Path, tmp_path: Path) -> None:
     ui = RecordingUI()
-    result = CaptureSession(TargetSpec(device="local", argv=[str(demo_bin / "workload"), "--linger", "2.5"]),
+    result = CaptureSession(TargetSpec(device="local", argv=[str(demo_bin / "workload"), "--linger", "4"]),
                             CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c"), ui).run()
     assert result.ended == "target-exited"
     assert ui.phases[:4] == ["launching", "attaching", "loading agent", "capturing"]

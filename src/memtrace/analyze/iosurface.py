@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtrace.analyze.context import fold_context
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import Record, RecordType
 
@@ -140,18 +141,6 @@ def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
                             u.use_dec += 1
                 elif kind == "create-failed":
                     s.failed += 1
-        elif t == RecordType.SYMBOLS:
-            s.symbols.add_rows(rec.body.get("rows", []))
-        elif t == RecordType.MODULES:
-            s.symbols.add_modules(rec.body.get("modules", []))
-        elif t == RecordType.META:
-            s.meta = rec.body
-        elif t == RecordType.RECON:
-            s.recon = rec.body.get("symbols", [])
-            s.info = rec.body.get("info", {})
-            s.missing = [r["name"] for r in s.recon if r.get("status") == "MISSING"]
-        elif t == RecordType.END:
-            s.end = rec.body
-        elif t == RecordType.WARNING:
-            s.warnings.append(rec.body)
+        else:
+            fold_context(s, rec)
     return s

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtrace.analyze.context import fold_context
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
     C_BYTES,
@@ -174,23 +175,10 @@ def summarize(records: Iterable[Record]) -> MallocSummary:
                 s.counters = counters
             if rec.data:
                 fold.batch(rec.data, s.stacks)
-        elif t == RecordType.SYMBOLS:
-            s.symbols.add_rows(rec.body.get("rows", []))
-        elif t == RecordType.MODULES:
-            s.symbols.add_modules(rec.body.get("modules", []))
-        elif t == RecordType.META:
-            s.meta = rec.body
-        elif t == RecordType.RECON:
-            s.recon = rec.body.get("symbols", [])
-            s.missing = [r["name"] for r in s.recon if r.get("status") == "MISSING"]
-        elif t == RecordType.CALIBRATION:
-            s.calibration[rec.body.get("phase", "?")] = rec.body
-        elif t == RecordType.END:
-            s.end = rec.body
-            if rec.body.get("counters") and sum(rec.body["counters"]) >= sum(s.counters):
+        else:
+            fold_context(s, rec)
+            if t == RecordType.END and rec.body.get("counters") and sum(rec.body["counters"]) >= sum(s.counters):
                 s.counters = rec.body["counters"]
-        elif t == RecordType.WARNING:
-            s.warnings.append(rec.body)
     fold.finish(s)
     return s
 

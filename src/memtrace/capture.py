@@ -272,22 +272,26 @@ def _decode(rtype: int, payload: bytes) -> Record | None:
 
 def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
     """Decode one BATCH's binary records, in per-thread order, as typed records."""
-    for r in iter_agent_tuples(data):
+    for tid, r in _iter_records(data, with_tid=True):
         if r[0] == REC_ALLOC:
-            yield AllocRecord(*r[1:])
+            yield AllocRecord(tid, *r[1:3], *r[3:])
         elif r[0] == REC_FREE:
-            yield FreeRecord(*r[1:])
+            yield FreeRecord(tid, r[1], r[4], r[5])
         else:
-            yield StackRecord(*r[1:])
+            yield StackRecord(tid, r[3], r[4])
 
 
-def iter_agent_tuples(data: bytes) -> Iterator[tuple[int, ...]]:
-    """The same records as :func:`decode_agent_records`, as plain tuples, for hot loops:
+def iter_agent_tuples(data: bytes) -> Iterator[tuple[Any, ...]]:
+    """The same records as plain tuples, straight from ``struct`` (for hot loops):
 
-        (REC_ALLOC, tid, kind, flags, stack_id, ptr, size, weight)
-        (REC_FREE, tid, kind, ptr, size)
-        (REC_STACK, tid, stack_id, frames)
+        (REC_ALLOC, kind, flags, stack_id, ptr, size, weight)
+        (REC_FREE, kind, 0, 0, ptr, size)
+        (REC_STACK, nframes, 0, stack_id, frames)
     """
+    return _iter_records(data, with_tid=False)
+
+
+def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     mv = memoryview(data)
     end = len(data)
     pos = 0
@@ -301,22 +305,22 @@ def iter_agent_tuples(data: bytes) -> Iterator[tuple[int, ...]]:
         while pos + 8 <= stop:
             rtype = mv[pos]
             if rtype == rec_alloc:
-                _, kind, flags, sid, ptr, size, weight = alloc_from(mv, pos)
-                yield (rec_alloc, tid, kind, flags, sid, ptr, size, weight)
+                r: tuple[Any, ...] = alloc_from(mv, pos)
                 pos += 32
             elif rtype == rec_free:
-                _, kind, _, _, ptr, size = free_from(mv, pos)
-                yield (rec_free, tid, kind, ptr, size)
+                r = free_from(mv, pos)
                 pos += 24
             elif rtype == REC_STACK:
-                _, n, _, sid = _STACK_HEAD.unpack_from(mv, pos)
-                yield (REC_STACK, tid, sid, struct.unpack_from(f"<{n}Q", mv, pos + 8))
-                pos += 8 + 8 * n
+                head = _STACK_HEAD.unpack_from(mv, pos)
+                r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + 8))
+                pos += 8 + 8 * head[1]
             elif rtype == REC_PAD:
                 (skip,) = struct.unpack_from("<I", mv, pos + 4)
                 pos += max(skip, 8)
+                continue
             else:
                 raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
+            yield (tid, r) if with_tid else r
         pos = stop
 
 

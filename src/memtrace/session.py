@@ -593,11 +593,11 @@ class CaptureSession:
             frames_of, bytes_of = self.stack_frames, self.stack_bytes
             for r in iter_agent_tuples(data):
                 if r[0] == REC_ALLOC:
-                    sid = r[4]
-                    bytes_of[sid] = bytes_of.get(sid, 0) + (r[7] if r[3] & 2 else r[6])
+                    sid = r[3]
+                    bytes_of[sid] = bytes_of.get(sid, 0) + (r[6] if r[2] & 2 else r[5])
                 elif r[0] == REC_STACK:
-                    frames_of[r[2]] = r[3]
-                    for f in r[3]:
+                    frames_of[r[3]] = r[4]
+                    for f in r[4]:
                         if f not in self.seen_addresses:
                             self.seen_addresses.add(f)
                             self.pending_addresses.append(f)

@@ -194,8 +194,7 @@ class _Fold:
     """
 
     def __init__(self) -> None:
-        self.count: dict[int, int] = {}            # stack -> exact allocations
-        self.nbytes: dict[int, int] = {}           # stack -> their bytes
+        self.exact: dict[int, list[int]] = {}      # stack -> [exact allocations, their bytes]
         self.sampled: dict[int, float] = {}        # stack -> summed sample weights
         self.sampled_count: dict[int, float] = {}  # stack -> estimated allocations
         self.live: dict[int, tuple[int, int, float]] = {}   # ptr -> (stack id, size, weight)
@@ -203,13 +202,13 @@ class _Fold:
         self.early: dict[int, int] = {}            # ptr -> frees seen before their alloc
 
     def batch(self, data: bytes, stacks: dict[int, tuple[int, ...]]) -> None:
-        count, nbytes, live, replaced, early = self.count, self.nbytes, self.live, self.replaced, self.early
-        count_get, bytes_get = count.get, nbytes.get
+        exact, live, replaced, early = self.exact, self.live, self.replaced, self.early
+        exact_get, live_pop = exact.get, live.pop
         rec_alloc, rec_free, f_sampled, f_live, no_stack = REC_ALLOC, REC_FREE, FLAG_SAMPLED, FLAG_LIVE, NO_STACK
         for r in iter_agent_tuples(data):
             rtype = r[0]
             if rtype == rec_alloc:
-                _, _, _, flags, sid, p, size, weight = r
+                _, _, flags, sid, p, size, weight = r
                 if flags & f_sampled:
                     if sid != no_stack:
                         self.sampled[sid] = self.sampled.get(sid, 0.0) + weight
@@ -217,11 +216,15 @@ class _Fold:
                 else:
                     weight = size
                     if sid != no_stack:
-                        count[sid] = count_get(sid, 0) + 1
-                        nbytes[sid] = bytes_get(sid, 0) + size
+                        acc = exact_get(sid)
+                        if acc is None:
+                            exact[sid] = [1, size]
+                        else:
+                            acc[0] += 1
+                            acc[1] += size
                 if flags & f_live:
-                    owed = early.get(p)
-                    if owed:
+                    if early and p in early:
+                        owed = early[p]
                         if owed == 1:
                             del early[p]
                         else:
@@ -231,19 +234,17 @@ class _Fold:
                         replaced[p] = replaced.get(p, 0) + 1
                     live[p] = (sid, size, weight)
             elif rtype == rec_free:
-                p = r[3]
-                owed = replaced.get(p)
-                if owed:
+                p = r[4]
+                if replaced and p in replaced:
+                    owed = replaced[p]
                     if owed == 1:
                         del replaced[p]
                     else:
                         replaced[p] = owed - 1
-                elif p in live:
-                    del live[p]
-                else:
+                elif live_pop(p, None) is None:
                     early[p] = early.get(p, 0) + 1
             else:
-                stacks[r[2]] = r[3]
+                stacks[r[3]] = r[4]
 
     def finish(self, s: MallocSummary) -> None:
         by_stack = s.by_stack
@@ -254,10 +255,10 @@ class _Fold:
                 st = by_stack[sid] = StackStats(sid)
             return st
 
-        for sid, n in self.count.items():
+        for sid, (n, nbytes) in self.exact.items():
             st = stats(sid)
             st.count = n
-            st.bytes = self.nbytes[sid]
+            st.bytes = nbytes
             st.est_count += n
             st.est_bytes += st.bytes
             s.stacked_bytes += st.bytes

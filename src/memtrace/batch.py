@@ -12,6 +12,10 @@ Plan (YAML)::
       attach_delay: 0
       retries: 1                   # extra attempts when a run dies early
       retry_delay_step: 5          # each retry attaches this much later
+      rpc_timeout: 20              # death thresholds, as the command-line options of the same name
+      storm_seconds: 10
+      storm_rate: 20000
+      stream_rate: 2000
     runs:
       - label: json_service        # folder name prefix; default from the target
         program: [build/demo/json_service, --scale, "2"]    # or app: BUNDLE_ID / pid: N / name: NAME
@@ -41,7 +45,7 @@ from memtrace.ui import UI
 TRACERS = ("malloc", "iosurface", "purgeable", "probe")
 EARLY_DEATHS = ("launch-storm", "perpetual-stream", "slow-start")
 RUN_KEYS = {"label", "program", "app", "pid", "name", "device", "launch", "tracers", "window", "attach_delay",
-            "retries", "retry_delay_step", "options", "rpc_timeout"}
+            "retries", "retry_delay_step", "options", "rpc_timeout", "storm_seconds", "storm_rate", "stream_rate"}
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Run:
     retry_delay_step: float
     options: dict[str, Any]
     rpc_timeout: float
+    thresholds: DeathThresholds
 
     @property
     def key(self) -> str:
@@ -121,7 +126,12 @@ def load_plan(path: Path) -> tuple[dict[str, Any], list[Run]]:
                                 retries=int(spec.get("retries", 1)),
                                 retry_delay_step=float(spec.get("retry_delay_step", 5)),
                                 options=dict(spec.get("options") or {}),
-                                rpc_timeout=float(spec.get("rpc_timeout", 20))))
+                                rpc_timeout=float(spec.get("rpc_timeout", 20)),
+                                thresholds=DeathThresholds(
+                                    rpc_timeout=float(spec.get("rpc_timeout", 20)),
+                                    storm_seconds=float(spec.get("storm_seconds", DeathThresholds.storm_seconds)),
+                                    storm_rate=float(spec.get("storm_rate", DeathThresholds.storm_rate)),
+                                    stream_rate=float(spec.get("stream_rate", DeathThresholds.stream_rate)))))
             except (TypeError, ValueError) as e:
                 raise InputError(f"{path}: run {i}: {e}") from None
     keys = [r.key for r in runs]
@@ -177,7 +187,7 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
     for n in range(1, run.retries + 2):
         options = CaptureOptions(tracer=run.tracer, window=run.window, attach_delay=delay,
                                  out=folder / f"attempt-{n}", agent_config=agent_config(run.tracer, run.options),
-                                 rpc_timeout=run.rpc_timeout, thresholds=DeathThresholds(rpc_timeout=run.rpc_timeout))
+                                 rpc_timeout=run.rpc_timeout, thresholds=run.thresholds)
         try:
             r = CaptureSession(_copy_target(run.target), options, ui_factory()).run()
         except MemtraceError as e:

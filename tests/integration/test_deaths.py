@@ -77,6 +77,13 @@ runs:
     end = _end(out / "perpetual-malloc")
     assert end["ended"] == "perpetual-stream" and end["confidence"] == "confirmed"
     assert (out / "perpetual-malloc" / "attempt-1" / "capture.mtc.failed").exists()
+    # The batch folder feeds the report: every run that produced a capture has its row and death type.
+    report = run_memtrace("report", out, check=False, timeout=120)
+    assert report.returncode == 0, report.stderr
+    text = (out / "REPORT.md").read_text()
+    for target in ("json_service", "die_perpetual", "slow_start", "anti_debug"):
+        assert f"| {target} |" in text
+    assert "perpetual-stream" in text and "slow-start" in text and "anti-debug" in text
     # Re-running the plan skips what is done.
     again = run_memtrace("batch", plan, "--out", out, "--json", check=False, timeout=300)
     skipped = {r["label"]: r["skipped"] for r in json.loads(again.stdout)["runs"]}

@@ -35,6 +35,12 @@ def target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--keep-running", is_flag=True, help="Leave a program memtrace launched running after the window."),
         click.option("--rpc-timeout", type=float, default=20.0, show_default=True, metavar="SECONDS",
                      help="An agent that does not answer within this is reported as anti-debug."),
+        click.option("--storm-seconds", type=float, default=DeathThresholds.storm_seconds, show_default=True,
+                     help="Death classification: a kill this soon after instrumentation can be a launch storm..."),
+        click.option("--storm-rate", type=float, default=DeathThresholds.storm_rate, show_default=True,
+                     help="...if allocation calls per second reached this."),
+        click.option("--stream-rate", type=float, default=DeathThresholds.stream_rate, show_default=True,
+                     help="A later kill under at least this rate that never settled is a perpetual stream."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
         click.option("--quiet", is_flag=True, help="Print nothing but errors."),
         click.argument("program", nargs=-1, type=click.UNPROCESSED),
@@ -57,7 +63,8 @@ def run_capture(tracer: str, agent_config: dict[str, Any], **kw: Any) -> Capture
     options = CaptureOptions(
         tracer=tracer, window=kw["window"], attach_delay=kw["attach_delay"], out=kw["out"],
         agent_config=agent_config, keep_running=kw["keep_running"], rpc_timeout=kw["rpc_timeout"],
-        thresholds=DeathThresholds(rpc_timeout=kw["rpc_timeout"]),
+        thresholds=DeathThresholds(rpc_timeout=kw["rpc_timeout"], storm_seconds=kw["storm_seconds"],
+                                   storm_rate=kw["storm_rate"], stream_rate=kw["stream_rate"]),
     )
     ui = make_ui(kw["as_json"], kw["quiet"])
     try:

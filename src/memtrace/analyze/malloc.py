@@ -197,7 +197,7 @@ class _Fold:
         self.exact: dict[int, list[int]] = {}      # stack -> [exact allocations, their bytes]
         self.sampled: dict[int, float] = {}        # stack -> summed sample weights
         self.sampled_count: dict[int, float] = {}  # stack -> estimated allocations
-        self.live: dict[int, tuple[int, int, float]] = {}   # ptr -> (stack id, size, weight)
+        self.live: dict[int, tuple[int, ...]] = {}   # ptr -> its ALLOC record (iter_agent_tuples)
         self.replaced: dict[int, int] = {}         # ptr -> frees owed to an overwritten entry
         self.early: dict[int, int] = {}            # ptr -> frees seen before their alloc
 
@@ -214,7 +214,6 @@ class _Fold:
                         self.sampled[sid] = self.sampled.get(sid, 0.0) + weight
                         self.sampled_count[sid] = self.sampled_count.get(sid, 0.0) + (weight / size if size else 0)
                 else:
-                    weight = size
                     if sid != no_stack:
                         acc = exact_get(sid)
                         if acc is None:
@@ -232,7 +231,7 @@ class _Fold:
                         continue
                     if p in live:
                         replaced[p] = replaced.get(p, 0) + 1
-                    live[p] = (sid, size, weight)
+                    live[p] = r      # the record itself: no new object per live block
             elif rtype == rec_free:
                 p = r[4]
                 if replaced and p in replaced:
@@ -268,7 +267,10 @@ class _Fold:
             st.est_count += self.sampled_count[sid]
             s.sampled_est_bytes += w
         s.unmatched_frees = sum(self.early.values())
-        for sid, size, weight in self.live.values():
+        f_sampled = FLAG_SAMPLED
+        for r in self.live.values():
+            sid, size = r[3], r[5]
+            weight = r[6] if r[2] & f_sampled else size
             s.live_count += 1
             s.live_bytes += size
             s.live_est_bytes += weight

@@ -39,6 +39,7 @@ import yaml
 from memtrace.capture import FILE_NAME, CaptureError, RecordType, append_record, read_records
 from memtrace.deaths import DeathThresholds
 from memtrace.errors import InputError, MemtraceError
+from memtrace.files import write_json_atomic
 from memtrace.session import CaptureOptions, CaptureResult, CaptureSession, TargetSpec
 from memtrace.ui import UI
 
@@ -161,7 +162,7 @@ def run_batch(runs: list[Run], out: Path, force: bool, ui_factory: Callable[[], 
         outcomes.append(result)
         if on_outcome is not None:
             on_outcome(result)
-    _write_json_atomic(out / "batch.json", {"kind": "batch", "runs": [o.to_json() for o in outcomes]})
+    write_json_atomic(out / "batch.json", {"kind": "batch", "runs": [o.to_json() for o in outcomes]})
     return outcomes
 
 
@@ -222,7 +223,7 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
             os.replace(r.path, r.path.with_name(FILE_NAME + ".failed"))
         outcome.capture = str(target)
         outcome.events, outcome.bytes = _events_and_bytes(target)
-    _write_json_atomic(done, outcome.to_json())
+    write_json_atomic(done, outcome.to_json())
     return outcome
 
 
@@ -258,9 +259,3 @@ def _events_and_bytes(path: Path) -> tuple[int, int]:
         alloc_kinds = [k for k in range(16) if k not in (3, 13)]
         return sum(counters[k] for k in alloc_kinds), sum(counters[16 + k] for k in alloc_kinds)
     return events, nbytes
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from memtrace.analyze import census as analysis
-from memtrace.commands.jetsam import write_json_atomic
+from memtrace.files import write_json_atomic
 from memtrace.limit import device_is_local, get_frida_device, parse_device_spec
 
 

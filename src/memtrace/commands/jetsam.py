@@ -7,9 +7,7 @@ Exit status: 0 when every report was read, 1 when at least one was skipped as un
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import click
 
 from memtrace.analyze import jetsam as analysis
 from memtrace.errors import InputError
+from memtrace.files import write_json_atomic
 from memtrace.limit import parse_device_spec
 
 # Cap what we read: the largest real JetsamEvent reports are a few MB.
@@ -52,19 +51,6 @@ def read_reports(paths: list[Path]) -> tuple[list[analysis.JetsamReport], list[t
         except OSError as e:
             skipped.append((str(path), f"{path}: {e.strerror or e}"))
     return reports, skipped
-
-
-def write_json_atomic(path: Path, doc: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _render_rich(agg: dict[str, Any]) -> None:

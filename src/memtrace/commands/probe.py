@@ -13,6 +13,7 @@ from memtrace.analyze.probe import render_markdown, summarize
 from memtrace.capture import read_records
 from memtrace.commands.options import emit_json, exit_code, run_capture, target_options
 from memtrace.errors import InputError
+from memtrace.files import write_text_atomic
 
 
 @click.command("probe", context_settings={"ignore_unknown_options": True})
@@ -28,7 +29,7 @@ def probe(markdown_path: Path | None, **kw: Any) -> int:
     text = render_markdown(summary)
     if markdown_path is not None:
         try:
-            markdown_path.write_text(text)
+            write_text_atomic(markdown_path, text)
         except OSError as e:
             raise InputError(f"--markdown {markdown_path}: cannot write: {e.strerror}") from None
     if kw["as_json"]:

@@ -9,19 +9,18 @@ renders that document.  Both outputs are written atomically (temp file + ``os.re
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memtrace.analyze.families import load_rules
 from memtrace.errors import InputError
+from memtrace.files import write_text_atomic
 from memtrace.report.aggregate import build_document
 from memtrace.report.collect import Skipped, analyze_capture, discover, load_document
 from memtrace.report.markdown import render
 
-__all__ = ["ReportResult", "build_report", "write_atomic"]
+__all__ = ["ReportResult", "build_report"]
 
 
 @dataclass
@@ -35,18 +34,6 @@ class ReportResult:
     def exit_code(self) -> int:
         # 1 when anything was skipped (even partly read), so scripts notice an incomplete report.
         return 1 if self.skipped else 0
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """A reader sees the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def build_report(folder: Path | str, out: Path | str | None = None, families: Path | str | None = None,
@@ -81,6 +68,6 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
         dest.mkdir(parents=True, exist_ok=True)
         for fname, text in (("report.json", json.dumps(document, indent=1, ensure_ascii=False) + "\n"),
                             ("REPORT.md", markdown)):
-            write_atomic(dest / fname, text)
+            write_text_atomic(dest / fname, text)
             result.paths.append(dest / fname)
     return result

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from memtrace.capture import FILE_NAME, CaptureError, RecordType, append_record, read_records
+from memtrace.capture import FILE_NAME, CaptureError, RecordType, alloc_totals, append_record, read_records
 from memtrace.deaths import DeathThresholds
 from memtrace.errors import InputError, MemtraceError
 from memtrace.files import write_json_atomic
@@ -59,7 +59,6 @@ class Run:
     retries: int
     retry_delay_step: float
     options: dict[str, Any]
-    rpc_timeout: float
     thresholds: DeathThresholds
 
     @property
@@ -127,7 +126,6 @@ def load_plan(path: Path) -> tuple[dict[str, Any], list[Run]]:
                                 retries=int(spec.get("retries", 1)),
                                 retry_delay_step=float(spec.get("retry_delay_step", 5)),
                                 options=dict(spec.get("options") or {}),
-                                rpc_timeout=float(spec.get("rpc_timeout", 20)),
                                 thresholds=DeathThresholds(
                                     rpc_timeout=float(spec.get("rpc_timeout", 20)),
                                     storm_seconds=float(spec.get("storm_seconds", DeathThresholds.storm_seconds)),
@@ -188,7 +186,7 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
     for n in range(1, run.retries + 2):
         options = CaptureOptions(tracer=run.tracer, window=run.window, attach_delay=delay,
                                  out=folder / f"attempt-{n}", agent_config=agent_config(run.tracer, run.options),
-                                 rpc_timeout=run.rpc_timeout, thresholds=run.thresholds)
+                                 thresholds=run.thresholds)
         try:
             r = CaptureSession(_copy_target(run.target), options, ui_factory()).run()
         except MemtraceError as e:
@@ -256,6 +254,5 @@ def _events_and_bytes(path: Path) -> tuple[int, int]:
     except CaptureError:
         pass
     if counters and any(counters[:16]):
-        alloc_kinds = [k for k in range(16) if k not in (3, 13)]
-        return sum(counters[k] for k in alloc_kinds), sum(counters[16 + k] for k in alloc_kinds)
+        return alloc_totals(counters)
     return events, nbytes

@@ -74,6 +74,15 @@ COUNTER_NAMES = {
     52: "tracked_frees", 53: "records", 54: "record_bytes",
 }
 
+RELEASE_KINDS = frozenset({3, 13})     # free, vm_deallocate: calls that give memory back
+
+
+def alloc_totals(counters: list[int]) -> tuple[int, int]:
+    """Allocation calls and gross bytes from the agent's counters (releases excluded)."""
+    kinds = [k for k in KIND_NAMES if k not in RELEASE_KINDS]
+    return sum(counters[C_CALLS + k] for k in kinds), sum(counters[C_BYTES + k] for k in kinds)
+
+
 _CHUNK = struct.Struct("<II")
 _STACK_HEAD = struct.Struct("<BBHI")
 _ALLOC = struct.Struct("<BBHIQQQ")

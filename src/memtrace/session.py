@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -31,10 +30,12 @@ from memtrace.analyze.families import classify as classify_family
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
     FILE_NAME,
+    FLAG_SAMPLED,
     REC_ALLOC,
     REC_STACK,
     CaptureWriter,
     RecordType,
+    alloc_totals,
     iter_agent_tuples,
 )
 from memtrace.deaths import DeathThresholds, classify_end
@@ -117,7 +118,6 @@ class CaptureOptions:
     out: Path | None = None
     agent_config: dict[str, Any] = field(default_factory=dict)
     keep_running: bool = False
-    rpc_timeout: float = 20.0
     thresholds: DeathThresholds = field(default_factory=DeathThresholds)
 
     def validate(self) -> None:
@@ -238,7 +238,7 @@ class CaptureSession:
         self.seen_addresses: set[int] = set()
         self.pending_addresses: list[int] = []
         self.host_symbols: HostSymbolizer | None = None
-        self.symtab = SymbolTable()                 # for the live view's families
+        self.symtab = SymbolTable()                 # the live view's families; modules for host symbols
         self.stack_frames: dict[Any, tuple[int, ...]] = {}
         self.stack_bytes: dict[Any, int] = {}
         self.batches = 0
@@ -260,7 +260,7 @@ class CaptureSession:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self._write_meta("starting")
+            self._write_meta()
             try:
                 try:
                     self._launch_and_attach()
@@ -284,7 +284,7 @@ class CaptureSession:
                 self.gone = True
                 self.detach_reason = self.detach_reason or f"frida: {e}"
             try:
-                self._finish(interrupted)
+                self._finish()
             except KeyboardInterrupt:
                 interrupted = True
             result = self._end(interrupted)
@@ -309,7 +309,7 @@ class CaptureSession:
         self.ui.phase("launching")
         self.device = resolve_device(self.target.device)
         if self.device.type == "local":
-            self.host_symbols = HostSymbolizer()
+            self.host_symbols = HostSymbolizer(self.symtab.modules)
         self.device.on("output", self._on_output)
         self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
         launcher = launchers.choose(self.target.launch, self.target)
@@ -396,24 +396,19 @@ class CaptureSession:
                 kind = None
             if kind is not None:
                 self._handle(kind, a, b)
-                while not self.gone:
-                    try:
-                        kind, a, b = self.events.get_nowait()
-                    except queue.Empty:
-                        break
-                    self._handle(kind, a, b)
+                self._drain_queue(wait=0.0)
             self._symbolize_pending()
             self._tick()
             silent = time.monotonic() - self._last_message
-            if silent > self.options.rpc_timeout and not self.gone:
+            if silent > self.options.thresholds.rpc_timeout and not self.gone:
                 # The agent flushes every 100 ms even when idle: silence this long while the
                 # process lives means it was frozen (anti-debug stops, a debugger, SIGSTOP).
                 self.timeout_info = {"what": "its periodic flush (agent went silent)", "timeout_s":
-                                     self.options.rpc_timeout, "silent_s": round(silent, 3)}
+                                     self.options.thresholds.rpc_timeout, "silent_s": round(silent, 3)}
                 self.ui.warning(f"the agent has been silent for {silent:.1f} s")
                 return
 
-    def _finish(self, interrupted: bool) -> None:
+    def _finish(self) -> None:
         """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
         self.ui.phase("flushing")
         api = self.script.exports_sync if self.script is not None else None
@@ -492,7 +487,7 @@ class CaptureSession:
 
     def _call(self, what: str, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """An rpc with a deadline: an agent that never answers is evidence (anti-debug), not a hang."""
-        seconds = timeout if timeout is not None else self.options.rpc_timeout
+        seconds = timeout if timeout is not None else self.options.thresholds.rpc_timeout
         future = self._pool.submit(fn)
         try:
             return future.result(timeout=seconds)
@@ -505,7 +500,7 @@ class CaptureSession:
         assert self.writer is not None
         self.writer.write(rtype, body, data)
 
-    def _write_meta(self, phase: str) -> None:
+    def _write_meta(self) -> None:
         self._write(RecordType.META, {
             "tool": "memtrace", "tool_version": __version__, "tracer": self.options.tracer,
             "target": {"device": self.target.device, "app": self.target.app, "pid": self.target.pid,
@@ -528,10 +523,10 @@ class CaptureSession:
         if pid == self.pid and data:
             self.ui.output(fd, data)
 
-    def _drain_queue(self) -> None:
+    def _drain_queue(self, wait: float = 0.05) -> None:
         while True:
             try:
-                kind, a, b = self.events.get(timeout=0.05)
+                kind, a, b = self.events.get(timeout=wait)
             except queue.Empty:
                 return
             self._handle(kind, a, b)
@@ -569,8 +564,6 @@ class CaptureSession:
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)
             self.symtab.add_modules(payload.get("modules", []))
-            if self.host_symbols is not None:
-                self.host_symbols.add_modules(payload.get("modules", []))
         elif ptype == "agent:warning":
             self._write(RecordType.WARNING, payload)
             self.ui.warning(payload.get("message", ""))
@@ -593,8 +586,9 @@ class CaptureSession:
             frames_of, bytes_of = self.stack_frames, self.stack_bytes
             for r in iter_agent_tuples(data):
                 if r[0] == REC_ALLOC:
-                    sid = r[3]
-                    bytes_of[sid] = bytes_of.get(sid, 0) + (r[6] if r[2] & 2 else r[5])
+                    if self.ui_wants_families:
+                        sid = r[3]
+                        bytes_of[sid] = bytes_of.get(sid, 0) + (r[6] if r[2] & FLAG_SAMPLED else r[5])
                 elif r[0] == REC_STACK:
                     frames_of[r[3]] = r[4]
                     for f in r[4]:
@@ -659,8 +653,8 @@ class CaptureSession:
         now = time.monotonic()
         if now - self._last_snapshot < 1.0:
             return
-        calls = sum(self.counters[0:16])
-        nbytes = sum(self.counters[16:32]) - self.counters[16 + 3]
+        calls = sum(self.counters[0:16])          # every call, releases included: the event rate
+        nbytes = alloc_totals(self.counters)[1]
         t_prev, calls_prev, bytes_prev = self._last_progress
         dt = now - t_prev if t_prev else 0.0
         rate = (calls - calls_prev) / dt if dt > 0 else 0.0
@@ -715,7 +709,3 @@ def _pid_alive(device: frida.core.Device | None, pid: int) -> bool:
 
 def _iso_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def dump_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False)

@@ -8,7 +8,6 @@ even after the target has died.  Remote devices (iOS) symbolize in the agent.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-
-@dataclass
-class _Module:
-    name: str
-    path: str
-    base: int
-    size: int
+from memtrace.analyze.symbols import ModuleMap
 
 
 class ElfSymbols:
@@ -66,31 +59,20 @@ class ElfSymbols:
 
 
 class HostSymbolizer:
-    """Resolves addresses against the modules a target announced (name, path, base, size)."""
+    """Resolves addresses against the modules a target announced, read from their ELF files."""
 
-    def __init__(self) -> None:
-        self._modules: list[_Module] = []
-        self._bases: list[int] = []
+    def __init__(self, modules: ModuleMap) -> None:
+        self.modules = modules
         self._elves: dict[str, ElfSymbols] = {}
-
-    def add_modules(self, modules: list[dict[str, Any]]) -> None:
-        for m in modules:
-            base = int(m["base"], 16) if isinstance(m["base"], str) else int(m["base"])
-            i = bisect.bisect_left(self._bases, base)
-            if i < len(self._bases) and self._bases[i] == base:
-                continue
-            self._bases.insert(i, base)
-            self._modules.insert(i, _Module(m["name"], m.get("path") or "", base, int(m["size"])))
 
     def symbolize(self, addresses: list[int]) -> list[list[Any]]:
         """Rows in the agent's shape: [address, module, offset, symbol, file, line]."""
         rows = []
         for a in addresses:
-            i = bisect.bisect_right(self._bases, a) - 1
-            if i < 0 or a >= self._modules[i].base + self._modules[i].size:
+            m = self.modules.find(a)
+            if m is None:
                 rows.append([hex(a), None, None, None, None, None])
                 continue
-            m = self._modules[i]
             offset = a - m.base
             elf = self._elves.get(m.path)
             if elf is None:

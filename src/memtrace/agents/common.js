@@ -48,6 +48,22 @@ function findExport(name, moduleName) {
   return Module.findGlobalExportByName(name);
 }
 
+/* The C library (Linux): its own exports, never a same-named one from another module
+ * (the agent's allocator among them).  null on Darwin, where names are two-level anyway. */
+function libcModule() {
+  if (IS_DARWIN)
+    return null;
+  if (state.libc === undefined)
+    state.libc = Process.enumerateModules().find(m => /^libc[.-]/.test(m.name) || m.name === 'libc.so') || null;
+  return state.libc;
+}
+
+function libcExport(name) {
+  const m = libcModule();
+  const p = m === null ? null : m.findExportByName(name);
+  return p !== null ? p : findExport(name);
+}
+
 function moduleOf(address) {
   const m = Process.findModuleByAddress(address);
   return m === null ? null : m.name;

@@ -33,13 +33,7 @@ const mallocState = {
 };
 
 function allocatorModule() {
-  if (IS_DARWIN)
-    return Process.findModuleByName(LOGGER_MODULE);
-  for (const m of Process.enumerateModules()) {
-    if (/^libc[.-]/.test(m.name) || m.name === 'libc.so')
-      return m;
-  }
-  return null;
+  return IS_DARWIN ? Process.findModuleByName(LOGGER_MODULE) : libcModule();
 }
 
 /* The allocator's own export, not a same-named one from another module (the agent's). */

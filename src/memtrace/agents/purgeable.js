@@ -211,20 +211,6 @@ function findCxx(qualified) {
   return null;
 }
 
-/* The C library's own madvise, not a same-named export of another module. */
-function libcMadvise() {
-  if (!IS_DARWIN) {
-    for (const m of Process.enumerateModules()) {
-      if (/^libc[.-]/.test(m.name) || m.name === 'libc.so') {
-        const p = m.findExportByName('madvise');
-        if (p !== null)
-          return p;
-      }
-    }
-  }
-  return findExport('madvise');
-}
-
 function resolveOnce(name, how) {
   if (!(name in purg.resolved))
     purg.resolved[name] = how();
@@ -237,7 +223,7 @@ function wantedSymbols(config) {
     list.push({ name: n, role: 'state-machine', resolve: () => resolveOnce(n, () => findExport(n)) });
   for (const n of CREATION)
     list.push({ name: n, role: 'creation', resolve: () => resolveOnce(n, () => findExport(n)) });
-  list.push({ name: 'madvise', role: 'reusable', resolve: () => resolveOnce('madvise', libcMadvise) });
+  list.push({ name: 'madvise', role: 'reusable', resolve: () => resolveOnce('madvise', () => libcExport('madvise')) });
   if (config.standinMadvise)
     list.push({ name: 'mtdarwin_madvise', role: 'reusable-standin',
       resolve: () => resolveOnce('mtdarwin_madvise', () => findExport('mtdarwin_madvise')) });
@@ -464,7 +450,7 @@ const tracer = {
     streamHi.writeS32(h0);
     streamHi.add(4).writeS32(h1);
     const libcRange = Memory.alloc(16);
-    const libc = IS_DARWIN ? null : Process.enumerateModules().find(m => /^libc[.-]/.test(m.name));
+    const libc = libcModule();
     if (libc) {
       libcRange.writeU64(uint64(libc.base.toString()));
       libcRange.add(8).writeU64(uint64(libc.base.add(libc.size).toString()));

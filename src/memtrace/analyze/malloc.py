@@ -13,7 +13,6 @@ from typing import Any
 from memtrace.analyze.context import fold_context
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
-    C_BYTES,
     C_CALLS,
     C_TIER_BYTES,
     C_TIER_CALLS,
@@ -28,10 +27,9 @@ from memtrace.capture import (
     TIER_MAX_BYTES,
     Record,
     RecordType,
+    alloc_totals,
     iter_agent_tuples,
 )
-
-FREE_KINDS = {3, 13}
 
 
 @dataclass
@@ -74,11 +72,11 @@ class MallocSummary:
 
     @property
     def gross_bytes(self) -> int:
-        return sum(self.counters[C_BYTES + k] for k in KIND_NAMES if k not in FREE_KINDS)
+        return alloc_totals(self.counters)[1]
 
     @property
     def alloc_calls(self) -> int:
-        return sum(self.counters[C_CALLS + k] for k in KIND_NAMES if k not in FREE_KINDS)
+        return alloc_totals(self.counters)[0]
 
     @property
     def tiers(self) -> list[dict[str, Any]]:

@@ -25,13 +25,44 @@ class Frame:
         return f"{self.address:#x}"
 
 
+@dataclass(frozen=True, slots=True)
+class Module:
+    name: str
+    path: str
+    base: int
+    size: int
+
+
+class ModuleMap:
+    """The modules a target announced, by address range."""
+
+    def __init__(self) -> None:
+        self._bases: list[int] = []
+        self._modules: list[Module] = []
+
+    def add(self, modules: list[dict[str, Any]]) -> None:
+        for m in modules:
+            base = int(m["base"], 16) if isinstance(m["base"], str) else int(m["base"])
+            i = bisect.bisect_left(self._bases, base)
+            if i < len(self._bases) and self._bases[i] == base:
+                continue
+            self._bases.insert(i, base)
+            self._modules.insert(i, Module(m["name"], m.get("path") or "", base, int(m["size"])))
+
+    def find(self, address: int) -> Module | None:
+        i = bisect.bisect_right(self._bases, address) - 1
+        if i < 0:
+            return None
+        m = self._modules[i]
+        return m if address < m.base + m.size else None
+
+
 class SymbolTable:
     """Each address resolved once: agent-provided rows first, module ranges as the fallback."""
 
     def __init__(self) -> None:
         self._rows: dict[int, Frame] = {}
-        self._bases: list[int] = []
-        self._modules: list[tuple[int, int, str]] = []
+        self.modules = ModuleMap()
         self._cache: dict[int, Frame] = {}
 
     def add_rows(self, rows: list[list[Any]]) -> None:
@@ -44,13 +75,7 @@ class SymbolTable:
             self._cache.pop(addr, None)
 
     def add_modules(self, modules: list[dict[str, Any]]) -> None:
-        for m in modules:
-            base = int(m["base"], 16) if isinstance(m["base"], str) else int(m["base"])
-            i = bisect.bisect_left(self._bases, base)
-            if i < len(self._bases) and self._bases[i] == base:
-                continue
-            self._bases.insert(i, base)
-            self._modules.insert(i, (base, int(m["size"]), m["name"]))
+        self.modules.add(modules)
 
     def frame(self, address: int) -> Frame:
         f = self._cache.get(address)
@@ -58,13 +83,8 @@ class SymbolTable:
             return f
         f = self._rows.get(address)
         if f is None:
-            i = bisect.bisect_right(self._bases, address) - 1
-            if i >= 0:
-                base, size, name = self._modules[i]
-                if address < base + size:
-                    f = Frame(address, name, address - base, None)
-            if f is None:
-                f = Frame(address, None, None, None)
+            m = self.modules.find(address)
+            f = Frame(address, None, None, None) if m is None else Frame(address, m.name, address - m.base, None)
         self._cache[address] = f
         return f
 

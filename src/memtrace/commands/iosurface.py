@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.console import Console
 
 from memtrace.analyze.iosurface import summarize
-from memtrace.capture import read_records
-from memtrace.commands.options import emit_json, exit_code, run_capture, target_options
+from memtrace.commands.options import target_options, trace_and_summarize
 from memtrace.reporters.console_darwin import iosurface_summary
 
 
@@ -18,13 +16,7 @@ from memtrace.reporters.console_darwin import iosurface_summary
 @target_options
 def iosurface(top: int, **kw: Any) -> int:
     """Trace IOSurfaceCreate with stacks: what a process allocates outside malloc."""
-    result = run_capture("iosurface", {}, **kw)
-    summary = summarize(read_records(result.path)).to_json(capture=str(result.path), top=top)
-    if kw["as_json"]:
-        emit_json(summary)
-    elif not kw["quiet"]:
-        iosurface_summary(Console(), summary)
-    return exit_code(result)
+    return trace_and_summarize("iosurface", {}, summarize, iosurface_summary, top, **kw)
 
 
 command = iosurface

@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.console import Console
 
 from memtrace.analyze.malloc import summarize
-from memtrace.capture import read_records
-from memtrace.commands.options import emit_json, exit_code, run_capture, target_options
+from memtrace.commands.options import target_options, trace_and_summarize
 from memtrace.errors import InputError
 from memtrace.reporters.console import malloc_summary
 
@@ -36,13 +34,7 @@ def malloc(live_threshold: int, stack_threshold: int, frames: int, sample_bytes:
             raise InputError(f"{name} {value}: must be zero or more")
     config = {"liveThreshold": live_threshold, "stackThreshold": stack_threshold, "frames": frames,
               "sampleBytes": sample_bytes, "backend": backend}
-    result = run_capture("malloc", config, **kw)
-    summary = summarize(read_records(result.path)).to_json(capture=str(result.path), top=top)
-    if kw["as_json"]:
-        emit_json(summary)
-    elif not kw["quiet"]:
-        malloc_summary(Console(), summary)
-    return exit_code(result)
+    return trace_and_summarize("malloc", config, summarize, malloc_summary, top, **kw)
 
 
 command = malloc

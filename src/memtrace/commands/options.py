@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
 
+from memtrace.capture import Record, read_records
 from memtrace.deaths import DeathThresholds
 from memtrace.session import CaptureOptions, CaptureResult, CaptureSession, TargetSpec
 from memtrace.ui import UI, RichUI, SilentUI
@@ -62,7 +64,7 @@ def run_capture(tracer: str, agent_config: dict[str, Any], **kw: Any) -> Capture
                         argv=list(kw["program"]), launch=kw["launch"])
     options = CaptureOptions(
         tracer=tracer, window=kw["window"], attach_delay=kw["attach_delay"], out=kw["out"],
-        agent_config=agent_config, keep_running=kw["keep_running"], rpc_timeout=kw["rpc_timeout"],
+        agent_config=agent_config, keep_running=kw["keep_running"],
         thresholds=DeathThresholds(rpc_timeout=kw["rpc_timeout"], storm_seconds=kw["storm_seconds"],
                                    storm_rate=kw["storm_rate"], stream_rate=kw["stream_rate"]),
     )
@@ -72,6 +74,18 @@ def run_capture(tracer: str, agent_config: dict[str, Any], **kw: Any) -> Capture
     finally:
         if isinstance(ui, RichUI):
             ui.close()
+
+
+def trace_and_summarize(tracer: str, agent_config: dict[str, Any], summarize: Callable[[Iterable[Record]], Any],
+                        render: Callable[[Console, dict[str, Any]], None], top: int, **kw: Any) -> int:
+    """The whole of a tracer command after its own options: capture, summarize, show, exit status."""
+    result = run_capture(tracer, agent_config, **kw)
+    summary = summarize(read_records(result.path)).to_json(capture=str(result.path), top=top)
+    if kw["as_json"]:
+        emit_json(summary)
+    elif not kw["quiet"]:
+        render(Console(), summary)
+    return exit_code(result)
 
 
 def exit_code(result: CaptureResult) -> int:

@@ -5,11 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.console import Console
 
 from memtrace.analyze.purgeable import summarize
-from memtrace.capture import read_records
-from memtrace.commands.options import emit_json, exit_code, run_capture, target_options
+from memtrace.commands.options import target_options, trace_and_summarize
 from memtrace.reporters.console_darwin import purgeable_summary
 
 
@@ -21,13 +19,7 @@ from memtrace.reporters.console_darwin import purgeable_summary
 @target_options
 def purgeable(standin_madvise: bool, top: int, **kw: Any) -> int:
     """Trace the purgeable state machine (vm_purgable_control & co.), creation and madvise."""
-    result = run_capture("purgeable", {"standinMadvise": standin_madvise}, **kw)
-    summary = summarize(read_records(result.path)).to_json(capture=str(result.path), top=top)
-    if kw["as_json"]:
-        emit_json(summary)
-    elif not kw["quiet"]:
-        purgeable_summary(Console(), summary)
-    return exit_code(result)
+    return trace_and_summarize("purgeable", {"standinMadvise": standin_madvise}, summarize, purgeable_summary, top, **kw)
 
 
 command = purgeable

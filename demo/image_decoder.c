@@ -92,13 +92,7 @@ int main(int argc, char **argv)
     struct mtdemo_args a = mtdemo_workload_args(argc, argv);
     g_scale = a.scale > 300 ? 300 : a.scale;
     mtdemo_sleep(a.delay);
-    pthread_t th[2];
-    for (int i = 0; i < 2; i++) {
-        pthread_create(&th[i], NULL, decoder, NULL);
-        pthread_setname_np(th[i], i ? "decode-1" : "decode-0");
-    }
-    for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
+    mtdemo_run_threads(2, decoder, "decode");
     mtdemo_sleep(a.linger);
     printf("done: image_decoder scale=%d images=%d thumbnails=%d\n", g_scale, 40 * g_scale, g_nthumbs);
     return 0;

@@ -116,13 +116,7 @@ int main(int argc, char **argv)
     struct mtdemo_args a = mtdemo_workload_args(argc, argv);
     g_scale = a.scale > 300 ? 300 : a.scale;
     mtdemo_sleep(a.delay);
-    pthread_t th[2];
-    for (int i = 0; i < 2; i++) {
-        pthread_create(&th[i], NULL, worker, NULL);
-        pthread_setname_np(th[i], i ? "http-1" : "http-0");
-    }
-    for (int i = 0; i < 2; i++)
-        pthread_join(th[i], NULL);
+    mtdemo_run_threads(2, worker, "http");
     mtdemo_sleep(a.linger);
     printf("done: json_service scale=%d requests=%d cached=%d\n", g_scale, 600 * g_scale, g_ncache);
     return 0;

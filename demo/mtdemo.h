@@ -8,6 +8,7 @@
 #define MTDEMO_H
 
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,20 @@ static inline struct mtdemo_args mtdemo_workload_args(int argc, char **argv)
     a.delay = mtdemo_opt_double(argc, argv, "--delay", 0);
     a.linger = mtdemo_opt_double(argc, argv, "--linger", 0);
     return a;
+}
+
+/* Run `fn` on n threads named "<prefix>-<i>" (n <= 8) and wait for all of them. */
+static inline void mtdemo_run_threads(int n, void *(*fn)(void *), const char *prefix)
+{
+    pthread_t th[8];
+    char name[16];
+    for (int i = 0; i < n && i < 8; i++) {
+        pthread_create(&th[i], NULL, fn, NULL);
+        snprintf(name, sizeof name, "%.10s-%d", prefix, i);
+        pthread_setname_np(th[i], name);
+    }
+    for (int i = 0; i < n && i < 8; i++)
+        pthread_join(th[i], NULL);
 }
 
 #endif /* MTDEMO_H */

@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +188,7 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
                                  out=folder / f"attempt-{n}", agent_config=agent_config(run.tracer, run.options),
                                  thresholds=run.thresholds)
         try:
-            r = CaptureSession(_copy_target(run.target), options, ui_factory()).run()
+            r = CaptureSession(replace(run.target, argv=list(run.target.argv)), options, ui_factory()).run()
         except MemtraceError as e:
             attempts.append({"attempt": n, "attach_delay": delay, "ended": "failed", "reason": str(e)})
             break
@@ -223,10 +223,6 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
         outcome.events, outcome.bytes = _events_and_bytes(target)
     write_json_atomic(done, outcome.to_json())
     return outcome
-
-
-def _copy_target(t: TargetSpec) -> TargetSpec:
-    return TargetSpec(device=t.device, app=t.app, pid=t.pid, name=t.name, argv=list(t.argv), launch=t.launch)
 
 
 def _last_end(path: Path) -> dict[str, Any]:

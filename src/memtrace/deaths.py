@@ -2,15 +2,14 @@
 
 Pure: the session hands over timings, the agent's last words and the rate
 history; this module names the death and says why.  Thresholds are options.
+Classes: completed, interrupted, target-exited, launch-storm, perpetual-stream,
+slow-start, anti-debug, detached.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
-
-CLASSES = ("completed", "interrupted", "target-exited", "launch-storm", "perpetual-stream",
-           "slow-start", "anti-debug", "detached")
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -80,7 +79,6 @@ class RichUI(SilentUI):
         self.console = console or Console(stderr=True)
         self._phase = "starting"
         self._last: Progress | None = None
-        self._t0 = time.monotonic()
         self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
         self._started = False
 

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from memtrace.capture import Record, read_records
 from memtrace.deaths import DeathThresholds
+from memtrace.launchers import LAUNCHERS
 from memtrace.session import CaptureOptions, CaptureResult, CaptureSession, TargetSpec
 from memtrace.ui import UI, RichUI, SilentUI
 
@@ -25,7 +26,7 @@ def target_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--app", metavar="BUNDLE_ID", help="Launch this app on the device and trace it."),
         click.option("--pid", type=int, help="Attach to this running process."),
         click.option("--name", "proc_name", metavar="NAME", help="Attach to the running process with this name."),
-        click.option("--launch", type=click.Choice(["auto", "frida", "pmd3", "none"]), default="auto",
+        click.option("--launch", type=click.Choice(LAUNCHERS), default="auto",
                      show_default=True,
                      help="How the target starts: Frida spawn, pymobiledevice3 (DVT), or none (attach to a running one)."),
         click.option("--attach-delay", type=float, default=0.0, show_default=True, metavar="SECONDS",

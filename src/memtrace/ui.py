@@ -93,9 +93,7 @@ class RichUI(SilentUI):
         if name == "done":
             self.close()
             return
-        self._ensure()
-        if not self.console.is_terminal:
-            self.console.print(f"[dim]memtrace: {name}[/dim]")
+        self._ensure()      # the panel lives on a terminal only: piped stderr keeps errors to one line
         self._refresh()
 
     def progress(self, p: Progress) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 from pathlib import Path
@@ -150,3 +151,24 @@ def test_python_reader_agrees_with_the_c_writer() -> None:
         assert core["MT_C_" + name.upper()] == index
     tiers = [int(x) for x in re.findall(r"size <= (\d+)", (ROOT / "cmodule" / "core.c").read_text())]
     assert tuple(tiers) + (None,) == capture.TIER_MAX_BYTES
+
+
+def test_export_prints_what_was_flushed_and_flags_a_torn_tail(tmp_path: Path) -> None:
+    from tests.conftest import run_memtrace
+
+    p = tmp_path / "c.mtc"
+    write_sample(p)
+    whole = run_memtrace("export", p)
+    lines = [json.loads(x) for x in whole.stdout.splitlines()]
+    assert [x["record"] for x in lines] == ["meta", "batch", "stack", "alloc", "free", "end"]
+    torn = tmp_path / "torn.mtc"
+    torn.write_bytes(p.read_bytes()[:-3])
+    cut = run_memtrace("export", torn, check=False)
+    assert cut.returncode == 1
+    assert [json.loads(x)["record"] for x in cut.stdout.splitlines()] == [
+        "meta", "batch", "stack", "alloc", "free", "truncated"]
+    assert cut.stderr.count("\n") == 1 and "torn.mtc: truncated at byte" in cut.stderr
+    empty = tmp_path / "empty.mtc"
+    empty.write_bytes(b"")
+    bad = run_memtrace("export", empty, check=False)
+    assert bad.returncode == 2 and bad.stderr == f"memtrace: error: {empty}: not a memtrace capture (bad magic)\n"

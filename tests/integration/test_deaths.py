@@ -26,10 +26,13 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device te
 
 
 def test_launch_storm(demo_bin: Path, tmp_path: Path) -> None:
-    # A watchdog this strict fires within the storm's first windows (instrumented or not):
-    # the target dies moments after instrumentation under millions of calls per second.
+    # The test is about classifying a death that lands in the storm, not about our overhead, so
+    # the watchdog fires unconditionally after three windows (0.3 s of storm). A threshold near
+    # the native slowdown (~1.3 on two CPUs) was flaky: when the agent's start-up work shares the
+    # CPUs with die_storm's calibration, the calibrated rate drops and no window looks slow.
     s = memtrace_json("malloc", "--device", "local", "--window", "20", "--stack-threshold", "0",
-                      "--out", tmp_path / "c", "--", demo_bin / "die_storm", "--max-slowdown", "1.05")
+                      "--out", tmp_path / "c", "--", demo_bin / "die_storm",
+                      "--max-slowdown", "0", "--grace", "3")
     assert s["ended"] == "launch-storm"
     end = _end(tmp_path / "c")
     ev = end["evidence"]

@@ -13,7 +13,7 @@ from memtrace.errors import MemtraceError
 
 # One module per subcommand in memtrace.commands, each exposing ``command``.
 COMMANDS = (
-    "malloc", "iosurface", "purgeable", "probe",
+    "malloc", "iosurface", "purgeable", "probe", "fds",
     "census", "limit", "jetsam", "report", "batch", "export",
 )
 

@@ -7,6 +7,7 @@ vm_allocate 16, vm_deallocate 32, cleared 64, mapped_file 128; VM tag in the top
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
@@ -43,10 +44,8 @@ def agent(compile_c):
         session.detach()
     finally:
         # The target is never resumed; frida-core may already have reaped it on detach.
-        try:
+        with contextlib.suppress(frida.ProcessNotFoundError):
             device.kill(pid)
-        except frida.ProcessNotFoundError:
-            pass
 
 
 @pytest.mark.parametrize("type_, args, expected", [

@@ -531,6 +531,7 @@ rpc.exports = Object.assign({
         tracer.uninstall(state.config);
       Interceptor.detachAll();
       Interceptor.flush();
+      flush();   // what uninstall itself reported (the fd tracer's end census)
     } catch (e) {
       // keep going: the goodbye message matters more
     }

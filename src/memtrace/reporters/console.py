@@ -67,3 +67,48 @@ def malloc_summary(console: Console, s: dict[str, Any]) -> None:
     if s["missing"]:
         console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
     console.print(f"[bold]capture:[/bold] {s['capture']}")
+
+
+def fds_summary(console: Console, s: dict[str, Any]) -> None:
+    console.rule(f"memtrace fds · {s.get('target') or ''}")
+    ended_line(console, s)
+    calls = Table(title="creating calls (descriptors created: {:,})".format(s["opened"]), show_edge=False)
+    calls.add_column("call")
+    calls.add_column("calls", justify="right")
+    for k, v in s["calls"].items():
+        calls.add_row(k, f"{v:,}")
+    console.print(calls if s["calls"] else "[bold]creating calls:[/bold] none")
+    closed = ", ".join(f"{k} {v:,}" for k, v in s["closed"].items()) or "none"
+    console.print(f"[bold]released:[/bold] {closed}  [bold]dup onto open:[/bold] {s['replaced']:,}  "
+                  f"[bold]releases of unknown fds:[/bold] {s['closes_of_unknown_fds']:,}")
+    console.print(f"[bold]baseline:[/bold] {s['baseline']['count']:,} open before the window "
+                  f"({s['baseline']['closed_in_window']:,} closed in it)  "
+                  f"[bold]peak open:[/bold] {s['peak']['count']:,}")
+    at_end = s["open_at_end"]
+    console.print(f"[bold]opened in the window and still open:[/bold] {at_end['count']:,} "
+                  f"{at_end['by_kind'] or ''}")
+    if at_end["by_stack"]:
+        t = Table(title="still open, by opening stack", show_edge=False, show_lines=True)
+        for col in ("count", "calls", "paths", "frames"):
+            t.add_column(col, justify="right" if col == "count" else "left")
+        for r in at_end["by_stack"]:
+            calls_txt = ", ".join(f"{k} ×{v}" for k, v in r["calls"].items())
+            paths = "\n".join(r["paths"][:3]) + ("\n…" if len(r["paths"]) > 3 else "")
+            t.add_row(f"{r['count']:,}", calls_txt, paths, "\n".join(r["frames"][:6]))
+        console.print(t)
+    if s["failures_by_stack"]:
+        t = Table(title="failed creations", show_edge=False)
+        for col in ("call", "error", "count", "caller"):
+            t.add_column(col, justify="right" if col == "count" else "left")
+        for r in s["failures_by_stack"]:
+            t.add_row(r["call"], r["error"], f"{r['count']:,}", str(r["caller"]))
+        console.print(t)
+    for c in s["censuses"]:
+        console.print(f"[bold]census[/bold] ({c['trigger']}, t={c['t']} ms): {c['count']:,} open {c['by_kind']}")
+    rec = s["reconciliation"]
+    if rec and rec["opened_out_of_sight"]:
+        console.print("[yellow]opened out of sight[/yellow] (no hooked entry saw them): "
+                      + ", ".join(f"{r['fd']} {r['path']}" for r in rec["opened_out_of_sight"][:10]))
+    if s["missing"]:
+        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
+    console.print(f"[bold]capture:[/bold] {s['capture']}")

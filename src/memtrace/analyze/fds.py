@@ -1,0 +1,208 @@
+"""The file-descriptor line, offline: what was opened, by whom, what is still open, and the peak.
+
+Pure: capture records in, an :class:`FdsSummary` out.  The agent reports every hooked creation
+(``open`` events carry the descriptors, the call, a path where the call has one, and the
+creating stack), every release (``close``), failed creations with their errno, and censuses
+of every open descriptor (at start, at the end, and past the threshold).
+
+Descriptors open before the window (the start census) are the baseline: never blamed on a
+stack.  The end census is reconciled with the hooks: a descriptor it lists that no hook saw
+opened was "opened out of sight" (an entry memtrace does not hook), and one the hooks think
+is open but the census does not list was closed out of sight.
+"""
+
+from __future__ import annotations
+
+import errno as errno_names
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.analyze.context import fold_context
+from memtrace.analyze.symbols import SymbolTable
+from memtrace.capture import Record, RecordType
+
+NO_END = "the capture ends without an END record (memtrace or the machine died)"
+# Frames in these modules are the C library's own plumbing (fopen -> open); the caller is the
+# first frame outside them.
+_LIBC_PREFIXES = ("libc.", "libc-", "libsystem_")
+
+
+@dataclass
+class OpenFd:
+    fd: int
+    call: str
+    path: str | None
+    frames: tuple[int, ...]
+    t: int | None
+    from_fd: int | None = None
+
+
+@dataclass
+class FdsSummary:
+    meta: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    recon: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    symbols: SymbolTable = field(default_factory=SymbolTable)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    calls: Counter[str] = field(default_factory=Counter)          # successful creating calls
+    opened: int = 0                                               # descriptors they created
+    closes: Counter[str] = field(default_factory=Counter)         # releases of an open descriptor
+    closes_unknown: int = 0             # releases of a descriptor not open as far as we knew
+    replaced: int = 0                   # dup2/dup3 onto an open descriptor (an implicit close)
+    failures: dict[str, Counter[int]] = field(default_factory=dict)   # call -> errno -> count
+    failure_stacks: Counter[tuple[str, int, tuple[int, ...]]] = field(default_factory=Counter)
+    baseline: dict[int, str | None] = field(default_factory=dict)
+    baseline_closed: int = 0
+    open: dict[int, OpenFd] = field(default_factory=dict)         # opened in the window, still open
+    censuses: list[dict[str, Any]] = field(default_factory=list)
+    peak: int = 0
+    peak_t: int | None = None
+    frida_fds: set[int] = field(default_factory=set)   # Frida's own (cloaked) descriptors
+    _now_open: set[int] = field(default_factory=set)
+
+    def _note_count(self, t: int | None) -> None:
+        if len(self._now_open) > self.peak:
+            self.peak, self.peak_t = len(self._now_open), t
+
+    def fold_event(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        t = ev.get("t")
+        if kind == "open":
+            call = str(ev.get("call", "?"))
+            fds = [int(fd) for fd in ev.get("fds") or ()]
+            self.calls[call] += 1
+            self.opened += len(fds)
+            frames = _frames(ev)
+            for fd in fds:
+                if fd in self._now_open:
+                    # Opened over a descriptor we think is open: dup2/dup3 closed it first, or
+                    # it was closed by an entry we do not hook.
+                    self.replaced += 1
+                    self._release(fd)
+                self.open[fd] = OpenFd(fd, call, ev.get("path"), frames, t, ev.get("from"))
+                self._now_open.add(fd)
+            self._note_count(t)
+        elif kind == "close":
+            fd = int(ev.get("fd", -1))
+            if fd in self._now_open:
+                self.closes[str(ev.get("call", "?"))] += 1
+                self._release(fd)
+            else:
+                self.closes_unknown += 1
+        elif kind == "open-failed":
+            call = str(ev.get("call", "?"))
+            err = int(ev.get("errno") or 0)
+            self.failures.setdefault(call, Counter())[err] += 1
+            self.failure_stacks[(call, err, _frames(ev))] += 1
+        elif kind == "census":
+            self._census(ev)
+
+    def _release(self, fd: int) -> None:
+        self._now_open.discard(fd)
+        if self.open.pop(fd, None) is None and self.baseline.pop(fd, None) is not None:
+            self.baseline_closed += 1
+
+    def _census(self, ev: dict[str, Any]) -> None:
+        entries = {int(fd): path for fd, path in ev.get("fds") or ()}
+        trigger = ev.get("trigger", "?")
+        if trigger == "start" and not self.censuses:
+            self.baseline = dict(entries)
+            self._now_open |= set(entries)
+            self._note_count(ev.get("t"))
+        self.frida_fds |= {int(fd) for fd in ev.get("frida") or ()}
+        self.censuses.append({"t": ev.get("t"), "trigger": trigger, "count": len(entries),
+                              "by_kind": dict(Counter(fd_kind(p) for p in entries.values()).most_common()),
+                              "fds": entries})
+
+    # ---- views ---------------------------------------------------------------------------------
+
+    def caller(self, frames: tuple[int, ...]) -> str | None:
+        for a in frames:
+            f = self.symbols.frame(a)
+            if f.module is None or not f.module.startswith(_LIBC_PREFIXES):
+                return f.symbol or f.label()
+        return self.symbols.frame(frames[0]).label() if frames else None
+
+    def reconciliation(self) -> dict[str, Any] | None:
+        ends = [c for c in self.censuses if c["trigger"] == "end"]
+        if not ends:
+            return None
+        final: dict[int, str | None] = ends[-1]["fds"]
+        unseen = {fd: p for fd, p in final.items()
+                  if fd not in self.open and fd not in self.baseline and fd not in self.frida_fds}
+        closed_unseen = sorted(fd for fd in self.open if fd not in final)
+        return {"census_count": len(final),
+                "opened_out_of_sight": [{"fd": fd, "path": p, "kind": fd_kind(p)} for fd, p in sorted(unseen.items())],
+                "closed_out_of_sight": closed_unseen}
+
+    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
+        groups: dict[tuple[int, ...], list[OpenFd]] = {}
+        for o in self.open.values():
+            groups.setdefault(o.frames, []).append(o)
+        by_stack = [{"count": len(g), "calls": dict(Counter(o.call for o in g)), "caller": self.caller(frames),
+                     "fds": sorted(o.fd for o in g),
+                     "paths": sorted({o.path for o in g if o.path is not None})[:10],
+                     "frames": self.symbols.labels(frames)}
+                    for frames, g in groups.items()]
+        by_stack.sort(key=lambda r: (-r["count"], r["caller"] or ""))
+        failures = [{"call": call, "errno": err, "error": errno_names.errorcode.get(err, str(err)), "count": n,
+                     "caller": self.caller(frames), "frames": self.symbols.labels(frames)}
+                    for (call, err, frames), n in self.failure_stacks.most_common()]
+        return {
+            "capture": capture,
+            "tracer": "fds",
+            "target": self.meta.get("target", {}).get("label"),
+            "ended": self.end.get("ended", "truncated"),
+            "reason": self.end.get("reason", NO_END),
+            "calls": dict(sorted(self.calls.items())),
+            "opened": self.opened,
+            "closed": dict(sorted(self.closes.items())),
+            "closes_of_unknown_fds": self.closes_unknown,
+            "replaced": self.replaced,
+            "failed": {call: {errno_names.errorcode.get(e, str(e)): n for e, n in sorted(c.items())}
+                       for call, c in sorted(self.failures.items())},
+            "failures_by_stack": failures[:top] if top else failures,
+            "baseline": {"count": len(self.baseline) + self.baseline_closed, "closed_in_window": self.baseline_closed},
+            "peak": {"count": self.peak, "t_ms": self.peak_t},
+            "open_at_end": {"count": len(self.open), "by_stack": by_stack[:top] if top else by_stack,
+                            "by_kind": dict(Counter(fd_kind(o.path) if o.path else o.call
+                                                    for o in self.open.values()).most_common())},
+            "censuses": [{k: v for k, v in c.items() if k != "fds"} for c in self.censuses],
+            "reconciliation": self.reconciliation(),
+            "missing": self.missing,
+            "census_at": self.info.get("census_at"),
+            "census_step": self.info.get("census_step"),
+            "window_s": self.meta.get("options", {}).get("window"),
+            "captured_s": self.end.get("timing", {}).get("captured_s"),
+        }
+
+
+def fd_kind(path: str | None) -> str:
+    """What a descriptor is, from its /proc/self/fd link (or the Darwin census's type prefix)."""
+    if not path:
+        return "unknown"
+    if path.startswith("/"):
+        return "device" if path.startswith("/dev/") else "file"
+    if path.startswith("anon_inode:"):
+        return "anon_inode:" + path[len("anon_inode:"):].strip("[]")
+    head = path.split(":", 1)[0]
+    return head or "unknown"
+
+
+def _frames(ev: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
+
+
+def summarize(records: Iterable[Record]) -> FdsSummary:
+    s = FdsSummary()
+    for rec in records:
+        if rec.type == RecordType.EVENTS:
+            for ev in rec.body.get("events", []):
+                s.fold_event(ev)
+        else:
+            fold_context(s, rec)
+    return s

@@ -11,6 +11,7 @@ from tests.conftest import memtrace_json
 
 from memtrace.analyze.fds import summarize
 from memtrace.capture import RecordType, read_records
+from memtrace.report import build_report
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -67,6 +68,14 @@ def test_every_descriptor_with_its_stack(compile_c: Callable[..., Path], tmp_pat
     assert rec["opened_out_of_sight"] == [{"fd": rec["opened_out_of_sight"][0]["fd"],
                                            "path": str(work / "raw-secret"), "kind": "file"}]
     assert rec["closed_out_of_sight"] == []
+
+    # The same capture in `memtrace report`: its own chapter, numbers as above.
+    build_report(tmp_path / "c", out=tmp_path / "r")
+    md = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "## File descriptors" in md
+    assert (f"| fd_leaker | capture.mtc | 62 | 31 | {baseline} | {baseline + 36} | 30 | 1 | open ENOENT ×7 |"
+            in md)
+    assert "| 19 | open ×19 | open_config_files |" in md
 
 
 def test_threshold_censuses(compile_c: Callable[..., Path], tmp_path: Path) -> None:

@@ -196,6 +196,7 @@ def build_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             group = [e for e in ok if e["tracer"] == tracer]
             t[tracer] = fn(group) if group else None
         t["probe"] = [e for e in ok if e["tracer"] == "probe"]
+        t["fds"] = [e for e in ok if e["tracer"] == "fds"]
         m = t["malloc"]
         t["measurable"] = not (m is not None and m["alloc_calls"] == 0 and t["ended"] in DEATHS)
         targets.append(t)

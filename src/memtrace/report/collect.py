@@ -25,7 +25,8 @@ TOP = 10
 # Tracer name in META -> analyzer module.  Modules may not exist yet in this memtrace: the
 # capture is then listed with the reason, and the rest of the folder is still reported.
 ANALYZERS = {"malloc": "memtrace.analyze.malloc", "iosurface": "memtrace.analyze.iosurface",
-             "purgeable": "memtrace.analyze.purgeable", "probe": "memtrace.analyze.probe"}
+             "purgeable": "memtrace.analyze.purgeable", "probe": "memtrace.analyze.probe",
+             "fds": "memtrace.analyze.fds"}
 UNSTACKED = "(no stack: below the stack threshold)"
 
 
@@ -157,6 +158,9 @@ def _entry(tracer: str, summary: Any, rel: str, rules: FamilyRules, top: int) ->
         j["families"] = _family_rows(fam)
     elif tracer == "purgeable":
         for row in j.get("by_caller") or []:
+            row["family"] = rules.classify(row.get("frames") or [])
+    elif tracer == "fds":
+        for row in j["open_at_end"]["by_stack"]:
             row["family"] = rules.classify(row.get("frames") or [])
     return j
 

@@ -47,6 +47,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += _iosurface(targets)
     lines += _purgeable(targets)
     lines += _probe(targets)
+    lines += _fds(targets)
     for key, module in (("census", "memtrace.analyze.census"), ("jetsam", "memtrace.analyze.jetsam")):
         for d in doc[key]:
             lines.append(importlib.import_module(module).render_markdown(d).rstrip())
@@ -244,6 +245,36 @@ def _probe(targets: list[dict[str, Any]]) -> list[str]:
             rows = e.get("rows") or []
             keys = list(rows[0]) if rows else []
             lines += table(keys, "l" * len(keys), [[r.get(k) for k in keys] for r in rows]) if rows else ["No rows.", ""]
+    return lines
+
+
+def _fds(targets: list[dict[str, Any]]) -> list[str]:
+    runs = [(t["target"], e) for t in targets for e in t.get("fds") or []]
+    if not runs:
+        return []
+    lines = ["## File descriptors", "",
+             "Descriptors created in the window and never released are leaks in the making: each holds a "
+             "kernel object until the process dies, and past the descriptor limit every open fails (EMFILE).",
+             ""]
+    rows = []
+    for target, e in runs:
+        failed = ", ".join(f"{call} {err} ×{n:,}" for call, errs in e["failed"].items() for err, n in errs.items())
+        rec = e.get("reconciliation") or {}
+        rows.append([target, e["path"], f"{e['opened']:,}", f"{sum(e['closed'].values()):,}",
+                     f"{e['baseline']['count']:,}", f"{e['peak']['count']:,}", f"{e['open_at_end']['count']:,}",
+                     f"{len(rec.get('opened_out_of_sight') or []):,}" if rec else "—", failed or "—"])
+    lines += table(["target", "capture", "created", "released", "open before", "peak open", "still open",
+                    "opened out of sight", "failed"], "llrrrrrrl", rows)
+    for target, e in runs:
+        by_stack = e["open_at_end"]["by_stack"]
+        if not by_stack:
+            continue
+        lines += [f"### {target}: still open at the end, by opening stack", ""]
+        lines += table(["count", "calls", "caller", "family", "paths", "frames"], "rlllll",
+                       [[f"{r['count']:,}", ", ".join(f"{k} ×{v:,}" for k, v in r["calls"].items()),
+                         r["caller"] or "—", r.get("family", "—"),
+                         "<br>".join(r["paths"][:3]) + (" …" if len(r["paths"]) > 3 else "") or "—",
+                         frames_cell(r["frames"])] for r in by_stack])
     return lines
 
 

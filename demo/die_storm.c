@@ -110,6 +110,9 @@ int main(int argc, char **argv)
     pthread_barrier_wait(&g_barrier);
     double t0 = mtdemo_now();
     mtdemo_sleep(0.1);
+    /* A calibration that got no CPU would leave the watchdog blind (slowdown 0): extend it. */
+    while (atomic_load(&g_calib_units) == 0 && mtdemo_now() - t0 < 5)
+        mtdemo_sleep(0.01);
     unsigned long cu = atomic_load(&g_calib_units);
     double calib_rate = cu / ((mtdemo_now() - t0) * 1000.0); /* units per ms */
     g_phase = 1;

@@ -19,7 +19,7 @@ Plan (YAML)::
     runs:
       - label: json_service        # folder name prefix; default from the target
         program: [build/demo/json_service, --scale, "2"]    # or app: BUNDLE_ID / pid: N / name: NAME
-        tracers: [malloc]          # malloc | iosurface | purgeable | probe | fds
+        tracers: [malloc]          # malloc | iosurface | purgeable | probe | fds | threads
         window: 10
         options: {stack_threshold: 4096}    # tracer options, as on the command line
 """
@@ -43,7 +43,7 @@ from memtrace.files import write_json_atomic
 from memtrace.session import CaptureOptions, CaptureResult, CaptureSession, TargetSpec
 from memtrace.ui import UI
 
-TRACERS = ("malloc", "iosurface", "purgeable", "probe", "fds")
+TRACERS = ("malloc", "iosurface", "purgeable", "probe", "fds", "threads")
 EARLY_DEATHS = ("launch-storm", "perpetual-stream", "slow-start")
 RUN_KEYS = {"label", "program", "app", "pid", "name", "device", "launch", "tracers", "window", "attach_delay",
             "retries", "retry_delay_step", "options", "rpc_timeout", "storm_seconds", "storm_rate", "stream_rate"}

@@ -13,7 +13,7 @@ from memtrace.errors import MemtraceError
 
 # One module per subcommand in memtrace.commands, each exposing ``command``.
 COMMANDS = (
-    "malloc", "iosurface", "purgeable", "probe", "fds",
+    "malloc", "iosurface", "purgeable", "probe", "fds", "threads",
     "census", "limit", "jetsam", "report", "batch", "export",
 )
 

@@ -597,10 +597,13 @@ class CaptureSession:
                             self.pending_addresses.append(f)
 
     def _note_event_frames(self, events: list[dict[str, Any]]) -> None:
-        """JSON events carry their stacks as "frames": ["0x...", ...]; symbolize those too."""
+        """JSON events carry their stacks as "frames": ["0x...", ...]; symbolize those too (and a
+        thread's start "routine": a function's first byte, looked up one byte in because the
+        symbolizer reads every address as a return address and steps back one)."""
         for ev in events:
             frames = tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
-            for a in frames:
+            routine = ev.get("routine")
+            for a in frames + ((int(routine, 16) + 1,) if isinstance(routine, str) else ()):
                 if a not in self.seen_addresses:
                     self.seen_addresses.add(a)
                     self.pending_addresses.append(a)

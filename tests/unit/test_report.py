@@ -173,12 +173,12 @@ def test_empty_folder(tmp_path: Path) -> None:
 
 
 def test_unknown_tracer_is_listed_not_crashed(tmp_path: Path) -> None:
-    c = mc.SyntheticCapture(tmp_path / "t.mtc", "zeta", tracer="threads")
+    c = mc.SyntheticCapture(tmp_path / "t.mtc", "zeta", tracer="gpu-memory")
     c.end()
     result = build_report(tmp_path, write=False)
     assert result.exit_code == 1
-    assert "tracer 'threads'" in result.skipped[0].reason
-    assert target(result.document, "zeta")["unanalyzed"] == [{"path": "t.mtc", "tracer": "threads"}]
+    assert "tracer 'gpu-memory'" in result.skipped[0].reason
+    assert target(result.document, "zeta")["unanalyzed"] == [{"path": "t.mtc", "tracer": "gpu-memory"}]
 
 
 def test_census_and_jetsam_documents_are_chapters(tmp_path: Path) -> None:

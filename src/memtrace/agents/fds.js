@@ -154,51 +154,20 @@ function maybeCensus() {
 
 /* ---- hooks -------------------------------------------------------------- */
 
-/* Stacks: our own frame-pointer walk.  Frida's accurate backtracer is libunwind on Linux, and
- * libunwind opens a pipe of its own in every thread it unwinds: it would show up in the census
- * as descriptors nobody opened.  A C library built without frame pointers breaks the chain
- * (fopen -> _IO_file_open -> open): when the walk finds no frame outside the C library, the
- * fuzzy backtracer (a stack scan, which can add a stale frame) is the only way to the caller. */
-function fpWalk(ctx) {
-  let ret;
-  let fp;
-  if (Process.arch === 'x64') {
-    ret = ctx.rsp.readPointer();    // onEnter runs at the entry: the return address is at [rsp]
-    fp = ctx.rbp;
-  } else if (Process.arch === 'arm64') {
-    ret = ctx.lr;
-    fp = ctx.fp;
-  } else {
-    return Thread.backtrace(ctx, Backtracer.FUZZY);
-  }
-  const out = [ret.strip()];
-  const low = ctx.sp;
-  const high = low.add(64 * 1024 * 1024);
-  try {
-    while (out.length < FD_FRAMES) {
-      if (fp.compare(low) < 0 || fp.compare(high) >= 0 || !fp.and(7).isNull())
-        break;
-      const next = fp.readPointer();
-      const r = fp.add(Process.pointerSize).readPointer();
-      if (r.isNull())
-        break;
-      out.push(r.strip());
-      if (next.compare(fp) <= 0)
-        break;
-      fp = next;
-    }
-  } catch (e) {
-    // a frame pointer into unreadable memory ends the walk
-  }
-  return out;
-}
-
+/* Stacks: entryFrames (our own frame-pointer walk).  A C library built without frame
+ * pointers breaks the chain (fopen -> _IO_file_open -> open): when the walk finds no frame
+ * outside the C library, the fuzzy backtracer (a stack scan, which can add a stale frame) is
+ * the only way to the caller. */
 function frames(ctx) {
-  let bt = fpWalk(ctx);
+  const walked = entryFrames(ctx, FD_FRAMES);
   const libc = libcModule();
-  if (libc !== null && bt.every(p => p.compare(libc.base) >= 0 && p.compare(libc.base.add(libc.size)) < 0))
-    bt = Thread.backtrace(ctx, Backtracer.FUZZY);
-  return bt.slice(0, FD_FRAMES).map(p => p.toString());
+  if (libc === null)
+    return walked;
+  const end = libc.base.add(libc.size);
+  const inLibc = a => ptr(a).compare(libc.base) >= 0 && ptr(a).compare(end) < 0;
+  if (!walked.every(inLibc))
+    return walked;
+  return Thread.backtrace(ctx, Backtracer.FUZZY).slice(0, FD_FRAMES).map(p => p.toString());
 }
 
 function readPath(p) {

@@ -237,35 +237,6 @@ function wantedSymbols(config) {
   return list;
 }
 
-/* PAC-signed on arm64e; a no-op elsewhere.  (A frame of a function hooked with a call listener
- * would show Interceptor's trampoline here: the framework hooks above the C-hooked entries
- * are therefore probes.) */
-function realReturn(p) {
-  return p.strip();
-}
-
-/* Return address + the frame-pointer chain above it; every read guarded. */
-function walkFrames(ret, fp, max) {
-  const frames = [realReturn(ret).toString()];
-  const ps = Process.pointerSize;
-  let f = fp;
-  try {
-    while (frames.length < max && !f.isNull() && f.and(ps - 1).isNull()) {
-      const next = f.readPointer();
-      const r = realReturn(f.add(ps).readPointer());
-      if (r.isNull())
-        break;
-      frames.push(r.toString());
-      if (next.compare(f) <= 0)
-        break;
-      f = next;
-    }
-  } catch (e) {
-    // an unreadable frame ends the stack; what was read is still evidence
-  }
-  return frames;
-}
-
 function objectSize(addr) {
   const key = addr.toString();
   if (purg.objects.has(key))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import Record, RecordType
@@ -41,3 +43,39 @@ def fold_context(s: HasContext, rec: Record) -> bool:
     else:
         return False
     return True
+
+
+@dataclass
+class CaptureContext:
+    """The fields :func:`fold_context` fills, for analyzers to inherit."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    end: dict[str, Any] = field(default_factory=dict)
+    recon: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    symbols: SymbolTable = field(default_factory=SymbolTable)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+
+
+class FoldsEvents(HasContext, Protocol):
+    def fold_event(self, ev: dict[str, Any]) -> None: ...
+
+
+S = TypeVar("S", bound=FoldsEvents)
+
+
+def fold_events(s: S, records: Iterable[Record]) -> S:
+    """A JSON-event tracer's whole capture: its own events to ``s.fold_event``, the rest shared."""
+    for rec in records:
+        if rec.type == RecordType.EVENTS:
+            for ev in rec.body.get("events", []):
+                s.fold_event(ev)
+        else:
+            fold_context(s, rec)
+    return s
+
+
+def event_frames(ev: dict[str, Any]) -> tuple[int, ...]:
+    """A JSON event's stack ("frames": ["0x...", ...]) as addresses."""
+    return tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())

@@ -19,9 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import fold_context
-from memtrace.analyze.symbols import SymbolTable
-from memtrace.capture import Record, RecordType
+from memtrace.analyze.context import CaptureContext, event_frames, fold_events
+from memtrace.capture import Record
 
 NO_END = "the capture ends without an END record (memtrace or the machine died)"
 # Frames in these modules are the C library's own plumbing (fopen -> open); the caller is the
@@ -40,14 +39,7 @@ class OpenFd:
 
 
 @dataclass
-class FdsSummary:
-    meta: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] = field(default_factory=dict)
-    recon: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
-    symbols: SymbolTable = field(default_factory=SymbolTable)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+class FdsSummary(CaptureContext):
     calls: Counter[str] = field(default_factory=Counter)          # successful creating calls
     opened: int = 0                                               # descriptors they created
     closes: Counter[str] = field(default_factory=Counter)         # releases of an open descriptor
@@ -76,7 +68,7 @@ class FdsSummary:
             fds = [int(fd) for fd in ev.get("fds") or ()]
             self.calls[call] += 1
             self.opened += len(fds)
-            frames = _frames(ev)
+            frames = event_frames(ev)
             for fd in fds:
                 if fd in self._now_open:
                     # Opened over a descriptor we think is open: dup2/dup3 closed it first, or
@@ -97,7 +89,7 @@ class FdsSummary:
             call = str(ev.get("call", "?"))
             err = int(ev.get("errno") or 0)
             self.failures.setdefault(call, Counter())[err] += 1
-            self.failure_stacks[(call, err, _frames(ev))] += 1
+            self.failure_stacks[(call, err, event_frames(ev))] += 1
         elif kind == "census":
             self._census(ev)
 
@@ -193,16 +185,6 @@ def fd_kind(path: str | None) -> str:
     return head or "unknown"
 
 
-def _frames(ev: dict[str, Any]) -> tuple[int, ...]:
-    return tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
-
 
 def summarize(records: Iterable[Record]) -> FdsSummary:
-    s = FdsSummary()
-    for rec in records:
-        if rec.type == RecordType.EVENTS:
-            for ev in rec.body.get("events", []):
-                s.fold_event(ev)
-        else:
-            fold_context(s, rec)
-    return s
+    return fold_events(FdsSummary(), records)

@@ -12,8 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import fold_context
-from memtrace.analyze.symbols import SymbolTable
+from memtrace.analyze.context import CaptureContext, event_frames, fold_context
 from memtrace.capture import Record, RecordType
 
 NO_END = "the capture ends without an END record (memtrace or the machine died)"
@@ -37,17 +36,10 @@ class Surface:
 
 
 @dataclass
-class IOSurfaceSummary:
-    meta: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] = field(default_factory=dict)
-    recon: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
-    symbols: SymbolTable = field(default_factory=SymbolTable)
+class IOSurfaceSummary(CaptureContext):
     surfaces: list[Surface] = field(default_factory=list)
     failed: int = 0
     releases_untracked: int = 0     # destroyed surfaces created before the capture
-    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def release_visible(self) -> bool:
@@ -107,9 +99,6 @@ class IOSurfaceSummary:
         return f.symbol or f.label()
 
 
-def _frames(ev: dict[str, Any]) -> tuple[int, ...]:
-    return tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
-
 
 def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
     s = IOSurfaceSummary()
@@ -123,7 +112,7 @@ def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
                     surface = Surface(
                         id=ev.get("id"), surface=ev.get("surface", "?"), alloc_size=int(ev.get("alloc_size") or 0),
                         width=ev.get("width"), height=ev.get("height"), bytes_per_row=ev.get("bytes_per_row"),
-                        format=ev.get("format"), name=ev.get("name"), frames=_frames(ev), t=ev.get("t"))
+                        format=ev.get("format"), name=ev.get("name"), frames=event_frames(ev), t=ev.get("t"))
                     s.surfaces.append(surface)
                     live[surface.surface] = surface
                 elif kind == "release":

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import fold_context
+from memtrace.analyze.context import event_frames, fold_context
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import Record, RecordType
 
@@ -186,9 +186,6 @@ def demangle_nested(symbol: str) -> str:
     return "::".join(parts)
 
 
-def _frames(ev: dict[str, Any]) -> tuple[int, ...]:
-    return tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
-
 
 def _bump(table: dict[Any, Group], key: Any, frames: tuple[int, ...], nbytes: int | None) -> None:
     g = table.get(key)
@@ -206,7 +203,7 @@ def _fold_event(s: PurgeableSummary, ev: dict[str, Any]) -> None:
     if kind == "counts":
         s.counts = ev                       # cumulative: the last one wins
         return
-    frames = _frames(ev)
+    frames = event_frames(ev)
     if kind == "set":
         entry = ev.get("entry", "?")
         if ev.get("control") == "keep-current":

@@ -197,6 +197,7 @@ def build_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             t[tracer] = fn(group) if group else None
         t["probe"] = [e for e in ok if e["tracer"] == "probe"]
         t["fds"] = [e for e in ok if e["tracer"] == "fds"]
+        t["threads"] = [e for e in ok if e["tracer"] == "threads"]
         m = t["malloc"]
         t["measurable"] = not (m is not None and m["alloc_calls"] == 0 and t["ended"] in DEATHS)
         targets.append(t)

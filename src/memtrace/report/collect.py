@@ -26,7 +26,7 @@ TOP = 10
 # capture is then listed with the reason, and the rest of the folder is still reported.
 ANALYZERS = {"malloc": "memtrace.analyze.malloc", "iosurface": "memtrace.analyze.iosurface",
              "purgeable": "memtrace.analyze.purgeable", "probe": "memtrace.analyze.probe",
-             "fds": "memtrace.analyze.fds"}
+             "fds": "memtrace.analyze.fds", "threads": "memtrace.analyze.threads"}
 UNSTACKED = "(no stack: below the stack threshold)"
 
 
@@ -161,6 +161,9 @@ def _entry(tracer: str, summary: Any, rel: str, rules: FamilyRules, top: int) ->
             row["family"] = rules.classify(row.get("frames") or [])
     elif tracer == "fds":
         for row in j["open_at_end"]["by_stack"]:
+            row["family"] = rules.classify(row.get("frames") or [])
+    elif tracer == "threads":
+        for row in j["leaked"]["by_stack"] + j["running_at_end"]["by_stack"] + j["created_by_stack"]:
             row["family"] = rules.classify(row.get("frames") or [])
     return j
 

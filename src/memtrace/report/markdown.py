@@ -48,6 +48,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += _purgeable(targets)
     lines += _probe(targets)
     lines += _fds(targets)
+    lines += _threads(targets)
     for key, module in (("census", "memtrace.analyze.census"), ("jetsam", "memtrace.analyze.jetsam")):
         for d in doc[key]:
             lines.append(importlib.import_module(module).render_markdown(d).rstrip())
@@ -275,6 +276,34 @@ def _fds(targets: list[dict[str, Any]]) -> list[str]:
                          r["caller"] or "—", r.get("family", "—"),
                          "<br>".join(r["paths"][:3]) + (" …" if len(r["paths"]) > 3 else "") or "—",
                          frames_cell(r["frames"])] for r in by_stack])
+    return lines
+
+
+def _threads(targets: list[dict[str, Any]]) -> list[str]:
+    runs = [(t["target"], e) for t in targets for e in t.get("threads") or []]
+    if not runs:
+        return []
+    lines = ["## Threads", "",
+             "A joinable thread that exits without being joined or detached is leaked: its stack and thread "
+             "descriptor stay reserved until the process dies, and enough of them make pthread_create fail "
+             "(EAGAIN).", ""]
+    rows = []
+    for target, e in runs:
+        failed = ", ".join(f"{err} ×{n:,}" for err, n in e["failed"].items())
+        rows.append([target, e["path"], f"{e['created']:,}", f"{e['joined']:,}",
+                     f"{e['detached']:,} + {e['created_detached']:,} at creation", f"{e['peak']['count']:,}",
+                     f"{e['leaked']['count']:,}", f"{e['running_at_end']['count']:,}", failed or "—"])
+    lines += table(["target", "capture", "created", "joined", "detached", "peak alive", "leaked",
+                    "running at end", "failed"], "llrrrrrrl", rows)
+    for target, e in runs:
+        for title, key in (("leaked threads", "leaked"), ("threads still running at the end", "running_at_end")):
+            by_stack = e[key]["by_stack"]
+            if by_stack:
+                lines += [f"### {target}: {title}, by creating stack", ""]
+                lines += table(["count", "routine", "caller", "stack reserved", "family", "frames"], "rllrll",
+                               [[f"{r['count']:,}", r["routine"] or "—", r["caller"] or "—",
+                                 fmt_bytes(r["stack_bytes"]), r.get("family", "—"), frames_cell(r["frames"])]
+                                for r in by_stack])
     return lines
 
 

@@ -112,3 +112,38 @@ def fds_summary(console: Console, s: dict[str, Any]) -> None:
     if s["missing"]:
         console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
     console.print(f"[bold]capture:[/bold] {s['capture']}")
+
+
+def threads_summary(console: Console, s: dict[str, Any]) -> None:
+    console.rule(f"memtrace threads · {s.get('target') or ''}")
+    ended_line(console, s)
+    console.print(f"[bold]created:[/bold] {s['created']:,} ({s['created_detached']:,} detached at creation)  "
+                  f"[bold]joined:[/bold] {s['joined']:,}  [bold]detached:[/bold] {s['detached']:,}  "
+                  f"[bold]exited:[/bold] {s['exited']:,}")
+    console.print(f"[bold]threads alive:[/bold] {s['existing_at_start']:,} at start, peak {s['peak']['count']:,}; "
+                  f"[bold]running at end:[/bold] {s['running_at_end']['count']:,} created in the window "
+                  f"({s['running_at_end']['joinable']:,} joinable)")
+    leaked = s["leaked"]
+    style = "red" if leaked["count"] else "green"
+    console.print(f"[bold]leaked[/bold] (exited, never joined or detached): [{style}]{leaked['count']:,}[/{style}]"
+                  f" holding {human_bytes(leaked['stack_bytes'])} of stack")
+    for title, rows in (("leaked threads, by creating stack", leaked["by_stack"]),
+                        ("still running at the end, by creating stack", s["running_at_end"]["by_stack"])):
+        if rows:
+            t = Table(title=title, show_edge=False, show_lines=True)
+            for col in ("count", "routine", "stack", "frames"):
+                t.add_column(col, justify="right" if col in ("count", "stack") else "left")
+            for r in rows:
+                t.add_row(f"{r['count']:,}", str(r["routine"]), human_bytes(r["stack_bytes"]),
+                          "\n".join(r["frames"][:6]))
+            console.print(t)
+    if s["failures_by_stack"]:
+        t = Table(title="failed pthread_create", show_edge=False)
+        for col in ("error", "count", "routine", "caller"):
+            t.add_column(col)
+        for r in s["failures_by_stack"]:
+            t.add_row(r["error"], f"{r['count']:,}", str(r["routine"]), str(r["caller"]))
+        console.print(t)
+    if s["missing"]:
+        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
+    console.print(f"[bold]capture:[/bold] {s['capture']}")

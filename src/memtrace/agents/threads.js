@@ -1,0 +1,177 @@
+'use strict';
+/*
+ * Thread tracer (DOMAIN.md §7, "too many threads"): every pthread_create with its creating
+ * stack and what the thread was given (joinable or detached, stack size), every detach and
+ * join, and every thread's start and exit.  A joinable thread that exits and is never joined
+ * or detached keeps its stack and descriptor: the analyzer reports it with its creating stack.
+ * pthread_create failing (EAGAIN) is the "too many threads" death itself.
+ *
+ * Starts and exits come from Process.attachThreadObserver, whose callbacks run on the thread
+ * itself: pthread_self() there is the handle pthread_create handed out, which ties a kernel
+ * thread id to its creation record without guessing (a start routine and argument can repeat).
+ * Frida's own threads are cloaked and never reported.  Thread calls are rare: JS listeners.
+ */
+
+const THREAD_FRAMES = 16;
+const thr = {
+  listeners: [],
+  observer: null,
+  fns: {},
+  detachedValue: 1,     // PTHREAD_CREATE_DETACHED: glibc 1, Darwin 2 (set at init)
+  defaultStack: null,
+};
+
+function threadFn(name, ret, args) {
+  const p = IS_DARWIN ? findExport(name) : libcExport(name);
+  return p === null ? null : new NativeFunction(p, ret, args);
+}
+
+function currentHandle() {
+  return thr.fns.self === null ? null : thr.fns.self().toString();
+}
+
+/* What an attribute object asks for: detach state and stack size (null: the default). */
+function readAttr(attr) {
+  const out = { detached: false, stack_size: null };
+  if (attr.isNull())
+    return out;
+  const buf = Memory.alloc(16);
+  if (thr.fns.getdetachstate !== null && thr.fns.getdetachstate(attr, buf) === 0)
+    out.detached = buf.readS32() === thr.detachedValue;
+  if (thr.fns.getstacksize !== null && thr.fns.getstacksize(attr, buf) === 0)
+    out.stack_size = Number(buf.readU64());
+  return out;
+}
+
+function defaultStackSize() {
+  if (thr.fns.attrInit === null || thr.fns.getstacksize === null)
+    return null;
+  const attr = Memory.alloc(128);
+  const buf = Memory.alloc(8);
+  if (thr.fns.attrInit(attr) !== 0)
+    return null;
+  const size = thr.fns.getstacksize(attr, buf) === 0 ? Number(buf.readU64()) : null;
+  if (thr.fns.attrDestroy !== null)
+    thr.fns.attrDestroy(attr);
+  return size;
+}
+
+function attach(name, callbacks) {
+  const p = IS_DARWIN ? findExport(name) : libcExport(name);
+  if (p === null)
+    return;
+  try {
+    thr.listeners.push(Interceptor.attach(p, callbacks));
+  } catch (e) {
+    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
+  }
+}
+
+function handleResult(type) {
+  // pthread_detach / pthread_join & co.: the handle is the first argument; 0 is success.
+  return {
+    onEnter(args) {
+      this.handle = args[0].toString();
+    },
+    onLeave(retval) {
+      const r = retval.toInt32();
+      emitJson(r === 0 ? { type, handle: this.handle, tid: Process.getCurrentThreadId() }
+        : { type: type + '-failed', handle: this.handle, errno: r });
+    },
+  };
+}
+
+const JOINS = ['pthread_join', 'pthread_tryjoin_np', 'pthread_timedjoin_np', 'pthread_clockjoin_np'];
+
+const tracer = {
+  name: 'threads',
+
+  symbols(config) {
+    const wanted = ['pthread_create', 'pthread_detach', 'pthread_join', 'pthread_exit', 'pthread_self',
+      'pthread_attr_getdetachstate', 'pthread_attr_getstacksize'];
+    if (!IS_DARWIN)
+      wanted.push('pthread_tryjoin_np', 'pthread_timedjoin_np');
+    return wanted.map(name => ({ name, role: 'hook',
+      resolve: () => (IS_DARWIN ? findExport(name) : libcExport(name)) }));
+  },
+
+  init(config, sources) {
+    thr.detachedValue = IS_DARWIN ? 2 : 1;
+    thr.fns.self = threadFn('pthread_self', 'pointer', []);
+    thr.fns.getdetachstate = threadFn('pthread_attr_getdetachstate', 'int', ['pointer', 'pointer']);
+    thr.fns.getstacksize = threadFn('pthread_attr_getstacksize', 'int', ['pointer', 'pointer']);
+    thr.fns.attrInit = threadFn('pthread_attr_init', 'int', ['pointer']);
+    thr.fns.attrDestroy = threadFn('pthread_attr_destroy', 'int', ['pointer']);
+    thr.defaultStack = defaultStackSize();
+    return { default_stack_size: thr.defaultStack, observer: typeof Process.attachThreadObserver === 'function' };
+  },
+
+  install(config) {
+    attach('pthread_create', {
+      onEnter(args) {
+        this.out = args[0];
+        this.attr = readAttr(args[1]);
+        this.routine = args[2].toString();
+        this.frames = entryFrames(this.context, THREAD_FRAMES);
+      },
+      onLeave(retval) {
+        const r = retval.toInt32();
+        if (r !== 0) {
+          emitJson({ type: 'create-failed', errno: r, routine: this.routine, frames: this.frames,
+            tid: Process.getCurrentThreadId(), stack_size: this.attr.stack_size });
+          return;
+        }
+        emitJson({ type: 'create', handle: this.out.readPointer().toString(), routine: this.routine,
+          detached: this.attr.detached, stack_size: this.attr.stack_size === null ? thr.defaultStack
+            : this.attr.stack_size, frames: this.frames, tid: Process.getCurrentThreadId() });
+      },
+    });
+    attach('pthread_detach', handleResult('detach'));
+    for (const name of JOINS) {
+      if (!IS_DARWIN || name === 'pthread_join')
+        attach(name, handleResult('join'));
+    }
+    attach('pthread_exit', function (args) {
+      emitJson({ type: 'pthread-exit', handle: currentHandle(), tid: Process.getCurrentThreadId() });
+    });
+    if (typeof Process.attachThreadObserver === 'function') {
+      thr.observer = Process.attachThreadObserver({
+        onAdded(t) {
+          const onItself = t.id === Process.getCurrentThreadId();
+          const ev = { type: onItself ? 'start' : 'existing', tid: t.id, name: t.name || null };
+          if (onItself)
+            ev.handle = currentHandle();
+          if (t.entrypoint) {
+            ev.routine = t.entrypoint.routine.toString();
+            ev.parameter = t.entrypoint.parameter.toString();
+          }
+          emitJson(ev);
+        },
+        onRemoved(t) {
+          const ev = { type: 'exit', tid: t.id };
+          if (t.id === Process.getCurrentThreadId())
+            ev.handle = currentHandle();
+          emitJson(ev);
+        },
+        onRenamed(t, previous) {
+          emitJson({ type: 'rename', tid: t.id, name: t.name || null, previous: previous || null });
+        },
+      });
+    } else {
+      send({ type: 'agent:warning', message: 'this Frida has no Process.attachThreadObserver (16.7+): ' +
+        'thread starts and exits are not seen, only creations, joins and detaches' });
+    }
+    Interceptor.flush();
+  },
+
+  uninstall() {
+    for (const l of thr.listeners)
+      l.detach();
+    thr.listeners = [];
+    if (thr.observer !== null) {
+      thr.observer.detach();
+      thr.observer = null;
+    }
+    Interceptor.flush();
+  },
+};

@@ -1,0 +1,203 @@
+"""The thread line, offline: who creates threads, which are never joined, and the peak.
+
+Pure: capture records in, a :class:`ThreadsSummary` out.  The agent reports creations (handle,
+start routine, joinable or detached, stack size, creating stack), detaches, joins, failed
+creations, and every start and exit (on the thread itself, with its handle).
+
+A joinable thread that exited without being joined or detached is leaked: glibc and libpthread
+keep its stack and descriptor until somebody joins it.  Handles are reused once a thread is
+gone (glibc caches stacks), so a handle names a series of threads, each its own record.
+"""
+
+from __future__ import annotations
+
+import errno as errno_names
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.analyze.context import CaptureContext, event_frames, fold_events
+from memtrace.capture import Record
+
+NO_END = "the capture ends without an END record (memtrace or the machine died)"
+
+
+@dataclass
+class ThreadRecord:
+    handle: str
+    created: bool = False
+    routine: int | None = None
+    frames: tuple[int, ...] = ()
+    detached_at_create: bool = False
+    stack_size: int | None = None
+    tid: int | None = None
+    name: str | None = None
+    started: bool = False
+    exited: bool = False
+    detached: bool = False
+    joined: bool = False
+
+    @property
+    def complete(self) -> bool:
+        """Nothing more can happen to it: its handle may now name a new thread."""
+        return self.exited and (self.joined or self.detached or self.detached_at_create)
+
+    @property
+    def leaked(self) -> bool:
+        return (self.created and self.exited and not self.joined and not self.detached
+                and not self.detached_at_create)
+
+
+@dataclass
+class ThreadsSummary(CaptureContext):
+    records: list[ThreadRecord] = field(default_factory=list)
+    existing: int = 0                       # threads alive when the window began
+    failures: Counter[tuple[int, tuple[int, ...], int | None]] = field(default_factory=Counter)
+    pthread_exits: int = 0
+    unmatched: Counter[str] = field(default_factory=Counter)   # joins/detaches of threads not seen created
+    alive: int = 0
+    peak: int = 0
+    peak_t: int | None = None
+    _by_handle: dict[str, ThreadRecord] = field(default_factory=dict)
+    _by_tid: dict[int, ThreadRecord] = field(default_factory=dict)
+
+    def _current(self, handle: str, fresh_if: str) -> ThreadRecord:
+        """The record a handle names now; a new one when this event cannot belong to it."""
+        r = self._by_handle.get(handle)
+        if r is None or r.complete or getattr(r, fresh_if):
+            r = ThreadRecord(handle)
+            self.records.append(r)
+            self._by_handle[handle] = r
+        return r
+
+    def fold_event(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("type")
+        t = ev.get("t")
+        if kind == "create":
+            r = self._current(str(ev.get("handle")), "created")
+            r.created = True
+            r.routine = _addr(ev.get("routine"))
+            r.frames = event_frames(ev)
+            r.detached_at_create = bool(ev.get("detached"))
+            r.stack_size = ev.get("stack_size")
+        elif kind == "start":
+            handle = ev.get("handle")
+            r = self._current(str(handle), "started") if handle else ThreadRecord("?")
+            r.started, r.tid, r.name = True, ev.get("tid"), ev.get("name")
+            if r.routine is None:
+                r.routine = _addr(ev.get("routine"))
+            if r.tid is not None:
+                self._by_tid[int(r.tid)] = r
+            self._change(+1, t)
+        elif kind == "existing":
+            self.existing += 1
+            self._change(+1, t)
+        elif kind == "exit":
+            tid = ev.get("tid")
+            r = self._by_tid.pop(int(tid), None) if tid is not None else None
+            if r is not None:
+                r.exited = True
+            self._change(-1, t)
+        elif kind in ("detach", "join"):
+            r = self._by_handle.get(str(ev.get("handle")))
+            if r is None or (r.joined or r.detached):
+                self.unmatched[kind] += 1
+            elif kind == "join":
+                r.joined = True
+            else:
+                r.detached = True
+        elif kind == "create-failed":
+            self.failures[(int(ev.get("errno") or 0), event_frames(ev), _addr(ev.get("routine")))] += 1
+        elif kind == "pthread-exit":
+            self.pthread_exits += 1
+        elif kind == "rename":
+            r = self._by_tid.get(int(ev.get("tid", -1)))
+            if r is not None:
+                r.name = ev.get("name")
+
+    def _change(self, delta: int, t: int | None) -> None:
+        self.alive += delta
+        if self.alive > self.peak:
+            self.peak, self.peak_t = self.alive, t
+
+    # ---- views ---------------------------------------------------------------------------------
+
+    def _symbol(self, address: int | None) -> str | None:
+        if address is None:
+            return None
+        f = self.symbols.frame(address)
+        return f.symbol or f.label()
+
+    def _routine(self, address: int | None) -> str | None:
+        # A start routine is a function's first byte; the symbol table (built for return
+        # addresses) answers for the byte before, so ask one byte in (the session does too).
+        return None if address is None else self._symbol(address + 1)
+
+    def _group(self, records: list[ThreadRecord], top: int) -> list[dict[str, Any]]:
+        groups: dict[tuple[tuple[int, ...], int | None], list[ThreadRecord]] = {}
+        for r in records:
+            groups.setdefault((r.frames, r.routine), []).append(r)
+        rows = [{"count": len(g), "routine": self._routine(routine),
+                 "caller": self._symbol(frames[0]) if frames else None,
+                 "stack_bytes": sum(r.stack_size or 0 for r in g),
+                 "frames": self.symbols.labels(frames)} for (frames, routine), g in groups.items()]
+        rows.sort(key=lambda x: (-x["count"], x["caller"] or "", x["routine"] or ""))
+        return rows[:top] if top else rows
+
+    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
+        created = [r for r in self.records if r.created]
+        leaked = [r for r in created if r.leaked]
+        running = [r for r in created if not r.exited]
+        failures = [{"errno": e, "error": errno_names.errorcode.get(e, str(e)), "count": n,
+                     "routine": self._routine(routine), "caller": self._symbol(frames[0]) if frames else None,
+                     "frames": self.symbols.labels(frames)}
+                    for (e, frames, routine), n in self.failures.most_common()]
+        return {
+            "capture": capture,
+            "tracer": "threads",
+            "target": self.meta.get("target", {}).get("label"),
+            "ended": self.end.get("ended", "truncated"),
+            "reason": self.end.get("reason", NO_END),
+            "created": len(created),
+            "created_detached": sum(r.detached_at_create for r in created),
+            "detached": sum(r.detached for r in created),
+            "joined": sum(r.joined for r in created),
+            "exited": sum(r.exited for r in created),
+            "pthread_exit_calls": self.pthread_exits,
+            "unmatched": dict(self.unmatched),
+            "failed": {errno_names.errorcode.get(e, str(e)): n for e, n in sorted(_sum_by_errno(self.failures).items())},
+            "failures_by_stack": failures[:top] if top else failures,
+            "existing_at_start": self.existing,
+            "peak": {"count": self.peak, "t_ms": self.peak_t},
+            "leaked": {"count": len(leaked), "stack_bytes": sum(r.stack_size or 0 for r in leaked),
+                       "by_stack": self._group(leaked, top),
+                       "meaning": "joinable threads that exited and were never joined or detached: "
+                                  "each still holds its stack and thread descriptor"},
+            "running_at_end": {"count": len(running), "joinable": sum(1 for r in running
+                                                                      if not (r.detached or r.detached_at_create)),
+                               "by_stack": self._group(running, top)},
+            "created_by_stack": self._group(created, top),
+            "default_stack_size": self.info.get("default_stack_size"),
+            "missing": self.missing,
+            "window_s": self.meta.get("options", {}).get("window"),
+            "captured_s": self.end.get("timing", {}).get("captured_s"),
+        }
+
+
+def _sum_by_errno(failures: Counter[tuple[int, tuple[int, ...], int | None]]) -> Counter[int]:
+    out: Counter[int] = Counter()
+    for (e, _, _), n in failures.items():
+        out[e] += n
+    return out
+
+
+def _addr(v: Any) -> int | None:
+    if isinstance(v, str):
+        return int(v, 16)
+    return int(v) if isinstance(v, int) else None
+
+
+
+def summarize(records: Iterable[Record]) -> ThreadsSummary:
+    return fold_events(ThreadsSummary(), records)

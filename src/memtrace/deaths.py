@@ -76,7 +76,7 @@ def classify_end(
         return out("detached", f"lost the device or its connection ({detach_reason})")
     if t_gone is None:
         if t_start is not None and calls <= thresholds.slow_start_calls:
-            return out("slow-start", f"no allocation activity in the {window:g} s window "
+            return out("slow-start", f"no traced activity in the {window:g} s window "
                                      f"(still starting, or idle); try a longer --attach-delay")
         return out("completed", f"the {window:g} s window completed")
     if exit_info is not None:

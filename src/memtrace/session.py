@@ -242,6 +242,7 @@ class CaptureSession:
         self.stack_frames: dict[Any, tuple[int, ...]] = {}
         self.stack_bytes: dict[Any, int] = {}
         self.batches = 0
+        self.json_events = 0
         self.agent_live = 0
         self.agent_stacks = 0
         self._last_snapshot = 0.0
@@ -452,7 +453,7 @@ class CaptureSession:
             timeout_info=self.timeout_info,
             rates=self.rates,
             thresholds=self.options.thresholds,
-            calls_total=sum(self.counters[0:16]),
+            calls_total=sum(self.counters[0:16]) + self.json_events,
         )
         end_body["ended_at"] = _iso_now()
         end_body["counters"] = self.counters
@@ -560,6 +561,9 @@ class CaptureSession:
         elif ptype == "events:json":
             self._write(RecordType.EVENTS, payload)
             self.batches += 1
+            # The JSON tracers' activity, for the end-of-window verdict (a census or the threads
+            # already there at attach is a snapshot, not activity).
+            self.json_events += sum(1 for ev in payload.get("events", []) if ev.get("activity", True))
             self._note_event_frames(payload.get("events", []))
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)

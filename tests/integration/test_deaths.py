@@ -59,6 +59,15 @@ def test_anti_debug(demo_bin: Path, tmp_path: Path) -> None:
     assert ev["timeout"]["timeout_s"] == 3
 
 
+@pytest.mark.parametrize("tracer", ["iosurface", "threads"])
+def test_an_idle_target_is_not_anti_debug(tracer: str, compile_c, tmp_path: Path) -> None:
+    # A JSON-event tracer on a live target with nothing to report: the agent's heartbeat keeps
+    # the silence detector quiet, and the window ends as a slow start (no traced activity).
+    s = memtrace_json(tracer, "--device", "local", "--window", "4", "--rpc-timeout", "1.5",
+                      "--out", tmp_path / "c", "--", compile_c("steady"))
+    assert s["ended"] == "slow-start", s["reason"]
+
+
 def test_perpetual_stream_suspected_then_confirmed_by_batch(demo_bin: Path, tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text(f"""

@@ -58,3 +58,15 @@ def test_creations_joins_detaches_and_leaks(compile_c: Callable[..., Path], tmp_
     assert "## Threads" in md
     assert "| thread_leaker | capture.mtc | 16 | 4 | 3 + 2 at creation | 7 | 5 | 2 | EAGAIN ×1 |" in md
     assert "| 5 | quick_task | leak_joinable |" in md
+
+
+def test_window_verdict_counts_this_tracers_events(compile_c: Callable[..., Path], tmp_path: Path) -> None:
+    # A live target with thread activity completes its window; one with none is a slow start
+    # (the threads that were already there are a snapshot, not activity).
+    s = memtrace_json("threads", "--device", "local", "--window", "2", "--out", tmp_path / "busy", "--",
+                      compile_c("thread_churn"))
+    assert s["ended"] == "completed"
+    assert s["created"] >= 20 and s["joined"] >= s["created"] - 1 and s["leaked"]["count"] == 0
+    idle = memtrace_json("threads", "--device", "local", "--window", "1", "--out", tmp_path / "idle", "--",
+                         compile_c("steady"))
+    assert idle["ended"] == "slow-start" and idle["existing_at_start"] == 1 and idle["created"] == 0

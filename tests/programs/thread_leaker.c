@@ -72,9 +72,10 @@ NOINLINE void run_joined_workers(void) {
 NOINLINE void run_detached_later(void) {
   for (int i = 0; i < 3; i++) {
     pthread_t t;
+    int before = atomic_load(&finished);
     pthread_create(&t, NULL, detached_task, NULL);
     pthread_detach(t);
-    wait_finished(atomic_load(&finished) + 1);
+    wait_finished(before + 1);
   }
 }
 

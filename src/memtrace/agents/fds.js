@@ -138,7 +138,8 @@ function takeCensus(trigger) {
   } catch (e) {
     // an older Frida without the Cloak API: nothing is marked
   }
-  emitJson({ type: 'census', trigger, count: entries.length, tracked: fds.open.size, fds: entries, frida });
+  emitJson({ type: 'census', trigger, count: entries.length, tracked: fds.open.size, fds: entries, frida,
+    activity: false });
   return entries;
 }
 

@@ -141,6 +141,8 @@ const tracer = {
           const ev = { type: onItself ? 'start' : 'existing', tid: t.id, name: t.name || null };
           if (onItself)
             ev.handle = currentHandle();
+          else
+            ev.activity = false;   // already there at attach: a snapshot, not activity
           if (t.entrypoint) {
             ev.routine = t.entrypoint.routine.toString();
             ev.parameter = t.entrypoint.parameter.toString();

@@ -38,6 +38,7 @@ def classify_end(
     rates: list[dict[str, Any]],
     thresholds: DeathThresholds,
     calls_total: int | None = None,
+    exit_status: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     alive = None
     if t_start is not None:
@@ -62,6 +63,8 @@ def classify_end(
         evidence["exit"] = exit_info
     if crash_info:
         evidence["crash"] = crash_info
+    if exit_status:
+        evidence["exit_status"] = exit_status      # read by the host (a local child), see exitwatch
 
     def out(ended: str, reason: str) -> dict[str, Any]:
         return {"ended": ended, "reason": reason, "evidence": evidence}
@@ -79,14 +82,20 @@ def classify_end(
             return out("slow-start", f"no traced activity in the {window:g} s window "
                                      f"(still starting, or idle); try a longer --attach-delay")
         return out("completed", f"the {window:g} s window completed")
-    if exit_info is not None:
-        status = exit_info.get("status")
+    code = (exit_status or {}).get("exit_status")
+    if exit_info is not None or code is not None:
+        status = (exit_info or {}).get("status")
+        status = code if status is None else status
         said = f"exit status {status}" if status is not None else "normal process exit"
         return out("target-exited", f"the target exited on its own ({said})")
     if t_attach is None:
         return out("target-exited", "the target ended before memtrace attached (during --attach-delay)")
     rate_at_death = max(mean_rate, recent[-1]["calls_per_s"] if recent else 0.0)
-    how = "crashed" if crash_info else "was killed (no exit() seen: a signal such as SIGKILL, or a watchdog)"
+    if exit_status and exit_status.get("signal_name"):
+        how = f"was killed by {exit_status['signal_name']}" + (" (core dumped)" if exit_status.get("core_dumped")
+                                                               else "")
+    else:
+        how = "crashed" if crash_info else "was killed (no exit() seen: a signal such as SIGKILL, or a watchdog)"
     if t_start is None or (alive is not None and alive <= thresholds.storm_seconds
                            and max(rate_at_death, peak) >= thresholds.storm_rate):
         return out("launch-storm", f"the target {how} {alive if alive is not None else 0:g} s after "

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -69,7 +70,11 @@ class FridaLauncher:
             if target.app:
                 pid = device.spawn(target.app)
             else:
-                pid = device.spawn(target.argv, stdio="pipe" if stdio_pipe else "inherit")
+                argv = list(target.argv)
+                if device.type == "local" and "/" not in argv[0]:
+                    # Frida spawns a path; a bare name is looked up on PATH as a shell would.
+                    argv[0] = shutil.which(argv[0]) or argv[0]
+                pid = device.spawn(argv, stdio="pipe" if stdio_pipe else "inherit")
         except (frida.ExecutableNotFoundError, frida.NotSupportedError, frida.PermissionDeniedError,
                 frida.InvalidArgumentError, frida.ProcessNotFoundError) as e:
             raise TargetError(f"cannot launch {target.describe()}: {_locked_hint(str(e))}") from None

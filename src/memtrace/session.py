@@ -40,6 +40,7 @@ from memtrace.capture import (
 )
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import InputError, MemtraceError, TargetError
+from memtrace.exitwatch import ChildExitWatcher
 from memtrace.symbolize import HostSymbolizer
 from memtrace.ui import UI, Progress, SilentUI
 
@@ -243,6 +244,7 @@ class CaptureSession:
         self.stack_bytes: dict[Any, int] = {}
         self.batches = 0
         self.json_events = 0
+        self.exit_watch: ChildExitWatcher | None = None
         self.agent_live = 0
         self.agent_stacks = 0
         self._last_snapshot = 0.0
@@ -317,6 +319,8 @@ class CaptureSession:
         launched = launcher.launch(self.device, self.target, stdio_pipe=True)
         self.pid = launched.pid
         self.spawned = launched.spawned
+        if self.spawned and self.device.type == "local":
+            self.exit_watch = ChildExitWatcher(self.pid)
         self.t_launch = launched.t_launch
         self.launch_how = launched.how
         self._suspended = launched.suspended
@@ -454,6 +458,8 @@ class CaptureSession:
             rates=self.rates,
             thresholds=self.options.thresholds,
             calls_total=sum(self.counters[0:16]) + self.json_events,
+            # Only a death in the window: at its end memtrace kills what it launched itself.
+            exit_status=self.exit_watch.wait(1.0) if self.exit_watch is not None and self.gone else None,
         )
         end_body["ended_at"] = _iso_now()
         end_body["counters"] = self.counters

@@ -252,8 +252,11 @@ class RecordingUI(SilentUI):
 
 def test_live_view_sees_phases_rates_and_top_families(demo_bin: Path, tmp_path: Path) -> None:
     ui = RecordingUI()
+    # Rings big enough that a drain starved of CPU on a loaded machine drops nothing (the exact
+    # family bytes below need every stack; drops themselves are tested elsewhere).
     result = CaptureSession(TargetSpec(device="local", argv=[str(demo_bin / "workload"), "--linger", "4"]),
-                            CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c"), ui).run()
+                            CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c",
+                                           agent_config={"ringKb": 8192, "rings": 16}), ui).run()
     assert result.ended == "target-exited"
     assert ui.phases[:4] == ["launching", "attaching", "loading agent", "capturing"]
     assert ui.phases[-2:] == ["flushing", "done"]

@@ -156,33 +156,26 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
 
 /* ---- Linux (and Darwin fallback): the public malloc family ------------- */
 
-gpointer
-mt_malloc (gsize size)
-{
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_malloc (size);
-  p = real_malloc (size);
-  mt_on_alloc (s, MT_K_MALLOC, p, size, fp);
-  mt_leave (s);
-  return p;
-}
+/* One replacement per entry that returns the new block: the real call, then the count and
+ * (above the thresholds) the record.  The frame address is taken in the replacement itself:
+ * it is the start of the caller's stack. */
+#define MT_DEFINE_ALLOC(fn, kind, size_expr, params, args)              \
+  gpointer                                                              \
+  mt_##fn params                                                        \
+  {                                                                     \
+    gpointer fp = __builtin_frame_address (0);                          \
+    MtSlot * s;                                                         \
+    gpointer p;                                                         \
+    if (!mt_config.enabled || (s = mt_enter ()) == NULL)                \
+      return real_##fn args;                                            \
+    p = real_##fn args;                                                 \
+    mt_on_alloc (s, kind, p, size_expr, fp);                            \
+    mt_leave (s);                                                       \
+    return p;                                                           \
+  }
 
-gpointer
-mt_calloc (gsize n, gsize size)
-{
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_calloc (n, size);
-  p = real_calloc (n, size);
-  mt_on_alloc (s, MT_K_CALLOC, p, (guint64) n * (guint64) size, fp);
-  mt_leave (s);
-  return p;
-}
+MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, size, (gsize size), (size))
+MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size))
 
 /* A free of the old block plus an allocation of the new one: the nested
  * malloc/free glibc makes inside realloc are ours (busy) and go uncounted. */
@@ -237,58 +230,7 @@ mt_posix_memalign (gpointer * out, gsize alignment, gsize size)
   return r;
 }
 
-gpointer
-mt_memalign (gsize alignment, gsize size)
-{
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_memalign (alignment, size);
-  p = real_memalign (alignment, size);
-  mt_on_alloc (s, MT_K_MEMALIGN, p, size, fp);
-  mt_leave (s);
-  return p;
-}
-
-gpointer
-mt_aligned_alloc (gsize alignment, gsize size)
-{
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_aligned_alloc (alignment, size);
-  p = real_aligned_alloc (alignment, size);
-  mt_on_alloc (s, MT_K_ALIGNED_ALLOC, p, size, fp);
-  mt_leave (s);
-  return p;
-}
-
-gpointer
-mt_valloc (gsize size)
-{
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_valloc (size);
-  p = real_valloc (size);
-  mt_on_alloc (s, MT_K_VALLOC, p, size, fp);
-  mt_leave (s);
-  return p;
-}
-
-gpointer
-mt_pvalloc (gsize size)
-{
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_pvalloc (size);
-  p = real_pvalloc (size);
-  mt_on_alloc (s, MT_K_PVALLOC, p, size, fp);
-  mt_leave (s);
-  return p;
-}
+MT_DEFINE_ALLOC (memalign, MT_K_MEMALIGN, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_ALLOC (aligned_alloc, MT_K_ALIGNED_ALLOC, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_ALLOC (valloc, MT_K_VALLOC, size, (gsize size), (size))
+MT_DEFINE_ALLOC (pvalloc, MT_K_PVALLOC, size, (gsize size), (size))

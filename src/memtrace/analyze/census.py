@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from memtrace.reporters.markdown import cell, table
+
 FORMAT_VERSION = 1
 SORT_KEYS = ("footprint", "purgeable", "lifetime_max", "name", "pid", "priority")
 
@@ -108,36 +110,33 @@ def format_bytes(n: Any) -> str:
     return f"{n / (1024 * 1024):.1f} MB"
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(census: dict[str, Any], limit: int = 30) -> str:
     """The "Census" section of a report (GitHub Markdown, starts with ``## Census``)."""
     rows = sort_rows(list(census.get("rows", [])), "footprint")
     t = census.get("totals") or totals(rows)
     device = census.get("device") or {}
     lines = ["## Census", ""]
-    lines.append(f"{t.get('processes', len(rows))} processes on {_cell(device.get('name') or '?')} "
+    lines.append(f"{t.get('processes', len(rows))} processes on {cell(device.get('name') or '?')} "
                  f"({census.get('platform', '?')}, {census.get('time', '?')}); total footprint "
                  f"{format_bytes(t.get('footprint'))}"
                  + (f"; {t['vanished']} vanished and {t['denied']} denied during the scan"
                     if t.get("vanished") or t.get("denied") else "") + ".")
-    lines += ["", "| pid | process | footprint | lifetime max | purgeable vol / nonvol | reusable | "
-                  "graphics | band | limit | status |",
-              "|---:|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    lines.append("")
+    rows_out = []
     for r in rows[:limit]:
-        purg = f"{format_bytes(r.get('purgeable_volatile'))} / {format_bytes(r.get('purgeable_nonvolatile'))}"
         band = r.get("band") or "-"
         if r.get("priority") is not None:
             band = f"{band} ({r['priority']})"
-        lines.append(f"| {r.get('pid')} | {_cell(r.get('name') or '?')} | {format_bytes(r.get('footprint'))} | "
-                     f"{format_bytes(r.get('lifetime_max'))} | {purg} | {format_bytes(r.get('reusable'))} | "
-                     f"{format_bytes(r.get('graphics'))} | {_cell(band)} | {format_bytes(r.get('limit'))} | "
-                     f"{_cell(r.get('status', '-'))} |")
+        rows_out.append([r.get("pid"), r.get("name") or "?", format_bytes(r.get("footprint")),
+                         format_bytes(r.get("lifetime_max")),
+                         f"{format_bytes(r.get('purgeable_volatile'))} / "
+                         f"{format_bytes(r.get('purgeable_nonvolatile'))}",
+                         format_bytes(r.get("reusable")), format_bytes(r.get("graphics")), band,
+                         format_bytes(r.get("limit")), r.get("status", "-")])
+    lines += table(["pid", "process", "footprint", "lifetime max", "purgeable vol / nonvol", "reusable",
+                    "graphics", "band", "limit", "status"], "rlrrrrrlrl", rows_out)
     if len(rows) > limit:
-        lines.append(f"\n{len(rows) - limit} smaller processes not shown.")
+        lines += [f"{len(rows) - limit} smaller processes not shown.", ""]
     for note in census.get("notes", []):
-        lines.append(f"\n> {_cell(note)}")
-    lines.append("")
+        lines += [f"> {cell(note)}", ""]
     return "\n".join(lines)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace.errors import InputError
+from memtrace.reporters.markdown import cell, table
 
 JETSAM_BUG_TYPE = "298"
 # arm64 iOS devices use 16 KB pages; only reports too old to carry pageSize need the guess.
@@ -360,10 +361,6 @@ def format_bytes(n: int | None) -> str:
     return f"{n / (1024 * 1024):.1f} MB"
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(agg: dict[str, Any]) -> str:
     """The "Jetsam" chapter of a report (GitHub Markdown, starts with ``## Jetsam``)."""
     t = agg.get("totals", {})
@@ -373,43 +370,35 @@ def render_markdown(agg: dict[str, Any]) -> str:
                  + ".")
     lines.append("")
     if agg.get("kills_by_reason"):
-        lines += ["### Kills by reason", "", "| reason | kills |", "|---|---:|"]
-        lines += [f"| {_cell(r)} | {n} |" for r, n in agg["kills_by_reason"].items()]
-        lines.append("")
+        lines += ["### Kills by reason", ""]
+        lines += table(["reason", "kills"], "lr", [[r, n] for r, n in agg["kills_by_reason"].items()])
     if agg.get("kills_by_process"):
-        lines += ["### Kills by process", "", "| process | kills | reasons | max footprint |",
-                  "|---|---:|---|---:|"]
-        for e in agg["kills_by_process"]:
-            reasons = ", ".join(f"{r} ×{n}" for r, n in e["reasons"].items())
-            lines.append(f"| {_cell(e['name'])} | {e['kills']} | {_cell(reasons)} | "
-                         f"{format_bytes(e['max_footprint'])} |")
-        lines.append("")
+        lines += ["### Kills by process", ""]
+        lines += table(["process", "kills", "reasons", "max footprint"], "lrlr",
+                       [[e["name"], e["kills"], ", ".join(f"{r} ×{n}" for r, n in e["reasons"].items()),
+                         format_bytes(e["max_footprint"])] for e in agg["kills_by_process"]])
     if agg.get("limit_by_model"):
-        lines += ["### Memory limit per device model (footprint at per-process-limit kill)", "",
-                  "| model | OS | kills | min | median | max | processes |",
-                  "|---|---|---:|---:|---:|---:|---|"]
-        for e in agg["limit_by_model"]:
-            lines.append(
-                f"| {_cell(e['product'])} | {_cell(', '.join(e['os_versions']) or '-')} | {e['kills']} | "
-                f"{format_bytes(e['footprint_min'])} | {format_bytes(e['footprint_median'])} | "
-                f"{format_bytes(e['footprint_max'])} | {_cell(', '.join(e['processes']))} |")
-        lines.append("")
+        lines += ["### Memory limit per device model (footprint at per-process-limit kill)", ""]
+        lines += table(["model", "OS", "kills", "min", "median", "max", "processes"], "llrrrrl",
+                       [[e["product"], ", ".join(e["os_versions"]) or "-", e["kills"],
+                         format_bytes(e["footprint_min"]), format_bytes(e["footprint_median"]),
+                         format_bytes(e["footprint_max"]), ", ".join(e["processes"])]
+                        for e in agg["limit_by_model"]])
     if agg.get("reports"):
-        lines += ["### Reports", "",
-                  "| time | model | OS | killed (reason, footprint, killDelta) | largest | free / wired / anon pages |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["### Reports", ""]
+        rows = []
         for r in agg["reports"]:
             killed = "; ".join(
                 f"{k['name']} ({k['reason']}, {format_bytes(k['footprint'])}, {k['kill_delta']})"
                 for k in r["killed"]) or "-"
             mp = r.get("memory_pages", {})
-            pages = " / ".join(str(mp.get(k, "-")) for k in ("free", "wired", "anonymous"))
-            lines.append(f"| {_cell(r['timestamp'] or '-')} | {_cell(r['product'] or '-')} | "
-                         f"{_cell(r['os_version'] or '-')} | {_cell(killed)} | "
-                         f"{_cell(r['largest_process'] or '-')} | {pages} |")
-        lines.append("")
+            rows.append([r["timestamp"] or "-", r["product"] or "-", r["os_version"] or "-", killed,
+                         r["largest_process"] or "-",
+                         " / ".join(str(mp.get(k, "-")) for k in ("free", "wired", "anonymous"))])
+        lines += table(["time", "model", "OS", "killed (reason, footprint, killDelta)", "largest",
+                        "free / wired / anon pages"], "llllll", rows)
     if agg.get("skipped"):
         lines += ["### Skipped reports", ""]
-        lines += [f"- `{_cell(s['source'])}`: {_cell(s['reason'])}" for s in agg["skipped"]]
+        lines += [f"- `{cell(s['source'])}`: {cell(s['reason'])}" for s in agg["skipped"]]
         lines.append("")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace.capture import Record, RecordType
+from memtrace.reporters.markdown import table
 
 STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
 LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable")
@@ -83,19 +84,19 @@ def render_markdown(probe: dict[str, Any]) -> str:
     if probe.get("errors") or probe.get("missing"):
         lines.append("")
     if probe.get("rows"):
-        lines.append("| entry | drives the state machine? | state before → after | Δ footprint | "
-                     "Δ purgeable volatile | Δ purgeable nonvolatile | Δ reusable |")
-        lines.append("|---|---|---|---:|---:|---:|---:|")
+        rows = []
         for row in probe["rows"]:
             drives = row.get("drives_state_machine")
             d = row.get("ledger_delta") or {}
-            entry = str(row.get("entry")).replace("|", "\\|")      # a bare | would split the cell
-            cells = [f"`{entry}`",
+            cells = [f"`{row.get('entry')}`",
                      "—" if drives is None else ("**yes**" if drives else "no"),
                      f"{_state(row.get('state_before'))} → {_state(row.get('state_after'))}"]
             cells += [_bytes(d.get(k)) for k in LEDGER_KEYS]
             if row.get("error"):
                 cells[1] = row["error"]
-            lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+            rows.append(cells)
+        lines += table(["entry", "drives the state machine?", "state before → after", "Δ footprint",
+                        "Δ purgeable volatile", "Δ purgeable nonvolatile", "Δ reusable"], "lllrrrr", rows)
+    else:
+        lines.append("")
     return "\n".join(lines)

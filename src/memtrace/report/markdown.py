@@ -6,12 +6,9 @@ import importlib
 from typing import Any
 
 from memtrace.report.aggregate import TIER_LABELS, fmt_bytes, pct
+from memtrace.reporters.markdown import cell, table
 
 FRAMES_SHOWN = 6
-
-
-def cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def arrow(key: str) -> str:
@@ -22,12 +19,6 @@ def frames_cell(frames: list[str]) -> str:
     shown = [cell(f) for f in frames[:FRAMES_SHOWN]]
     more = f" ← … (+{len(frames) - FRAMES_SHOWN})" if len(frames) > FRAMES_SHOWN else ""
     return "`" + "` ← `".join(shown) + "`" + more if shown else "—"
-
-
-def table(header: list[str], align: str, rows: list[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
-    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-    return out + [""]
 
 
 def _seconds(x: float | None) -> str:

@@ -12,14 +12,22 @@ from memtrace.ui import human_bytes
 ENDED_STYLE = {"completed": "green", "target-exited": "green", "interrupted": "yellow"}
 
 
-def ended_line(console: Console, s: dict[str, Any]) -> None:
+def header(console: Console, tracer: str, s: dict[str, Any]) -> None:
+    """What every tracer's summary opens with: the rule and how the capture ended."""
+    console.rule(f"memtrace {tracer} · {s.get('target') or ''}")
     style = ENDED_STYLE.get(s["ended"], "red")
     console.print(f"[bold]ended:[/bold] [{style}]{s['ended']}[/{style}] — {s['reason']}")
 
 
+def footer(console: Console, s: dict[str, Any]) -> None:
+    """...and closes with: the hook symbols the target lacked, and where the capture is."""
+    if s["missing"]:
+        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
+    console.print(f"[bold]capture:[/bold] {s['capture']}")
+
+
 def malloc_summary(console: Console, s: dict[str, Any]) -> None:
-    console.rule(f"memtrace malloc · {s.get('target') or ''}")
-    ended_line(console, s)
+    header(console, "malloc", s)
     calls = Table(title="calls by kind", show_edge=False)
     calls.add_column("kind")
     calls.add_column("calls", justify="right")
@@ -64,14 +72,11 @@ def malloc_summary(console: Console, s: dict[str, Any]) -> None:
     if "footprint" in cov:
         parts.append(f"footprint Δ {human_bytes(cov['footprint']['delta'])}")
     console.print(f"[bold]coverage:[/bold] {'; '.join(parts) or 'n/a'}")
-    if s["missing"]:
-        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
-    console.print(f"[bold]capture:[/bold] {s['capture']}")
+    footer(console, s)
 
 
 def fds_summary(console: Console, s: dict[str, Any]) -> None:
-    console.rule(f"memtrace fds · {s.get('target') or ''}")
-    ended_line(console, s)
+    header(console, "fds", s)
     calls = Table(title="creating calls (descriptors created: {:,})".format(s["opened"]), show_edge=False)
     calls.add_column("call")
     calls.add_column("calls", justify="right")
@@ -109,14 +114,11 @@ def fds_summary(console: Console, s: dict[str, Any]) -> None:
     if rec and rec["opened_out_of_sight"]:
         console.print("[yellow]opened out of sight[/yellow] (no hooked entry saw them): "
                       + ", ".join(f"{r['fd']} {r['path']}" for r in rec["opened_out_of_sight"][:10]))
-    if s["missing"]:
-        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
-    console.print(f"[bold]capture:[/bold] {s['capture']}")
+    footer(console, s)
 
 
 def threads_summary(console: Console, s: dict[str, Any]) -> None:
-    console.rule(f"memtrace threads · {s.get('target') or ''}")
-    ended_line(console, s)
+    header(console, "threads", s)
     console.print(f"[bold]created:[/bold] {s['created']:,} ({s['created_detached']:,} detached at creation)  "
                   f"[bold]joined:[/bold] {s['joined']:,}  [bold]detached:[/bold] {s['detached']:,}  "
                   f"[bold]exited:[/bold] {s['exited']:,}")
@@ -144,6 +146,4 @@ def threads_summary(console: Console, s: dict[str, Any]) -> None:
         for r in s["failures_by_stack"]:
             t.add_row(r["error"], f"{r['count']:,}", str(r["routine"]), str(r["caller"]))
         console.print(t)
-    if s["missing"]:
-        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
-    console.print(f"[bold]capture:[/bold] {s['capture']}")
+    footer(console, s)

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from memtrace.reporters.console import ended_line
+from memtrace.reporters.console import footer, header
 from memtrace.ui import human_bytes
 
 
@@ -16,8 +16,7 @@ def _bytes(v: int | None) -> str:
 
 
 def purgeable_summary(console: Console, s: dict[str, Any]) -> None:
-    console.rule(f"memtrace purgeable · {s.get('target') or ''}")
-    ended_line(console, s)
+    header(console, "purgeable", s)
     matrix = Table(title="transitions (0 NONVOL, 1 VOL, 2 EMPTY)", show_edge=False)
     for col in ("transition", "count", "bytes"):
         matrix.add_column(col, justify="right")
@@ -51,14 +50,11 @@ def purgeable_summary(console: Console, s: dict[str, Any]) -> None:
             t.add_row(r["entry"], f"{r['advice']} {name or ''}", f"{r['count']:,}", _bytes(r["bytes"]),
                       str(r["caller"]))
         console.print(t)
-    if s["missing"]:
-        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
-    console.print(f"[bold]capture:[/bold] {s['capture']}")
+    footer(console, s)
 
 
 def iosurface_summary(console: Console, s: dict[str, Any]) -> None:
-    console.rule(f"memtrace iosurface · {s.get('target') or ''}")
-    ended_line(console, s)
+    header(console, "iosurface", s)
     console.print(f"[bold]surfaces created:[/bold] {s['surfaces']:,} ({human_bytes(s['bytes'])}, kernel memory "
                   f"outside every malloc zone)")
     if s["by_format"]:
@@ -80,6 +76,4 @@ def iosurface_summary(console: Console, s: dict[str, Any]) -> None:
     console.print(f"[bold]released:[/bold] {rel['count']:,} ({human_bytes(rel['bytes'])})"
                   + ("" if rel["visible"] else " — no destruction entry visible on this platform"))
     console.print(f"[bold]held at end:[/bold] {held['count']:,} ({human_bytes(held['bytes'])}): {held['meaning']}")
-    if s["missing"]:
-        console.print(f"[yellow]MISSING hook symbols:[/yellow] {', '.join(s['missing'])}")
-    console.print(f"[bold]capture:[/bold] {s['capture']}")
+    footer(console, s)

@@ -222,37 +222,35 @@ class LinuxScanner:
         row["swap"] = status.get("VmSwap", 0)
         row["footprint"] = status.get("RssAnon", 0) + row["swap"]
         row["lifetime_max"] = status.get("VmHWM")
+        # The rest is optional: a file we may not read leaves its fields empty ("partial"); one
+        # that is gone means the process is.
         denied = False
-        try:
-            rollup = parse_kb_fields(self._read(pid, "smaps_rollup"))
-            row["pss"] = rollup.get("Pss")
-            row["reusable"] = rollup.get("LazyFree")
-        except (FileNotFoundError, ProcessLookupError):
-            row["status"] = "vanished"
-            return row
-        except OSError:
-            denied = True
-        try:
-            adj = self._read(pid, "oom_score_adj").strip()
-            row["priority"] = int(adj) if adj.lstrip("-").isdigit() else None
-            row["band"] = analysis.linux_band(row["priority"])
-        except (FileNotFoundError, ProcessLookupError):
-            row["status"] = "vanished"
-            return row
-        except OSError:
-            denied = True
-        try:
-            limit = self.limit_for(pid)
-            row["limit"] = limit.limit
-            row["limit_source"] = f"cgroup v{limit.version}:{limit.path}" if limit.limit is not None else None
-        except (FileNotFoundError, ProcessLookupError):
-            row["status"] = "vanished"
-            return row
-        except OSError:
-            denied = True
+        for fill in (self._fill_rollup, self._fill_priority, self._fill_limit):
+            try:
+                fill(pid, row)
+            except (FileNotFoundError, ProcessLookupError):
+                row["status"] = "vanished"
+                return row
+            except OSError:
+                denied = True
         if denied:
             row["status"] = "partial"
         return row
+
+    def _fill_rollup(self, pid: int, row: dict[str, Any]) -> None:
+        rollup = parse_kb_fields(self._read(pid, "smaps_rollup"))
+        row["pss"] = rollup.get("Pss")
+        row["reusable"] = rollup.get("LazyFree")
+
+    def _fill_priority(self, pid: int, row: dict[str, Any]) -> None:
+        adj = self._read(pid, "oom_score_adj").strip()
+        row["priority"] = int(adj) if adj.lstrip("-").isdigit() else None
+        row["band"] = analysis.linux_band(row["priority"])
+
+    def _fill_limit(self, pid: int, row: dict[str, Any]) -> None:
+        limit = self.limit_for(pid)
+        row["limit"] = limit.limit
+        row["limit_source"] = f"cgroup v{limit.version}:{limit.path}" if limit.limit is not None else None
 
     def scan(self) -> tuple[list[dict[str, Any]], int]:
         """(rows, number of kernel threads left out)."""

@@ -49,7 +49,8 @@ function findExport(name, moduleName) {
 }
 
 /* The C library (Linux): its own exports, never a same-named one from another module
- * (the agent's allocator among them).  null on Darwin, where names are two-level anyway. */
+ * (the agent's allocator among them).  null on Darwin, where names are two-level anyway,
+ * so libcExport there is the global export. */
 function libcModule() {
   if (IS_DARWIN)
     return null;
@@ -92,6 +93,30 @@ function recon(wanted) {
 function libcFunction(name, ret, args) {
   const p = findExport(name);
   return p === null ? null : new NativeFunction(p, ret, args);
+}
+
+/* ---- listeners for the JavaScript-hooked tracers ------------------------ */
+
+/* A listener on `address` (null: the target lacks it, recon has said so), kept in `listeners`
+ * for uninstall.  A refusal becomes a warning, never a failed start.  True when in place. */
+function attachListener(name, address, callbacks, listeners, data) {
+  if (address === null || address === undefined)
+    return false;
+  try {
+    listeners.push(data === undefined ? Interceptor.attach(address, callbacks)
+      : Interceptor.attach(address, callbacks, data));
+    return true;
+  } catch (e) {
+    send({ type: 'agent:warning', message: `cannot hook ${name} at ${address}: ${e.message || e}` });
+    return false;
+  }
+}
+
+/* Every listener out, the list emptied, the code restored before returning. */
+function detachListeners(listeners) {
+  for (const l of listeners.splice(0))
+    l.detach();
+  Interceptor.flush();
 }
 
 /* ---- stacks for the JavaScript-hooked tracers ---------------------------- */

@@ -202,20 +202,11 @@ function closed(call, fd) {
 }
 
 function attach(name, callbacks) {
-  const p = IS_DARWIN ? findExport(name) : libcExport(name);
-  if (p === null)
-    return false;
-  const key = p.toString();
-  if (fds.hooked.has(key))
-    return true;   // an alias of a body already hooked (open64 = open on glibc)
-  try {
-    fds.listeners.push(Interceptor.attach(p, callbacks));
-    fds.hooked.add(key);
-    return true;
-  } catch (e) {
-    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
-    return false;
-  }
+  const p = libcExport(name);
+  if (p === null || fds.hooked.has(p.toString()))
+    return;   // missing, or an alias of a body already hooked (open64 = open on glibc)
+  if (attachListener(name, p, callbacks, fds.listeners))
+    fds.hooked.add(p.toString());
 }
 
 /* A call that returns one new descriptor (or -1).  pathArg: index of a path argument. */
@@ -319,7 +310,7 @@ const tracer = {
   symbols(config) {
     const wanted = [];
     const add = (name, role) => wanted.push({ name, role,
-      resolve: () => (IS_DARWIN ? findExport(name) : libcExport(name)) });
+      resolve: () => libcExport(name) });
     const e = entries();
     for (const [n] of e.pathOpeners) add(n, 'hook');
     for (const n of e.plain) add(n, 'hook');
@@ -335,8 +326,8 @@ const tracer = {
     fds.censusAt = config.censusAt === undefined ? 1000 : config.censusAt;
     fds.censusStep = config.censusStep === undefined ? 50 : config.censusStep;
     fds.census = IS_DARWIN ? darwinCensus : linuxCensus;
-    const filenoP = IS_DARWIN ? findExport('fileno') : libcExport('fileno');
-    const dirfdP = IS_DARWIN ? findExport('dirfd') : libcExport('dirfd');
+    const filenoP = libcExport('fileno');
+    const dirfdP = libcExport('dirfd');
     fds.fileno = filenoP === null ? null : new NativeFunction(filenoP, 'int', ['pointer']);
     fds.dirfd = dirfdP === null ? null : new NativeFunction(dirfdP, 'int', ['pointer']);
     return { census_at: fds.censusAt, census_step: fds.censusStep,
@@ -373,10 +364,7 @@ const tracer = {
   },
 
   uninstall() {
-    for (const l of fds.listeners)
-      l.detach();
-    fds.listeners = [];
-    Interceptor.flush();
+    detachListeners(fds.listeners);
     takeCensus('end');
   },
 };

@@ -50,14 +50,7 @@ function call(name, p) {
 }
 
 function hook(name, callbacks) {
-  const p = findExport(name);
-  if (p === null)
-    return;
-  try {
-    surf.listeners.push(Interceptor.attach(p, callbacks));
-  } catch (e) {
-    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
-  }
+  attachListener(name, findExport(name), callbacks, surf.listeners);
 }
 
 function useCountHook(op) {
@@ -146,9 +139,6 @@ const tracer = {
   },
 
   uninstall() {
-    for (const l of surf.listeners)
-      l.detach();
-    surf.listeners = [];
-    Interceptor.flush();
+    detachListeners(surf.listeners);
   },
 };

@@ -321,14 +321,7 @@ function countsEvent() {
 }
 
 function hookJs(name, callbacks) {
-  const p = purg.resolved[name];
-  if (p === null || p === undefined)
-    return;
-  try {
-    purg.listeners.push(Interceptor.attach(p, callbacks));
-  } catch (e) {
-    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
-  }
+  attachListener(name, purg.resolved[name], callbacks, purg.listeners);
 }
 
 function hookC(name, fn, enter, leave) {
@@ -338,11 +331,7 @@ function hookC(name, fn, enter, leave) {
   const cbs = { onEnter: purg.cm[enter] };
   if (leave)
     cbs.onLeave = purg.cm[leave];
-  try {
-    purg.listeners.push(Interceptor.attach(p, cbs, ptr(fn)));
-  } catch (e) {
-    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
-  }
+  attachListener(name, p, cbs, purg.listeners, ptr(fn));
 }
 
 function jsFrames(ctx) {
@@ -456,12 +445,8 @@ const tracer = {
     if (purg.timer)
       clearInterval(purg.timer);
     purg.timer = null;
-    for (const l of purg.listeners)
-      l.detach();
-    purg.listeners = [];
-    Interceptor.flush();
-    // Sent directly: at process exit common.js has already flushed the JSON buffer.
+    detachListeners(purg.listeners);
     if (purg.counts !== null)
-      send({ type: 'events:json', t: now(), events: [countsEvent()] });
+      emitJson(countsEvent());     // common.js flushes after uninstall, at exit too
   },
 };

@@ -22,7 +22,7 @@ const thr = {
 };
 
 function threadFn(name, ret, args) {
-  const p = IS_DARWIN ? findExport(name) : libcExport(name);
+  const p = libcExport(name);
   return p === null ? null : new NativeFunction(p, ret, args);
 }
 
@@ -57,14 +57,7 @@ function defaultStackSize() {
 }
 
 function attach(name, callbacks) {
-  const p = IS_DARWIN ? findExport(name) : libcExport(name);
-  if (p === null)
-    return;
-  try {
-    thr.listeners.push(Interceptor.attach(p, callbacks));
-  } catch (e) {
-    send({ type: 'agent:warning', message: `cannot hook ${name} at ${p}: ${e.message || e}` });
-  }
+  attachListener(name, libcExport(name), callbacks, thr.listeners);
 }
 
 function handleResult(type) {
@@ -92,7 +85,7 @@ const tracer = {
     if (!IS_DARWIN)
       wanted.push('pthread_tryjoin_np', 'pthread_timedjoin_np');
     return wanted.map(name => ({ name, role: 'hook',
-      resolve: () => (IS_DARWIN ? findExport(name) : libcExport(name)) }));
+      resolve: () => libcExport(name) }));
   },
 
   init(config, sources) {
@@ -167,13 +160,10 @@ const tracer = {
   },
 
   uninstall() {
-    for (const l of thr.listeners)
-      l.detach();
-    thr.listeners = [];
     if (thr.observer !== null) {
       thr.observer.detach();
       thr.observer = null;
     }
-    Interceptor.flush();
+    detachListeners(thr.listeners);
   },
 };

@@ -26,6 +26,7 @@ from typing import Any
 import frida
 
 from memtrace import __version__, launchers
+from memtrace.agentbuild import agent_source, c_sources
 from memtrace.analyze.families import classify as classify_family
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
@@ -43,33 +44,6 @@ from memtrace.errors import InputError, MemtraceError, TargetError
 from memtrace.exitwatch import ChildExitWatcher
 from memtrace.symbolize import HostSymbolizer
 from memtrace.ui import UI, Progress, SilentUI
-
-PACKAGE_DIR = Path(__file__).resolve().parent
-AGENT_DIR = PACKAGE_DIR / "agents"
-
-
-def cmodule_dir() -> Path:
-    """cmodule/ ships inside the wheel; in a source checkout it sits at the repo root."""
-    for candidate in (PACKAGE_DIR / "cmodule", PACKAGE_DIR.parent.parent / "cmodule"):
-        if candidate.is_dir():
-            return candidate
-    raise MemtraceError("cannot find memtrace's cmodule/ sources (broken installation)")
-
-
-def agent_source(tracer: str) -> str:
-    # The tracer file defines `tracer`, which common.js's rpc table reads at load.
-    common = (AGENT_DIR / "common.js").read_text()
-    own = (AGENT_DIR / f"{tracer}.js").read_text()
-    return own + "\n" + common
-
-
-def c_sources(tracer: str) -> list[str]:
-    d = cmodule_dir()
-    sources = [(d / "core.c").read_text()]
-    own = d / f"{tracer}.c"
-    if own.exists():
-        sources.append(own.read_text())
-    return sources
 
 
 @dataclass

@@ -15,8 +15,8 @@ import frida
 import pytest
 
 from memtrace import capture
+from memtrace.agentbuild import agent_source, c_sources
 from memtrace.capture import AllocRecord, FreeRecord, decode_agent_records
-from memtrace.session import agent_source, c_sources
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from memtrace import devices
 from memtrace import limit as L
 from memtrace.commands.limit import command as limit_command
 from memtrace.errors import InputError, TargetError
@@ -30,19 +31,19 @@ def test_parse_limits() -> None:
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("auto", L.DeviceSpec("auto")), ("local", L.DeviceSpec("local")), ("usb", L.DeviceSpec("usb")),
-    ("id:00008030-001A", L.DeviceSpec("id", udid="00008030-001A")),
-    ("remote:10.0.0.2", L.DeviceSpec("remote", host="10.0.0.2")),
-    ("remote:10.0.0.2:27043", L.DeviceSpec("remote", host="10.0.0.2", port=27043)),
+    ("auto", devices.DeviceSpec("auto")), ("local", devices.DeviceSpec("local")), ("usb", devices.DeviceSpec("usb")),
+    ("id:00008030-001A", devices.DeviceSpec("id", udid="00008030-001A")),
+    ("remote:10.0.0.2", devices.DeviceSpec("remote", host="10.0.0.2")),
+    ("remote:10.0.0.2:27043", devices.DeviceSpec("remote", host="10.0.0.2", port=27043)),
 ])
-def test_parse_device_spec(text: str, expected: L.DeviceSpec) -> None:
-    assert L.parse_device_spec(text) == expected
+def test_parse_device_spec(text: str, expected: devices.DeviceSpec) -> None:
+    assert devices.parse_device_spec(text) == expected
 
 
 @pytest.mark.parametrize("text", ["bluetooth", "id:", "remote:", "remote::1"])
 def test_parse_device_spec_rejects(text: str) -> None:
     with pytest.raises(InputError):
-        L.parse_device_spec(text)
+        devices.parse_device_spec(text)
 
 
 def _fake_proc(tmp_path: Path, data_limit: int | None) -> Path:
@@ -186,7 +187,7 @@ class FakeUsbDevice:
 
 def test_cli_limit_ios_watch_records_pressure(monkeypatch: pytest.MonkeyPatch) -> None:
     device = FakeUsbDevice()
-    monkeypatch.setattr("memtrace.commands.limit.get_frida_device", lambda spec: device)
+    monkeypatch.setattr("memtrace.devices.resolve", lambda spec: device)
     now = [0.0]
 
     def fake_watch(sample: Any, seconds: float, interval: float) -> Any:

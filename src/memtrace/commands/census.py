@@ -9,19 +9,19 @@ from typing import Any
 
 import click
 
+from memtrace import devices
 from memtrace.analyze import census as analysis
 from memtrace.files import write_json_atomic
-from memtrace.limit import device_is_local, get_frida_device, parse_device_spec
 
 
 def collect(device_spec: str, host_process: str) -> dict[str, Any]:
     from memtrace import census
 
-    spec = parse_device_spec(device_spec)
+    spec = devices.parse_device_spec(device_spec)
     if spec.kind == "local":
         return census.census_linux()
-    device = get_frida_device(spec)
-    if device_is_local(device):
+    device = devices.resolve(spec)
+    if devices.is_local(device):
         return census.census_linux()
     return census.census_device(device, host_process)
 

@@ -14,9 +14,9 @@ from typing import Any
 import click
 
 from memtrace.analyze import jetsam as analysis
+from memtrace.devices import parse_device_spec
 from memtrace.errors import InputError
 from memtrace.files import write_json_atomic
-from memtrace.limit import parse_device_spec
 
 # Cap what we read: the largest real JetsamEvent reports are a few MB.
 MAX_REPORT_BYTES = 64 * 1024 * 1024

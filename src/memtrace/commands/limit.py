@@ -8,18 +8,10 @@ from typing import Any
 
 import click
 
+from memtrace import devices
 from memtrace.analyze.census import format_bytes as fb
 from memtrace.errors import InputError
-from memtrace.limit import (
-    IOSLimitProbe,
-    device_is_local,
-    find_pid,
-    get_frida_device,
-    limit_document,
-    linux_sample,
-    parse_device_spec,
-    watch_series,
-)
+from memtrace.limit import IOSLimitProbe, limit_document, linux_sample, watch_series
 
 
 def _local_pid_by_name(name: str) -> int:
@@ -94,10 +86,10 @@ def limit(pid: int | None, name: str | None, device: str, watch: float | None, i
     """Footprint, memory still available, and the limit that binds (no injection on Linux)."""
     if (pid is None) == (name is None):
         raise InputError("give exactly one of --pid or --name")
-    spec = parse_device_spec(device)
-    frida_device = None if spec.kind == "local" else get_frida_device(spec)
+    spec = devices.parse_device_spec(device)
+    frida_device = None if spec.kind == "local" else devices.resolve(spec)
     events: list[dict[str, Any]] = []
-    if frida_device is None or device_is_local(frida_device):
+    if frida_device is None or devices.is_local(frida_device):
         target = pid if pid is not None else _local_pid_by_name(name or "")
         first = linux_sample(target)
         platform = "linux"
@@ -107,7 +99,7 @@ def limit(pid: int | None, name: str | None, device: str, watch: float | None, i
 
         probe = None
     else:
-        target = pid if pid is not None else find_pid(frida_device, name or "")
+        target = pid if pid is not None else devices.find_pid(frida_device, name or "")
         probe = IOSLimitProbe(frida_device, target)
         platform = "darwin"
         sample = probe.sample

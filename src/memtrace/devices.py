@@ -1,0 +1,166 @@
+"""``--device``: the one resolver every command uses (tracers, census, limit, jetsam --pull).
+
+    auto              a USB iOS device if one is attached (waiting briefly for one that is still
+                      being enumerated), else this machine
+    local             this machine (Frida's local device)
+    usb               the USB device (waits up to the timeout)
+    id:UDID           the device with that id
+    remote:HOST[:PORT] a frida-server reachable over the network (default port 27042)
+
+frida-tools' flags are accepted by the tracer commands as aliases (``-U``, ``-R``, ``-D ID``,
+``-H HOST``): :func:`spec_from_frida_flags` turns them into a spec string.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from memtrace.errors import InputError, TargetError
+
+FRIDA_REMOTE_PORT = 27042
+# How long `auto` waits for a USB device that is attached but not yet enumerated: usbmuxd needs
+# a moment after the cable goes in, and falling back to local then would trace the wrong machine.
+AUTO_USB_WAIT = 1.0
+DEVICE_CHOICES = "auto|local|usb|id:UDID|remote:HOST[:PORT]"
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A parsed ``--device`` value."""
+
+    kind: str                    # auto | local | usb | id | remote
+    udid: str | None = None
+    host: str | None = None
+    port: int | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "id":
+            return f"id:{self.udid}"
+        if self.kind == "remote":
+            return f"remote:{self.host}" + (f":{self.port}" if self.port else "")
+        return self.kind
+
+
+def parse_device_spec(text: str | None) -> DeviceSpec:
+    text = (text or "auto").strip()
+    if text in ("auto", "local", "usb"):
+        return DeviceSpec(text)
+    if text.startswith("id:") and len(text) > 3:
+        return DeviceSpec("id", udid=text[3:])
+    if text.startswith("remote:") and len(text) > 7:
+        host, sep, port = text[7:].rpartition(":")
+        if not sep or not port.isdigit():
+            host, port = text[7:], ""
+        if not host:
+            raise InputError(f"--device {text}: no host given")
+        return DeviceSpec("remote", host=host, port=int(port) if port else None)
+    raise InputError(f"--device {text}: expected auto, local, usb, id:UDID or remote:HOST[:PORT]")
+
+
+def spec_from_frida_flags(device: str | None, usb: bool, remote: bool, device_id: str | None,
+                          host: str | None) -> str:
+    """frida-tools' ``-U`` / ``-R`` / ``-D ID`` / ``-H HOST`` as a ``--device`` spec (one at most)."""
+    given = [f for f, on in (("-U", usb), ("-R", remote), ("-D", device_id is not None), ("-H", host is not None))
+             if on]
+    if len(given) > 1:
+        raise InputError(f"give only one of {', '.join(given)}")
+    if given and device not in (None, "auto"):
+        raise InputError(f"--device {device} and {given[0]}: give only one")
+    if usb:
+        return "usb"
+    if remote:
+        return "remote:127.0.0.1"
+    if device_id is not None:
+        # frida-tools' -D takes a bare id; memtrace's own spellings are accepted too.
+        return device_id if device_id in ("local", "usb") or ":" in device_id else f"id:{device_id}"
+    if host is not None:
+        return f"remote:{host}"
+    return device or "auto"
+
+
+def resolve(spec: DeviceSpec | str, timeout: float = 5.0) -> Any:
+    """The Frida device for ``spec``; errors name the spec and what went wrong, in one line."""
+    import frida
+
+    if isinstance(spec, str):
+        spec = parse_device_spec(spec)
+    try:
+        if spec.kind == "local":
+            return frida.get_local_device()
+        if spec.kind == "usb":
+            return frida.get_usb_device(timeout=timeout)
+        if spec.kind == "id":
+            return frida.get_device(spec.udid, timeout=timeout)
+        if spec.kind == "remote":
+            return frida.get_device_manager().add_remote_device(f"{spec.host}:{spec.port or FRIDA_REMOTE_PORT}")
+        return _auto(frida)
+    except (frida.InvalidArgumentError, frida.TimedOutError, frida.ServerNotRunningError,
+            frida.TransportError, frida.NotSupportedError) as e:
+        raise TargetError(f"--device {spec}: {_first_line(e)}") from None
+
+
+def _auto(frida: Any) -> Any:
+    deadline = time.monotonic() + AUTO_USB_WAIT
+    while True:
+        for device in frida.enumerate_devices():
+            if device.type == "usb":
+                return device
+        if time.monotonic() >= deadline:
+            return frida.get_local_device()
+        time.sleep(0.1)
+
+
+def is_local(device: Any) -> bool:
+    return getattr(device, "type", None) == "local"
+
+
+def describe(device: Any) -> dict[str, Any]:
+    """Who the device is, for a capture's RECON record: id, name, type, OS, platform, arch."""
+    import socket
+
+    import frida
+
+    info: dict[str, Any] = {"id": device.id, "name": device.name, "type": device.type}
+    try:
+        params = device.query_system_parameters()
+        info["os"] = params.get("os", {})
+        info["platform"] = params.get("platform")
+        info["arch"] = params.get("arch")
+        info["hostname"] = params.get("name") or socket.gethostname()
+    except (frida.NotSupportedError, frida.TransportError, frida.InvalidOperationError):
+        pass
+    return info
+
+
+def list_devices() -> str:
+    """The devices Frida sees, for an error message: ``local (Local System), usb:abc (iPhone)``."""
+    import frida
+
+    try:
+        found = frida.enumerate_devices()
+    except Exception:  # noqa: BLE001 -- only decorates an error message
+        return "none could be listed"
+    shown = [f"{d.type}:{d.id} ({d.name})" if d.type != "local" else f"local ({d.name})"
+             for d in found if d.type in ("local", "usb", "remote")]
+    return ", ".join(shown) or "none"
+
+
+def find_pid(device: Any, name: str) -> int:
+    """The pid of the one process called ``name`` (exact match first, then case-insensitive)."""
+    processes = device.enumerate_processes()
+    exact = [p for p in processes if p.name == name]
+    matches = exact or [p for p in processes if p.name.lower() == name.lower()]
+    if not matches:
+        raise TargetError(f"--name {name}: no running process with that name on {device.name}")
+    if len(matches) > 1:
+        pids = ", ".join(str(p.pid) for p in sorted(matches, key=lambda p: p.pid)[:12])
+        raise TargetError(f"--name {name}: {len(matches)} processes have that name (pids {pids}); "
+                          f"choose one with --pid")
+    return matches[0].pid
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -71,3 +71,10 @@ def memtrace() -> Callable[..., subprocess.CompletedProcess[str]]:
 @pytest.fixture
 def memtrace_json_fixture() -> Callable[..., dict]:
     return memtrace_json
+
+
+def frame_names(frames: list[dict]) -> list[str]:
+    """``function (module)`` of each JSON frame object (the console's frame text without file:line)."""
+    from memtrace.frames import Frame
+
+    return [Frame.from_json(f).name() for f in frames]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,17 +37,27 @@ from typing import Any
 
 import yaml
 
+from memtrace import tracers
 from memtrace.capture import FILE_NAME, CaptureError, RecordType, alloc_totals, append_record, read_records
-from memtrace.deaths import DeathThresholds
+from memtrace.capture_loop import CAPTURE_OPTIONS, CaptureOptions, CaptureResult, capture_options, run_capture
 from memtrace.errors import InputError, MemtraceError
 from memtrace.files import write_json_atomic
-from memtrace.session import CaptureOptions, CaptureResult, CaptureSession, TargetSpec
+from memtrace.target import TARGET_OPTIONS, TargetSpec
+from memtrace.tracers.options import Option, agent_config, convert_plan_values
 from memtrace.ui import UI
 
-TRACERS = ("malloc", "iosurface", "purgeable", "probe", "fds", "threads")
 EARLY_DEATHS = ("launch-storm", "perpetual-stream", "slow-start")
-RUN_KEYS = {"label", "program", "app", "pid", "name", "device", "launch", "tracers", "window", "attach_delay",
-            "retries", "retry_delay_step", "options", "rpc_timeout", "storm_seconds", "storm_rate", "stream_rate"}
+# Keys of a run (and of ``defaults``): the target and capture options as declared for the
+# command line, plus the batch's own.
+RUN_OPTIONS: tuple[Option, ...] = tuple(o for o in (*TARGET_OPTIONS, *CAPTURE_OPTIONS) if o.in_plans) + (
+    Option("retries", int, 1, "Extra attempts when a run dies early.", check=lambda v: None if v >= 0
+           else "must be zero or more"),
+    Option("retry_delay_step", float, 5.0, "Each retry attaches this much later.",
+           check=lambda v: None if 0 <= v < float("inf") else "must be zero or a positive, finite number"),
+)
+STRUCTURE_KEYS = ("label", "program", "tracers", "options")
+LABEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
+RUN_MARKER = "run.json"
 
 
 @dataclass
@@ -54,16 +65,27 @@ class Run:
     label: str
     target: TargetSpec
     tracer: str
-    window: float
-    attach_delay: float
-    retries: int
-    retry_delay_step: float
-    options: dict[str, Any]
-    thresholds: DeathThresholds
+    values: dict[str, Any]          # run options (window, attach_delay, thresholds, retries ...)
+    options: dict[str, Any]         # the tracer's own options, converted
 
     @property
     def key(self) -> str:
         return f"{self.label}-{self.tracer}"
+
+    @property
+    def retries(self) -> int:
+        return int(self.values.get("retries", 1))
+
+    @property
+    def retry_delay_step(self) -> float:
+        return float(self.values.get("retry_delay_step", 5.0))
+
+    def capture_options(self, out: Path, attach_delay: float) -> CaptureOptions:
+        tracer = tracers.get(self.tracer)
+        assert tracer is not None
+        opts = capture_options(self.tracer, {**self.values, "attach_delay": attach_delay, "out": out},
+                               agent_config(tracer.options, self.options))
+        return opts
 
 
 @dataclass
@@ -85,14 +107,23 @@ class RunOutcome:
 
 
 def load_plan(path: Path) -> tuple[dict[str, Any], list[Run]]:
+    """The plan's runs, every key and value checked as the command line checks them."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+        doc = yaml.safe_load(text)
     except FileNotFoundError:
         raise InputError(f"{path}: no such plan") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file (a plan is YAML)") from None
     except (OSError, yaml.YAMLError) as e:
         raise InputError(f"{path}: not a readable YAML plan: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list) or not doc["runs"]:
         raise InputError(f"{path}: a plan needs a non-empty 'runs' list")
+    unknown = sorted(str(k) for k in doc if k not in ("out", "defaults", "runs"))
+    if unknown:
+        raise InputError(f"{path}: unknown top-level key(s) {', '.join(unknown)} (known: out, defaults, runs)")
+    if doc.get("out") is not None and not isinstance(doc["out"], str):
+        raise InputError(f"{path}: out: expected a folder name, got {doc['out']!r}")
     defaults = doc.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise InputError(f"{path}: 'defaults' must be a mapping")
@@ -100,39 +131,7 @@ def load_plan(path: Path) -> tuple[dict[str, Any], list[Run]]:
     for i, raw in enumerate(doc["runs"], 1):
         if not isinstance(raw, dict):
             raise InputError(f"{path}: run {i} is not a mapping")
-        spec = {**defaults, **raw}
-        unknown = set(spec) - RUN_KEYS
-        if unknown:
-            raise InputError(f"{path}: run {i}: unknown key(s) {', '.join(sorted(unknown))}")
-        program = spec.get("program")
-        if isinstance(program, str):
-            program = program.split()
-        target = TargetSpec(device=str(spec.get("device", "auto")), app=spec.get("app"), pid=spec.get("pid"),
-                            name=spec.get("name"), argv=[str(a) for a in program or []],
-                            launch=str(spec.get("launch", "auto")))
-        try:
-            target.validate()
-        except InputError as e:
-            raise InputError(f"{path}: run {i}: {e}") from None
-        tracers = spec.get("tracers") or ["malloc"]
-        for t in tracers:
-            if t not in TRACERS:
-                raise InputError(f"{path}: run {i}: unknown tracer {t!r} (one of {', '.join(TRACERS)})")
-        label = str(spec.get("label") or target.slug())
-        for t in tracers:
-            try:
-                runs.append(Run(label=label, target=target, tracer=t, window=float(spec.get("window", 60)),
-                                attach_delay=float(spec.get("attach_delay", 0)),
-                                retries=int(spec.get("retries", 1)),
-                                retry_delay_step=float(spec.get("retry_delay_step", 5)),
-                                options=dict(spec.get("options") or {}),
-                                thresholds=DeathThresholds(
-                                    rpc_timeout=float(spec.get("rpc_timeout", 20)),
-                                    storm_seconds=float(spec.get("storm_seconds", DeathThresholds.storm_seconds)),
-                                    storm_rate=float(spec.get("storm_rate", DeathThresholds.storm_rate)),
-                                    stream_rate=float(spec.get("stream_rate", DeathThresholds.stream_rate)))))
-            except (TypeError, ValueError) as e:
-                raise InputError(f"{path}: run {i}: {e}") from None
+        runs += _runs_of(path, i, {**defaults, **raw})
     keys = [r.key for r in runs]
     dupes = {k for k in keys if keys.count(k) > 1}
     if dupes:
@@ -140,15 +139,63 @@ def load_plan(path: Path) -> tuple[dict[str, Any], list[Run]]:
     return doc, runs
 
 
-def agent_config(tracer: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Plan options use the command line's names (stack_threshold); agents use camelCase."""
-    names = {"live_threshold": "liveThreshold", "stack_threshold": "stackThreshold", "frames": "frames",
-             "sample_bytes": "sampleBytes", "backend": "backend"}
-    out = {}
-    for k, v in options.items():
-        key = names.get(k) or "".join(w if i == 0 else w.title() for i, w in enumerate(k.split("_")))
-        out[key] = v
-    return out
+def _runs_of(path: Path, i: int, spec: dict[str, Any]) -> list[Run]:
+    where = f"{path}: run {i}"
+    by_name = {o.name: o for o in RUN_OPTIONS}
+    unknown = sorted(str(k) for k in spec if k not in by_name and k not in STRUCTURE_KEYS)
+    if unknown:
+        raise InputError(f"{where}: unknown key(s) {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted((*by_name, *STRUCTURE_KEYS)))})")
+    values = {k: by_name[k].convert(v, where) for k, v in spec.items() if k in by_name and v is not None}
+    program = spec.get("program")
+    if isinstance(program, str):
+        program = program.split()
+    if program is not None and (not isinstance(program, list) or not all(isinstance(a, str | int | float)
+                                                                          for a in program)):
+        raise InputError(f"{where}: program: expected a command line (a string or a list of words), got {program!r}")
+    target = TargetSpec(device=str(values.get("device", "auto")), app=values.get("app"), pid=values.get("pid"),
+                        name=values.get("name"), argv=[str(a) for a in program or []],
+                        launch=str(values.get("launch", "auto")))
+    try:
+        target.validate()
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None
+    names = _tracer_names(spec.get("tracers", ["malloc"]), where)
+    raw_options = spec.get("options") or {}
+    if not isinstance(raw_options, dict):
+        raise InputError(f"{where}: options: expected a mapping of tracer options, got {raw_options!r}")
+    label = spec.get("label")
+    if label is None:
+        label = target.slug()
+    elif not isinstance(label, str | int) or not LABEL.match(str(label)) or str(label) in (".", ".."):
+        raise InputError(f"{where}: label {label!r}: a label is a name (letters, digits, '.', '_', '-'), "
+                         f"not a path")
+    runs = []
+    claimed: set[str] = set()
+    for name in names:
+        tracer = tracers.get(name)
+        assert tracer is not None
+        declared = {o.name for o in tracer.options if o.in_plans}
+        mine = {k: v for k, v in raw_options.items() if k in declared}
+        claimed |= set(mine)
+        runs.append(Run(label=str(label), target=target, tracer=name, values=values,
+                        options=convert_plan_values(tracer.options, mine, f"{where}: {name} options")))
+    stray = sorted(str(k) for k in raw_options if k not in claimed)
+    if stray:
+        known = sorted({o.name for n in names for o in tracers.get(n).options if o.in_plans})  # type: ignore[union-attr]
+        raise InputError(f"{where}: unknown option(s) {', '.join(stray)} for {', '.join(names)} "
+                         f"(known: {', '.join(known) or 'none'})")
+    return runs
+
+
+def _tracer_names(value: Any, where: str) -> list[str]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(t, str) for t in names):
+        raise InputError(f"{where}: tracers: expected a tracer name or a list of them, got {value!r}")
+    for t in names:
+        if tracers.get(t) is None:
+            raise InputError(f"{where}: unknown tracer {t!r} (one of {', '.join(tracers.names())})")
+    return names
 
 
 def run_batch(runs: list[Run], out: Path, force: bool, ui_factory: Callable[[], UI],
@@ -178,17 +225,18 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
         except (OSError, ValueError, KeyError):
             pass
     if folder.exists():
+        # Only ever delete what an earlier run of memtrace made.
+        if not _made_by_batch(folder):
+            raise InputError(f"{folder}: exists and was not made by memtrace batch; move it or choose another --out")
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     attempts: list[dict[str, Any]] = []
     results: list[CaptureResult] = []
-    delay = run.attach_delay
+    delay = float(run.values.get("attach_delay", 0.0))
     for n in range(1, run.retries + 2):
-        options = CaptureOptions(tracer=run.tracer, window=run.window, attach_delay=delay,
-                                 out=folder / f"attempt-{n}", agent_config=agent_config(run.tracer, run.options),
-                                 thresholds=run.thresholds)
+        options = run.capture_options(folder / f"attempt-{n}", delay)
         try:
-            r = CaptureSession(replace(run.target, argv=list(run.target.argv)), options, ui_factory()).run()
+            r = run_capture(run.tracer, replace(run.target, argv=list(run.target.argv)), options, ui_factory())
         except MemtraceError as e:
             attempts.append({"attempt": n, "attach_delay": delay, "ended": "failed", "reason": str(e)})
             break
@@ -223,6 +271,13 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
         outcome.events, outcome.bytes = _events_and_bytes(target)
     write_json_atomic(done, outcome.to_json())
     return outcome
+
+
+def _made_by_batch(folder: Path) -> bool:
+    """A run folder holds only what a run writes: run.json, attempt-N/, capture.mtc(.failed)."""
+    names = {p.name for p in folder.iterdir()}
+    return all(n in (RUN_MARKER, FILE_NAME, FILE_NAME + ".failed") or re.fullmatch(r"attempt-\d+", n)
+               for n in names)
 
 
 def _last_end(path: Path) -> dict[str, Any]:

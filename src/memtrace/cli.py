@@ -1,4 +1,8 @@
-"""The command-line layer: parses options and calls the library; nothing else."""
+"""The command-line layer: parses options and calls the library; nothing else.
+
+Tracer commands are made from the tracer registry (memtrace.tracers); the other commands are
+one module each in memtrace.commands, exposing ``command``.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +11,12 @@ import sys
 
 import click
 
-from memtrace import __version__
+from memtrace import __version__, tracers
 from memtrace.capture import CaptureError
+from memtrace.commands.trace import make_command
 from memtrace.errors import MemtraceError
 
-# One module per subcommand in memtrace.commands, each exposing ``command``.
-COMMANDS = (
-    "malloc", "iosurface", "purgeable", "probe", "fds", "threads",
-    "census", "limit", "jetsam", "report", "batch", "export",
-)
+COMMANDS = ("census", "limit", "jetsam", "report", "batch", "export")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -24,14 +25,11 @@ def cli() -> None:
     """Trace how much memory a process allocates, what it allocates, and when it makes memory discardable."""
 
 
+for _tracer in tracers.all_tracers().values():
+    cli.add_command(make_command(_tracer))
+
 for _name in COMMANDS:
-    try:
-        _module = importlib.import_module(f"memtrace.commands.{_name}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"memtrace.commands.{_name}":
-            raise
-        continue
-    cli.add_command(_module.command)
+    cli.add_command(importlib.import_module(f"memtrace.commands.{_name}").command)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,6 +38,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("memtrace: interrupted", err=True)
         sys.exit(130)
+    except click.UsageError as e:
+        # One line, like every other error: what is wrong and with which option.
+        hint = f" (see memtrace {e.ctx.info_name} --help)" if e.ctx is not None and e.ctx.info_name != "memtrace" else ""
+        click.echo(f"memtrace: error: {e.format_message()}{hint}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

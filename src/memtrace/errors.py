@@ -17,3 +17,20 @@ class TargetError(MemtraceError):
 
 class InputError(MemtraceError):
     """A file or argument given by the user is unusable."""
+
+
+class AgentTimeout(MemtraceError):
+    """The agent did not answer in time: evidence of a frozen process (anti-debug), not a hang."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(f"the agent did not answer {what} within {seconds:g} s")
+        self.what = what
+        self.seconds = seconds
+
+
+class TargetGone(Exception):  # noqa: N818 -- an outcome, not a failure
+    """The target ended before instrumentation finished (not an error: the capture says so)."""
+
+
+class TargetLost(MemtraceError):
+    """The target, or the connection to it, went away while memtrace was talking to it."""

@@ -9,6 +9,7 @@ out of a display string: they read these fields.  ``to_json`` is the frame objec
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,23 @@ class Frame:
     def known(self) -> bool:
         return self.function is not None
 
+    def short_function(self) -> str | None:
+        """The function without its parameter list (``Pool<double>::fill``), as callers are named."""
+        name = self.function
+        if not name:
+            return None
+        if name.startswith(("_Z", "__Z")):
+            return demangle_nested(name)
+        depth = 0
+        for i, ch in enumerate(name):
+            if ch == "<":
+                depth += 1
+            elif ch == ">":
+                depth -= 1
+            elif ch == "(" and depth == 0 and i > 0 and not name.startswith("operator", max(0, i - 8)):
+                return name[:i]
+        return name
+
     def location(self) -> str | None:
         """``file:line`` (file as its basename) or None."""
         if not self.file:
@@ -34,14 +52,17 @@ class Frame:
         base = self.file.rsplit("/", 1)[-1]
         return f"{base}:{self.line}" if self.line else base
 
-    def label(self) -> str:
-        """``function (module) file:line``; ``module+0xoffset`` or the address when unnamed."""
+    def name(self) -> str:
+        """``function (module)``; ``module+0xoffset`` or the address when unnamed."""
         if self.function:
-            text = f"{self.function} ({self.module})" if self.module else self.function
-        elif self.module is not None and self.offset is not None:
-            text = f"{self.module}+{self.offset:#x}"
-        else:
-            text = f"{self.address:#x}"
+            return f"{self.function} ({self.module})" if self.module else self.function
+        if self.module is not None and self.offset is not None:
+            return f"{self.module}+{self.offset:#x}"
+        return f"{self.address:#x}"
+
+    def label(self) -> str:
+        """``function (module) file:line``, as the console and the reports show a frame."""
+        text = self.name()
         where = self.location()
         if where:
             text += f" {where}"
@@ -50,11 +71,14 @@ class Frame:
         return text
 
     def key(self) -> tuple[Any, ...]:
-        """What makes two frames the same row: function and source position when known (so one
-        source line's several call sites merge), else module and offset."""
-        if self.function is not None:
+        """What makes two frames the same row: function and source line when the line is known
+        (several call sites on one line, an unrolled loop, merge), else the exact code offset
+        (two call sites stay two rows when nothing says they are one line)."""
+        if self.function is not None and self.line is not None:
             return (self.function, self.module, self.file, self.line, self.inlined)
-        return (None, self.module, self.offset if self.module is not None else self.address)
+        if self.module is not None and self.offset is not None:
+            return (self.function, self.module, self.offset, self.inlined)
+        return (self.function, None, self.address, self.inlined)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"function": self.function, "module": self.module, "offset": self.offset,
@@ -72,6 +96,27 @@ class Frame:
         return cls(address=int(addr, 16) if isinstance(addr, str) else int(addr or 0),
                    module=obj.get("module"), offset=obj.get("offset"), function=obj.get("function"),
                    file=obj.get("file"), line=obj.get("line"), inlined=bool(obj.get("inlined", False)))
+
+
+def demangle_nested(symbol: str) -> str:
+    """``_ZN2CA6Render5Shmem12set_volatileEbPi`` -> ``CA::Render::Shmem::set_volatile``.
+
+    Only an Itanium nested name (what callers are matched on); anything else is returned
+    unchanged.  Full demangling is the symbolizer's job; this covers names it left mangled."""
+    m = re.match(r"_{1,2}ZN[KVr]*", symbol)
+    if m is None:
+        return symbol
+    pos, parts = m.end(), []
+    while pos < len(symbol) and symbol[pos].isdigit():
+        n = re.match(r"\d+", symbol[pos:])
+        assert n is not None
+        length = int(n.group())
+        start = pos + len(n.group())
+        parts.append(symbol[start:start + length])
+        pos = start + length
+    if not parts or pos >= len(symbol) or symbol[pos] != "E":
+        return symbol
+    return "::".join(parts)
 
 
 def stack_key(frames: list[Frame] | tuple[Frame, ...]) -> tuple[tuple[Any, ...], ...]:

@@ -12,18 +12,19 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from memtrace.units import fmt_bytes
+
 
 @dataclass
 class Progress:
+    """One tick of the live view: time, the rates every tracer has, and the tracer's own rows."""
+
     elapsed: float
     window: float
-    calls: int
-    bytes: int
-    calls_per_s: float
+    activity_per_s: float
     bytes_per_s: float
     dropped: int
-    live: int = 0
-    stacks: int = 0
+    rows: list[tuple[str, str]] = field(default_factory=list)     # the tracer's own statistics
     batches: int = 0
     families: list[tuple[str, int]] = field(default_factory=list)
 
@@ -59,14 +60,6 @@ class SilentUI:
         stream = sys.stderr if fd == 2 or self.stdout_to_stderr else sys.stdout
         stream.buffer.write(data)
         stream.flush()
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 class RichUI(SilentUI):
@@ -128,14 +121,15 @@ class RichUI(SilentUI):
         bar = ProgressBar(total=p.window, completed=min(p.elapsed, p.window), width=40)
         t = Table.grid(padding=(0, 2))
         t.add_row("elapsed", f"{p.elapsed:5.1f} / {p.window:g} s")
-        t.add_row("calls", f"{p.calls:,}  ({p.calls_per_s:,.0f}/s)")
-        t.add_row("bytes", f"{human_bytes(p.bytes)}  ({human_bytes(p.bytes_per_s)}/s)")
-        t.add_row("live / stacks", f"{p.live:,} / {p.stacks:,}")
+        t.add_row("rate", f"{p.activity_per_s:,.0f} calls/s" + (f", {fmt_bytes(p.bytes_per_s)}/s"
+                                                                    if p.bytes_per_s else ""))
+        for label, value in p.rows:
+            t.add_row(label, Text(value))
         t.add_row("dropped", Text(f"{p.dropped:,}", style="red" if p.dropped else ""))
         rows = [head, bar, t]
         if p.families:
             ft = Table(title="top stack families so far", box=None, show_header=False)
             for name, nbytes in p.families[:5]:
-                ft.add_row(name, human_bytes(nbytes))
+                ft.add_row(Text(name), fmt_bytes(nbytes))
             rows.append(ft)
         return Group(*rows)

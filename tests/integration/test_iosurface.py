@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import memtrace_json
+from tests.conftest import frame_names, memtrace_json
 
 FRAME_1080 = 2080768        # round_up(1920 * 1080, 16384)
 FRAME_4K = 33177600         # 15360 * 2160
@@ -20,7 +20,7 @@ def test_camera_pool(demo_bin: Path, tmp_path: Path) -> None:
     # Every surface from one function; two call sites (1080p and 4K loops) -> two stacks.
     assert {r["caller"] for r in s["by_stack"]} == {"camera_pool_create_surface"}
     assert sorted((r["count"], r["bytes"]) for r in s["by_stack"]) == [(4, 4 * FRAME_4K), (8, 8 * FRAME_1080)]
-    assert all(r["frames"][1] == "main (scn_camera)" for r in s["by_stack"])
+    assert all(frame_names(r["frames"])[1] == "main (scn_camera)" for r in s["by_stack"])
     assert s["by_format"] == [
         {"format": "BGRA", "count": 4, "bytes": 132710400, "sizes": [[3840, 2160, 15360, FRAME_4K]]},
         {"format": "420v", "count": 8, "bytes": 16646144, "sizes": [[1920, 1080, 1920, FRAME_1080]]},

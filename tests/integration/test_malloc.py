@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device te
 
 
 def stack_by_function(summary: dict, function: str) -> list[dict]:
-    return [s for s in summary["top_stacks"] if s["frames"] and s["frames"][0].startswith(function + " ")]
+    return [s for s in summary["top_stacks"] if s["frames"] and s["frames"][0]["function"] == function]
 
 
 def test_exact_counts_tiers_live_and_own_function_on_stack(compile_c, tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_exact_counts_tiers_live_and_own_function_on_stack(compile_c, tmp_path: 
                                 + 65536 + 5 * 8192)
     (batch,) = stack_by_function(s, "alloc_4k_batch")
     assert (batch["count"], batch["bytes"]) == (1000, 4096 * 1000)
-    assert batch["frames"][1].startswith("main ")
+    assert batch["frames"][1]["function"] == "main"
     (big,) = stack_by_function(s, "alloc_big")
     assert (big["count"], big["bytes"]) == (10, 1_000_000)
     (cal,) = stack_by_function(s, "use_calloc")
@@ -52,7 +52,7 @@ def test_exact_counts_tiers_live_and_own_function_on_stack(compile_c, tmp_path: 
     # Live at end: 400 of the 4 KB blocks, the 10 big ones, the 5 aligned ones.
     assert s["live"] == {"count": 415, "bytes": 400 * 4096 + 10 * 100000 + 5 * 8192,
                          "estimated_bytes": 400 * 4096 + 10 * 100000 + 5 * 8192}
-    live_4k = [x for x in s["live_by_stack"] if x["frames"][0].startswith("alloc_4k_batch ")]
+    live_4k = [x for x in s["live_by_stack"] if x["frames"] and x["frames"][0]["function"] == "alloc_4k_batch"]
     assert [(x["count"], x["bytes"]) for x in live_4k] == [(400, 400 * 4096)]
     assert s["dropped"]["dropped_records"] == 0 and s["dropped"]["dropped_stacks"] == 0
     assert s["missing"] == []
@@ -184,9 +184,9 @@ def test_poisson_sampling_estimates_within_tolerance(compile_c, tmp_path: Path) 
     assert a[0]["bytes"] == pytest.approx(200000 * 48, rel=0.10)
     assert b[0]["bytes"] == pytest.approx(100000 * 200, rel=0.10)
     assert a[0]["count"] == pytest.approx(200000, rel=0.10)
-    live_a = [x for x in s["live_by_stack"] if x["frames"][0].startswith("small_a ")]
+    live_a = [x for x in s["live_by_stack"] if x["frames"] and x["frames"][0]["function"] == "small_a"]
     assert live_a and live_a[0]["bytes"] == pytest.approx(200000 * 48, rel=0.10)
-    assert not [x for x in s["live_by_stack"] if x["frames"][0].startswith("small_b ")]
+    assert not [x for x in s["live_by_stack"] if x["frames"] and x["frames"][0]["function"] == "small_b"]
     assert s["sampled"] > 1000
 
 

@@ -38,8 +38,8 @@ def test_truth_table(demo_bin: Path, tmp_path: Path) -> None:
     assert rows["reacquire (SET_STATE NONVOLATILE)"]["old_state_read_back"] == 2
     assert rows["SET_STATE VOLATILE"]["old_state_read_back"] == 0
     text = md.read_text()
-    assert "| `SET_STATE EMPTY` | **yes** | 0 NONVOLATILE → 2 EMPTY | -16,777,216 | 0 | -16,777,216 | 0 |" in text
-    assert "| `madvise(MADV_FREE_REUSABLE=7)` | no | 0 NONVOLATILE → 0 NONVOLATILE | 0 | 0 | 0 | +16,777,216 |" in text
+    assert "| `SET_STATE EMPTY` | **yes** | 0 NONVOLATILE → 2 EMPTY | −16,777,216 B | 0 B | −16,777,216 B | 0 B |" in text
+    assert "| `madvise(MADV_FREE_REUSABLE=7)` | no | 0 NONVOLATILE → 0 NONVOLATILE | 0 B | 0 B | 0 B | +16,777,216 B |" in text
 
 
 def test_without_standin_reports_missing_and_error(demo_bin: Path, tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import memtrace_json
+from tests.conftest import frame_names, memtrace_json
 
 MIB = 1024 * 1024
 DARWIN_ONLY = ["vm_purgable_control", "mach_vm_purgable_control", "vm_allocate", "mach_vm_allocate",
@@ -19,8 +19,13 @@ def run(demo_bin: Path, tmp_path: Path, program: str, *extra: str) -> dict[str, 
 
 
 def callers(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], tuple[int, int | None]]:
-    """{(key..., caller): (count, bytes)} from by_caller-style rows."""
-    return {(*(r[k] for k in keys), r["caller"]): (r["count"], r.get("bytes")) for r in rows}
+    """{(key..., caller): (count, bytes)} from by_caller-style rows (one row per stack: summed per caller)."""
+    out: dict[tuple[Any, ...], tuple[int, int | None]] = {}
+    for r in rows:
+        key = (*(r[k] for k in keys), r["caller"])
+        count, nbytes = out.get(key, (0, 0))
+        out[key] = (count + r["count"], None if nbytes is None or r.get("bytes") is None else nbytes + r["bytes"])
+    return out
 
 
 def test_sqlite_cache_bounces_0_1(demo_bin: Path, tmp_path: Path) -> None:
@@ -64,13 +69,16 @@ def test_ca_backing_stores_stolen_and_reacquired(demo_bin: Path, tmp_path: Path)
         ("mach_vm_purgable_control", "2->0", "CA::Render::Shmem::set_volatile"): (8, 5242880),
         ("mach_vm_purgable_control", "1->0", "CA::Render::Shmem::set_volatile"): (4, 2621440),
     }
-    # ... and the frame above it (the row's most frequent stack) is the app's, not an
-    # Interceptor trampoline (set_volatile itself is hooked too).
-    assert {r["frames"][1] for r in s["by_caller"]} == {"ca_layer_backing_update (scn_ca_backing)"}
+    # ... and the frame above it is a real caller (one row per business path: the app's layer
+    # update, and CABackingStoreSetVolatile), never an Interceptor trampoline (set_volatile itself
+    # is hooked too).
+    assert {frame_names(r["frames"])[1] for r in s["by_caller"]} == {
+        "ca_layer_backing_update (scn_ca_backing)", "CABackingStoreSetVolatile (libmtdarwin.so)"}
     assert s["created_purgeable"] == 12
     assert s["created_bytes"] == 7864320
     assert callers(s["created_by"], "entry") == {("mach_vm_allocate", "CA::Render::Shmem::new_shmem"): (12, 7864320)}
-    fw = {entry: {r["caller"]: r["count"] for r in v["by_caller"]} for entry, v in s["framework_calls"].items()}
+    fw = {entry: {caller: n for (caller,), (n, _) in callers(v["by_caller"]).items()}
+          for entry, v in s["framework_calls"].items()}
     assert fw == {
         "CA::Render::Shmem::set_volatile": {"ca_layer_backing_update": 20, "CABackingStoreSetVolatile": 4},
         "CA::Render::Shmem::new_shmem": {"ca_layer_backing_create": 12},
@@ -150,6 +158,9 @@ def test_allocator_trimming_madvise_inside_glibc_does_not_take_the_target_down(d
     s = run(demo_bin, tmp_path, "camera_surfaces")
     assert s["ended"] == "target-exited"
     assert s["transitions"] == {"0->1": 8, "2->0": 4}
-    rows = {(r["transition"], r["frames"][0].split(" ")[0]): r["count"] for r in s["by_caller"]}
+    rows: dict[tuple[str, str], int] = {}
+    for r in s["by_caller"]:
+        key = (r["transition"], r["frames"][0]["function"])
+        rows[key] = rows.get(key, 0) + r["count"]
     assert rows == {("0->1", "frame_cache_make_purgeable"): 6, ("2->0", "frame_cache_reacquire"): 4,
                     ("0->1", "camera_session_configure"): 2}

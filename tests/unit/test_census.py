@@ -175,7 +175,7 @@ def test_render_markdown() -> None:
            "rows": [dict(r, band=A.darwin_band(r["priority"])) for r in ROWS], "notes": ["n|1"]}
     md = A.render_markdown(doc)
     assert md.startswith("## Census\n")
-    assert "3 processes on iPhone (darwin, T); total footprint 0.0 MB; 1 vanished and 0 denied" in md
+    assert "3 processes on iPhone (darwin, T); total footprint 80 B; 1 vanished and 0 denied" in md
     lines = md.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("|---"))
     assert lines[first + 1].startswith("| 1 | C |")  # sorted by footprint

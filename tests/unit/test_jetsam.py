@@ -251,7 +251,7 @@ def test_render_markdown_has_chapter_and_tables() -> None:
     reports = [J.parse_report(p.read_text(encoding="utf-8"), str(p)) for p in (SEED_A, SEED_B)]
     md = J.render_markdown(J.aggregate(reports, skipped=[("x|y.ips", "x|y.ips: broken")]))
     assert md.startswith("## Jetsam\n")
-    assert "| iPhone8,2 | iPhone OS 13.3.1 (17D50) | 1 | 1450.1 MB |" in md
+    assert "| iPhone8,2 | iPhone OS 13.3.1 (17D50) | 1 | 1.42 GB |" in md
     assert "x\\|y.ips" in md  # pipes in cells are escaped
     assert "### Kills by reason" in md and "| per-process-limit | 2 |" in md
 

@@ -26,8 +26,8 @@ def test_table_and_missing(tmp_path: Path) -> None:
     assert s["missing"] == ["task_info"]
     assert s["ended"] == "truncated"
     md = render_markdown(s)
-    assert "| `SET_STATE EMPTY` | **yes** | 0 NONVOLATILE → 2 EMPTY | -4,096 | 0 | -4,096 | 0 |" in md
-    assert "| `mach_vm_allocate(ANYWHERE\\|PURGABLE)` | — | — → 0 NONVOLATILE | +4,096 | 0 | +4,096 | 0 |" in md
+    assert "| `SET_STATE EMPTY` | **yes** | 0 NONVOLATILE → 2 EMPTY | −4,096 B | 0 B | −4,096 B | 0 B |" in md
+    assert "| `mach_vm_allocate(ANYWHERE\\|PURGABLE)` | — | — → 0 NONVOLATILE | +4,096 B | 0 B | +4,096 B | 0 B |" in md
     assert "**MISSING:** task_info" in md
 
 

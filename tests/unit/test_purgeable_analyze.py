@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memtrace.analyze.purgeable import demangle_nested, summarize
+from memtrace.analyze.purgeable import summarize
 from memtrace.capture import CaptureWriter, RecordType, read_records
+from memtrace.frames import demangle_nested
 
 APP, FETCH, CA = 0x1000, 0x1100, 0x2000
 
@@ -44,25 +45,53 @@ def test_matrix_callers_and_merging_of_call_sites(tmp_path: Path) -> None:
     events = [
         counts(1, 0),                               # an early cumulative snapshot: the last one wins
         ev_set(0, 1, [0x1010, APP]), ev_set(0, 1, [0x1020, APP]),     # two call sites, one function
+        ev_set(0, 1, [0x1020, APP]),                                   # the second site again: same row
         ev_set(1, 0, [0x1110, APP]), ev_set(2, 0, [0x1110, APP], nbytes=8192),
         ev_set(0, 1, [0x2010, APP], entry="mach_vm_purgable_control"),
         ev_set(None, 1, [0x1010]),                  # failed SET: no transition
         counts(6, 3),
     ]
     s = summarize(read_records(write(tmp_path / "c.mtc", events))).to_json(capture="c")
-    assert s["transitions"] == {"0->1": 3, "1->0": 1, "2->0": 1}
-    assert s["transition_bytes"] == {"0->1": 12288, "1->0": 4096, "2->0": 8192}
+    assert s["transitions"] == {"0->1": 4, "1->0": 1, "2->0": 1}
+    assert s["transition_bytes"] == {"0->1": 16384, "1->0": 4096, "2->0": 8192}
     assert s["stolen"] == {"count": 1, "bytes": 8192}
     assert s["failed_sets"] == 1
     assert (s["set_calls"], s["get_calls"]) == (6, 3)
-    rows = {(r["entry"], r["transition"], r["caller"]): (r["count"], r["bytes"], r["stacks"]) for r in s["by_caller"]}
-    assert rows == {
-        ("vm_purgable_control", "0->1", "sqlite_pcache_unpin"): (2, 8192, 2),
-        ("vm_purgable_control", "1->0", "sqlite_pcache_fetch_page"): (1, 4096, 1),
-        ("vm_purgable_control", "2->0", "sqlite_pcache_fetch_page"): (1, 8192, 1),
-        ("mach_vm_purgable_control", "0->1", "CA::Render::Shmem::set_volatile"): (1, 4096, 1),
-    }
+    # Rows per transition and whole stack: two call sites with no line information are two rows.
+    rows = sorted((r["entry"], r["transition"], r["caller"], r["count"], r["bytes"], r["stacks"])
+                  for r in s["by_caller"])
+    assert rows == sorted([
+        ("vm_purgable_control", "0->1", "sqlite_pcache_unpin", 1, 4096, 1),
+        ("vm_purgable_control", "0->1", "sqlite_pcache_unpin", 2, 8192, 1),
+        ("vm_purgable_control", "1->0", "sqlite_pcache_fetch_page", 1, 4096, 1),
+        ("vm_purgable_control", "2->0", "sqlite_pcache_fetch_page", 1, 8192, 1),
+        ("mach_vm_purgable_control", "0->1", "CA::Render::Shmem::set_volatile", 1, 4096, 1),
+    ])
     assert (s["ended"], s["reason"], s["target"]) == ("target-exited", "exited", "synthetic")
+
+
+def test_call_sites_on_one_source_line_merge_two_paths_through_a_wrapper_stay_apart(tmp_path: Path) -> None:
+    """Rows are keyed by the whole symbolized stack: an unrolled loop (several return addresses on one
+    line) is one row; one wrapper reached from two business paths is two rows."""
+    wrapper, line_a, line_b, path_a, path_b = 0x1010, 0x1020, 0x1030, 0x1110, 0x1120
+    events = [ev_set(0, 1, [line_a, path_a]), ev_set(0, 1, [line_b, path_a]),   # one line, two addresses
+              ev_set(0, 1, [wrapper, path_a]), ev_set(0, 1, [wrapper, path_b])]
+    p = tmp_path / "c.mtc"
+    with CaptureWriter(p) as w:
+        w.write(RecordType.META, {"tracer": "purgeable", "target": {"label": "t"}})
+        w.write(RecordType.MODULES, {"modules": [{"name": "app", "path": "/app", "base": "0x1000", "size": 0x2000}]})
+        w.write(RecordType.EVENTS, {"events": events})
+        w.write(RecordType.SYMBOLS, {"rows": [["0x1010", "app", 0x10, "set_state", "cache.c", 10],
+                                              ["0x1020", "app", 0x20, "unrolled", "cache.c", 20],
+                                              ["0x1030", "app", 0x30, "unrolled", "cache.c", 20],
+                                              ["0x1110", "app", 0x110, "thumbnails", "ui.c", 5],
+                                              ["0x1120", "app", 0x120, "prefetch", "net.c", 7]]})
+    s = summarize(read_records(p)).to_json()
+    rows = sorted((r["caller"], r["count"], r["frames"][1]["function"]) for r in s["by_caller"])
+    assert rows == [("set_state", 1, "prefetch"), ("set_state", 1, "thumbnails"), ("unrolled", 2, "thumbnails")]
+    unrolled = next(r for r in s["by_caller"] if r["caller"] == "unrolled")
+    assert unrolled["stacks"] == 2 and unrolled["frames"][0] == {
+        "function": "unrolled", "module": "app", "offset": 0x20, "address": "0x1020", "file": "cache.c", "line": 20}
 
 
 def test_unknown_sizes_keep_bytes_honest(tmp_path: Path) -> None:

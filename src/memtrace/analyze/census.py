@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from memtrace.reporters.markdown import cell, table
+from memtrace.units import fmt_bytes
 
 FORMAT_VERSION = 1
 SORT_KEYS = ("footprint", "purgeable", "lifetime_max", "name", "pid", "priority")
@@ -102,12 +103,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, int | None]:
     return out
 
 
-def format_bytes(n: Any) -> str:
-    if not isinstance(n, int):
-        return "-"
-    if n >= 1024 * 1024 * 1024:
-        return f"{n / (1024 ** 3):.2f} GB"
-    return f"{n / (1024 * 1024):.1f} MB"
+format_bytes = fmt_bytes     # the project's one byte formatter, under the name the census code uses
 
 
 def render_markdown(census: dict[str, Any], limit: int = 30) -> str:

@@ -8,6 +8,9 @@ from typing import Any, Protocol, TypeVar
 
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import Record, RecordType
+from memtrace.frames import Frame, stack_key
+
+T = TypeVar("T")
 
 
 class HasContext(Protocol):
@@ -45,9 +48,14 @@ def fold_context(s: HasContext, rec: Record) -> bool:
     return True
 
 
+NO_END = "the capture ends without an END record (memtrace or the machine died)"
+# The version of every summary's --json shape (docs/json-schema.md); bumped on incompatible change.
+SCHEMA_VERSION = 1
+
+
 @dataclass
 class CaptureContext:
-    """The fields :func:`fold_context` fills, for analyzers to inherit."""
+    """The fields :func:`fold_context` fills, for analyzers to inherit, and the stack views they share."""
 
     meta: dict[str, Any] = field(default_factory=dict)
     end: dict[str, Any] = field(default_factory=dict)
@@ -56,6 +64,42 @@ class CaptureContext:
     missing: list[str] = field(default_factory=list)
     symbols: SymbolTable = field(default_factory=SymbolTable)
     warnings: list[dict[str, Any]] = field(default_factory=list)
+
+    def header_json(self, tracer: str, capture: str | None) -> dict[str, Any]:
+        """What every summary's JSON opens with: which capture, which target, how it ended."""
+        return {"schema_version": SCHEMA_VERSION, "capture": capture, "tracer": tracer, "target": self.meta.get("target", {}).get("label"),
+                "ended": self.end.get("ended", "truncated"), "reason": self.end.get("reason", NO_END)}
+
+    def timing_json(self) -> dict[str, Any]:
+        return {"window_s": self.meta.get("options", {}).get("window"),
+                "captured_s": self.end.get("timing", {}).get("captured_s")}
+
+    def stack(self, addresses: tuple[int, ...]) -> list[Frame]:
+        return self.symbols.stack(addresses)
+
+    def by_stack(self, items: Iterable[tuple[tuple[int, ...], T]]) -> list[tuple[list[Frame], list[T]]]:
+        """Items grouped by their whole symbolized stack: the same frames (function and source
+        position) are one group, however many return addresses led there."""
+        groups: dict[Any, tuple[list[Frame], list[T]]] = {}
+        for addresses, item in items:
+            frames = self.stack(addresses)
+            key = stack_key(frames)
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = (frames, [])
+            g[1].append(item)
+        return list(groups.values())
+
+    def caller(self, frames: list[Frame], skip_modules: tuple[str, ...] = ()) -> str | None:
+        """The first frame outside ``skip_modules`` (module name prefixes), by function name."""
+        for f in frames:
+            if f.module is None or not f.module.startswith(skip_modules) or not skip_modules:
+                return f.function or f.name()
+        return frames[0].name() if frames else None
+
+
+def frames_json(frames: list[Frame]) -> list[dict[str, Any]]:
+    return [f.to_json() for f in frames]
 
 
 class FoldsEvents(HasContext, Protocol):

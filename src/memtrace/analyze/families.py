@@ -6,9 +6,9 @@ the allocator and the system runtime are dropped; the first signature frame (wit
 that some family claims decides, and a stack nobody claims is ``"other: <top signature frame>"``
 -- every stack lands in exactly one family, none is dropped.
 
-Frames are the labels :meth:`memtrace.analyze.symbols.Frame.label` produces
-(``"symbol (module)"``, ``"module+0x1f0"``, ``"0x7f..."``), ``(symbol, module)`` pairs, or
-objects with ``symbol`` and ``module`` attributes.  Pure and cached per distinct frame, so a
+Frames are :class:`memtrace.frames.Frame` objects, their JSON form (dicts with ``function``
+and ``module``), ``(function, module)`` pairs, or the labels :meth:`Frame.name` produces
+(``"function (module)"``, ``"module+0x1f0"``, ``"0x7f..."``).  Pure and cached per distinct frame, so a
 live view can call :func:`classify` on every refresh.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from memtrace.errors import InputError
+from memtrace.frames import Frame
 
 BUILTIN_RULES = Path(__file__).with_name("families.yaml")
 OTHER = "other"
@@ -50,8 +51,10 @@ def split_label(frame: FrameLike) -> tuple[str | None, str | None]:
     """(symbol, module) of a frame label; either may be unknown (None)."""
     if isinstance(frame, tuple):
         return frame[0], frame[1]
+    if isinstance(frame, dict):
+        return frame.get("function"), frame.get("module")
     if not isinstance(frame, str):
-        return getattr(frame, "symbol", None), getattr(frame, "module", None)
+        return getattr(frame, "function", None), getattr(frame, "module", None)
     # "symbol (module)": the module is the last parenthesised group, after a space, so C++
     # signatures such as "CA::Render::Shmem::new_shmem(unsigned long) (QuartzCore)" split right.
     if frame.endswith(")") and " (" in frame:
@@ -137,6 +140,10 @@ class FamilyRules:
 def _label(frame: FrameLike) -> str:
     if isinstance(frame, str):
         return frame
+    if isinstance(frame, dict):
+        frame = Frame.from_json(frame)
+    if isinstance(frame, Frame):
+        return frame.name()
     sym, mod = split_label(frame)
     return f"{sym} ({mod})" if sym and mod else (sym or mod or "?")
 

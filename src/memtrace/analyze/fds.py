@@ -19,10 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import CaptureContext, event_frames, fold_events
+from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
 from memtrace.capture import Record
 
-NO_END = "the capture ends without an END record (memtrace or the machine died)"
 # Frames in these modules are the C library's own plumbing (fopen -> open); the caller is the
 # first frame outside them.
 _LIBC_PREFIXES = ("libc.", "libc-", "libsystem_")
@@ -112,13 +111,6 @@ class FdsSummary(CaptureContext):
 
     # ---- views ---------------------------------------------------------------------------------
 
-    def caller(self, frames: tuple[int, ...]) -> str | None:
-        for a in frames:
-            f = self.symbols.frame(a)
-            if f.module is None or not f.module.startswith(_LIBC_PREFIXES):
-                return f.symbol or f.label()
-        return self.symbols.frame(frames[0]).label() if frames else None
-
     def reconciliation(self) -> dict[str, Any] | None:
         ends = [c for c in self.censuses if c["trigger"] == "end"]
         if not ends:
@@ -132,24 +124,21 @@ class FdsSummary(CaptureContext):
                 "closed_out_of_sight": closed_unseen}
 
     def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
-        groups: dict[tuple[int, ...], list[OpenFd]] = {}
-        for o in self.open.values():
-            groups.setdefault(o.frames, []).append(o)
-        by_stack = [{"count": len(g), "calls": dict(Counter(o.call for o in g)), "caller": self.caller(frames),
-                     "fds": sorted(o.fd for o in g),
+        by_stack = [{"count": len(g), "calls": dict(Counter(o.call for o in g)),
+                     "caller": self.caller(frames, _LIBC_PREFIXES), "fds": sorted(o.fd for o in g),
                      "paths": sorted({o.path for o in g if o.path is not None})[:10],
-                     "frames": self.symbols.labels(frames)}
-                    for frames, g in groups.items()]
+                     "frames": frames_json(frames)}
+                    for frames, g in self.by_stack((o.frames, o) for o in self.open.values())]
         by_stack.sort(key=lambda r: (-r["count"], r["caller"] or ""))
-        failures = [{"call": call, "errno": err, "error": errno_names.errorcode.get(err, str(err)), "count": n,
-                     "caller": self.caller(frames), "frames": self.symbols.labels(frames)}
-                    for (call, err, frames), n in self.failure_stacks.most_common()]
+        fails: Counter[tuple[str, int, tuple[int, ...]]] = self.failure_stacks
+        failures = [{"call": call, "errno": err, "error": errno_names.errorcode.get(err, str(err)),
+                     "count": sum(fails[k] for k in keys), "caller": self.caller(frames, _LIBC_PREFIXES),
+                     "frames": frames_json(frames)}
+                    for (call, err), groups in _by_call(fails).items()
+                    for frames, keys in self.by_stack((k[2], k) for k in groups)]
+        failures.sort(key=lambda r: (-r["count"], r["call"], r["errno"]))
         return {
-            "capture": capture,
-            "tracer": "fds",
-            "target": self.meta.get("target", {}).get("label"),
-            "ended": self.end.get("ended", "truncated"),
-            "reason": self.end.get("reason", NO_END),
+            **self.header_json("fds", capture),
             "calls": dict(sorted(self.calls.items())),
             "opened": self.opened,
             "closed": dict(sorted(self.closes.items())),
@@ -168,9 +157,15 @@ class FdsSummary(CaptureContext):
             "missing": self.missing,
             "census_at": self.info.get("census_at"),
             "census_step": self.info.get("census_step"),
-            "window_s": self.meta.get("options", {}).get("window"),
-            "captured_s": self.end.get("timing", {}).get("captured_s"),
+            **self.timing_json(),
         }
+
+
+def _by_call(fails: Counter[tuple[str, int, tuple[int, ...]]]) -> dict[tuple[str, int], list[tuple[str, int, tuple[int, ...]]]]:
+    out: dict[tuple[str, int], list[tuple[str, int, tuple[int, ...]]]] = {}
+    for key in fails:
+        out.setdefault((key[0], key[1]), []).append(key)
+    return out
 
 
 def fd_kind(path: str | None) -> str:

@@ -12,10 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import CaptureContext, event_frames, fold_context
+from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Record, RecordType
-
-NO_END = "the capture ends without an END record (memtrace or the machine died)"
 
 
 @dataclass
@@ -46,14 +44,12 @@ class IOSurfaceSummary(CaptureContext):
         return bool(self.info.get("release_hook")) and self.info["release_hook"] not in self.missing
 
     def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
-        by_stack: dict[tuple[int, ...], list[Surface]] = {}
         by_format: dict[str, list[Surface]] = {}
         for s in self.surfaces:
-            by_stack.setdefault(s.frames, []).append(s)
             by_format.setdefault(s.format or "?", []).append(s)
-        stacks = [{"bytes": sum(x.alloc_size for x in group), "count": len(group),
-                   "caller": self._caller(frames), "frames": self.symbols.labels(frames)}
-                  for frames, group in by_stack.items()]
+        stacks = [{"bytes": sum(x.alloc_size for x in group), "count": len(group), "caller": self.caller(frames),
+                   "frames": frames_json(frames)}
+                  for frames, group in self.by_stack((s.frames, s) for s in self.surfaces)]
         stacks.sort(key=lambda r: (-r["bytes"], -r["count"]))
         formats = [{"format": f, "count": len(g), "bytes": sum(x.alloc_size for x in g),
                     "sizes": sorted({(x.width, x.height, x.bytes_per_row, x.alloc_size) for x in g})}
@@ -62,11 +58,7 @@ class IOSurfaceSummary(CaptureContext):
         released = [s for s in self.surfaces if s.released]
         held = [s for s in self.surfaces if not s.released]
         return {
-            "capture": capture,
-            "tracer": "iosurface",
-            "target": self.meta.get("target", {}).get("label"),
-            "ended": self.end.get("ended", "truncated"),
-            "reason": self.end.get("reason", NO_END),
+            **self.header_json("iosurface", capture),
             "surfaces": len(self.surfaces),
             "bytes": sum(s.alloc_size for s in self.surfaces),
             "by_stack": stacks[:top] if top else stacks,
@@ -88,16 +80,8 @@ class IOSurfaceSummary(CaptureContext):
                               "released": s.released} for s in self.surfaces],
             "failed_creates": self.failed,
             "missing": self.missing,
-            "window_s": self.meta.get("options", {}).get("window"),
-            "captured_s": self.end.get("timing", {}).get("captured_s"),
+            **self.timing_json(),
         }
-
-    def _caller(self, frames: tuple[int, ...]) -> str | None:
-        if not frames:
-            return None
-        f = self.symbols.frame(frames[0])
-        return f.symbol or f.label()
-
 
 
 def summarize(records: Iterable[Record]) -> IOSurfaceSummary:

@@ -42,6 +42,7 @@ from typing import Any
 
 from memtrace.errors import InputError
 from memtrace.reporters.markdown import cell, table
+from memtrace.units import fmt_bytes
 
 JETSAM_BUG_TYPE = "298"
 # arm64 iOS devices use 16 KB pages; only reports too old to carry pageSize need the guess.
@@ -355,10 +356,7 @@ def aggregate(reports: Iterable[JetsamReport], skipped: Iterable[tuple[str, str]
 # --- rendering -------------------------------------------------------------------------------
 
 
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    return f"{n / (1024 * 1024):.1f} MB"
+format_bytes = fmt_bytes     # the project's one byte formatter, under the name the jetsam code uses
 
 
 def render_markdown(agg: dict[str, Any]) -> str:

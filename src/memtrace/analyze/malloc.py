@@ -10,8 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import fold_context
-from memtrace.analyze.symbols import SymbolTable
+from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.capture import (
     C_CALLS,
     C_TIER_BYTES,
@@ -30,6 +29,7 @@ from memtrace.capture import (
     alloc_totals,
     iter_agent_tuples,
 )
+from memtrace.frames import Frame, stack_key
 
 
 @dataclass
@@ -45,12 +45,24 @@ class StackStats:
 
 
 @dataclass
-class MallocSummary:
-    meta: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] = field(default_factory=dict)
+class StackRow:
+    """One row of a stack table: every stack id whose symbolized frames are these."""
+
+    frames: list[Frame]
+    stack_ids: list[int]
+    est_bytes: float = 0.0      # exact + sampled weights
+    count: float = 0.0
+    exact_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": round(self.est_bytes), "count": round(self.count), "exact_bytes": self.exact_bytes,
+                "stack_id": min(self.stack_ids), "stack_ids": sorted(self.stack_ids),
+                "frames": [f.to_json() for f in self.frames]}
+
+
+@dataclass
+class MallocSummary(CaptureContext):
     counters: list[int] = field(default_factory=lambda: [0] * 64)
-    missing: list[str] = field(default_factory=list)
-    recon: list[dict[str, Any]] = field(default_factory=list)
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
     by_stack: dict[int, StackStats] = field(default_factory=dict)
@@ -60,9 +72,7 @@ class MallocSummary:
     stacked_bytes: int = 0
     sampled_est_bytes: float = 0.0
     unmatched_frees: int = 0
-    symbols: SymbolTable = field(default_factory=SymbolTable)
     batches: int = 0
-    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     # -- derived ----------------------------------------------------------------
 
@@ -89,16 +99,38 @@ class MallocSummary:
         d["unmatched_frees"] = self.unmatched_frees
         return d
 
-    def stack_frames(self, stack_id: int) -> list[str]:
+    def stack(self, stack_id: int) -> list[Frame]:
+        """A stack's frames, innermost first, inlined calls expanded."""
         frames = self.stacks.get(stack_id)
         if frames is None:
-            return ["<stack dropped>" if stack_id == DROPPED_STACK else f"<stack {stack_id} not in capture>"]
+            return [Frame(0, function="<stack dropped>" if stack_id == DROPPED_STACK
+                          else f"<stack {stack_id} not in capture>")]
         # Entries Frida redirects with a trampoline (Interceptor.replace) leave its
         # return address on top: a frame in no module, before the real caller.
         i = 0
         while i < len(frames) - 1 and self.symbols.frame(frames[i]).module is None:
             i += 1
-        return self.symbols.labels(frames[i:])
+        return self.symbols.stack(frames[i:])
+
+    def stack_rows(self, n: int | None = 10, live: bool = False) -> list[StackRow]:
+        """Rows keyed by the whole symbolized stack (several stack ids with the same frames --
+        an unrolled loop, several call sites on one source line -- are one row), largest first."""
+        rows: dict[tuple[Any, ...], StackRow] = {}
+        for st in self.by_stack.values():
+            est = st.live_est_bytes if live else st.est_bytes
+            if est <= 0:
+                continue
+            frames = self.stack(st.stack_id) if st.stack_id != NO_STACK else []
+            key = stack_key(frames) if frames else ("no-stack", st.stack_id)
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = StackRow(frames=frames, stack_ids=[])
+            row.stack_ids.append(st.stack_id)
+            row.est_bytes += est
+            row.count += st.live_count if live else st.est_count
+            row.exact_bytes += st.live_bytes if live else st.bytes
+        out = sorted(rows.values(), key=lambda r: (-r.est_bytes, min(r.stack_ids)))
+        return out if n is None else out[:n]
 
     def top_stacks(self, n: int = 10, live: bool = False) -> list[StackStats]:
         key = (lambda s: s.live_est_bytes) if live else (lambda s: s.est_bytes)
@@ -131,33 +163,22 @@ class MallocSummary:
         return out
 
     def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
-        def stack_json(s: StackStats, live: bool = False) -> dict[str, Any]:
-            return {"bytes": round(s.live_est_bytes if live else s.est_bytes),
-                    "count": s.live_count if live else round(s.est_count),
-                    "exact_bytes": s.live_bytes if live else s.bytes,
-                    "stack_id": s.stack_id, "frames": self.stack_frames(s.stack_id)}
-
         return {
-            "capture": capture,
-            "tracer": self.meta.get("tracer", "malloc"),
-            "target": self.meta.get("target", {}).get("label"),
-            "ended": self.end.get("ended", "truncated"),
-            "reason": self.end.get("reason", "the capture ends without an END record (memtrace or the machine died)"),
+            **self.header_json("malloc", capture),
             "calls": self.calls,
             "alloc_calls": self.alloc_calls,
             "gross_bytes": self.gross_bytes,
             "tiers": self.tiers,
             "live": {"count": self.live_count, "bytes": self.live_bytes,
                      "estimated_bytes": round(self.live_est_bytes)},
-            "top_stacks": [stack_json(s) for s in self.top_stacks(top)],
-            "live_by_stack": [stack_json(s, live=True) for s in self.top_stacks(top, live=True)],
+            "top_stacks": [r.to_json() for r in self.stack_rows(top)],
+            "live_by_stack": [r.to_json() for r in self.stack_rows(top, live=True)],
             "dropped": self.dropped,
             "sampled": self.counters[49],
             "truncated_stacks": self.counters[48],
             "missing": self.missing,
             "coverage": self.coverage(),
-            "window_s": self.meta.get("options", {}).get("window"),
-            "captured_s": self.end.get("timing", {}).get("captured_s"),
+            **self.timing_json(),
         }
 
 

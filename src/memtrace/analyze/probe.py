@@ -6,35 +6,29 @@ Pure: capture records in (the agent's RESULT record), a :class:`ProbeSummary` ou
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.capture import Record, RecordType
 from memtrace.reporters.markdown import table
+from memtrace.units import fmt_exact
 
 STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
 LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable")
-NO_END = "the capture ends without an END record (memtrace or the machine died)"
 
 
 @dataclass
-class ProbeSummary:
-    meta: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
+class ProbeSummary(CaptureContext):
     result: dict[str, Any] | None = None
 
-    def to_json(self, capture: str | None = None) -> dict[str, Any]:
+    def to_json(self, capture: str | None = None, top: int = 0) -> dict[str, Any]:
         r = self.result or {}
         errors = list(r.get("errors", []))
         if self.result is None:
             errors.append("the agent sent no probe result")
         return {
-            "capture": capture,
-            "tracer": "probe",
-            "target": self.meta.get("target", {}).get("label"),
-            "ended": self.end.get("ended", "truncated"),
-            "reason": self.end.get("reason", NO_END),
+            **self.header_json("probe", capture),
             "platform": r.get("platform"),
             "bytes": r.get("bytes"),
             "madvise_entry": r.get("madvise_entry"),
@@ -50,23 +44,13 @@ def summarize(records: Iterable[Record]) -> ProbeSummary:
     for rec in records:
         if rec.type == RecordType.RESULT and rec.body.get("tracer") == "probe":
             s.result = rec.body
-        elif rec.type == RecordType.META:
-            s.meta = rec.body
-        elif rec.type == RecordType.RECON:
-            s.missing = [x["name"] for x in rec.body.get("symbols", []) if x.get("status") == "MISSING"]
-        elif rec.type == RecordType.END:
-            s.end = rec.body
+        else:
+            fold_context(s, rec)
     return s
 
 
 def _state(v: Any) -> str:
     return "—" if v is None else f"{v} {STATE_NAMES.get(v, '?')}"
-
-
-def _bytes(v: Any) -> str:
-    if v is None:
-        return "—"
-    return "0" if v == 0 else f"{v:+,}"
 
 
 def render_markdown(probe: dict[str, Any]) -> str:
@@ -91,7 +75,7 @@ def render_markdown(probe: dict[str, Any]) -> str:
             cells = [f"`{row.get('entry')}`",
                      "—" if drives is None else ("**yes**" if drives else "no"),
                      f"{_state(row.get('state_before'))} → {_state(row.get('state_after'))}"]
-            cells += [_bytes(d.get(k)) for k in LEDGER_KEYS]
+            cells += [fmt_exact(d.get(k), signed=True) for k in LEDGER_KEYS]
             if row.get("error"):
                 cells[1] = row["error"]
             rows.append(cells)

@@ -10,14 +10,13 @@ they cause are already counted underneath, so counting them again would double t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import event_frames, fold_context
-from memtrace.analyze.symbols import SymbolTable
+from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Record, RecordType
+from memtrace.frames import Frame, stack_key
 
 STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
 MADVISE_NAMES = {
@@ -26,7 +25,6 @@ MADVISE_NAMES = {
     "linux": {4: "MADV_DONTNEED", 8: "MADV_FREE", 20: "MADV_COLD", 21: "MADV_PAGEOUT"},
 }
 STATE_MACHINE_ENTRIES = ("vm_purgable_control", "mach_vm_purgable_control")
-NO_END = "the capture ends without an END record (memtrace or the machine died)"
 
 
 @dataclass
@@ -40,12 +38,7 @@ class Group:
 
 
 @dataclass
-class PurgeableSummary:
-    meta: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] = field(default_factory=dict)
-    recon: list[dict[str, Any]] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    symbols: SymbolTable = field(default_factory=SymbolTable)
+class PurgeableSummary(CaptureContext):
     counts: dict[str, Any] = field(default_factory=dict)
     transitions: dict[str, int] = field(default_factory=dict)
     transition_bytes: dict[str, int] = field(default_factory=dict)
@@ -58,7 +51,6 @@ class PurgeableSummary:
     madvise: dict[tuple[str, int, tuple[int, ...]], Group] = field(default_factory=dict)
     madvise_platform: dict[str, str] = field(default_factory=dict)
     calls: dict[tuple[str, tuple[int, ...]], Group] = field(default_factory=dict)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     # -- derived ----------------------------------------------------------------
 
@@ -74,40 +66,33 @@ class PurgeableSummary:
     def get_calls(self) -> int:
         return sum(c.get("get", 0) for c in self._controls().values())
 
-    def caller(self, frames: tuple[int, ...]) -> str | None:
-        """The direct caller's function name (demangled nested name for C++)."""
+    def caller(self, frames: list[Frame]) -> str | None:
+        """The direct caller's function name, without its parameter list (C++ nested names)."""
         if not frames:
             return None
-        f = self.symbols.frame(frames[0])
-        return demangle_nested(f.symbol) if f.symbol else f.label()
-
-    def labels(self, frames: tuple[int, ...]) -> list[str]:
-        out = []
-        for a in frames:
-            f = self.symbols.frame(a)
-            name = demangle_nested(f.symbol) if f.symbol else None
-            out.append(f"{name} ({f.module})" if name and f.module else (name or f.label()))
-        return out
+        return frames[0].short_function() or frames[0].name()
 
     def to_json(self, capture: str | None = None, top: int = 50) -> dict[str, Any]:
         def group_rows(items: Iterable[tuple[tuple[Any, ...], Group]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
-            # Stacks are kept per return address; a row is one caller *function* (several call
-            # sites and deeper stacks merge), with the stack that carried most of its events.
-            merged: dict[tuple[Any, ...], tuple[Group, Group, int]] = {}
+            # A row per key and whole symbolized stack: several call sites on one source line merge,
+            # two business paths through one wrapper stay two rows.
+            merged: dict[tuple[Any, ...], tuple[list[Frame], Group, int]] = {}
             for key, g in items:
-                k = (*key[:-1], self.caller(g.frames))
+                frames = self.stack(g.frames)
+                k = (*key[:-1], stack_key(frames))
                 if k not in merged:
-                    merged[k] = (Group(), g, 0)
-                total, best, n = merged[k]
+                    merged[k] = (frames, Group(), 0)
+                first, total, n = merged[k]
                 total.count += g.count
                 total.bytes += g.bytes
                 total.unknown_bytes += g.unknown_bytes
-                merged[k] = (total, g if g.count > best.count else best, n + 1)
+                merged[k] = (first, total, n + 1)
             rows = []
-            for k, (g, best, n) in merged.items():
-                row = dict(zip((*keys, "caller"), k, strict=True))
-                row.update({"count": g.count, "bytes": g.bytes if g.unknown_bytes < g.count else None,
-                            "stacks": n, "frames": self.labels(best.frames)})
+            for k, (frames, g, n) in merged.items():
+                row = dict(zip(keys, k[:-1], strict=True))
+                row.update({"caller": self.caller(frames), "count": g.count,
+                            "bytes": g.bytes if g.unknown_bytes < g.count else None,
+                            "stacks": n, "frames": frames_json(frames)})
                 if g.unknown_bytes and g.unknown_bytes < g.count:
                     row["events_without_size"] = g.unknown_bytes
                 rows.append(row)
@@ -131,11 +116,7 @@ class PurgeableSummary:
             e["calls"] += row["count"]
             e["by_caller"].append(row)
         return {
-            "capture": capture,
-            "tracer": "purgeable",
-            "target": self.meta.get("target", {}).get("label"),
-            "ended": self.end.get("ended", "truncated"),
-            "reason": self.end.get("reason", NO_END),
+            **self.header_json("purgeable", capture),
             "transitions": dict(sorted(self.transitions.items())),
             "transition_bytes": dict(sorted(self.transition_bytes.items())),
             "set_calls": self.set_calls,
@@ -160,31 +141,8 @@ class PurgeableSummary:
             "by_caller": group_rows(self.by_caller.items(), ("entry", "transition")),
             "framework_calls": calls_json,
             "missing": self.missing,
-            "window_s": self.meta.get("options", {}).get("window"),
-            "captured_s": self.end.get("timing", {}).get("captured_s"),
+            **self.timing_json(),
         }
-
-
-def demangle_nested(symbol: str) -> str:
-    """`_ZN2CA6Render5Shmem12set_volatileEbPi` -> `CA::Render::Shmem::set_volatile`.
-
-    Only the nested name (what callers are matched on); parameters are dropped.  Anything that
-    is not an Itanium nested name is returned unchanged."""
-    m = re.match(r"_{1,2}ZN[KVr]*", symbol)
-    if m is None:
-        return symbol
-    pos, parts = m.end(), []
-    while pos < len(symbol) and symbol[pos].isdigit():
-        n = re.match(r"\d+", symbol[pos:])
-        assert n is not None
-        length = int(n.group())
-        start = pos + len(n.group())
-        parts.append(symbol[start:start + length])
-        pos = start + length
-    if not parts or pos >= len(symbol) or symbol[pos] != "E":
-        return symbol
-    return "::".join(parts)
-
 
 
 def _bump(table: dict[Any, Group], key: Any, frames: tuple[int, ...], nbytes: int | None) -> None:

@@ -1,28 +1,19 @@
-"""Return addresses to readable frames, from a capture's SYMBOLS and MODULES records."""
+"""Return addresses to frames, from a capture's SYMBOLS and MODULES records.
+
+SYMBOLS rows are ``[address, module, offset, function, file, line]`` with an optional seventh
+element, the inlined calls at that address as ``[[function, file, line], ...]`` innermost
+first.  :meth:`SymbolTable.frames_of` turns one address into its :class:`~memtrace.frames.Frame`
+list (inlined calls first), :meth:`SymbolTable.stack` a whole stack.
+"""
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    address: int
-    module: str | None
-    offset: int | None
-    symbol: str | None
-    file: str | None = None
-    line: int | None = None
-
-    def label(self) -> str:
-        """`symbol (module)` when known, else `module+0xoffset`, else the address."""
-        if self.symbol and not self.symbol.startswith("0x"):
-            return f"{self.symbol} ({self.module})" if self.module else self.symbol
-        if self.module is not None and self.offset is not None:
-            return f"{self.module}+{self.offset:#x}"
-        return f"{self.address:#x}"
+from memtrace.frames import Frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,37 +47,56 @@ class ModuleMap:
         m = self._modules[i]
         return m if address < m.base + m.size else None
 
+    def __iter__(self) -> Any:
+        return iter(self._modules)
+
 
 class SymbolTable:
-    """Each address resolved once: agent-provided rows first, module ranges as the fallback."""
+    """Each address resolved once: symbolizer rows first, module ranges as the fallback."""
 
     def __init__(self) -> None:
-        self._rows: dict[int, Frame] = {}
+        self._rows: dict[int, tuple[Frame, ...]] = {}
         self.modules = ModuleMap()
-        self._cache: dict[int, Frame] = {}
+        self._cache: dict[int, tuple[Frame, ...]] = {}
 
     def add_rows(self, rows: list[list[Any]]) -> None:
         for row in rows:
             addr = int(row[0], 16) if isinstance(row[0], str) else int(row[0])
-            module, offset, name = row[1], row[2], row[3]
+            module, offset, name = row[1], row[2], row[3] or None
             file = row[4] if len(row) > 4 else None
             line = row[5] if len(row) > 5 else None
-            self._rows[addr] = Frame(addr, module, offset, name or None, file, line)
+            outer = Frame(addr, module, offset, name, file or None, line or None)
+            inlined = tuple(Frame(addr, module, offset, i[0] or None, (i[1] if len(i) > 1 else None) or None,
+                                  (i[2] if len(i) > 2 else None) or None, inlined=True)
+                            for i in (row[6] if len(row) > 6 and isinstance(row[6], list) else ()))
+            self._rows[addr] = (*inlined, outer)
             self._cache.pop(addr, None)
 
     def add_modules(self, modules: list[dict[str, Any]]) -> None:
         self.modules.add(modules)
 
-    def frame(self, address: int) -> Frame:
+    def frames_of(self, address: int) -> tuple[Frame, ...]:
+        """The frames one return address stands for: inlined calls (innermost first), then its function."""
         f = self._cache.get(address)
         if f is not None:
             return f
         f = self._rows.get(address)
         if f is None:
             m = self.modules.find(address)
-            f = Frame(address, None, None, None) if m is None else Frame(address, m.name, address - m.base, None)
+            f = (Frame(address),) if m is None else (Frame(address, m.name, address - m.base),)
         self._cache[address] = f
         return f
 
+    def frame(self, address: int) -> Frame:
+        """The containing function's frame of one address (no inlined calls)."""
+        return self.frames_of(address)[-1]
+
+    def stack(self, addresses: Iterable[int]) -> list[Frame]:
+        """A whole stack as frames, inlined calls expanded."""
+        out: list[Frame] = []
+        for a in addresses:
+            out.extend(self.frames_of(a))
+        return out
+
     def labels(self, frames: tuple[int, ...] | list[int]) -> list[str]:
-        return [self.frame(a).label() for a in frames]
+        return [self.frame(a).name() for a in frames]

@@ -17,10 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.context import CaptureContext, event_frames, fold_events
+from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
 from memtrace.capture import Record
-
-NO_END = "the capture ends without an END record (memtrace or the machine died)"
 
 
 @dataclass
@@ -127,7 +125,7 @@ class ThreadsSummary(CaptureContext):
         if address is None:
             return None
         f = self.symbols.frame(address)
-        return f.symbol or f.label()
+        return f.function or f.name()
 
     def _routine(self, address: int | None) -> str | None:
         # A start routine is a function's first byte; the symbol table (built for return
@@ -135,13 +133,14 @@ class ThreadsSummary(CaptureContext):
         return None if address is None else self._symbol(address + 1)
 
     def _group(self, records: list[ThreadRecord], top: int) -> list[dict[str, Any]]:
-        groups: dict[tuple[tuple[int, ...], int | None], list[ThreadRecord]] = {}
-        for r in records:
-            groups.setdefault((r.frames, r.routine), []).append(r)
-        rows = [{"count": len(g), "routine": self._routine(routine),
-                 "caller": self._symbol(frames[0]) if frames else None,
-                 "stack_bytes": sum(r.stack_size or 0 for r in g),
-                 "frames": self.symbols.labels(frames)} for (frames, routine), g in groups.items()]
+        rows = []
+        for frames, g in self.by_stack((r.frames, r) for r in records):
+            by_routine: dict[int | None, list[ThreadRecord]] = {}
+            for r in g:
+                by_routine.setdefault(r.routine, []).append(r)
+            rows += [{"count": len(rs), "routine": self._routine(routine), "caller": self.caller(frames),
+                      "stack_bytes": sum(r.stack_size or 0 for r in rs), "frames": frames_json(frames)}
+                     for routine, rs in by_routine.items()]
         rows.sort(key=lambda x: (-x["count"], x["caller"] or "", x["routine"] or ""))
         return rows[:top] if top else rows
 
@@ -150,15 +149,11 @@ class ThreadsSummary(CaptureContext):
         leaked = [r for r in created if r.leaked]
         running = [r for r in created if not r.exited]
         failures = [{"errno": e, "error": errno_names.errorcode.get(e, str(e)), "count": n,
-                     "routine": self._routine(routine), "caller": self._symbol(frames[0]) if frames else None,
-                     "frames": self.symbols.labels(frames)}
-                    for (e, frames, routine), n in self.failures.most_common()]
+                     "routine": self._routine(routine), "caller": self.caller(stack), "frames": frames_json(stack)}
+                    for (e, frames, routine), n in self.failures.most_common()
+                    for stack in (self.stack(frames),)]
         return {
-            "capture": capture,
-            "tracer": "threads",
-            "target": self.meta.get("target", {}).get("label"),
-            "ended": self.end.get("ended", "truncated"),
-            "reason": self.end.get("reason", NO_END),
+            **self.header_json("threads", capture),
             "created": len(created),
             "created_detached": sum(r.detached_at_create for r in created),
             "detached": sum(r.detached for r in created),
@@ -180,8 +175,7 @@ class ThreadsSummary(CaptureContext):
             "created_by_stack": self._group(created, top),
             "default_stack_size": self.info.get("default_stack_size"),
             "missing": self.missing,
-            "window_s": self.meta.get("options", {}).get("window"),
-            "captured_s": self.end.get("timing", {}).get("captured_s"),
+            **self.timing_json(),
         }
 
 

@@ -7,10 +7,12 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from memtrace.batch import RunOutcome, load_plan, run_batch
-from memtrace.commands.options import emit_json
-from memtrace.ui import SilentUI, human_bytes
+from memtrace.commands.trace import emit_json
+from memtrace.ui import SilentUI
+from memtrace.units import fmt_bytes
 
 GOOD = ("completed", "target-exited")
 
@@ -29,8 +31,8 @@ def batch(plan: Path, out: Path | None, force: bool, as_json: bool, quiet: bool)
 
     def progress(o: RunOutcome) -> None:
         if not quiet and not as_json:
-            console.print(f"[bold]{o.label} · {o.tracer}[/bold]: {o.outcome}"
-                          + (f" ({o.note})" if o.note else ""))
+            console.print(Text.assemble((f"{o.label} · {o.tracer}", "bold"), f": {o.outcome}",
+                                        f" ({o.note})" if o.note else ""))
 
     outcomes = run_batch(runs, folder, force, lambda: SilentUI(passthrough=False), progress)
     if as_json:
@@ -42,7 +44,7 @@ def batch(plan: Path, out: Path | None, force: bool, as_json: bool, quiet: bool)
         for o in outcomes:
             style = "green" if o.outcome in GOOD else "red" if o.outcome == "failed" else "yellow"
             table.add_row(o.label, o.tracer, f"[{style}]{o.outcome}[/{style}]" + (" (skipped)" if o.skipped else ""),
-                          str(len(o.attempts)), f"{o.events:,}", human_bytes(o.bytes))
+                          str(len(o.attempts)), f"{o.events:,}", fmt_bytes(o.bytes))
         Console().print(table)
     return 0 if all(o.outcome != "failed" for o in outcomes) else 1
 

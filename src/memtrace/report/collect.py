@@ -9,7 +9,6 @@ capture that cannot be read, or whose tracer has no analyzer in this memtrace, b
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,17 +16,12 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from memtrace import tracers
 from memtrace.analyze.families import FamilyRules
-from memtrace.capture import NO_STACK, CaptureError, CaptureInfo, Record, RecordType, read_records
+from memtrace.capture import CaptureError, CaptureInfo, Record, RecordType, read_records
+from memtrace.report.chapters import TOP
 
 CAPTURE_SUFFIX = ".mtc"
-TOP = 10
-# Tracer name in META -> analyzer module.  Modules may not exist yet in this memtrace: the
-# capture is then listed with the reason, and the rest of the folder is still reported.
-ANALYZERS = {"malloc": "memtrace.analyze.malloc", "iosurface": "memtrace.analyze.iosurface",
-             "purgeable": "memtrace.analyze.purgeable", "probe": "memtrace.analyze.probe",
-             "fds": "memtrace.analyze.fds", "threads": "memtrace.analyze.threads"}
-UNSTACKED = "(no stack: below the stack threshold)"
 
 
 @dataclass
@@ -71,18 +65,6 @@ def load_document(path: Path, kind: str) -> tuple[dict[str, Any] | None, str | N
     return doc, None
 
 
-def _analyzer(tracer: str) -> tuple[Any | None, str | None]:
-    name = ANALYZERS.get(tracer)
-    if name is None:
-        return None, f"tracer {tracer!r} has no analyzer in this memtrace"
-    try:
-        return importlib.import_module(name), None
-    except ModuleNotFoundError as e:
-        if e.name != name:
-            raise
-        return None, f"tracer {tracer!r}: analyzer {name} is not in this memtrace"
-
-
 def _rel(path: Path, root: Path) -> str:
     try:
         return str(path.relative_to(root))
@@ -107,13 +89,16 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP
         return None, Skipped(rel, f"first record is {first.type.name}, not META: not a memtrace capture")
     tracer = str(first.body.get("tracer") or "?")
     target = (first.body.get("target") or {}).get("label") or "?"
-    module, why = _analyzer(tracer)
-    if module is None:
+    tracer_entry = tracers.get(tracer)
+    if tracer_entry is None:
+        # A capture from a tracer this memtrace does not have: listed with the reason, and the
+        # rest of the folder is still reported.
         records.close()
-        return _bare_entry(rel, tracer, target, first.body), Skipped(rel, why or "no analyzer")
+        return _bare_entry(rel, tracer, target, first.body), Skipped(rel, f"tracer {tracer!r} has no analyzer "
+                                                                          f"in this memtrace")
     try:
-        summary = module.summarize(_chain(first, records))
-        entry = _entry(tracer, summary, rel, rules, top)
+        summary = tracer_entry.summarize(_chain(first, records))
+        entry = tracer_entry.report_chapter().entry(summary, rel, rules, top)
     except CaptureError as e:
         return None, Skipped(rel, _strip_path(str(e), path))
     entry.update({"path": rel, "tracer": tracer, "target": entry.get("target") or target,
@@ -138,69 +123,3 @@ def _strip_path(msg: str, path: Path) -> str:
 def _bare_entry(rel: str, tracer: str, target: str, meta: dict[str, Any]) -> dict[str, Any]:
     return {"path": rel, "tracer": tracer, "target": target, "analyzed": False,
             "window_s": (meta.get("options") or {}).get("window")}
-
-
-def _entry(tracer: str, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
-    if tracer == "malloc":
-        return malloc_entry(summary, rel, rules, top)
-    j = summary.to_json(capture=rel)
-    j["analyzed"] = True
-    j.pop("surface_list", None)          # one row per surface: not needed, and unbounded
-    if tracer == "iosurface":
-        # Families of surface stacks too: the IOSurface half of a business fingerprint.
-        fam: dict[str, dict[str, int]] = {}
-        for row in j.get("by_stack") or []:
-            name = rules.classify(row.get("frames") or [])
-            f = fam.setdefault(name, {"bytes": 0, "count": 0})
-            f["bytes"] += int(row.get("bytes") or 0)
-            f["count"] += int(row.get("count") or 0)
-            row["family"] = name
-        j["families"] = _family_rows(fam)
-    elif tracer == "purgeable":
-        for row in j.get("by_caller") or []:
-            row["family"] = rules.classify(row.get("frames") or [])
-    elif tracer == "fds":
-        for row in j["open_at_end"]["by_stack"]:
-            row["family"] = rules.classify(row.get("frames") or [])
-    elif tracer == "threads":
-        for row in j["leaked"]["by_stack"] + j["running_at_end"]["by_stack"] + j["created_by_stack"]:
-            row["family"] = rules.classify(row.get("frames") or [])
-    return j
-
-
-def _family_rows(fam: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = [{"family": k, **v} for k, v in fam.items()]
-    rows.sort(key=lambda r: (-r["bytes"], r["family"]))
-    return rows
-
-
-def malloc_entry(s: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
-    """The malloc summary plus per-family totals, computed once per distinct stack."""
-    j = s.to_json(capture=rel, top=top)
-    j["analyzed"] = True
-    fam: dict[str, dict[str, Any]] = {}
-    for sid, st in s.by_stack.items():
-        name = UNSTACKED if sid == NO_STACK else rules.classify(s.stack_frames(sid))
-        f = fam.get(name)
-        if f is None:
-            f = fam[name] = {"bytes": 0, "count": 0, "live_bytes": 0, "live_count": 0, "stacks": 0}
-        f["bytes"] += round(st.est_bytes) if sid != NO_STACK else 0
-        f["count"] += round(st.est_count) if sid != NO_STACK else 0
-        f["live_bytes"] += round(st.live_est_bytes)
-        f["live_count"] += st.live_count
-        f["stacks"] += 1 if sid != NO_STACK else 0
-    # Bytes no stack covers (below the stack threshold, unsampled): their own row, so the family
-    # table adds up to the gross bytes instead of silently losing them.
-    unstacked = j["gross_bytes"] - j["coverage"]["estimated_bytes_with_sampling"]
-    if unstacked > 0 or UNSTACKED in fam:
-        f = fam.setdefault(UNSTACKED, {"bytes": 0, "count": 0, "live_bytes": 0, "live_count": 0, "stacks": 0})
-        f["bytes"] += max(unstacked, 0)
-        f["count"] += max(j["alloc_calls"] - sum(v["count"] for k, v in fam.items() if k != UNSTACKED), 0)
-    j["families"] = _family_rows(fam)
-    for row in j["top_stacks"] + j["live_by_stack"]:
-        if row["stack_id"] == NO_STACK:
-            row["frames"] = [UNSTACKED]
-            row["family"] = UNSTACKED
-        else:
-            row["family"] = rules.classify(row["frames"])
-    return j

@@ -14,6 +14,11 @@ def cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def code(text: Any) -> str:
+    """A code span inside a table cell: the cell's escapes, and no backtick can close it early."""
+    return "`" + cell(text).replace("`", "'") + "`"
+
+
 def table(header: list[str], align: str, rows: list[list[Any]]) -> list[str]:
     """Header, alignment row (``r`` right, anything else left) and rows, then a blank line."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]

@@ -1,0 +1,517 @@
+"""One capture of one target with one tracer, whatever hosts the agent.
+
+The loop owns the window, the attach delay, the deadlines, the death evidence, the capture
+file and the live view; an :class:`AgentHost` (Frida's today: :mod:`memtrace.frida_host`)
+owns the device, the process and the agent.  The loop never prints: it reports to a
+:class:`memtrace.ui.UI`.  Tracer-specific statistics come from the tracer's registry entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from memtrace import __version__
+from memtrace.capture import FILE_NAME, CaptureWriter, RecordType
+from memtrace.deaths import DeathThresholds, classify_end
+from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
+from memtrace.live import LiveStats
+from memtrace.stacks_seen import StacksSeen
+from memtrace.target import TargetSpec
+from memtrace.tracers import Tracer
+from memtrace.tracers.options import Option, finite_non_negative, positive
+from memtrace.ui import UI, Progress, SilentUI
+
+# The agent core's sizing, overridable by a tracer's own options (agent keys of the same name).
+AGENT_DEFAULTS: dict[str, Any] = {
+    "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28, "sampleBytes": 0, "ringKb": 1024,
+    "threadSlots": 1024, "rings": 64, "stackTable": 1 << 16, "liveTable": 1 << 20, "toolchain": "auto",
+    "backend": "auto",
+}
+
+CAPTURE_OPTIONS: tuple[Option, ...] = (
+    Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
+           "the first instruction).", metavar="SECONDS", check=finite_non_negative),
+    Option("window", float, 60.0, "Capture window; the capture also ends when the target exits.",
+           metavar="SECONDS", check=positive),
+    Option("out", Path, None, "Capture folder (default: a new folder under ./captures/).", metavar="DIR",
+           in_plans=False, show_default=False),
+    Option("keep_running", bool, False, "Leave a program memtrace launched running after the window.",
+           is_flag=True),
+    Option("rpc_timeout", float, DeathThresholds.rpc_timeout, "An agent that does not answer within this is "
+           "reported as anti-debug.", metavar="SECONDS", check=positive),
+    Option("storm_seconds", float, DeathThresholds.storm_seconds, "Death classification: a kill this soon after "
+           "instrumentation can be a launch storm...", check=finite_non_negative),
+    Option("storm_rate", float, DeathThresholds.storm_rate, "...if calls per second reached this.",
+           check=finite_non_negative),
+    Option("stream_rate", float, DeathThresholds.stream_rate, "A later kill under at least this rate that never "
+           "settled is a perpetual stream.", check=finite_non_negative),
+)
+
+
+@dataclass
+class CaptureOptions:
+    tracer: str
+    window: float = 60.0
+    attach_delay: float = 0.0
+    out: Path | None = None
+    agent_config: dict[str, Any] = field(default_factory=dict)
+    keep_running: bool = False
+    thresholds: DeathThresholds = field(default_factory=DeathThresholds)
+
+    def validate(self) -> None:
+        if not (0 < self.window < float("inf")):
+            raise InputError(f"--window {self.window:g}: must be a positive, finite number of seconds")
+        if not (0 <= self.attach_delay < float("inf")):
+            raise InputError(f"--attach-delay {self.attach_delay:g}: must be zero or more seconds")
+
+
+def capture_options(tracer: str, values: dict[str, Any], agent_config: dict[str, Any]) -> CaptureOptions:
+    """CaptureOptions from parsed option values (command line or plan)."""
+    t = DeathThresholds()
+    return CaptureOptions(
+        tracer=tracer, window=float(values.get("window", 60.0)), attach_delay=float(values.get("attach_delay", 0.0)),
+        out=values.get("out"), agent_config=agent_config, keep_running=bool(values.get("keep_running", False)),
+        thresholds=DeathThresholds(rpc_timeout=float(values.get("rpc_timeout", t.rpc_timeout)),
+                                   storm_seconds=float(values.get("storm_seconds", t.storm_seconds)),
+                                   storm_rate=float(values.get("storm_rate", t.storm_rate)),
+                                   stream_rate=float(values.get("stream_rate", t.stream_rate))))
+
+
+@dataclass
+class CaptureResult:
+    path: Path
+    ended: str
+    reason: str
+    evidence: dict[str, Any]
+    pid: int | None
+    missing: list[str]
+    interrupted: bool = False
+
+
+class AgentHost(Protocol):
+    """What the loop needs from whatever runs the agent (see memtrace.frida_host.FridaHost)."""
+
+    events: queue.Queue[tuple[str, Any, Any]]
+
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def spawned(self) -> bool: ...
+    @property
+    def is_local(self) -> bool: ...
+    def open(self) -> dict[str, Any]: ...
+    def launch(self) -> Any: ...
+    def resume(self) -> None: ...
+    def alive(self) -> bool: ...
+    def attach(self) -> None: ...
+    def load(self, agent: str) -> None: ...
+    def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any: ...
+    def c_sources(self, agent: str) -> list[str]: ...
+    def detach(self) -> None: ...
+    def kill(self) -> None: ...
+    def exit_status(self, timeout: float) -> dict[str, Any] | None: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class Clock:
+    """Monotonic times of the capture's milestones."""
+
+    launch: float | None = None
+    attach: float | None = None
+    start: float | None = None
+    gone: float | None = None
+
+
+@dataclass
+class Ending:
+    """What the loop learned about how the target and the agent ended: the death evidence."""
+
+    gone: bool = False
+    detach_reason: str | None = None
+    exit_info: dict[str, Any] | None = None
+    crash_info: dict[str, Any] | None = None
+    timeout_info: dict[str, Any] | None = None
+
+    def target_gone(self, reason: str, clock: Clock) -> None:
+        self.gone = True
+        clock.gone = clock.gone or time.monotonic()
+        self.detach_reason = self.detach_reason or reason
+
+
+def default_out_dir(target: TargetSpec, tracer: str) -> Path:
+    # Microseconds and a counter keep two captures started in the same second apart.
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    base = Path("captures") / f"{target.slug()}-{tracer}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def prepare_out_dir(out: Path) -> Path:
+    """Create the capture folder up front: an unwritable --out fails before anything is launched."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"--out {out}: cannot create folder: {e.strerror}") from None
+    path = out / FILE_NAME
+    if path.exists():
+        raise InputError(f"--out {out}: already holds a capture ({FILE_NAME}); choose a new folder")
+    import os
+
+    if not os.access(out, os.W_OK):
+        raise InputError(f"--out {out}: folder is not writable")
+    return path
+
+
+class CaptureLoop:
+    """Launch or attach through the host, load the tracer's agent, stream a window into a capture."""
+
+    def __init__(self, host: AgentHost, tracer: Tracer, target: TargetSpec, options: CaptureOptions,
+                 ui: UI | None = None) -> None:
+        target.validate()
+        options.validate()
+        self.host = host
+        self.tracer = tracer
+        self.target = target
+        self.options = options
+        self.ui = ui or SilentUI()
+        self.clock = Clock()
+        self.ending = Ending()
+        self.live: LiveStats = tracer.live()
+        self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
+        self.writer: CaptureWriter | None = None
+        self.missing: list[str] = []
+        self.rates: list[dict[str, float]] = []
+        self.batches = 0
+        self._last_tick = (0.0, 0, 0)
+        self._last_message = time.monotonic()
+
+    # -- public ---------------------------------------------------------------
+
+    def run(self) -> CaptureResult:
+        out = self.options.out or default_out_dir(self.target, self.options.tracer)
+        self.writer = CaptureWriter(prepare_out_dir(out))
+        interrupted = False
+        previous = signal.getsignal(signal.SIGTERM)
+        on_main = threading.current_thread() is threading.main_thread()
+        if on_main:
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._write_meta()
+            try:
+                try:
+                    self._launch_and_attach()
+                except MemtraceError:
+                    if self.host.pid is None:
+                        self._discard_capture()
+                    raise
+                self._instrument()
+                self._window()
+            except KeyboardInterrupt:
+                interrupted = True
+            except TargetGone:
+                self.ending.target_gone("process-terminated", self.clock)
+            except AgentTimeout as e:
+                self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
+                self.ui.warning(str(e))
+            except TargetLost as e:
+                if self.clock.attach is None and not self.host.spawned:
+                    raise MemtraceError(f"{self.target.describe()}: {e}") from None
+                self.ending.target_gone(f"lost: {e}", self.clock)
+            try:
+                self._finish()
+            except KeyboardInterrupt:
+                interrupted = True
+            result = self._end(interrupted)
+        finally:
+            if on_main:
+                signal.signal(signal.SIGTERM, previous)
+            self.writer.close()
+            self.host.close()
+        return result
+
+    def _discard_capture(self) -> None:
+        """Nothing was launched or attached: leave no capture behind, only the error."""
+        assert self.writer is not None
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            self.writer.path.unlink()
+            self.writer.path.parent.rmdir()
+
+    # -- phases ---------------------------------------------------------------
+
+    def _launch_and_attach(self) -> None:
+        self.ui.phase("launching")
+        self.device_info = self.host.open()
+        if self.host.is_local:
+            self.stacks.symbolize_on_host()
+        launched = self.host.launch()
+        self.clock.launch = getattr(launched, "t_launch", None)
+        self.launch_how = getattr(launched, "how", None)
+        if self.options.attach_delay > 0:
+            self.host.resume()
+            self.ui.phase("waiting")
+            self._sleep_watching(self.options.attach_delay)
+        self.ui.phase("attaching")
+        self.host.attach()
+        self.clock.attach = time.monotonic()
+
+    def _sleep_watching(self, seconds: float) -> None:
+        """Wait before attaching; a spawned target that exits meanwhile ends the capture."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+            if self.host.spawned and not self.host.alive():
+                raise TargetGone()
+
+    def _instrument(self) -> None:
+        self.ui.phase("loading agent")
+        agent = self.tracer.agent_name
+        self.host.load(agent)
+        hello = self.host.rpc("hello", "hello")
+        init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent))
+        recon = init.get("recon", [])
+        self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
+        self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
+                                       "device": self.device_info})
+        for name in self.missing:
+            self.ui.warning(f"MISSING hook symbol: {name}")
+        self._write(RecordType.CALIBRATION, {"phase": "before", **self.host.rpc("calibrate", "calibrate")})
+        self.host.rpc("start", "start")
+        self.clock.start = time.monotonic()
+        self.host.resume()
+
+    def _window(self) -> None:
+        self.ui.phase("capturing")
+        self._last_message = time.monotonic()
+        assert self.clock.start is not None
+        deadline = self.clock.start + self.options.window
+        while not self.ending.gone:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            try:
+                event = self.host.events.get(timeout=min(0.1, deadline - now))
+            except queue.Empty:
+                event = None
+            if event is not None:
+                self._handle(*event)
+                self._drain(wait=0.0)
+            self._symbolize()
+            self._tick()
+            silent = time.monotonic() - self._last_message
+            if silent > self.options.thresholds.rpc_timeout and not self.ending.gone:
+                # Agents say something every 100 ms even when idle: silence this long while the
+                # process lives means it was frozen (anti-debug stops, a debugger, SIGSTOP).
+                self.ending.timeout_info = {"what": "its periodic flush (agent went silent)",
+                                            "timeout_s": self.options.thresholds.rpc_timeout,
+                                            "silent_s": round(silent, 3)}
+                self.ui.warning(f"the agent has been silent for {silent:.1f} s")
+                return
+
+    def _finish(self) -> None:
+        """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
+        self.ui.phase("flushing")
+        loaded = self.clock.start is not None or self.clock.attach is not None
+        if loaded and not self.ending.gone and self.ending.timeout_info is None:
+            try:
+                self.host.rpc("stop", "stop", timeout=10)
+                self._drain()
+                after = self.host.rpc("calibrate", "calibrate", timeout=10)
+                self._write(RecordType.CALIBRATION, {"phase": "after", **after})
+            except AgentTimeout as e:
+                if not self.ending.gone:
+                    self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
+            except TargetLost:
+                pass
+            except MemtraceError as e:
+                self.ui.warning(str(e))
+        self._drain()
+        self._symbolize(final=True)
+        if not self.ending.gone:
+            self.host.detach()
+        if self.host.spawned and not self.options.keep_running and not self.ending.gone:
+            self.host.kill()
+        time.sleep(0.05)
+        self._drain()
+
+    def _end(self, interrupted: bool) -> CaptureResult:
+        now = time.monotonic()
+        e, c = self.ending, self.clock
+        end_body = classify_end(
+            window=self.options.window, attach_delay=self.options.attach_delay,
+            t_start=c.start, t_attach=c.attach, t_gone=c.gone if e.gone else None, t_now=now,
+            interrupted=interrupted, detach_reason=e.detach_reason, exit_info=e.exit_info,
+            crash_info=e.crash_info, timeout_info=e.timeout_info, rates=self.rates,
+            thresholds=self.options.thresholds, calls_total=self.live.activity(),
+            # Only a death in the window: at its end memtrace kills what it launched itself.
+            exit_status=self.host.exit_status(1.0) if e.gone else None,
+        )
+        end_body["ended_at"] = _iso_now()
+        end_body.update(self.live.snapshot())
+        end_body["batches"] = self.batches
+        end_body["pid"] = self.host.pid
+        end_body["launch"] = {"how": getattr(self, "launch_how", None), "launcher": self.target.launch}
+        end_body["timing"] = {
+            "launch_to_attach_s": None if c.launch is None or c.attach is None else round(c.attach - c.launch, 3),
+            "captured_s": None if c.start is None else round((c.gone if e.gone and c.gone else now) - c.start, 3),
+        }
+        self._write(RecordType.END, end_body)
+        assert self.writer is not None
+        self.ui.phase("done")
+        return CaptureResult(path=self.writer.path, ended=end_body["ended"], reason=end_body["reason"],
+                             evidence=end_body.get("evidence", {}), pid=self.host.pid, missing=self.missing,
+                             interrupted=interrupted)
+
+    # -- messages -------------------------------------------------------------
+
+    def _drain(self, wait: float = 0.05) -> None:
+        while True:
+            try:
+                event = self.host.events.get(timeout=wait)
+            except queue.Empty:
+                return
+            self._handle(*event)
+
+    def _handle(self, kind: str, a: Any, b: Any) -> None:
+        if kind == "detached":
+            if a == "application-requested":
+                return      # our own detach at the end of the window
+            self.ending.target_gone(a, self.clock)
+            if b is not None and self.ending.crash_info is None:
+                self.ending.crash_info = {"summary": getattr(b, "summary", str(b)),
+                                          "report": getattr(b, "report", "")[:4000]}
+            return
+        if kind == "device-lost":
+            self.ending.target_gone("device-lost", self.clock)
+            self.ending.detach_reason = "device-lost"
+            return
+        self._last_message = time.monotonic()
+        message = a
+        if message.get("type") == "error":
+            self._write(RecordType.WARNING, {"agent_error": message.get("description"), "stack": message.get("stack")})
+            self.ui.warning(f"agent error: {message.get('description')}")
+            return
+        payload = message.get("payload") or {}
+        self._route(payload.get("type"), payload, b or b"")
+
+    def _route(self, ptype: str | None, payload: dict[str, Any], data: bytes) -> None:
+        if ptype == "events:batch":
+            self._write(RecordType.BATCH, payload, data)
+            self.batches += 1
+            self.live.batch(payload, data)
+            self.stacks.batch(data)
+        elif ptype == "events:json":
+            self._write(RecordType.EVENTS, payload)
+            self.batches += 1
+            events = payload.get("events", [])
+            for ev in events:
+                self.live.event(ev)
+            self.stacks.events(events)
+        elif ptype == "modules:update":
+            self._write(RecordType.MODULES, payload)
+            self.stacks.modules(payload.get("modules", []))
+        elif ptype == "agent:warning":
+            self._write(RecordType.WARNING, payload)
+            self.ui.warning(str(payload.get("message", "")))
+        elif ptype == "agent:exit":
+            self.ending.exit_info = {"status": payload.get("status"), "how": payload.get("how"), "t": payload.get("t")}
+            if payload.get("calibration"):
+                self._write(RecordType.CALIBRATION, {"phase": "at-exit", **payload["calibration"]})
+        elif ptype == "agent:crash":
+            self.ending.crash_info = {k: payload.get(k) for k in ("kind", "address", "module", "t")}
+        elif ptype == "result":
+            self._write(RecordType.RESULT, payload)
+
+    # -- helpers --------------------------------------------------------------
+
+    def _symbolize(self, final: bool = False) -> None:
+        usable = self.clock.start is not None and not self.ending.gone and self.ending.timeout_info is None
+
+        def by_agent(chunk: list[int]) -> list[list[Any]] | None:
+            try:
+                return self.host.rpc("symbolize", "symbolize", [hex(x) for x in chunk], timeout=30)
+            except MemtraceError:
+                return None
+
+        for rows, by in self.stacks.symbolize(by_agent if usable else None, final=final):
+            self._write(RecordType.SYMBOLS, {"rows": rows, "by": by})
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        t_prev, calls_prev, bytes_prev = self._last_tick
+        if t_prev and now - t_prev < 1.0:
+            return
+        calls, nbytes = self.live.activity(), self.live.volume()
+        dt = now - t_prev if t_prev else 0.0
+        rate = (calls - calls_prev) / dt if dt > 0 else 0.0
+        brate = (nbytes - bytes_prev) / dt if dt > 0 else 0.0
+        assert self.clock.start is not None
+        elapsed = now - self.clock.start
+        sample = {"t": round(elapsed, 3), "calls": calls, "bytes": nbytes, "calls_per_s": round(rate, 1),
+                  "bytes_per_s": round(brate, 1), "events": self.batches}
+        self.rates.append(sample)
+        self._write(RecordType.SNAPSHOT, {**sample, **self.live.snapshot()})
+        self._last_tick = (now, calls, nbytes)
+        self.ui.progress(Progress(elapsed=elapsed, window=self.options.window, activity_per_s=rate,
+                                  bytes_per_s=brate, dropped=self.live.dropped(), rows=self.live.rows(),
+                                  batches=self.batches, families=self.stacks.families()))
+
+    def _agent_config(self) -> dict[str, Any]:
+        return {**AGENT_DEFAULTS, **self.options.agent_config}
+
+    def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
+        assert self.writer is not None
+        self.writer.write(rtype, body, data)
+
+    def _write_meta(self) -> None:
+        import frida
+
+        self._write(RecordType.META, {
+            "tool": "memtrace", "tool_version": __version__, "tracer": self.options.tracer,
+            "target": {"device": self.target.device, "app": self.target.app, "pid": self.target.pid,
+                       "name": self.target.name, "argv": self.target.argv, "label": self.target.slug()},
+            "options": {"window": self.options.window, "attach_delay": self.options.attach_delay,
+                        "agent": self._agent_config()},
+            "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "frida": frida.__version__},
+            "started_at": _iso_now(),
+        })
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def run_capture(tracer: Tracer | str, target: TargetSpec, options: CaptureOptions, ui: UI | None = None,
+                host: AgentHost | None = None) -> CaptureResult:
+    """One capture with the default host (Frida) unless another is given."""
+    if isinstance(tracer, str):
+        from memtrace import tracers
+
+        found = tracers.get(tracer)
+        if found is None:
+            raise InputError(f"unknown tracer {tracer!r} (one of {', '.join(tracers.names())})")
+        tracer = found
+    ui = ui or SilentUI()
+    if host is None:
+        from memtrace.frida_host import FridaHost
+
+        host = FridaHost(target, options.thresholds.rpc_timeout, output=ui.output)
+    return CaptureLoop(host, tracer, target, options, ui).run()

@@ -1,0 +1,174 @@
+"""The Frida agent host: device, launch, attach, script load, rpc with deadlines, message routing.
+
+It knows nothing of tracers' data or of captures: every callback Frida makes (messages,
+detach, device loss, the target's output) is put on one queue that the capture loop drains on
+its own thread, so a slow disk never stalls Frida's thread and Ctrl-C lands in one place.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import queue
+from collections.abc import Callable
+from typing import Any
+
+import frida
+
+from memtrace import devices, launchers
+from memtrace.agentbuild import agent_source, c_sources
+from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
+from memtrace.exitwatch import ChildExitWatcher
+from memtrace.target import TargetSpec
+
+Event = tuple[str, Any, Any]
+
+# Frida exceptions that mean "the target or its connection is gone", during or after attach.
+GONE_ERRORS = (frida.ProcessNotFoundError, frida.ProcessNotRespondingError, frida.TransportError,
+               frida.InvalidOperationError)
+
+
+class FridaHost:
+    """One target on one Frida device, with one agent loaded into it."""
+
+    def __init__(self, target: TargetSpec, rpc_timeout: float,
+                 output: Callable[[int, bytes], None] | None = None) -> None:
+        self.target = target
+        self.rpc_timeout = rpc_timeout
+        self.events: queue.Queue[Event] = queue.Queue()
+        self._output = output
+        self.device: Any = None
+        self.session: Any = None
+        self.script: Any = None
+        self.launched: launchers.Launched | None = None
+        self.exit_watch: ChildExitWatcher | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memtrace-rpc")
+
+    # -- what the capture loop reads ---------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self.launched.pid if self.launched is not None else None
+
+    @property
+    def spawned(self) -> bool:
+        return self.launched is not None and self.launched.spawned
+
+    @property
+    def is_local(self) -> bool:
+        return devices.is_local(self.device)
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def open(self) -> dict[str, Any]:
+        """Resolve ``--device``; returns its description for the capture."""
+        self.device = devices.resolve(self.target.device)
+        self.device.on("output", self._on_output)
+        self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
+        return devices.describe(self.device)
+
+    def launch(self) -> launchers.Launched:
+        launcher = launchers.choose(self.target.launch, self.target)
+        self.launched = launcher.launch(self.device, self.target, stdio_pipe=True)
+        if self.launched.spawned and self.is_local:
+            self.exit_watch = ChildExitWatcher(self.launched.pid)
+        return self.launched
+
+    def resume(self) -> None:
+        if self.launched is not None and self.launched.suspended:
+            try:
+                self.device.resume(self.launched.pid)
+            except GONE_ERRORS as e:
+                raise TargetLost(f"resume: {e}") from None
+            self.launched.suspended = False
+
+    def alive(self) -> bool:
+        pid = self.pid
+        if pid is None:
+            return False
+        if self.is_local:
+            return _local_pid_alive(pid)
+        return any(p.pid == pid for p in self.device.enumerate_processes())
+
+    def attach(self) -> None:
+        try:
+            self.session = self.device.attach(self.pid)
+        except frida.ProcessNotFoundError:
+            if self.spawned:
+                raise TargetGone() from None
+            raise TargetError(f"pid {self.pid}: no such process") from None
+        except frida.PermissionDeniedError as e:
+            raise TargetError(f"cannot attach to pid {self.pid}: {e}") from None
+        except GONE_ERRORS as e:
+            raise TargetLost(f"attach: {e}") from None
+        self.session.on("detached", lambda reason, crash: self.events.put(("detached", reason, crash)))
+
+    def load(self, agent: str) -> None:
+        """Create and load the agent's script (a load that never returns is anti-debug evidence)."""
+        try:
+            self.script = self.session.create_script(agent_source(agent), name=f"memtrace-{agent}")
+        except GONE_ERRORS as e:
+            raise TargetLost(f"script creation: {e}") from None
+        self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
+        self.call("script load", self.script.load)
+
+    def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Call the agent's rpc export ``method``."""
+        if self.script is None:
+            raise MemtraceError(f"agent {what}: no agent is loaded")
+        return self.call(what, lambda: getattr(self.script.exports_sync, method)(*args), timeout)
+
+    def call(self, what: str, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run ``fn`` with a deadline: an agent that never answers raises AgentTimeout, not a hang."""
+        seconds = timeout if timeout is not None else self.rpc_timeout
+        future = self._pool.submit(fn)
+        try:
+            return future.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            raise AgentTimeout(what, seconds) from None
+        except frida.RPCException as e:
+            raise MemtraceError(f"agent {what} failed: {str(e).splitlines()[0]}") from None
+        except GONE_ERRORS as e:
+            raise TargetLost(f"{what}: {e}") from None
+
+    def c_sources(self, agent: str) -> list[str]:
+        return c_sources(agent)
+
+    def detach(self) -> None:
+        if self.session is not None:
+            with contextlib.suppress(AgentTimeout, TargetLost, *GONE_ERRORS):
+                self.call("detach", self.session.detach, timeout=5)
+
+    def kill(self) -> None:
+        if self.pid is None:
+            return
+        with contextlib.suppress(frida.ProcessNotFoundError, frida.InvalidOperationError):
+            self.device.kill(self.pid)
+
+    def exit_status(self, timeout: float) -> dict[str, Any] | None:
+        """The local child's exit status or signal, when the host could read it (best effort)."""
+        return self.exit_watch.wait(timeout) if self.exit_watch is not None else None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- callbacks (Frida's thread: enqueue only) --------------------------------------------
+
+    def _on_output(self, pid: int, fd: int, data: bytes) -> None:
+        if pid == self.pid and data and self._output is not None:
+            self._output(fd, data)
+
+
+def _local_pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -1,0 +1,101 @@
+"""What the live view shows while a capture runs: each tracer's own running statistics.
+
+The capture loop feeds every agent batch (binary, from a C core) and every JSON event to the
+tracer's :class:`LiveStats`; the loop reads back the cumulative activity (the rate that death
+classification and the slow-start verdict rest on), the bytes, the drops, and the rows the
+panel shows.  A tracer's registry entry picks the class and names its rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from memtrace.capture import COUNTER_NAMES, alloc_totals
+from memtrace.units import fmt_bytes
+
+Row = tuple[str, str]
+
+
+class LiveStats:
+    """Running statistics of one capture; the base knows JSON events by type."""
+
+    def __init__(self) -> None:
+        self.events: Counter[str] = Counter()
+        self.activity_events = 0
+        self.event_bytes = 0
+
+    def batch(self, body: dict[str, Any], data: bytes) -> None:
+        """A binary batch from a C core (its counters ride in the body)."""
+
+    def event(self, ev: dict[str, Any]) -> None:
+        self.events[str(ev.get("type"))] += 1
+        # A census or the threads present at attach is a snapshot, not activity in the window.
+        if ev.get("activity", True):
+            self.activity_events += 1
+        size = ev.get("bytes", ev.get("alloc_size"))
+        if isinstance(size, int) and not isinstance(size, bool):
+            self.event_bytes += size
+
+    def activity(self) -> int:
+        """Cumulative traced calls: the rate of this is what death classification reads."""
+        return self.activity_events
+
+    def volume(self) -> int:
+        return self.event_bytes
+
+    def dropped(self) -> int:
+        return 0
+
+    def rows(self) -> list[Row]:
+        return [("events", f"{self.activity_events:,}")]
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the periodic SNAPSHOT record keeps beyond the rates (death evidence)."""
+        return {"events": dict(self.events)}
+
+
+class CoreStats(LiveStats):
+    """A tracer with a C core: exact counters arrive with every batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counters: list[int] = [0] * 64
+        self.live = 0
+        self.stacks = 0
+
+    def batch(self, body: dict[str, Any], data: bytes) -> None:
+        counters = body.get("counters")
+        if isinstance(counters, list) and counters:
+            self.counters = counters
+        self.live = int(body.get("live") or 0)
+        self.stacks = int(body.get("stacks") or 0)
+
+    def activity(self) -> int:
+        # Every call, releases included: the event rate.
+        return sum(self.counters[0:16]) + self.activity_events
+
+    def volume(self) -> int:
+        return alloc_totals(self.counters)[1]
+
+    def dropped(self) -> int:
+        names = {v: k for k, v in COUNTER_NAMES.items()}
+        return self.counters[names["dropped_records"]] + self.counters[names["dropped_stacks"]]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counters": self.counters, "live": self.live, "stacks": self.stacks}
+
+
+def event_stats(rows: Callable[[Counter[str], LiveStats], list[Row]]) -> Callable[[], LiveStats]:
+    """A JSON-event tracer's stats whose rows are computed from its event counts."""
+
+    class _Stats(LiveStats):
+        def rows(self) -> list[Row]:
+            return rows(self.events, self)
+
+    return _Stats
+
+
+def bytes_row(label: str, n: int) -> Row:
+    return (label, fmt_bytes(n))

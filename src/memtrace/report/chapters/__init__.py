@@ -1,0 +1,160 @@
+"""A tracer's part of ``memtrace report``: its entry per capture, its aggregate per target, its
+findings and its Markdown chapter.
+
+Every method works on JSON-ready data (the ``report.json`` document is the report; REPORT.md
+is rendered from it alone).  A tracer without a chapter of its own gets :class:`GenericChapter`,
+which shows each capture's scalar figures and its stack tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from memtrace.analyze.families import FamilyRules
+from memtrace.frames import Frame
+from memtrace.reporters.markdown import cell, code, table
+from memtrace.units import fmt_bytes
+
+TOP = 10
+FRAMES_SHOWN = 6
+UNSTACKED = "(no stack: below the stack threshold)"
+
+
+class Chapter(Protocol):
+    name: str
+
+    def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]: ...
+    def aggregate(self, entries: list[dict[str, Any]]) -> Any: ...
+    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def markdown(self, targets: list[dict[str, Any]]) -> list[str]: ...
+    def calibration(self, entry: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class BaseChapter:
+    """Defaults every chapter can lean on: the summary's JSON, families on every stack row."""
+
+    name = "?"
+    stack_tables: tuple[str, ...] = ()       # dotted paths of the entry's row lists that carry frames
+
+    def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
+        j = summary.to_json(capture=rel, top=top)
+        j["analyzed"] = True
+        for path in self.stack_tables:
+            for row in _rows_at(j, path):
+                row["family"] = rules.classify(row.get("frames") or [])
+        return j
+
+    def aggregate(self, entries: list[dict[str, Any]]) -> Any:
+        return entries
+
+    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return []
+
+    def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
+        return []
+
+    def calibration(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+
+class GenericChapter(BaseChapter):
+    """Each capture's numbers and its stack tables, for a tracer with no chapter of its own."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
+        j = super().entry(summary, rel, rules, top)
+        for rows in _stack_lists(j):
+            for row in rows:
+                row["family"] = rules.classify(row.get("frames") or [])
+        return j
+
+    def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
+        runs = [(t["target"], e) for t in targets for e in t.get(self.name) or []]
+        if not runs:
+            return []
+        lines = [f"## {self.name}", ""]
+        for target, e in runs:
+            lines += [f"### {cell(target)} ({cell(e.get('path'))})", ""]
+            scalars = [[k, v] for k, v in e.items() if isinstance(v, int | float | str) and not isinstance(v, bool)
+                       and k not in ("capture", "path", "tracer", "target")]
+            lines += table(["figure", "value"], "lr", scalars)
+            for key, rows in _named_stack_lists(e):
+                lines += [f"{cell(key)}:", ""]
+                lines += table(["count", "bytes", "family", "frames"], "rrll",
+                               [[r.get("count", "—"), fmt_bytes(r.get("bytes")), r.get("family", "—"),
+                                 frames_cell(r.get("frames") or [])] for r in rows[:TOP]])
+        return lines
+
+
+def _rows_at(doc: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    node: Any = doc
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return [r for r in node or [] if isinstance(r, dict)] if isinstance(node, list) else []
+
+
+def _named_stack_lists(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
+    """Every list of rows with "frames" anywhere in an entry, with its dotted name."""
+    out = []
+    for k, v in doc.items():
+        if isinstance(v, list) and v and all(isinstance(r, dict) and "frames" in r for r in v):
+            out.append((prefix + k, v))
+        elif isinstance(v, dict):
+            out += _named_stack_lists(v, prefix + k + ".")
+    return out
+
+
+def _stack_lists(doc: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    return [rows for _, rows in _named_stack_lists(doc)]
+
+
+# ---- pieces the chapters share ------------------------------------------------------------------
+
+
+def frames_cell(frames: list[Any]) -> str:
+    """A stack in one table cell: ``function (module) file:line`` ← ... innermost first."""
+    shown = [code(_frame(f).label()) for f in frames[:FRAMES_SHOWN]]
+    more = f" ← … (+{len(frames) - FRAMES_SHOWN})" if len(frames) > FRAMES_SHOWN else ""
+    return " ← ".join(shown) + more if shown else "—"
+
+
+def _frame(f: Any) -> Frame:
+    if isinstance(f, Frame):
+        return f
+    if isinstance(f, dict):
+        return Frame.from_json(f)
+    return Frame(0, function=str(f))
+
+
+def arrow(key: str) -> str:
+    return key.replace("->", "→")
+
+
+def family_rows(fam: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = [{"family": k, **v} for k, v in fam.items()]
+    rows.sort(key=lambda r: (-r.get("bytes", 0), r["family"]))
+    return rows
+
+
+def merge_families(dst: dict[str, dict[str, int]], rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        f = dst.setdefault(r["family"], {})
+        for k, v in r.items():
+            if k != "family" and isinstance(v, int | float):
+                f[k] = f.get(k, 0) + v
+
+
+def add(a: Any, b: Any) -> Any:
+    """Numbers and nested dicts of numbers, summed key by key."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: add(a.get(k, 0), b.get(k, 0)) for k in {**a, **b}}
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a + b
+    return a
+
+
+def frames_key(frames: list[Any]) -> tuple[Any, ...]:
+    """Rows from several captures of one target merge when their symbolized stacks are the same."""
+    return tuple(_frame(f).key() for f in frames)

@@ -1,0 +1,96 @@
+"""The IOSurface chapter: surfaces by stack and by format; the IOSurface-vs-malloc finding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memtrace.analyze.families import FamilyRules
+from memtrace.report.chapters import TOP, BaseChapter, add, family_rows, frames_cell, merge_families
+from memtrace.reporters.markdown import cell, table
+from memtrace.units import fmt_bytes
+
+
+class IOSurfaceChapter(BaseChapter):
+    name = "iosurface"
+
+    def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
+        j = summary.to_json(capture=rel, top=top)
+        j["analyzed"] = True
+        j.pop("surface_list", None)          # one row per surface: not needed, and unbounded
+        # Families of surface stacks too: the IOSurface half of a business fingerprint.
+        fam: dict[str, dict[str, int]] = {}
+        for row in j.get("by_stack") or []:
+            name = rules.classify(row.get("frames") or [])
+            f = fam.setdefault(name, {"bytes": 0, "count": 0})
+            f["bytes"] += int(row.get("bytes") or 0)
+            f["count"] += int(row.get("count") or 0)
+            row["family"] = name
+        j["families"] = family_rows(fam)
+        return j
+
+    def aggregate(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"captures": len(entries), "surfaces": 0, "bytes": 0, "by_stack": [], "by_format": [],
+                               "held_at_end": None}
+        fam: dict[str, dict[str, int]] = {}
+        for e in entries:
+            out["surfaces"] += int(e.get("surfaces") or 0)
+            out["bytes"] += int(e.get("bytes") or 0)
+            out["by_stack"] += e.get("by_stack") or []
+            out["by_format"] += e.get("by_format") or []
+            held = e.get("held_at_end")
+            if held is not None:
+                out["held_at_end"] = held if out["held_at_end"] is None else add(out["held_at_end"], held)
+            merge_families(fam, e.get("families") or [])
+        out["by_stack"].sort(key=lambda r: -int(r.get("bytes") or 0))
+        out["by_stack"] = out["by_stack"][:TOP]
+        out["families"] = family_rows(fam)
+        return out
+
+    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        two = []
+        for t in targets:
+            s, m = t.get("iosurface"), t.get("malloc")
+            if s and s["bytes"] and m:
+                two.append({"target": t["target"], "iosurface_bytes": s["bytes"], "surfaces": s["surfaces"],
+                            "malloc_live_bytes": m["live_bytes"], "malloc_gross_bytes": m["gross_bytes"],
+                            "text": f"{t['target']}: {s['surfaces']:,} surfaces, {fmt_bytes(s['bytes'])} of "
+                                    f"IOSurface memory vs {fmt_bytes(m['live_bytes'])} malloc live at end "
+                                    f"({fmt_bytes(m['gross_bytes'])} gross)"})
+        if not two:
+            return []
+        return [{"kind": "iosurface-vs-malloc", "title": "IOSurface and malloc are two worlds",
+                 "text": "Kernel (IOKit) surfaces are large and persistent; malloc is small, frequent, "
+                         "churn-dominated.", "items": two}]
+
+    def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
+        ss = [t for t in targets if t.get("iosurface")]
+        if not ss:
+            return []
+        lines = ["## IOSurface", ""]
+        for t in ss:
+            s = t["iosurface"]
+            lines += [f"### {cell(t['target'])}", "", f"{s['surfaces']:,} surfaces created, {fmt_bytes(s['bytes'])}."
+                      + (f" Held at end: {_held(s['held_at_end'])}." if s["held_at_end"] is not None else ""), ""]
+            rows = [[fmt_bytes(r.get("bytes")), f"{int(r.get('count') or 0):,}", r.get("family", "—"),
+                     frames_cell(r.get("frames") or [])] for r in s["by_stack"]]
+            if rows:
+                lines += ["By stack:", ""] + table(["bytes", "surfaces", "family", "frames"], "rrll", rows)
+            if s["by_format"]:
+                rows = [[r.get("format", "—"), f"{int(r.get('count') or 0):,}", fmt_bytes(r.get("bytes")),
+                         ", ".join(_size(z) for z in r.get("sizes") or [])] for r in s["by_format"]]
+                lines += ["By pixel format and size:", ""]
+                lines += table(["format", "surfaces", "bytes", "sizes (w×h, bytes per row, alloc size)"], "lrrl", rows)
+        return lines
+
+
+def _size(z: Any) -> str:
+    if isinstance(z, list | tuple) and len(z) == 4:
+        w, h, bpr, alloc = z
+        return f"{w}×{h} ({bpr} B/row, {fmt_bytes(alloc)})"
+    return str(z)
+
+
+def _held(h: Any) -> str:
+    if isinstance(h, dict):
+        return f"{int(h.get('count') or 0):,} surfaces, {fmt_bytes(h.get('bytes'))}"
+    return fmt_bytes(h) if isinstance(h, int) else str(h)

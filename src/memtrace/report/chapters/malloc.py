@@ -1,0 +1,200 @@
+"""The malloc chapter: churn vs net, size tiers, live and top stacks; the churn and family findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memtrace.analyze.families import FamilyRules
+from memtrace.capture import NO_STACK
+from memtrace.report.chapters import (
+    TOP,
+    UNSTACKED,
+    BaseChapter,
+    family_rows,
+    frames_cell,
+    frames_key,
+    merge_families,
+)
+from memtrace.reporters.markdown import cell, table
+from memtrace.units import fmt_bytes, fmt_pct
+
+TIER_LABELS = ("≤ 256 B", "257 B–1 KB", "1–4 KB", "4–8 KB", "8–64 KB", "> 64 KB")
+
+
+class MallocChapter(BaseChapter):
+    name = "malloc"
+
+    def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
+        """The summary plus per-family totals, computed once per distinct stack."""
+        s = summary
+        j = s.to_json(capture=rel, top=top)
+        j["analyzed"] = True
+        fam: dict[str, dict[str, Any]] = {}
+        for sid, st in s.by_stack.items():
+            name = UNSTACKED if sid == NO_STACK else rules.classify(s.stack(sid))
+            f = fam.get(name)
+            if f is None:
+                f = fam[name] = {"bytes": 0, "count": 0, "live_bytes": 0, "live_count": 0, "stacks": 0}
+            f["bytes"] += round(st.est_bytes) if sid != NO_STACK else 0
+            f["count"] += round(st.est_count) if sid != NO_STACK else 0
+            f["live_bytes"] += round(st.live_est_bytes)
+            f["live_count"] += st.live_count
+            f["stacks"] += 1 if sid != NO_STACK else 0
+        # Bytes no stack covers (below the stack threshold, unsampled): their own row, so the family
+        # table adds up to the gross bytes instead of silently losing them.
+        unstacked = j["gross_bytes"] - j["coverage"]["estimated_bytes_with_sampling"]
+        if unstacked > 0 or UNSTACKED in fam:
+            f = fam.setdefault(UNSTACKED, {"bytes": 0, "count": 0, "live_bytes": 0, "live_count": 0, "stacks": 0})
+            f["bytes"] += max(unstacked, 0)
+            f["count"] += max(j["alloc_calls"] - sum(v["count"] for k, v in fam.items() if k != UNSTACKED), 0)
+        j["families"] = family_rows(fam)
+        for row in j["top_stacks"] + j["live_by_stack"]:
+            if row["stack_id"] == NO_STACK:
+                row["unstacked"] = True
+                row["family"] = UNSTACKED
+            else:
+                row["family"] = rules.classify(row["frames"])
+        return j
+
+    def aggregate(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        m: dict[str, Any] = {"captures": len(entries), "gross_bytes": 0, "alloc_calls": 0, "captured_s": 0.0,
+                             "window_s": 0.0, "live_bytes": 0, "live_count": 0, "stacked_bytes": 0,
+                             "estimated_bytes": 0, "in_use_delta": None, "footprint_delta": None,
+                             "tiers": [{"calls": 0, "bytes": 0} for _ in TIER_LABELS]}
+        fam: dict[str, dict[str, int]] = {}
+        top: list[dict[str, Any]] = []
+        live: list[dict[str, Any]] = []
+        for e in entries:
+            m["gross_bytes"] += e["gross_bytes"]
+            m["alloc_calls"] += e["alloc_calls"]
+            m["captured_s"] += e.get("captured_s") or 0.0
+            m["window_s"] += e.get("window_s") or 0.0
+            m["live_bytes"] += e["live"]["bytes"]
+            m["live_count"] += e["live"]["count"]
+            cov = e["coverage"]
+            m["stacked_bytes"] += cov["stacked_bytes"]
+            m["estimated_bytes"] += cov["estimated_bytes_with_sampling"]
+            if "allocator" in cov:
+                m["in_use_delta"] = (m["in_use_delta"] or 0) + cov["allocator"]["in_use_delta"]
+            if "footprint" in cov:
+                m["footprint_delta"] = (m["footprint_delta"] or 0) + cov["footprint"]["delta"]
+            for i, t in enumerate(e["tiers"][:len(TIER_LABELS)]):
+                m["tiers"][i]["calls"] += t["calls"]
+                m["tiers"][i]["bytes"] += t["bytes"]
+            merge_families(fam, e["families"])
+            top += e["top_stacks"]
+            live += e["live_by_stack"]
+        m["captured_s"] = round(m["captured_s"], 3)
+        g, d = m["gross_bytes"], m["in_use_delta"]
+        m["stack_coverage"] = round(m["estimated_bytes"] / g, 4) if g else None
+        m["live_coverage"] = round(m["live_bytes"] / d, 4) if d and d > 0 else None
+        # Churn: gross allocation over net holding.  No ratio when in-use did not grow (it is
+        # "all churn"), so a shrinking heap never reads as a tiny or negative ratio.
+        m["churn_ratio"] = round(g / d, 1) if d and d > 0 else None
+        m["families"] = family_rows(fam)
+        m["top_stacks"] = merge_stacks(top)
+        m["live_by_stack"] = merge_stacks(live)
+        return m
+
+    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        churn = [t for t in targets if t.get("malloc") and t["malloc"]["gross_bytes"] > 0 and t["measurable"]]
+        if churn:
+            ranked = sorted(churn, key=lambda t: (-(t["malloc"]["churn_ratio"] or float("inf")), t["target"]))
+            # Targets whose heap did not grow at all are the purest churn: they rank first.
+            items = []
+            for t in ranked:
+                m = t["malloc"]
+                ratio = f"churn {m['churn_ratio']:,.1f}×" if m["churn_ratio"] else "no net growth: all churn"
+                items.append({"target": t["target"], "gross_bytes": m["gross_bytes"], "alloc_calls": m["alloc_calls"],
+                              "in_use_delta": m["in_use_delta"], "live_bytes": m["live_bytes"],
+                              "survivors": m["live_count"], "churn_ratio": m["churn_ratio"],
+                              "text": f"{t['target']}: {fmt_bytes(m['gross_bytes'])} gross in {m['alloc_calls']:,} "
+                                      f"calls vs allocator in-use {fmt_bytes(m['in_use_delta'], signed=True)}, "
+                                      f"{fmt_bytes(m['live_bytes'])} live at end in {m['live_count']:,} blocks "
+                                      f"({ratio})"})
+            out.append({"kind": "churn", "title": "malloc churn ≫ net growth",
+                        "text": f"Allocation pressure and real holding are two measures: the largest churn is "
+                                f"{items[0]['text']}.", "items": items})
+        dom = []
+        for t in targets:
+            m = t.get("malloc")
+            if not m:
+                continue
+            fams = [f for f in m["families"] if f["family"] != UNSTACKED and f["bytes"] > 0]
+            attributed = sum(f["bytes"] for f in fams)
+            if not fams or not attributed:
+                continue
+            f = fams[0]
+            share = f["bytes"] / attributed
+            dom.append({"target": t["target"], "family": f["family"], "bytes": f["bytes"],
+                        "attributed_bytes": attributed, "share": round(share, 4),
+                        "text": f"{t['target']}: {f['family']} — {fmt_bytes(f['bytes'])} of {fmt_bytes(attributed)} "
+                                f"stack-attributed gross bytes ({fmt_pct(share)})"})
+        if dom:
+            out.append({"kind": "dominant-family", "title": "stack signature = business fingerprint",
+                        "text": "The family with the most stack-attributed malloc bytes, per target.", "items": dom})
+        return out
+
+    def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
+        ms = [t for t in targets if t.get("malloc")]
+        if not ms:
+            return []
+        lines = ["## malloc", "", "### Churn vs net", ""]
+        rows = []
+        for t in ms:
+            m = t["malloc"]
+            if not t["measurable"]:
+                rows.append([t["target"], f"not measurable ({t['ended']})", *["—"] * 6])
+                continue
+            rows.append([t["target"], fmt_bytes(m["gross_bytes"]), f"{m['alloc_calls']:,}",
+                         fmt_bytes(m["in_use_delta"], signed=True), fmt_bytes(m["live_bytes"]),
+                         f"{m['live_count']:,}", "—" if m["churn_ratio"] is None else f"{m['churn_ratio']:,.1f}×",
+                         fmt_bytes(m["footprint_delta"], signed=True)])
+        lines += table(["target", "gross", "calls", "in-use Δ", "live at end", "survivors",
+                        "churn (gross / in-use Δ)", "footprint Δ"], "lrrrrrrr", rows)
+        lines += ["### Size tiers (calls / bytes)", ""]
+        rows = [[t["target"], *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in t["malloc"]["tiers"])]
+                for t in ms if t["measurable"]]
+        lines += table(["target", *TIER_LABELS], "l" + "r" * len(TIER_LABELS), rows)
+        for title, key in (("Live by stack at window end", "live_by_stack"),
+                           ("Top stacks by gross bytes", "top_stacks")):
+            lines += [f"### {title}", ""]
+            for t in ms:
+                rows = [[fmt_bytes(r["bytes"]), f"{r['count']:,}", r["family"],
+                         UNSTACKED if r.get("unstacked") else frames_cell(r["frames"])]
+                        for r in t["malloc"][key]]
+                if rows:
+                    lines += [f"**{cell(t['target'])}**", ""]
+                    lines += table(["bytes", "count", "family", "frames (innermost first)"], "rrll", rows)
+        return lines
+
+    def calibration(self, e: dict[str, Any]) -> dict[str, Any]:
+        cov = e.get("coverage")
+        if not cov:
+            return {}
+        a, f = cov.get("allocator") or {}, cov.get("footprint") or {}
+        return {"gross_bytes": e["gross_bytes"], "stacked_bytes": cov["stacked_bytes"],
+                "stack_coverage": cov["stack_coverage"], "estimated_coverage": cov["estimated_coverage"],
+                "in_use_before": a.get("in_use_before"), "in_use_after": a.get("in_use_after"),
+                "in_use_delta": a.get("in_use_delta"), "allocator_source": a.get("source"),
+                "live_bytes": e["live"]["bytes"], "live_coverage": cov.get("live_coverage"),
+                "footprint_delta": f.get("delta"), "footprint_source": f.get("source"),
+                "dropped": {k: v for k, v in (e.get("dropped") or {}).items() if v}}
+
+
+def merge_stacks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same symbolized stack from several captures (runs) of one target is one row."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        key = ("unstacked",) if r.get("unstacked") else frames_key(r["frames"])
+        m = merged.get(key)
+        if m is None:
+            merged[key] = {"bytes": r["bytes"], "count": r["count"], "exact_bytes": r.get("exact_bytes", 0),
+                           "family": r.get("family"), "frames": r["frames"],
+                           **({"unstacked": True} if r.get("unstacked") else {})}
+        else:
+            m["bytes"] += r["bytes"]
+            m["count"] += r["count"]
+            m["exact_bytes"] += r.get("exact_bytes", 0)
+    return sorted(merged.values(), key=lambda r: (-r["bytes"], str(frames_key(r["frames"]))))[:TOP]

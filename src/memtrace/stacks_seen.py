@@ -1,0 +1,111 @@
+"""Stacks as a capture streams in: each new return address symbolized once, families for the live view.
+
+The capture loop hands every agent batch and JSON event here.  Addresses never seen before
+are queued; :meth:`StacksSeen.symbolize` resolves the queue — on the host from the module
+files for a local target (works after the target died), by the agent otherwise — and returns
+the SYMBOLS rows to write.  When the UI shows families, bytes are kept per stack too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from memtrace.analyze.families import classify as classify_family
+from memtrace.analyze.symbols import SymbolTable
+from memtrace.capture import FLAG_SAMPLED, REC_ALLOC, REC_STACK, iter_agent_tuples
+from memtrace.symbolize import HostSymbolizer
+
+Rows = list[list[Any]]
+
+
+class StacksSeen:
+    def __init__(self, want_families: bool) -> None:
+        self.want_families = want_families
+        self.symtab = SymbolTable()        # modules for host symbols; labels for families
+        self.host: HostSymbolizer | None = None
+        self._seen: set[int] = set()
+        self.pending: list[int] = []
+        self._frames: dict[Any, tuple[int, ...]] = {}
+        self._bytes: dict[Any, int] = {}
+
+    def symbolize_on_host(self) -> None:
+        self.host = HostSymbolizer(self.symtab.modules)
+
+    def modules(self, modules: list[dict[str, Any]]) -> None:
+        self.symtab.add_modules(modules)
+
+    def batch(self, data: bytes) -> None:
+        """An agent batch from a C core: its STACK records, and bytes per stack for families."""
+        if not data:
+            return
+        frames_of, bytes_of = self._frames, self._bytes
+        for r in iter_agent_tuples(data):
+            if r[0] == REC_ALLOC:
+                if self.want_families:
+                    sid = r[3]
+                    bytes_of[sid] = bytes_of.get(sid, 0) + (r[6] if r[2] & FLAG_SAMPLED else r[5])
+            elif r[0] == REC_STACK:
+                frames_of[r[3]] = r[4]
+                self._note(r[4])
+
+    def events(self, events: list[dict[str, Any]]) -> None:
+        """JSON events carry their stacks as "frames": ["0x...", ...]; a thread's start "routine" is a
+        function's first byte, noted one byte in because every address is read as a return
+        address (the symbolizer steps back one)."""
+        for ev in events:
+            frames = tuple(int(f, 16) if isinstance(f, str) else int(f) for f in ev.get("frames") or ())
+            routine = ev.get("routine")
+            self._note(frames + ((int(routine, 16) + 1,) if isinstance(routine, str) else ()))
+            size = ev.get("bytes", ev.get("alloc_size"))
+            if frames and isinstance(size, int) and self.want_families:
+                self._frames[frames] = frames
+                self._bytes[frames] = self._bytes.get(frames, 0) + size
+
+    def _note(self, addresses: tuple[int, ...]) -> None:
+        for a in addresses:
+            if a not in self._seen:
+                self._seen.add(a)
+                self.pending.append(a)
+
+    def symbolize(self, by_agent: Callable[[list[int]], Rows] | None, final: bool = False) -> list[tuple[Rows, str]]:
+        """Resolve the queue; returns (rows, by) pairs to write as SYMBOLS records.
+
+        ``by_agent`` is None when the agent cannot be asked (gone, or a host-symbolized target).
+        The agent is asked for one chunk per call during the window (it runs in the target),
+        for everything at the end."""
+        out: list[tuple[Rows, str]] = []
+        if not self.pending:
+            return out
+        if self.host is not None:
+            rows = self.host.symbolize(self.pending)
+            self.symtab.add_rows(rows)
+            self.pending.clear()
+            return [(rows, "host-elf")]
+        if by_agent is None:
+            return out
+        while self.pending:
+            chunk = self.pending[:2000]
+            rows = by_agent(chunk)
+            if rows is None:
+                break
+            self.symtab.add_rows(rows)
+            out.append((rows, "agent"))
+            del self.pending[:len(chunk)]
+            if not final:
+                break
+        return out
+
+    def families(self, top: int = 200) -> list[tuple[str, int]]:
+        """Top stack families so far, from the biggest stacks (cheap enough for a 1 s tick)."""
+        if not self.want_families:
+            return []
+        ranked = sorted(self._bytes.items(), key=lambda kv: -kv[1])[:top]
+        totals: dict[str, int] = {}
+        for sid, nbytes in ranked:
+            frames = self._frames.get(sid)
+            if not frames:
+                continue
+            name = classify_family(self.symtab.labels(frames))
+            totals[name] = totals.get(name, 0) + nbytes
+        return sorted(totals.items(), key=lambda kv: -kv[1])[:5]

@@ -1,0 +1,95 @@
+"""fds: every descriptor a process opens, with stacks; what is still open; censuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from memtrace.analyze.fds import FdsSummary
+from memtrace.live import LiveStats, Row
+from memtrace.report.chapters.fds import FdsChapter
+from memtrace.reporters.console import footer, frames_text, header, line, plain, stack_table
+from memtrace.tracers import Tracer
+from memtrace.tracers.options import Option, at_least
+
+
+class FdsStats(LiveStats):
+    """Descriptors open now (created in the window minus released), as the agent reports them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created = 0
+        self.released = 0
+
+    def event(self, ev: dict[str, Any]) -> None:
+        super().event(ev)
+        if ev.get("type") == "open":
+            self.created += len(ev.get("fds") or ())
+        elif ev.get("type") == "close" and ev.get("known"):
+            self.released += 1
+
+    def rows(self) -> list[Row]:
+        return [("descriptors created", f"{self.created:,}"), ("released", f"{self.released:,}"),
+                ("open now (of those)", f"{self.created - self.released:,}"),
+                ("failed", f"{self.events['open-failed']:,}")]
+
+
+def console_view(console: Console, summary: FdsSummary, opts: dict[str, Any]) -> None:
+    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 20))
+    header(console, "fds", s)
+    if s["calls"]:
+        console.print(stack_table(f"creating calls (descriptors created: {s['opened']:,})",
+                                  [("call", "left"), ("calls", "right")],
+                                  [[k, f"{v:,}"] for k, v in s["calls"].items()]))
+    else:
+        line(console, ("creating calls", "none"))
+    closed = ", ".join(f"{k} {v:,}" for k, v in s["closed"].items()) or "none"
+    line(console, ("released", closed), ("dup onto open", f"{s['replaced']:,}"),
+         ("releases of unknown fds", f"{s['closes_of_unknown_fds']:,}"))
+    line(console, ("baseline", f"{s['baseline']['count']:,} open before the window "
+                               f"({s['baseline']['closed_in_window']:,} closed in it)"),
+         ("peak open", f"{s['peak']['count']:,}"))
+    at_end = s["open_at_end"]
+    line(console, ("opened in the window and still open", f"{at_end['count']:,} {at_end['by_kind'] or ''}"))
+    if at_end["by_stack"]:
+        rows = []
+        for r in at_end["by_stack"]:
+            paths = "\n".join(r["paths"][:3]) + ("\n…" if len(r["paths"]) > 3 else "")
+            rows.append([f"{r['count']:,}", ", ".join(f"{k} ×{v}" for k, v in r["calls"].items()), paths,
+                         frames_text(r["frames"], 6)])
+        console.print(stack_table("still open, by opening stack", [("count", "right"), ("calls", "left"),
+                                                                   ("paths", "left"), ("frames", "left")], rows))
+    if s["failures_by_stack"]:
+        console.print(stack_table("failed creations", [("call", "left"), ("error", "left"), ("count", "right"),
+                                                       ("caller", "left")],
+                                  [[r["call"], r["error"], f"{r['count']:,}", str(r["caller"])]
+                                   for r in s["failures_by_stack"]]))
+    for c in s["censuses"]:
+        line(console, ("census", f"({c['trigger']}, t={c['t']} ms): {c['count']:,} open {c['by_kind']}"))
+    rec = s["reconciliation"]
+    if rec and rec["opened_out_of_sight"]:
+        console.print(plain("opened out of sight (no hooked entry saw them): "
+                            + ", ".join(f"{r['fd']} {r['path']}" for r in rec["opened_out_of_sight"][:10])),
+                      style="yellow")
+    footer(console, s)
+
+
+TRACER = Tracer(
+    name="fds",
+    help="Trace open/close/socket/pipe/dup & co. with stacks: fd leaks and the road to EMFILE.",
+    description="Every descriptor created or released with its stack, censuses of what is open, what is still "
+                "open at the end by opening stack, failures by errno.",
+    options=(
+        Option("census_at", int, 1000, "Take an fd census (every descriptor and what it is) once more "
+               "than N are open...", agent_key="censusAt", metavar="N", check=at_least(0)),
+        Option("census_step", int, 50, "...and again each time N more are open than at the last census.",
+               agent_key="censusStep", metavar="N", check=at_least(1)),
+        Option("top", int, 20, "Rows per stack table.", check=at_least(0)),
+    ),
+    analyzer="memtrace.analyze.fds",
+    summary_type=FdsSummary,
+    console=console_view,
+    live=FdsStats,
+    chapter=FdsChapter,
+)

@@ -1,0 +1,57 @@
+"""iosurface: what a process allocates as IOSurfaces (kernel memory), with stacks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+
+from memtrace.analyze.iosurface import IOSurfaceSummary
+from memtrace.live import LiveStats, Row, event_stats
+from memtrace.report.chapters.iosurface import IOSurfaceChapter
+from memtrace.reporters.console import footer, frames_text, header, line, stack_table
+from memtrace.tracers import Tracer
+from memtrace.tracers.options import Option, at_least
+from memtrace.units import fmt_bytes
+
+
+def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
+    return [("surfaces", f"{events['surface']:,}"), ("surface bytes", fmt_bytes(stats.event_bytes)),
+            ("released", f"{events['release']:,}")]
+
+
+def console_view(console: Console, summary: IOSurfaceSummary, opts: dict[str, Any]) -> None:
+    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 20))
+    header(console, "iosurface", s)
+    line(console, ("surfaces created", f"{s['surfaces']:,} ({fmt_bytes(s['bytes'])}, kernel memory outside every "
+                                       f"malloc zone)"))
+    if s["by_format"]:
+        console.print(stack_table("by pixel format", [("format", "left"), ("count", "right"), ("bytes", "right"),
+                                                      ("sizes (w×h, row bytes, alloc)", "left")],
+                                  [[f["format"], f"{f['count']:,}", fmt_bytes(f["bytes"]),
+                                    "; ".join(f"{w}×{h}, {r}, {fmt_bytes(a)}" for w, h, r, a in f["sizes"])]
+                                   for f in s["by_format"]]))
+    if s["by_stack"]:
+        console.print(stack_table("by creating stack", [("bytes", "right"), ("count", "right"), ("frames", "left")],
+                                  [[fmt_bytes(r["bytes"]), f"{r['count']:,}", frames_text(r["frames"], 6)]
+                                   for r in s["by_stack"]]))
+    rel, held = s["released"], s["held_at_end"]
+    line(console, ("released", f"{rel['count']:,} ({fmt_bytes(rel['bytes'])})"
+                   + ("" if rel["visible"] else " — no destruction entry visible on this platform")))
+    line(console, ("held at end", f"{held['count']:,} ({fmt_bytes(held['bytes'])}): {held['meaning']}"))
+    footer(console, s)
+
+
+TRACER = Tracer(
+    name="iosurface",
+    help="Trace IOSurfaceCreate with stacks: what a process allocates outside malloc.",
+    description="Every IOSurface created (size, dimensions, pixel format) with its creating stack; releases "
+                "where visible; what is held at the end.",
+    options=(Option("top", int, 20, "Rows per caller table.", check=at_least(0)),),
+    analyzer="memtrace.analyze.iosurface",
+    summary_type=IOSurfaceSummary,
+    console=console_view,
+    live=event_stats(_rows),
+    chapter=IOSurfaceChapter,
+)

@@ -1,0 +1,62 @@
+"""threads: every thread created, with stacks; leaked (never joined) threads; the peak."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.console import Console
+
+from memtrace.analyze.threads import ThreadsSummary
+from memtrace.live import LiveStats, Row, event_stats
+from memtrace.report.chapters.threads import ThreadsChapter
+from memtrace.reporters.console import footer, frames_text, header, line, stack_table
+from memtrace.tracers import Tracer
+from memtrace.tracers.options import Option, at_least
+from memtrace.units import fmt_bytes
+
+
+def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
+    return [("created", f"{events['create']:,}"), ("exited", f"{events['exit']:,}"),
+            ("joined / detached", f"{events['join']:,} / {events['detach']:,}"),
+            ("failed", f"{events['create-failed']:,}")]
+
+
+def console_view(console: Console, summary: ThreadsSummary, opts: dict[str, Any]) -> None:
+    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 20))
+    header(console, "threads", s)
+    line(console, ("created", f"{s['created']:,} ({s['created_detached']:,} detached at creation)"),
+         ("joined", f"{s['joined']:,}"), ("detached", f"{s['detached']:,}"), ("exited", f"{s['exited']:,}"))
+    line(console, ("threads alive", f"{s['existing_at_start']:,} at start, peak {s['peak']['count']:,}"),
+         ("running at end", f"{s['running_at_end']['count']:,} created in the window "
+                            f"({s['running_at_end']['joinable']:,} joinable)"))
+    leaked = s["leaked"]
+    line(console, ("leaked (exited, never joined or detached)",
+                   f"{leaked['count']:,} holding {fmt_bytes(leaked['stack_bytes'])} of stack"))
+    for title, rows in (("leaked threads, by creating stack", leaked["by_stack"]),
+                        ("still running at the end, by creating stack", s["running_at_end"]["by_stack"])):
+        if rows:
+            console.print(stack_table(title, [("count", "right"), ("routine", "left"), ("stack", "right"),
+                                              ("frames", "left")],
+                                      [[f"{r['count']:,}", str(r["routine"]), fmt_bytes(r["stack_bytes"]),
+                                        frames_text(r["frames"], 6)] for r in rows]))
+    if s["failures_by_stack"]:
+        console.print(stack_table("failed pthread_create", [("error", "left"), ("count", "right"),
+                                                            ("routine", "left"), ("caller", "left")],
+                                  [[r["error"], f"{r['count']:,}", str(r["routine"]), str(r["caller"])]
+                                   for r in s["failures_by_stack"]]))
+    footer(console, s)
+
+
+TRACER = Tracer(
+    name="threads",
+    help="Trace pthread_create/detach/join and thread starts and exits: leaks and the road to EAGAIN.",
+    description="Every thread created with its stack and start routine, joins and detaches, the peak alive, "
+                "leaked (never joined) threads by creating stack, failed creations.",
+    options=(Option("top", int, 20, "Rows per stack table.", check=at_least(0)),),
+    analyzer="memtrace.analyze.threads",
+    summary_type=ThreadsSummary,
+    console=console_view,
+    live=event_stats(_rows),
+    chapter=ThreadsChapter,
+)

@@ -1,4 +1,4 @@
-"""How a capture ended, classified with its evidence (DOMAIN.md §5).
+"""How a capture ended, classified with its evidence (docs/domain/sessions.md, "How captures die").
 
 Pure: the session hands over timings, the agent's last words and the rate
 history; this module names the death and says why.  Thresholds are options.

@@ -21,7 +21,7 @@ SEED_B = DATA / "JetsamEvent-2020-03-19-173028.ips"
 PAGE = 16384
 
 
-# --- the seed's two samples --------------------------------------------------------------------
+# --- the two sample reports in tests/data/jetsam -----------------------------------------------
 
 
 def test_seed_sample_a_killed_process_and_figures() -> None:
@@ -53,7 +53,7 @@ def test_seed_sample_b_unicode_process_name() -> None:
 
 
 def test_seed_samples_keep_their_comment_lines() -> None:
-    # The fixtures are the seed's text verbatim; the parser must cope with the "// ..." lines.
+    # Published samples, verbatim (docs/domain/jetsam.md): the parser must cope with the "// ..." lines.
     for path in (SEED_A, SEED_B):
         text = path.read_text(encoding="utf-8")
         assert text.startswith('{"bug_type":"298"')

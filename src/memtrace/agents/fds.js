@@ -1,6 +1,6 @@
 'use strict';
 /*
- * File-descriptor tracer (DOMAIN.md §7, "too many open files"): every entry that creates or
+ * File-descriptor tracer (docs/domain/oom-taxonomy.md, "Too many open files"): every entry that creates or
  * releases a descriptor, with the creating stack, plus fd censuses that map every open
  * descriptor to what it is.  Descriptor calls are rare next to malloc: plain JS listeners.
  *
@@ -14,7 +14,7 @@
  *              never re-enters our own hooks; on Darwin proc_pidinfo(PROC_PIDLISTFDS) +
  *              fcntl(F_GETPATH) -- DEVICE-UNVERIFIED, written from xnu's headers.
  *              Taken at start, at the end, and when the count of open descriptors passes
- *              --census-at and then every --census-step more (the seed: > 1000, or +50).
+ *              --census-at and then every --census-step more (docs/domain/oom-taxonomy.md, "Monitoring").
  *
  * A descriptor opened by an entry not hooked here still shows up in the end census: the
  * analyzer reports it as "opened out of sight" instead of losing it.

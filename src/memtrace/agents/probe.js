@@ -1,6 +1,6 @@
 'use strict';
 /*
- * Routing probe (DOMAIN.md §4): inside the target, create a 16 MiB purgeable mapping, apply
+ * Routing probe (docs/domain/iosurface-purgeable.md): inside the target, create a 16 MiB purgeable mapping, apply
  * each entry in turn and, after every step, read GET_STATE and the task_vm_info ledger.  The
  * truth table "does this entry drive the purgeable state machine?" goes out as one RESULT.
  *

@@ -2,7 +2,7 @@
 /*
  * purgeable tracer: when the target declares memory discardable and takes it back.
  *
- * Entries (DOMAIN.md §4):
+ * Entries (docs/domain/iosurface-purgeable.md, "Entries"):
  *   vm_purgable_control / mach_vm_purgable_control  C listener: GET / PURGE_ALL only counted
  *       (GET is hot); SET reads the new state on enter and the old state the kernel writes
  *       back into *state on leave, then hands old->new + caller frames to JS.

@@ -1,6 +1,6 @@
 'use strict';
 /*
- * Thread tracer (DOMAIN.md §7, "too many threads"): every pthread_create with its creating
+ * Thread tracer (docs/domain/oom-taxonomy.md, "Too many threads"): every pthread_create with its creating
  * stack and what the thread was given (joinable or detached, stack size), every detach and
  * join, and every thread's start and exit.  A joinable thread that exits and is never joined
  * or detached keeps its stack and descriptor: the analyzer reports it with its creating stack.

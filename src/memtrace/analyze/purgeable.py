@@ -5,7 +5,7 @@ machine's own entries (``vm_purgable_control`` / ``mach_vm_purgable_control`` SE
 ``IOSurfaceSetPurgeable``, which IOKit applies in the kernel where a trap hook cannot see it).
 Framework entries (Core Animation) are reported as calls with their callers: the transitions
 they cause are already counted underneath, so counting them again would double the matrix.
-``madvise`` is its own "reusable" line and is never a transition (DOMAIN.md §4).
+``madvise`` is its own "reusable" line, never a transition (docs/domain/iosurface-purgeable.md, "madvise").
 """
 
 from __future__ import annotations

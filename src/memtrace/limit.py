@@ -28,7 +28,6 @@ from typing import Any
 
 from memtrace.errors import InputError, TargetError
 
-AGENTS_DIR = Path(__file__).parent / "agents"
 FRIDA_REMOTE_PORT = 27042
 
 
@@ -96,10 +95,12 @@ def device_is_local(device: Any) -> bool:
 
 
 def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
-    """Attach to ``pid`` on ``device`` and load ``agents/<agent>.js``; returns (session, script)."""
+    """Attach to ``pid`` on ``device`` and load the agent ``agent`` (agentbuild); returns (session, script)."""
     import frida
 
-    source = (AGENTS_DIR / f"{agent}.js").read_text(encoding="utf-8")
+    from memtrace.agentbuild import build_agent
+
+    source = build_agent(agent).source
     try:
         session = device.attach(pid)
     except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,

@@ -25,8 +25,9 @@ OP_ALLOC, OP_FREE, OP_REALLOC, OP_VM_ALLOC, OP_VM_FREE = (layout.LOGGER_OPS[k] f
     "alloc", "free", "realloc", "vm_alloc", "vm_free"))
 
 
-@pytest.fixture
-def agent(compile_c):
+# TinyCC ("internal") is the compiler an iPhone has; Linux defaults to the external gcc toolchain.
+@pytest.fixture(params=["external", "internal"])
+def agent(compile_c, request):
     device = frida.get_local_device()
     pid = device.spawn([str(compile_c("steady"))], stdio="pipe")
     session = device.attach(pid)
@@ -37,9 +38,10 @@ def agent(compile_c):
               else None)
     script.load()
     api = script.exports_sync
-    api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
-              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": "auto",
+    init = api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
+              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": request.param,
               "backend": "auto"}, agent.c_sources)
+    assert init["info"]["toolchain"] == request.param
     yield api, batches
     try:
         api.stop()

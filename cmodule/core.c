@@ -7,90 +7,26 @@
  * only g_atomic_int_add / g_atomic_pointer_add for atomics.
  *
  * The agent prepends "#define MT_DARWIN 1" or "#define MT_LINUX 1" and
- * "#define MT_ARM64 1" where relevant.
+ * "#define MT_ARM64 1" where relevant; memtrace.agentbuild puts the layout
+ * header generated from memtrace/layout.py before this file: the record
+ * structs (MtAllocRecord, MtFreeRecord, MtStackRecord, MtPadRecord,
+ * MtChunkHeader), MtConfig, MT_REC_*, MT_FLAG_*, MT_K_* call kinds, MT_C_*
+ * counter indexes, MT_TIER_MAX_*, MT_MAX_FRAMES, MT_LIVE_WAYS, MT_MAX_RINGS.
+ * memtrace/capture.py reads the records with the same layout.
  *
- * Event record layout (little-endian; memtrace/capture.py is the reader and
- * tests/unit/test_cmodule_layout.py keeps both sides in step):
- *   STACK 1: u8 type, u8 nframes, u16 0, u32 stack_id, u64 frames[nframes]
- *   ALLOC 2: u8 type, u8 kind, u16 flags, u32 stack_id, u64 ptr, u64 size, u64 weight
- *   FREE  3: u8 type, u8 kind, u16 flags, u32 0, u64 ptr, u64 size
- * A drained batch is a sequence of chunks: u32 thread_id, u32 length, bytes.
+ * A drained batch is a sequence of chunks: MtChunkHeader, then the thread's
+ * records.  STACK records are followed by u64 frames[nframes]; a PAD record
+ * says how many bytes to skip.
  */
 #include <glib.h>
 #include <gum/guminterceptor.h>
-
-#define MT_REC_STACK 1
-#define MT_REC_ALLOC 2
-#define MT_REC_FREE 3
-
-#define MT_FLAG_LIVE 1
-#define MT_FLAG_SAMPLED 2
-#define MT_FLAG_TRUNCATED 4
-
-#define MT_NO_STACK 0xffffffffu
-#define MT_DROPPED_STACK 0xfffffffeu
-
-/* Call kinds: indices into the per-kind counters. */
-#define MT_K_MALLOC 0
-#define MT_K_CALLOC 1
-#define MT_K_REALLOC 2
-#define MT_K_FREE 3
-#define MT_K_POSIX_MEMALIGN 4
-#define MT_K_MEMALIGN 5
-#define MT_K_ALIGNED_ALLOC 6
-#define MT_K_VALLOC 7
-#define MT_K_PVALLOC 8
-#define MT_K_VM_ALLOCATE 12
-#define MT_K_VM_DEALLOCATE 13
-#define MT_N_KINDS 16
-
-/* Counter layout of a slot (and of a snapshot). */
-#define MT_C_CALLS 0
-#define MT_C_BYTES 16
-#define MT_C_TIER_CALLS 32
-#define MT_C_TIER_BYTES 38
-#define MT_C_DROPPED_RECORDS 44
-#define MT_C_DROPPED_RECORD_BYTES 45
-#define MT_C_DROPPED_STACKS 46
-#define MT_C_LIVE_TABLE_FULL 47
-#define MT_C_TRUNCATED_STACKS 48
-#define MT_C_SAMPLED 49
-#define MT_C_FAILED_ALLOCS 50
-#define MT_C_NESTED_CALLS 51
-#define MT_C_TRACKED_FREES 52
-#define MT_C_RECORDS 53
-#define MT_C_RECORD_BYTES 54
-#define MT_N_COUNTERS 64
-#define MT_N_TIERS 6
 
 #define MT_SLOT_FREE 0
 #define MT_SLOT_LIVE 1
 #define MT_SLOT_DEAD 2
 
-#define MT_MAX_FRAMES 64
-#define MT_LIVE_WAYS 8
-
-typedef struct _MtConfig MtConfig;
 typedef struct _MtSlot MtSlot;
 typedef struct _MtGlobals MtGlobals;
-
-/* Written once by the agent before the hooks go in; read-only afterwards. */
-struct _MtConfig
-{
-  guint64 live_threshold;
-  guint64 stack_threshold;
-  guint64 max_frames;
-  guint64 sample_interval;     /* 0 = no sampling */
-  guint64 ring_size;           /* bytes, power of two */
-  guint64 n_slots;
-  guint64 n_rings;
-  guint64 stack_mask;          /* stack table size - 1 */
-  guint64 live_mask;           /* live buckets - 1 */
-  guint64 code_mask;           /* strips pointer-authentication bits */
-  guint64 tls_key;
-  guint64 gettid_nr;           /* Linux syscall number for gettid */
-  guint64 enabled;
-};
 
 struct _MtSlot
 {
@@ -121,7 +57,7 @@ struct _MtGlobals
   guint64 retired[MT_N_COUNTERS];  /* counters folded in from exited threads */
   volatile guint64 assigning[64];  /* stack addresses of threads inside mt_assign */
   volatile gint assigning_claim[64];
-  volatile gint ring_owner_free[4096]; /* recycled ring indices, -1 terminated stack */
+  volatile gint ring_owner_free[MT_MAX_RINGS]; /* recycled ring indices, -1 terminated stack */
   volatile gint ring_free_top;
   volatile gint fence;
 };
@@ -194,11 +130,11 @@ mt_unlock (volatile gint * lock)
 static inline guint
 mt_tier (guint64 size)
 {
-  if (size <= 256) return 0;
-  if (size <= 1024) return 1;
-  if (size <= 4096) return 2;
-  if (size <= 8192) return 3;
-  if (size <= 65536) return 4;
+  if (size <= MT_TIER_MAX_0) return 0;
+  if (size <= MT_TIER_MAX_1) return 1;
+  if (size <= MT_TIER_MAX_2) return 2;
+  if (size <= MT_TIER_MAX_3) return 3;
+  if (size <= MT_TIER_MAX_4) return 4;
   return 5;
 }
 
@@ -410,16 +346,18 @@ mt_ring_reserve (MtSlot * s, guint64 len)
   if (off + len > size)
   {
     guint64 pad = size - off;
+    MtPadRecord * r = (MtPadRecord *) (s->ring + off);
     if (s->head - s->tail + pad + len > size)
     {
       s->counters[MT_C_DROPPED_RECORDS]++;
       s->counters[MT_C_DROPPED_RECORD_BYTES] += len;
       return NULL;
     }
-    /* Records never wrap: a padding record (type 0, u32 length at +4) fills the
-     * rest of the ring. */
-    *(guint32 *) (s->ring + off) = 0;
-    *(guint32 *) (s->ring + off + 4) = (guint32) pad;
+    /* Records never wrap: a padding record fills the rest of the ring. */
+    r->type = MT_REC_PAD;
+    r->reserved = 0;
+    r->reserved2 = 0;
+    r->length = (guint32) pad;
     s->head += pad;
     off = 0;
   }
@@ -518,17 +456,19 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
     }
     if (v == 0)
     {
-      guint64 len = 8 + 8 * (guint64) n;
+      guint64 len = sizeof (MtStackRecord) + 8 * (guint64) n;
       guint8 * rec = mt_ring_reserve (s, len);
       if (rec != NULL)
       {
+        MtStackRecord * r = (MtStackRecord *) rec;
+        guint64 * out = (guint64 *) (rec + sizeof (MtStackRecord));
         guint k;
-        rec[0] = MT_REC_STACK;
-        rec[1] = (guint8) n;
-        *(guint16 *) (rec + 2) = 0;
-        *(guint32 *) (rec + 4) = (guint32) i;
+        r->type = MT_REC_STACK;
+        r->nframes = (guint8) n;
+        r->reserved = 0;
+        r->stack_id = (guint32) i;
         for (k = 0; k != n; k++)
-          ((guint64 *) (rec + 8))[k] = frames[k];
+          out[k] = frames[k];
         mt_ring_commit (s, len);
         mt_stack_table[i] = h;
         g_atomic_pointer_add (&mt_globals.stacks_interned, 1);
@@ -652,7 +592,7 @@ mt_record_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   guint64 weight = size;
   gboolean want_stack, want_live;
   guint32 stack_id = MT_NO_STACK;
-  guint8 * rec;
+  MtAllocRecord * rec;
 
   want_stack = size >= mt_config.stack_threshold;
   want_live = size >= mt_config.live_threshold;
@@ -718,7 +658,7 @@ mt_record_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
       s->counters[MT_C_LIVE_TABLE_FULL]++;
   }
 
-  rec = mt_ring_reserve (s, 32);
+  rec = (MtAllocRecord *) mt_ring_reserve (s, sizeof (MtAllocRecord));
   if (rec == NULL)
   {
     /* The host never learns of this block: forget it so its free stays quiet. */
@@ -726,14 +666,14 @@ mt_record_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
       mt_live_remove (p);
     return;
   }
-  rec[0] = MT_REC_ALLOC;
-  rec[1] = (guint8) kind;
-  *(guint16 *) (rec + 2) = flags;
-  *(guint32 *) (rec + 4) = stack_id;
-  *(guint64 *) (rec + 8) = p;
-  *(guint64 *) (rec + 16) = size;
-  *(guint64 *) (rec + 24) = weight;
-  mt_ring_commit (s, 32);
+  rec->type = MT_REC_ALLOC;
+  rec->kind = (guint8) kind;
+  rec->flags = flags;
+  rec->stack_id = stack_id;
+  rec->ptr = p;
+  rec->size = size;
+  rec->weight = weight;
+  mt_ring_commit (s, sizeof (MtAllocRecord));
 }
 
 /* Every allocation of every kind goes through here: exact counts first. */
@@ -765,22 +705,22 @@ mt_on_alloc (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
 static inline void
 mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size)
 {
-  guint8 * rec;
+  MtFreeRecord * rec;
   if (p == NULL || mt_globals.live_count == 0)
     return;
   if (!mt_live_remove ((guint64) p))
     return;
   s->counters[MT_C_TRACKED_FREES]++;
-  rec = mt_ring_reserve (s, 24);
+  rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
   if (rec == NULL)
     return;
-  rec[0] = MT_REC_FREE;
-  rec[1] = (guint8) kind;
-  *(guint16 *) (rec + 2) = 0;
-  *(guint32 *) (rec + 4) = 0;
-  *(guint64 *) (rec + 8) = (guint64) p;
-  *(guint64 *) (rec + 16) = size;
-  mt_ring_commit (s, 24);
+  rec->type = MT_REC_FREE;
+  rec->kind = (guint8) kind;
+  rec->flags = 0;
+  rec->reserved = 0;
+  rec->ptr = (guint64) p;
+  rec->size = size;
+  mt_ring_commit (s, sizeof (MtFreeRecord));
 }
 
 /* ---- host side: drain and snapshot ------------------------------------ */
@@ -807,8 +747,8 @@ mt_retire (MtSlot * s)
   s->claim = 0;
 }
 
-/* Copies every thread's pending records into out as chunks
- * (u32 tid, u32 len, bytes).  Returns the number of bytes written; stops early
+/* Copies every thread's pending records into out as chunks (MtChunkHeader, then
+ * the records).  Returns the number of bytes written; stops early
  * (leaving records for the next call) when out is full. */
 guint64
 mt_drain (guint8 * out, guint64 cap)
@@ -833,11 +773,12 @@ mt_drain (guint8 * out, guint64 cap)
     n = head - tail;
     if (n != 0)
     {
-      if (used + 8 + n > cap)
+      MtChunkHeader * chunk = (MtChunkHeader *) (out + used);   /* written only if it fits */
+      if (used + sizeof (MtChunkHeader) + n > cap)
         break;
-      *(guint32 *) (out + used) = (guint32) s->tid;
-      *(guint32 *) (out + used + 4) = (guint32) n;
-      used += 8;
+      chunk->tid = (guint32) s->tid;
+      chunk->length = (guint32) n;
+      used += sizeof (MtChunkHeader);
       off = tail & (size - 1);
       first = MIN (n, size - off);
       {
@@ -911,6 +852,12 @@ guint64
 mt_globals_size (void)
 {
   return sizeof (MtGlobals);
+}
+
+guint64
+mt_config_size (void)
+{
+  return sizeof (MtConfig);
 }
 
 guint64

@@ -1,5 +1,5 @@
 /*
- * memtrace malloc tracer, hot paths.  Appended to core.c by the agent.
+ * memtrace malloc tracer, hot paths.  Compiled after core.c in one CModule.
  *
  * Linux: Interceptor.replaceFast sends the glibc malloc family here; each
  * replacement calls the original through the pointer replaceFast returned
@@ -34,25 +34,9 @@ extern gpointer (*real_pvalloc) (gsize);
 #define MT_LOG_CLEARED 64
 #define MT_LOG_MAPPED_FILE 128
 
-#define MT_K_MAPPED_FILE 14
-
-/* Decoded logger event (what mt_logger_decode tells the caller to do). */
-#define MT_OP_IGNORE 0
-#define MT_OP_ALLOC 1
-#define MT_OP_FREE 2
-#define MT_OP_REALLOC 3
-#define MT_OP_VM_ALLOC 4
-#define MT_OP_VM_FREE 5
-
-typedef struct
-{
-  guint64 op;
-  guint64 kind;
-  guint64 ptr;      /* the new block */
-  guint64 size;
-  guint64 old_ptr;  /* the released block (free, realloc, vm_deallocate) */
-  guint64 tag;      /* VM user tag */
-} MtLoggerEvent;
+/* The decoded event (MtLoggerEvent, MT_OP_*: what the caller is to do) and the call kinds
+ * (MT_K_*) come from the generated layout header: the agent reads MtLoggerEvent back in
+ * decodeLoggerEvent. */
 
 /* Pure: the argument patterns of libmalloc's and libsyscall's logger calls.
  *   malloc/valloc/memalign: ALLOC|ZONE,           zone, size, 0, result

@@ -9,8 +9,9 @@ everything up to the last flush, whatever happened to the target or to memtrace.
 
 Record payloads are UTF-8 JSON, except BATCH, whose payload is
 ``u32 json length | json | agent records`` -- the agent's binary records are
-kept exactly as the agent produced them (layout in cmodule/core.c, decoded by
-:func:`decode_agent_records`), so a capture can be re-interpreted later.
+kept exactly as the agent produced them (layout named in memtrace/layout.py,
+written by cmodule/core.c, decoded by :func:`decode_agent_records`), so a
+capture can be re-interpreted later.
 
 Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in
 per-thread chunks ``u32 tid | u32 length | records``:
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from memtrace import layout
 
 MAGIC = b"MEMTRACE"
 FORMAT_VERSION = 1
@@ -54,27 +57,19 @@ class RecordType(IntEnum):
     RESULT = 11       # a tracer's computed result (probe truth table, census, ...)
 
 
-# Agent-side constants, mirrored from cmodule/core.c (tests check they agree).
-REC_PAD, REC_STACK, REC_ALLOC, REC_FREE = 0, 1, 2, 3
-FLAG_LIVE, FLAG_SAMPLED, FLAG_TRUNCATED = 1, 2, 4
-NO_STACK = 0xFFFFFFFF
-DROPPED_STACK = 0xFFFFFFFE
+# The agent's record layout and counters (memtrace/layout.py, shared with the agent's C and JS).
+REC_PAD, REC_STACK, REC_ALLOC, REC_FREE = layout.REC_PAD, layout.REC_STACK, layout.REC_ALLOC, layout.REC_FREE
+FLAG_LIVE, FLAG_SAMPLED, FLAG_TRUNCATED = layout.FLAG_LIVE, layout.FLAG_SAMPLED, layout.FLAG_TRUNCATED
+NO_STACK = layout.NO_STACK
+DROPPED_STACK = layout.DROPPED_STACK
 
-KIND_NAMES = {
-    0: "malloc", 1: "calloc", 2: "realloc", 3: "free", 4: "posix_memalign", 5: "memalign",
-    6: "aligned_alloc", 7: "valloc", 8: "pvalloc", 12: "vm_allocate", 13: "vm_deallocate",
-    14: "mapped_file",
-}
-TIER_MAX_BYTES: tuple[int | None, ...] = (256, 1024, 4096, 8192, 65536, None)
+KIND_NAMES = {number: name for name, number in layout.KINDS.items()}
+TIER_MAX_BYTES = layout.TIER_MAX_BYTES
 
-C_CALLS, C_BYTES, C_TIER_CALLS, C_TIER_BYTES = 0, 16, 32, 38
-COUNTER_NAMES = {
-    44: "dropped_records", 45: "dropped_record_bytes", 46: "dropped_stacks", 47: "live_table_full",
-    48: "truncated_stacks", 49: "sampled", 50: "failed_allocs", 51: "nested_calls",
-    52: "tracked_frees", 53: "records", 54: "record_bytes",
-}
+C_CALLS, C_BYTES, C_TIER_CALLS, C_TIER_BYTES = layout.C_CALLS, layout.C_BYTES, layout.C_TIER_CALLS, layout.C_TIER_BYTES
+COUNTER_NAMES = {index: name for name, index in layout.COUNTERS.items()}
 
-RELEASE_KINDS = frozenset({3, 13})     # free, vm_deallocate: calls that give memory back
+RELEASE_KINDS = layout.RELEASE_KINDS     # free, vm_deallocate: calls that give memory back
 
 
 def alloc_totals(counters: list[int]) -> tuple[int, int]:
@@ -83,10 +78,11 @@ def alloc_totals(counters: list[int]) -> tuple[int, int]:
     return sum(counters[C_CALLS + k] for k in kinds), sum(counters[C_BYTES + k] for k in kinds)
 
 
-_CHUNK = struct.Struct("<II")
-_STACK_HEAD = struct.Struct("<BBHI")
-_ALLOC = struct.Struct("<BBHIQQQ")
-_FREE = struct.Struct("<BBHIQQ")
+_CHUNK = struct.Struct(layout.CHUNK_HEADER.format)
+_STACK_HEAD = struct.Struct(layout.STACK_RECORD.format)
+_ALLOC = struct.Struct(layout.ALLOC_RECORD.format)
+_FREE = struct.Struct(layout.FREE_RECORD.format)
+_PAD = struct.Struct(layout.PAD_RECORD.format)
 
 
 class CaptureError(Exception):
@@ -307,25 +303,27 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     alloc_from = _ALLOC.unpack_from
     free_from = _FREE.unpack_from
     rec_alloc, rec_free = REC_ALLOC, REC_FREE
-    while pos + 8 <= end:
+    alloc_size, free_size, chunk_size = _ALLOC.size, _FREE.size, _CHUNK.size
+    head_size = _STACK_HEAD.size       # every record starts with an 8-byte head (PAD's too)
+    while pos + chunk_size <= end:
         tid, length = _CHUNK.unpack_from(mv, pos)
-        pos += 8
+        pos += chunk_size
         stop = min(pos + length, end)
-        while pos + 8 <= stop:
+        while pos + head_size <= stop:
             rtype = mv[pos]
             if rtype == rec_alloc:
                 r: tuple[Any, ...] = alloc_from(mv, pos)
-                pos += 32
+                pos += alloc_size
             elif rtype == rec_free:
                 r = free_from(mv, pos)
-                pos += 24
+                pos += free_size
             elif rtype == REC_STACK:
                 head = _STACK_HEAD.unpack_from(mv, pos)
-                r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + 8))
-                pos += 8 + 8 * head[1]
+                r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
+                pos += head_size + 8 * head[1]
             elif rtype == REC_PAD:
-                (skip,) = struct.unpack_from("<I", mv, pos + 4)
-                pos += max(skip, 8)
+                skip = _PAD.unpack_from(mv, pos)[3]
+                pos += max(skip, head_size)
                 continue
             else:
                 raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")

@@ -27,14 +27,14 @@ from typing import Any
 
 from memtrace.errors import TargetError
 
-AGENTS_DIR = Path(__file__).parent / "agents"
-
 
 def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
-    """Attach to ``pid`` on ``device`` and load ``agents/<agent>.js``; returns (session, script)."""
+    """Attach to ``pid`` on ``device`` and load the agent ``agent`` (agentbuild); returns (session, script)."""
     import frida
 
-    source = (AGENTS_DIR / f"{agent}.js").read_text(encoding="utf-8")
+    from memtrace.agentbuild import build_agent
+
+    source = build_agent(agent).source
     try:
         session = device.attach(pid)
     except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,

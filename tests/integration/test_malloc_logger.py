@@ -14,30 +14,34 @@ import time
 import frida
 import pytest
 
-from memtrace import capture
-from memtrace.agentbuild import agent_source, c_sources
+from memtrace import capture, layout
+from memtrace.agentbuild import build_agent
 from memtrace.capture import AllocRecord, FreeRecord, decode_agent_records
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
 ALLOC, DEALLOC, ZONE, VM_ALLOC, VM_DEALLOC, CLEARED, MAPPED = 2, 4, 8, 16, 32, 64, 128
-OP_ALLOC, OP_FREE, OP_REALLOC, OP_VM_ALLOC, OP_VM_FREE = 1, 2, 3, 4, 5
+OP_ALLOC, OP_FREE, OP_REALLOC, OP_VM_ALLOC, OP_VM_FREE = (layout.LOGGER_OPS[k] for k in (
+    "alloc", "free", "realloc", "vm_alloc", "vm_free"))
 
 
-@pytest.fixture
-def agent(compile_c):
+# TinyCC ("internal") is the compiler an iPhone has; Linux defaults to the external gcc toolchain.
+@pytest.fixture(params=["external", "internal"])
+def agent(compile_c, request):
     device = frida.get_local_device()
     pid = device.spawn([str(compile_c("steady"))], stdio="pipe")
     session = device.attach(pid)
-    script = session.create_script(agent_source("malloc"))
+    agent = build_agent("malloc")
+    script = session.create_script(agent.source)
     batches: list[bytes] = []
     script.on("message", lambda m, d: batches.append(d) if d and m.get("payload", {}).get("type") == "events:batch"
               else None)
     script.load()
     api = script.exports_sync
-    api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
-              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": "auto",
-              "backend": "auto"}, c_sources("malloc"))
+    init = api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
+              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": request.param,
+              "backend": "auto"}, agent.c_sources)
+    assert init["info"]["toolchain"] == request.param
     yield api, batches
     try:
         api.stop()

@@ -1,9 +1,8 @@
-"""The capture format: round trips, torn tails at every byte, versions, garbage, C/Python agreement."""
+"""The capture format: round trips, torn tails at every byte, versions, garbage (C agreement: test_layout.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 
@@ -25,8 +24,6 @@ from memtrace.capture import (
     encode_agent_records,
     read_records,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_sample(path: Path) -> list[tuple[RecordType, object]]:
@@ -126,31 +123,6 @@ def test_cross_thread_free_before_alloc_pairs_up(tmp_path: Path) -> None:
     s = summarize(read_records(p))
     assert (s.live_count, s.live_bytes, s.unmatched_frees) == (2, 18000, 0)
     assert s.by_stack[5].count == 4
-
-
-def _c_defines(path: Path) -> dict[str, int]:
-    out = {}
-    for m in re.finditer(r"^#define (MT_\w+) (0x[0-9a-fA-F]+|\d+)u?\b", path.read_text(), re.M):
-        out[m.group(1)] = int(m.group(2), 0)
-    return out
-
-
-def test_python_reader_agrees_with_the_c_writer() -> None:
-    core = _c_defines(ROOT / "cmodule" / "core.c")
-    malloc = _c_defines(ROOT / "cmodule" / "malloc.c")
-    assert (core["MT_REC_STACK"], core["MT_REC_ALLOC"], core["MT_REC_FREE"]) == (
-        capture.REC_STACK, capture.REC_ALLOC, capture.REC_FREE)
-    assert (core["MT_FLAG_LIVE"], core["MT_FLAG_SAMPLED"], core["MT_FLAG_TRUNCATED"]) == (
-        capture.FLAG_LIVE, capture.FLAG_SAMPLED, capture.FLAG_TRUNCATED)
-    assert (core["MT_NO_STACK"], core["MT_DROPPED_STACK"]) == (capture.NO_STACK, capture.DROPPED_STACK)
-    kinds = {v: k[5:].lower() for k, v in {**core, **malloc}.items() if k.startswith("MT_K_")}
-    assert kinds == capture.KIND_NAMES
-    assert (core["MT_C_CALLS"], core["MT_C_BYTES"], core["MT_C_TIER_CALLS"], core["MT_C_TIER_BYTES"]) == (
-        capture.C_CALLS, capture.C_BYTES, capture.C_TIER_CALLS, capture.C_TIER_BYTES)
-    for index, name in capture.COUNTER_NAMES.items():
-        assert core["MT_C_" + name.upper()] == index
-    tiers = [int(x) for x in re.findall(r"size <= (\d+)", (ROOT / "cmodule" / "core.c").read_text())]
-    assert tuple(tiers) + (None,) == capture.TIER_MAX_BYTES
 
 
 def test_export_prints_what_was_flushed_and_flags_a_torn_tail(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from memtrace import devices
 from memtrace import limit as L
+from memtrace.agentbuild import AGENT_DIR, build_agent
 from memtrace.commands.limit import command as limit_command
 from memtrace.errors import InputError, TargetError
 
@@ -208,8 +209,11 @@ def test_cli_limit_ios_watch_records_pressure(monkeypatch: pytest.MonkeyPatch) -
     assert event["event"] == "proc-limit-warn" and event["footprint"] == 600 << 20
     session = device.sessions[0]
     assert session.detached and session.script is not None and session.script.unloaded
+    # The script is the limit agent as agentbuild bundles it (comments do not survive bundling:
+    # the DEVICE-UNVERIFIED mark is checked in the module itself).
+    assert session.script.source == build_agent("limit").source
     assert "Module.findExportByName(" not in session.script.source
-    assert "DEVICE-UNVERIFIED" in session.script.source
+    assert "DEVICE-UNVERIFIED" in (AGENT_DIR / "limit.js").read_text()
 
 
 def test_cli_limit_needs_one_target() -> None:

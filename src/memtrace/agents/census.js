@@ -1,4 +1,3 @@
-'use strict';
 /*
  * memtrace census agent (Darwin / iOS only). Loaded into ONE host process -- by default
  * Frida's system session (pid 0: frida-server itself, root, task_for_pid-capable) -- and
@@ -10,7 +9,11 @@
  * Module.findExportByName).
  *
  * rpc.exports.census() -> {rows: [...], errors: {...}, pageSize, pid}
+ *
+ * task_vm_info's offsets are layout.js's (memtrace/layout.py), read by runtime/taskinfo.js.
  */
+
+import { machTaskSelf, readTaskVmInfo } from './runtime/taskinfo.js';
 
 function fn(name, ret, args, system) {
   const address = Module.findGlobalExportByName(name);
@@ -30,9 +33,7 @@ const memorystatus_control = fn('memorystatus_control', 'int',
 // mach: task_name_for_pid is enough for task_info(TASK_VM_INFO); task_for_pid is the fallback.
 const task_name_for_pid = fn('task_name_for_pid', 'int', ['uint32', 'int', 'pointer'], false);
 const task_for_pid = fn('task_for_pid', 'int', ['uint32', 'int', 'pointer'], false);
-const task_info = fn('task_info', 'int', ['uint32', 'uint32', 'pointer', 'pointer'], false);
 const mach_port_deallocate = fn('mach_port_deallocate', 'int', ['uint32', 'uint32'], false);
-const mach_task_self_ptr = Module.findGlobalExportByName('mach_task_self_');
 
 const RUSAGE_INFO_V4 = 4;
 // struct rusage_info_v4 (bsd/sys/resource.h); all fields after ri_uuid[16] are uint64_t.
@@ -51,23 +52,8 @@ const PE_PID = 0, PE_PRIORITY = 4, PE_USER_DATA = 8, PE_LIMIT = 16, PE_STATE = 2
 const MEMORYSTATUS_BUFFERSIZE_MAX = 65536;
 const EINVAL = 22;
 
-// struct task_vm_info (osfmk/mach/task_info.h). The kernel fills as many revisions as the
-// count allows and writes back the count it filled, so each field is read only if covered.
-const TASK_VM_INFO = 22;
-const TASK_VM_INFO_BUFFER = 512;                // larger than any revision so far
-const TVI_REUSABLE = 80;                        // mach_vm_size_t reusable
-const TVI_PHYS_FOOTPRINT = 144;                 // rev1: phys_footprint
-const TVI_LEDGER_PURGEABLE_NONVOLATILE = 176;   // rev3: int64 ledger_purgeable_nonvolatile
-const TVI_LEDGER_PURGEABLE_VOLATILE = 192;      // rev3: int64 ledger_purgeable_volatile
-const TVI_LEDGER_GRAPHICS_FOOTPRINT = 272;      // rev3: int64 ledger_tag_graphics_footprint
-const TVI_LEDGER_GRAPHICS_FOOTPRINT_COMPRESSED = 280;
-
 function u64(p) {
   return p.readU64().toNumber();
-}
-
-function taskSelf() {
-  return mach_task_self_ptr === null ? 0 : mach_task_self_ptr.readU32();
 }
 
 function listPids(errors) {
@@ -128,10 +114,8 @@ function priorityList(errors) {
   return out;
 }
 
-function vmInfo(pid, self, port, count, info) {
+function vmInfo(pid, self, port) {
   // Returns null when the task cannot be reached (the census then leaves these columns empty).
-  if (task_info === null)
-    return null;
   port.writeU32(0);
   let kr = task_name_for_pid === null ? -1 : task_name_for_pid(self, pid, port);
   if (kr !== 0 && task_for_pid !== null)
@@ -139,25 +123,18 @@ function vmInfo(pid, self, port, count, info) {
   if (kr !== 0)
     return null;
   const task = port.readU32();
-  count.writeU32(TASK_VM_INFO_BUFFER / 4);
-  kr = task_info(task, TASK_VM_INFO, info, count);
+  const v = readTaskVmInfo(task);
   if (mach_port_deallocate !== null)
     mach_port_deallocate(self, task);
-  if (kr !== 0)
+  if (v === null)
     return null;
-  const filled = count.readU32() * 4;
-  const field = (off, signed) => (filled >= off + 8
-    ? (signed ? info.add(off).readS64().toNumber() : u64(info.add(off))) : null);
+  const graphics = v.ledger_tag_graphics_footprint;
   return {
-    reusable: field(TVI_REUSABLE, false),
-    task_phys_footprint: field(TVI_PHYS_FOOTPRINT, false),
-    purgeable_nonvolatile: field(TVI_LEDGER_PURGEABLE_NONVOLATILE, true),
-    purgeable_volatile: field(TVI_LEDGER_PURGEABLE_VOLATILE, true),
-    graphics: (() => {
-      const a = field(TVI_LEDGER_GRAPHICS_FOOTPRINT, true);
-      const b = field(TVI_LEDGER_GRAPHICS_FOOTPRINT_COMPRESSED, true);
-      return a === null ? null : a + (b || 0);
-    })(),
+    reusable: v.reusable,
+    task_phys_footprint: v.phys_footprint,
+    purgeable_nonvolatile: v.ledger_purgeable_nonvolatile,
+    purgeable_volatile: v.ledger_purgeable_volatile,
+    graphics: graphics === null ? null : graphics + (v.ledger_tag_graphics_footprint_compressed || 0),
   };
 }
 
@@ -168,9 +145,7 @@ function census() {
   const ru = Memory.alloc(RUSAGE_V4_SIZE);
   const nameBuf = Memory.alloc(256);
   const port = Memory.alloc(4);
-  const count = Memory.alloc(4);
-  const info = Memory.alloc(TASK_VM_INFO_BUFFER);
-  const self = taskSelf();
+  const self = machTaskSelf() || 0;
   const rows = [];
   for (const pid of pids) {
     const row = { pid: pid, status: 'ok' };
@@ -195,7 +170,7 @@ function census() {
       row.user_data = prio.user_data;
     }
     if (row.status === 'ok') {
-      const vm = vmInfo(pid, self, port, count, info);
+      const vm = vmInfo(pid, self, port);
       if (vm !== null)
         Object.assign(row, vm);
     }

@@ -1,4 +1,3 @@
-'use strict';
 /*
  * File-descriptor tracer (docs/domain/oom-taxonomy.md, "Too many open files"): every entry that creates or
  * releases a descriptor, with the creating stack, plus fd censuses that map every open
@@ -19,6 +18,11 @@
  * A descriptor opened by an entry not hooked here still shows up in the end census: the
  * analyzer reports it as "opened out of sight" instead of losing it.
  */
+
+import { emitJson, warn } from './runtime/flush.js';
+import { attachListener, detachListeners } from './runtime/listeners.js';
+import { IS_DARWIN, findExport, libcExport, libcModule } from './runtime/platform.js';
+import { entryFrames } from './runtime/stacks.js';
 
 const FD_FRAMES = 16;
 
@@ -125,7 +129,7 @@ function takeCensus(trigger) {
   try {
     entries = fds.census === null ? null : fds.census();
   } catch (e) {
-    send({ type: 'agent:warning', message: `fd census failed: ${e.message || e}` });
+    warn(`fd census failed: ${e.message || e}`);
   }
   if (entries === null)
     return null;
@@ -280,8 +284,7 @@ function closesStream(name, toFd) {
   };
 }
 
-/* The hooked entries, per platform (a function: this file is evaluated before common.js
- * defines IS_DARWIN). */
+/* The hooked entries, per platform. */
 function entries() {
   if (IS_DARWIN) {
     return {
@@ -304,7 +307,7 @@ function entries() {
   };
 }
 
-const tracer = {
+export const tracer = {
   name: 'fds',
 
   symbols(config) {

@@ -1,4 +1,3 @@
-'use strict';
 /*
  * IOSurface tracer: what the target allocates outside every malloc zone (kernel IOKit memory,
  * VM tag 88).  Low frequency: plain JS listeners.
@@ -12,6 +11,10 @@
  *                              far too hot to hook, so there a surface not seen destroyed is
  *                              "still referenced by the app as far as we saw".
  */
+
+import { emitJson } from './runtime/flush.js';
+import { attachListener, detachListeners } from './runtime/listeners.js';
+import { IS_DARWIN, findExport } from './runtime/platform.js';
 
 const ACCESSORS = {
   IOSurfaceGetAllocSize: 'size_t', IOSurfaceGetWidth: 'size_t', IOSurfaceGetHeight: 'size_t',
@@ -62,7 +65,7 @@ function useCountHook(op) {
   };
 }
 
-const tracer = {
+export const tracer = {
   name: 'iosurface',
 
   symbols(config) {

@@ -1,4 +1,3 @@
-'use strict';
 /*
  * memtrace limit agent (Darwin / iOS only), loaded into the target process itself.
  *
@@ -10,27 +9,22 @@
  *   sample()      -> {footprint, available, limit, memlimit: {...} | null, errors}
  *   watch(on)     -> install / keep the memory-pressure hooks; each notification is sent as
  *                    {type: 'limit:pressure', t, via, event, footprint, available}
+ *
+ * task_vm_info's offsets are layout.js's (memtrace/layout.py), read by runtime/taskinfo.js.
  */
+
+import { selfTaskVmInfo } from './runtime/taskinfo.js';
 
 function fn(name, ret, args) {
   const address = Module.findGlobalExportByName(name);
   return address === null ? null : new NativeFunction(address, ret, args);
 }
 
-const task_info = fn('task_info', 'int', ['uint32', 'uint32', 'pointer', 'pointer']);
-const mach_task_self_ptr = Module.findGlobalExportByName('mach_task_self_');
 // iOS 13+: bytes the process may still allocate before hitting its jetsam limit.
 const os_proc_available_memory = fn('os_proc_available_memory', 'size_t', []);
 const memorystatusAddress = Module.findGlobalExportByName('memorystatus_control');
 const memorystatus_control = memorystatusAddress === null ? null
   : new SystemFunction(memorystatusAddress, 'int', ['uint32', 'int32', 'uint32', 'pointer', 'size_t']);
-
-// struct task_vm_info (osfmk/mach/task_info.h)
-const TASK_VM_INFO = 22;
-const TASK_VM_INFO_BUFFER = 512;          // larger than any revision; the kernel returns what it filled
-const TVI_PHYS_FOOTPRINT = 144;           // rev1: mach_vm_size_t phys_footprint
-const TVI_LEDGER_FOOTPRINT_PEAK = 168;    // rev3: int64_t ledger_phys_footprint_peak
-const TVI_LIMIT_BYTES_REMAINING = 336;    // rev4: uint64_t limit_bytes_remaining
 
 const MEMORYSTATUS_CMD_GET_MEMLIMIT_PROPERTIES = 8;
 // memorystatus_memlimit_properties_t {int32 memlimit_active (MB, -1 none); uint32 active_attr;
@@ -43,22 +37,16 @@ const PRESSURE_BITS = {
   0x01: 'normal', 0x02: 'warn', 0x04: 'critical', 0x10: 'proc-limit-warn', 0x20: 'proc-limit-critical',
 };
 
-const info = Memory.alloc(TASK_VM_INFO_BUFFER);
-const count = Memory.alloc(4);
 const memlimit = Memory.alloc(MEMLIMIT_PROPERTIES_SIZE);
 
 function vmInfo() {
-  if (task_info === null || mach_task_self_ptr === null)
+  const v = selfTaskVmInfo();
+  if (v === null)
     return null;
-  count.writeU32(TASK_VM_INFO_BUFFER / 4);
-  if (task_info(mach_task_self_ptr.readU32(), TASK_VM_INFO, info, count) !== 0)
-    return null;
-  const filled = count.readU32() * 4;
-  const read = (off) => (filled >= off + 8 ? info.add(off).readU64().toNumber() : null);
   return {
-    footprint: read(TVI_PHYS_FOOTPRINT),
-    footprint_peak: read(TVI_LEDGER_FOOTPRINT_PEAK),
-    limit_bytes_remaining: read(TVI_LIMIT_BYTES_REMAINING),
+    footprint: v.phys_footprint,
+    footprint_peak: v.ledger_phys_footprint_peak,
+    limit_bytes_remaining: v.limit_bytes_remaining,
   };
 }
 

@@ -1,4 +1,3 @@
-'use strict';
 /*
  * malloc tracer.  Hot paths live in cmodule/core.c + cmodule/malloc.c; this
  * file only finds the hook points and wires them up.
@@ -12,12 +11,15 @@
  *         mt_logger_decode (see tests/integration/test_malloc_logger.py).
  */
 
+import { KINDS, LOGGER_EVENT } from './layout.js';
+import { buildCore, core, setEnabled } from './runtime/core.js';
+import { warn } from './runtime/flush.js';
+import { IS_DARWIN, libcModule } from './runtime/platform.js';
+import { readStruct } from './runtime/structs.js';
+
+/* The replaced entries; each one's call kind is KINDS[name] (layout.js), its C replacement mt_<name>. */
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
   'aligned_alloc', 'valloc', 'pvalloc'];
-
-/* Kind numbers of cmodule/core.c (MT_K_*). */
-const KIND_OF = { malloc: 0, calloc: 1, realloc: 2, free: 3, posix_memalign: 4, memalign: 5,
-  aligned_alloc: 6, valloc: 7, pvalloc: 8 };
 
 const LOGGER_MODULE = 'libsystem_malloc.dylib';
 const SYSCALL_LOGGER_MODULE = 'libsystem_kernel.dylib';
@@ -66,7 +68,7 @@ function chooseBackend(config) {
   return loggerVariable('malloc_logger', LOGGER_MODULE) !== null ? 'logger' : 'symbols';
 }
 
-const tracer = {
+export const tracer = {
   name: 'malloc',
 
   symbols(config) {
@@ -98,7 +100,7 @@ const tracer = {
   },
 
   install(config) {
-    const cm = state.cm;
+    const cm = core.cm;
     if (mallocState.backend === 'logger') {
       for (const [name, mod] of [['malloc_logger', LOGGER_MODULE], ['__syscall_logger', SYSCALL_LOGGER_MODULE]]) {
         const v = loggerVariable(name, mod);
@@ -106,7 +108,7 @@ const tracer = {
           continue;
         const previous = v.readPointer();
         if (!previous.isNull())
-          send({ type: 'agent:warning', message: `${name} was already set (${previous}); memtrace replaces it for the window` });
+          warn(`${name} was already set (${previous}); memtrace replaces it for the window`);
         mallocState.loggerSlots.push({ name, address: v, previous });
       }
       setEnabled(true);
@@ -139,12 +141,11 @@ const tracer = {
           Interceptor.replace(target, cm['mt_' + name]);
           mallocState.replaced.push(target);
           mallocState.slow.push(name);
-          const kind = KIND_OF[name];
-          state.slowKinds.writeU64(state.slowKinds.readU64().or(uint64(1).shl(kind)));
+          core.slowKinds.writeU64(core.slowKinds.readU64().or(uint64(1).shl(KINDS[name])));
         } catch (e) {
           mallocState.realSlots[name].writePointer(NULL);
           mallocState.failed[name] = String(e.message || e);
-          send({ type: 'agent:warning', message: `cannot hook ${name} at ${target}: ${e.message || e}` });
+          warn(`cannot hook ${name} at ${target}: ${e.message || e}`);
         }
       }
     }
@@ -167,18 +168,17 @@ const tracer = {
   extraExports: {
     /* libmalloc's logger argument patterns through the real C decoder. */
     decodeLoggerEvent(type, arg1, arg2, arg3, result) {
-      const ev = Memory.alloc(6 * 8);
-      const f = new NativeFunction(state.cm.mt_logger_decode, 'void',
+      const ev = Memory.alloc(LOGGER_EVENT.size);
+      const f = new NativeFunction(core.cm.mt_logger_decode, 'void',
         ['uint32', 'uint64', 'uint64', 'uint64', 'uint64', 'pointer']);
       f(type, uint64(arg1), uint64(arg2), uint64(arg3), uint64(result), ev);
-      const r = [];
-      for (let i = 0; i < 6; i++)
-        r.push(ev.add(i * 8).readU64().toString());
-      return { op: Number(r[0]), kind: Number(r[1]), ptr: r[2], size: r[3], old_ptr: r[4], tag: Number(r[5]) };
+      const r = readStruct(ev, LOGGER_EVENT);
+      return { op: r.op.toNumber(), kind: r.kind.toNumber(), ptr: r.ptr.toString(), size: r.size.toString(),
+        old_ptr: r.old_ptr.toString(), tag: r.tag.toNumber() };
     },
     /* Drive the real logger callback with a synthetic libmalloc event (tests). */
     feedLogger(type, arg1, arg2, arg3, result) {
-      const f = new NativeFunction(state.cm.mt_malloc_logger, 'void',
+      const f = new NativeFunction(core.cm.mt_malloc_logger, 'void',
         ['uint32', 'uint64', 'uint64', 'uint64', 'uint64', 'uint32']);
       f(type, uint64(arg1), uint64(arg2), uint64(arg3), uint64(result), 0);
       return true;

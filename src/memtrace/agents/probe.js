@@ -1,4 +1,3 @@
-'use strict';
 /*
  * Routing probe (docs/domain/iosurface-purgeable.md): inside the target, create a 16 MiB purgeable mapping, apply
  * each entry in turn and, after every step, read GET_STATE and the task_vm_info ledger.  The
@@ -9,11 +8,13 @@
  * madvise speaks Linux advice numbers and has no ledger to read.  The output names which one ran.
  */
 
+import { PURGABLE_CONTROLS, VM_FLAGS_ANYWHERE, VM_FLAGS_PURGABLE } from './layout.js';
+import { IS_DARWIN, findExport } from './runtime/platform.js';
+import { selfTaskVmInfo } from './runtime/taskinfo.js';
+
 const PROBE_BYTES = 16 * 1024 * 1024;
-const VM_FLAGS_ANYWHERE = 0x1;
-const VM_FLAGS_PURGABLE = 0x2;
-const SET_STATE = 0;
-const GET_STATE = 1;
+const SET_STATE = PURGABLE_CONTROLS.set_state;
+const GET_STATE = PURGABLE_CONTROLS.get_state;
 const STEPS = [
   { entry: 'madvise', advice: 4, label: 'madvise(MADV_DONTNEED=4)' },
   { entry: 'madvise', advice: 5, label: 'madvise(MADV_FREE=5)' },
@@ -32,11 +33,11 @@ function madviseEntry() {
 }
 
 function ledger() {
-  const v = taskVmInfo();
+  const v = selfTaskVmInfo();
   if (v === null)
     return null;
   return {
-    footprint: v.footprint, purgeable_volatile: v.ledger_purgeable_volatile,
+    footprint: v.phys_footprint, purgeable_volatile: v.ledger_purgeable_volatile,
     purgeable_nonvolatile: v.ledger_purgeable_nonvolatile, reusable: v.reusable,
   };
 }
@@ -130,7 +131,7 @@ function runProbe() {
   return result;
 }
 
-const tracer = {
+export const tracer = {
   name: 'probe',
 
   symbols(config) {

@@ -1,4 +1,3 @@
-'use strict';
 /*
  * purgeable tracer: when the target declares memory discardable and takes it back.
  *
@@ -20,149 +19,25 @@
  * Stacks of C-listener events: the C side passes the return address and the caller's frame
  * pointer at function entry; JS walks the frame-pointer chain with guarded reads (a bad frame
  * throws in JS instead of crashing the target).
+ *
+ * The C listeners are cmodule/purgeable.c, passed in by the host (init's cSources); their
+ * entry numbers and counter slots are layout.js's PURGEABLE_* and PC_* (memtrace/layout.py).
  */
 
-const PURG_C = `
-#include <gum/guminterceptor.h>
-
-/* Counter slots (gint): see COUNTS in purgeable.js. */
-extern volatile gint mt_counts[256];
-extern volatile gint mt_madv_stream[2];   /* bit masks of advice values to stream, per table */
-extern volatile gint mt_madv_stream_hi[2];
-extern void mt_on_set (gint fn, gpointer addr, gint control, gint new_state, gint old_state, gint kr,
-    gpointer ret, gpointer fp);
-extern void mt_on_create (gint fn, guint64 addr, guint64 size, gint flags, gint kr, gpointer ret, gpointer fp);
-extern guint64 mt_libc_range[2];
-extern void mt_on_madvise (gint fn, gpointer addr, guint64 len, gint advice, gpointer ret, gpointer fp);
-
-typedef struct {
-  gpointer p;
-  gint * statep;
-  guint64 size;
-  gint control;
-  gint new_state;
-  gint flags;
-  gint report;
-  gpointer ret;
-  gpointer fp;
-} MtInv;
-
-#if defined (__aarch64__)
-# define MT_FP(ic) ((gpointer) (ic)->cpu_context->fp)
-#else
-# define MT_FP(ic) ((gpointer) (ic)->cpu_context->rbp)
-#endif
-
-static gint
-fn_of (GumInvocationContext * ic)
-{
-  return (gint) (gsize) gum_invocation_context_get_listener_function_data (ic);
-}
-
-/* fn 0 vm_purgable_control, 1 mach_vm_purgable_control */
-void
-purg_enter (GumInvocationContext * ic)
-{
-  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
-  gint fn = fn_of (ic);
-  gint control = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, 2);
-  gint * statep = (gint *) gum_invocation_context_get_nth_argument (ic, 3);
-  d->report = 0;
-  d->control = control;
-  if (control >= 0 && control <= 3)
-    g_atomic_int_add (&mt_counts[fn * 8 + control], 1);
-  else
-    g_atomic_int_add (&mt_counts[fn * 8 + 4], 1);
-  if ((control == 0 || control == 3) && statep != NULL)
-  {
-    d->report = 1;
-    d->p = gum_invocation_context_get_nth_argument (ic, 1);
-    d->new_state = *statep;
-    d->statep = statep;
-    d->ret = gum_invocation_context_get_return_address (ic);
-    d->fp = MT_FP (ic);
-  }
-}
-
-void
-purg_leave (GumInvocationContext * ic)
-{
-  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
-  gint kr;
-  if (!d->report)
-    return;
-  kr = (gint) (gsize) gum_invocation_context_get_return_value (ic);
-  mt_on_set (fn_of (ic), d->p, d->control, d->new_state, *d->statep, kr, d->ret, d->fp);
-}
-
-/* fn 4 vm_allocate, 5 mach_vm_allocate (flags = arg 3); 6 mach_vm_map (flags = arg 4) */
-void
-create_enter (GumInvocationContext * ic)
-{
-  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
-  gint fn = fn_of (ic);
-  gint flags = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, fn == 6 ? 4 : 3);
-  g_atomic_int_add (&mt_counts[16 + fn], 1);
-  d->report = (flags & 0x2) != 0;
-  if (!d->report)
-    return;
-  d->p = gum_invocation_context_get_nth_argument (ic, 1);
-  d->size = (guint64) (gsize) gum_invocation_context_get_nth_argument (ic, 2);
-  d->flags = flags;
-  d->ret = gum_invocation_context_get_return_address (ic);
-  d->fp = MT_FP (ic);
-}
-
-void
-create_leave (GumInvocationContext * ic)
-{
-  MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
-  gint kr;
-  if (!d->report)
-    return;
-  kr = (gint) (gsize) gum_invocation_context_get_return_value (ic);
-  mt_on_create (fn_of (ic), d->p != NULL ? *(guint64 *) d->p : 0, d->size, d->flags, kr, d->ret, d->fp);
-}
-
-/* fn 2 libc madvise (platform advice table 0), 3 the stand-in's Darwin madvise (table 1).
- * Slots 32 + 64 * table + advice (advice 0..62; 63 = anything larger). */
-void
-madv_enter (GumInvocationContext * ic)
-{
-  gint fn = fn_of (ic);
-  gint table = fn - 2;
-  gint advice = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, 2);
-  gint slot = (advice >= 0 && advice < 63) ? advice : 63;
-  gboolean stream;
-  g_atomic_int_add (&mt_counts[32 + 64 * table + slot], 1);
-  if (advice < 0 || advice >= 64)
-    return;
-  stream = advice < 32 ? ((mt_madv_stream[table] >> advice) & 1) : ((mt_madv_stream_hi[table] >> (advice - 32)) & 1);
-  /* The C library's own madvise calls (glibc's allocator trimming its heaps, with an arena
-   * lock held) are counted but never streamed: entering JavaScript there can take the
-   * target down, and they are the allocator's business, not the app's reusable line. */
-  if (stream)
-  {
-    guint64 ret = (guint64) (gsize) gum_invocation_context_get_return_address (ic);
-    if (ret >= mt_libc_range[0] && ret < mt_libc_range[1])
-    {
-      g_atomic_int_add (&mt_counts[31], 1);
-      return;
-    }
-  }
-  if (stream)
-    mt_on_madvise (fn, gum_invocation_context_get_nth_argument (ic, 0),
-        (guint64) (gsize) gum_invocation_context_get_nth_argument (ic, 1), advice,
-        gum_invocation_context_get_return_address (ic), MT_FP (ic));
-}
-`;
+import {
+  MADVISE_NAMES, PC_CONTROLS, PC_CONTROL_OTHER, PC_CONTROL_STRIDE, PC_CREATION, PC_MADVISE, PC_MADVISE_INTERNAL,
+  PC_MADVISE_SLOTS, PURGABLE_CONTROLS, PURGEABLE_ENTRIES, PURGEABLE_N_COUNTS,
+} from './layout.js';
+import { emitJson } from './runtime/flush.js';
+import { attachListener, detachListeners } from './runtime/listeners.js';
+import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
+import { walkFrames } from './runtime/stacks.js';
 
 /* Advice values of the reusable line, per platform (the values are the platform's own). */
-const MADVISE_DARWIN = { 5: 'MADV_FREE', 6: 'MADV_ZERO_WIRED_PAGES', 7: 'MADV_FREE_REUSABLE',
-  8: 'MADV_FREE_REUSE', 9: 'MADV_CAN_REUSE', 10: 'MADV_PAGEOUT' };
-const MADVISE_LINUX = { 4: 'MADV_DONTNEED', 8: 'MADV_FREE', 20: 'MADV_COLD', 21: 'MADV_PAGEOUT' };
-const FN_NAMES = ['vm_purgable_control', 'mach_vm_purgable_control', 'madvise', 'mtdarwin_madvise',
-  'vm_allocate', 'mach_vm_allocate', 'mach_vm_map'];
+const MADVISE_DARWIN = MADVISE_NAMES.darwin;
+const MADVISE_LINUX = MADVISE_NAMES.linux;
+const FN_NAMES = PURGEABLE_ENTRIES;
+const FN = Object.fromEntries(FN_NAMES.map((name, i) => [name, i]));
 const STATE_MACHINE = ['vm_purgable_control', 'mach_vm_purgable_control'];
 const CREATION = ['vm_allocate', 'mach_vm_allocate', 'mach_vm_map'];
 const CA_SET_VOLATILE = 'CA::Render::Shmem::set_volatile';
@@ -271,10 +146,11 @@ function makeCallbacks() {
     });
   }, 'void', ['int', 'uint64', 'uint64', 'int', 'int', 'pointer', 'pointer']);
   const onMadvise = new NativeCallback((fn, addr, len, advice, ret, fp) => {
-    const table = (fn === 3 || IS_DARWIN) ? MADVISE_DARWIN : MADVISE_LINUX;
+    const standin = fn === FN.mtdarwin_madvise;
+    const table = (standin || IS_DARWIN) ? MADVISE_DARWIN : MADVISE_LINUX;
     emitJson({
       type: 'madvise', entry: FN_NAMES[fn], advice, advice_name: table[advice] || null,
-      platform: (fn === 3 || IS_DARWIN) ? 'darwin' : 'linux',
+      platform: (standin || IS_DARWIN) ? 'darwin' : 'linux',
       addr: addr.toString(), len: Number(len), tid: Process.getCurrentThreadId(),
       frames: walkFrames(ret, fp, STACK_FRAMES),
     });
@@ -298,24 +174,30 @@ function adviceMask(table) {
 /* Cumulative C counters as one event; the analyzer keeps the last one. */
 function countsEvent() {
   const c = i => purg.counts.add(i * 4).readS32();
-  const byFn = fn => ({ set: c(fn * 8), get: c(fn * 8 + 1), purge_all: c(fn * 8 + 2),
-    set_from_kernel: c(fn * 8 + 3), other: c(fn * 8 + 4) });
+  const byFn = name => {
+    const base = PC_CONTROLS + FN[name] * PC_CONTROL_STRIDE;
+    return { set: c(base + PURGABLE_CONTROLS.set_state), get: c(base + PURGABLE_CONTROLS.get_state),
+      purge_all: c(base + PURGABLE_CONTROLS.purge_all),
+      set_from_kernel: c(base + PURGABLE_CONTROLS.set_state_from_kernel), other: c(base + PC_CONTROL_OTHER) };
+  };
   const advice = table => {
     const out = {};
-    for (let a = 0; a < 64; a++) {
-      const n = c(32 + 64 * table + a);
+    const last = PC_MADVISE_SLOTS - 1;    // anything larger
+    for (let a = 0; a <= last; a++) {
+      const n = c(PC_MADVISE + PC_MADVISE_SLOTS * table + a);
       if (n)
-        out[a === 63 ? '63+' : String(a)] = n;
+        out[a === last ? `${last}+` : String(a)] = n;
     }
     return out;
   };
+  const created = name => c(PC_CREATION + FN[name]);
   return {
     type: 'counts', t: now(),
-    controls: { vm_purgable_control: byFn(0), mach_vm_purgable_control: byFn(1) },
-    creation_calls: { vm_allocate: c(20), mach_vm_allocate: c(21), mach_vm_map: c(22) },
+    controls: Object.fromEntries(STATE_MACHINE.map(name => [name, byFn(name)])),
+    creation_calls: Object.fromEntries(CREATION.map(name => [name, created(name)])),
     madvise_all: advice(0),
     madvise_standin_all: advice(1),
-    madvise_allocator_internal: c(31),
+    madvise_allocator_internal: c(PC_MADVISE_INTERNAL),
     madvise_platform: IS_DARWIN ? 'darwin' : 'linux',
   };
 }
@@ -324,14 +206,15 @@ function hookJs(name, callbacks) {
   attachListener(name, purg.resolved[name], callbacks, purg.listeners);
 }
 
-function hookC(name, fn, enter, leave) {
+/* A C listener; its function data is the entry's number (the C side's `fn`). */
+function hookC(name, enter, leave) {
   const p = purg.resolved[name];
   if (p === null || p === undefined)
     return;
   const cbs = { onEnter: purg.cm[enter] };
   if (leave)
     cbs.onLeave = purg.cm[leave];
-  attachListener(name, p, cbs, purg.listeners, ptr(fn));
+  attachListener(name, p, cbs, purg.listeners, ptr(FN[name]));
 }
 
 function jsFrames(ctx) {
@@ -391,7 +274,7 @@ function installFramework() {
   });
 }
 
-const tracer = {
+export const tracer = {
   name: 'purgeable',
 
   symbols(config) {
@@ -400,7 +283,7 @@ const tracer = {
 
   init(config, sources) {
     // Own C listener (not the malloc core): hot GET/madvise counted without entering JS.
-    purg.counts = Memory.alloc(256 * 4);
+    purg.counts = Memory.alloc(PURGEABLE_N_COUNTS * 4);
     const streamLo = Memory.alloc(8);
     const streamHi = Memory.alloc(8);
     const [l0, h0] = adviceMask(IS_DARWIN ? MADVISE_DARWIN : MADVISE_LINUX);
@@ -416,7 +299,7 @@ const tracer = {
       libcRange.add(8).writeU64(uint64(libc.base.add(libc.size).toString()));
     }
     purg.libcRange = libcRange;
-    purg.cm = new CModule(PURG_C, Object.assign({
+    purg.cm = new CModule(sources.join('\n'), Object.assign({
       mt_counts: purg.counts, mt_madv_stream: streamLo, mt_madv_stream_hi: streamHi, mt_libc_range: libcRange,
     }, makeCallbacks()));
     purg.streamMasks = [streamLo, streamHi];
@@ -428,14 +311,13 @@ const tracer = {
   },
 
   install(config) {
-    hookC('vm_purgable_control', 0, 'purg_enter', 'purg_leave');
-    hookC('mach_vm_purgable_control', 1, 'purg_enter', 'purg_leave');
-    hookC('madvise', 2, 'madv_enter', null);
+    for (const name of STATE_MACHINE)
+      hookC(name, 'purg_enter', 'purg_leave');
+    hookC('madvise', 'madv_enter', null);
     if (config.standinMadvise)
-      hookC('mtdarwin_madvise', 3, 'madv_enter', null);
-    hookC('vm_allocate', 4, 'create_enter', 'create_leave');
-    hookC('mach_vm_allocate', 5, 'create_enter', 'create_leave');
-    hookC('mach_vm_map', 6, 'create_enter', 'create_leave');
+      hookC('mtdarwin_madvise', 'madv_enter', null);
+    for (const name of CREATION)
+      hookC(name, 'create_enter', 'create_leave');
     installFramework();
     Interceptor.flush();
     purg.timer = setInterval(() => emitJson(countsEvent()), 1000);
@@ -447,6 +329,6 @@ const tracer = {
     purg.timer = null;
     detachListeners(purg.listeners);
     if (purg.counts !== null)
-      emitJson(countsEvent());     // common.js flushes after uninstall, at exit too
+      emitJson(countsEvent());     // the runtime flushes after uninstall, at exit too
   },
 };

@@ -1,4 +1,3 @@
-'use strict';
 /*
  * Thread tracer (docs/domain/oom-taxonomy.md, "Too many threads"): every pthread_create with its creating
  * stack and what the thread was given (joinable or detached, stack size), every detach and
@@ -11,6 +10,11 @@
  * thread id to its creation record without guessing (a start routine and argument can repeat).
  * Frida's own threads are cloaked and never reported.  Thread calls are rare: JS listeners.
  */
+
+import { emitJson, warn } from './runtime/flush.js';
+import { attachListener, detachListeners } from './runtime/listeners.js';
+import { IS_DARWIN, libcExport } from './runtime/platform.js';
+import { entryFrames } from './runtime/stacks.js';
 
 const THREAD_FRAMES = 16;
 const thr = {
@@ -76,7 +80,7 @@ function handleResult(type) {
 
 const JOINS = ['pthread_join', 'pthread_tryjoin_np', 'pthread_timedjoin_np', 'pthread_clockjoin_np'];
 
-const tracer = {
+export const tracer = {
   name: 'threads',
 
   symbols(config) {
@@ -153,8 +157,8 @@ const tracer = {
         },
       });
     } else {
-      send({ type: 'agent:warning', message: 'this Frida has no Process.attachThreadObserver (16.7+): ' +
-        'thread starts and exits are not seen, only creations, joins and detaches' });
+      warn('this Frida has no Process.attachThreadObserver (16.7+): ' +
+        'thread starts and exits are not seen, only creations, joins and detaches');
     }
     Interceptor.flush();
   },

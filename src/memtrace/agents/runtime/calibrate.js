@@ -1,0 +1,88 @@
+/*
+ * Calibration: what the allocator and the kernel say the process uses, at start and at exit,
+ * so the host can state how much of it the trace explains.
+ */
+
+import { IS_DARWIN, findExport, now } from './platform.js';
+import { selfTaskVmInfo } from './taskinfo.js';
+
+function readProcKeyValues(path) {
+  const out = {};
+  let text;
+  try {
+    text = File.readAllText(path);
+  } catch (e) {
+    return null;
+  }
+  for (const line of text.split('\n')) {
+    const m = /^(\w+):\s+(\d+)\s*kB/.exec(line);
+    if (m)
+      out[m[1]] = Number(m[2]) * 1024;
+  }
+  return out;
+}
+
+function calibrateLinux() {
+  const result = { allocator: null, footprint: null };
+  const mi2 = findExport('mallinfo2');
+  if (mi2 !== null) {
+    const f = new NativeFunction(mi2, ['size_t', 'size_t', 'size_t', 'size_t', 'size_t',
+      'size_t', 'size_t', 'size_t', 'size_t', 'size_t'], []);
+    const v = f().map(Number);
+    result.allocator = {
+      source: 'mallinfo2', arena: v[0], ordblks: v[1], hblks: v[3], hblkhd: v[4],
+      uordblks: v[7], fordblks: v[8], in_use: v[7] + v[4],
+    };
+  }
+  const status = readProcKeyValues('/proc/self/status');
+  const rollup = readProcKeyValues('/proc/self/smaps_rollup');
+  if (status !== null) {
+    result.footprint = {
+      source: '/proc/self/status',
+      rss: status.VmRSS || 0,
+      rss_anon: status.RssAnon || 0,
+      hwm: status.VmHWM || 0,
+      pss_anon: rollup === null ? null : (rollup.Pss_Anon || 0),
+      footprint: status.RssAnon || 0,
+    };
+  }
+  return result;
+}
+
+function calibrateDarwin() {
+  // DEVICE-UNVERIFIED: struct malloc_statistics_t from <malloc/malloc.h>.
+  const result = { allocator: null, footprint: null };
+  const zs = findExport('malloc_zone_statistics');
+  if (zs !== null) {
+    const stats = Memory.alloc(32);
+    new NativeFunction(zs, 'void', ['pointer', 'pointer'])(NULL, stats);
+    result.allocator = {
+      source: 'malloc_zone_statistics',
+      blocks_in_use: stats.readU32(),
+      in_use: Number(stats.add(8).readU64()),
+      max_in_use: Number(stats.add(16).readU64()),
+      allocated: Number(stats.add(24).readU64()),
+    };
+  }
+  const vm = selfTaskVmInfo();
+  if (vm !== null) {
+    result.footprint = {
+      source: 'task_vm_info',
+      resident: vm.resident_size,
+      internal: vm.internal,
+      reusable: vm.reusable,
+      purgeable_volatile_pmap: vm.purgeable_volatile_pmap,
+      compressed: vm.compressed,
+      footprint: vm.phys_footprint,
+      ledger_purgeable_nonvolatile: vm.ledger_purgeable_nonvolatile,
+      ledger_purgeable_volatile: vm.ledger_purgeable_volatile,
+    };
+  }
+  return result;
+}
+
+export function calibrate() {
+  const r = IS_DARWIN ? calibrateDarwin() : calibrateLinux();
+  r.t = now();
+  return r;
+}

@@ -309,7 +309,7 @@ def rows_from_agent(result: dict[str, Any], names: dict[int, str] | None = None)
 def census_device(device: Any, host: str = "0") -> dict[str, Any]:
     """Run ``agents/census.js`` in one host process on an iOS device (DEVICE-UNVERIFIED)."""
     from memtrace.devices import find_pid
-    from memtrace.limit import load_agent
+    from memtrace.frida_host import load_agent
 
     host_pid = int(host) if host.isdigit() else find_pid(device, host)
     session, script = load_agent(device, host_pid, "census")

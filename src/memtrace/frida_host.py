@@ -17,7 +17,7 @@ from typing import Any
 import frida
 
 from memtrace import devices, launchers
-from memtrace.agentbuild import agent_source, c_sources
+from memtrace.agentbuild import build_agent
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.exitwatch import ChildExitWatcher
 from memtrace.target import TargetSpec
@@ -107,7 +107,7 @@ class FridaHost:
     def load(self, agent: str) -> None:
         """Create and load the agent's script (a load that never returns is anti-debug evidence)."""
         try:
-            self.script = self.session.create_script(agent_source(agent), name=f"memtrace-{agent}")
+            self.script = self.session.create_script(build_agent(agent).source, name=f"memtrace-{agent}")
         except GONE_ERRORS as e:
             raise TargetLost(f"script creation: {e}") from None
         self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
@@ -133,7 +133,7 @@ class FridaHost:
             raise TargetLost(f"{what}: {e}") from None
 
     def c_sources(self, agent: str) -> list[str]:
-        return c_sources(agent)
+        return build_agent(agent).c_sources
 
     def detach(self) -> None:
         if self.session is not None:
@@ -172,3 +172,18 @@ def _local_pid_alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][:1] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
+    """Attach to ``pid`` and load agent ``agent`` for a one-shot job (census, limit): (session, script).
+
+    Tracers go through :class:`FridaHost` and the capture loop instead."""
+    source = build_agent(agent).source
+    try:
+        session = device.attach(pid)
+    except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,
+            frida.NotSupportedError, frida.TransportError) as e:
+        raise TargetError(f"cannot attach to pid {pid}: {str(e).splitlines()[0] if str(e) else e}") from None
+    script = session.create_script(source, name=f"memtrace-{agent}")
+    script.load()
+    return session, script

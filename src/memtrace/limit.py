@@ -26,24 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace.errors import TargetError
-
-
-def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
-    """Attach to ``pid`` on ``device`` and load the agent ``agent`` (agentbuild); returns (session, script)."""
-    import frida
-
-    from memtrace.agentbuild import build_agent
-
-    source = build_agent(agent).source
-    try:
-        session = device.attach(pid)
-    except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,
-            frida.NotSupportedError, frida.TransportError) as e:
-        raise TargetError(f"cannot attach to pid {pid}: {e}") from e
-    script = session.create_script(source, name=f"memtrace-{agent}")
-    script.load()
-    return session, script
-
+from memtrace.frida_host import load_agent
 
 # --- Linux ------------------------------------------------------------------------------------
 

@@ -162,7 +162,7 @@ def test_census_agent_loads_in_frida17_on_linux() -> None:
     # report the missing Darwin exports instead of failing.
     frida = pytest.importorskip("frida")
     device = frida.get_local_device()
-    from memtrace.limit import load_agent
+    from memtrace.frida_host import load_agent
 
     session, script = load_agent(device, 0, "census")
     try:

@@ -14,6 +14,7 @@ from memtrace import limit as L
 from memtrace.agentbuild import AGENT_DIR, build_agent
 from memtrace.commands.limit import command as limit_command
 from memtrace.errors import InputError, TargetError
+from memtrace.frida_host import load_agent
 
 LIMITS = """\
 Limit                     Soft Limit           Hard Limit           Units
@@ -223,7 +224,7 @@ def test_cli_limit_needs_one_target() -> None:
 
 def test_limit_agent_loads_in_frida17_on_linux() -> None:
     frida = pytest.importorskip("frida")
-    session, script = L.load_agent(frida.get_local_device(), 0, "limit")
+    session, script = load_agent(frida.get_local_device(), 0, "limit")
     try:
         sample = script.exports_sync.sample()
         hooks = script.exports_sync.watch()

@@ -14,7 +14,7 @@ from memtrace.errors import MemtraceError
 # One module per subcommand in memtrace.commands, each exposing ``command``.
 COMMANDS = (
     "malloc", "iosurface", "purgeable", "probe", "fds", "threads",
-    "census", "limit", "jetsam", "report", "batch", "export",
+    "census", "limit", "jetsam", "report", "batch", "export", "symbolize",
 )
 
 

@@ -42,7 +42,7 @@ from memtrace.capture import (
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import InputError, MemtraceError, TargetError
 from memtrace.exitwatch import ChildExitWatcher
-from memtrace.symbolize import HostSymbolizer
+from memtrace.symbols import HostSymbolizer
 from memtrace.ui import UI, Progress, SilentUI
 
 
@@ -618,7 +618,8 @@ class CaptureSession:
         if self.host_symbols is not None:
             rows = self.host_symbols.symbolize(self.pending_addresses)
             self.symtab.add_rows(rows)
-            self._write(RecordType.SYMBOLS, {"rows": rows, "by": "host-elf"})
+            self._write(RecordType.SYMBOLS, {"rows": rows, "by": "host",
+                                             "images": self.host_symbols.images(new_only=True)})
             self.pending_addresses.clear()
             return
         if self.script is None or self.gone or self.timeout_info is not None:

@@ -105,6 +105,9 @@ class Locator:
         note = f"no debug file ({what}; looked for {', '.join(looked) or 'nothing'})"
         return Source(own, "module file", slide=slide, note=note)
 
+    # DEVICE-UNVERIFIED: the Mach-O paths are tested with binaries linked by ld64.lld and dSYMs
+    # made by LLVM's dsymutil on Linux, and with captures shaped like an iPhone session's; not
+    # yet with an Xcode build's dSYM against a capture from a device.
     def _find_macho(self, module: ModuleRef, runtime: str) -> Source:
         want = module.ids[0] if module.ids else None
         obj = self.files.select(runtime, want, self.arch)

@@ -82,10 +82,10 @@ class Locator:
             return Source(own, "module file", slide=slide)
         build_id = ident.build_id if ident else None
         looked: list[str] = []
-        for ids in ([build_id] if build_id else list(module.ids)):
-            for cand in self._build_id_paths(ids):
+        for bid in ([build_id] if build_id else list(module.ids)):
+            for cand in self._build_id_paths(bid):
                 looked.append(str(cand))
-                if cand.is_file() and (found := self._load(str(cand), want_id=ids)) is not None:
+                if cand.is_file() and (found := self._load(str(cand), want_id=bid)) is not None:
                     return Source(found, "build-id", own, slide)
         if ident is not None and ident.debuglink:
             for cand in self._debuglink_paths(runtime, ident.debuglink):
@@ -100,7 +100,7 @@ class Locator:
             if cand != runtime and (found := self._load(cand, want_id=build_id)) is not None and found.has_lines:
                 return Source(found, "build-id" if build_id else "name (unverified)", own, slide)
         if own is None:
-            return Source(None, "none", note=f"{runtime}: unreadable ({self.files.errors.get(runtime, 'not an object file')})")
+            return Source(None, "none", note=f"{runtime}: unreadable ({self.files.error_of(runtime)})")
         what = f"build-id {build_id}" if build_id else "no build-id"
         note = f"no debug file ({what}; looked for {', '.join(looked) or 'nothing'})"
         return Source(own, "module file", slide=slide, note=note)
@@ -124,9 +124,9 @@ class Locator:
 
     def _find_elsewhere(self, module: ModuleRef, why: str, exclude: str | None = None) -> Source:
         """The module's own file is not usable here (a device's path): ids, then names."""
-        for ids in module.ids:
-            for cand in self._build_id_paths(ids):
-                if cand.is_file() and (found := self._load(str(cand), want_id=ids)) is not None:
+        for bid in module.ids:
+            for cand in self._build_id_paths(bid):
+                if cand.is_file() and (found := self._load(str(cand), want_id=bid)) is not None:
                     return Source(found, "build-id", slide=self._slide(str(cand)))
         found = self._search_named(module.name, module.ids[0] if module.ids else None, exclude=exclude)
         if found is not None:

@@ -75,6 +75,9 @@ class SymbolFiles:
             self.load_s += time.perf_counter() - t
         return self._archives[key] or []
 
+    def error_of(self, path: str) -> str:
+        return self.errors.get(str(Path(path).resolve()), "not an object file")
+
     def select(self, path: str, debug_id: str | None = None, arch: str | None = None) -> symbolic.Object | None:
         """The object matching ``debug_id`` (none if it does not match), else the one for ``arch``,
         else the only (or first) one."""

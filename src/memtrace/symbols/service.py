@@ -1,21 +1,21 @@
 """The symbolization service: return addresses -> SYMBOLS rows, each address resolved once.
 
 A row is ``[address_hex, module, offset, function, file, line, inlined?]``: ``function`` is the
-containing (outermost) function, demangled, and ``file``/``line`` the position inside it -- the
-call site of the outermost inlined call when there is one; ``inlined`` (only present when there
-are inlined calls) lists ``[function, file, line]`` innermost first.  ``module`` and ``offset``
-are always kept, so a capture can be symbolized again later from the files alone.
+containing (outermost) function and ``file``/``line`` the position inside it -- the call site of
+the outermost inlined call when there is one; ``inlined`` (only present when there are inlined
+calls) lists ``[function, file, line]`` innermost first.  Names are kept as the binary spells
+them (mangled for C++ and Swift, like the agent's rows): nothing is lost, and readers demangle
+(``SymbolTable.frames_of``).  ``module`` and ``offset`` are always kept, so a capture can be
+symbolized again later from the files alone.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtrace.symbols.demangle import demangle
 from memtrace.symbols.locate import SYSTEM_DEBUG_DIRS, Locator, ModuleRef, Source
 from memtrace.symbols.objects import Location, SymbolFiles
 
@@ -48,14 +48,10 @@ class Symbolizer:
         self.ids = ids or {}                    # module name -> build-ids / UUIDs the capture recorded
         self._usage: dict[tuple[str, str], Usage] = {}
         self._rows: dict[int, list[Any]] = {}
-        self.seconds = 0.0
 
     def symbolize(self, addresses: Iterable[int]) -> list[list[Any]]:
         """Rows for ``addresses`` (return addresses: each is looked up one byte back)."""
-        t = time.perf_counter()
-        rows = [self.row(a) for a in addresses]
-        self.seconds += time.perf_counter() - t
-        return rows
+        return [self.row(a) for a in addresses]
 
     def row(self, address: int) -> list[Any]:
         r = self._rows.get(address)
@@ -86,7 +82,7 @@ class Symbolizer:
         usage.with_lines += outer.line is not None
         if len(locs) > 1:
             # Same adjusted address: the inlined calls at the call instruction, innermost first.
-            row.append([[demangle(x.name) if x.name else None, x.file, x.line] for x in locs[:-1]])
+            row.append([[x.name, x.file, x.line] for x in locs[:-1]])
             usage.inlined += 1
         return row
 
@@ -128,7 +124,7 @@ class Symbolizer:
             exported = src.exports.lookup(rel)
             if exported and exported[-1].sym_addr == outer.sym_addr and exported[-1].name:
                 name = exported[-1].name
-        return demangle(name) if name else None
+        return name
 
 
 def _image(u: Usage) -> dict[str, Any]:

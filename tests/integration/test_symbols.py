@@ -219,3 +219,14 @@ def test_libc_start_frames_named_from_its_debug_file() -> None:
     assert bare.row(ra)[3:] == [None, None, None]
     assert bare.row(base + start_main + 0x11)[3:] == ["__libc_start_main", None, None]
     assert f"no debug file (build-id {bid}" in bare.usage()[0]["note"]
+
+
+@pytest.mark.parametrize("content", [b"", b"\x7fELF" + b"\x02\x01\x01" + b"\0" * 40, b"not a binary at all\n"])
+def test_unreadable_module_files_leave_module_and_offset_and_say_why(demo: Demo, tmp_path: Path,
+                                                                    content: bytes) -> None:
+    broken = tmp_path / "symbols_demo"
+    broken.write_bytes(content)
+    sym = Symbolizer(demo.modules(broken), system_dirs=NO_SYSTEM_DIRS)
+    assert sym.row(demo.fill) == [hex(demo.fill), "symbols_demo", demo.fill - demo.base, None, None, None]
+    (image,) = sym.usage()
+    assert image["how"] == "none" and str(broken) in image["note"]

@@ -111,7 +111,10 @@ class Symbolizer:
         key = (module, path)
         u = self._usage.get(key)
         if u is None:
-            source = self.locator.find(ModuleRef(module, path, self.ids.get(module, ())))
+            try:
+                source = self.locator.find(ModuleRef(module, path, self.ids.get(module, ())))
+            except Exception as e:  # noqa: BLE001 -- a malformed file must not end a capture
+                source = Source(None, "none", note=f"{path or module}: unreadable ({type(e).__name__}: {e})")
             u = self._usage[key] = Usage(module, source)
         return u
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -48,7 +49,7 @@ class RecordType(IntEnum):
     RECON = 2         # hook symbols found / MISSING
     MODULES = 3       # loaded modules (name, path, base, size)
     BATCH = 4         # agent counters + binary records
-    SYMBOLS = 5       # [address, module, offset, symbol, file, line] rows
+    SYMBOLS = 5       # [address, module, offset, function, file, line, inlined?] rows
     CALIBRATION = 6   # allocator statistics and footprint at a phase
     EVENTS = 7        # low-frequency tracers' JSON events
     WARNING = 8       # something the user should know
@@ -187,6 +188,65 @@ def append_record(path: Path | str, rtype: RecordType, body: Any) -> None:
         f.write(RECORD_HEADER.pack(int(rtype), 0, 0, len(payload)) + payload)
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> Path:
+    """Rewrite a capture with every ``rtype`` record replaced by ``bodies`` (JSON records, written
+    where the first old one was, or after the last complete record when there was none).
+
+    Everything else is copied byte for byte -- record types this version does not know and a
+    torn tail included -- into a new file beside the old one, which then replaces it: a reader
+    sees the old capture or the new one, never half of either."""
+    if rtype == RecordType.BATCH:
+        raise ValueError("BATCH records carry binary data; replace_records writes JSON records only")
+    p = resolve_capture_path(path)
+    try:
+        src = open(p, "rb")  # noqa: SIM115 -- closed below
+    except FileNotFoundError:
+        raise CaptureError(f"{p}: no such capture") from None
+    except OSError as e:
+        raise CaptureError(f"{p}: cannot open: {e.strerror}") from None
+    fresh = b"".join(RECORD_HEADER.pack(int(rtype), 0, 0, len(blob)) + blob for blob in (
+        json.dumps(b, separators=(",", ":"), default=_json_default).encode() for b in bodies))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        src.close()
+        raise CaptureError(f"{p}: cannot write beside it: {e.strerror}") from None
+    try:
+        with src, os.fdopen(fd, "wb") as out:
+            head = src.read(HEADER.size)
+            if len(head) < HEADER.size or head[:8] != MAGIC:
+                raise CaptureError(f"{p}: not a memtrace capture (bad magic)")
+            out.write(head)
+            placed = False
+            while True:
+                rh = src.read(RECORD_HEADER.size)
+                if len(rh) < RECORD_HEADER.size:
+                    tail = rh
+                    break
+                kind, _, _, length = RECORD_HEADER.unpack(rh)
+                payload = src.read(length) if length <= MAX_RECORD else b""
+                if length > MAX_RECORD or len(payload) < length:
+                    tail = rh + payload
+                    break
+                if kind == int(rtype):
+                    if not placed:
+                        out.write(fresh)
+                        placed = True
+                    continue
+                out.write(rh + payload)
+            if not placed:
+                out.write(fresh)
+            out.write(tail + src.read())        # a torn tail stays exactly as torn as it was
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, os.stat(p).st_mode & 0o7777)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
 
 
 def _json_default(value: Any) -> Any:

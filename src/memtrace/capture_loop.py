@@ -448,7 +448,10 @@ class CaptureLoop:
                 return None
 
         for rows, by in self.stacks.symbolize(by_agent if usable else None, final=final):
-            self._write(RecordType.SYMBOLS, {"rows": rows, "by": by})
+            body: dict[str, Any] = {"rows": rows, "by": by}
+            if by == "host":
+                body["images"] = self.stacks.images()
+            self._write(RecordType.SYMBOLS, body)
 
     def _tick(self) -> None:
         now = time.monotonic()

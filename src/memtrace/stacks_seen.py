@@ -14,7 +14,7 @@ from typing import Any
 from memtrace.analyze.families import classify as classify_family
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import FLAG_SAMPLED, REC_ALLOC, REC_STACK, iter_agent_tuples
-from memtrace.symbolize import HostSymbolizer
+from memtrace.symbols import HostSymbolizer
 
 Rows = list[list[Any]]
 
@@ -68,6 +68,10 @@ class StacksSeen:
                 self._seen.add(a)
                 self.pending.append(a)
 
+    def images(self) -> list[dict[str, Any]]:
+        """Which file served each module's symbols (host symbolization), for the SYMBOLS record."""
+        return self.host.images(new_only=True) if self.host is not None else []
+
     def symbolize(self, by_agent: Callable[[list[int]], Rows] | None, final: bool = False) -> list[tuple[Rows, str]]:
         """Resolve the queue; returns (rows, by) pairs to write as SYMBOLS records.
 
@@ -81,7 +85,7 @@ class StacksSeen:
             rows = self.host.symbolize(self.pending)
             self.symtab.add_rows(rows)
             self.pending.clear()
-            return [(rows, "host-elf")]
+            return [(rows, "host")]
         if by_agent is None:
             return out
         while self.pending:

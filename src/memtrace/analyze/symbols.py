@@ -2,7 +2,8 @@
 
 SYMBOLS rows are ``[address, module, offset, function, file, line]`` with an optional seventh
 element, the inlined calls at that address as ``[[function, file, line], ...]`` innermost
-first.  :meth:`SymbolTable.frames_of` turns one address into its :class:`~memtrace.frames.Frame`
+first.  Rows keep names as the binary spells them (mangled); they are demangled here, on read,
+so old captures and new ones read alike.  :meth:`SymbolTable.frames_of` turns one address into its :class:`~memtrace.frames.Frame`
 list (inlined calls first), :meth:`SymbolTable.stack` a whole stack.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrace.frames import Frame
+from memtrace.symbols.demangle import demangle
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,27 +57,27 @@ class SymbolTable:
     """Each address resolved once: symbolizer rows first, module ranges as the fallback."""
 
     def __init__(self) -> None:
-        self._rows: dict[int, tuple[Frame, ...]] = {}
+        self._rows: dict[int, list[Frame]] = {}
         self.modules = ModuleMap()
-        self._cache: dict[int, tuple[Frame, ...]] = {}
+        self._cache: dict[int, list[Frame]] = {}
 
     def add_rows(self, rows: list[list[Any]]) -> None:
         for row in rows:
             addr = int(row[0], 16) if isinstance(row[0], str) else int(row[0])
-            module, offset, name = row[1], row[2], row[3] or None
+            module, offset, name = row[1], row[2], _name(row[3])
             file = row[4] if len(row) > 4 else None
             line = row[5] if len(row) > 5 else None
             outer = Frame(addr, module, offset, name, file or None, line or None)
-            inlined = tuple(Frame(addr, module, offset, i[0] or None, (i[1] if len(i) > 1 else None) or None,
+            inlined = tuple(Frame(addr, module, offset, _name(i[0]), (i[1] if len(i) > 1 else None) or None,
                                   (i[2] if len(i) > 2 else None) or None, inlined=True)
                             for i in (row[6] if len(row) > 6 and isinstance(row[6], list) else ()))
-            self._rows[addr] = (*inlined, outer)
+            self._rows[addr] = [*inlined, outer]
             self._cache.pop(addr, None)
 
     def add_modules(self, modules: list[dict[str, Any]]) -> None:
         self.modules.add(modules)
 
-    def frames_of(self, address: int) -> tuple[Frame, ...]:
+    def frames_of(self, address: int) -> list[Frame]:
         """The frames one return address stands for: inlined calls (innermost first), then its function."""
         f = self._cache.get(address)
         if f is not None:
@@ -83,7 +85,7 @@ class SymbolTable:
         f = self._rows.get(address)
         if f is None:
             m = self.modules.find(address)
-            f = (Frame(address),) if m is None else (Frame(address, m.name, address - m.base),)
+            f = [Frame(address)] if m is None else [Frame(address, m.name, address - m.base)]
         self._cache[address] = f
         return f
 
@@ -98,5 +100,14 @@ class SymbolTable:
             out.extend(self.frames_of(a))
         return out
 
+    stack_frames = stack
+
     def labels(self, frames: tuple[int, ...] | list[int]) -> list[str]:
         return [self.frame(a).name() for a in frames]
+
+
+def _name(raw: Any) -> str | None:
+    """A symbol as readers show it: demangled; None when unknown (or only an address)."""
+    if not raw or not isinstance(raw, str) or raw.startswith("0x"):
+        return None
+    return demangle(raw)

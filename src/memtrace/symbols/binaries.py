@@ -1,0 +1,89 @@
+"""What a binary says about itself: format, identity and where its debug information went.
+
+ELF: the GNU build-id note, the ``.gnu_debuglink`` (file name + CRC32 of the debug file) and the
+first PT_LOAD address, read with pyelftools from headers only (cheap, whatever the file's size).
+Mach-O identities (LC_UUID, per architecture) come from symbolic, which reads fat files too.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+ELF_MAGIC = b"\x7fELF"
+MACHO_MAGICS = (b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",
+                b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca")
+
+
+def file_format(path: str | Path) -> str | None:
+    """``"elf"``, ``"macho"`` or None (not a binary, or unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return None
+    if head == ELF_MAGIC:
+        return "elf"
+    if head in MACHO_MAGICS:
+        return "macho"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ElfIdentity:
+    build_id: str | None            # lowercase hex
+    debuglink: str | None           # file name from .gnu_debuglink
+    debuglink_crc: int | None
+    first_load: int                 # p_vaddr of the first PT_LOAD segment
+    has_dwarf: bool                 # .debug_info with contents (not NOBITS, as in a stripped file)
+    has_symtab: bool                # a full .symtab (not only .dynsym)
+
+    @property
+    def page_offset(self) -> int:
+        """How far past its page the first segment starts: a module's base is that page, while
+        symbol addresses count from the segment itself."""
+        return self.first_load & 0xFFF
+
+
+def elf_identity(path: str | Path) -> ElfIdentity | None:
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            build_id = None
+            debuglink = crc = None
+            has_dwarf = has_symtab = False
+            for section in elf.iter_sections():
+                kind = section["sh_type"]
+                if kind == "SHT_NOTE":
+                    for note in section.iter_notes():
+                        if note["n_type"] == "NT_GNU_BUILD_ID":
+                            build_id = str(note["n_desc"]).lower()
+                elif section.name == ".gnu_debuglink":
+                    data = section.data()
+                    end = data.find(b"\0")
+                    if end > 0:
+                        debuglink = data[:end].decode("utf-8", "replace")
+                        at = (end + 4) & ~3
+                        if at + 4 <= len(data):
+                            crc = int.from_bytes(data[at:at + 4], "little" if elf.little_endian else "big")
+                elif section.name in (".debug_info", ".zdebug_info") and kind != "SHT_NOBITS":
+                    has_dwarf = section["sh_size"] > 0
+                elif kind == "SHT_SYMTAB":
+                    has_symtab = section["sh_size"] > 0
+            loads = [s["p_vaddr"] for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+            return ElfIdentity(build_id, debuglink, crc, loads[0] if loads else 0, has_dwarf, has_symtab)
+    except (OSError, ELFError, ValueError, KeyError):
+        return None
+
+
+def file_crc32(path: str | Path) -> int:
+    """The CRC a ``.gnu_debuglink`` records for its debug file (zlib's CRC-32, whole file)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc & 0xFFFFFFFF

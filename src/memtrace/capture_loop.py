@@ -24,6 +24,7 @@ from memtrace import __version__
 from memtrace.capture import FILE_NAME, CaptureWriter, RecordType
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
+from memtrace.leakscan import leak_progress
 from memtrace.live import LiveStats
 from memtrace.stacks_seen import StacksSeen
 from memtrace.target import TargetSpec
@@ -328,6 +329,8 @@ class CaptureLoop:
         loaded = self.clock.start is not None or self.clock.attach is not None
         if loaded and not self.ending.gone and self.ending.timeout_info is None:
             try:
+                if self.tracer.window_end is not None:
+                    self.tracer.window_end(self)
                 self.host.rpc("stop", "stop", timeout=10)
                 self._drain()
                 after = self.host.rpc("calibrate", "calibrate", timeout=10)
@@ -435,6 +438,8 @@ class CaptureLoop:
             self.ending.crash_info = {k: payload.get(k) for k in ("kind", "address", "module", "t")}
         elif ptype == "result":
             self._write(RecordType.RESULT, payload)
+        elif ptype == "leaks:progress":
+            self.ui.phase(leak_progress(payload))
 
     # -- helpers --------------------------------------------------------------
 

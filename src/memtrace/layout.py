@@ -137,6 +137,44 @@ LOGGER_EVENT = Layout("MtLoggerEvent", (
     ("tag", "u64"),        # VM user tag
 ))
 
+# ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
+
+# One candidate block: a tracked live block, sorted by address for the scan.
+LEAK_BLOCK = Layout("MtLeakBlock", (("ptr", "u64"), ("size", "u64")))
+# One root range; flags say how the scan treats it.
+LEAK_RANGE = Layout("MtLeakRange", (("base", "u64"), ("size", "u64"), ("flags", "u64")))
+LEAK_RANGE_STACK = 1           # shaped like a thread stack: scanned from a stopped thread's sp, else skipped
+LEAK_REGS = 34                 # u64 registers kept per stopped thread (x86-64 and arm64 both fit)
+LEAK_THREAD = Layout("MtLeakThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtLeakJob.regs
+# Scan states (MtLeakJob.state), written by the scanner and by the Linux tracer process.
+LEAK_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume": 3, "resumed": 4, "failed": 5}
+LEAK_JOB = Layout("MtLeakJob", (
+    ("state", "u64"),
+    ("tgid", "u64"),               # Linux: the process id (the tracer reads /proc/<tgid>/task)
+    ("self_tid", "u64"),           # the scanning thread: never stopped
+    ("skip", "u64"), ("n_skip", "u64"),                 # u64 thread ids never stopped (Frida's own)
+    ("threads", "u64"), ("threads_cap", "u64"),         # MtLeakThread[]
+    ("regs", "u64"),               # u64[threads_cap * LEAK_REGS]: each stopped thread's registers
+    ("n_threads", "u64"),          # stopped
+    ("n_failed", "u64"),           # could not be stopped (they ran on during the scan)
+    ("tracer_stack", "u64"), ("tracer_stack_size", "u64"),
+    ("tracer_pid", "u64"),
+    ("error", "u64"),              # first errno seen while stopping
+    ("ranges", "u64"), ("n_ranges", "u64"),             # MtLeakRange[]
+    ("blocks", "u64"), ("blocks_cap", "u64"), ("n_blocks", "u64"), ("blocks_total", "u64"),
+    ("marks", "u64"),              # u8 per block: 1 = reachable
+    ("worklist", "u64"), ("n_work", "u64"),             # u32 block indexes to scan
+    ("scratch", "u64"), ("scratch_size", "u64"),
+    ("phase", "u64"),              # 0 registers, 1 roots, 2 done
+    ("range_index", "u64"), ("range_offset", "u64"),
+    ("root_bytes", "u64"),         # root bytes read
+    ("block_bytes", "u64"),        # bytes of reachable blocks read
+    # bytes not scanned, by reason: stacks of no stopped thread (exited threads' cached stacks,
+    # Frida's own), the scanning thread's stack, unreadable memory
+    ("skip_stack", "u64"), ("skip_own", "u64"), ("skip_unreadable", "u64"),
+    ("unsized_blocks", "u64"),     # candidates whose size the allocator would not tell
+))
+
 # ---- purgeable tracer: cmodule/purgeable.c counts, agents/purgeable.js reads -------------------
 
 # Entry numbers: the listener's function data, the C side's `fn`.
@@ -196,4 +234,4 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 
 # Every record layout and C struct the generated header defines, in order.
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
-                                 CONFIG, LOGGER_EVENT)
+                                 CONFIG, LOGGER_EVENT, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB)

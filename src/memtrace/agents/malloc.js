@@ -12,6 +12,7 @@
  */
 
 import { KINDS, LOGGER_EVENT } from './layout.js';
+import { leakSymbols, scanLeaks } from './leaks.js';
 import { buildCore, core, setEnabled } from './runtime/core.js';
 import { warn } from './runtime/flush.js';
 import { IS_DARWIN, libcModule } from './runtime/platform.js';
@@ -32,6 +33,7 @@ const mallocState = {
   failed: {},
   slow: [],
   backend: null,
+  leaksDone: false,
 };
 
 function allocatorModule() {
@@ -87,15 +89,21 @@ export const tracer = {
   },
 
   init(config, sources) {
+    if (config.leaks) {
+      // A leak is reported with its stack: every tracked block needs one.
+      config.stackThreshold = Math.min(config.stackThreshold, config.liveThreshold);
+    }
     const extra = {};
     for (const name of FAMILY) {
       const slot = Memory.alloc(Process.pointerSize);
       mallocState.realSlots[name] = slot;
       extra['real_' + name] = slot;
     }
+    Object.assign(extra, leakSymbols());
     const info = buildCore(config, sources, extra);
     mallocState.backend = chooseBackend(config);
     info.backend = mallocState.backend;
+    info.stackThreshold = config.stackThreshold;
     return info;
   },
 
@@ -165,7 +173,20 @@ export const tracer = {
     Interceptor.flush();
   },
 
+  /* --leaks: the scan as the process exits (rpc.js dispose), while its hooks are still in. */
+  beforeExit(config) {
+    if (config.leaks && !mallocState.leaksDone) {
+      mallocState.leaksDone = true;
+      scanLeaks(config, 'exit');
+    }
+  },
+
   extraExports: {
+    /* --leaks at the end of the window, before the hooks come out (the host calls it). */
+    leaks(config) {
+      mallocState.leaksDone = true;
+      return scanLeaks(config, 'window-end');
+    },
     /* libmalloc's logger argument patterns through the real C decoder. */
     decodeLoggerEvent(type, arg1, arg2, arg3, result) {
       const ev = Memory.alloc(LOGGER_EVENT.size);

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace.analyze.context import CaptureContext, fold_context
+from memtrace.analyze.leaks import LeakScan, is_leak_result, resolve
 from memtrace.capture import (
     C_CALLS,
     C_TIER_BYTES,
@@ -73,6 +74,7 @@ class MallocSummary(CaptureContext):
     sampled_est_bytes: float = 0.0
     unmatched_frees: int = 0
     batches: int = 0
+    leaks: LeakScan | None = None      # --leaks: the scan, joined with the live blocks it ran on
 
     # -- derived ----------------------------------------------------------------
 
@@ -178,8 +180,15 @@ class MallocSummary(CaptureContext):
             "truncated_stacks": self.counters[48],
             "missing": self.missing,
             "coverage": self.coverage(),
+            "leaks": self.leaks_json(top),
             **self.timing_json(),
         }
+
+    def leaks_json(self, top: int | None = 10) -> dict[str, Any] | None:
+        return None if self.leaks is None else self.leaks.to_json(self._frames_of, top)
+
+    def _frames_of(self, sid: int) -> list[Frame]:
+        return self.stack(sid) if sid != NO_STACK else []
 
 
 def summarize(records: Iterable[Record]) -> MallocSummary:
@@ -194,6 +203,8 @@ def summarize(records: Iterable[Record]) -> MallocSummary:
                 s.counters = counters
             if rec.data:
                 fold.batch(rec.data, s.stacks)
+        elif t == RecordType.RESULT and is_leak_result(rec.body):
+            s.leaks = resolve(rec.body, fold.live)
         else:
             fold_context(s, rec)
             if t == RecordType.END and rec.body.get("counters") and sum(rec.body["counters"]) >= sum(s.counters):

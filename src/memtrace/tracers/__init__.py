@@ -40,6 +40,7 @@ class Tracer:
     agent: str = ""                                   # default: the tracer's name
     json_top_option: str = "top"                      # the option that bounds JSON rows
     before_launch: Callable[[dict[str, Any]], None] | None = None   # host checks, e.g. an output file
+    window_end: Callable[[Any], None] | None = None   # (capture loop) before the hooks come out: malloc --leaks
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

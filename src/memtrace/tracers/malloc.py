@@ -9,11 +9,12 @@ from rich.console import Console
 from rich.table import Table
 
 from memtrace.analyze.malloc import MallocSummary
+from memtrace.leakscan import DEFAULT_BUDGET_S, at_window_end
 from memtrace.live import CoreStats, Row
 from memtrace.report.chapters.malloc import MallocChapter
 from memtrace.reporters.console import footer, frames_text, header, line, plain, stack_table
 from memtrace.tracers import Tracer
-from memtrace.tracers.options import Option, at_least
+from memtrace.tracers.options import Option, at_least, positive
 from memtrace.units import fmt_bytes, fmt_pct
 
 
@@ -91,6 +92,11 @@ TRACER = Tracer(
                "0 = off.", agent_key="sampleBytes", metavar="N", check=at_least(0)),
         Option("backend", click.Choice(["auto", "logger", "symbols"]), "auto",
                "Darwin: malloc_logger (every zone) or the public malloc symbols.", agent_key="backend"),
+        Option("leaks", bool, False, "Leak detection: at the window's end (or the target's exit) a conservative "
+               "reachability scan in the target sorts the tracked live blocks into leaked and still reachable "
+               "(implies --stack-threshold <= --live-threshold).", agent_key="leaks", is_flag=True),
+        Option("leaks_budget", float, DEFAULT_BUDGET_S, "Time the leak scan may take; past it the scan stops and "
+               "says what it did not read.", agent_key="leaksBudget", metavar="SECONDS", check=positive),
         Option("top", int, 10, "Stacks in the summary.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.malloc",
@@ -98,4 +104,5 @@ TRACER = Tracer(
     console=console_view,
     live=MallocStats,
     chapter=MallocChapter,
+    window_end=at_window_end,
 )

@@ -20,6 +20,7 @@ export const core = {
   drainCap: 0,
   snapshotBuf: null,
   fns: {},
+  owned: [],      // memtrace's own large tables {base, size}: never roots of a leak scan (agents/leaks.js)
 };
 
 function pow2(n) {
@@ -149,6 +150,9 @@ export function buildCore(config, sources, extraSymbols) {
   core.drainCap = Math.max(4 * 1024 * 1024, ringSize * 4);
   core.drainBuf = Memory.alloc(core.drainCap);
   core.snapshotBuf = Memory.alloc(N_COUNTERS * 8);
+  core.owned = [[slots, nSlots * SLOT_BYTES], [rings, nRings * ringSize], [stackTable, stackSlots * 8],
+    [liveTable, liveBuckets * LIVE_WAYS * 8], [liveOcc, liveBuckets * 4], [liveLocks, liveBuckets * 4],
+    [core.drainBuf, core.drainCap], [globals, GLOBALS_BYTES]].map(([base, size]) => ({ base, size }));
   core.fns = {
     drain: new NativeFunction(cm.mt_drain, 'uint64', ['pointer', 'uint64']),
     snapshot: new NativeFunction(cm.mt_snapshot, 'void', ['pointer']),

@@ -93,6 +93,13 @@ export function serve(tracer) {
         return;
       life.finished = true;
       try {
+        // A tracer's last look at the process, hooks still in (malloc --leaks scans here).
+        if (tracer.beforeExit)
+          tracer.beforeExit(life.config);
+      } catch (e) {
+        send({ type: 'agent:warning', message: `at exit: ${e.message || e}` });
+      }
+      try {
         flush();
       } catch (e) {
         // the process is going away; nothing more to save

@@ -1,0 +1,764 @@
+/*
+ * memtrace --leaks: a conservative reachability scan inside the target, as LeakSanitizer and
+ * macOS `leaks` do it.  Compiled into the malloc tracer's CModule after core.c and malloc.c;
+ * driven by agents/leaks.js, which passes an MtLeakJob (memtrace/layout.py) with every buffer
+ * already allocated: nothing here allocates, locks or calls the target's allocator, because
+ * while the world is stopped a stopped thread may hold any lock.
+ *
+ *   candidates  the tracked live blocks, through ONE accessor (mt_leak_candidates below)
+ *   roots       every stopped thread's registers and its stack from sp up; every range the
+ *               agent lists (module data and bss, the heap, anonymous mappings) minus the
+ *               candidate blocks themselves and minus memtrace's own tables
+ *   marking     a block is reachable when a root word, or a word of a reachable block, points
+ *               into it (interior pointers count); everything unmarked is leaked, cycles
+ *               included
+ *
+ * Stopping the world
+ *   Linux:  a helper process that shares our memory (clone(CLONE_VM), not a thread, since a
+ *           thread may not ptrace its own thread group) PTRACE_ATTACHes every thread of the
+ *           process but the scanning thread and Frida's own, reads their registers, and holds
+ *           them until the scan is done -- LeakSanitizer's StopTheWorld.  ptrace stops are
+ *           transparent to the stopped threads: a sleep in progress resumes where it was (a
+ *           signal-handler stop would end it early with EINTR).  It fails where ptrace is not
+ *           allowed (another tracer attached, a seccomp filter, Yama scope 3); the scan then
+ *           runs with the world moving and says so (n_failed).
+ *   Darwin: task_threads + thread_suspend + thread_get_state, and thread_resume after.
+ *           DEVICE-UNVERIFIED: written from xnu's headers, not run on a device.
+ *
+ * Every read of a root or a block goes through mt_leak_read (process_vm_readv on Linux,
+ * mach_vm_read_overwrite on Darwin), which fails instead of faulting on memory unmapped since
+ * the agent listed the ranges.
+ */
+
+#define MT_LEAK_CHUNK 65536
+#define MT_LEAK_RED_ZONE 128       /* x86-64 leaf functions use 128 bytes below sp */
+#define MT_LEAK_WAIT_US 200
+#define MT_LEAK_STOP_TIMEOUT_US 10000000
+/* glibc's own bookkeeping (the arena's top, its free lists) points at the header of the chunk
+ * after an in-use block, which is the last 8 bytes of malloc_usable_size: a word pointing there
+ * is not a reference to the block. */
+#ifdef MT_DARWIN
+# define MT_LEAK_TAIL 0
+#else
+# define MT_LEAK_TAIL 8
+#endif
+
+extern gint usleep (guint usec);
+
+#ifdef MT_DARWIN
+typedef guint32 mt_port_t;
+extern mt_port_t mach_task_self_;
+extern gint task_threads (mt_port_t task, mt_port_t ** list, guint32 * count);
+extern gint thread_suspend (mt_port_t thread);
+extern gint thread_resume (mt_port_t thread);
+extern gint thread_get_state (mt_port_t thread, gint flavor, guint32 * state, guint32 * count);
+extern gint mach_port_deallocate (mt_port_t task, mt_port_t name);
+extern gint mach_vm_deallocate (mt_port_t task, guint64 address, guint64 size);
+extern gint mach_vm_read_overwrite (mt_port_t task, guint64 address, guint64 size, guint64 data,
+    guint64 * out_size);
+extern gint mach_vm_region_recurse (mt_port_t task, guint64 * address, guint64 * size, guint32 * depth,
+    gint32 * info, guint32 * count);
+extern gsize malloc_size (gconstpointer p);
+# ifdef MT_ARM64
+#  define MT_THREAD_STATE_FLAVOR 6           /* ARM_THREAD_STATE64: x0..x28, fp, lr, sp, pc, cpsr */
+#  define MT_THREAD_STATE_COUNT 68
+#  define MT_SP_INDEX 31
+# else
+#  define MT_THREAD_STATE_FLAVOR 4           /* x86_THREAD_STATE64: rax rbx rcx rdx rdi rsi rbp rsp ... */
+#  define MT_THREAD_STATE_COUNT 42
+#  define MT_SP_INDEX 7
+# endif
+#define MT_VM_MEMORY_STACK 30
+#else
+extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
+extern glong ptrace (gint request, ...);
+extern gint waitpid (gint pid, gint * status, gint options);
+extern gint prctl (gint option, ...);
+extern gint open (const gchar * path, gint flags, ...);
+extern gint close (gint fd);
+extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
+    gulong flags);
+extern gsize malloc_usable_size (gpointer p);
+# define MT_CLONE_VM 0x100
+# define MT_CLONE_FS 0x200
+# define MT_CLONE_FILES 0x400
+# define MT_CLONE_UNTRACED 0x00800000
+# define MT_WALL 0x40000000
+# define MT_WCLONE 0x80000000
+# define MT_PTRACE_CONT 7
+# define MT_PTRACE_ATTACH 16
+# define MT_PTRACE_DETACH 17
+# define MT_PTRACE_GETREGSET 0x4204
+# define MT_NT_PRSTATUS 1
+# define MT_PR_SET_PTRACER 0x59616d61
+# define MT_SIGSTOP 19
+# ifdef MT_ARM64
+#  define MT_SYS_GETDENTS64 61
+#  define MT_SP_INDEX 31                     /* struct user_pt_regs: x0..x30, sp, pc, pstate */
+# else
+#  define MT_SYS_GETDENTS64 217
+#  define MT_SP_INDEX 19                     /* struct user_regs_struct: ... rip cs eflags rsp ss ... */
+# endif
+#endif
+
+/* ---- the one accessor on core.c's live table ------------------------------------------------ */
+
+static guint64
+mt_leak_block_size (guint64 p)
+{
+#ifdef MT_DARWIN
+  /* DEVICE-UNVERIFIED: malloc_size asks each zone; the large zone takes its lock.  Core's
+   * table will hold sizes and this call goes away. */
+  return (guint64) malloc_size ((gconstpointer) p);
+#else
+  return (guint64) malloc_usable_size ((gpointer) p);
+#endif
+}
+
+/*
+ * THE candidate accessor: every tracked live block as (ptr, size), at most `cap`; returns how
+ * many were written and sets *total to how many the table holds.  Today it walks core.c's live
+ * table (pointers only) and asks the allocator for each block's size.  When the live table
+ * stores each block's size (and stack), re-point this function at it: nothing else in this file
+ * reads core.c's tables.
+ */
+guint64
+mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * unsized)
+{
+  guint64 b, n = 0, all = 0, nosize = 0;
+  guint i;
+  for (b = 0; b <= mt_config.live_mask; b++)
+  {
+    volatile guint64 * ways;
+    if (mt_live_occupancy[b] == 0)
+      continue;
+    ways = &mt_live_table[b * MT_LIVE_WAYS];
+    for (i = 0; i != MT_LIVE_WAYS; i++)
+    {
+      guint64 p = ways[i], size;
+      if (p == 0)
+        continue;
+      all++;
+      size = mt_leak_block_size (p);
+      if (size == 0)
+      {
+        nosize++;
+        continue;
+      }
+      if (n < cap)
+      {
+        out[n].ptr = p;
+        out[n].size = size;
+        n++;
+      }
+    }
+  }
+  *total = all;
+  *unsized = nosize;
+  return n;
+}
+
+/* ---- reading memory that may have gone away ------------------------------------------------- */
+
+static gboolean
+mt_leak_read (MtLeakJob * job, guint64 addr, guint64 len, guint8 * buf)
+{
+#ifdef MT_DARWIN
+  guint64 got = 0;
+  if (mach_vm_read_overwrite (mach_task_self_, addr, len, (guint64) buf, &got) != 0)
+    return FALSE;
+  return got == len;
+#else
+  guint64 local[2], remote[2];
+  local[0] = (guint64) buf;
+  local[1] = len;
+  remote[0] = addr;
+  remote[1] = len;
+  return process_vm_readv ((gint) job->tgid, local, 1, remote, 1, 0) == (gssize) len;
+#endif
+}
+
+/* ---- stopping the world: Linux -------------------------------------------------------------- */
+
+#ifndef MT_DARWIN
+
+static gboolean
+mt_leak_is_skipped (MtLeakJob * job, guint64 tid)
+{
+  const guint64 * skip = (const guint64 *) job->skip;
+  guint64 i;
+  if (tid == job->self_tid)
+    return TRUE;
+  for (i = 0; i != job->n_skip; i++)
+  {
+    if (skip[i] == tid)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+static gboolean
+mt_leak_is_held (MtLeakJob * job, guint64 tid)
+{
+  MtLeakThread * t = (MtLeakThread *) job->threads;
+  guint64 i;
+  for (i = 0; i != job->n_threads; i++)
+  {
+    if (t[i].tid == tid)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+/* Attach to one thread and wait for it to stop.  A signal that arrives before our SIGSTOP is
+ * handed back to the thread (PTRACE_CONT with it) and we wait again, as LeakSanitizer does. */
+static gboolean
+mt_leak_attach (MtLeakJob * job, gint tid)
+{
+  gint status = 0, tries;
+  if (ptrace (MT_PTRACE_ATTACH, tid, NULL, NULL) != 0)
+    return FALSE;
+  for (tries = 0; tries != 64; tries++)
+  {
+    if (waitpid (tid, &status, MT_WALL) != tid)
+      return FALSE;
+    if ((status & 0xff) != 0x7f)
+      return FALSE;                               /* exited meanwhile */
+    if (((status >> 8) & 0xff) == MT_SIGSTOP)
+      return TRUE;
+    ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+  }
+  ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  return FALSE;
+}
+
+static guint64
+mt_leak_parse_tid (const gchar * s)
+{
+  guint64 v = 0;
+  if (*s < '0' || *s > '9')
+    return 0;
+  while (*s >= '0' && *s <= '9')
+    v = v * 10 + (guint64) (*s++ - '0');
+  return v;
+}
+
+/* Lists /proc/<tgid>/task into out (at most cap thread ids); no allocation, no libc stdio. */
+static guint64
+mt_leak_tasks (guint64 tgid, guint64 * out, guint64 cap)
+{
+  gchar path[64];
+  const gchar * part = "/proc/";
+  gchar digits[24];
+  guint64 v = tgid, n = 0;
+  gint fd, k = 0, d = 0;
+  guint64 dents[512];                           /* 4 KB, 8-byte aligned */
+
+  while (*part)
+    path[k++] = *part++;
+  do
+  {
+    digits[d++] = (gchar) ('0' + v % 10);
+    v /= 10;
+  }
+  while (v != 0);
+  while (d > 0)
+    path[k++] = digits[--d];
+  part = "/task";
+  while (*part)
+    path[k++] = *part++;
+  path[k] = 0;
+
+  fd = open (path, 0);
+  if (fd < 0)
+    return 0;
+  for (;;)
+  {
+    glong got = syscall (MT_SYS_GETDENTS64, fd, dents, sizeof (dents));
+    glong off = 0;
+    if (got <= 0)
+      break;
+    while (off < got)
+    {
+      guint8 * e = (guint8 *) dents + off;           /* linux_dirent64: ino, off, reclen, type, name */
+      guint64 tid = mt_leak_parse_tid ((const gchar *) (e + 19));
+      off += *(guint16 *) (e + 16);
+      if (tid != 0 && n < cap)
+        out[n++] = tid;
+    }
+  }
+  close (fd);
+  return n;
+}
+
+/* One pass: attach every thread not held yet.  Returns how many were new. */
+static guint64
+mt_leak_attach_pass (MtLeakJob * job)
+{
+  guint64 tids[1024];
+  guint64 n = mt_leak_tasks (job->tgid, tids, 1024), i, added = 0;
+  for (i = 0; i != n; i++)
+  {
+    guint64 tid = tids[i];
+    if (mt_leak_is_skipped (job, tid) || mt_leak_is_held (job, tid))
+      continue;
+    if (job->n_threads == job->threads_cap)
+    {
+      job->n_failed++;
+      continue;
+    }
+    if (mt_leak_attach (job, (gint) tid))
+    {
+      MtLeakThread * t = (MtLeakThread *) job->threads + job->n_threads;
+      guint64 * regs = (guint64 *) job->regs + job->n_threads * MT_LEAK_REGS;
+      guint64 iov[2];
+      guint r;
+      for (r = 0; r != MT_LEAK_REGS; r++)
+        regs[r] = 0;
+      iov[0] = (guint64) regs;
+      iov[1] = MT_LEAK_REGS * 8;
+      t->tid = tid;
+      t->sp = 0;
+      if (ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
+        t->sp = regs[MT_SP_INDEX];
+      job->n_threads++;
+      added++;
+    }
+    else
+    {
+      /* Most often ESRCH: the thread ended between the listing and the attach. */
+      job->n_failed++;
+      if (job->error == 0)
+        job->error = 1;
+    }
+  }
+  return added;
+}
+
+/* The helper process: runs on its own small stack, shares our memory, never allocates. */
+static gint
+mt_leak_tracer (gpointer data)
+{
+  MtLeakJob * job = data;
+  guint64 i, waited = 0;
+  gint pass;
+
+  while (g_atomic_int_add ((volatile gint *) &job->state, 0) != MT_LEAK_STOPPING)
+    usleep (MT_LEAK_WAIT_US);
+  /* Threads started while we attach are caught by the next pass; stop when a pass finds none. */
+  for (pass = 0; pass != 16; pass++)
+  {
+    if (mt_leak_attach_pass (job) == 0)
+      break;
+  }
+  mt_barrier ();
+  job->state = MT_LEAK_STOPPED;
+  mt_barrier ();
+  while (g_atomic_int_add ((volatile gint *) &job->state, 0) != MT_LEAK_RESUME)
+  {
+    usleep (MT_LEAK_WAIT_US);
+    waited += MT_LEAK_WAIT_US;
+    /* The scanner is bounded in time; a scanner that never says resume is gone: let go. */
+    if (waited > 600ULL * 1000000ULL)
+      break;
+  }
+  for (i = 0; i != job->n_threads; i++)
+    ptrace (MT_PTRACE_DETACH, (gint) ((MtLeakThread *) job->threads)[i].tid, NULL, NULL);
+  mt_barrier ();
+  job->state = MT_LEAK_RESUMED;
+  return 0;
+}
+
+static gboolean
+mt_leak_wait_state (MtLeakJob * job, guint64 want)
+{
+  guint64 waited = 0;
+  while (g_atomic_int_add ((volatile gint *) &job->state, 0) != (gint) want)
+  {
+    usleep (MT_LEAK_WAIT_US);
+    waited += MT_LEAK_WAIT_US;
+    if (waited > MT_LEAK_STOP_TIMEOUT_US)
+      return FALSE;
+  }
+  return TRUE;
+}
+
+#endif
+
+/* Linux: the process's thread ids (the agent tells Frida's own apart); Darwin: 0. */
+guint64
+mt_leak_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
+{
+#ifdef MT_DARWIN
+  return 0;
+#else
+  return mt_leak_tasks (tgid, out, cap);
+#endif
+}
+
+/* Stops every thread but the caller and job->skip; 1 when the world is stopped (n_failed says
+ * how many threads could not be), 0 when no thread could be stopped at all. */
+gint
+mt_leak_stop (MtLeakJob * job)
+{
+#ifdef MT_DARWIN
+  mt_port_t * list = NULL;
+  guint32 count = 0, i;
+  const guint64 * skip = (const guint64 *) job->skip;
+  if (task_threads (mach_task_self_, &list, &count) != 0)
+  {
+    job->state = MT_LEAK_FAILED;
+    return 0;
+  }
+  for (i = 0; i != count; i++)
+  {
+    mt_port_t th = list[i];
+    gboolean skipped = (guint64) th == job->self_tid;
+    guint64 k;
+    for (k = 0; !skipped && k != job->n_skip; k++)
+      skipped = skip[k] == (guint64) th;
+    if (!skipped && job->n_threads < job->threads_cap && thread_suspend (th) == 0)
+    {
+      MtLeakThread * t = (MtLeakThread *) job->threads + job->n_threads;
+      guint64 * regs = (guint64 *) job->regs + job->n_threads * MT_LEAK_REGS;
+      guint32 cnt = MT_THREAD_STATE_COUNT;
+      guint r;
+      for (r = 0; r != MT_LEAK_REGS; r++)
+        regs[r] = 0;
+      t->tid = th;
+      t->sp = 0;
+      if (thread_get_state (th, MT_THREAD_STATE_FLAVOR, (guint32 *) regs, &cnt) == 0)
+        t->sp = regs[MT_SP_INDEX];
+      job->n_threads++;
+      continue;     /* the port is released at resume */
+    }
+    if (!skipped)
+      job->n_failed++;
+    mach_port_deallocate (mach_task_self_, th);
+  }
+  mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
+  job->state = MT_LEAK_STOPPED;
+  return 1;
+#else
+  gint pid;
+  gpointer top = (gpointer) ((job->tracer_stack + job->tracer_stack_size) & ~(guint64) 15);
+  job->state = MT_LEAK_IDLE;
+  job->n_threads = 0;
+  job->n_failed = 0;
+  mt_barrier ();
+  pid = clone (mt_leak_tracer, top, MT_CLONE_VM | MT_CLONE_FS | MT_CLONE_FILES | MT_CLONE_UNTRACED, job);
+  if (pid <= 0)
+  {
+    job->state = MT_LEAK_FAILED;
+    return 0;
+  }
+  job->tracer_pid = (guint64) pid;
+  /* Yama (ptrace_scope 1) lets only an ancestor trace us unless we name the tracer. */
+  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
+  mt_barrier ();
+  job->state = MT_LEAK_STOPPING;
+  if (!mt_leak_wait_state (job, MT_LEAK_STOPPED))
+  {
+    /* The helper is stuck: tell it to let go whenever it gets there. */
+    job->state = MT_LEAK_RESUME;
+    return 0;
+  }
+  return 1;
+#endif
+}
+
+void
+mt_leak_resume (MtLeakJob * job)
+{
+#ifdef MT_DARWIN
+  guint64 i;
+  for (i = 0; i != job->n_threads; i++)
+  {
+    mt_port_t th = (mt_port_t) ((MtLeakThread *) job->threads)[i].tid;
+    thread_resume (th);
+    mach_port_deallocate (mach_task_self_, th);
+  }
+  job->state = MT_LEAK_RESUMED;
+#else
+  gint status = 0;
+  if (job->tracer_pid == 0)
+    return;
+  mt_barrier ();
+  job->state = MT_LEAK_RESUME;
+  mt_barrier ();
+  mt_leak_wait_state (job, MT_LEAK_RESUMED);
+  waitpid ((gint) job->tracer_pid, &status, MT_WCLONE);
+  job->tracer_pid = 0;
+#endif
+}
+
+/* Darwin: the VM user tag of the region holding addr (VM_MEMORY_STACK = 30 marks thread
+ * stacks); -1 when unknown.  Linux has no tags: the agent finds stacks by their guard page. */
+gint
+mt_leak_region_tag (guint64 addr)
+{
+#ifdef MT_DARWIN
+  guint64 a = addr, size = 0;
+  guint32 depth = 0x7fffffff;
+  gint32 info[32];                          /* vm_region_submap_info_64: user_tag at word 4 */
+  guint32 count = 19;                       /* VM_REGION_SUBMAP_INFO_COUNT_64 */
+  if (mach_vm_region_recurse (mach_task_self_, &a, &size, &depth, info, &count) != 0 || a > addr)
+    return -1;
+  return (gint) info[4];
+#else
+  return -1;
+#endif
+}
+
+/* ---- the scan -------------------------------------------------------------------------------- */
+
+static void
+mt_leak_sort (MtLeakBlock * a, guint64 n)
+{
+  /* Heapsort: no recursion, no allocation, bounded time. */
+  guint64 start, end, root, child;
+  MtLeakBlock tmp;
+  if (n < 2)
+    return;
+  for (start = n / 2; start-- > 0;)
+  {
+    root = start;
+    while ((child = 2 * root + 1) < n)
+    {
+      if (child + 1 < n && a[child].ptr < a[child + 1].ptr)
+        child++;
+      if (a[root].ptr >= a[child].ptr)
+        break;
+      tmp = a[root]; a[root] = a[child]; a[child] = tmp;
+      root = child;
+    }
+  }
+  for (end = n - 1; end > 0; end--)
+  {
+    tmp = a[0]; a[0] = a[end]; a[end] = tmp;
+    root = 0;
+    while ((child = 2 * root + 1) < end)
+    {
+      if (child + 1 < end && a[child].ptr < a[child + 1].ptr)
+        child++;
+      if (a[root].ptr >= a[child].ptr)
+        break;
+      tmp = a[root]; a[root] = a[child]; a[child] = tmp;
+      root = child;
+    }
+  }
+}
+
+/* Collects the candidates (world stopped), sorted by address, none marked.  Returns how many. */
+guint64
+mt_leak_collect (MtLeakJob * job)
+{
+  guint64 i, total = 0, unsized = 0;
+  MtLeakBlock * blocks = (MtLeakBlock *) job->blocks;
+  job->n_blocks = mt_leak_candidates (blocks, job->blocks_cap, &total, &unsized);
+  job->blocks_total = total;
+  job->unsized_blocks = unsized;
+  mt_leak_sort (blocks, job->n_blocks);
+  for (i = 0; i != job->n_blocks; i++)
+    ((guint8 *) job->marks)[i] = 0;
+  job->n_work = 0;
+  job->phase = 0;
+  job->range_index = 0;
+  job->range_offset = 0;
+  return job->n_blocks;
+}
+
+/* The candidate holding address v (interior pointers count), or -1. */
+static inline gint64
+mt_leak_find (MtLeakJob * job, guint64 v)
+{
+  const MtLeakBlock * b = (const MtLeakBlock *) job->blocks;
+  guint64 lo = 0, hi = job->n_blocks;
+  if (hi == 0 || v < b[0].ptr || v >= b[hi - 1].ptr + b[hi - 1].size)
+    return -1;
+  while (hi - lo > 1)
+  {
+    guint64 mid = lo + (hi - lo) / 2;
+    if (b[mid].ptr <= v)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return (v >= b[lo].ptr && v + MT_LEAK_TAIL < b[lo].ptr + b[lo].size) ? (gint64) lo : -1;
+}
+
+static inline void
+mt_leak_mark_word (MtLeakJob * job, guint64 v)
+{
+  gint64 j = mt_leak_find (job, v);
+  guint8 * marks = (guint8 *) job->marks;
+  if (j >= 0 && marks[j] == 0)
+  {
+    marks[j] = 1;
+    ((guint32 *) job->worklist)[job->n_work++] = (guint32) j;
+  }
+}
+
+/* Reads [addr, addr + len) and marks what its words point at; FALSE when unreadable. */
+static gboolean
+mt_leak_scan_words (MtLeakJob * job, guint64 addr, guint64 len)
+{
+  guint8 * buf = (guint8 *) job->scratch;
+  guint64 done = 0;
+  while (done < len)
+  {
+    guint64 n = MIN (len - done, job->scratch_size), k;
+    if (!mt_leak_read (job, addr + done, n, buf))
+      return FALSE;
+    for (k = 0; k + 8 <= n; k += 8)
+      mt_leak_mark_word (job, *(guint64 *) (buf + k));
+    done += n;
+  }
+  return TRUE;
+}
+
+/* Scans marked blocks until the worklist is empty or the budget is spent. */
+static guint64
+mt_leak_drain (MtLeakJob * job, guint64 budget)
+{
+  const MtLeakBlock * b = (const MtLeakBlock *) job->blocks;
+  guint64 spent = 0;
+  while (job->n_work > 0 && spent < budget)
+  {
+    guint32 j = ((guint32 *) job->worklist)[--job->n_work];
+    guint64 len = b[j].size & ~(guint64) 7;
+    if (mt_leak_scan_words (job, b[j].ptr, len))
+      job->block_bytes += len;
+    else
+      job->skip_unreadable += len;
+    spent += len + 64;
+  }
+  return spent;
+}
+
+/* The first candidate that ends after addr. */
+static guint64
+mt_leak_first_after (MtLeakJob * job, guint64 addr)
+{
+  const MtLeakBlock * b = (const MtLeakBlock *) job->blocks;
+  guint64 lo = 0, hi = job->n_blocks;
+  while (lo < hi)
+  {
+    guint64 mid = lo + (hi - lo) / 2;
+    if (b[mid].ptr + b[mid].size <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Where a stopped thread's stack starts inside [base, end): its sp less the red zone; 0 if none. */
+static guint64
+mt_leak_stack_start (MtLeakJob * job, guint64 base, guint64 end)
+{
+  const MtLeakThread * t = (const MtLeakThread *) job->threads;
+  guint64 i, lowest = 0;
+  for (i = 0; i != job->n_threads; i++)
+  {
+    guint64 sp = t[i].sp;
+    if (sp >= base && sp < end && (lowest == 0 || sp < lowest))
+      lowest = sp;
+  }
+  if (lowest == 0)
+    return 0;
+  return lowest - base > MT_LEAK_RED_ZONE ? (lowest - MT_LEAK_RED_ZONE) & ~(guint64) 7 : base;
+}
+
+/* One slice of the scan: about `budget` bytes read.  Returns 1 when the scan is complete. */
+gint
+mt_leak_step (MtLeakJob * job, guint64 budget)
+{
+  const MtLeakBlock * b = (const MtLeakBlock *) job->blocks;
+  const MtLeakRange * ranges = (const MtLeakRange *) job->ranges;
+  guint64 spent = 0;
+  guint64 here = (guint64) &spent;
+
+  if (job->phase == 0)
+  {
+    /* Registers first: a pointer held only in a register is a root. */
+    const guint64 * regs = (const guint64 *) job->regs;
+    guint64 i;
+    for (i = 0; i != job->n_threads * MT_LEAK_REGS; i++)
+      mt_leak_mark_word (job, regs[i]);
+    job->phase = 1;
+  }
+
+  while (job->phase == 1 && spent < budget)
+  {
+    const MtLeakRange * r;
+    guint64 base, end, addr, k;
+    if (job->n_work > 0)
+    {
+      spent += mt_leak_drain (job, budget - spent);
+      continue;
+    }
+    if (job->range_index >= job->n_ranges)
+    {
+      job->phase = 2;
+      break;
+    }
+    r = &ranges[job->range_index];
+    base = r->base;
+    end = r->base + r->size;
+    if (job->range_offset == 0)
+    {
+      /* Where this range starts being a root. */
+      guint64 start = mt_leak_stack_start (job, base, end);
+      if (here >= base && here < end)
+      {
+        job->skip_own += r->size;
+        job->range_index++;
+        continue;
+      }
+      if (start != 0)
+      {
+        job->skip_stack += start - base;       /* below sp: dead frames, not roots */
+        job->range_offset = start - base;
+      }
+      else if (r->flags & MT_LEAK_RANGE_STACK)
+      {
+        job->skip_stack += r->size;
+        job->range_index++;
+        continue;
+      }
+    }
+    addr = base + job->range_offset;
+    /* A chunk of the range, stopping short of the next candidate block (blocks are not roots). */
+    k = mt_leak_first_after (job, addr);
+    if (k < job->n_blocks && b[k].ptr <= addr)
+    {
+      guint64 skip_to = MIN (end, (b[k].ptr + b[k].size + 7) & ~(guint64) 7);
+      job->range_offset = skip_to - base;
+    }
+    else
+    {
+      guint64 stop = MIN (end, addr + MT_LEAK_CHUNK);
+      if (k < job->n_blocks && b[k].ptr < stop)
+        stop = b[k].ptr & ~(guint64) 7;
+      if (stop <= addr)
+        stop = MIN (end, addr + 8);
+      if (mt_leak_scan_words (job, addr, stop - addr))
+        job->root_bytes += stop - addr;
+      else
+        job->skip_unreadable += stop - addr;
+      spent += stop - addr;
+      job->range_offset = stop - base;
+    }
+    if (base + job->range_offset >= end)
+    {
+      job->range_index++;
+      job->range_offset = 0;
+    }
+  }
+  if (job->phase == 2 && job->n_work > 0)
+  {
+    mt_leak_drain (job, ~(guint64) 0);
+  }
+  return job->phase == 2 && job->n_work == 0;
+}

@@ -16,7 +16,7 @@ from memtrace.capture import CaptureError
 from memtrace.commands.trace import make_command
 from memtrace.errors import MemtraceError
 
-COMMANDS = ("census", "limit", "jetsam", "report", "batch", "export", "symbolize")
+COMMANDS = ("census", "limit", "jetsam", "report", "batch", "export", "symbolize", "show", "diff", "flamegraph")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

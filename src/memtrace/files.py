@@ -24,3 +24,15 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, doc: Any) -> None:
     write_text_atomic(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -7,11 +7,13 @@
  *   keep_on_stack    malloc(10000) held only by a local variable of a thread
  *                    that sleeps                                              -> reachable
  * argv[1]: seconds to sleep once all is set up (the window ends meanwhile); 0 = exit at once
- * (the scan then runs as the process exits).  Prints "ready" when set up. */
+ * (the scan then runs as the process exits).  argv[2] (optional): MB of untouched anonymous
+ * memory to map first, a large root for the scan's time budget.  Prints "ready" when set up. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 void *g_kept[4];
@@ -79,6 +81,8 @@ __attribute__((noinline)) void clobber_stack(void) {
 int main(int argc, char **argv) {
   double linger = argc > 1 ? atof(argv[1]) : 0;
   pthread_t t;
+  if (argc > 2)
+    (void)mmap(NULL, (size_t)atoi(argv[2]) << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   pthread_create(&t, NULL, keep_on_stack, NULL);
   pthread_mutex_lock(&g_lock);
   while (!g_thread_ready)

@@ -1,4 +1,4 @@
-"""memtrace export: a capture as JSON lines, for scripts and other tools."""
+"""memtrace export: a capture as JSON lines (every record), or for other tools (memtrace.exports)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,29 @@ from pathlib import Path
 import click
 
 from memtrace.capture import CaptureInfo, read_records, record_to_json
+from memtrace.exports import BINARY, FORMATS
+from memtrace.files import write_bytes_atomic
+from memtrace.views import load
+from memtrace.views.profile import VIEWS
 
 
 @click.command("export")
 @click.argument("capture", type=click.Path(path_type=Path))
-@click.option("--jsonl", is_flag=True, default=True, help="One JSON object per line (the default and only format).")
-def export(capture: Path, jsonl: bool) -> int:
-    """Print every record of CAPTURE (a capture file or folder) as JSON lines.
+@click.option("--jsonl", is_flag=True, default=False, help="Same as --format jsonl.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", *FORMATS]), default="jsonl", show_default=True,
+              help="jsonl: every record; collapsed: folded stacks (flamegraph.pl); speedscope: speedscope's JSON; "
+                   "pprof: gzipped profile.proto; chrome-trace: trace events for the Perfetto UI.")
+@click.option("--view", type=click.Choice(VIEWS), default="gross", show_default=True,
+              help="Which bytes the stack formats weigh (malloc).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Write to this file (atomically) instead of standard output.")
+def export(capture: Path, jsonl: bool, fmt: str, view: str, output: Path | None) -> int:
+    """Print every record of CAPTURE (a capture file or folder) as JSON lines, or export it for
+    another tool with --format.
 
     Exit status 1 when the capture is truncated (everything before the tear is still printed)."""
+    if fmt != "jsonl" and not jsonl:
+        return export_for_tool(capture, fmt, view, output)
     info = CaptureInfo(capture)
     out = sys.stdout
     for record in read_records(capture, info):
@@ -27,6 +41,22 @@ def export(capture: Path, jsonl: bool) -> int:
         # Everything up to the last flush was printed; the status tells scripts the tail is missing.
         out.write(json.dumps({"record": "truncated", "detail": info.truncation}) + "\n")
         click.echo(f"memtrace: warning: {info.path}: {info.truncation}", err=True)
+        return 1
+    return 0
+
+
+def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None) -> int:
+    loaded = load(capture)
+    data = FORMATS[fmt](loaded, view)
+    if output is not None:
+        write_bytes_atomic(output, data)
+    elif fmt in BINARY and sys.stdout.isatty():
+        raise click.UsageError(f"--format {fmt} is binary: give -o FILE or redirect standard output")
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    if loaded.info.truncated:
+        click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.truncation}", err=True)
         return 1
     return 0
 

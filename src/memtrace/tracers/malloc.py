@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memtrace.analyze.malloc import MallocSummary
+from memtrace.frames import Frame
 from memtrace.leakscan import DEFAULT_BUDGET_S, at_window_end
 from memtrace.live import CoreStats, Row
 from memtrace.report.chapters.malloc import MallocChapter
@@ -54,10 +55,34 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
             console.print(stack_table(title, [("bytes", "right"), ("count", "right"), ("frames", "left")],
                                       [[fmt_bytes(r.est_bytes), f"{round(r.count):,}",
                                         frames_text(r.frames) if r.frames else plain("(no stack)")] for r in rows]))
+    if s.get("leaks"):
+        leaks_view(console, s["leaks"])
     dropped = {k: v for k, v in s["dropped"].items() if v}
     line(console, ("dropped", dropped or "nothing"))
     line(console, ("coverage", "; ".join(_coverage(s)) or "n/a"))
     footer(console, s)
+
+
+def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
+    """--leaks: leaked and still reachable blocks by stack, and what the scan could not see."""
+    scan = leaks["scan"]
+    for key, title in (("leaked", "LEAKED (unreachable, cycles included)"), ("reachable", "still reachable")):
+        g = leaks[key]
+        line(console, (title, f"{g['blocks']:,} blocks, {fmt_bytes(g['bytes'])}"))
+        if g["by_stack"]:
+            console.print(stack_table(f"{key} by stack", [("bytes", "right"), ("blocks", "right"), ("frames", "left")],
+                                      [[fmt_bytes(r["bytes"]), f"{r['blocks']:,}",
+                                        frames_text([Frame.from_json(f) for f in r["frames"]]) if r["frames"]
+                                        else plain("(no stack)")] for r in g["by_stack"]]))
+    notes = [f"at {scan['when']}", "complete" if scan["complete"] else "INCOMPLETE (time budget spent)",
+             f"{scan['threads_stopped']} threads stopped" if scan["world_stopped"] else "world NOT stopped"]
+    if scan.get("threads_not_stopped"):
+        notes.append(f"{scan['threads_not_stopped']} threads could not be stopped")
+    skipped = {k: v for k, v in (scan.get("skipped") or {}).items() if v}
+    if skipped:
+        notes.append("not scanned: " + ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" if k != "candidates_over_capacity"
+                                                  else f"{v:,} blocks over capacity" for k, v in skipped.items()))
+    line(console, ("leak scan", "; ".join(notes)))
 
 
 def _coverage(s: dict[str, Any]) -> list[str]:

@@ -1,0 +1,4 @@
+import click
+@click.command("diff")
+def x(): pass
+command = x

@@ -1,0 +1,4 @@
+import click
+@click.command("flamegraph")
+def x(): pass
+command = x

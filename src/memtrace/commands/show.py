@@ -1,0 +1,38 @@
+"""memtrace show: the console summary of one saved capture, as printed at the end of the capture."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from memtrace.views import load
+
+
+@click.command("show")
+@click.argument("capture", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="The summary as one JSON document (docs/json-schema.md).")
+@click.option("--top", type=click.IntRange(0), default=None, help="Stacks in each table (default: the tracer's own).")
+def show(capture: Path, as_json: bool, top: int | None) -> int:
+    """Summarize CAPTURE (a capture file or folder) with its own tracer's analyzer and console view.
+
+    Exit status 1 when the capture is truncated (the summary covers what was read)."""
+    loaded = load(capture)
+    if top is None:
+        top = next((o.default for o in loaded.tracer.options if o.name == loaded.tracer.json_top_option), 10)
+    if as_json:
+        doc = loaded.summary.to_json(capture=str(loaded.path), top=top)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        opts = {"capture": str(loaded.path), "top": top, loaded.tracer.json_top_option: top, "quiet": False}
+        loaded.tracer.console(Console(), loaded.summary, opts)
+    if loaded.info.truncated:
+        click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.truncation}", err=True)
+        return 1
+    return 0
+
+
+command = show

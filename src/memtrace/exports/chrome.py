@@ -1,0 +1,96 @@
+"""The Chrome trace-event JSON that the Perfetto UI (and chrome://tracing) opens.
+
+Counter tracks: the footprint and the allocator's in-use bytes (the capture's calibrations, and
+every sample of the summary's own timeline when it has one), tracked live blocks and gross bytes
+(the once-a-second snapshots).  Instant events: every event a JSON-event tracer recorded
+(IOSurface creations, purgeable transitions, thread and fd events), the leak scan, the end.
+
+Times: snapshots are seconds since the window started; agent events and calibrations are
+milliseconds since the agent loaded, placed on the window's clock by the "before" calibration
+(taken by the agent just before the window starts).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memtrace.capture import RecordType, read_records
+
+PID = 1
+EVENT_TID = 0
+
+
+def _name(ev: dict[str, Any]) -> str:
+    for key in ("type", "event", "op", "kind"):
+        if isinstance(ev.get(key), str):
+            return ev[key]
+    return "event"
+
+
+def document(loaded: Any) -> dict[str, Any]:
+    events: list[dict[str, Any]] = []
+    target = loaded.summary.meta.get("target", {}).get("label") or str(loaded.path)
+    events.append({"name": "process_name", "ph": "M", "pid": PID, "args": {"name": f"{target} ({loaded.tracer.name})"}})
+    origin: float | None = None      # agent ms at the window's start
+    pending: list[tuple[float, dict[str, Any]]] = []   # agent-clock events until the origin is known
+
+    def at_agent(t_ms: float, ev: dict[str, Any]) -> None:
+        pending.append((t_ms, ev))
+
+    def counter(name: str, ts_us: float, value: Any) -> dict[str, Any]:
+        return {"name": name, "ph": "C", "ts": ts_us, "pid": PID, "args": {"value": value}}
+
+    for rec in read_records(loaded.path):
+        b = rec.body
+        if rec.type == RecordType.CALIBRATION:
+            t = b.get("t")
+            if t is None:
+                continue
+            if b.get("phase") == "before" and origin is None:
+                origin = float(t)
+            fp = (b.get("footprint") or {}).get("footprint")
+            use = (b.get("allocator") or {}).get("in_use")
+            if fp is not None:
+                at_agent(t, counter("footprint", 0, fp))
+            if use is not None:
+                at_agent(t, counter("allocator in-use", 0, use))
+        elif rec.type == RecordType.SNAPSHOT:
+            ts = float(b.get("t") or 0) * 1e6
+            if "live" in b and loaded.tracer.name == "malloc":
+                events.append(counter("tracked live blocks", ts, b.get("live") or 0))
+            events.append(counter("gross bytes allocated" if loaded.tracer.name == "malloc" else "events", ts,
+                                  b.get("bytes") if loaded.tracer.name == "malloc" else b.get("events", 0)))
+        elif rec.type == RecordType.EVENTS:
+            for ev in b.get("events") or []:
+                args = {k: v for k, v in ev.items() if k not in ("frames", "t")}
+                at_agent(float(ev.get("t") or 0), {"name": _name(ev), "ph": "i", "s": "t", "pid": PID,
+                                                   "tid": ev.get("tid", EVENT_TID), "ts": 0, "args": args})
+        elif rec.type == RecordType.RESULT and b.get("kind") == "leaks":
+            args = {k: v for k, v in b.items() if k not in ("leaked", "type")}
+            at_agent(float(b.get("t") or 0), {"name": "leak scan", "ph": "i", "s": "p", "pid": PID, "ts": 0,
+                                              "args": args})
+        elif rec.type == RecordType.END:
+            captured = (b.get("timing") or {}).get("captured_s")
+            if captured is not None:
+                events.append({"name": f"end: {b.get('ended')}", "ph": "i", "s": "p", "pid": PID,
+                               "ts": float(captured) * 1e6, "args": {"reason": b.get("reason")}})
+    base = origin if origin is not None else 0.0
+    for t_ms, ev in pending:
+        ev["ts"] = max(0.0, (t_ms - base) * 1000.0)
+        events.append(ev)
+    timeline = getattr(loaded.summary, "timeline", None)
+    if isinstance(timeline, list):
+        for sample in timeline:
+            if not isinstance(sample, dict) or "t" not in sample:
+                continue
+            for k, v in sample.items():
+                if k != "t" and isinstance(v, int | float):
+                    events.append(counter(k, float(sample["t"]) * 1e6, v))
+    events.sort(key=lambda e: (e.get("ts", -1), e["ph"] != "M"))
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"exporter": "memtrace", "capture": str(loaded.path), "tracer": loaded.tracer.name}}
+
+
+def export(loaded: Any, view: str) -> bytes:
+    return json.dumps(document(loaded), ensure_ascii=False).encode()

@@ -1,0 +1,33 @@
+"""Folded stacks, one line per stack: ``root;caller;...;leaf BYTES`` (flamegraph.pl, inferno,
+speedscope and most flame graph tools read it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memtrace.frames import Frame
+from memtrace.views.profile import profile
+
+
+def frame_name(f: Frame) -> str:
+    # The format's separators (";" between frames, the last space before the value, newlines)
+    # cannot appear inside a name.
+    return f.name().replace(";", ":").replace("\n", " ").replace("\r", " ")
+
+
+def lines(p: Any) -> list[str]:
+    out = []
+    for s in p.samples:
+        if s.bytes <= 0:
+            continue
+        out.append(";".join(frame_name(f) for f in reversed(s.frames)) + f" {s.bytes}")
+    return out
+
+
+def export(loaded: Any, view: str) -> bytes:
+    p = profile(loaded, view)
+    if p.missing:
+        from memtrace.errors import InputError
+
+        raise InputError(f"{loaded.path}: {p.missing}")
+    return ("\n".join(lines(p)) + "\n").encode()

@@ -1,0 +1,143 @@
+"""A capture as a stack profile: (stack, bytes, count) samples for one view.
+
+The flame graph, the folded/speedscope/pprof exports and ``diff`` all read profiles, so they
+show the same numbers as the summary: a view's total is the summary's figure for it (the gross
+view includes the bytes no stack covers, as one "(no stack)" sample).
+
+Views (malloc): ``gross`` every allocation; ``live`` tracked blocks alive at the end; ``leaked``
+the --leaks scan's unreachable blocks; ``peak`` the live set at the footprint's peak and
+``temporary`` blocks freed soon after they were made (both from the summary's ``peak`` and
+``temporary`` sections, which older captures lack: the view is then "not in this capture").
+Other tracers: their summary's stack rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtrace.capture import NO_STACK, RecordType, read_records
+from memtrace.frames import Frame
+
+VIEWS = ("gross", "live", "peak", "leaked", "temporary")
+UNSTACKED = Frame(0, function="(no stack: below the stack threshold)")
+_ALL = 10 ** 9      # "every row" for summaries whose to_json slices by top
+
+
+@dataclass
+class Sample:
+    frames: list[Frame]          # innermost first
+    bytes: int
+    count: int
+
+
+@dataclass
+class Profile:
+    tracer: str
+    view: str
+    target: str | None
+    samples: list[Sample] = field(default_factory=list)
+    missing: str | None = None   # why this view has nothing: "not in this capture"
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.samples)
+
+    @property
+    def total_count(self) -> int:
+        return sum(s.count for s in self.samples)
+
+
+def _rows(rows: Iterable[dict[str, Any]]) -> list[Sample]:
+    out = []
+    for r in rows:
+        frames = [Frame.from_json(f) for f in r.get("frames") or []] or [UNSTACKED]
+        count = r.get("count", r.get("blocks", r.get("calls", 1)))
+        out.append(Sample(frames, int(round(r.get("bytes") or 0)), int(round(count or 0))))
+    return out
+
+
+def _section(doc: dict[str, Any], key: str) -> dict[str, Any] | None:
+    sec = doc.get(key)
+    return sec if isinstance(sec, dict) else None
+
+
+def profile(loaded: Any, view: str = "gross") -> Profile:
+    """The ``view`` of a loaded capture (:func:`memtrace.views.load`)."""
+    s = loaded.summary
+    name = loaded.tracer.name
+    target = getattr(s, "meta", {}).get("target", {}).get("label")
+    p = Profile(tracer=name, view=view, target=target)
+    if name != "malloc":
+        return _generic(p, s, view)
+    if view in ("gross", "live"):
+        live = view == "live"
+        for r in s.stack_rows(None, live=live):
+            frames = r.frames if r.frames and r.stack_ids != [NO_STACK] else [UNSTACKED]
+            p.samples.append(Sample(frames, int(round(r.est_bytes)), int(round(r.count))))
+        if not live:
+            # Bytes no stack covers (below the stack threshold, unsampled): one sample, so the
+            # view adds up to the gross bytes.
+            stacked = s.coverage()["estimated_bytes_with_sampling"]
+            rest = s.gross_bytes - stacked
+            if rest > 0:
+                p.samples.append(Sample([UNSTACKED], rest, max(0, s.alloc_calls - sum(x.count for x in p.samples))))
+        return p
+    if view == "leaked":
+        leaks = s.leaks_json(None)
+        if leaks is None:
+            p.missing = "no leak scan in this capture (capture with --leaks)"
+        else:
+            p.samples = _rows(leaks["leaked"]["by_stack"])
+        return p
+    if view in ("peak", "temporary"):
+        sec = _section(s.to_json(top=_ALL), view)
+        if sec is None or not isinstance(sec.get("by_stack"), list):
+            p.missing = f"the {view} view is not in this capture (recorded by a newer memtrace)"
+        else:
+            p.samples = _rows(sec["by_stack"])
+        return p
+    raise ValueError(f"unknown view {view!r} (one of {', '.join(VIEWS)})")
+
+
+def _generic(p: Profile, s: Any, view: str) -> Profile:
+    from memtrace.report.chapters import _named_stack_lists
+
+    if view != "gross":
+        p.missing = f"the {view} view is malloc's; a {p.tracer} capture has its stack rows only"
+        return p
+    lists = _named_stack_lists(s.to_json(capture=None, top=_ALL))
+    if not lists:
+        p.missing = f"this {p.tracer} capture has no stacks"
+        return p
+    p.samples = _rows(lists[0][1])
+    return p
+
+
+def timeline(loaded: Any) -> dict[str, Any]:
+    """The memory timeline above a flame graph: ``{"t": [...] seconds, "series": {name: [...]}}``.
+
+    From the summary's own timeline when it has one (a list of samples with ``t`` and numeric
+    fields), else from the capture's once-a-second SNAPSHOT records (gross bytes so far, tracked
+    live blocks) and its CALIBRATION footprints.
+    """
+    own = getattr(loaded.summary, "timeline", None)
+    if isinstance(own, list) and own and isinstance(own[0], dict):
+        t = [float(x.get("t", 0)) for x in own]
+        keys = [k for k, v in own[0].items() if k != "t" and isinstance(v, int | float)]
+        return {"t": t, "series": {k: [x.get(k) for x in own] for k in keys}, "source": "summary"}
+    t: list[float] = []
+    gross: list[int] = []
+    live: list[int] = []
+    for rec in read_records(loaded.path):
+        if rec.type == RecordType.SNAPSHOT:
+            t.append(float(rec.body.get("t", 0)))
+            gross.append(int(rec.body.get("bytes") or 0))
+            live.append(int(rec.body.get("live") or 0))
+    series: dict[str, list[Any]] = {}
+    if any(gross):
+        series["gross bytes allocated"] = gross
+    if any(live):
+        series["tracked live blocks"] = live
+    return {"t": t, "series": series, "source": "snapshots"}

@@ -7,10 +7,11 @@ block, and a sleeping thread's local variable reachable.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
-from tests.conftest import memtrace_json
+from tests.conftest import memtrace_json, run_memtrace
 
 LEAKED = {"leak_dropped": (5, 25000), "leak_cycle": (2, 12000)}
 REACHABLE = {"keep_global": (4, 28000), "keep_nested": (1, 8000), "keep_nested_child": (1, 9000),
@@ -51,8 +52,16 @@ def test_leak_scan_at_the_window_end_sorts_the_known_pattern(compile_c, tmp_path
                         "--out", tmp_path / "cap", "--", exe, "60")
     assert doc["ended"] == "completed"
     check_pattern(doc, "window-end")
-    # Dead frames below a thread's sp and stacks with no thread in them are not roots, and say so.
     assert doc["leaks"]["scan"]["root_bytes"] > 0
+    # The saved capture shows the same, and exports the leaked view with the same totals.
+    shown = json.loads(run_memtrace("show", tmp_path / "cap", "--json").stdout)
+    assert shown["leaks"] == doc["leaks"]
+    folded = run_memtrace("export", tmp_path / "cap", "--format", "collapsed", "--view", "leaked").stdout
+    leaves = Counter()
+    for ln in folded.splitlines():
+        stack, value = ln.rsplit(" ", 1)
+        leaves[stack.split(";")[-1].split(" ")[0]] += int(value)
+    assert dict(leaves) == {k: v[1] for k, v in LEAKED.items()}
 
 
 def test_leak_scan_as_the_target_exits(compile_c, tmp_path: Path) -> None:

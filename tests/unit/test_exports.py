@@ -1,0 +1,159 @@
+"""Exports read back by parsers independent of the exporters; their totals equal the summary's.
+
+The captures are the real ones stored under raw-data/ (the demo workload traced on this machine,
+the camera demo's IOSurface and purgeable lines).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from tests.conftest import ROOT, run_memtrace
+
+WORKLOAD = ROOT / "raw-data" / "workload-malloc"
+SURFACES = ROOT / "raw-data" / "camera_surfaces-iosurface"
+PURGEABLE = ROOT / "raw-data" / "camera_surfaces-purgeable"
+
+
+def summary(capture: Path) -> dict:
+    return json.loads(run_memtrace("show", capture, "--json", "--top", "1000").stdout)
+
+
+def export(capture: Path, fmt: str, *extra: str, binary: bool = False, tmp: Path | None = None) -> bytes | str:
+    if binary:
+        assert tmp is not None
+        out = tmp / f"out.{fmt}"
+        run_memtrace("export", capture, "--format", fmt, "-o", out, *extra)
+        return out.read_bytes()
+    return run_memtrace("export", capture, "--format", fmt, *extra).stdout
+
+
+def test_collapsed_lines_add_up_to_gross_and_live_bytes() -> None:
+    s = summary(WORKLOAD)
+    for view, want in (("gross", s["gross_bytes"]), ("live", s["live"]["estimated_bytes"])):
+        total = 0
+        lines = str(export(WORKLOAD, "collapsed", "--view", view)).splitlines()
+        for ln in lines:
+            stack, value = ln.rsplit(" ", 1)       # flamegraph.pl's reading: the last field is the value
+            total += int(value)
+        assert total == want, view
+    # The leak function of the demo is a stack of its own, root first.
+    gross = str(export(WORKLOAD, "collapsed"))
+    assert any(ln.split(";")[-1].startswith("json_parse_document (workload)") for ln in gross.splitlines())
+
+
+def check_speedscope_schema(doc: dict) -> None:
+    """speedscope's file-format-schema.json, the parts a sampled profile uses."""
+    assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
+    frames = doc["shared"]["frames"]
+    assert all(isinstance(f["name"], str) for f in frames)
+    assert all(isinstance(f.get("line", 0), int) and isinstance(f.get("file", ""), str) for f in frames)
+    assert doc["profiles"]
+    for p in doc["profiles"]:
+        assert p["type"] == "sampled"
+        assert p["unit"] in ("none", "nanoseconds", "microseconds", "milliseconds", "seconds", "bytes")
+        assert isinstance(p["name"], str)
+        assert len(p["samples"]) == len(p["weights"])
+        assert all(0 <= i < len(frames) for stack in p["samples"] for i in stack)
+        assert p["endValue"] - p["startValue"] == sum(p["weights"])
+
+
+def test_speedscope_has_one_profile_per_view_with_the_summarys_totals() -> None:
+    s = summary(WORKLOAD)
+    doc = json.loads(export(WORKLOAD, "speedscope"))
+    check_speedscope_schema(doc)
+    by_view = {p["name"].rsplit("— ", 1)[1]: sum(p["weights"]) for p in doc["profiles"]}
+    assert by_view == {"gross bytes": s["gross_bytes"], "live bytes": s["live"]["estimated_bytes"]}
+
+
+def pprof_classes() -> dict:
+    """profile.proto's messages, declared here independently of memtrace.exports.pprof."""
+    T = descriptor_pb2.FieldDescriptorProto
+    fd = descriptor_pb2.FileDescriptorProto(name="test_profile.proto", package="pp", syntax="proto3")
+    spec = {
+        "Profile": [("sample_type", 1, "ValueType"), ("sample", 2, "Sample"), ("location", 4, "Location"),
+                    ("function", 5, "Function"), ("string_table", 6, T.TYPE_STRING),
+                    ("default_sample_type", 14, T.TYPE_INT64)],
+        "ValueType": [("type", 1, T.TYPE_INT64), ("unit", 2, T.TYPE_INT64)],
+        "Sample": [("location_id", 1, T.TYPE_UINT64), ("value", 2, T.TYPE_INT64)],
+        "Location": [("id", 1, T.TYPE_UINT64), ("address", 3, T.TYPE_UINT64), ("line", 4, "Line")],
+        "Line": [("function_id", 1, T.TYPE_UINT64), ("line", 2, T.TYPE_INT64)],
+        "Function": [("id", 1, T.TYPE_UINT64), ("name", 2, T.TYPE_INT64), ("filename", 4, T.TYPE_INT64)],
+    }
+    repeated = {"sample_type", "sample", "location", "function", "string_table", "location_id", "value", "line"}
+    for name, fields in spec.items():
+        m = fd.message_type.add(name=name)
+        for fname, num, typ in fields:
+            f = m.field.add(name=fname, number=num,
+                            label=T.LABEL_REPEATED if fname in repeated else T.LABEL_OPTIONAL)
+            if isinstance(typ, str):
+                f.type, f.type_name = T.TYPE_MESSAGE, f".pp.{typ}"
+            else:
+                f.type = typ
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"pp.{n}")) for n in spec}
+
+
+@pytest.mark.parametrize("view,types", [("gross", ("alloc_space", "alloc_objects")),
+                                        ("live", ("inuse_space", "inuse_objects"))])
+def test_pprof_decodes_with_protobuf_and_adds_up(tmp_path: Path, view: str, types: tuple[str, str]) -> None:
+    s = summary(WORKLOAD)
+    raw = gzip.decompress(export(WORKLOAD, "pprof", "--view", view, binary=True, tmp=tmp_path))
+    prof = pprof_classes()["Profile"]()
+    prof.ParseFromString(raw)
+    st = list(prof.string_table)
+    assert st[0] == ""
+    assert [(st[t.type], st[t.unit]) for t in prof.sample_type] == [(types[0], "bytes"), (types[1], "count")]
+    want = s["gross_bytes"] if view == "gross" else s["live"]["estimated_bytes"]
+    assert sum(x.value[0] for x in prof.sample) == want
+    locations = {loc.id: loc for loc in prof.location}
+    functions = {f.id: st[f.name] for f in prof.function}
+    leaves = {functions[locations[x.location_id[0]].line[0].function_id] for x in prof.sample}
+    expected = "image_decode_frame (workload)" if view == "live" else "json_parse_document (workload)"
+    assert expected in leaves
+
+
+def test_chrome_trace_has_counter_tracks_and_one_instant_per_event() -> None:
+    doc = json.loads(export(WORKLOAD, "chrome-trace"))
+    ev = doc["traceEvents"]
+    assert all({"ph", "pid"} <= e.keys() and (e["ph"] == "M" or isinstance(e["ts"], int | float)) for e in ev)
+    counters = {e["name"] for e in ev if e["ph"] == "C"}
+    assert {"footprint", "allocator in-use", "tracked live blocks", "gross bytes allocated"} <= counters
+    surfaces = json.loads(export(SURFACES, "chrome-trace"))["traceEvents"]
+    assert sum(1 for e in surfaces if e["ph"] == "i" and e["name"] == "surface") == summary(SURFACES)["surfaces"]
+    purg = json.loads(export(PURGEABLE, "chrome-trace"))["traceEvents"]
+    transitions = [e for e in purg if e["ph"] == "i" and e["name"] == "set"]
+    assert transitions and all("new_state" in e["args"] for e in transitions)
+
+
+def test_views_a_capture_lacks_are_refused_in_one_line() -> None:
+    proc = run_memtrace("export", WORKLOAD, "--format", "collapsed", "--view", "peak", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"memtrace: error: {WORKLOAD / 'capture.mtc'}: the peak view is not in this capture "
+        "(recorded by a newer memtrace)"]
+    proc = run_memtrace("export", WORKLOAD, "--format", "collapsed", "--view", "leaked", check=False)
+    assert "no leak scan in this capture" in proc.stderr
+
+
+def test_show_prints_the_capture_summary_as_the_capture_did() -> None:
+    out = run_memtrace("show", WORKLOAD).stdout
+    assert "memtrace malloc · workload" in out and "top stacks by bytes" in out
+    doc = summary(WORKLOAD)
+    assert doc["tracer"] == "malloc" and doc["target"] == "workload" and doc["gross_bytes"] > 0
+    for cap in (SURFACES, PURGEABLE):
+        assert json.loads(run_memtrace("show", cap, "--json").stdout)["tracer"] in ("iosurface", "purgeable")
+
+
+def test_show_refuses_what_is_not_a_capture(tmp_path: Path) -> None:
+    bad = tmp_path / "x.mtc"
+    bad.write_bytes(b"not a capture at all")
+    proc = run_memtrace("show", bad, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"memtrace: error: {bad}: not a memtrace capture (bad magic)"

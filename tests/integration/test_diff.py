@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import run_memtrace
 
 IMAGE_GROSS = 94371840          # 24 frames: 6 x (1 + 2 + 4 + 8) MB

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
 from tests.conftest import ROOT, run_memtrace
 
 WORKLOAD = ROOT / "raw-data" / "workload-malloc"

@@ -1,4 +1,6 @@
 import click
+
+
 @click.command("flamegraph")
 def x(): pass
 command = x

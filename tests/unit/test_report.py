@@ -67,7 +67,8 @@ def test_malloc_numbers(report: tuple[dict[str, Any], str, int]) -> None:
     assert [(t["calls"], t["bytes"]) for t in target(doc, "alpha")["malloc"]["tiers"]] == TRUTH["alpha"]["tiers"]
     # Markdown cells carry the same numbers.
     cells = row(md, "beta", "### Churn vs net")
-    assert cells == ["beta", fmt_bytes(1005 * 65536), "1,005", "+320.0 KB", "320.0 KB", "5", "201.0×", "+320.0 KB"]
+    assert cells == ["beta", fmt_bytes(1005 * 65536), "1,005", "12.5 s (window 20 s)", "+320.0 KB", "320.0 KB", "5",
+                     "201.0×", "+320.0 KB"]
     cells = row(md, "alpha", "### Size tiers")
     assert cells == ["alpha", "100 / 6.2 KB", "0 / 0 B", "0 / 0 B", "3 / 24.0 KB", "10 / 160.0 KB", "2 / 2.0 MB"]
     assert row(md, "malloc", "### alpha") == ["malloc", "image decode", "2.0 MB", "2", "2.0 MB", "2"]
@@ -135,13 +136,23 @@ def test_findings_cite_numbers(report: tuple[dict[str, Any], str, int]) -> None:
     assert "- camera: 2.1 MB held VOLATILE/EMPTY at the end (0→1 6.0 MB + 0→2 128.0 KB − 1→0 2.0 MB − 2→0 2.0 MB)" in md
 
 
-def test_same_target_runs_are_summed(tmp_path: Path) -> None:
+def test_same_target_runs_are_side_by_side_not_summed(tmp_path: Path) -> None:
     mc.beta(tmp_path / "run1.mtc")
     mc.beta(tmp_path / "run2.mtc")
-    doc = build_report(tmp_path, write=False).document
-    m = target(doc, "beta")["malloc"]
-    assert m["captures"] == 2 and m["gross_bytes"] == 2 * TRUTH["beta"]["gross"]
-    assert m["live_by_stack"][0]["count"] == 10 and len(m["live_by_stack"]) == 1
+    result = build_report(tmp_path)
+    m = target(result.document, "beta")["malloc"]
+    assert m["captures"] == 2 and [r["path"] for r in m["runs"]] == ["run1.mtc", "run2.mtc"]
+    # Each run has its own figures: two 20 s windows are never one 40 s window.
+    for r in m["runs"]:
+        assert r["gross_bytes"] == TRUTH["beta"]["gross"] and r["window_s"] == 20.0 and r["captured_s"] == 12.5
+        assert r["live_by_stack"][0]["count"] == 5 and len(r["live_by_stack"]) == 1
+    md = result.markdown
+    assert row(md, "beta (run1.mtc)", "### Churn vs net")[:4] == ["beta (run1.mtc)", fmt_bytes(1005 * 65536), "1,005",
+                                                                 "12.5 s (window 20 s)"]
+    assert row(md, "beta (run2.mtc)", "### Churn vs net")[3] == "12.5 s (window 20 s)"
+    pano = row(md, "beta", "## Panorama")[2]
+    assert pano == "<br>".join(["62.8 MB / 12.5 s (window 20 s) · 1,005 calls"] * 2)
+    assert "40 s" not in md
 
 
 def test_robustness_skipped_section_and_exit(tmp_path: Path) -> None:
@@ -206,7 +217,7 @@ def test_atomic_write_leaves_no_temp(tmp_path: Path) -> None:
     mc.alpha(tmp_path / "a.mtc")
     build_report(tmp_path)
     build_report(tmp_path)                      # overwrite in place
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["REPORT.md", "a.mtc", "report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["REPORT.md", "a.mtc", "report.html", "report.json"]
 
 
 def test_header_constant_layout() -> None:

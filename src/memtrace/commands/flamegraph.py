@@ -1,6 +1,26 @@
+"""memtrace flamegraph: one capture as a self-contained HTML flame graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
 import click
+
+from memtrace.files import write_text_atomic
+from memtrace.reporters.html import flamegraph_page
+from memtrace.views import load
+from memtrace.views.profile import VIEWS
 
 
 @click.command("flamegraph")
-def x(): pass
-command = x
+@click.argument("capture", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML file to write.")
+@click.option("--view", type=click.Choice(VIEWS), default="gross", show_default=True,
+              help="The view the page opens on (every view the capture has is in the page).")
+def command(capture: Path, output: Path, view: str) -> int:
+    """Write CAPTURE's flame graph to an HTML file: one file, no network, with zoom, search,
+    tooltips (bytes, count, file:line) and the memory timeline above it."""
+    loaded = load(capture)
+    write_text_atomic(output, flamegraph_page(loaded, view))
+    click.echo(f"flame graph: {output}", err=True)
+    return 0

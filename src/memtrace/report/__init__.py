@@ -1,4 +1,5 @@
-"""``memtrace report``: a folder of captures -> REPORT.md and report.json (the same numbers).
+"""``memtrace report``: a folder of captures -> REPORT.md, report.json and report.html (the same
+numbers; report.html adds a flame graph per capture with stacks).
 
 Stages: :mod:`.collect` finds files and reduces each capture through its tracer's analyzer to a
 compact entry (one streaming pass, memory bounded by distinct stacks); :mod:`.aggregate` merges
@@ -17,8 +18,11 @@ from memtrace.analyze.families import load_rules
 from memtrace.errors import InputError
 from memtrace.files import write_text_atomic
 from memtrace.report.aggregate import build_document
-from memtrace.report.collect import Skipped, analyze_capture, discover, load_document
+from memtrace.capture import CaptureInfo
+from memtrace.report.collect import Skipped, _rel, analyze_capture, discover, load_document
 from memtrace.report.markdown import render
+from memtrace.reporters.html import flame_data, report_page
+from memtrace.views import Loaded
 
 __all__ = ["ReportResult", "build_report"]
 
@@ -45,8 +49,16 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
     found = discover(root)
     entries: list[dict[str, Any]] = []
     skipped: list[Skipped] = []
+    flames: list[tuple[str, dict[str, Any]]] = []
+
+    def keep_flame(path: Path, tracer: Any, summary: Any) -> None:
+        if write:
+            data = flame_data(Loaded(path=path, tracer=tracer, summary=summary, info=CaptureInfo(path)))
+            if any(v["samples"] for v in data["views"].values()):
+                flames.append((f"{data['title']} ({_rel(path, root)})", data))
+
     for path in found.captures:
-        entry, skip = analyze_capture(path, root, rules)
+        entry, skip = analyze_capture(path, root, rules, on_summary=keep_flame)
         if entry is not None:
             entries.append(entry)
         if skip is not None:
@@ -66,8 +78,9 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
     if write:
         dest = Path(out) if out is not None else root
         dest.mkdir(parents=True, exist_ok=True)
+        page = report_page(f"Memory report: {name}", markdown, flames)
         for fname, text in (("report.json", json.dumps(document, indent=1, ensure_ascii=False) + "\n"),
-                            ("REPORT.md", markdown)):
+                            ("REPORT.md", markdown), ("report.html", page)):
             write_text_atomic(dest / fname, text)
             result.paths.append(dest / fname)
     return result

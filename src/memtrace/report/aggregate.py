@@ -52,7 +52,8 @@ def build_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             group = [e for e in ok if e["tracer"] == name]
             t[name] = tracer.report_chapter().aggregate(group) if group else None
         m = t.get("malloc")
-        t["measurable"] = not (m is not None and m["alloc_calls"] == 0 and t["ended"] in DEATHS)
+        t["measurable"] = not (m is not None and all(r["alloc_calls"] == 0 for r in m["runs"])
+                               and t["ended"] in DEATHS)
         targets.append(t)
     return targets
 
@@ -61,8 +62,11 @@ def families_line(t: dict[str, Any], n: int = 3) -> str:
     parts = []
     m = t.get("malloc")
     if m:
-        parts += [f"{f['family']} {fmt_bytes(f['bytes'])}" for f in m["families"]
-                  if f["family"] != UNSTACKED and f["bytes"] > 0][:n]
+        # One capture's dominant families each (captures are compared, never added up).
+        runs = [" · ".join([f"{f['family']} {fmt_bytes(f['bytes'])}" for f in r["families"]
+                            if f["family"] != UNSTACKED and f["bytes"] > 0][:n]) for r in m["runs"]]
+        if any(runs):
+            parts.append("<br>".join(r or "—" for r in runs))
     s = t.get("iosurface")
     if s and s["families"]:
         parts.append("IOSurface: " + " · ".join(f"{f['family']} {fmt_bytes(f['bytes'])}"
@@ -80,11 +84,14 @@ def panorama(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                "purgeable_held_bytes": p["held_bytes"] if p else None,
                                "families": families_line(t)}
         if m:
-            row.update({"malloc_gross_bytes": m["gross_bytes"], "malloc_calls": m["alloc_calls"],
-                        "captured_s": m["captured_s"], "window_s": m["window_s"],
-                        "in_use_delta": m["in_use_delta"], "live_bytes": m["live_bytes"],
-                        "survivors": m["live_count"], "stack_coverage": m["stack_coverage"],
-                        "live_coverage": m["live_coverage"]})
+            # One entry per capture, side by side; the row's own figures are the last capture's.
+            runs = [{"path": r["path"], "malloc_gross_bytes": r["gross_bytes"], "malloc_calls": r["alloc_calls"],
+                     "captured_s": r["captured_s"], "window_s": r["window_s"],
+                     "in_use_delta": r["in_use_delta"], "live_bytes": r["live_bytes"],
+                     "survivors": r["live_count"], "stack_coverage": r["stack_coverage"],
+                     "live_coverage": r["live_coverage"]} for r in m["runs"]]
+            row.update({k: v for k, v in runs[-1].items() if k != "path"})
+            row["malloc_runs"] = runs
         if not t["measurable"]:
             row["not_measurable"] = f"{t['ended']}: {t['reason']}"
         rows.append(row)

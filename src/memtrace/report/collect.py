@@ -10,7 +10,7 @@ capture that cannot be read, or whose tracer has no analyzer in this memtrace, b
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -72,9 +72,13 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP
+def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP,
+                    on_summary: Callable[[Path, Any, Any], None] | None = None
                     ) -> tuple[dict[str, Any] | None, Skipped | None]:
-    """(entry, skipped): an entry when anything could be read; skipped says why not, or that it is partial."""
+    """(entry, skipped): an entry when anything could be read; skipped says why not, or that it is partial.
+
+    ``on_summary(path, tracer, summary)`` sees the full summary before it is reduced (report.html's
+    flame graphs are made there, so no capture is read twice)."""
     rel = _rel(path, root)
     info = CaptureInfo(path)
     records = read_records(path, info)
@@ -99,6 +103,8 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP
     try:
         summary = tracer_entry.summarize(_chain(first, records))
         entry = tracer_entry.report_chapter().entry(summary, rel, rules, top)
+        if on_summary is not None:
+            on_summary(info.path, tracer_entry, summary)
     except CaptureError as e:
         return None, Skipped(rel, _strip_path(str(e), path))
     entry.update({"path": rel, "tracer": tracer, "target": entry.get("target") or target,

@@ -37,10 +37,12 @@ def _panorama(doc: dict[str, Any]) -> list[str]:
             malloc = f"not measurable ({r['not_measurable']})"
             net = "—"
         elif "malloc_gross_bytes" in r:
-            malloc = (f"{fmt_bytes(r['malloc_gross_bytes'])} / {fmt_seconds(r['captured_s'])} "
-                      f"(window {fmt_seconds(r['window_s'])}) · {r['malloc_calls']:,} calls")
-            net = (f"in-use {fmt_bytes(r['in_use_delta'], signed=True)} · live {fmt_bytes(r['live_bytes'])} "
-                   f"· {r['survivors']:,} survivors")
+            runs = r.get("malloc_runs") or [r]
+            # Several captures of one target: one line each, side by side in the cell.
+            malloc = "<br>".join(f"{fmt_bytes(x['malloc_gross_bytes'])} / {fmt_seconds(x['captured_s'])} "
+                                 f"(window {fmt_seconds(x['window_s'])}) · {x['malloc_calls']:,} calls" for x in runs)
+            net = "<br>".join(f"in-use {fmt_bytes(x['in_use_delta'], signed=True)} · live {fmt_bytes(x['live_bytes'])} "
+                              f"· {x['survivors']:,} survivors" for x in runs)
         else:
             malloc, net = "not traced", "—"
         ios = "not traced" if r["iosurface_bytes"] is None else \
@@ -79,8 +81,10 @@ def _families(targets: list[dict[str, Any]]) -> list[str]:
         m, s = t.get("malloc"), t.get("iosurface")
         rows = []
         if m:
-            rows += [["malloc", f["family"], fmt_bytes(f["bytes"]), f"{f['count']:,}",
-                      fmt_bytes(f["live_bytes"]), f"{f['live_count']:,}"] for f in m["families"]]
+            for r in m["runs"]:
+                where = "malloc" if m["captures"] == 1 else f"malloc ({r['path']})"
+                rows += [[where, f["family"], fmt_bytes(f["bytes"]), f"{f['count']:,}",
+                          fmt_bytes(f["live_bytes"]), f"{f['live_count']:,}"] for f in r["families"]]
         if s:
             rows += [["IOSurface", f["family"], fmt_bytes(f["bytes"]), f"{f['count']:,}", "—", "—"]
                      for f in s["families"]]

@@ -41,8 +41,8 @@ TRUTH = {
 }
 
 
-def alpha(path: Path) -> None:
-    c = SyntheticCapture(path, "alpha", module="alpha")
+def alpha(path: Path, window: float = 20.0, captured_s: float = 20.0) -> None:
+    c = SyntheticCapture(path, "alpha", module="alpha", window=window)
     json_sid = c.stack("json_parse_document", "handle_request", "main")
     img = c.stack("image_decode_frame", "decode_loop", "main")
     simd = c.stack("simd_buffer_alloc", "main")
@@ -56,7 +56,7 @@ def alpha(path: Path) -> None:
     ptrs = [c.alloc(simd, 8192) for _ in range(3)]
     c.free(ptrs[0], 8192)
     c.calibration("after", 1_000_000 + TRUTH["alpha"]["in_use_delta"], 43 * MiB)
-    c.end(captured_s=20.0)
+    c.end(captured_s=captured_s)
 
 
 def beta(path: Path, label: str = "beta") -> None:
@@ -133,8 +133,11 @@ def truncate(src: Path, dst: Path, keep: int) -> None:
 
 
 def build_golden(folder: Path) -> None:
-    """The golden set: the ground truth plus one truncated capture (reported, noted, exit 1)."""
+    """The golden set: the ground truth, a second capture of alpha (shown beside the first, never
+    added to it) and one truncated capture (reported, noted, exit 1)."""
     build(folder)
+    (folder / "alpha-malloc-rerun").mkdir(parents=True)
+    alpha(folder / "alpha-malloc-rerun" / "capture.mtc", window=60.0, captured_s=45.0)
     tmp = folder / "_delta_full.mtc.tmp"
     beta(tmp, "delta")
     truncate(tmp, folder / "delta-truncated" / "capture.mtc", 40)

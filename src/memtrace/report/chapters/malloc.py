@@ -16,7 +16,7 @@ from memtrace.report.chapters import (
     merge_families,
 )
 from memtrace.reporters.markdown import cell, table
-from memtrace.units import fmt_bytes, fmt_pct
+from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds
 
 TIER_LABELS = ("≤ 256 B", "257 B–1 KB", "1–4 KB", "4–8 KB", "8–64 KB", "> 64 KB")
 
@@ -57,7 +57,20 @@ class MallocChapter(BaseChapter):
         return j
 
     def aggregate(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        m: dict[str, Any] = {"captures": len(entries), "gross_bytes": 0, "alloc_calls": 0, "captured_s": 0.0,
+        """One run per capture, side by side: several captures of a target are compared, never
+        added up (a 60 s window and another 60 s window are not one 120 s window).  The top
+        level repeats the last run (by path) for readers of a single capture; ``runs`` has all."""
+        runs = []
+        for e in sorted(entries, key=lambda e: e.get("path") or ""):
+            run = self._run(e)
+            run["path"] = e.get("path")
+            run["leaks"] = e.get("leaks")
+            runs.append(run)
+        return {**runs[-1], "captures": len(runs), "runs": runs}
+
+    def _run(self, e: dict[str, Any]) -> dict[str, Any]:
+        entries = [e]
+        m: dict[str, Any] = {"gross_bytes": 0, "alloc_calls": 0, "captured_s": 0.0,
                              "window_s": 0.0, "live_bytes": 0, "live_count": 0, "stacked_bytes": 0,
                              "estimated_bytes": 0, "in_use_delta": None, "footprint_delta": None,
                              "tiers": [{"calls": 0, "bytes": 0} for _ in TIER_LABELS]}
@@ -98,18 +111,18 @@ class MallocChapter(BaseChapter):
 
     def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        churn = [t for t in targets if t.get("malloc") and t["malloc"]["gross_bytes"] > 0 and t["measurable"]]
+        churn = [(run_label(t, m), m) for t in targets if t.get("malloc") and t["measurable"]
+                 for m in t["malloc"]["runs"] if m["gross_bytes"] > 0]
         if churn:
-            ranked = sorted(churn, key=lambda t: (-(t["malloc"]["churn_ratio"] or float("inf")), t["target"]))
+            ranked = sorted(churn, key=lambda tm: (-(tm[1]["churn_ratio"] or float("inf")), tm[0]))
             # Targets whose heap did not grow at all are the purest churn: they rank first.
             items = []
-            for t in ranked:
-                m = t["malloc"]
+            for label, m in ranked:
                 ratio = f"churn {m['churn_ratio']:,.1f}×" if m["churn_ratio"] else "no net growth: all churn"
-                items.append({"target": t["target"], "gross_bytes": m["gross_bytes"], "alloc_calls": m["alloc_calls"],
+                items.append({"target": label, "gross_bytes": m["gross_bytes"], "alloc_calls": m["alloc_calls"],
                               "in_use_delta": m["in_use_delta"], "live_bytes": m["live_bytes"],
                               "survivors": m["live_count"], "churn_ratio": m["churn_ratio"],
-                              "text": f"{t['target']}: {fmt_bytes(m['gross_bytes'])} gross in {m['alloc_calls']:,} "
+                              "text": f"{label}: {fmt_bytes(m['gross_bytes'])} gross in {m['alloc_calls']:,} "
                                       f"calls vs allocator in-use {fmt_bytes(m['in_use_delta'], signed=True)}, "
                                       f"{fmt_bytes(m['live_bytes'])} live at end in {m['live_count']:,} blocks "
                                       f"({ratio})"})
@@ -117,19 +130,17 @@ class MallocChapter(BaseChapter):
                         "text": f"Allocation pressure and real holding are two measures: the largest churn is "
                                 f"{items[0]['text']}.", "items": items})
         dom = []
-        for t in targets:
-            m = t.get("malloc")
-            if not m:
-                continue
+        for t, m in runs_of(targets):
+            label = run_label(t, m)
             fams = [f for f in m["families"] if f["family"] != UNSTACKED and f["bytes"] > 0]
             attributed = sum(f["bytes"] for f in fams)
             if not fams or not attributed:
                 continue
             f = fams[0]
             share = f["bytes"] / attributed
-            dom.append({"target": t["target"], "family": f["family"], "bytes": f["bytes"],
+            dom.append({"target": label, "family": f["family"], "bytes": f["bytes"],
                         "attributed_bytes": attributed, "share": round(share, 4),
-                        "text": f"{t['target']}: {f['family']} — {fmt_bytes(f['bytes'])} of {fmt_bytes(attributed)} "
+                        "text": f"{label}: {f['family']} — {fmt_bytes(f['bytes'])} of {fmt_bytes(attributed)} "
                                 f"stack-attributed gross bytes ({fmt_pct(share)})"})
         if dom:
             out.append({"kind": "dominant-family", "title": "stack signature = business fingerprint",
@@ -137,35 +148,37 @@ class MallocChapter(BaseChapter):
         return out
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
-        ms = [t for t in targets if t.get("malloc")]
-        if not ms:
+        runs = runs_of(targets)
+        if not runs:
             return []
-        lines = ["## malloc", "", "### Churn vs net", ""]
+        lines = ["## malloc", "", "One row per capture: several captures of one target are shown side by side, "
+                 "never added up.", "", "### Churn vs net", ""]
         rows = []
-        for t in ms:
-            m = t["malloc"]
+        for t, m in runs:
+            label = run_label(t, m)
             if not t["measurable"]:
-                rows.append([t["target"], f"not measurable ({t['ended']})", *["—"] * 6])
+                rows.append([label, f"not measurable ({t['ended']})", *["—"] * 7])
                 continue
-            rows.append([t["target"], fmt_bytes(m["gross_bytes"]), f"{m['alloc_calls']:,}",
+            rows.append([label, fmt_bytes(m["gross_bytes"]), f"{m['alloc_calls']:,}",
+                         f"{fmt_seconds(m['captured_s'])} (window {fmt_seconds(m['window_s'])})",
                          fmt_bytes(m["in_use_delta"], signed=True), fmt_bytes(m["live_bytes"]),
                          f"{m['live_count']:,}", "—" if m["churn_ratio"] is None else f"{m['churn_ratio']:,.1f}×",
                          fmt_bytes(m["footprint_delta"], signed=True)])
-        lines += table(["target", "gross", "calls", "in-use Δ", "live at end", "survivors",
-                        "churn (gross / in-use Δ)", "footprint Δ"], "lrrrrrrr", rows)
+        lines += table(["target", "gross", "calls", "captured", "in-use Δ", "live at end", "survivors",
+                        "churn (gross / in-use Δ)", "footprint Δ"], "lrrrrrrrr", rows)
         lines += ["### Size tiers (calls / bytes)", ""]
-        rows = [[t["target"], *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in t["malloc"]["tiers"])]
-                for t in ms if t["measurable"]]
+        rows = [[run_label(t, m), *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in m["tiers"])]
+                for t, m in runs if t["measurable"]]
         lines += table(["target", *TIER_LABELS], "l" + "r" * len(TIER_LABELS), rows)
         for title, key in (("Live by stack at window end", "live_by_stack"),
                            ("Top stacks by gross bytes", "top_stacks")):
             lines += [f"### {title}", ""]
-            for t in ms:
+            for t, m in runs:
                 rows = [[fmt_bytes(r["bytes"]), f"{r['count']:,}", r["family"],
                          UNSTACKED if r.get("unstacked") else frames_cell(r["frames"])]
-                        for r in t["malloc"][key]]
+                        for r in m[key]]
                 if rows:
-                    lines += [f"**{cell(t['target'])}**", ""]
+                    lines += [f"**{cell(run_label(t, m))}**", ""]
                     lines += table(["bytes", "count", "family", "frames (innermost first)"], "rrll", rows)
         return lines
 
@@ -198,3 +211,13 @@ def merge_stacks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m["count"] += r["count"]
             m["exact_bytes"] += r.get("exact_bytes", 0)
     return sorted(merged.values(), key=lambda r: (-r["bytes"], str(frames_key(r["frames"]))))[:TOP]
+
+
+def runs_of(targets: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(target, run) for every malloc capture of every target, in order."""
+    return [(t, m) for t in targets if t.get("malloc") for m in t["malloc"]["runs"]]
+
+
+def run_label(t: dict[str, Any], m: dict[str, Any]) -> str:
+    """The target's name, and the capture's path when the target has several."""
+    return t["target"] if t["malloc"]["captures"] == 1 else f"{t['target']} ({m['path']})"

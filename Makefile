@@ -23,9 +23,9 @@ programs:
 
 demo: $(STAMP) programs
 	rm -rf $(DEMO_CAPTURE)
-	$(BIN)/memtrace malloc --device local --window 30 --out $(DEMO_CAPTURE) -- $(DEMO_OUT)/workload
+	$(BIN)/memtrace malloc --device local --window 30 --leaks --out $(DEMO_CAPTURE) -- $(DEMO_OUT)/workload
 	$(BIN)/memtrace report demo-out
-	@echo "report: demo-out/REPORT.md"
+	@echo "report: demo-out/REPORT.md and demo-out/report.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

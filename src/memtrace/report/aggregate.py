@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from memtrace import tracers
-from memtrace.report.chapters import UNSTACKED
+from memtrace.report.chapters import UNSTACKED, leaks
 from memtrace.report.collect import Skipped
 from memtrace.units import fmt_bytes
 
@@ -102,7 +102,7 @@ def findings(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for tracer in tracers.all_tracers().values():
         out += tracer.report_chapter().findings(targets)
-    return out
+    return out + leaks.findings(targets)
 
 
 def calibration_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ import importlib
 from typing import Any
 
 from memtrace import tracers
+from memtrace.report.chapters import leaks
 from memtrace.reporters.markdown import cell, table
 from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds
 
@@ -19,6 +20,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += _panorama(doc)
     lines += _findings(doc)
     lines += _families(targets)
+    lines += leaks.markdown(targets)
     for tracer in tracers.all_tracers().values():
         lines += tracer.report_chapter().markdown(targets)
     for key, module in (("census", "memtrace.analyze.census"), ("jetsam", "memtrace.analyze.jetsam")):

@@ -73,15 +73,21 @@ _CODE = re.compile(r"`([^`]*)`")
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
 
 
+def _unpipe(text: str) -> str:
+    # A code span inside a table cell is escaped twice (code() then the table's cell()): "\\\\|".
+    return text.replace("\\\\|", "|").replace("\\|", "|")
+
+
 def _inline(text: str) -> str:
     """One line of memtrace's Markdown (code spans, bold, ``\\|``) as escaped HTML."""
     out, last = [], 0
     for m in _CODE.finditer(text):
-        out.append(_BOLD.sub(r"<b>\1</b>", html.escape(text[last:m.start()].replace("\\|", "|"))))
-        out.append("<code>" + html.escape(m.group(1).replace("\\|", "|")) + "</code>")
+        out.append(_BOLD.sub(r"<b>\1</b>", html.escape(_unpipe(text[last:m.start()]))))
+        out.append("<code>" + html.escape(_unpipe(m.group(1))) + "</code>")
         last = m.end()
-    out.append(_BOLD.sub(r"<b>\1</b>", html.escape(text[last:].replace("\\|", "|"))))
-    return "".join(out)
+    out.append(_BOLD.sub(r"<b>\1</b>", html.escape(_unpipe(text[last:]))))
+    # The one tag memtrace's Markdown cells use (several captures in one cell), restored after escaping.
+    return "".join(out).replace("&lt;br&gt;", "<br>")
 
 
 def _cells(row: str) -> list[str]:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.conftest import ROOT, run_memtrace
 
 from memtrace.report.synthetic import SyntheticCapture
-from tests.conftest import ROOT, run_memtrace
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from memtrace.analyze.families import load_rules
+from memtrace.capture import CaptureInfo
 from memtrace.errors import InputError
 from memtrace.files import write_text_atomic
 from memtrace.report.aggregate import build_document
-from memtrace.capture import CaptureInfo
 from memtrace.report.collect import Skipped, _rel, analyze_capture, discover, load_document
 from memtrace.report.markdown import render
 from memtrace.reporters.html import flame_data, report_page

@@ -1,0 +1,70 @@
+"""Views that read sections helper summaries add (peak, temporary, a timeline), on synthetic
+summaries of the documented shapes; and the same views on a capture that lacks them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from memtrace.analyze.malloc import MallocSummary
+from memtrace.reporters.html import flame_data, json_script, markdown_html
+from memtrace.tracers import get
+from memtrace.views import load
+from memtrace.views.profile import profile, timeline
+from tests.conftest import ROOT
+
+FRAMES = [{"function": "decode_tile", "module": "app", "offset": 16, "address": "0x1010", "file": "tile.c",
+           "line": 42}, {"function": "main", "module": "app", "offset": 32, "address": "0x1020"}]
+
+
+class NewerSummary(MallocSummary):
+    """A malloc summary with the sections a newer analyzer adds (documented shapes)."""
+
+    def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
+        j = super().to_json(capture, top)
+        j["peak"] = {"bytes": 3 << 20, "t": 1.5, "by_stack": [{"bytes": 3 << 20, "count": 3, "frames": FRAMES}]}
+        j["temporary"] = {"calls": 500, "bytes": 1 << 20, "by_stack": [{"bytes": 1 << 20, "count": 500,
+                                                                          "frames": FRAMES[1:]}]}
+        return j
+
+
+def loaded(summary: Any) -> SimpleNamespace:
+    return SimpleNamespace(summary=summary, tracer=get("malloc"), path=Path("synthetic/capture.mtc"))
+
+
+def test_peak_and_temporary_views_from_the_documented_shapes() -> None:
+    s = NewerSummary()
+    s.timeline = [{"t": 0.0, "footprint": 1 << 20, "in_use": 1000}, {"t": 1.0, "footprint": 3 << 20, "in_use": 5000}]
+    p = profile(loaded(s), "peak")
+    assert p.missing is None and p.total_bytes == 3 << 20 and p.total_count == 3
+    assert [f.function for f in p.samples[0].frames] == ["decode_tile", "main"]
+    t = profile(loaded(s), "temporary")
+    assert t.total_count == 500 and t.total_bytes == 1 << 20
+    tl = timeline(loaded(s))
+    assert tl == {"t": [0.0, 1.0], "series": {"footprint": [1 << 20, 3 << 20], "in_use": [1000, 5000]},
+                  "source": "summary"}
+    data = flame_data(loaded(s), "peak")
+    assert data["views"]["peak"]["samples"][0]["frames"][-1] == {"name": "decode_tile (app)", "where": "tile.c:42"}
+
+
+def test_a_capture_without_them_says_not_in_this_capture() -> None:
+    real = load(ROOT / "raw-data" / "workload-malloc")
+    for view in ("peak", "temporary"):
+        p = profile(real, view)
+        assert p.samples == [] and "not in this capture" in (p.missing or "")
+    assert "no leak scan" in (profile(real, "leaked").missing or "")
+    data = flame_data(real)
+    assert data["views"]["peak"]["missing"] and data["views"]["gross"]["samples"]
+
+
+def test_embedded_json_cannot_close_its_script_element() -> None:
+    text = json_script({"name": "</script><script>alert(1)</script><!--"}, "f")
+    body = text[text.index(">") + 1:-len("</script>")]
+    assert "<" not in body and ">" not in body
+
+
+def test_markdown_html_escapes_and_keeps_escaped_pipes_in_their_cell() -> None:
+    md = "| a | b |\n|---|---:|\n| `x\\\\|y` | <img src=x> |\n"
+    out = markdown_html(md)
+    assert "<td><code>x|y</code></td>" in out and '<td class="r">&lt;img src=x&gt;</td>' in out

@@ -7,12 +7,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tests.conftest import ROOT
+
 from memtrace.analyze.malloc import MallocSummary
 from memtrace.reporters.html import flame_data, json_script, markdown_html
 from memtrace.tracers import get
 from memtrace.views import load
 from memtrace.views.profile import profile, timeline
-from tests.conftest import ROOT
 
 FRAMES = [{"function": "decode_tile", "module": "app", "offset": 16, "address": "0x1010", "file": "tile.c",
            "line": 42}, {"function": "main", "module": "app", "offset": 32, "address": "0x1020"}]

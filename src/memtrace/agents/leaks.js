@@ -81,7 +81,29 @@ function stackShaped(range, guards) {
     return false;
   if (range.base.and(ptr(LINUX_ARENA_ALIGN - 1)).isNull())
     return false;
-  return guards.has(range.base.toString());
+  return guards.has(range.base.toString()) && holdsThreadControlBlock(range);
+}
+
+/* glibc puts a thread's struct pthread at the top of its stack mapping, and the TCB header at
+ * its start points to itself twice (tcbhead_t.tcb and .self, 16 bytes apart).  Requiring that
+ * signature keeps an ordinary anonymous mapping that happens to sit above a guard page (a
+ * custom arena, a big buffer) from being taken for a dead thread's stack and left unscanned,
+ * which would make what it points to look leaked. */
+const TCB_SEARCH_BYTES = 16 * 1024;
+
+function holdsThreadControlBlock(range) {
+  const span = Math.min(range.size, TCB_SEARCH_BYTES);
+  const start = range.base.add(range.size - span);
+  try {
+    for (let off = span - 24; off >= 0; off -= 8) {
+      const at = start.add(off);
+      if (at.readPointer().equals(at) && at.add(16).readPointer().equals(at))
+        return true;
+    }
+  } catch (e) {
+    // unreadable: not something we can call a stack
+  }
+  return false;
 }
 
 /* The roots the agent can list before the stop. */

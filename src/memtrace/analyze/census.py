@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrace.reporters.markdown import cell, table
+from memtrace.reporters.markdown import cell, table, text
 from memtrace.units import fmt_bytes
 
 FORMAT_VERSION = 1
@@ -113,7 +113,7 @@ def render_markdown(census: dict[str, Any], limit: int = 30) -> str:
     device = census.get("device") or {}
     lines = ["## Census", ""]
     lines.append(f"{t.get('processes', len(rows))} processes on {cell(device.get('name') or '?')} "
-                 f"({census.get('platform', '?')}, {census.get('time', '?')}); total footprint "
+                 f"({text(census.get('platform', '?'))}, {text(census.get('time', '?'))}); total footprint "
                  f"{format_bytes(t.get('footprint'))}"
                  + (f"; {t['vanished']} vanished and {t['denied']} denied during the scan"
                     if t.get("vanished") or t.get("denied") else "") + ".")
@@ -134,5 +134,5 @@ def render_markdown(census: dict[str, Any], limit: int = 30) -> str:
     if len(rows) > limit:
         lines += [f"{len(rows) - limit} smaller processes not shown.", ""]
     for note in census.get("notes", []):
-        lines += [f"> {cell(note)}", ""]
+        lines += [f"> {text(note, line_start=True)}", ""]
     return "\n".join(lines)

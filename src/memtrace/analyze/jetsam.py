@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace.errors import InputError
-from memtrace.reporters.markdown import cell, table
+from memtrace.reporters.markdown import code, table, text
 from memtrace.units import fmt_bytes
 
 JETSAM_BUG_TYPE = "298"
@@ -397,6 +397,6 @@ def render_markdown(agg: dict[str, Any]) -> str:
                         "free / wired / anon pages"], "llllll", rows)
     if agg.get("skipped"):
         lines += ["### Skipped reports", ""]
-        lines += [f"- `{cell(s['source'])}`: {cell(s['reason'])}" for s in agg["skipped"]]
+        lines += [f"- {code(s['source'])}: {text(s['reason'])}" for s in agg["skipped"]]
         lines.append("")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memtrace.analyze import shape as S
 from memtrace.reporters.markdown import cell, table, text
 from memtrace.units import fmt_bytes
 
@@ -48,6 +49,25 @@ LINUX_BANDS = (
 )
 
 SUMMED = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable", "graphics")
+
+
+_ROW = {"pid": S.Required(S.INT), "name": S.OPT_STR, "status": S.STR, "priority": S.OPT_INT, "band": S.OPT_STR,
+        "limit_source": S.OPT_STR,
+        **{k: S.OPT_INT for k in ("footprint", "lifetime_max", "purgeable_volatile", "purgeable_nonvolatile",
+                                  "reusable", "graphics", "rss", "pss", "swap", "limit")}}
+SCHEMA = {
+    "kind": S.Required(S.STR), "version": S.INT, "platform": S.STR, "time": S.OPT_STR, "host_pid": S.OPT_INT,
+    "device": {"id": S.OPT_STR, "name": S.OPT_STR, "type": S.OPT_STR},
+    "rows": S.Required([_ROW]),
+    "totals": {"processes": S.Required(S.INT), "measured": S.INT, "vanished": S.Required(S.INT),
+               "denied": S.Required(S.INT), **{k: S.OPT_INT for k in SUMMED}},
+    "errors": {"*": S.STR}, "notes": [S.STR],
+}
+
+
+def document_problem(doc: Any) -> str | None:
+    """Why a JSON document cannot be rendered as the census chapter, or None."""
+    return S.problem(doc, SCHEMA)
 
 
 def darwin_band(priority: int | None) -> str | None:

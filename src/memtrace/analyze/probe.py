@@ -22,6 +22,9 @@ LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reus
 class ProbeSummary(CaptureContext):
     result: dict[str, Any] | None = None
 
+    def failure(self) -> str | None:
+        return failure(self)
+
     def to_json(self, capture: str | None = None, top: int = 0) -> dict[str, Any]:
         r = self.result or {}
         errors = list(r.get("errors", []))
@@ -37,6 +40,18 @@ class ProbeSummary(CaptureContext):
             "errors": errors,
             "missing": self.missing,
         }
+
+
+def failure(summary: ProbeSummary) -> str | None:
+    """Why the probe could not run (so the command exits non-zero), or None when it ran."""
+    r = summary.result
+    if r is None:
+        return "the agent sent no probe result"
+    if r.get("errors"):
+        return str(r["errors"][0]).removeprefix("cannot run: ")
+    if not r.get("rows"):
+        return "no entry could be probed"
+    return None
 
 
 def summarize(records: Iterable[Record]) -> ProbeSummary:

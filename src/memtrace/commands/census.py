@@ -12,7 +12,7 @@ from rich import box
 
 from memtrace import devices
 from memtrace.analyze import census as analysis
-from memtrace.files import write_json_atomic
+from memtrace.files import save_json
 from memtrace.reporters.console import cells, plain
 
 
@@ -131,7 +131,7 @@ def census(device: str, host_process: str, sort_key: str, as_json: bool, out_fil
     doc = collect(device, host_process)
     doc["rows"] = analysis.sort_rows(doc["rows"], sort_key)
     if out_file:
-        write_json_atomic(Path(out_file), doc)
+        save_json(Path(out_file), doc, "--out")
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     elif not quiet:

@@ -16,7 +16,7 @@ import click
 from memtrace.analyze import jetsam as analysis
 from memtrace.devices import parse_device_spec
 from memtrace.errors import InputError
-from memtrace.files import write_json_atomic
+from memtrace.files import save_json
 from memtrace.reporters.console import cells, inert, plain
 
 # Cap what we read: the largest real JetsamEvent reports are a few MB.
@@ -144,7 +144,7 @@ def jetsam(paths: tuple[str, ...], pull: bool, device: str, out_dir: str, as_jso
         click.echo(f"memtrace: skipped {inert(reason)}", err=True)
     agg = analysis.aggregate(reports, skipped, top=top)
     if out_json:
-        write_json_atomic(Path(out_json), agg)
+        save_json(Path(out_json), agg, "--out-json")
     if as_json:
         sys.stdout.write(json.dumps(agg, indent=2, ensure_ascii=False) + "\n")
     elif not quiet:

@@ -59,6 +59,13 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
     footer(console, s)
 
 
+def _check_backend(values: dict[str, Any]) -> None:
+    if values.get("backend") == "logger":
+        from memtrace.target import require_platform
+
+        require_platform(values, "darwin", "--backend logger", "malloc_logger exists only in Darwin's libmalloc")
+
+
 def _coverage(s: dict[str, Any]) -> list[str]:
     cov = s["coverage"]
     parts = []
@@ -98,4 +105,5 @@ TRACER = Tracer(
     console=console_view,
     live=MallocStats,
     chapter=MallocChapter,
+    before_launch=_check_backend,
 )

@@ -17,7 +17,7 @@ from memtrace.commands.trace import make_command
 from memtrace.errors import MemtraceError
 from memtrace.reporters.console import inert as _inert
 
-COMMANDS = ("census", "limit", "jetsam", "report", "batch", "export")
+COMMANDS = ("doctor", "census", "limit", "jetsam", "report", "batch", "export")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -9,6 +9,10 @@ names one), every registered tracer's agent is loaded in turn: its ``init`` reco
 hook points are found or MISSING, a short install (start, then stop) says which fail to
 attach, the malloc agent's self-test checks the counts and one stack of a known pattern, and
 the purgeable routing probe runs where its entry points exist.
+
+DEVICE-UNVERIFIED: on an iPhone the self-test's calls reach memtrace through malloc_logger, and
+the jailbreak / lockdown / developer-mode rows read Frida's system parameters and pymobiledevice3;
+all of it is tested on the local device and, for lockdown, with a fake at that boundary.
 """
 
 from __future__ import annotations

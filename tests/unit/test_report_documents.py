@@ -46,7 +46,7 @@ BAD_CENSUS = [
     ({**GOOD_CENSUS, "rows": [{"pid": "1"}]}, "rows[0].pid: expected an integer, got '1'"),
     ({**GOOD_CENSUS, "rows": [{"pid": 1, "footprint": [1]}]}, "rows[0].footprint: expected an integer or null"),
     ({**GOOD_CENSUS, "totals": [1]}, "totals: expected an object, got [1]"),
-    ({**GOOD_CENSUS, "totals": {"processes": 1, "vanished": 0}}, "totals: missing 'denied'"),
+    ({**GOOD_CENSUS, "totals": {"processes": 1, "vanished": "0"}}, "totals.vanished: expected an integer, got '0'"),
     ({**GOOD_CENSUS, "notes": "abc"}, "notes: expected a list, got 'abc'"),
     ({**GOOD_CENSUS, "device": "vm"}, "device: expected an object, got 'vm'"),
     ({k: v for k, v in GOOD_CENSUS.items() if k != "rows"}, "document: missing 'rows'"),

@@ -59,8 +59,8 @@ SCHEMA = {
     "kind": S.Required(S.STR), "version": S.INT, "platform": S.STR, "time": S.OPT_STR, "host_pid": S.OPT_INT,
     "device": {"id": S.OPT_STR, "name": S.OPT_STR, "type": S.OPT_STR},
     "rows": S.Required([_ROW]),
-    "totals": {"processes": S.Required(S.INT), "measured": S.INT, "vanished": S.Required(S.INT),
-               "denied": S.Required(S.INT), **{k: S.OPT_INT for k in SUMMED}},
+    "totals": {"processes": S.INT, "measured": S.INT, "vanished": S.INT, "denied": S.INT,
+               **{k: S.OPT_INT for k in SUMMED}},
     "errors": {"*": S.STR}, "notes": [S.STR],
 }
 
@@ -135,7 +135,7 @@ def render_markdown(census: dict[str, Any], limit: int = 30) -> str:
     lines.append(f"{t.get('processes', len(rows))} processes on {cell(device.get('name') or '?')} "
                  f"({text(census.get('platform', '?'))}, {text(census.get('time', '?'))}); total footprint "
                  f"{format_bytes(t.get('footprint'))}"
-                 + (f"; {t['vanished']} vanished and {t['denied']} denied during the scan"
+                 + (f"; {t.get('vanished', 0)} vanished and {t.get('denied', 0)} denied during the scan"
                     if t.get("vanished") or t.get("denied") else "") + ".")
     lines.append("")
     rows_out = []

@@ -151,7 +151,6 @@ class Pmd3Launcher:
     name = "pmd3"
 
     def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
-        devices.require_ios_for_app(device, target.app)
         t = time.monotonic()
         try:
             pid = asyncio.run(pmd3_launch(device.id, target.app))

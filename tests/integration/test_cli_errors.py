@@ -109,7 +109,7 @@ def test_unreachable_remote_device_is_one_line(tmp_path: Path) -> None:
 
 
 def test_app_on_the_local_device_says_it_needs_ios_and_lists_devices(tmp_path: Path) -> None:
-    for launch in ("auto", "none", "pmd3"):
+    for launch in ("auto", "none"):
         msg = one_line_error(in_dir(tmp_path, "malloc", "--device", "local", "--app", "com.example.foo",
                                     "--launch", launch))
         assert "--app com.example.foo: --app needs an iOS device (this is the local device)" in msg

@@ -236,6 +236,8 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
     for n in range(1, run.retries + 2):
         options = run.capture_options(folder / f"attempt-{n}", delay)
         try:
+            if n == 1:
+                _before_launch(run)
             r = run_capture(run.tracer, replace(run.target, argv=list(run.target.argv)), options, ui_factory())
         except MemtraceError as e:
             attempts.append({"attempt": n, "attach_delay": delay, "ended": "failed", "reason": str(e)})
@@ -271,6 +273,13 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
         outcome.events, outcome.bytes = _events_and_bytes(target)
     write_json_atomic(done, outcome.to_json())
     return outcome
+
+
+def _before_launch(run: Run) -> None:
+    """The tracer's own checks before anything is launched, as the command line makes them."""
+    tracer = tracers.get(run.tracer)
+    if tracer is not None and tracer.before_launch is not None:
+        tracer.before_launch({**run.values, **run.options})
 
 
 def _made_by_batch(folder: Path) -> bool:

@@ -216,8 +216,12 @@ class CaptureLoop:
                 try:
                     self._launch_and_attach()
                 except MemtraceError:
-                    if self.host.pid is None:
-                        self._discard_capture()
+                    # Nothing was captured: leave no stub folder behind (a report would call it
+                    # truncated), and no suspended process memtrace started.
+                    if self.host.spawned:
+                        with contextlib.suppress(Exception):
+                            self.host.kill()
+                    self._discard_capture()
                     raise
                 self._instrument()
                 self._window()
@@ -245,7 +249,7 @@ class CaptureLoop:
         return result
 
     def _discard_capture(self) -> None:
-        """Nothing was launched or attached: leave no capture behind, only the error."""
+        """Nothing was attached: leave no capture behind, only the error."""
         assert self.writer is not None
         self.writer.close()
         with contextlib.suppress(OSError):

@@ -15,8 +15,10 @@ from memtrace import __version__, tracers
 from memtrace.capture import CaptureError
 from memtrace.commands.trace import make_command
 from memtrace.errors import MemtraceError
+from memtrace.reporters.console import inert as _inert
 
-COMMANDS = ("census", "limit", "jetsam", "report", "batch", "export", "symbolize", "show", "diff", "flamegraph")
+COMMANDS = ("doctor", "census", "limit", "jetsam", "report", "batch", "export", "symbolize", "show", "diff",
+            "flamegraph")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,20 +43,38 @@ def main(argv: list[str] | None = None) -> None:
     except click.UsageError as e:
         # One line, like every other error: what is wrong and with which option.
         hint = f" (see memtrace {e.ctx.info_name} --help)" if e.ctx is not None and e.ctx.info_name != "memtrace" else ""
-        click.echo(f"memtrace: error: {e.format_message()}{hint}", err=True)
+        click.echo(f"memtrace: error: {inert(e.format_message())}{hint}", err=True)
         sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"memtrace: error: {inert(e.format_message())}", err=True)
         sys.exit(e.exit_code)
     except (MemtraceError, CaptureError) as e:
-        click.echo(f"memtrace: error: {e}", err=True)
+        # Messages quote file names and target data: control characters are shown, not obeyed.
+        click.echo(f"memtrace: error: {inert(e)}", err=True)
         sys.exit(getattr(e, "exit_code", 2))
+    except Exception as e:
+        # The last net for Frida: each place that calls it maps the errors it expects with
+        # context; any other Frida error is still one line, not a traceback.
+        if type(e).__module__.split(".")[0] not in ("frida", "_frida"):
+            raise
+        click.echo(f"memtrace: error: frida: {inert(first_line(e))}", err=True)
+        sys.exit(2)
     except BrokenPipeError:
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("memtrace: interrupted", err=True)
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def inert(value: object) -> str:
+    """An error line: control characters shown, and a newline in quoted data cannot start another."""
+    return _inert(value).replace("\n", "\\n")
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 if __name__ == "__main__":

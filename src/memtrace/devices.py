@@ -94,11 +94,21 @@ def resolve(spec: DeviceSpec | str, timeout: float = 5.0) -> Any:
         if spec.kind == "id":
             return frida.get_device(spec.udid, timeout=timeout)
         if spec.kind == "remote":
-            return frida.get_device_manager().add_remote_device(f"{spec.host}:{spec.port or FRIDA_REMOTE_PORT}")
+            device = frida.get_device_manager().add_remote_device(f"{spec.host}:{spec.port or FRIDA_REMOTE_PORT}")
+            # Adding a remote device does not connect: ask it something now, so an unreachable
+            # frida-server is one clear line here rather than a traceback at first use.
+            device.query_system_parameters()
+            return device
         return _auto(frida)
-    except (frida.InvalidArgumentError, frida.TimedOutError, frida.ServerNotRunningError,
-            frida.TransportError, frida.NotSupportedError) as e:
-        raise TargetError(f"--device {spec}: {_first_line(e)}") from None
+    except device_errors(frida) as e:
+        hint = " (is frida-server running there, on that port?)" if spec.kind == "remote" else ""
+        raise TargetError(f"--device {spec}: {_first_line(e)}{hint}") from None
+
+
+def device_errors(frida: Any) -> tuple[type[BaseException], ...]:
+    """What Frida raises when a device cannot be found or reached."""
+    return (frida.InvalidArgumentError, frida.TimedOutError, frida.ServerNotRunningError, frida.TransportError,
+            frida.NotSupportedError, frida.ProtocolError, frida.PermissionDeniedError, frida.InvalidOperationError)
 
 
 def _auto(frida: Any) -> Any:
@@ -129,9 +139,23 @@ def describe(device: Any) -> dict[str, Any]:
         info["platform"] = params.get("platform")
         info["arch"] = params.get("arch")
         info["hostname"] = params.get("name") or socket.gethostname()
-    except (frida.NotSupportedError, frida.TransportError, frida.InvalidOperationError):
+    except (frida.NotSupportedError, frida.InvalidOperationError):
         pass
+    except (frida.ServerNotRunningError, frida.TransportError, frida.TimedOutError, frida.ProtocolError) as e:
+        raise TargetError(f"device {device.name}: {_first_line(e)}") from None
     return info
+
+
+def platform_of(device: Any) -> str | None:
+    """What the device runs (``darwin``, ``linux``, ...) as Frida reports it; None if it cannot say."""
+    import frida
+
+    try:
+        return device.query_system_parameters().get("platform")
+    except (frida.NotSupportedError, frida.InvalidOperationError):
+        return None
+    except device_errors(frida) as e:
+        raise TargetError(f"device {device.name}: {_first_line(e)}") from None
 
 
 def list_devices() -> str:
@@ -142,9 +166,18 @@ def list_devices() -> str:
         found = frida.enumerate_devices()
     except Exception:  # noqa: BLE001 -- only decorates an error message
         return "none could be listed"
+    # Frida's built-in "socket" and "barebone" (GDB stub) entries are never what the user means.
     shown = [f"{d.type}:{d.id} ({d.name})" if d.type != "local" else f"local ({d.name})"
-             for d in found if d.type in ("local", "usb", "remote")]
+             for d in found if d.type in ("local", "usb", "remote") and d.id not in ("socket", "barebone")]
     return ", ".join(shown) or "none"
+
+
+def require_ios_for_app(device: Any, app: str) -> None:
+    """``--app`` names an iOS app: on this machine there is none to launch or attach to."""
+    if is_local(device):
+        raise TargetError(f"--app {app}: --app needs an iOS device (this is the local device); devices found: "
+                          f"{list_devices()}. Choose one with --device usb|id:UDID|remote:HOST, or trace a "
+                          f"program here with -- PROGRAM ARGS")
 
 
 def find_pid(device: Any, name: str) -> int:

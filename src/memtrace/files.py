@@ -1,4 +1,10 @@
-"""Output files a crash cannot leave half-written: temp file in the same folder, then os.replace."""
+"""Output files a crash cannot leave half-written: temp file in the same folder, then os.replace.
+
+A file is created with the permissions the user's umask gives (``0666 & ~umask``), as ``open``
+would, not mkstemp's private 0600: a report is meant to be read by others.  ``save_text`` and
+``save_json`` are what commands use for a file the user named: a folder that cannot be written
+is one line naming the option and the path, not a traceback.
+"""
 
 from __future__ import annotations
 
@@ -8,31 +14,55 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """A reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, doc: Any) -> None:
-    write_text_atomic(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+from memtrace.errors import InputError
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """A reader sees the old file or the new one, never half of one (raises OSError)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    write_text_atomic(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def save_text(path: Path, text: str, option: str) -> None:
+    """``write_text_atomic`` for a file named by ``option``: failures are one InputError line."""
+    try:
+        write_text_atomic(path, text)
+    except OSError as e:
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file, not a folder" if blocker is not None else e.strerror or str(e)
+        raise InputError(f"{option} {path}: cannot write: {why}") from None
+
+
+def save_json(path: Path, doc: Any, option: str) -> None:
+    save_text(path, json.dumps(doc, indent=2, ensure_ascii=False) + "\n", option)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the kernel tells (Linux 4.7+)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    # Elsewhere the only way is to set it and put it back (a brief window other threads share).
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -99,9 +99,13 @@ class FridaHost:
                 raise TargetGone() from None
             raise TargetError(f"pid {self.pid}: no such process") from None
         except frida.PermissionDeniedError as e:
-            raise TargetError(f"cannot attach to pid {self.pid}: {e}") from None
+            raise TargetError(f"cannot attach to pid {self.pid}: {_first_line(e)}") from None
+        except (frida.NotSupportedError, frida.ExecutableNotSupportedError, frida.InvalidArgumentError,
+                frida.ProtocolError) as e:
+            # e.g. "loader crashed with signal 11" (a register dump follows): one line.
+            raise TargetError(f"cannot attach to pid {self.pid}: {_first_line(e)}") from None
         except GONE_ERRORS as e:
-            raise TargetLost(f"attach: {e}") from None
+            raise TargetLost(f"attach: {_first_line(e)}") from None
         self.session.on("detached", lambda reason, crash: self.events.put(("detached", reason, crash)))
 
     def load(self, agent: str) -> None:
@@ -184,6 +188,14 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
     except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,
             frida.NotSupportedError, frida.TransportError) as e:
         raise TargetError(f"cannot attach to pid {pid}: {str(e).splitlines()[0] if str(e) else e}") from None
-    script = session.create_script(source, name=f"memtrace-{agent}")
-    script.load()
+    try:
+        script = session.create_script(source, name=f"memtrace-{agent}")
+        script.load()
+    except (*GONE_ERRORS, frida.InvalidArgumentError, frida.NotSupportedError) as e:
+        raise TargetError(f"cannot load the {agent} agent into pid {pid}: {_first_line(e)}") from None
     return session, script
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import frida
 
+from memtrace import devices
 from memtrace.errors import InputError, TargetError
 
 LAUNCHERS = ("auto", "frida", "pmd3", "none")
@@ -65,6 +66,8 @@ class FridaLauncher:
                 raise
             except Exception:  # noqa: BLE001 -- lockdown unreachable: the spawn error will speak
                 pass
+        if target.app:
+            devices.require_ios_for_app(device, target.app)
         t = time.monotonic()
         try:
             if target.app:
@@ -74,11 +77,47 @@ class FridaLauncher:
                 if device.type == "local" and "/" not in argv[0]:
                     # Frida spawns a path; a bare name is looked up on PATH as a shell would.
                     argv[0] = shutil.which(argv[0]) or argv[0]
+                if device.type == "local":
+                    check_local_program(argv[0])
                 pid = device.spawn(argv, stdio="pipe" if stdio_pipe else "inherit")
-        except (frida.ExecutableNotFoundError, frida.NotSupportedError, frida.PermissionDeniedError,
-                frida.InvalidArgumentError, frida.ProcessNotFoundError) as e:
+        except SPAWN_ERRORS as e:
             raise TargetError(f"cannot launch {target.describe()}: {_locked_hint(str(e))}") from None
         return Launched(pid, t, suspended=True, spawned=True, how="frida spawn")
+
+
+# Everything Frida's spawn raises for a program or app it cannot start (a non-executable or
+# unparsable file, a missing one, a refused launch, a device gone meanwhile).
+SPAWN_ERRORS = (frida.ExecutableNotFoundError, frida.ExecutableNotSupportedError, frida.NotSupportedError,
+                frida.PermissionDeniedError, frida.InvalidArgumentError, frida.ProcessNotFoundError,
+                frida.InvalidOperationError, frida.TransportError, frida.ServerNotRunningError,
+                frida.TimedOutError, frida.ProtocolError)
+
+
+def check_local_program(path: str, shown: str | None = None) -> None:
+    """Refuse, before anything starts, a local file Frida cannot instrument: not an executable
+    file, or a statically linked program (no dynamic loader: Frida's injector crashes it, or
+    aborts it with "Unable to locate the libc")."""
+    import os
+
+    shown = shown or path
+    if not os.path.isfile(path):
+        return                      # Frida's own "unable to find executable" says it
+    if not os.access(path, os.X_OK):
+        raise TargetError(f"cannot launch {shown}: not an executable file (no execute permission)")
+    try:
+        from elftools.common.exceptions import ELFError
+        from elftools.elf.elffile import ELFFile
+
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return              # a script: its interpreter is what runs
+            f.seek(0)
+            interp = any(s["p_type"] == "PT_INTERP" for s in ELFFile(f).iter_segments())
+    except (OSError, ELFError):
+        return
+    if not interp:
+        raise TargetError(f"cannot trace {shown}: it is statically linked (no dynamic loader), and Frida can "
+                          f"only instrument dynamically linked programs; rebuild it without -static")
 
 
 class AttachLauncher:
@@ -88,14 +127,17 @@ class AttachLauncher:
         if target.pid is not None:
             if not any(p.pid == target.pid for p in device.enumerate_processes()):
                 raise TargetError(f"--pid {target.pid}: no such process on {device.name}")
+            if devices.is_local(device):
+                check_local_program(f"/proc/{target.pid}/exe", f"pid {target.pid}")
             return Launched(target.pid, None, suspended=False, spawned=False, how="attach to pid")
         if target.name is not None:
-            try:
-                pid = device.get_process(target.name).pid
-            except frida.ProcessNotFoundError:
-                raise TargetError(f"--name {target.name}: no running process with that name") from None
+            # Exact name first; two processes of that name are listed with their pids.
+            pid = devices.find_pid(device, target.name)
+            if devices.is_local(device):
+                check_local_program(f"/proc/{pid}/exe", f"--name {target.name} (pid {pid})")
             return Launched(pid, None, suspended=False, spawned=False, how="attach by name")
         if target.app:
+            devices.require_ios_for_app(device, target.app)
             apps = [a for a in device.enumerate_applications(identifiers=[target.app]) if a.pid]
             if not apps:
                 raise TargetError(f"--app {target.app}: not running (use --launch frida or pmd3 to start it)")

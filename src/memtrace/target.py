@@ -92,6 +92,20 @@ TARGET_OPTIONS: tuple[Option, ...] = (
 )
 
 
+def require_platform(values: Mapping[str, Any], platform: str, what: str, why: str) -> None:
+    """Refuse, before anything is launched, an option the target's device cannot honour.
+
+    The device is asked what it runs (Frida's system parameters), so this costs one connection;
+    it is only made for options that need a given platform."""
+    spec = devices.spec_from_frida_flags(values.get("device"), bool(values.get("usb")), bool(values.get("remote")),
+                                         values.get("device_id"), values.get("host"))
+    device = devices.resolve(spec)
+    found = devices.platform_of(device)
+    if found is not None and found != platform:
+        raise InputError(f"{what}: {why}, and the target's device ({device.name}) runs {found}; "
+                         f"nothing was launched")
+
+
 def target_from_values(values: Mapping[str, Any], program: list[str] | tuple[str, ...] = ()) -> TargetSpec:
     """A :class:`TargetSpec` from parsed option values (memtrace's and frida-tools' spellings)."""
     device = devices.spec_from_frida_flags(values.get("device"), bool(values.get("usb")), bool(values.get("remote")),

@@ -12,6 +12,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from memtrace.reporters.console import plain
 from memtrace.units import fmt_bytes
 
 
@@ -96,11 +97,16 @@ class RichUI(SilentUI):
 
     def warning(self, message: str) -> None:
         super().warning(message)
-        self.console.print(f"[yellow]warning:[/yellow] {message}")
+        # Agent warnings carry target data (paths, symbol names): inert text, never markup.
+        self.console.print(Text.assemble(("warning: ", "yellow"), plain(message)))
 
     def output(self, fd: int, data: bytes) -> None:
+        # Under the live panel the target's lines are shown as inert text (an escape sequence in
+        # them would clear the panel); without it they pass through as the program wrote them,
+        # as when it runs on its own.
         if self._started:
-            self._live.console.print(Text(data.decode(errors="replace").rstrip("\n")), highlight=False)
+            for text_line in data.decode(errors="replace").rstrip("\n").split("\n"):
+                self._live.console.print(plain(text_line), highlight=False)
         else:
             super().output(fd, data)
 
@@ -124,12 +130,12 @@ class RichUI(SilentUI):
         t.add_row("rate", f"{p.activity_per_s:,.0f} calls/s" + (f", {fmt_bytes(p.bytes_per_s)}/s"
                                                                     if p.bytes_per_s else ""))
         for label, value in p.rows:
-            t.add_row(label, Text(value))
+            t.add_row(label, plain(value))
         t.add_row("dropped", Text(f"{p.dropped:,}", style="red" if p.dropped else ""))
         rows = [head, bar, t]
         if p.families:
             ft = Table(title="top stack families so far", box=None, show_header=False)
             for name, nbytes in p.families[:5]:
-                ft.add_row(Text(name), fmt_bytes(nbytes))
+                ft.add_row(plain(name), fmt_bytes(nbytes))
             rows.append(ft)
         return Group(*rows)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -106,3 +107,32 @@ def test_bad_census_option(tmp_path: Path) -> None:
     proc = run_memtrace("fds", "--device", "local", "--census-step", "0", "--", "/bin/true", check=False)
     assert proc.returncode == 2
     assert "--census-step" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_baseline_is_the_targets_own_descriptors_not_fridas(tmp_path: Path) -> None:
+    """A process with exactly stdin, stdout and stderr open: that is its baseline, whatever Frida adds."""
+    import subprocess
+
+    from tests.conftest import run_memtrace
+
+    proc = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, close_fds=True)
+    try:
+        import os
+        import time
+
+        time.sleep(0.2)
+        before = sorted(int(fd) for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+        assert before == [0, 1, 2]
+        out = run_memtrace("fds", "--device", "local", "--pid", str(proc.pid), "--window", "1", "--json",
+                           "--out", tmp_path / "c")
+        s = json.loads(out.stdout)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert s["baseline"] == {"count": 3, "closed_in_window": 0}
+    start = s["censuses"][0]
+    assert start["trigger"] == "start" and start["count"] == 3 and start["frida"] > 0
+    assert start["by_kind"] == {"device": 3}
+    assert s["peak"]["count"] == 3
+    assert s["reconciliation"]["opened_out_of_sight"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.conftest import memtrace_json, run_memtrace
@@ -43,8 +44,12 @@ def test_truth_table(demo_bin: Path, tmp_path: Path) -> None:
 
 
 def test_without_standin_reports_missing_and_error(demo_bin: Path, tmp_path: Path) -> None:
-    s = memtrace_json("probe", "--device", "local", "--window", "10", "--out", tmp_path / "c",
-                      "--", demo_bin / "workload")
+    proc = run_memtrace("probe", "--device", "local", "--window", "10", "--out", tmp_path / "c", "--json",
+                        "--", demo_bin / "workload", check=False)
+    # A probe that cannot run is a failure: exit 1, the reason on stderr, the JSON still on stdout.
+    assert proc.returncode == 1
+    assert "probe could not run: the target has no mach_vm_allocate" in proc.stderr
+    s = json.loads(proc.stdout)
     assert s["rows"] == []
     assert sorted(s["missing"]) == sorted(["mach_vm_allocate", "mach_vm_purgable_control", "mach_vm_deallocate",
                                            "mach_task_self_", "task_info", "mtdarwin_madvise"])

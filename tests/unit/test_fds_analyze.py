@@ -20,13 +20,15 @@ def test_baseline_is_never_blamed_and_its_closes_are_counted() -> None:
     s = _fold(census("start", 0, (0, "/dev/null"), (3, "socket:[1]"), (4, "pipe:[2]"), frida=(3,)),
               {"type": "close", "call": "close", "fd": 4, "t": 1},
               {"type": "open", "call": "open", "fds": [4], "path": "/a", "frames": ["0x10"], "t": 2},
-              census("end", 3, (0, "/dev/null"), (3, "socket:[1]"), (4, "/a")))
-    assert s["baseline"] == {"count": 3, "closed_in_window": 1}
+              census("end", 3, (0, "/dev/null"), (3, "socket:[1]"), (4, "/a"), frida=(3,)))
+    # fd 3 is Frida's own (cloaked): not the target's, so not in its baseline.
+    assert s["baseline"] == {"count": 2, "closed_in_window": 1}
+    assert [(c["count"], c["frida"]) for c in s["censuses"]] == [(2, 1), (2, 1)]
     assert s["closed"] == {"close": 1}
     assert s["open_at_end"]["count"] == 1 and s["open_at_end"]["by_stack"][0]["fds"] == [4]
     # fd 3 is Frida's own (cloaked): never "opened out of sight".
-    assert s["reconciliation"] == {"census_count": 3, "opened_out_of_sight": [], "closed_out_of_sight": []}
-    assert s["peak"] == {"count": 3, "t_ms": 0}
+    assert s["reconciliation"] == {"census_count": 2, "opened_out_of_sight": [], "closed_out_of_sight": []}
+    assert s["peak"] == {"count": 2, "t_ms": 0}
 
 
 def test_dup2_onto_an_open_descriptor_replaces_it() -> None:

@@ -133,18 +133,23 @@ function takeCensus(trigger) {
   }
   if (entries === null)
     return null;
-  // Frida's own descriptors (its sockets, its eventfds) are cloaked: named so, never blamed.
+  // Frida's own descriptors (its sockets, its eventfds) are cloaked, and its spawn helper's
+  // memfd is named so: listed apart, never counted as the target's, never blamed.
   const frida = [];
-  try {
-    for (const [fd] of entries)
-      if (Cloak.hasFileDescriptor(fd))
-        frida.push(fd);
-  } catch (e) {
-    // an older Frida without the Cloak API: nothing is marked
+  for (const [fd, what] of entries) {
+    let cloaked = false;
+    try {
+      cloaked = Cloak.hasFileDescriptor(fd);
+    } catch (e) {
+      // an older Frida without the Cloak API
+    }
+    if (cloaked || (typeof what === 'string' && what.startsWith('/memfd:frida')))
+      frida.push(fd);
   }
-  emitJson({ type: 'census', trigger, count: entries.length, tracked: fds.open.size, fds: entries, frida,
+  const own = entries.filter(([fd]) => !frida.includes(fd));
+  emitJson({ type: 'census', trigger, count: own.length, tracked: fds.open.size, fds: entries, frida,
     activity: false });
-  return entries;
+  return own;
 }
 
 function maybeCensus() {
@@ -338,7 +343,8 @@ export const tracer = {
   },
 
   install(config) {
-    // The baseline census first: descriptors open before the window are not ours to blame.
+    // The baseline census first: descriptors open before the window are not ours to blame
+    // (and Frida's own are not the target's: takeCensus leaves them out).
     const base = takeCensus('start');
     if (base !== null)
       for (const [fd] of base)

@@ -13,7 +13,7 @@
 
 import { KINDS, LOGGER_EVENT } from './layout.js';
 import { leakSymbols, scanLeaks } from './leaks.js';
-import { buildCore, core, setEnabled } from './runtime/core.js';
+import { buildCore, core, releaseThreadKey, setEnabled } from './runtime/core.js';
 import { warn } from './runtime/flush.js';
 import { IS_DARWIN, libcModule } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
@@ -35,6 +35,9 @@ const mallocState = {
   backend: null,
   leaksDone: false,
 };
+
+/* doctor's self-test (extraExports.selfTest): compiled on first use, kept while the agent lives. */
+let selfTestModule = null;
 
 function allocatorModule() {
   return IS_DARWIN ? Process.findModuleByName(LOGGER_MODULE) : libcModule();
@@ -171,6 +174,7 @@ export const tracer = {
       Interceptor.revert(target);
     mallocState.replaced = [];
     Interceptor.flush();
+    releaseThreadKey();
   },
 
   /* --leaks: the scan as the process exits (rpc.js dispose), while its hooks are still in. */
@@ -203,6 +207,20 @@ export const tracer = {
         ['uint32', 'uint64', 'uint64', 'uint64', 'uint64', 'uint32']);
       f(type, uint64(arg1), uint64(arg2), uint64(arg3), uint64(result), 0);
       return true;
+    },
+    /* memtrace doctor's self-test: n malloc(size)/free pairs through the allocator's own entry
+     * (so through whatever memtrace hooked there), from one named C function (cmodule/selftest.c,
+     * sent by the host) on a new thread of the target; returns that function's address so the
+     * host can find it in the recorded stack. */
+    selfTest(n, size, source) {
+      selfTestModule = selfTestModule || new CModule(source, {
+        malloc: familyAddress('malloc'), free: familyAddress('free'),
+        pthread_create: Module.getGlobalExportByName('pthread_create'),
+        pthread_join: Module.getGlobalExportByName('pthread_join'),
+      });
+      const run = new NativeFunction(selfTestModule.memtrace_doctor_run, 'int', ['int', 'uint64']);
+      const rc = run(n, uint64(size));
+      return { function: selfTestModule.memtrace_doctor_selftest.toString(), rc };
     },
   },
 };

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrace.reporters.markdown import cell, table
+from memtrace.analyze import shape as S
+from memtrace.reporters.markdown import cell, table, text
 from memtrace.units import fmt_bytes
 
 FORMAT_VERSION = 1
@@ -48,6 +49,25 @@ LINUX_BANDS = (
 )
 
 SUMMED = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable", "graphics")
+
+
+_ROW = {"pid": S.Required(S.INT), "name": S.OPT_STR, "status": S.STR, "priority": S.OPT_INT, "band": S.OPT_STR,
+        "limit_source": S.OPT_STR,
+        **{k: S.OPT_INT for k in ("footprint", "lifetime_max", "purgeable_volatile", "purgeable_nonvolatile",
+                                  "reusable", "graphics", "rss", "pss", "swap", "limit")}}
+SCHEMA = {
+    "kind": S.Required(S.STR), "version": S.INT, "platform": S.STR, "time": S.OPT_STR, "host_pid": S.OPT_INT,
+    "device": {"id": S.OPT_STR, "name": S.OPT_STR, "type": S.OPT_STR},
+    "rows": S.Required([_ROW]),
+    "totals": {"processes": S.INT, "measured": S.INT, "vanished": S.INT, "denied": S.INT,
+               **{k: S.OPT_INT for k in SUMMED}},
+    "errors": {"*": S.STR}, "notes": [S.STR],
+}
+
+
+def document_problem(doc: Any) -> str | None:
+    """Why a JSON document cannot be rendered as the census chapter, or None."""
+    return S.problem(doc, SCHEMA)
 
 
 def darwin_band(priority: int | None) -> str | None:
@@ -113,9 +133,9 @@ def render_markdown(census: dict[str, Any], limit: int = 30) -> str:
     device = census.get("device") or {}
     lines = ["## Census", ""]
     lines.append(f"{t.get('processes', len(rows))} processes on {cell(device.get('name') or '?')} "
-                 f"({census.get('platform', '?')}, {census.get('time', '?')}); total footprint "
+                 f"({text(census.get('platform', '?'))}, {text(census.get('time', '?'))}); total footprint "
                  f"{format_bytes(t.get('footprint'))}"
-                 + (f"; {t['vanished']} vanished and {t['denied']} denied during the scan"
+                 + (f"; {t.get('vanished', 0)} vanished and {t.get('denied', 0)} denied during the scan"
                     if t.get("vanished") or t.get("denied") else "") + ".")
     lines.append("")
     rows_out = []
@@ -134,5 +154,5 @@ def render_markdown(census: dict[str, Any], limit: int = 30) -> str:
     if len(rows) > limit:
         lines += [f"{len(rows) - limit} smaller processes not shown.", ""]
     for note in census.get("notes", []):
-        lines += [f"> {cell(note)}", ""]
+        lines += [f"> {text(note, line_start=True)}", ""]
     return "\n".join(lines)

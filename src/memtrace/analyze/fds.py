@@ -100,14 +100,19 @@ class FdsSummary(CaptureContext):
     def _census(self, ev: dict[str, Any]) -> None:
         entries = {int(fd): path for fd, path in ev.get("fds") or ()}
         trigger = ev.get("trigger", "?")
+        frida = {int(fd) for fd in ev.get("frida") or ()}
+        self.frida_fds |= frida
+        # Frida's own descriptors (cloaked, or its spawn helper's memfd) are not the target's:
+        # not in the baseline, the peak or a census's count; listed apart as "frida".
+        own = {fd: p for fd, p in entries.items() if fd not in frida}
         if trigger == "start" and not self.censuses:
-            self.baseline = dict(entries)
-            self._now_open |= set(entries)
+            self.baseline = dict(own)
+            self._now_open |= set(own)
             self._note_count(ev.get("t"))
-        self.frida_fds |= {int(fd) for fd in ev.get("frida") or ()}
-        self.censuses.append({"t": ev.get("t"), "trigger": trigger, "count": len(entries),
-                              "by_kind": dict(Counter(fd_kind(p) for p in entries.values()).most_common()),
-                              "fds": entries})
+        self.censuses.append({"t": ev.get("t"), "trigger": trigger, "count": len(own),
+                              "frida": len(entries) - len(own),
+                              "by_kind": dict(Counter(fd_kind(p) for p in own.values()).most_common()),
+                              "fds": own})
 
     # ---- views ---------------------------------------------------------------------------------
 

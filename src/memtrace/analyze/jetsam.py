@@ -40,8 +40,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtrace.analyze import shape as S
 from memtrace.errors import InputError
-from memtrace.reporters.markdown import cell, table
+from memtrace.reporters.markdown import code, table, text
 from memtrace.units import fmt_bytes
 
 JETSAM_BUG_TYPE = "298"
@@ -353,6 +354,33 @@ def aggregate(reports: Iterable[JetsamReport], skipped: Iterable[tuple[str, str]
     }
 
 
+# --- the document read back (a report folder's jetsam*.json) ----------------------------------
+
+_PROCESS = {"pid": S.OPT_INT, "name": S.Required(S.STR), "footprint": S.Required(S.OPT_INT),
+            "lifetime_max": S.OPT_INT, "reason": S.Required(S.OPT_STR), "kill_delta": S.Required(S.OPT_INT),
+            "priority": S.OPT_INT}
+SCHEMA = {
+    "kind": S.Required(S.STR), "version": S.INT,
+    "totals": {"reports": S.INT, "skipped": S.INT, "kills": S.INT},
+    "reports": [{"source": S.STR, "product": S.Required(S.OPT_STR), "os_version": S.Required(S.OPT_STR),
+                 "timestamp": S.Required(S.OPT_STR), "largest_process": S.Required(S.OPT_STR),
+                 "page_size": S.INT, "memory_pages": {"*": S.INT}, "killed": S.Required([_PROCESS]),
+                 "top_processes": [_PROCESS]}],
+    "skipped": [{"source": S.Required(S.STR), "reason": S.Required(S.STR)}],
+    "kills_by_reason": {"*": S.INT},
+    "kills_by_process": [{"name": S.Required(S.STR), "kills": S.Required(S.INT),
+                          "reasons": S.Required({"*": S.INT}), "max_footprint": S.Required(S.OPT_INT)}],
+    "limit_by_model": [{"product": S.Required(S.STR), "os_versions": S.Required([S.STR]), "kills": S.Required(S.INT),
+                        "footprint_min": S.Required(S.INT), "footprint_median": S.Required(S.INT),
+                        "footprint_max": S.Required(S.INT), "processes": S.Required({"*": S.INT})}],
+}
+
+
+def document_problem(doc: Any) -> str | None:
+    """Why a JSON document cannot be rendered as the jetsam chapter, or None."""
+    return S.problem(doc, SCHEMA)
+
+
 # --- rendering -------------------------------------------------------------------------------
 
 
@@ -397,6 +425,6 @@ def render_markdown(agg: dict[str, Any]) -> str:
                         "free / wired / anon pages"], "llllll", rows)
     if agg.get("skipped"):
         lines += ["### Skipped reports", ""]
-        lines += [f"- `{cell(s['source'])}`: {cell(s['reason'])}" for s in agg["skipped"]]
+        lines += [f"- {code(s['source'])}: {text(s['reason'])}" for s in agg["skipped"]]
         lines.append("")
     return "\n".join(lines)

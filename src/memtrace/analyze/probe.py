@@ -11,7 +11,7 @@ from typing import Any
 
 from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.capture import Record, RecordType
-from memtrace.reporters.markdown import table
+from memtrace.reporters.markdown import Markup, code, join, table, text
 from memtrace.units import fmt_exact
 
 STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
@@ -21,6 +21,9 @@ LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reus
 @dataclass
 class ProbeSummary(CaptureContext):
     result: dict[str, Any] | None = None
+
+    def failure(self) -> str | None:
+        return failure(self)
 
     def to_json(self, capture: str | None = None, top: int = 0) -> dict[str, Any]:
         r = self.result or {}
@@ -39,6 +42,18 @@ class ProbeSummary(CaptureContext):
         }
 
 
+def failure(summary: ProbeSummary) -> str | None:
+    """Why the probe could not run (so the command exits non-zero), or None when it ran."""
+    r = summary.result
+    if r is None:
+        return "the agent sent no probe result"
+    if r.get("errors"):
+        return str(r["errors"][0]).removeprefix("cannot run: ")
+    if not r.get("rows"):
+        return "no entry could be probed"
+    return None
+
+
 def summarize(records: Iterable[Record]) -> ProbeSummary:
     s = ProbeSummary()
     for rec in records:
@@ -55,16 +70,16 @@ def _state(v: Any) -> str:
 
 def render_markdown(probe: dict[str, Any]) -> str:
     """The truth table: entry | drives the state machine? | state | ledger moves in bytes."""
-    lines = [f"## Purgeable routing probe — {probe.get('target') or ''}", ""]
+    lines = [f"## Purgeable routing probe — {text(probe.get('target') or '')}", ""]
     size = probe.get("bytes")
     if size:
         lines.append(f"One {size:,}-byte purgeable mapping (`mach_vm_allocate(ANYWHERE|PURGABLE)`); "
-                     f"madvise entry: `{probe.get('madvise_entry')}`; platform: {probe.get('platform')}.")
+                     f"madvise entry: {code(probe.get('madvise_entry'))}; platform: {text(probe.get('platform'))}.")
         lines.append("")
     for e in probe.get("errors", []):
-        lines.append(f"> **error:** {e}")
+        lines.append(f"> **error:** {text(e)}")
     if probe.get("missing"):
-        lines.append(f"> **MISSING:** {', '.join(probe['missing'])}")
+        lines.append(f"> **MISSING:** {join(probe['missing'])}")
     if probe.get("errors") or probe.get("missing"):
         lines.append("")
     if probe.get("rows"):
@@ -72,8 +87,8 @@ def render_markdown(probe: dict[str, Any]) -> str:
         for row in probe["rows"]:
             drives = row.get("drives_state_machine")
             d = row.get("ledger_delta") or {}
-            cells = [f"`{row.get('entry')}`",
-                     "—" if drives is None else ("**yes**" if drives else "no"),
+            cells: list[Any] = [code(row.get("entry")),
+                                "—" if drives is None else (Markup("**yes**") if drives else "no"),
                      f"{_state(row.get('state_before'))} → {_state(row.get('state_after'))}"]
             cells += [fmt_exact(d.get(k), signed=True) for k in LEDGER_KEYS]
             if row.get("error"):

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from memtrace.batch import RunOutcome, load_plan, run_batch
 from memtrace.commands.trace import emit_json
+from memtrace.reporters.console import cells, plain
 from memtrace.ui import SilentUI
 from memtrace.units import fmt_bytes
 
@@ -31,20 +32,21 @@ def batch(plan: Path, out: Path | None, force: bool, as_json: bool, quiet: bool)
 
     def progress(o: RunOutcome) -> None:
         if not quiet and not as_json:
-            console.print(Text.assemble((f"{o.label} · {o.tracer}", "bold"), f": {o.outcome}",
-                                        f" ({o.note})" if o.note else ""))
+            # A run's note is an error message that can quote the target: inert text.
+            console.print(Text.assemble(plain(f"{o.label} · {o.tracer}", "bold"), f": {o.outcome}",
+                                        plain(f" ({o.note})" if o.note else "")))
 
     outcomes = run_batch(runs, folder, force, lambda: SilentUI(passthrough=False), progress)
     if as_json:
         emit_json({"out": str(folder), "runs": [o.to_json() for o in outcomes]})
     elif not quiet:
-        table = Table(title=f"batch {plan} → {folder}")
+        table = Table(title=plain(f"batch {plan} → {folder}"))
         for col in ("target", "tracer", "outcome", "attempts", "events", "bytes"):
             table.add_column(col, justify="right" if col in ("events", "bytes", "attempts") else "left")
         for o in outcomes:
             style = "green" if o.outcome in GOOD else "red" if o.outcome == "failed" else "yellow"
-            table.add_row(o.label, o.tracer, f"[{style}]{o.outcome}[/{style}]" + (" (skipped)" if o.skipped else ""),
-                          str(len(o.attempts)), f"{o.events:,}", fmt_bytes(o.bytes))
+            table.add_row(*cells([o.label, o.tracer, Text.assemble((o.outcome, style), " (skipped)" if o.skipped else ""),
+                                  len(o.attempts), f"{o.events:,}", fmt_bytes(o.bytes)]))
         Console().print(table)
     return 0 if all(o.outcome != "failed" for o in outcomes) else 1
 

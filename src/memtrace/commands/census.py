@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich import box
 
 from memtrace import devices
 from memtrace.analyze import census as analysis
-from memtrace.files import write_json_atomic
+from memtrace.files import save_json
+from memtrace.reporters.console import cells, plain
 
 
 def collect(device_spec: str, host_process: str) -> dict[str, Any]:
@@ -26,46 +28,88 @@ def collect(device_spec: str, host_process: str) -> dict[str, Any]:
     return census.census_device(device, host_process)
 
 
+# Columns by how much they matter: a narrow terminal drops the last ones (named below the table)
+# instead of folding every cell into an unreadable column of fragments.
+BASE_COLUMNS = (("pid", "pid"), ("name", "process"), ("footprint", "footprint"))
+EXTRA_COLUMNS = {
+    "darwin": (("lifetime_max", "max"), ("band", "band"), ("limit", "limit"), ("status", "status"),
+               ("purgeable_volatile", "purg vol"), ("purgeable_nonvolatile", "purg nonvol"),
+               ("reusable", "reusable"), ("graphics", "graphics")),
+    "linux": (("lifetime_max", "max"), ("band", "band"), ("limit", "limit"), ("status", "status"),
+              ("pss", "pss"), ("swap", "swap"), ("reusable", "lazyfree")),
+}
+TEXT_COLUMNS = ("name", "band", "status")
+NAME_WIDTH = (8, 24)        # the process column folds long names within these bounds
+GAP = 3                     # between two columns: padding on each side and the divider
+
+
+def fit_columns(platform: str, rows: list[dict[str, Any]], width: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """The columns whose widest cell fits in ``width`` characters, and the headers of those left out."""
+    def need(key: str, header: str) -> int:
+        widest = max([len(header), *(len(str(_cell(r, key))) for r in rows)])
+        return min(max(widest, NAME_WIDTH[0]), NAME_WIDTH[1]) if key == "name" else widest
+
+    cols = list(BASE_COLUMNS)
+    used = sum(need(*c) for c in cols) + GAP * (len(cols) - 1)
+    dropped: list[str] = []
+    for col in EXTRA_COLUMNS["darwin" if platform == "darwin" else "linux"]:
+        extra = need(*col) + GAP
+        if not dropped and used + extra <= width:
+            cols.append(col)
+            used += extra
+        else:
+            dropped.append(col[1])
+    return cols, dropped
+
+
+def _cell(r: dict[str, Any], key: str) -> Any:
+    if key == "pid":
+        return str(r.get("pid"))
+    if key == "name":
+        return r.get("name") or "?"
+    if key == "band":
+        band = r.get("band") or ""
+        return f"{band} ({r['priority']})" if r.get("priority") is not None else band
+    if key == "status":
+        return r.get("status", "")
+    return analysis.format_bytes(r.get(key))
+
+
 def _render_rich(doc: dict[str, Any], rows: list[dict[str, Any]], limit: int | None) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     fb = analysis.format_bytes
     darwin = doc["platform"] == "darwin"
-    table = Table(title=f"census of {doc['device']['name']} ({doc['platform']}, {doc['time']})",
-                  title_justify="left")
-    cols = ["pid", "process", "footprint", "lifetime max"]
-    cols += ["purg vol", "purg nonvol", "reusable", "graphics"] if darwin else ["pss", "swap", "lazyfree"]
-    cols += ["band", "limit", "status"]
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("process", "band", "status") else "right",
-                         overflow="fold" if col == "process" else "ellipsis")
-    shown = rows if limit is None else rows[:limit]
-    for r in shown:
-        band = r.get("band") or ""
-        if r.get("priority") is not None:
-            band = f"{band} ({r['priority']})"
-        cells = [str(r["pid"]), r.get("name") or "?", fb(r.get("footprint")), fb(r.get("lifetime_max"))]
-        if darwin:
-            cells += [fb(r.get("purgeable_volatile")), fb(r.get("purgeable_nonvolatile")), fb(r.get("reusable")),
-                      fb(r.get("graphics"))]
-        else:
-            cells += [fb(r.get("pss")), fb(r.get("swap")), fb(r.get("reusable"))]
-        status = r.get("status", "")
-        cells += [band, fb(r.get("limit")), status]
-        table.add_row(*cells, style=None if status == "ok" else "dim")
     console = Console()
+    shown = rows if limit is None else rows[:limit]
+    cols, dropped = fit_columns(doc["platform"], shown, console.width)
+    table = Table(title=plain(f"census of {doc['device']['name']} ({doc['platform']}, {doc['time']})"),
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1))
+    for key, header in cols:
+        table.add_column(header, justify="left" if key in TEXT_COLUMNS else "right",
+                         overflow="fold" if key == "name" else "ellipsis", no_wrap=key != "name",
+                         max_width=NAME_WIDTH[1] if key == "name" else None)
+    for r in shown:
+        status = r.get("status", "")
+        table.add_row(*cells(_cell(r, key) for key, _ in cols), style=None if status == "ok" else "dim")
     console.print(table)
     t = doc["totals"]
     extra = f", {len(rows) - len(shown)} more not shown (--all)" if len(shown) < len(rows) else ""
-    console.print(
-        f"[bold]total[/]: {t['processes']} processes ({t['measured']} measured, {t['vanished']} vanished, "
+    console.print(Text.assemble(
+        ("total", "bold"),
+        f": {t['processes']} processes ({t['measured']} measured, {t['vanished']} vanished, "
         f"{t['denied']} denied{extra}); footprint {fb(t['footprint'])}"
         + (f", purgeable {fb(t['purgeable_volatile'])} volatile / {fb(t['purgeable_nonvolatile'])} nonvolatile"
            if darwin else "")
-        + (f", reusable {fb(t['reusable'])}" if t.get("reusable") else ""))
+        + (f", reusable {fb(t['reusable'])}" if t.get("reusable") else "")))
+    if dropped:
+        console.print(f"(not shown at {console.width} columns: {', '.join(dropped)}; widen the terminal or "
+                      f"use --json)", style="dim", markup=False)
     for source, message in doc.get("errors", {}).items():
-        console.print(f"[yellow]warning[/]: {source}: {message}")
+        console.print(Text.assemble(("warning", "yellow"), ": ", plain(source), ": ", plain(message)))
 
 
 @click.command("census")
@@ -87,7 +131,7 @@ def census(device: str, host_process: str, sort_key: str, as_json: bool, out_fil
     doc = collect(device, host_process)
     doc["rows"] = analysis.sort_rows(doc["rows"], sort_key)
     if out_file:
-        write_json_atomic(Path(out_file), doc)
+        save_json(Path(out_file), doc, "--out")
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     elif not quiet:

@@ -16,7 +16,8 @@ import click
 from memtrace.analyze import jetsam as analysis
 from memtrace.devices import parse_device_spec
 from memtrace.errors import InputError
-from memtrace.files import write_json_atomic
+from memtrace.files import save_json
+from memtrace.reporters.console import cells, inert, plain
 
 # Cap what we read: the largest real JetsamEvent reports are a few MB.
 MAX_REPORT_BYTES = 64 * 1024 * 1024
@@ -62,38 +63,40 @@ def _render_rich(agg: dict[str, Any]) -> None:
     t = agg["totals"]
     console.print(f"[bold]{t['reports']}[/] report(s), [bold]{t['kills']}[/] kill(s), "
                   f"{t['skipped']} skipped")
+    # Every value below comes from a report file: inert text (a process name can hold escape
+    # sequences or rich markup), never a markup string.
     for r in agg["reports"]:
-        table = Table(title=f"{Path(r['source']).name}: {r['product'] or '?'}, {r['os_version'] or '?'}, "
-                            f"{r['timestamp'] or '?'}", title_justify="left")
+        table = Table(title=plain(f"{Path(r['source']).name}: {r['product'] or '?'}, {r['os_version'] or '?'}, "
+                                  f"{r['timestamp'] or '?'}"), title_justify="left")
         for col in ("pid", "process", "footprint", "lifetime max", "reason", "killDelta", "priority"):
             table.add_column(col, justify="right" if col not in ("process", "reason") else "left")
         killed_pids = {k["pid"] for k in r["killed"]}
         rows = r["killed"] + [p for p in r["top_processes"] if p["pid"] not in killed_pids]
         for p in rows:
             style = "bold red" if p["reason"] else None
-            table.add_row(str(p["pid"]), p["name"], fb(p["footprint"]), fb(p["lifetime_max"]),
-                          p["reason"] or "", "" if p["kill_delta"] is None else str(p["kill_delta"]),
-                          "" if p["priority"] is None else str(p["priority"]), style=style)
+            table.add_row(*cells([p["pid"], p["name"], fb(p["footprint"]), fb(p["lifetime_max"]),
+                                  p["reason"] or "", "" if p["kill_delta"] is None else p["kill_delta"],
+                                  "" if p["priority"] is None else p["priority"]]), style=style)
         console.print(table)
         mp = r["memory_pages"]
         if mp:
-            console.print("  pages: " + ", ".join(f"{k} {v} ({fb(v * r['page_size'])})" for k, v in mp.items())
-                          + f"; largest process: {r['largest_process'] or '?'}")
+            console.print(plain("  pages: " + ", ".join(f"{k} {v} ({fb(v * r['page_size'])})" for k, v in mp.items())
+                                + f"; largest process: {r['largest_process'] or '?'}"))
     if len(agg["reports"]) > 1:
         if agg["kills_by_reason"]:
             table = Table(title="Kills by reason", title_justify="left")
             table.add_column("reason")
             table.add_column("kills", justify="right")
             for reason, n in agg["kills_by_reason"].items():
-                table.add_row(reason, str(n))
+                table.add_row(*cells([reason, n]))
             console.print(table)
         if agg["kills_by_process"]:
             table = Table(title="Kills by process", title_justify="left")
             for col in ("process", "kills", "reasons", "max footprint"):
                 table.add_column(col, justify="right" if col in ("kills", "max footprint") else "left")
             for e in agg["kills_by_process"]:
-                table.add_row(e["name"], str(e["kills"]),
-                              ", ".join(f"{k} ×{v}" for k, v in e["reasons"].items()), fb(e["max_footprint"]))
+                table.add_row(*cells([e["name"], e["kills"], ", ".join(f"{k} ×{v}" for k, v in e["reasons"].items()),
+                                      fb(e["max_footprint"])]))
             console.print(table)
     if agg["limit_by_model"]:
         table = Table(title="Memory limit per device model (footprint at per-process-limit kill)",
@@ -101,8 +104,8 @@ def _render_rich(agg: dict[str, Any]) -> None:
         for col in ("model", "OS", "kills", "min", "median", "max"):
             table.add_column(col, justify="left" if col in ("model", "OS") else "right")
         for e in agg["limit_by_model"]:
-            table.add_row(e["product"], ", ".join(e["os_versions"]), str(e["kills"]), fb(e["footprint_min"]),
-                          fb(e["footprint_median"]), fb(e["footprint_max"]))
+            table.add_row(*cells([e["product"], ", ".join(e["os_versions"]), e["kills"], fb(e["footprint_min"]),
+                                  fb(e["footprint_median"]), fb(e["footprint_max"])]))
         console.print(table)
 
 
@@ -131,17 +134,17 @@ def jetsam(paths: tuple[str, ...], pull: bool, device: str, out_dir: str, as_jso
         target = DeviceTarget(udid=spec.udid, host=spec.host, port=spec.port)
         pulled = pull_jetsam_reports(target, Path(out_dir))
         if not quiet:
-            click.echo(f"pulled {len(pulled)} JetsamEvent report(s) into {out_dir}", err=True)
+            click.echo(f"pulled {len(pulled)} JetsamEvent report(s) into {inert(out_dir)}", err=True)
         files.extend(pulled)
     if not files:
         raise InputError("no JetsamEvent reports given (pass files or folders, or --pull)")
 
     reports, skipped = read_reports(files)
     for _source, reason in skipped:
-        click.echo(f"memtrace: skipped {reason}", err=True)
+        click.echo(f"memtrace: skipped {inert(reason)}", err=True)
     agg = analysis.aggregate(reports, skipped, top=top)
     if out_json:
-        write_json_atomic(Path(out_json), agg)
+        save_json(Path(out_json), agg, "--out-json")
     if as_json:
         sys.stdout.write(json.dumps(agg, indent=2, ensure_ascii=False) + "\n")
     elif not quiet:

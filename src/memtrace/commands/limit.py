@@ -12,6 +12,7 @@ from memtrace import devices
 from memtrace.analyze.census import format_bytes as fb
 from memtrace.errors import InputError
 from memtrace.limit import IOSLimitProbe, limit_document, linux_sample, watch_series
+from memtrace.reporters.console import cells, plain
 
 
 def _local_pid_by_name(name: str) -> int:
@@ -33,26 +34,28 @@ def _local_pid_by_name(name: str) -> int:
 def _render(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
-    console.print(f"[bold]{doc.get('name') or '?'}[/] (pid {doc['pid']}, {doc['platform']}): footprint "
-                  f"[bold]{fb(doc.get('footprint'))}[/], available {fb(doc.get('available'))}, "
-                  f"limit [bold]{fb(doc.get('limit'))}[/]"
-                  + (f" (binding: {doc['binding']})" if doc.get("binding") else ""))
+    # The process name and the bounds' details come from the target: inert text, not markup.
+    console.print(Text.assemble(plain(doc.get("name") or "?", "bold"), f" (pid {doc['pid']}, {doc['platform']}): "
+                                "footprint ", (fb(doc.get("footprint")), "bold"), f", available "
+                                f"{fb(doc.get('available'))}, limit ", (fb(doc.get("limit")), "bold"),
+                                plain(f" (binding: {doc['binding']})" if doc.get("binding") else "")))
     if doc.get("bounds"):
         table = Table(title="bounds", title_justify="left")
         for col in ("bound", "limit", "used", "available", "how"):
             table.add_column(col, justify="left" if col in ("bound", "how") else "right")
         for b in doc["bounds"]:
             mark = " ◀" if b["name"] == doc.get("binding") else ""
-            table.add_row(b["name"] + mark, fb(b["limit"]), fb(b["used"]), fb(b["available"]), b["detail"])
+            table.add_row(*cells([b["name"] + mark, fb(b["limit"]), fb(b["used"]), fb(b["available"]), b["detail"]]))
         console.print(table)
     if doc.get("memlimit"):
         m = doc["memlimit"]
         console.print(f"memorystatus limits: active {fb(m.get('active'))}{' (fatal)' if m.get('active_fatal') else ''}"
                       f", inactive {fb(m.get('inactive'))}{' (fatal)' if m.get('inactive_fatal') else ''}")
     for source, message in (doc.get("errors") or {}).items():
-        console.print(f"[yellow]warning[/]: {source}: {message}")
+        console.print(Text.assemble(("warning", "yellow"), ": ", plain(source), ": ", plain(message)))
     if "series" in doc:
         table = Table(title="footprint over time", title_justify="left")
         for col in ("t (s)", "footprint", "available", "limit"):
@@ -61,13 +64,13 @@ def _render(doc: dict[str, Any]) -> None:
             table.add_row(f"{s['t']:.1f}", fb(s["footprint"]), fb(s["available"]), fb(s["limit"]))
         console.print(table)
         if doc.get("stopped"):
-            console.print(f"[yellow]stopped early[/]: {doc['stopped']}")
+            console.print(Text.assemble(("stopped early", "yellow"), ": ", plain(doc["stopped"])))
     for e in doc.get("pressure_events", []):
         share = ""
         if isinstance(e.get("footprint"), int) and isinstance(e.get("available"), int) and e["footprint"] + e["available"]:
             share = f" = {100 * e['footprint'] / (e['footprint'] + e['available']):.0f}% of the limit"
-        console.print(f"[red]memory pressure[/] {e.get('event')} via {e.get('via')} at footprint "
-                      f"{fb(e.get('footprint'))}{share}")
+        console.print(Text.assemble(("memory pressure", "red"), plain(f" {e.get('event')} via {e.get('via')} at "
+                                                                       f"footprint {fb(e.get('footprint'))}{share}")))
 
 
 @click.command("limit")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from memtrace.report import build_report
+from memtrace.reporters.console import inert
 
 
 @click.command("report")
@@ -28,9 +29,10 @@ def report(folder: Path, out: Path | None, families: Path | None, as_json: bool)
     if as_json:
         sys.stdout.write(json.dumps(result.document, indent=1, ensure_ascii=False) + "\n")
     for s in result.skipped:
-        click.echo(f"memtrace: skipped{' (partly read)' if s.partial else ''}: {s.path}: {s.reason}", err=True)
+        click.echo(f"memtrace: skipped{' (partly read)' if s.partial else ''}: {inert(s.path)}: {inert(s.reason)}",
+                   err=True)
     for p in result.paths:
-        click.echo(f"wrote {p}", err=True)
+        click.echo(f"wrote {inert(p)}", err=True)
     return result.exit_code
 
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from memtrace.capture import read_records
 from memtrace.capture_loop import CAPTURE_OPTIONS, CaptureResult, capture_options, run_capture
+from memtrace.reporters.console import inert
 from memtrace.target import TARGET_OPTIONS, target_from_values
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, agent_config, apply
@@ -67,6 +68,11 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
             tracer.console(Console(stderr=True, quiet=True), summary, {**host, "quiet": True})
     elif not values["quiet"] or tracer.extra.get("console_always"):
         tracer.console(Console(quiet=values["quiet"]), summary, host)
+    # A summary that can say its tracer did not do its job (the probe could not run) fails the command.
+    failed = summary.failure() if callable(getattr(summary, "failure", None)) else None
+    if failed and not result.interrupted:
+        sys.stderr.write(f"memtrace: {tracer.name} could not run: {inert(failed)}\n")
+        return 1
     return exit_code(result)
 
 

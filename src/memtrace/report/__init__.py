@@ -17,7 +17,7 @@ from typing import Any
 from memtrace.analyze.families import load_rules
 from memtrace.capture import CaptureInfo
 from memtrace.errors import InputError
-from memtrace.files import write_text_atomic
+from memtrace.files import save_text
 from memtrace.report.aggregate import build_document
 from memtrace.report.collect import Skipped, _rel, analyze_capture, discover, load_document
 from memtrace.report.markdown import render
@@ -77,10 +77,9 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
     result = ReportResult(document, markdown, skipped)
     if write:
         dest = Path(out) if out is not None else root
-        dest.mkdir(parents=True, exist_ok=True)
         page = report_page(f"Memory report: {name}", markdown, flames)
         for fname, text in (("report.json", json.dumps(document, indent=1, ensure_ascii=False) + "\n"),
                             ("REPORT.md", markdown), ("report.html", page)):
-            write_text_atomic(dest / fname, text)
+            save_text(dest / fname, text, "--out" if out is not None else "report folder")
             result.paths.append(dest / fname)
     return result

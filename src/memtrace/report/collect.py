@@ -62,6 +62,11 @@ def load_document(path: Path, kind: str) -> tuple[dict[str, Any] | None, str | N
         return None, f"not a readable JSON document: {str(e).splitlines()[0]}"
     if not isinstance(doc, dict) or doc.get("kind") != kind:
         return None, f'not a {kind} document (no top-level "kind": "{kind}")'
+    from importlib import import_module
+
+    problem = import_module(f"memtrace.analyze.{kind}").document_problem(doc)
+    if problem:
+        return None, f"not a valid {kind} document: {problem}"
     return doc, None
 
 

@@ -7,12 +7,12 @@ from typing import Any
 
 from memtrace import tracers
 from memtrace.report.chapters import leaks
-from memtrace.reporters.markdown import cell, table
+from memtrace.reporters.markdown import cell, table, text
 from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds
 
 
 def render(doc: dict[str, Any]) -> str:
-    lines = [f"# Memory report: {doc['folder']}", ""]
+    lines = [f"# Memory report: {text(doc['folder'])}", ""]
     targets = doc["targets"]
     lines.append(f"{len(targets)} target(s), {len(doc['calibration'])} capture(s) read, "
                  f"{len(doc['skipped'])} skipped. Sizes in binary units (1 MB = 1048576 B).")
@@ -67,9 +67,9 @@ def _findings(doc: dict[str, Any]) -> list[str]:
     if not doc["findings"]:
         return lines + ["No finding: nothing measurable in this folder.", ""]
     for f in doc["findings"]:
-        lines.append(f"**{f['title']}.** {f['text']}")
+        lines.append(f"**{text(f['title'])}.** {text(f['text'])}")
         lines.append("")
-        lines += [f"- {i['text']}" for i in f["items"]]
+        lines += [f"- {text(i['text'], line_start=True)}" for i in f["items"]]
         lines.append("")
     return lines
 

@@ -21,9 +21,19 @@ FRAMES_SHOWN = 8
 _CONTROL = {c: f"\\x{c:02x}" for c in range(32) if c not in (9, 10)} | {127: "\\x7f"}
 
 
-def plain(value: Any) -> Text:
+def plain(value: Any, style: str = "") -> Text:
     """Target or file data as inert text: no markup, control characters made visible."""
-    return Text(str(value).translate(_CONTROL))
+    return Text(inert(value), style=style)
+
+
+def inert(value: Any) -> str:
+    """The same for a plain string (click.echo, an error line): control characters made visible."""
+    return str(value).translate(_CONTROL)
+
+
+def cells(values: Iterable[Any]) -> list[Text]:
+    """Table cells for ``Table.add_row``: a plain ``str`` there would be read as rich markup."""
+    return [v if isinstance(v, Text) else plain("" if v is None else v) for v in values]
 
 
 def frames_text(frames: Iterable[Frame | dict[str, Any]], shown: int = FRAMES_SHOWN) -> Text:
@@ -62,7 +72,7 @@ def line(console: Console, *parts: tuple[str, Any]) -> None:
 
 def stack_table(title: str, columns: list[tuple[str, str]], rows: list[list[Any]]) -> Table:
     """A table whose cells are inert text; ``columns`` are (name, justify)."""
-    t = Table(title=title, show_edge=False, show_lines=True)
+    t = Table(title=plain(title), show_edge=False, show_lines=True)
     for name, justify in columns:
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in rows:

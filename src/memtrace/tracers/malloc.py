@@ -85,6 +85,13 @@ def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
     line(console, ("leak scan", "; ".join(notes)))
 
 
+def _check_backend(values: dict[str, Any]) -> None:
+    if values.get("backend") == "logger":
+        from memtrace.target import require_platform
+
+        require_platform(values, "darwin", "--backend logger", "malloc_logger exists only in Darwin's libmalloc")
+
+
 def _coverage(s: dict[str, Any]) -> list[str]:
     cov = s["coverage"]
     parts = []
@@ -130,4 +137,5 @@ TRACER = Tracer(
     live=MallocStats,
     chapter=MallocChapter,
     window_end=at_window_end,
+    before_launch=_check_backend,
 )

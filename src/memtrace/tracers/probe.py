@@ -10,7 +10,7 @@ from rich.markdown import Markdown
 
 from memtrace.analyze.probe import ProbeSummary, render_markdown
 from memtrace.errors import InputError
-from memtrace.files import write_text_atomic
+from memtrace.files import save_text
 from memtrace.live import LiveStats
 from memtrace.report.chapters.probe import ProbeChapter
 from memtrace.tracers import Tracer
@@ -32,10 +32,7 @@ def console_view(console: Console, summary: ProbeSummary, opts: dict[str, Any]) 
 
 
 def write_markdown(path: Path, text: str) -> None:
-    try:
-        write_text_atomic(path, text)
-    except OSError as e:
-        raise InputError(f"--markdown {path}: cannot write: {e.strerror}") from None
+    save_text(path, text, "--markdown")
 
 
 TRACER = Tracer(

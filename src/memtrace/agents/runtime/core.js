@@ -146,6 +146,7 @@ export function buildCore(config, sources, extraSymbols) {
 
   core.cm = cm;
   core.cfg = cfg;
+  core.threadKey = key;
   core.slowKinds = slowKinds;
   core.drainCap = Math.max(4 * 1024 * 1024, ringSize * 4);
   core.drainBuf = Memory.alloc(core.drainCap);
@@ -201,6 +202,17 @@ function findTlsOffset(key) {
   } finally {
     set(key, NULL);
   }
+}
+
+/* The per-thread key's destructor is CModule code: once the agent is gone, a thread that held a
+ * slot and exits later would call into freed memory and crash the target (seen when memtrace
+ * detaches from a process it did not start, and in doctor, which loads agents one after the
+ * other).  Deleting the key when the hooks are out means no destructor runs after that. */
+export function releaseThreadKey() {
+  if (core.threadKey === undefined || core.threadKey === null)
+    return;
+  libcFunction('pthread_key_delete', 'int', ['uint32'])(core.threadKey);
+  core.threadKey = null;
 }
 
 export function setEnabled(on) {

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from memtrace.analyze.families import FamilyRules
 from memtrace.frames import Frame
-from memtrace.reporters.markdown import cell, code, table
+from memtrace.reporters.markdown import Markup, cell, code, table, text
 from memtrace.units import fmt_bytes
 
 TOP = 10
@@ -81,7 +81,7 @@ class GenericChapter(BaseChapter):
                        and k not in ("capture", "path", "tracer", "target")]
             lines += table(["figure", "value"], "lr", scalars)
             for key, rows in _named_stack_lists(e):
-                lines += [f"{cell(key)}:", ""]
+                lines += [f"{text(key, line_start=True)}:", ""]
                 lines += table(["count", "bytes", "family", "frames"], "rrll",
                                [[r.get("count", "—"), fmt_bytes(r.get("bytes")), r.get("family", "—"),
                                  frames_cell(r.get("frames") or [])] for r in rows[:TOP]])
@@ -113,11 +113,11 @@ def _stack_lists(doc: dict[str, Any]) -> list[list[dict[str, Any]]]:
 # ---- pieces the chapters share ------------------------------------------------------------------
 
 
-def frames_cell(frames: list[Any]) -> str:
+def frames_cell(frames: list[Any]) -> Markup:
     """A stack in one table cell: ``function (module) file:line`` ← ... innermost first."""
     shown = [code(_frame(f).label()) for f in frames[:FRAMES_SHOWN]]
     more = f" ← … (+{len(frames) - FRAMES_SHOWN})" if len(frames) > FRAMES_SHOWN else ""
-    return " ← ".join(shown) + more if shown else "—"
+    return Markup(" ← ".join(shown) + more if shown else "—")
 
 
 def _frame(f: Any) -> Frame:

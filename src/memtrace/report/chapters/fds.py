@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memtrace.report.chapters import BaseChapter, frames_cell
-from memtrace.reporters.markdown import cell, table
+from memtrace.reporters.markdown import Markup, cell, table, text
 
 
 class FdsChapter(BaseChapter):
@@ -37,6 +37,7 @@ class FdsChapter(BaseChapter):
             lines += table(["count", "calls", "caller", "family", "paths", "frames"], "rlllll",
                            [[f"{r['count']:,}", ", ".join(f"{k} ×{v:,}" for k, v in r["calls"].items()),
                              r["caller"] or "—", r.get("family", "—"),
-                             "<br>".join(cell(p) for p in r["paths"][:3]) + (" …" if len(r["paths"]) > 3 else "")
-                             or "—", frames_cell(r["frames"])] for r in by_stack])
+                             Markup("<br>".join(text(p) for p in r["paths"][:3])
+                                    + (" …" if len(r["paths"]) > 3 else "") or "—"),
+                             frames_cell(r["frames"])] for r in by_stack])
         return lines

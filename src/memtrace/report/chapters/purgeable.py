@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memtrace.report.chapters import TOP, BaseChapter, add, arrow, frames_cell
-from memtrace.reporters.markdown import cell, code, table
+from memtrace.reporters.markdown import cell, code, table, text
 from memtrace.units import fmt_bytes
 
 MATRIX = ("0->1", "1->0", "0->2", "2->0", "1->2", "2->1", "0->0", "1->1", "2->2")
@@ -94,7 +94,7 @@ class PurgeableChapter(BaseChapter):
                 lines += ["Framework entries: " + ", ".join(f"{code(k)} ×{v:,}" for k, v in
                                                            sorted(p["framework_calls"].items())), ""]
             if p["madvise"]:
-                mad = ", ".join(f"{p['madvise_names'].get(a) or 'advice ' + a} ({a}) ×{n:,}"
+                mad = ", ".join(f"{text(p['madvise_names'].get(a) or 'advice ' + a)} ({text(a)}) ×{n:,}"
                                 + (f" ({fmt_bytes(p['madvise_bytes'].get(a))})" if p["madvise_bytes"].get(a) else "")
                                 for a, n in sorted(p["madvise"].items(), key=lambda kv: int(kv[0])))
                 lines += [f"madvise (the separate reusable-page line, not purgeable transitions): {mad}.", ""]

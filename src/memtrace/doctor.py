@@ -1,0 +1,476 @@
+"""``memtrace doctor``: can memtrace work here?  Host, device, and inside a target.
+
+Every check is a :class:`Check` row: a section (host, device, target), what was checked, a
+status and a one-line detail.  ``fail`` means a tracer cannot work and makes the command exit
+1; ``warn`` is a limitation worth knowing; ``skip`` is a check that does not apply.
+
+Inside the target (a harmless local program, ``sleep``, unless --app/--pid/--name/-- PROGRAM
+names one), every registered tracer's agent is loaded in turn: its ``init`` recon says which
+hook points are found or MISSING, a short install (start, then stop) says which fail to
+attach, the malloc agent's self-test checks the counts and one stack of a known pattern, and
+the purgeable routing probe runs where its entry points exist.
+
+DEVICE-UNVERIFIED: on an iPhone the self-test's calls reach memtrace through malloc_logger, and
+the jailbreak / lockdown / developer-mode rows read Frida's system parameters and pymobiledevice3;
+all of it is tested on the local device and, for lockdown, with a fake at that boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import queue
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memtrace import devices, tracers
+from memtrace.errors import MemtraceError
+from memtrace.target import TargetSpec
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+SECTIONS = ("host", "device", "target")
+# Tracers whose entry points exist only on Darwin: missing elsewhere is expected, not a failure.
+DARWIN_TRACERS = ("iosurface", "purgeable", "probe")
+SELF_TEST_CALLS = 1000
+SELF_TEST_SIZE = 65536 + 1000       # stacked and live at the default thresholds, unlike anything else
+CAP_SYS_PTRACE = 19
+
+
+@dataclass
+class Check:
+    section: str
+    name: str
+    status: str
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, section: str, check: str, status: str, detail: str, /, **data: Any) -> Check:
+        c = Check(section, check, status, detail, data)
+        self.checks.append(c)
+        # Shown by section (the frida-server row is learnt inside the target, shown with the device).
+        self.checks.sort(key=lambda x: SECTIONS.index(x.section))
+        return c
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == FAIL for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "doctor", "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+
+
+# ---- host ---------------------------------------------------------------------------------------
+
+
+def host_checks(report: Report, local: bool) -> None:
+    import frida
+
+    report.add("host", "frida", OK, f"frida {frida.__version__} (Python {sys.version.split()[0]})",
+               version=frida.__version__)
+    try:
+        tools = importlib.metadata.version("frida-tools")
+        report.add("host", "frida-tools", OK, f"frida-tools {tools}", version=tools)
+    except importlib.metadata.PackageNotFoundError:
+        report.add("host", "frida-tools", WARN, "not installed (memtrace does not need it; frida-ps, frida-ls-devices "
+                                                "help diagnose a device)")
+    if local and sys.platform.startswith("linux"):
+        status, detail = ptrace_verdict(_read("/proc/sys/kernel/yama/ptrace_scope"), os.geteuid(),
+                                        _cap_eff(_read("/proc/self/status")))
+        report.add("host", "ptrace", status, detail)
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler:
+        report.add("host", "CModule compiler", OK, f"{compiler} (Frida's external toolchain, used first for "
+                                                   f"a local Linux target; TinyCC otherwise)", path=compiler)
+    else:
+        report.add("host", "CModule compiler", OK, "TinyCC only (Frida's built-in compiler; no gcc/cc on PATH)")
+
+
+def ptrace_verdict(scope_text: str | None, euid: int, cap_eff: int) -> tuple[str, str]:
+    """Whether Frida may attach, from Yama's ptrace_scope, the user and CAP_SYS_PTRACE."""
+    privileged = euid == 0 or bool(cap_eff >> CAP_SYS_PTRACE & 1)
+    who = "root" if euid == 0 else "CAP_SYS_PTRACE" if privileged else "an unprivileged user"
+    if scope_text is None:
+        return OK, "no Yama ptrace restriction"
+    scope = scope_text.strip()
+    if scope == "0":
+        return OK, "ptrace_scope 0: any process of the same user can be attached"
+    if scope == "1":
+        if privileged:
+            return OK, f"ptrace_scope 1, running as {who}: attach is allowed"
+        return WARN, ("ptrace_scope 1: memtrace can trace programs it starts (-- PROGRAM), but --pid/--name "
+                      "need root or CAP_SYS_PTRACE")
+    if scope == "2":
+        if privileged:
+            return OK, f"ptrace_scope 2 (admin only), running as {who}: attach is allowed"
+        return FAIL, "ptrace_scope 2: only root or CAP_SYS_PTRACE may attach; run memtrace as root"
+    if scope == "3":
+        return FAIL, "ptrace_scope 3: ptrace is disabled until reboot; no tracer can attach"
+    return WARN, f"ptrace_scope {scope}: unknown value"
+
+
+def _cap_eff(status_text: str | None) -> int:
+    for line in (status_text or "").splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+# ---- device -------------------------------------------------------------------------------------
+
+
+def lockdown_api() -> Callable[[str], Any]:
+    """pymobiledevice3's lockdown client factory (the boundary the tests replace)."""
+    from pymobiledevice3.lockdown import create_using_usbmux
+
+    return lambda udid: create_using_usbmux(serial=udid)
+
+
+def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | None = None) -> str | None:
+    """Who the device is and what it allows; returns its platform (darwin, linux, ...)."""
+    report.add("device", "device", OK, f"{device.name} ({device.type}, id {device.id})",
+               id=device.id, type=device.type, name=device.name)
+    try:
+        params = device.query_system_parameters()
+    except Exception as e:  # noqa: BLE001 -- any Frida error here is the finding itself
+        report.add("device", "system", FAIL, f"cannot query the device: {_first_line(e)}")
+        return None
+    os_info = params.get("os") or {}
+    hardware = params.get("hardware") or {}
+    model = hardware.get("product") or hardware.get("model") or params.get("name") or "?"
+    platform = params.get("platform")
+    report.add("device", "OS and model", OK, f"{os_info.get('name', '?')} {os_info.get('version', '')} "
+                                             f"({platform}, {params.get('arch')}), {model}".replace("  ", " "),
+               os=os_info, platform=platform, arch=params.get("arch"), model=model)
+    access = params.get("access")
+    if platform == "darwin" and not devices.is_local(device):
+        if access == "full":
+            report.add("device", "jailbreak", OK, "full access (jailbroken): system processes and any app")
+        else:
+            report.add("device", "jailbreak", WARN, f"access {access or 'unknown'} (not jailbroken): only "
+                                                    f"debuggable apps, with developer mode on")
+    if device.type == "usb":
+        _lockdown_checks(report, device.id, lockdown or lockdown_api())
+    return platform
+
+
+def _lockdown_checks(report: Report, udid: str, factory: Callable[[str], Any]) -> None:
+    """Lockdown through pymobiledevice3: reachable, what it says the device is, developer mode.
+    DEVICE-UNVERIFIED: written against pymobiledevice3's lockdown API, tested with a fake."""
+    import asyncio
+
+    async def ask() -> dict[str, Any]:
+        client = await factory(udid)
+        product = await client.get_value(key="ProductType")
+        version = await client.get_value(key="ProductVersion")
+        try:
+            dev_mode = await client.get_value(domain="com.apple.security.mac.amfi", key="DeveloperModeStatus")
+        except Exception:  # noqa: BLE001 -- older iOS has no developer mode
+            dev_mode = None
+        return {"product": product, "version": version, "developer_mode": dev_mode}
+
+    try:
+        got = asyncio.run(ask())
+    except Exception as e:  # noqa: BLE001 -- unreachable lockdown is the finding
+        report.add("device", "lockdown", WARN, f"not reachable through pymobiledevice3: {_first_line(e)} "
+                                               f"(--launch pmd3, jetsam --pull and the locked-device check need it)")
+        return
+    report.add("device", "lockdown", OK, f"reachable: {got['product']}, iOS {got['version']}", **got)
+    if got["developer_mode"] is None:
+        report.add("device", "developer mode", SKIP, "not reported (iOS before 16 has none)")
+    else:
+        report.add("device", "developer mode", OK if got["developer_mode"] else WARN,
+                   "on" if got["developer_mode"] else "off: a jailed device launches no debuggable app without it")
+
+
+def version_verdict(client: str, server: str) -> tuple[str, str]:
+    """frida-server (the agent runtime in the target) against this frida: the major must match."""
+    def parts(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+    if server == client:
+        return OK, f"{server}, the same as this frida"
+    if parts(server)[:1] != parts(client)[:1]:
+        return FAIL, f"{server} in the target, {client} here: major versions differ; install frida-server {client}"
+    return WARN, f"{server} in the target, {client} here: same major, but matching versions are safer"
+
+
+# ---- inside the target --------------------------------------------------------------------------
+
+
+def default_target(device: Any) -> TargetSpec | None:
+    """A harmless program to look inside, where there is one: ``sleep`` on this machine."""
+    if not devices.is_local(device):
+        return None
+    sleep = shutil.which("sleep")
+    return TargetSpec(device="local", argv=[sleep, "600"]) if sleep else None
+
+
+def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0) -> None:
+    import frida
+
+    from memtrace.frida_host import FridaHost
+
+    host = FridaHost(target, rpc_timeout)
+    try:
+        host.open()
+        host.launch()
+        host.attach()
+    except MemtraceError as e:
+        report.add("target", "attach", FAIL, f"{target.describe()}: {e}")
+        host.close()
+        return
+    report.add("target", "attach", OK, f"{target.describe()} (pid {host.pid}, {host.launched.how})",
+               pid=host.pid)
+    resumed = False
+    try:
+        for tracer in tracers.all_tracers().values():
+            resumed = _tracer_checks(report, host, tracer.name, tracer.agent_name, resumed)
+            if not host.alive():
+                # What was checked stands; the rest cannot be, and a crash is the finding.
+                report.checks = [c for c in report.checks if not c.name.startswith(f"{tracer.name}: ")]
+                report.add("target", "target", FAIL, f"the target exited during the {tracer.name} checks; give "
+                                                     f"one that keeps running (the rest were not checked)")
+                break
+    except frida.InvalidOperationError as e:
+        report.add("target", "session", FAIL, f"lost the target: {_first_line(e)}")
+    finally:
+        host.detach()
+        if host.spawned:
+            host.kill()
+        host.close()
+
+
+def _tracer_checks(report: Report, host: Any, name: str, agent: str, resumed: bool) -> bool:
+    """One tracer's agent: load, recon, install, (malloc) self-test, (probe) the probe; returns resumed."""
+    from memtrace.capture_loop import AGENT_DEFAULTS
+
+    try:
+        host.load(agent)
+        hello = host.rpc("hello", "hello")
+        init = host.rpc("init", "init", {**AGENT_DEFAULTS, **_DOCTOR_CONFIG.get(name, {})}, host.c_sources(agent))
+    except MemtraceError as e:
+        report.add("target", f"{name}: agent", FAIL, f"cannot load or initialise: {e}")
+        _unload(host)
+        return resumed
+    if name == "malloc":
+        status, detail = version_verdict(_frida_version(), str(hello.get("fridaVersion")))
+        report.add("device", "frida-server", status, f"agent runtime {detail}", version=hello.get("fridaVersion"))
+        info = init.get("info") or {}
+        fallback = f" (external toolchain failed: {info['toolchainError']})" if info.get("toolchainError") else ""
+        report.add("target", "CModule build", OK, f"malloc core compiled with the {info.get('toolchain')} "
+                                                  f"toolchain{fallback}", toolchain=info.get("toolchain"))
+    warnings = _drain(host)
+    try:
+        host.rpc("start", "start")
+        if not resumed:
+            host.resume()
+            resumed = True
+        time.sleep(0.2)
+        messages = _drain(host)
+        if name == "malloc":
+            _self_test(report, host)
+        if name == "probe":
+            _probe_result(report, messages + _drain(host))
+        host.rpc("stop", "stop", timeout=10)
+        warnings += messages + _drain(host)
+    except MemtraceError as e:
+        report.add("target", f"{name}: install", FAIL, f"start/stop failed: {e}")
+        _unload(host)
+        return resumed
+    recon = init.get("recon") or []
+    failed = sorted({m.group(1) for w in _warnings(warnings) if (m := re.match(r"cannot hook (\S+) at ", w))})
+    v = hook_verdict(name, recon, failed, str(hello.get("platform")))
+    report.add(v.section, v.name, v.status, v.detail, **v.data)
+    _unload(host)
+    return resumed
+
+
+# Tracer options that change what the doctor sees: the purgeable stand-in's madvise on Linux.
+_DOCTOR_CONFIG = {"purgeable": {"standinMadvise": True}}
+
+
+def hook_verdict(tracer: str, recon: list[dict[str, Any]], failed: list[str], platform: str) -> Check:
+    """Every hook point of one tracer: found, MISSING, failed to attach; and what that means."""
+    points = [{"name": r.get("name"), "module": r.get("module"), "role": r.get("role"),
+               "status": "fails to attach" if r.get("name") in failed else
+               ("found" if r.get("status") == "found" else "missing")} for r in recon]
+    found = [p["name"] for p in points if p["status"] == "found"]
+    missing = [p["name"] for p in points if p["status"] == "missing"]
+    native = platform == "darwin" or tracer not in DARWIN_TRACERS
+    counts = f"{len(found)} found, {len(missing)} missing, {len(failed)} fail to attach"
+    if failed:
+        status, detail = FAIL, f"{counts}: cannot hook {', '.join(failed)}"
+    elif not found and points:
+        status = FAIL if native else SKIP
+        detail = f"no hook point found ({', '.join(missing)})" if native else \
+            f"Darwin entry points, absent on {platform} (expected)"
+    elif missing:
+        status = WARN if native else SKIP
+        detail = f"{counts}; missing: {', '.join(missing)}" if native else \
+            f"{counts}; Darwin entry points absent on {platform}: {', '.join(missing)}"
+    else:
+        status, detail = OK, counts
+    return Check("target", f"{tracer}: hook points", status, detail, {"points": points})
+
+
+def _self_test(report: Report, host: Any) -> None:
+    """N malloc calls of a known size from a named C function: exact count, one stack, found in it."""
+    from memtrace import layout
+    from memtrace.agentbuild import cmodule_dir
+    from memtrace.capture import C_CALLS, AllocRecord, StackRecord, decode_agent_records
+
+    host.rpc("flush", "flush")
+    before = _counters(_drain(host))
+    source = (cmodule_dir() / "selftest.c").read_text(encoding="utf-8")
+    try:
+        res = host.rpc("self-test", "selfTest", SELF_TEST_CALLS, SELF_TEST_SIZE, source)
+        host.rpc("flush", "flush")
+    except MemtraceError as e:
+        report.add("target", "self-test", FAIL, f"could not run: {e}")
+        return
+    messages = _drain(host)
+    after = _counters(messages)
+    malloc_kind = layout.KINDS["malloc"]
+    calls = (after[C_CALLS + malloc_kind] - (before or after)[C_CALLS + malloc_kind]) if after and before else None
+    allocs: list[AllocRecord] = []
+    stacks: dict[int, tuple[int, ...]] = {}
+    for data in _batches(messages):
+        for r in decode_agent_records(data):
+            if isinstance(r, AllocRecord) and r.size == SELF_TEST_SIZE:
+                allocs.append(r)
+            elif isinstance(r, StackRecord):
+                stacks[r.stack_id] = r.frames
+    fn = int(str(res.get("function")), 16)
+    ids = {a.stack_id for a in allocs}
+    in_fn = [sid for sid in ids if any(0 <= f - fn < 4096 for f in stacks.get(sid, ())[:4])]
+    data = {"expected_calls": SELF_TEST_CALLS, "counted_calls": calls, "recorded": len(allocs), "stacks": len(ids),
+            "stack_in_function": bool(in_fn), "rc": res.get("rc")}
+    problems = []
+    if res.get("rc") != 0:
+        problems.append(f"the test thread failed (rc {res.get('rc')})")
+    if calls != SELF_TEST_CALLS:
+        problems.append(f"counted {calls} malloc calls, expected {SELF_TEST_CALLS}")
+    if len(allocs) != SELF_TEST_CALLS:
+        problems.append(f"recorded {len(allocs)} allocations of {SELF_TEST_SIZE} B, expected {SELF_TEST_CALLS}")
+    if len(ids) != 1 or not in_fn:
+        problems.append(f"{len(ids)} stack(s), {'none' if not in_fn else 'one'} through memtrace_doctor_selftest")
+    if problems:
+        report.add("target", "self-test", FAIL, "; ".join(problems), **data)
+    else:
+        report.add("target", "self-test", OK, f"{SELF_TEST_CALLS} × malloc({SELF_TEST_SIZE}) from "
+                                              f"memtrace_doctor_selftest: {calls} counted, {len(allocs)} recorded, "
+                                              f"one stack through it", **data)
+
+
+def _probe_result(report: Report, messages: list[tuple[str, Any, Any]]) -> None:
+    results = [p for p in _payloads(messages) if p.get("type") == "result" and p.get("tracer") == "probe"]
+    if not results:
+        report.add("target", "purgeable routing probe", FAIL, "the probe agent sent no result")
+        return
+    r = results[-1]
+    errors = r.get("errors") or []
+    if errors and not r.get("rows"):
+        report.add("target", "purgeable routing probe", SKIP,
+                   f"entry points absent: {str(errors[0]).removeprefix('cannot run: ')}")
+        return
+    driving = [row.get("entry") for row in r.get("rows") or [] if row.get("drives_state_machine")]
+    status = FAIL if errors else OK
+    detail = (f"{len(r.get('rows') or [])} entries probed; drive the state machine: {', '.join(driving) or 'none'}"
+              + (f"; errors: {'; '.join(map(str, errors))}" if errors else ""))
+    report.add("target", "purgeable routing probe", status, detail, rows=r.get("rows"))
+
+
+# ---- plumbing -----------------------------------------------------------------------------------
+
+
+def _drain(host: Any, wait: float = 0.2) -> list[tuple[str, Any, Any]]:
+    out = []
+    while True:
+        try:
+            out.append(host.events.get(timeout=wait))
+        except queue.Empty:
+            return out
+        wait = 0.05
+
+
+def _payloads(messages: list[tuple[str, Any, Any]]) -> Iterator[dict[str, Any]]:
+    for kind, message, _ in messages:
+        if kind == "message" and isinstance(message, dict) and isinstance(message.get("payload"), dict):
+            yield message["payload"]
+
+
+def _warnings(messages: list[tuple[str, Any, Any]]) -> list[str]:
+    return [str(p.get("message")) for p in _payloads(messages) if p.get("type") == "agent:warning"]
+
+
+def _batches(messages: list[tuple[str, Any, Any]]) -> Iterator[bytes]:
+    for kind, message, data in messages:
+        if kind == "message" and (message.get("payload") or {}).get("type") == "events:batch" and data:
+            yield data
+
+
+def _counters(messages: list[tuple[str, Any, Any]]) -> list[int] | None:
+    found = None
+    for p in _payloads(messages):
+        if p.get("type") == "events:batch" and p.get("counters"):
+            found = p["counters"]
+    return found
+
+
+def _unload(host: Any) -> None:
+    script, host.script = host.script, None
+    if script is not None:
+        with contextlib.suppress(MemtraceError):
+            host.call("unload", script.unload, timeout=5)
+    _drain(host, wait=0.05)
+
+
+def _frida_version() -> str:
+    import frida
+
+    return str(frida.__version__)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def run(target: TargetSpec | None, device_spec: str, lockdown: Callable[[str], Any] | None = None) -> Report:
+    """Every check, in order: host, device, inside the target."""
+    report = Report()
+    spec = devices.parse_device_spec(device_spec)
+    try:
+        device = devices.resolve(spec)
+    except MemtraceError as e:
+        host_checks(report, local=spec.kind == "local")
+        report.add("device", "device", FAIL, str(e))
+        return report
+    host_checks(report, local=devices.is_local(device))
+    device_checks(report, device, lockdown)
+    chosen = target or default_target(device)
+    if chosen is None:
+        report.add("target", "inside a target", SKIP, "name one (--app BUNDLE_ID, --pid N or --name NAME) to check "
+                                                      "hook points, the CModule build and the self-test on it")
+        return report
+    target_checks(report, chosen)
+    return report

@@ -1,0 +1,135 @@
+"""doctor's verdicts, and its device checks against a fake USB device and a fake lockdown (the
+boundaries nothing here can reach)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memtrace import doctor
+
+
+@pytest.mark.parametrize(("scope", "euid", "cap", "status", "fragment"), [
+    (None, 1000, 0, "ok", "no Yama"),
+    ("0\n", 1000, 0, "ok", "ptrace_scope 0"),
+    ("1\n", 1000, 0, "warn", "--pid/--name need root or CAP_SYS_PTRACE"),
+    ("1\n", 0, 0, "ok", "running as root"),
+    ("1\n", 1000, 1 << doctor.CAP_SYS_PTRACE, "ok", "running as CAP_SYS_PTRACE"),
+    ("2\n", 1000, 0, "fail", "only root or CAP_SYS_PTRACE may attach"),
+    ("2\n", 0, 0, "ok", "admin only"),
+    ("3\n", 0, 0, "fail", "ptrace is disabled"),
+])
+def test_ptrace_verdict(scope: str | None, euid: int, cap: int, status: str, fragment: str) -> None:
+    got, detail = doctor.ptrace_verdict(scope, euid, cap)
+    assert got == status and fragment in detail
+
+
+@pytest.mark.parametrize(("client", "server", "status"), [
+    ("17.26.2", "17.26.2", "ok"), ("17.26.2", "17.1.0", "warn"), ("17.26.2", "16.5.9", "fail"),
+])
+def test_version_verdict(client: str, server: str, status: str) -> None:
+    assert doctor.version_verdict(client, server)[0] == status
+
+
+def recon(found: list[str], missing: list[str]) -> list[dict[str, Any]]:
+    return [{"name": n, "status": "found"} for n in found] + [{"name": n, "status": "MISSING"} for n in missing]
+
+
+def test_hook_verdicts() -> None:
+    v = doctor.hook_verdict("malloc", recon(["malloc", "free"], []), [], "linux")
+    assert (v.status, v.detail) == ("ok", "2 found, 0 missing, 0 fail to attach")
+    v = doctor.hook_verdict("malloc", recon(["malloc", "free"], []), ["free"], "linux")
+    assert v.status == "fail" and "cannot hook free" in v.detail
+    assert [p["status"] for p in v.data["points"]] == ["found", "fails to attach"]
+    v = doctor.hook_verdict("fds", recon(["open"], ["openat2"]), [], "linux")
+    assert v.status == "warn" and "missing: openat2" in v.detail
+    # A tracer with no hook point at all cannot work where it belongs...
+    assert doctor.hook_verdict("malloc", recon([], ["malloc"]), [], "linux").status == "fail"
+    assert doctor.hook_verdict("iosurface", recon([], ["IOSurfaceCreate"]), [], "darwin").status == "fail"
+    # ...and a Darwin tracer off Darwin is expected to find nothing.
+    assert doctor.hook_verdict("iosurface", recon([], ["IOSurfaceCreate"]), [], "linux").status == "skip"
+    assert doctor.hook_verdict("purgeable", recon(["madvise"], ["vm_purgable_control"]), [], "linux").status == "skip"
+
+
+class FakeDevice:
+    def __init__(self, params: dict[str, Any], type_: str = "usb") -> None:
+        self.params, self.type, self.id, self.name = params, type_, "00008101-000A", "iPhone"
+
+    def query_system_parameters(self) -> dict[str, Any]:
+        return self.params
+
+
+IOS = {"os": {"id": "ios", "name": "iOS", "version": "16.5"}, "platform": "darwin", "arch": "arm64",
+       "hardware": {"product": "iPhone13,2"}, "access": "full", "name": "iPhone"}
+
+
+class FakeLockdown:
+    def __init__(self, values: dict[tuple[str | None, str], Any]) -> None:
+        self.values = values
+
+    async def get_value(self, domain: str | None = None, key: str | None = None) -> Any:
+        if (domain, key) not in self.values:
+            raise KeyError(key)
+        return self.values[(domain, key)]
+
+
+def factory(values: dict[tuple[str | None, str], Any] | None, asked: list[str]):
+    async def create(udid: str) -> FakeLockdown:
+        asked.append(udid)
+        if values is None:
+            raise ConnectionError("no usbmuxd")
+        return FakeLockdown(values)
+    return create
+
+
+def rows(report: doctor.Report) -> dict[str, tuple[str, str]]:
+    return {c.name: (c.status, c.detail) for c in report.checks}
+
+
+def test_jailbroken_usb_device_with_lockdown_and_developer_mode() -> None:
+    asked: list[str] = []
+    report = doctor.Report()
+    platform = doctor.device_checks(report, FakeDevice(IOS), factory(
+        {(None, "ProductType"): "iPhone13,2", (None, "ProductVersion"): "16.5",
+         ("com.apple.security.mac.amfi", "DeveloperModeStatus"): True}, asked))
+    assert platform == "darwin" and asked == ["00008101-000A"]
+    r = rows(report)
+    assert r["OS and model"] == ("ok", "iOS 16.5 (darwin, arm64), iPhone13,2")
+    assert r["jailbreak"][0] == "ok"
+    assert r["lockdown"] == ("ok", "reachable: iPhone13,2, iOS 16.5")
+    assert r["developer mode"] == ("ok", "on")
+    assert report.ok
+
+
+def test_jailed_device_without_developer_mode_and_old_ios() -> None:
+    report = doctor.Report()
+    doctor.device_checks(report, FakeDevice({**IOS, "access": "jailed"}), factory(
+        {(None, "ProductType"): "iPhone10,6", (None, "ProductVersion"): "15.7",
+         ("com.apple.security.mac.amfi", "DeveloperModeStatus"): False}, []))
+    r = rows(report)
+    assert r["jailbreak"][0] == "warn" and "not jailbroken" in r["jailbreak"][1]
+    assert r["developer mode"][0] == "warn"
+    report = doctor.Report()
+    doctor.device_checks(report, FakeDevice(IOS), factory({(None, "ProductType"): "iPhone9,1",
+                                                           (None, "ProductVersion"): "14.8"}, []))
+    assert rows(report)["developer mode"][0] == "skip"
+
+
+def test_unreachable_lockdown_is_a_warning() -> None:
+    report = doctor.Report()
+    doctor.device_checks(report, FakeDevice(IOS), factory(None, []))
+    status, detail = rows(report)["lockdown"]
+    assert status == "warn" and "no usbmuxd" in detail
+    assert report.ok
+
+
+def test_a_device_that_cannot_be_queried_fails() -> None:
+    class Broken(FakeDevice):
+        def query_system_parameters(self) -> dict[str, Any]:
+            raise RuntimeError("connection closed")
+
+    report = doctor.Report()
+    assert doctor.device_checks(report, Broken(IOS), factory(None, [])) is None
+    assert rows(report)["system"] == ("fail", "cannot query the device: connection closed")
+    assert not report.ok

@@ -58,20 +58,21 @@ def build_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return targets
 
 
-def families_line(t: dict[str, Any], n: int = 3) -> str:
-    parts = []
+def families_line(t: dict[str, Any], n: int = 3) -> list[str]:
+    """The dominant families, one line per malloc capture (captures are compared, never added
+    up), then IOSurface's; [] when nothing was stacked."""
+    out = []
     m = t.get("malloc")
     if m:
-        # One capture's dominant families each (captures are compared, never added up).
         runs = [" · ".join([f"{f['family']} {fmt_bytes(f['bytes'])}" for f in r["families"]
                             if f["family"] != UNSTACKED and f["bytes"] > 0][:n]) for r in m["runs"]]
         if any(runs):
-            parts.append("<br>".join(r or "—" for r in runs))
+            out += [r or "—" for r in runs]
     s = t.get("iosurface")
     if s and s["families"]:
-        parts.append("IOSurface: " + " · ".join(f"{f['family']} {fmt_bytes(f['bytes'])}"
-                                                for f in s["families"][:n] if f.get("bytes")))
-    return " · ".join(parts) if parts else "—"
+        out.append("IOSurface: " + " · ".join(f"{f['family']} {fmt_bytes(f['bytes'])}"
+                                              for f in s["families"][:n] if f.get("bytes")))
+    return out
 
 
 def panorama(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from typing import Any
 
 from memtrace import tracers
 from memtrace.report.chapters import leaks
-from memtrace.reporters.markdown import cell, table, text
+from memtrace.reporters.markdown import cell, lines, table, text
 from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds
 
 
@@ -41,10 +41,10 @@ def _panorama(doc: dict[str, Any]) -> list[str]:
         elif "malloc_gross_bytes" in r:
             runs = r.get("malloc_runs") or [r]
             # Several captures of one target: one line each, side by side in the cell.
-            malloc = "<br>".join(f"{fmt_bytes(x['malloc_gross_bytes'])} / {fmt_seconds(x['captured_s'])} "
-                                 f"(window {fmt_seconds(x['window_s'])}) · {x['malloc_calls']:,} calls" for x in runs)
-            net = "<br>".join(f"in-use {fmt_bytes(x['in_use_delta'], signed=True)} · live {fmt_bytes(x['live_bytes'])} "
-                              f"· {x['survivors']:,} survivors" for x in runs)
+            malloc = lines(f"{fmt_bytes(x['malloc_gross_bytes'])} / {fmt_seconds(x['captured_s'])} "
+                           f"(window {fmt_seconds(x['window_s'])}) · {x['malloc_calls']:,} calls" for x in runs)
+            net = lines(f"in-use {fmt_bytes(x['in_use_delta'], signed=True)} · live {fmt_bytes(x['live_bytes'])} "
+                        f"· {x['survivors']:,} survivors" for x in runs)
         else:
             malloc, net = "not traced", "—"
         ios = "not traced" if r["iosurface_bytes"] is None else \
@@ -53,7 +53,7 @@ def _panorama(doc: dict[str, Any]) -> list[str]:
         ended = r["ended"] if r["ended"] == "completed" else f"{r['ended']}: {r['reason']}"
         cov = "—" if r.get("stack_coverage") is None else f"stacks {fmt_pct(r['stack_coverage'])}" + (
             f" · live {fmt_pct(r['live_coverage'])}" if r.get("live_coverage") is not None else "")
-        rows.append([r["target"], ios, malloc, net, purg, r["families"], ended, cov])
+        rows.append([r["target"], ios, malloc, net, purg, lines(r["families"]) if r["families"] else "—", ended, cov])
     return ["## Panorama: business × memory", "",
             "IOSurface = surfaces created; malloc gross = allocation pressure; in-use Δ (allocator statistics), "
             "live at end and survivors = net holding; purgeable held = VOLATILE/EMPTY bytes not counted in "

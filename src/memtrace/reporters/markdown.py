@@ -59,6 +59,11 @@ def text(value: Any, line_start: bool = False) -> Markup:
 cell = text     # one table cell: the same escapes (a `|` is escaped everywhere)
 
 
+def lines(values: Iterable[Any]) -> Markup:
+    """Several lines of data in one table cell (``<br>`` between them, each line inert)."""
+    return Markup("<br>".join(text(v) for v in values))
+
+
 def code(value: Any) -> Markup:
     """A code span that holds ``value`` literally, wherever it is written (a table cell too)."""
     s = str(value).translate(_CONTROL)

@@ -12,6 +12,7 @@ from typing import Any
 
 from memtrace.report.chapters import frames_cell
 from memtrace.reporters.markdown import cell, table
+from memtrace.reporters.markdown import lines as cell_lines
 from memtrace.units import fmt_bytes
 
 SHOWN = 5
@@ -78,11 +79,11 @@ def markdown(targets: list[dict[str, Any]]) -> list[str]:
         threads = [e["leaked"]["count"] for e in t.get("threads") or []]
         if not mallocs and not fds and not threads:
             continue
-        malloc_cell = "<br>".join(
+        malloc_cell = cell_lines(
             f"{lk['leaked']['blocks']:,} blocks, {fmt_bytes(lk['leaked']['bytes'])}"
             + ("" if lk["scan"]["complete"] else " (scan incomplete)") for _, lk in mallocs) or "not scanned"
-        reach = "<br>".join(f"{lk['reachable']['blocks']:,} blocks, {fmt_bytes(lk['reachable']['bytes'])}"
-                            for _, lk in mallocs) or "—"
+        reach = cell_lines(f"{lk['reachable']['blocks']:,} blocks, {fmt_bytes(lk['reachable']['bytes'])}"
+                           for _, lk in mallocs) or "—"
         rows.append([t["target"], malloc_cell, reach, " / ".join(f"{n:,}" for n in fds) or "not traced",
                      " / ".join(f"{n:,}" for n in threads) or "not traced"])
     if not rows:

@@ -390,7 +390,8 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
     hi = lo + 16;   /* unknown stack: only our own frame is safe to read */
   while (fp >= lo && fp + 16 <= hi && (fp & 7) == 0)
   {
-    guint64 next = ((guint64 *) fp)[0];
+    /* Swift sets bit 60 of the frame pointer an async frame saves: cleared to follow the chain. */
+    guint64 next = ((guint64 *) fp)[0] & ~(1ULL << 60);
     guint64 ret = ((guint64 *) fp)[1] & mt_config.code_mask;
     if (ret < 4096)
       break;

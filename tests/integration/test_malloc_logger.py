@@ -203,3 +203,21 @@ def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) ->
     finally:
         with contextlib.suppress(frida.ProcessNotFoundError):
             device.kill(pid)
+
+
+def test_agent_tables_stay_untouched_until_used_and_are_reported(compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    """The core's tables are fresh pages, never cleared by hand: at start ~75 MiB are reserved and next
+    to nothing is resident.  Calibration reports the agent's own resident bytes, and the footprint
+    delta is given without them."""
+    prog = standin_program(compile_c, demo_bin, "standin_malloc")
+    run_capture("malloc", TargetSpec(device="local", argv=[str(prog)]),
+                CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c", agent_config={"backend": "logger"}),
+                SilentUI(passthrough=False))
+    calib = {r.body["phase"]: r.body for r in read_records(tmp_path / "c") if r.type == RecordType.CALIBRATION}
+    before, after = calib["before"]["agent"], calib["at-exit"]["agent"]
+    assert before["source"] == "mincore" and before["reserved"] >= 64 * MIB
+    assert before["resident"] < before["reserved"] // 64
+    assert before["resident"] <= after["resident"] < after["reserved"]
+    fp = summarize(read_records(tmp_path / "c")).coverage()["footprint"]
+    assert fp["agent_delta"] == after["resident"] - before["resident"]
+    assert fp["delta_without_agent"] == fp["delta"] - fp["agent_delta"]

@@ -162,6 +162,12 @@ class MallocSummary(CaptureContext):
         if fb and fa and "footprint" in fb and "footprint" in fa:
             out["footprint"] = {"source": fa.get("source"), "before": fb["footprint"], "after": fa["footprint"],
                                 "delta": fa["footprint"] - fb["footprint"]}
+            # The agent's own tables grow resident as they fill: that much of the delta is ours.
+            agb, aga = before.get("agent") or {}, after.get("agent") or {}
+            if "resident" in agb and "resident" in aga:
+                agent_delta = aga["resident"] - agb["resident"]
+                out["footprint"]["agent_delta"] = agent_delta
+                out["footprint"]["delta_without_agent"] = out["footprint"]["delta"] - agent_delta
         return out
 
     def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:

@@ -12,6 +12,7 @@ const SLOT_BYTES = 1024;          // per MtSlot; mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
 
 export const core = {
+  tables: [],       // [{base, size}]: every table the agent mapped (calibration measures what is resident)
   cm: null,
   cfg: null,
   slowKinds: null,
@@ -27,6 +28,17 @@ function pow2(n) {
   while (p < n)
     p *= 2;
   return p;
+}
+
+/* A table as whole pages of its own: the OS hands them out zeroed and untouched, so nothing needs
+ * clearing (and dirtying) before use, and the agent's resident footprint grows only as they are
+ * used -- app extensions are jetsammed in the tens of MB. */
+function rawPages(size) {
+  const ps = Process.pageSize;
+  const bytes = Math.ceil(size / ps) * ps;
+  const base = Memory.alloc(bytes);
+  core.tables.push({ base, size: bytes });
+  return base;
 }
 
 function sizeOf(cm, fn) {
@@ -51,13 +63,14 @@ export function buildCore(config, sources, extraSymbols) {
   const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
 
   const cfg = Memory.alloc(CONFIG.size);
-  const globals = Memory.alloc(GLOBALS_BYTES);
-  const slots = Memory.alloc(nSlots * SLOT_BYTES);
-  const rings = Memory.alloc(nRings * ringSize);
-  const stackTable = Memory.alloc(stackSlots * 8);
-  const liveTable = Memory.alloc(liveBuckets * LIVE_WAYS * 8);
-  const liveOcc = Memory.alloc(liveBuckets * 4);
-  const liveLocks = Memory.alloc(liveBuckets * 4);
+  core.tables = [];
+  const globals = rawPages(GLOBALS_BYTES);
+  const slots = rawPages(nSlots * SLOT_BYTES);
+  const rings = rawPages(nRings * ringSize);
+  const stackTable = rawPages(stackSlots * 8);
+  const liveTable = rawPages(liveBuckets * LIVE_WAYS * 8);
+  const liveOcc = rawPages(liveBuckets * 4);
+  const liveLocks = rawPages(liveBuckets * 4);
   const slowKinds = Memory.alloc(8);
   const tlsOffset = Memory.alloc(8);
 
@@ -141,7 +154,8 @@ export function buildCore(config, sources, extraSymbols) {
     enabled: 0,
   });
 
-  new NativeFunction(cm.mt_reset, 'void', [])();
+  // Every table is fresh OS pages (rawPages): already zero, so mt_reset (which would touch them
+  // all, ~10 MiB at the default sizes) is not called.
 
   core.cm = cm;
   core.cfg = cfg;

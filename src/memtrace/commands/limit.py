@@ -38,7 +38,8 @@ def _render(doc: dict[str, Any]) -> None:
     console.print(f"[bold]{doc.get('name') or '?'}[/] (pid {doc['pid']}, {doc['platform']}): footprint "
                   f"[bold]{fb(doc.get('footprint'))}[/], available {fb(doc.get('available'))}, "
                   f"limit [bold]{fb(doc.get('limit'))}[/]"
-                  + (f" (binding: {doc['binding']})" if doc.get("binding") else ""))
+                  + (f" (binding: {doc['binding']})" if doc.get("binding") else "")
+                  + (f" (from {doc['limit_source']})" if doc.get("limit_source") else ""))
     if doc.get("bounds"):
         table = Table(title="bounds", title_justify="left")
         for col in ("bound", "limit", "used", "available", "how"):

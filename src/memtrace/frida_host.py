@@ -78,7 +78,10 @@ class FridaHost:
     def resume(self) -> None:
         if self.launched is not None and self.launched.suspended:
             try:
-                self.device.resume(self.launched.pid)
+                if self.launched.resume is not None:
+                    self.launched.resume()      # launched by another tool (pymobiledevice3): its resume
+                else:
+                    self.device.resume(self.launched.pid)
             except GONE_ERRORS as e:
                 raise TargetLost(f"resume: {e}") from None
             self.launched.suspended = False

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
@@ -168,11 +169,10 @@ def _major(version: str | None) -> int:
 
 
 async def _close(client: Any) -> None:
+    # Closing a connection the device may already have dropped.
     if client is not None:
-        try:
+        with contextlib.suppress(Exception):
             await client.close()
-        except Exception:  # noqa: BLE001 -- closing a connection the device already dropped
-            pass
 
 
 class _Pmd3Session:

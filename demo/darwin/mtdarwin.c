@@ -610,6 +610,9 @@ EXPORT NOINLINE size_t IOSurfaceClientGetAllocSize(void *client)
 
 EXPORT NOINLINE void *IOSurfaceCreate(void *properties)
 {
+    const struct mtdarwin_surface_props *pr = (const struct mtdarwin_surface_props *)properties;
+    if (!pr || !pr->width || !pr->height || !pr->bytes_per_element)
+        return NULL;
     return surface_of(IOSurfaceClientCreate(properties));
 }
 

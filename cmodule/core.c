@@ -84,7 +84,7 @@ extern gpointer pthread_self (void);
 #ifdef MT_DARWIN
 extern gpointer pthread_get_stackaddr_np (gpointer thread);
 extern gsize pthread_get_stacksize_np (gpointer thread);
-extern gint pthread_threadid_np (gpointer thread, guint64 * tid);
+extern guint pthread_mach_thread_np (gpointer thread);
 #else
 extern gint pthread_getattr_np (gpointer thread, gpointer attr);
 extern gint pthread_attr_getstack (gpointer attr, gpointer * addr, gsize * size);
@@ -144,9 +144,10 @@ static guint64
 mt_current_tid (void)
 {
 #ifdef MT_DARWIN
-  guint64 tid = 0;
-  pthread_threadid_np (NULL, &tid);
-  return tid;
+  /* The thread's Mach port name: what Frida's Process.getCurrentThreadId() and its thread lists
+   * report on Darwin, so the C records' thread ids and the JavaScript tracers' agree (and fit the
+   * chunk header's u32, which pthread_threadid_np's 64-bit id does not).  DEVICE-UNVERIFIED. */
+  return (guint64) pthread_mach_thread_np (pthread_self ());
 #else
   return (guint64) syscall ((glong) mt_config.gettid_nr);
 #endif

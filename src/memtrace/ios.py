@@ -3,7 +3,8 @@
 pymobiledevice3 (v8+) is asyncio throughout: ``create_using_usbmux``/``create_using_tcp`` are
 coroutines returning a lockdown client (an async context manager), and ``CrashReportsManager``
 must be used with ``async with``; its ``ls(path, depth)`` and ``pull(out, entry, ...)`` are
-coroutines. One ``asyncio.run`` drives the whole pull so nothing leaks between event loops.
+coroutines; ``flush()`` asks the crash report mover to move pending reports into the folder first.
+One ``asyncio.run`` drives the whole pull so nothing leaks between event loops.
 
 Tests replace the two factories (``lockdown_factory``, ``manager_factory``); nothing else here
 talks to a device.
@@ -62,6 +63,9 @@ async def _pull(target: DeviceTarget, out: Path, lockdown_factory: LockdownFacto
     lockdown = await lockdown_factory(target)
     pulled: list[Path] = []
     async with lockdown, manager_factory(lockdown) as manager:
+        # Reports still pending (a kill moments ago) are moved into the folder first, as the
+        # crash report mover does for Xcode.
+        await manager.flush()
         entries = await manager.ls("/", LIST_DEPTH)
         for entry in sorted(entries):
             name = posixpath.basename(entry)

@@ -92,7 +92,7 @@ export function buildCore(config, sources, extraSymbols) {
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');
     symbols.pthread_get_stacksize_np = findExport('pthread_get_stacksize_np');
-    symbols.pthread_threadid_np = findExport('pthread_threadid_np');
+    symbols.pthread_mach_thread_np = findExport('pthread_mach_thread_np');
   } else {
     symbols.pthread_getattr_np = findExport('pthread_getattr_np');
     symbols.pthread_attr_getstack = findExport('pthread_attr_getstack');

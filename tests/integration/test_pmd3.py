@@ -30,7 +30,7 @@ from pymobiledevice3.services.dvt.instruments.process_control import ProcessCont
 from pymobiledevice3.services.mobile_image_mounter import auto_mount
 from pymobiledevice3.tunneld.api import get_tunneld_device_by_udid
 
-from memtrace import launchers
+from memtrace import ios, launchers
 from memtrace.capture import RecordType, read_records
 from memtrace.capture_loop import CaptureOptions, run_capture
 from memtrace.errors import TargetError
@@ -232,3 +232,23 @@ def test_capture_launched_by_pmd3_is_resumed_through_process_control(
     # Every lockdown client memtrace opened (the launch's and the resume's) was closed.
     assert device.names().count("create_using_usbmux") == device.closed.count("lockdown") == 2
     device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "17.5", "mounted": True}], indirect=True)
+def test_doctor_check_reaches_dvt_and_mounts_nothing(device: Device) -> None:
+    check = ios.check_pmd3("UDID")
+    assert check.ok and check.detail == "iOS 17.5: DVT process control reachable over tunnel"
+    assert "auto_mount" not in device.names() and "launch" not in device.names()
+    assert sorted(device.closed) == ["dvt", "lockdown", "rsd"]
+    device.tunneld = "down"
+    check = ios.check_pmd3("UDID")
+    assert not check.ok and "no tunneld answers" in check.detail
+    device.tunneld, device.locked = "up", True
+    assert ios.check_pmd3("UDID") == ios.DeviceCheck("--launch pmd3", False, launchers.LOCKED_MESSAGE)
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "16.1", "mounted": False}], indirect=True)
+def test_doctor_check_without_the_image(device: Device) -> None:
+    check = ios.check_pmd3("UDID")
+    assert not check.ok and "is the developer disk image mounted?" in check.detail

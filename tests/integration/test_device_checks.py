@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import frida
@@ -25,10 +25,8 @@ def spawned(program: Path) -> Iterator[int]:
     try:
         yield pid
     finally:
-        try:
+        with suppress(frida.ProcessNotFoundError):
             device.kill(pid)
-        except frida.ProcessNotFoundError:
-            pass
 
 
 def test_ca_hooks(demo_bin: Path, compile_c) -> None:

@@ -84,7 +84,7 @@ extern gpointer pthread_self (void);
 #ifdef MT_DARWIN
 extern gpointer pthread_get_stackaddr_np (gpointer thread);
 extern gsize pthread_get_stacksize_np (gpointer thread);
-extern gint pthread_threadid_np (gpointer thread, guint64 * tid);
+extern guint pthread_mach_thread_np (gpointer thread);
 #else
 extern gint pthread_getattr_np (gpointer thread, gpointer attr);
 extern gint pthread_attr_getstack (gpointer attr, gpointer * addr, gsize * size);
@@ -144,9 +144,10 @@ static guint64
 mt_current_tid (void)
 {
 #ifdef MT_DARWIN
-  guint64 tid = 0;
-  pthread_threadid_np (NULL, &tid);
-  return tid;
+  /* The thread's Mach port name: what Frida's Process.getCurrentThreadId() and its thread lists
+   * report on Darwin, so the C records' thread ids and the JavaScript tracers' agree (and fit the
+   * chunk header's u32, which pthread_threadid_np's 64-bit id does not).  DEVICE-UNVERIFIED. */
+  return (guint64) pthread_mach_thread_np (pthread_self ());
 #else
   return (guint64) syscall ((glong) mt_config.gettid_nr);
 #endif
@@ -390,7 +391,8 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
     hi = lo + 16;   /* unknown stack: only our own frame is safe to read */
   while (fp >= lo && fp + 16 <= hi && (fp & 7) == 0)
   {
-    guint64 next = ((guint64 *) fp)[0];
+    /* Swift sets bit 60 of the frame pointer an async frame saves: cleared to follow the chain. */
+    guint64 next = ((guint64 *) fp)[0] & ~(1ULL << 60);
     guint64 ret = ((guint64 *) fp)[1] & mt_config.code_mask;
     if (ret < 4096)
       break;

@@ -5,6 +5,13 @@
  *
  * The generated layout header (memtrace/layout.py) comes first: MT_PF_* entry numbers (each
  * listener's function data), MT_PURGABLE_* control values, MT_PC_* counter slots.
+ *
+ * Each call counts once, at the outermost traced entry: xnu's vm_purgable_control calls
+ * mach_vm_purgable_control and vm_allocate calls mach_vm_allocate (libsyscall/mach/mach_vm.c),
+ * so a call that arrives while another traced call is in progress on its thread (invocation
+ * depth > 0: only the call listeners here and the IOSurfaceSetPurgeable listener push one;
+ * the Core Animation hooks are probes and push none) is counted in MT_PC_NESTED and not
+ * streamed.
  */
 #include <gum/guminterceptor.h>
 
@@ -14,7 +21,9 @@ extern volatile gint mt_madv_stream_hi[2];
 extern void mt_on_set (gint fn, gpointer addr, gint control, gint new_state, gint old_state, gint kr,
     gpointer ret, gpointer fp);
 extern void mt_on_create (gint fn, guint64 addr, guint64 size, gint flags, gint kr, gpointer ret, gpointer fp);
-extern guint64 mt_libc_range[2];
+/* [start, end) pairs: the allocator's own code (libsystem_malloc on Darwin; the C library and the
+ * stand-in libmtmalloc on Linux); unused pairs are 0, 0. */
+extern guint64 mt_alloc_ranges[2 * MT_ALLOCATOR_RANGES];
 extern void mt_on_madvise (gint fn, gpointer addr, guint64 len, gint advice, gpointer ret, gpointer fp);
 
 typedef struct {
@@ -41,6 +50,16 @@ fn_of (GumInvocationContext * ic)
   return (gint) (gsize) gum_invocation_context_get_listener_function_data (ic);
 }
 
+/* Inside another traced call on this thread: counted apart, never twice. */
+static gboolean
+nested (GumInvocationContext * ic, gint fn)
+{
+  if (gum_invocation_context_get_depth (ic) == 0)
+    return FALSE;
+  g_atomic_int_add (&mt_counts[MT_PC_NESTED + fn], 1);
+  return TRUE;
+}
+
 /* MT_PF_VM_PURGABLE_CONTROL, MT_PF_MACH_VM_PURGABLE_CONTROL */
 void
 purg_enter (GumInvocationContext * ic)
@@ -52,6 +71,8 @@ purg_enter (GumInvocationContext * ic)
   gint base = MT_PC_CONTROLS + fn * MT_PC_CONTROL_STRIDE;
   d->report = 0;
   d->control = control;
+  if (nested (ic, fn))
+    return;
   if (control >= 0 && control <= MT_PURGABLE_SET_STATE_FROM_KERNEL)
     g_atomic_int_add (&mt_counts[base + control], 1);
   else
@@ -85,6 +106,9 @@ create_enter (GumInvocationContext * ic)
   MtInv * d = GUM_IC_GET_INVOCATION_DATA (ic, MtInv);
   gint fn = fn_of (ic);
   gint flags = (gint) (gsize) gum_invocation_context_get_nth_argument (ic, fn == MT_PF_MACH_VM_MAP ? 4 : 3);
+  d->report = 0;
+  if (nested (ic, fn))
+    return;
   g_atomic_int_add (&mt_counts[MT_PC_CREATION + fn], 1);
   d->report = (flags & MT_VM_FLAGS_PURGABLE) != 0;
   if (!d->report)
@@ -122,16 +146,21 @@ madv_enter (GumInvocationContext * ic)
   if (advice < 0 || advice >= 64)
     return;
   stream = advice < 32 ? ((mt_madv_stream[table] >> advice) & 1) : ((mt_madv_stream_hi[table] >> (advice - 32)) & 1);
-  /* The C library's own madvise calls (glibc's allocator trimming its heaps, with an arena
-   * lock held) are counted but never streamed: entering JavaScript there can take the
-   * target down, and they are the allocator's business, not the app's reusable line. */
+  /* The allocator's own madvise calls (glibc trimming its heaps with an arena lock held;
+   * libmalloc madvising freed pages reusable, which on iOS it does on most large frees) are
+   * counted but never streamed: entering JavaScript there can take the target down, and they
+   * are the allocator's business, not the app's reusable line. */
   if (stream)
   {
     guint64 ret = (guint64) (gsize) gum_invocation_context_get_return_address (ic);
-    if (ret >= mt_libc_range[0] && ret < mt_libc_range[1])
+    gint r;
+    for (r = 0; r != MT_ALLOCATOR_RANGES; r++)
     {
-      g_atomic_int_add (&mt_counts[MT_PC_MADVISE_INTERNAL], 1);
-      return;
+      if (ret >= mt_alloc_ranges[2 * r] && ret < mt_alloc_ranges[2 * r + 1])
+      {
+        g_atomic_int_add (&mt_counts[MT_PC_MADVISE_INTERNAL], 1);
+        return;
+      }
     }
   }
   if (stream)

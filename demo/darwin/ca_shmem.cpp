@@ -3,6 +3,7 @@
  *
  * Real C++ (Itanium-mangled) symbols, found by memtrace through a demangled-name match:
  *   CA::Render::Shmem::new_shmem(unsigned long)        _ZN2CA6Render5Shmem9new_shmemEm
+ *   CA::Render::Shmem::new_shmem(unsigned int, unsigned long)   _ZN2CA6Render5Shmem9new_shmemEjm
  *   CA::Render::Shmem::set_volatile(bool, int*)        _ZN2CA6Render5Shmem12set_volatileEbPi
  *   CA::Render::Shmem::unref()                         _ZN2CA6Render5Shmem5unrefEv
  *
@@ -10,6 +11,9 @@
  *   bytes per call, direct caller new_shmem) and its backing store with
  *   mach_vm_allocate(mach_task_self(), &addr, size, VM_FLAGS_ANYWHERE | VM_FLAGS_PURGABLE): one
  *   NONVOLATILE purgeable object of round_up(size, 4096) bytes.  Returns NULL on failure.
+ * new_shmem(port, size): the overload that maps a memory entry (a Mach port) instead of allocating:
+ *   mach_vm_map(mach_task_self(), &addr, size, 0, VM_FLAGS_ANYWHERE | VM_FLAGS_PURGABLE, port, ...).
+ *   The stand-in's mach_vm_map maps only MACH_PORT_NULL (0): another port fails (NULL).
  * set_volatile(v, old): mach_vm_purgable_control(mach_task_self(), base, VM_PURGABLE_SET_STATE,
  *   &st) with st = v ? VOLATILE(1) : NONVOLATILE(0).  The state-machine hook therefore sees this
  *   transition too, with direct caller CA::Render::Shmem::set_volatile.  *old (if non-NULL) gets
@@ -35,6 +39,7 @@ namespace Render {
 class EXPORT Shmem {
 public:
     static Shmem *new_shmem(unsigned long size);
+    static Shmem *new_shmem(unsigned int port, unsigned long size);
     bool set_volatile(bool v, int *old);
     void unref();
     void *data() const { return reinterpret_cast<void *>(base_); }
@@ -53,6 +58,23 @@ NOINLINE Shmem *Shmem::new_shmem(unsigned long size)
         return nullptr;
     unsigned long long addr = 0;
     if (mach_vm_allocate(mach_task_self(), &addr, size, VM_FLAGS_ANYWHERE | VM_FLAGS_PURGABLE) != KERN_SUCCESS) {
+        free(s);
+        return nullptr;
+    }
+    s->base_ = addr;
+    s->size_ = (size + 4095UL) & ~4095UL;
+    s->refcount_ = 1;
+    return s;
+}
+
+NOINLINE Shmem *Shmem::new_shmem(unsigned int port, unsigned long size)
+{
+    Shmem *s = static_cast<Shmem *>(malloc(sizeof(Shmem)));
+    if (!s)
+        return nullptr;
+    unsigned long long addr = 0;
+    if (mach_vm_map(mach_task_self(), &addr, size, 0, VM_FLAGS_ANYWHERE | VM_FLAGS_PURGABLE, port, 0, 0, 3, 7, 1)
+        != KERN_SUCCESS) {
         free(s);
         return nullptr;
     }
@@ -98,6 +120,11 @@ EXPORT NOINLINE int CABackingStoreSetVolatile(void *store, int isVolatile)
 EXPORT void *mtdarwin_shmem_new(unsigned long size)
 {
     return CA::Render::Shmem::new_shmem(size);
+}
+
+EXPORT void *mtdarwin_shmem_new_port(unsigned int port, unsigned long size)
+{
+    return CA::Render::Shmem::new_shmem(port, size);
 }
 
 EXPORT int mtdarwin_shmem_set_volatile(void *shmem, int isVolatile, int *old_state)

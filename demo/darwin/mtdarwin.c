@@ -14,6 +14,19 @@
  *     copy, protections and inheritance are ignored.
  *   - mach_vm_deallocate / vm_deallocate (addr = start of a registered object): munmap + unregister.
  *     Unknown address -> KERN_INVALID_ADDRESS.
+ *   - Nesting as in xnu's libsyscall/mach/mach_vm.c: vm_allocate calls mach_vm_allocate,
+ *     vm_deallocate calls mach_vm_deallocate, vm_purgable_control calls mach_vm_purgable_control
+ *     (a hook on both entries sees the inner call too).
+ *   - __syscall_logger (exported, NULL until a tracer sets it), called as libsyscall does:
+ *       mach_vm_allocate (on success, not for the stack tag 30): 16 | tag<<24, task, size, 0, *addr
+ *       mach_vm_map (on success): 16 | 128 | tag<<24, task, size, 0, *addr   (128 = "may be a mapped
+ *           file or shared memory": mach_vm_map always sets it, which is how libmalloc's regions
+ *           arrive tagged VM_MEMORY_MALLOC_* with 128)
+ *       mach_vm_deallocate (before the call): 32, task, addr, size, 0
+ *       mtdarwin_mmap (libsyscall's mmap wrapper, after the call, MAP_FAILED included):
+ *           16 | (anonymous ? fd & 0xff000000 : 128), mach_task_self(), len, 0, result
+ *       mtdarwin_munmap: 32, mach_task_self(), addr, len, 0
+ *     arg1 is the target task as passed (mach_task_self_ = 0x103; any other value is another task).
  *   - vm_purgable_control / mach_vm_purgable_control(map, addr, control, *state): addr may be
  *     anywhere inside a registered object.  Unknown address -> KERN_INVALID_ADDRESS (1); a
  *     non-purgeable allocation -> KERN_INVALID_ARGUMENT (4); state NULL -> KERN_INVALID_ARGUMENT.
@@ -29,8 +42,7 @@
  *                         same->same: no change, old state read back = same.
  *       PURGE_ALL (2): every VOLATILE object becomes EMPTY (same as mtdarwin_memory_pressure);
  *           *state untouched.
- *     Returns KERN_SUCCESS (0).  Both entries are thin wrappers over one internal function;
- *     neither calls the other, so a hook on one never sees the other's calls.
+ *     Returns KERN_SUCCESS (0).  vm_purgable_control calls mach_vm_purgable_control (xnu).
  *   - mtdarwin_memory_pressure(): the kernel steal.  Every VOLATILE object (purgeable VM objects
  *     AND IOSurfaces) becomes EMPTY without any call through the hooked entries; a later
  *     SET NONVOLATILE reads back 2 ("stolen").
@@ -77,7 +89,13 @@
  *   = read only), *old = previous state; applied internally ("from the kernel"), it does NOT go
  *   through vm_purgable_control.  Returns 0, or KERN_INVALID_ARGUMENT for new > 3 / bad surface.
  *   CFRetain: retain count + 1.  CFRelease: retain count - 1; at 0 calls
- *   mtdarwin_surface_destroy(s) (exported, noinline) which munmaps and frees the slot.
+ *   mtdarwin_surface_destroy(s) (exported, noinline), which calls IOSurfaceClientRelease(client):
+ *   munmap and the slot freed.
+ *   Client layer (IOSurface.framework's private IOSurfaceClient*): IOSurfaceCreate(props) =
+ *   IOSurfaceClientCreate(props) wrapped; IOSurfaceClientCreateChild(parent_client, props) makes
+ *   a child surface (its own memory, parent_id set) and is reached by mtdarwin_surface_create_child
+ *   (a framework path that never calls IOSurfaceCreate); IOSurfaceClientGetID,
+ *   IOSurfaceClientGetAllocSize read a client; IOSurfaceClientRelease(client) destroys it.
  *   CFRetain/CFRelease on anything that is not a live surface are no-ops.
  *
  * CORE ANIMATION
@@ -123,10 +141,29 @@ struct surface {
     size_t alloc_size;
     void *base;
     int state;
+    uint32_t parent_id;     /* a child surface's parent (IOSurfaceClientCreateChild), else 0 */
     char name[64];
 };
 
 EXPORT unsigned int mach_task_self_ = 0x103;
+
+/* libsyscall's VM logger (stack_logging_internal.h); a tracer sets it. */
+typedef void (mtd_logger_t)(uint32_t type, uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t result,
+                            uint32_t skip);
+EXPORT mtd_logger_t *__syscall_logger;
+
+#define LOG_VM_ALLOCATE 16u
+#define LOG_VM_DEALLOCATE 32u
+#define LOG_MAPPED_FILE 128u
+#define VM_FLAGS_ALIAS_MASK 0xff000000u
+#define VM_MEMORY_STACK 30u
+
+static void log_vm(uint32_t type, uintptr_t task, uintptr_t a2, uintptr_t a3, uintptr_t result)
+{
+    mtd_logger_t *logger = __atomic_load_n(&__syscall_logger, __ATOMIC_ACQUIRE);
+    if (logger)
+        logger(type, task, a2, a3, result, 0);
+}
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct vmobj g_objs[MAX_OBJECTS];
@@ -181,32 +218,38 @@ static int vm_alloc_common(unsigned long long *addr, unsigned long long size, in
     return KERN_SUCCESS;
 }
 
-EXPORT int mach_vm_allocate(unsigned task, unsigned long long *addr, unsigned long long size, int flags)
+EXPORT NOINLINE int mach_vm_allocate(unsigned task, unsigned long long *addr, unsigned long long size, int flags)
 {
-    (void)task;
-    return vm_alloc_common(addr, size, flags);
-}
-
-EXPORT int vm_allocate(unsigned task, unsigned long *addr, unsigned long size, int flags)
-{
-    (void)task;
-    if (!addr)
-        return KERN_INVALID_ARGUMENT;
-    unsigned long long a = 0;
-    int kr = vm_alloc_common(&a, size, flags);
-    if (kr == KERN_SUCCESS)
-        *addr = (unsigned long)a;
+    int kr = vm_alloc_common(addr, size, flags);
+    uint32_t tag = (uint32_t)flags & VM_FLAGS_ALIAS_MASK;
+    if (kr == KERN_SUCCESS && tag != (VM_MEMORY_STACK << 24))
+        log_vm(LOG_VM_ALLOCATE | tag, task, (uintptr_t)size, 0, (uintptr_t)*addr);
     return kr;
 }
 
-EXPORT int mach_vm_map(unsigned task, unsigned long long *addr, unsigned long long size,
-                       unsigned long long mask, int flags, unsigned object, unsigned long long offset,
-                       int copy, int cur_prot, int max_prot, int inheritance)
+/* xnu: vm_allocate is mach_vm_allocate with a vm_address_t. */
+EXPORT NOINLINE int vm_allocate(unsigned task, unsigned long *addr, unsigned long size, int flags)
 {
-    (void)task; (void)mask; (void)offset; (void)copy; (void)cur_prot; (void)max_prot; (void)inheritance;
+    if (!addr)
+        return KERN_INVALID_ARGUMENT;
+    unsigned long long a = *addr;
+    int kr = mach_vm_allocate(task, &a, size, flags);
+    *addr = (unsigned long)a;
+    return kr;
+}
+
+EXPORT NOINLINE int mach_vm_map(unsigned task, unsigned long long *addr, unsigned long long size,
+                                unsigned long long mask, int flags, unsigned object, unsigned long long offset,
+                                int copy, int cur_prot, int max_prot, int inheritance)
+{
+    (void)mask; (void)offset; (void)copy; (void)cur_prot; (void)max_prot; (void)inheritance;
     if (object != 0)
         return KERN_INVALID_ARGUMENT;
-    return vm_alloc_common(addr, size, flags);
+    int kr = vm_alloc_common(addr, size, flags);
+    uint32_t tag = (uint32_t)flags & VM_FLAGS_ALIAS_MASK;
+    if (kr == KERN_SUCCESS && tag != (VM_MEMORY_STACK << 24))
+        log_vm(LOG_VM_ALLOCATE | LOG_MAPPED_FILE | tag, task, (uintptr_t)size, 0, (uintptr_t)*addr);
+    return kr;
 }
 
 static int vm_dealloc_common(unsigned long addr)
@@ -224,16 +267,35 @@ static int vm_dealloc_common(unsigned long addr)
     return KERN_SUCCESS;
 }
 
-EXPORT int mach_vm_deallocate(unsigned task, unsigned long long addr, unsigned long long size)
+EXPORT NOINLINE int mach_vm_deallocate(unsigned task, unsigned long long addr, unsigned long long size)
 {
-    (void)task; (void)size;
+    log_vm(LOG_VM_DEALLOCATE, task, (uintptr_t)addr, (uintptr_t)size, 0);
     return vm_dealloc_common((unsigned long)addr);
 }
 
-EXPORT int vm_deallocate(unsigned task, unsigned long addr, unsigned long size)
+EXPORT NOINLINE int vm_deallocate(unsigned task, unsigned long addr, unsigned long size)
 {
-    (void)task; (void)size;
-    return vm_dealloc_common(addr);
+    return mach_vm_deallocate(task, addr, size);
+}
+
+/* libsyscall's mmap wrapper: logged after the call, MAP_FAILED included.  An anonymous mapping
+ * carries its VM tag in the fd argument (VM_MAKE_TAG), as on Darwin; Linux ignores fd there. */
+EXPORT NOINLINE void *mtdarwin_mmap(void *addr, size_t len, int prot, int flags, int fd, long off)
+{
+    void *p = mmap(addr, len, prot, flags, (flags & MAP_ANONYMOUS) ? -1 : fd, off);
+    uint32_t type = LOG_VM_ALLOCATE;
+    if (flags & MAP_ANONYMOUS)
+        type |= (uint32_t)fd & VM_FLAGS_ALIAS_MASK;
+    else
+        type |= LOG_MAPPED_FILE;
+    log_vm(type, mach_task_self_, (uintptr_t)len, 0, (uintptr_t)p);
+    return p;
+}
+
+EXPORT NOINLINE int mtdarwin_munmap(void *addr, size_t len)
+{
+    log_vm(LOG_VM_DEALLOCATE, mach_task_self_, (uintptr_t)addr, (uintptr_t)len, 0);
+    return munmap(addr, len);
 }
 
 /* Apply a SET to an object/surface state; returns old state.  Caller holds the lock. */
@@ -308,16 +370,16 @@ static int purgable_control_common(unsigned long addr, int control, int *state)
     return kr;
 }
 
-EXPORT NOINLINE int vm_purgable_control(unsigned map, unsigned long addr, int control, int *state)
-{
-    (void)map;
-    return purgable_control_common(addr, control, state);
-}
-
 EXPORT NOINLINE int mach_vm_purgable_control(unsigned map, unsigned long long addr, int control, int *state)
 {
     (void)map;
     return purgable_control_common((unsigned long)addr, control, state);
+}
+
+/* xnu: vm_purgable_control is mach_vm_purgable_control with a vm_offset_t. */
+EXPORT NOINLINE int vm_purgable_control(unsigned map, unsigned long addr, int control, int *state)
+{
+    return mach_vm_purgable_control(map, (unsigned long long)addr, control, state);
 }
 
 EXPORT void mtdarwin_memory_pressure(void)
@@ -447,9 +509,37 @@ static struct surface *as_surface(const void *p)
     return (struct surface *)s;
 }
 
-EXPORT NOINLINE void *IOSurfaceCreate(void *properties)
+/* The client object (IOSurfaceClientRef): what IOSurface.framework's private IOSurfaceClient*
+ * functions take; one per surface, at the surface's index. */
+struct surface_client {
+    uint32_t magic;
+    uint32_t index;
+};
+#define CLIENT_MAGIC 0x494f5343u /* 'IOSC' */
+static struct surface_client g_clients[MAX_SURFACES];
+
+static struct surface_client *as_client(const void *p)
 {
-    const struct mtdarwin_surface_props *pr = (const struct mtdarwin_surface_props *)properties;
+    const struct surface_client *c = (const struct surface_client *)p;
+    if (!c || c < &g_clients[0] || c >= &g_clients[MAX_SURFACES])
+        return NULL;
+    if (((const char *)c - (const char *)&g_clients[0]) % sizeof(struct surface_client) != 0)
+        return NULL;
+    return c->magic == CLIENT_MAGIC ? (struct surface_client *)c : NULL;
+}
+
+static struct surface *surface_of(struct surface_client *c)
+{
+    return c ? &g_surfaces[c->index] : NULL;
+}
+
+static struct surface_client *client_of(struct surface *s)
+{
+    return s ? &g_clients[s - g_surfaces] : NULL;
+}
+
+static struct surface_client *client_create(const struct mtdarwin_surface_props *pr, uint32_t parent_id)
+{
     if (!pr || !pr->width || !pr->height || !pr->bytes_per_element)
         return NULL;
     size_t bpr = ((size_t)pr->width * pr->bytes_per_element + 63) & ~(size_t)63;
@@ -469,6 +559,7 @@ EXPORT NOINLINE void *IOSurfaceCreate(void *properties)
     memset(s, 0, sizeof *s);
     s->magic = SURFACE_MAGIC;
     s->id = g_next_surface_id++;
+    s->parent_id = parent_id;
     s->retain = 1;
     s->width = pr->width;
     s->height = pr->height;
@@ -482,8 +573,73 @@ EXPORT NOINLINE void *IOSurfaceCreate(void *properties)
         strncpy(s->name, pr->name, sizeof s->name - 1);
         s->name[sizeof s->name - 1] = 0;
     }
+    struct surface_client *c = client_of(s);
+    c->magic = CLIENT_MAGIC;
+    c->index = (uint32_t)(s - g_surfaces);
     pthread_mutex_unlock(&g_lock);
-    return s;
+    return c;
+}
+
+/* IOSurface.framework's private client layer: IOSurfaceCreate goes through IOSurfaceClientCreate;
+ * child surfaces (planes, sub-allocations) come from IOSurfaceClientCreateChild, reached by
+ * framework paths that never call IOSurfaceCreate (here: mtdarwin_surface_create_child). */
+EXPORT NOINLINE void *IOSurfaceClientCreate(void *properties)
+{
+    return client_create((const struct mtdarwin_surface_props *)properties, 0);
+}
+
+EXPORT NOINLINE void *IOSurfaceClientCreateChild(void *parent_client, void *properties)
+{
+    struct surface_client *parent = as_client(parent_client);
+    if (!parent)
+        return NULL;
+    return client_create((const struct mtdarwin_surface_props *)properties, surface_of(parent)->id);
+}
+
+EXPORT NOINLINE uint32_t IOSurfaceClientGetID(void *client)
+{
+    struct surface_client *c = as_client(client);
+    return c ? surface_of(c)->id : 0;
+}
+
+EXPORT NOINLINE size_t IOSurfaceClientGetAllocSize(void *client)
+{
+    struct surface_client *c = as_client(client);
+    return c ? surface_of(c)->alloc_size : 0;
+}
+
+EXPORT NOINLINE void *IOSurfaceCreate(void *properties)
+{
+    const struct mtdarwin_surface_props *pr = (const struct mtdarwin_surface_props *)properties;
+    if (!pr || !pr->width || !pr->height || !pr->bytes_per_element)
+        return NULL;
+    return surface_of(IOSurfaceClientCreate(properties));
+}
+
+EXPORT NOINLINE void *mtdarwin_surface_create_child(void *parent_surface, void *properties)
+{
+    struct surface *parent = as_surface(parent_surface);
+    if (!parent)
+        return NULL;
+    return surface_of(IOSurfaceClientCreateChild(client_of(parent), properties));
+}
+
+/* The last reference to a surface goes: its client is released and the memory unmapped. */
+EXPORT NOINLINE void IOSurfaceClientRelease(void *client)
+{
+    pthread_mutex_lock(&g_lock);
+    struct surface_client *c = as_client(client);
+    if (!c) {
+        pthread_mutex_unlock(&g_lock);
+        return;
+    }
+    struct surface *s = surface_of(c);
+    void *base = s->base;
+    size_t size = s->alloc_size;
+    memset(s, 0, sizeof *s);
+    memset(c, 0, sizeof *c);
+    pthread_mutex_unlock(&g_lock);
+    munmap(base, size);
 }
 
 #define SURF_GETTER(ret, fn, field) \
@@ -551,17 +707,9 @@ EXPORT NOINLINE int IOSurfaceSetPurgeable(void *surface, uint32_t newState, uint
 
 EXPORT NOINLINE void mtdarwin_surface_destroy(void *surface)
 {
-    pthread_mutex_lock(&g_lock);
     struct surface *s = as_surface(surface);
-    if (!s) {
-        pthread_mutex_unlock(&g_lock);
-        return;
-    }
-    void *base = s->base;
-    size_t size = s->alloc_size;
-    memset(s, 0, sizeof *s);
-    pthread_mutex_unlock(&g_lock);
-    munmap(base, size);
+    if (s)
+        IOSurfaceClientRelease(client_of(s));
 }
 
 EXPORT NOINLINE const void *CFRetain(const void *cf)
@@ -584,4 +732,155 @@ EXPORT NOINLINE void CFRelease(const void *cf)
     pthread_mutex_unlock(&g_lock);
     if (destroy)
         mtdarwin_surface_destroy((void *)cf);
+}
+
+/* ---------------- libdispatch: memory-pressure sources ----------------
+ *
+ * DISPATCH_SOURCE_TYPE_MEMORYPRESSURE (&_dispatch_source_type_memorypressure): a source created
+ * with a mask of DISPATCH_MEMORYPRESSURE_* bits gets, for each kernel note, data = note & mask,
+ * and its handler runs (here on a thread of its own, joined before mtdarwin_memorystatus_notify
+ * returns so tests see the event before they go on).  Sources are delivered only once resumed
+ * (dispatch_resume / dispatch_activate) and never after dispatch_source_cancel.
+ * mtdarwin_memorystatus_notify(bits) is the kernel's NOTE_MEMORYSTATUS_* note.
+ */
+struct mtd_source_type { int kind; };
+EXPORT const struct mtd_source_type _dispatch_source_type_memorypressure = { 1 };
+
+#define MAX_SOURCES 64
+struct mtd_source {
+    int used;
+    int active;
+    int cancelled;
+    unsigned long mask;
+    unsigned long data;
+    void *context;
+    void (*handler)(void *);
+};
+static struct mtd_source g_sources[MAX_SOURCES];
+static pthread_mutex_t g_dispatch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_delivery_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_global_queue;
+
+static struct mtd_source *as_source(void *p)
+{
+    struct mtd_source *s = (struct mtd_source *)p;
+    if (s < &g_sources[0] || s >= &g_sources[MAX_SOURCES] || !s->used)
+        return NULL;
+    return s;
+}
+
+EXPORT void *dispatch_get_global_queue(long identifier, unsigned long flags)
+{
+    (void)identifier; (void)flags;
+    return &g_global_queue;
+}
+
+EXPORT void *dispatch_source_create(const void *type, uintptr_t handle, unsigned long mask, void *queue)
+{
+    (void)handle; (void)queue;
+    if (type != &_dispatch_source_type_memorypressure)
+        return NULL;
+    pthread_mutex_lock(&g_dispatch_lock);
+    struct mtd_source *s = NULL;
+    for (int i = 0; i < MAX_SOURCES; i++)
+        if (!g_sources[i].used) { s = &g_sources[i]; break; }
+    if (s) {
+        memset(s, 0, sizeof *s);
+        s->used = 1;
+        s->mask = mask;
+    }
+    pthread_mutex_unlock(&g_dispatch_lock);
+    return s;
+}
+
+EXPORT void dispatch_set_context(void *object, void *context)
+{
+    struct mtd_source *s = as_source(object);
+    if (s)
+        s->context = context;
+}
+
+EXPORT void dispatch_source_set_event_handler_f(void *source, void (*handler)(void *))
+{
+    struct mtd_source *s = as_source(source);
+    if (s)
+        s->handler = handler;
+}
+
+EXPORT unsigned long dispatch_source_get_data(void *source)
+{
+    struct mtd_source *s = as_source(source);
+    return s ? s->data : 0;
+}
+
+EXPORT void dispatch_resume(void *object)
+{
+    struct mtd_source *s = as_source(object);
+    if (s)
+        s->active = 1;
+}
+
+EXPORT void dispatch_activate(void *object)
+{
+    dispatch_resume(object);
+}
+
+EXPORT void dispatch_source_cancel(void *source)
+{
+    struct mtd_source *s = as_source(source);
+    if (s)
+        s->cancelled = 1;
+}
+
+static void *deliver(void *arg)
+{
+    struct mtd_source *s = (struct mtd_source *)arg;
+    s->handler(s->context);
+    return NULL;
+}
+
+EXPORT NOINLINE void mtdarwin_memorystatus_notify(unsigned long bits)
+{
+    pthread_mutex_lock(&g_delivery_lock);
+    for (int i = 0; i < MAX_SOURCES; i++) {
+        struct mtd_source *s = &g_sources[i];
+        if (!s->used || !s->active || s->cancelled || !s->handler || !(s->mask & bits))
+            continue;
+        s->data = bits & s->mask;
+        pthread_t t;
+        if (pthread_create(&t, NULL, deliver, s) == 0)
+            pthread_join(t, NULL);
+    }
+    pthread_mutex_unlock(&g_delivery_lock);
+}
+
+/* ---------------- os_proc_available_memory ----------------
+ *
+ * xnu's memorystatus_available_memory_internal: the bytes left before the process's limit, but
+ * 0 for a process not managed by RunningBoard (a daemon) and 0 once the footprint is at or over
+ * the limit.  The footprint is the stand-in ledger's (mtdarwin_ledger); the limit and the
+ * managed flag are set with mtdarwin_set_memlimit (default: no limit, unmanaged -> 0).
+ */
+static uint64_t g_memlimit;
+static int g_managed;
+
+EXPORT void mtdarwin_set_memlimit(uint64_t limit_bytes, int managed)
+{
+    pthread_mutex_lock(&g_lock);
+    g_memlimit = limit_bytes;
+    g_managed = managed;
+    pthread_mutex_unlock(&g_lock);
+}
+
+EXPORT size_t os_proc_available_memory(void)
+{
+    struct mtdarwin_ledger l;
+    pthread_mutex_lock(&g_lock);
+    ledger_locked(&l, NULL, NULL);
+    uint64_t limit = g_memlimit;
+    int managed = g_managed;
+    pthread_mutex_unlock(&g_lock);
+    if (!managed || limit == 0 || l.footprint >= limit)
+        return 0;
+    return (size_t)(limit - l.footprint);
 }

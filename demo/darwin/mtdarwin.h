@@ -96,7 +96,37 @@ int vm_purgable_control(unsigned map, unsigned long addr, int control, int *stat
 int mach_vm_purgable_control(unsigned map, unsigned long long addr, int control, int *state);
 int task_info(unsigned task, int flavor, int *info, unsigned *count);
 
+/* ---- libsyscall's VM logging (mach_vm_map, mmap) ---- */
+void *mtdarwin_mmap(void *addr, size_t len, int prot, int flags, int fd, long off);
+int mtdarwin_munmap(void *addr, size_t len);
+#define VM_MAKE_TAG(tag) ((unsigned)(tag) << 24)
+#define VM_MEMORY_MALLOC_SMALL  2
+#define VM_MEMORY_MALLOC_LARGE  3
+#define VM_MEMORY_MALLOC_TINY   7
+#define VM_MEMORY_SQLITE        62
+#define VM_MEMORY_IOSURFACE     88
+
+/* ---- libdispatch memory-pressure sources (DISPATCH_SOURCE_TYPE_MEMORYPRESSURE) ---- */
+#define DISPATCH_MEMORYPRESSURE_NORMAL               0x01
+#define DISPATCH_MEMORYPRESSURE_WARN                 0x02
+#define DISPATCH_MEMORYPRESSURE_CRITICAL             0x04
+#define DISPATCH_MEMORYPRESSURE_PROC_LIMIT_WARN      0x10
+#define DISPATCH_MEMORYPRESSURE_PROC_LIMIT_CRITICAL  0x20
+#define DISPATCH_MEMORYPRESSURE_MSL_STATUS           0xf0000000ul
+extern const struct mtd_source_type _dispatch_source_type_memorypressure;
+void *dispatch_get_global_queue(long identifier, unsigned long flags);
+void *dispatch_source_create(const void *type, uintptr_t handle, unsigned long mask, void *queue);
+void dispatch_set_context(void *object, void *context);
+void dispatch_source_set_event_handler_f(void *source, void (*handler)(void *));
+unsigned long dispatch_source_get_data(void *source);
+void dispatch_resume(void *object);
+void dispatch_activate(void *object);
+void dispatch_source_cancel(void *source);
+size_t os_proc_available_memory(void);
+
 /* ---- stand-in only (not Darwin API) ---- */
+void mtdarwin_memorystatus_notify(unsigned long bits);
+void mtdarwin_set_memlimit(uint64_t limit_bytes, int managed);
 void mtdarwin_memory_pressure(void);
 int mtdarwin_get_state(unsigned long addr);
 void mtdarwin_ledger(struct mtdarwin_ledger *out);
@@ -118,6 +148,12 @@ void IOSurfaceIncrementUseCount(void *surface);
 void IOSurfaceDecrementUseCount(void *surface);
 int32_t IOSurfaceGetUseCount(void *surface);
 int IOSurfaceSetPurgeable(void *surface, uint32_t newState, uint32_t *oldState);
+void *IOSurfaceClientCreate(void *properties);
+void *IOSurfaceClientCreateChild(void *parent_client, void *properties);
+uint32_t IOSurfaceClientGetID(void *client);
+size_t IOSurfaceClientGetAllocSize(void *client);
+void IOSurfaceClientRelease(void *client);
+void *mtdarwin_surface_create_child(void *parent_surface, void *properties);
 const void *CFRetain(const void *cf);
 void CFRelease(const void *cf);
 
@@ -125,6 +161,7 @@ void CFRelease(const void *cf);
 int CABackingStoreSetVolatile(void *store, int isVolatile);
 /* C bridges to CA::Render::Shmem for C programs (each calls the C++ method). */
 void *mtdarwin_shmem_new(unsigned long size);
+void *mtdarwin_shmem_new_port(unsigned int port, unsigned long size);
 int mtdarwin_shmem_set_volatile(void *shmem, int isVolatile, int *old_state);
 void *mtdarwin_shmem_data(void *shmem);
 unsigned long mtdarwin_shmem_size(void *shmem);

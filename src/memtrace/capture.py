@@ -74,8 +74,9 @@ RELEASE_KINDS = layout.RELEASE_KINDS     # free, vm_deallocate: calls that give 
 
 
 def alloc_totals(counters: list[int]) -> tuple[int, int]:
-    """Allocation calls and gross bytes from the agent's counters (releases excluded)."""
-    kinds = [k for k in KIND_NAMES if k not in RELEASE_KINDS]
+    """Allocation calls and gross bytes of the malloc family from the agent's counters (releases and
+    Darwin's VM line excluded: a VM region is not a malloc call)."""
+    kinds = [k for k in KIND_NAMES if k not in RELEASE_KINDS and k not in layout.VM_KINDS]
     return sum(counters[C_CALLS + k] for k in kinds), sum(counters[C_BYTES + k] for k in kinds)
 
 

@@ -38,6 +38,19 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "threadSlots": 1024, "rings": 64, "stackTable": 1 << 16, "liveTable": 1 << 20, "toolchain": "auto",
     "backend": "auto",
 }
+# Darwin: app extensions are jetsammed in the tens of MB, so the core's tables and rings are sized
+# for that (~5 MiB reserved instead of ~75; only what is used becomes resident).  An option the
+# user sets still wins.
+AGENT_SIZING_DARWIN: dict[str, Any] = {
+    "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 15, "liveTable": 1 << 17,
+}
+
+
+def agent_config_for(platform: str | None, explicit: dict[str, Any]) -> dict[str, Any]:
+    """The agent config for a target platform (``hello``'s ``platform``): defaults, then the
+    platform's sizing, then what the user asked for."""
+    sizing = AGENT_SIZING_DARWIN if platform == "darwin" else {}
+    return {**AGENT_DEFAULTS, **sizing, **explicit}
 
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
@@ -287,6 +300,7 @@ class CaptureLoop:
         agent = self.tracer.agent_name
         self.host.load(agent)
         hello = self.host.rpc("hello", "hello")
+        self._platform = hello.get("platform") if isinstance(hello, dict) else None
         init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
@@ -483,7 +497,7 @@ class CaptureLoop:
                                   batches=self.batches, families=self.stacks.families()))
 
     def _agent_config(self) -> dict[str, Any]:
-        return {**AGENT_DEFAULTS, **self.options.agent_config}
+        return agent_config_for(getattr(self, "_platform", None), self.options.agent_config)
 
     def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         assert self.writer is not None

@@ -285,9 +285,12 @@ def census_linux(proc_root: Path = Path("/proc"), reader: Reader = read_text) ->
 # --- iOS scan --------------------------------------------------------------------------------
 
 
-def rows_from_agent(result: dict[str, Any], names: dict[int, str] | None = None) -> list[dict[str, Any]]:
-    """Normalise ``census.js`` output into census rows (pure; tested without a device)."""
+def rows_from_agent(result: dict[str, Any], names: dict[int, str] | None = None,
+                    os_version: str | None = None) -> list[dict[str, Any]]:
+    """Normalise ``census.js`` output into census rows (pure; tested without a device).  Band names
+    follow the device's scale (iOS 16+ priorities are ten times larger)."""
     names = names or {}
+    table = analysis.darwin_band_table(os_version, (raw.get("priority") for raw in result.get("rows", [])))
     rows = []
     for raw in result.get("rows", []):
         pid = raw.get("pid")
@@ -298,12 +301,22 @@ def rows_from_agent(result: dict[str, Any], names: dict[int, str] | None = None)
             "purgeable_nonvolatile": raw.get("purgeable_nonvolatile"),
             "reusable": raw.get("reusable"), "graphics": raw.get("graphics"),
             "rss": raw.get("rss"), "pss": None, "swap": None,
-            "priority": raw.get("priority"), "band": analysis.darwin_band(raw.get("priority")),
+            "priority": raw.get("priority"), "band": analysis.darwin_band(raw.get("priority"), table),
             "limit": raw.get("limit"), "limit_source": "memorystatus" if raw.get("limit") else None,
             "state": raw.get("state"),
         }
         rows.append(row)
     return rows
+
+
+def device_os_version(device: Any) -> str | None:
+    """The device's OS version as frida-server reports it (``query_system_parameters``), or None."""
+    try:
+        os_info = device.query_system_parameters().get("os") or {}
+    except Exception:  # noqa: BLE001 - an older frida-server: the priorities decide the scale
+        return None
+    version = os_info.get("version")
+    return str(version) if version else None
 
 
 def census_device(device: Any, host: str = "0") -> dict[str, Any]:
@@ -325,12 +338,17 @@ def census_device(device: Any, host: str = "0") -> dict[str, Any]:
         names = {p.pid: p.name for p in device.enumerate_processes()}
     except Exception:  # noqa: BLE001 - names are a nicety; proc_name already gave short ones
         names = {}
-    rows = rows_from_agent(result, names)
+    os_version = device_os_version(device)
+    rows = rows_from_agent(result, names, os_version)
     return {
         "kind": "census", "version": analysis.FORMAT_VERSION, "platform": "darwin",
-        "device": {"id": device.id, "name": device.name, "type": device.type},
+        "device": {"id": device.id, "name": device.name, "type": device.type, "os_version": os_version},
         "time": _now(), "host_pid": host_pid,
         "rows": rows, "totals": analysis.totals(rows), "errors": result.get("errors", {}),
         "notes": ["DEVICE-UNVERIFIED: iOS census offsets are written from xnu headers; "
-                  "graphics = task_vm_info ledger_tag_graphics_footprint (+compressed)."],
+                  "graphics = task_vm_info ledger_tag_graphics_footprint (+compressed).",
+                  "bands: " + ("xnu-8792+ scale (iOS 16+, FOREGROUND = 100)"
+                               if analysis.darwin_band_table(os_version, (r["priority"] for r in rows))
+                               is analysis.DARWIN_BANDS else "legacy scale (iOS 15 and earlier, FOREGROUND = 10)")
+                  + ("" if os_version else ", chosen from the priorities seen (the OS version was not reported)")],
     }

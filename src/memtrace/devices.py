@@ -13,16 +13,23 @@ frida-tools' flags are accepted by the tracer commands as aliases (``-U``, ``-R`
 
 from __future__ import annotations
 
+import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from memtrace.errors import InputError, TargetError
 
 FRIDA_REMOTE_PORT = 27042
-# How long `auto` waits for a USB device that is attached but not yet enumerated: usbmuxd needs
-# a moment after the cable goes in, and falling back to local then would trace the wrong machine.
-AUTO_USB_WAIT = 1.0
+# How long `auto` waits for a USB device that is attached but not yet enumerated: usbmuxd reports
+# a device once it has its lockdown pairing answered, a moment after the cable goes in, and
+# falling back to local then would trace the wrong machine.  Only where a usbmuxd runs (without
+# one no iPhone can appear, and local runs should not pay the wait).
+AUTO_USB_WAIT = 1.5
+AUTO_USB_POLL = 0.1
+USBMUXD_SOCKET = "/var/run/usbmuxd"     # Linux and macOS; Windows' usbmuxd listens on TCP 27015
 DEVICE_CHOICES = "auto|local|usb|id:UDID|remote:HOST[:PORT]"
 
 
@@ -111,15 +118,22 @@ def device_errors(frida: Any) -> tuple[type[BaseException], ...]:
             frida.NotSupportedError, frida.ProtocolError, frida.PermissionDeniedError, frida.InvalidOperationError)
 
 
-def _auto(frida: Any) -> Any:
-    deadline = time.monotonic() + AUTO_USB_WAIT
+def usbmuxd_present() -> bool:
+    """Could a USB iOS device show up here at all?  (usbmuxd is how Frida sees one.)"""
+    return sys.platform == "win32" or os.path.exists(os.environ.get("USBMUXD_SOCKET_ADDRESS", USBMUXD_SOCKET))
+
+
+def _auto(frida: Any, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+          usbmuxd: Callable[[], bool] = usbmuxd_present) -> Any:
+    wait = AUTO_USB_WAIT if usbmuxd() else 0.0
+    deadline = clock() + wait
     while True:
         for device in frida.enumerate_devices():
             if device.type == "usb":
                 return device
-        if time.monotonic() >= deadline:
+        if clock() >= deadline:
             return frida.get_local_device()
-        time.sleep(0.1)
+        sleep(AUTO_USB_POLL)
 
 
 def is_local(device: Any) -> bool:

@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,8 @@ from memtrace.exitwatch import ChildExitWatcher
 from memtrace.target import TargetSpec
 
 Event = tuple[str, Any, Any]
+
+REMOTE_ALIVE_INTERVAL = 1.0     # seconds between liveness queries of a remote device
 
 # Frida exceptions that mean "the target or its connection is gone", during or after attach.
 GONE_ERRORS = (frida.ProcessNotFoundError, frida.ProcessNotRespondingError, frida.TransportError,
@@ -78,7 +81,10 @@ class FridaHost:
     def resume(self) -> None:
         if self.launched is not None and self.launched.suspended:
             try:
-                self.device.resume(self.launched.pid)
+                if self.launched.resume is not None:
+                    self.launched.resume()      # launched by another tool (pymobiledevice3): its resume
+                else:
+                    self.device.resume(self.launched.pid)
             except GONE_ERRORS as e:
                 raise TargetLost(f"resume: {e}") from None
             self.launched.suspended = False
@@ -89,7 +95,15 @@ class FridaHost:
             return False
         if self.is_local:
             return _local_pid_alive(pid)
-        return any(p.pid == pid for p in self.device.enumerate_processes())
+        # Remote: ask for that one pid (not the whole process list), at most once a second -- the
+        # attach-delay wait polls every 100 ms.
+        now = time.monotonic()
+        cached = getattr(self, "_alive_checked", None)
+        if cached is not None and cached[0] == pid and now - cached[1] < REMOTE_ALIVE_INTERVAL:
+            return cached[2]
+        alive = any(p.pid == pid for p in self.device.enumerate_processes(pids=[pid]))
+        self._alive_checked = (pid, now, alive)
+        return alive
 
     def attach(self) -> None:
         try:

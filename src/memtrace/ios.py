@@ -1,9 +1,11 @@
-"""pymobiledevice3 boundary: pull JetsamEvent reports from an iOS device.
+"""iOS device boundary: pull JetsamEvent reports (pymobiledevice3), and the device checks
+``memtrace doctor`` runs on a real iPhone for what only a device can confirm.
 
 pymobiledevice3 (v8+) is asyncio throughout: ``create_using_usbmux``/``create_using_tcp`` are
 coroutines returning a lockdown client (an async context manager), and ``CrashReportsManager``
 must be used with ``async with``; its ``ls(path, depth)`` and ``pull(out, entry, ...)`` are
-coroutines. One ``asyncio.run`` drives the whole pull so nothing leaks between event loops.
+coroutines; ``flush()`` asks the crash report mover to move pending reports into the folder first.
+One ``asyncio.run`` drives the whole pull so nothing leaks between event loops.
 
 Tests replace the two factories (``lockdown_factory``, ``manager_factory``); nothing else here
 talks to a device.
@@ -15,10 +17,11 @@ import asyncio
 import posixpath
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtrace.errors import TargetError
+from memtrace.errors import MemtraceError, TargetError
 
 JETSAM_NAME = re.compile(r"^JetsamEvent.*\.ips$")
 LOCKDOWN_PORT = 62078
@@ -62,6 +65,9 @@ async def _pull(target: DeviceTarget, out: Path, lockdown_factory: LockdownFacto
     lockdown = await lockdown_factory(target)
     pulled: list[Path] = []
     async with lockdown, manager_factory(lockdown) as manager:
+        # Reports still pending (a kill moments ago) are moved into the folder first, as the
+        # crash report mover does for Xcode.
+        await manager.flush()
         entries = await manager.ls("/", LIST_DEPTH)
         for entry in sorted(entries):
             name = posixpath.basename(entry)
@@ -88,3 +94,116 @@ def pull_jetsam_reports(target: DeviceTarget, out: Path, *,
     except Exception as e:  # pymobiledevice3 raises many unrelated types; the user needs one line.
         first = (str(e).splitlines() or [""])[0] or type(e).__name__
         raise TargetError(f"cannot pull crash reports from {target!r}: {first}") from e
+
+
+# --- device checks (memtrace doctor) ------------------------------------------------------------
+#
+# What the Linux stand-in cannot confirm, asked of the device itself.  Each check takes the Frida
+# device and an app's pid (or the UDID), loads the agent in question for a moment and reports one
+# line; nothing is left behind (no hook stays, nothing is mounted).
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _init_recon(device: Any, pid: int, agent: str, config: dict[str, Any]) -> dict[str, Any]:
+    """An agent's ``init`` in ``pid`` (its recon of the symbols it wants, its info), then unloaded."""
+    from memtrace.agentbuild import c_sources
+    from memtrace.frida_host import load_agent
+
+    session, script = load_agent(device, pid, agent)
+    try:
+        return dict(script.exports_sync.init(config, c_sources(agent)))
+    finally:
+        try:
+            script.unload()
+            session.detach()
+        except Exception:  # noqa: BLE001 - the check's answer is already in hand
+            pass
+
+
+def _found(recon: list[dict[str, Any]]) -> dict[str, str]:
+    return {r["name"]: r.get("module") or "?" for r in recon if r.get("status") == "found"}
+
+
+def check_ca_hooks(device: Any, pid: int) -> DeviceCheck:
+    """Issue 15 item 1: QuartzCore's CA::Render::Shmem::new_shmem / set_volatile overloads are found
+    (Mach-O 'section' symbols in __TEXT, each overload by its mangled name)."""
+    try:
+        info = _init_recon(device, pid, "purgeable", {})
+    except MemtraceError as e:
+        return DeviceCheck("purgeable: Core Animation hooks", False, str(e))
+    found = _found(info.get("recon", []))
+    shmem = sorted(n for n in found if n.startswith("_ZN2CA6Render5Shmem"))
+    ok = any("new_shmem" in n for n in shmem) and any("set_volatile" in n for n in shmem)
+    return DeviceCheck("purgeable: Core Animation hooks", ok,
+                       ", ".join(f"{n} ({found[n]})" for n in shmem) if shmem
+                       else "no CA::Render::Shmem symbol found (the transitions underneath are still traced)")
+
+
+def check_pressure_source(device: Any, pid: int) -> DeviceCheck:
+    """Issue 15 item 5: the limit agent creates its own DISPATCH_SOURCE_TYPE_MEMORYPRESSURE source in
+    the app (libdispatch forwards only MSL status to libmalloc's handler on iOS 17/18)."""
+    from memtrace.frida_host import load_agent
+
+    try:
+        session, script = load_agent(device, pid, "limit")
+    except MemtraceError as e:
+        return DeviceCheck("limit: memory-pressure source", False, str(e))
+    try:
+        hooks = list(script.exports_sync.watch())
+        script.exports_sync.unwatch()
+    finally:
+        try:
+            script.unload()
+            session.detach()
+        except Exception:  # noqa: BLE001 - the answer is already in hand
+            pass
+    ok = any(h.startswith("dispatch_source(") for h in hooks)
+    return DeviceCheck("limit: memory-pressure source", ok,
+                       ", ".join(hooks) if hooks else "no dispatch source and no pressure hook could be set")
+
+
+def check_iosurface_hooks(device: Any, pid: int) -> DeviceCheck:
+    """Issue 15 item 14: IOSurface.framework's client layer is exported (IOSurfaceClientCreateChild for
+    child surfaces, IOSurfaceClientRelease + IOSurfaceClientGetID for releases)."""
+    try:
+        info = _init_recon(device, pid, "iosurface", {})
+    except MemtraceError as e:
+        return DeviceCheck("iosurface: client layer", False, str(e))
+    found = _found(info.get("recon", []))
+    wanted = ("IOSurfaceCreate", "IOSurfaceClientCreateChild", "IOSurfaceClientRelease", "IOSurfaceClientGetID")
+    missing = [n for n in wanted if n not in found]
+    return DeviceCheck("iosurface: client layer", not missing,
+                       "all found" if not missing else "missing: " + ", ".join(missing))
+
+
+def check_pmd3(udid: str) -> DeviceCheck:
+    """Issue 15 item 8: pymobiledevice3 reaches DVT process control on this device (the RemoteXPC
+    tunnel of a running tunneld on iOS 17+, lockdown below; the developer image mounted; unlocked).
+    Mounts nothing: a launch with --launch pmd3 mounts the image itself."""
+    from memtrace import launchers
+
+    async def probe() -> str:
+        api = launchers.pmd3_api()
+        async with launchers._Pmd3Session(api, udid) as provider:
+            try:
+                async with api.DvtProvider(provider):
+                    pass
+            except api.PasswordRequiredError:
+                raise TargetError(launchers.LOCKED_MESSAGE) from None
+            via = "tunnel" if launchers._major(provider.product_version) >= launchers.TUNNEL_SINCE_IOS else "lockdown"
+            return f"iOS {provider.product_version}: DVT process control reachable over {via}"
+
+    try:
+        return DeviceCheck("--launch pmd3", True, asyncio.run(probe()))
+    except TargetError as e:
+        return DeviceCheck("--launch pmd3", False, str(e))
+    except Exception as e:  # noqa: BLE001 - pymobiledevice3 raises many types; one line for the user
+        first = (str(e).splitlines() or [""])[0] or type(e).__name__
+        return DeviceCheck("--launch pmd3", False, f"DVT not reachable ({first}): is the developer disk image "
+                                                   "mounted? (--launch pmd3 mounts it)")

@@ -1,18 +1,22 @@
 """How a target comes to life before memtrace attaches: one interface, chosen with --launch.
 
     frida  Frida spawn (suspended) + resume: an app by bundle id, or a local program.
-    pmd3   pymobiledevice3's DVT process control launches the app and reports its pid
-           (developer disk image / iOS 17+ tunnel needed).  DEVICE-UNVERIFIED: written
-           against pymobiledevice3 11's source, tested with a fake at that boundary.
+    pmd3   pymobiledevice3's DVT process control launches the app suspended and reports its pid;
+           iOS 17+ through the RemoteXPC tunnel of a running tunneld, iOS 16 and earlier over
+           lockdown, the developer disk image mounted first.  DEVICE-UNVERIFIED: written
+           against pymobiledevice3 11.45's source, tested with fakes at that boundary.
     none   attach to what is already running (--pid, --name, or --app's running pid).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import frida
@@ -30,6 +34,7 @@ class Launched:
     suspended: bool             # still suspended: the engine resumes it after instrumenting
     spawned: bool               # memtrace started it (and so may kill it at the end)
     how: str
+    resume: Callable[[], None] | None = None    # how to resume it when Frida did not spawn it
 
 
 class Launcher(Protocol):
@@ -146,63 +151,167 @@ class AttachLauncher:
 
 
 class Pmd3Launcher:
-    """Launch through Instruments' process control, as Xcode does.  DEVICE-UNVERIFIED."""
+    """Launch through Instruments' process control, as Xcode does.  DEVICE-UNVERIFIED.
+
+    The app starts suspended (nothing runs before memtrace decides: with ``--attach-delay 0`` the
+    agent is in before the first instruction) and is resumed through process control when the
+    capture loop resumes it.  DEVICE-UNVERIFIED: that Frida attaches to a task DVT started
+    suspended (frida-server injects a thread, which runs once the task is resumed)."""
 
     name = "pmd3"
 
     def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
         t = time.monotonic()
         try:
-            pid = asyncio.run(pmd3_launch(device.id, target.app))
+            pid = asyncio.run(pmd3_launch(device.id, target.app, suspended=True))
         except TargetError:
             raise
         except Exception as e:  # noqa: BLE001 -- any transport/service failure becomes one clear line
             raise TargetError(f"pymobiledevice3 could not launch {target.app}: {_locked_hint(str(e))}") from None
-        return Launched(pid, t, suspended=False, spawned=True, how="pymobiledevice3 DVT process control")
+
+        def resume() -> None:
+            try:
+                asyncio.run(pmd3_resume(device.id, pid))
+            except TargetError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- one clear line
+                raise TargetError(f"pymobiledevice3 could not resume pid {pid}: {_locked_hint(str(e))}") from None
+
+        return Launched(pid, t, suspended=True, spawned=True, how="pymobiledevice3 DVT process control",
+                        resume=resume)
 
 
-def pmd3_api() -> tuple[Any, Any, Any]:
-    """The pymobiledevice3 entry points used (the boundary tests replace)."""
+# iOS 17 moved developer services behind the RemoteXPC tunnel (RSD).
+TUNNEL_SINCE_IOS = 17
+
+
+def pmd3_api() -> SimpleNamespace:
+    """The pymobiledevice3 entry points used (the boundary tests replace), from its 11.x source."""
+    from pymobiledevice3.exceptions import (
+        AlreadyMountedError,
+        DeveloperDiskImageNotFoundError,
+        PasswordRequiredError,
+        TunneldConnectionError,
+    )
     from pymobiledevice3.lockdown import create_using_usbmux
     from pymobiledevice3.services.dvt.instruments.dvt_provider import DvtProvider
     from pymobiledevice3.services.dvt.instruments.process_control import ProcessControl
-    return create_using_usbmux, DvtProvider, ProcessControl
+    from pymobiledevice3.services.mobile_image_mounter import auto_mount
+    from pymobiledevice3.tunneld.api import get_tunneld_device_by_udid
+    return SimpleNamespace(
+        create_using_usbmux=create_using_usbmux, get_tunneld_device_by_udid=get_tunneld_device_by_udid,
+        auto_mount=auto_mount, DvtProvider=DvtProvider, ProcessControl=ProcessControl,
+        AlreadyMountedError=AlreadyMountedError, DeveloperDiskImageNotFoundError=DeveloperDiskImageNotFoundError,
+        PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError)
 
 
-async def pmd3_launch(udid: str, bundle_id: str) -> int:
-    create_using_usbmux, dvt_provider, process_control = pmd3_api()
-    lockdown = await create_using_usbmux(serial=udid)
-    await check_unlocked(lockdown)
-    async with dvt_provider(lockdown) as dvt, process_control(dvt) as pc:
-        return int(await pc.launch(bundle_id, kill_existing=True))
+def _major(version: str | None) -> int:
+    head = (version or "").split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+async def _close(client: Any) -> None:
+    # Closing a connection the device may already have dropped.
+    if client is not None:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+class _Pmd3Session:
+    """A lockdown client and, on iOS 17+, the RSD of the device's tunnel: the provider DVT needs.
+    Both closed on exit."""
+
+    def __init__(self, api: SimpleNamespace, udid: str) -> None:
+        self.api = api
+        self.udid = udid
+        self.lockdown: Any = None
+        self.rsd: Any = None
+
+    async def __aenter__(self) -> Any:
+        api = self.api
+        try:
+            self.lockdown = await api.create_using_usbmux(serial=self.udid)
+        except api.PasswordRequiredError:
+            raise TargetError(LOCKED_MESSAGE) from None
+        version = self.lockdown.product_version
+        if _major(version) < TUNNEL_SINCE_IOS:
+            return self.lockdown
+        try:
+            self.rsd = await api.get_tunneld_device_by_udid(self.udid)
+        except api.TunneldConnectionError:
+            await _close(self.lockdown)
+            raise TargetError(f"iOS {version} is reached through a RemoteXPC tunnel and no tunneld answers: "
+                              "start one (sudo python3 -m pymobiledevice3 remote tunneld) and retry") from None
+        if self.rsd is None:
+            await _close(self.lockdown)
+            raise TargetError(f"tunneld is running but has no tunnel to {self.udid} (iOS {version}): "
+                              "is the device connected, trusted and in Developer Mode?")
+        return self.rsd
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _close(self.rsd)
+        await _close(self.lockdown)
+
+
+async def _mount_developer_image(api: SimpleNamespace, provider: Any) -> None:
+    """The developer disk image DVT needs (personalized on iOS 17+); already mounted is fine."""
+    try:
+        await api.auto_mount(provider)
+    except api.AlreadyMountedError:
+        return
+    except api.DeveloperDiskImageNotFoundError:
+        raise TargetError(f"no developer disk image for iOS {provider.product_version} "
+                          "(pymobiledevice3 could not find or download one)") from None
+
+
+async def pmd3_launch(udid: str, bundle_id: str, suspended: bool = True) -> int:
+    """Launch ``bundle_id`` through DVT process control and return its pid."""
+    api = pmd3_api()
+    async with _Pmd3Session(api, udid) as provider:
+        await _mount_developer_image(api, provider)
+        try:
+            async with api.DvtProvider(provider) as dvt, api.ProcessControl(dvt) as pc:
+                return int(await pc.launch(bundle_id, kill_existing=True, start_suspended=suspended))
+        except api.PasswordRequiredError:
+            raise TargetError(LOCKED_MESSAGE) from None
+
+
+async def pmd3_resume(udid: str, pid: int) -> None:
+    """Resume a process DVT launched suspended."""
+    api = pmd3_api()
+    async with _Pmd3Session(api, udid) as provider, api.DvtProvider(provider) as dvt, \
+            api.ProcessControl(dvt) as pc:
+        await pc.resume(pid)
+
+
+LOCKED_MESSAGE = "the device is locked: unlock it (and keep it unlocked) before launching apps"
 
 
 async def _check_unlocked_usb(udid: str) -> None:
-    create_using_usbmux, _, _ = pmd3_api()
-    await check_unlocked(await create_using_usbmux(serial=udid))
-
-
-async def check_unlocked(lockdown: Any) -> None:
-    """Where lockdown can tell: a passcode-protected device that reports itself locked refuses launches.
-
-    lockdown has no documented "is locked" value; ``PasswordProtected`` only says a passcode is
-    set.  The definitive signal is FrontBoard's ``RequestDenied: Locked`` on launch, which
-    ``_locked_hint`` turns into a clear message.
-    """
+    """Before a Frida spawn: only a locked device is an error here (no tunnel, no image: the spawn
+    does not need them)."""
+    api = pmd3_api()
     try:
-        protected = await lockdown.get_value(key="PasswordProtected")
-    except Exception:  # noqa: BLE001 -- older devices do not answer; the launch error will say
+        async with _Pmd3Session(api, udid) as provider:
+            await check_unlocked(api, provider)
+    except TargetError as e:
+        if str(e) == LOCKED_MESSAGE:
+            raise
+
+
+async def check_unlocked(api: SimpleNamespace, provider: Any) -> None:
+    """What pymobiledevice3 documents for a locked device: lockdownd refuses to start a service with
+    "PasswordProtected", raised as ``PasswordRequiredError`` ("Device is password protected. Please
+    unlock and retry").  FrontBoard's "RequestDenied ... Locked" on the launch itself is the other
+    signal, which ``_locked_hint`` turns into the same message.  DEVICE-UNVERIFIED: which services
+    lockdownd refuses on a device locked after its first unlock (the DVT service is asked here)."""
+    try:
+        async with api.DvtProvider(provider):
+            pass
+    except api.PasswordRequiredError:
+        raise TargetError(LOCKED_MESSAGE) from None
+    except Exception:  # noqa: BLE001 -- anything else: the launch itself will say what is wrong
         return
-    if protected and await _reports_locked(lockdown):
-        raise TargetError("the device is locked: unlock it (and keep it unlocked) before launching apps")
-
-
-async def _reports_locked(lockdown: Any) -> bool:
-    try:
-        value = await lockdown.get_value(domain="com.apple.springboard", key="DeviceLocked")
-    except Exception:  # noqa: BLE001
-        return False
-    return bool(value)
 
 
 def _locked_hint(message: str) -> str:

@@ -87,6 +87,16 @@ KINDS: dict[str, int] = {
 }
 N_KINDS = 16
 RELEASE_KINDS = frozenset({KINDS["free"], KINDS["vm_deallocate"]})   # calls that give memory back
+# Darwin's VM line (__syscall_logger): counted and recorded apart from the malloc family, never in
+# its gross bytes or size tiers.  mapped_file is libsyscall's "might be a mapped file or shared
+# memory" hint (mach_vm_map and file mmaps set it), vm_allocate the rest (mach_vm_allocate,
+# anonymous mmap).  Their ALLOC records carry the VM user tag in flags bits 8..15.
+VM_KINDS = frozenset({KINDS["vm_allocate"], KINDS["vm_deallocate"], KINDS["mapped_file"]})
+FLAG_TAG_SHIFT = 8
+# VM_MEMORY_MALLOC (1) .. VM_MEMORY_MALLOC_PROB_GUARD (13), xnu osfmk/mach/vm_statistics.h: libmalloc's
+# own regions and large blocks (already counted as the malloc calls they serve).
+VM_TAG_MALLOC_FIRST, VM_TAG_MALLOC_LAST = 1, 13
+VM_TAG_IOSURFACE = 88
 
 # ---- counters: a thread slot's (and a snapshot's) u64[N_COUNTERS] -----------------------------
 
@@ -100,6 +110,10 @@ COUNTERS: dict[str, int] = {
     "dropped_records": 44, "dropped_record_bytes": 45, "dropped_stacks": 46, "live_table_full": 47,
     "truncated_stacks": 48, "sampled": 49, "failed_allocs": 50, "nested_calls": 51,
     "tracked_frees": 52, "records": 53, "record_bytes": 54,
+    # Darwin's logger path: VM events left out (each counted once, never silently), and the
+    # realloc race (libmalloc logs a moved realloc after the old block is free again).
+    "vm_allocator_own": 55, "vm_failed": 56, "vm_other_task": 57, "vm_untracked_frees": 58,
+    "realloc_reuse_seen": 59,
 }
 N_COUNTERS = 64
 
@@ -128,14 +142,19 @@ CONFIG = Layout("MtConfig", (
 
 # ---- malloc tracer: libmalloc's logger events, decoded by cmodule/malloc.c --------------------
 
-LOGGER_OPS: dict[str, int] = {"ignore": 0, "alloc": 1, "free": 2, "realloc": 3, "vm_alloc": 4, "vm_free": 5}
+LOGGER_OPS: dict[str, int] = {"ignore": 0, "alloc": 1, "free": 2, "realloc": 3, "vm_alloc": 4, "vm_free": 5,
+                              "vm_skip": 6}
 LOGGER_EVENT = Layout("MtLoggerEvent", (
     ("op", "u64"), ("kind", "u64"),
     ("ptr", "u64"),        # the new block
     ("size", "u64"),
     ("old_ptr", "u64"),    # the released block (free, realloc, vm_deallocate)
     ("tag", "u64"),        # VM user tag
+    ("skip", "u64"),       # vm_skip: the counter (COUNTERS index) the left-out event bumps
 ))
+# Shards of the logger's in-flight count (one cache line each): uninstall waits for them to drain.
+LOGGER_INFLIGHT_SHARDS = 64
+LOGGER_INFLIGHT_STRIDE = 16    # gints between shards
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
 
@@ -189,15 +208,20 @@ VM_FLAGS_PURGABLE = 0x2
 #   creation calls  PC_CREATION + fn
 #   madvise calls   PC_MADVISE + table * PC_MADVISE_SLOTS + advice (the last slot: anything larger);
 #                   table 0: the C library's madvise, 1: the stand-in's Darwin madvise
-#   the C library's own streamable madvise calls, counted and never streamed: PC_MADVISE_INTERNAL
+#   the allocator's own streamable madvise calls, counted and never streamed: PC_MADVISE_INTERNAL
+#   (the allocator: libsystem_malloc on Darwin; the C library and the stand-in libmtmalloc on Linux)
 PC_CONTROLS = 0
 PC_CONTROL_STRIDE = 8
 PC_CONTROL_OTHER = 4
 PC_CREATION = 16
+# Calls made from inside another traced entry (xnu: vm_purgable_control -> mach_vm_purgable_control,
+# vm_allocate -> mach_vm_allocate): PC_NESTED + fn, counted apart so each call counts once, outermost.
+PC_NESTED = 24
 PC_MADVISE_INTERNAL = 31
 PC_MADVISE = 32
 PC_MADVISE_SLOTS = 64
 PURGEABLE_N_COUNTS = 256
+ALLOCATOR_RANGES = 4           # [start, end) code ranges of the allocator's own madvise calls
 
 # The reusable line's madvise advice values, per platform (the values are the platform's own);
 # these are streamed with their stacks.

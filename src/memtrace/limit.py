@@ -12,10 +12,13 @@ that can stop it growing:
 
 The binding bound is the one with the least memory still available.
 
-iOS: ``agents/limit.js`` runs in the target (DEVICE-UNVERIFIED, see docs/census-limit-jetsam.md):
-phys_footprint from task_info(TASK_VM_INFO), ``os_proc_available_memory()``, and
-memorystatus_control(GET_MEMLIMIT_PROPERTIES); with --watch it also records memory-pressure
-notifications delivered to the process.
+iOS (DEVICE-UNVERIFIED, see docs/census-limit-jetsam.md): ``agents/limit.js`` in the target reads
+phys_footprint (task_info(TASK_VM_INFO)) and ``os_proc_available_memory()``, and with --watch records
+memory-pressure notifications from a dispatch source of its own; ``agents/census.js`` in frida-server's
+root context reads the limits memorystatus_control gives only to root (apps get EPERM): the
+memlimit properties, whether the process is managed, its priority entry.  :func:`combine` joins them:
+the memorystatus limit is preferred, and ``os_proc_available_memory() == 0`` is taken as "unknown"
+unless the process is managed (xnu returns 0 for unmanaged daemons and for anything over its limit).
 """
 
 from __future__ import annotations
@@ -108,16 +111,63 @@ def linux_sample(pid: int, proc_root: Path = Path("/proc"), reader: Any = None,
 # --- iOS --------------------------------------------------------------------------------------
 
 
-class IOSLimitProbe:
-    """``agents/limit.js`` in the target (DEVICE-UNVERIFIED); collects pressure notifications."""
+def combine(target: dict[str, Any], root: dict[str, Any] | None) -> dict[str, Any]:
+    """One iOS sample from the target's own figures and what root read for it (pure).
 
-    def __init__(self, device: Any, pid: int) -> None:
+    ``available`` is os_proc_available_memory() only where it means something: a managed process's
+    0 is "at or over its limit"; an unmanaged one's (a daemon's) 0 is "no answer".  The limit is the
+    memorystatus one (the active limit, else the priority list's) when root could read it, else
+    footprint + available.
+    """
+    root = root or {}
+    footprint = target.get("footprint")
+    raw = target.get("available")
+    managed = root.get("managed")
+    errors = dict(target.get("errors") or {})
+    errors.update({f"root:{k}": v for k, v in (root.get("errors") or {}).items()})
+    memlimit = root.get("active") or root.get("limit")
+    available: int | None = raw
+    available_source: str | None = "os_proc_available_memory" if raw is not None else None
+    if raw == 0 and managed is not True:
+        available, available_source = None, None
+    if available is None and memlimit and isinstance(footprint, int):
+        available, available_source = max(memlimit - footprint, 0), "memorystatus limit - footprint"
+    if memlimit:
+        limit, limit_source = memlimit, "memorystatus"
+    elif isinstance(footprint, int) and available is not None:
+        limit, limit_source = footprint + available, "footprint + os_proc_available_memory"
+    else:
+        limit, limit_source = None, None
+    out = {
+        "t": target.get("t"), "footprint": footprint, "footprint_peak": target.get("footprint_peak"),
+        "available": available, "available_source": available_source, "os_proc_available_memory": raw,
+        "limit": limit, "limit_source": limit_source, "managed": managed,
+        "limit_bytes_remaining": target.get("limit_bytes_remaining"),
+        "memlimit": {k: root.get(k) for k in ("active", "active_fatal", "inactive", "inactive_fatal")}
+        if root else None,
+        "priority": root.get("priority"), "errors": errors,
+    }
+    return out
+
+
+class IOSLimitProbe:
+    """``agents/limit.js`` in the target and ``agents/census.js`` in frida-server's root context
+    (``root_pid``, 0 = the system session); collects pressure notifications.  DEVICE-UNVERIFIED."""
+
+    def __init__(self, device: Any, pid: int, root_pid: int = 0) -> None:
         self.pid = pid
         self.events: list[dict[str, Any]] = []
         self.detached: str | None = None
         self.session, self.script = load_agent(device, pid, "limit")
         self.script.on("message", self._on_message)
         self.session.on("detached", self._on_detached)
+        try:
+            self.root_session, self.root_script = load_agent(device, root_pid, "census")
+        except TargetError as e:
+            self.root_session = self.root_script = None
+            self.root_error = str(e)
+        else:
+            self.root_error = None
 
     def _on_message(self, message: dict[str, Any], data: Any) -> None:
         payload = message.get("payload") if message.get("type") == "send" else None
@@ -130,17 +180,27 @@ class IOSLimitProbe:
     def watch(self) -> list[str]:
         return list(self.script.exports_sync.watch())
 
+    def root_limits(self) -> dict[str, Any]:
+        if self.root_script is None:
+            return {"errors": {"attach": self.root_error}}
+        return dict(self.root_script.exports_sync.memlimit(self.pid))
+
     def sample(self) -> dict[str, Any]:
-        s = dict(self.script.exports_sync.sample())
+        s = combine(dict(self.script.exports_sync.sample()), self.root_limits())
         s["pid"] = self.pid
         return s
 
     def close(self) -> None:
-        try:
-            self.script.unload()
-            self.session.detach()
-        except Exception:  # noqa: BLE001 - the target may already be gone; nothing left to free
-            pass
+        for script, session in ((self.script, self.session), (self.root_script, self.root_session)):
+            if script is None:
+                continue
+            try:
+                if script is self.script:
+                    script.exports_sync.unwatch()      # its dispatch source's handler is the script's
+                script.unload()
+                session.detach()
+            except Exception:  # noqa: BLE001 - the target may already be gone; nothing left to free
+                pass
 
 
 # --- the series -------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -14,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from memtrace import launchers
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import CaptureInfo, RecordType, decode_agent_records, read_records
 from memtrace.capture_loop import CaptureOptions, run_capture
@@ -158,78 +156,6 @@ def test_random_kills_always_leave_readable_captures(compile_c, tmp_path: Path) 
         else:
             assert s.end == {}, "memtrace was killed: no END, but everything flushed reads back"
         assert s.counters[0] >= 0
-
-
-class FakeProcessControl:
-    launched: list[tuple[str, bool]] = []
-    pid = 0
-
-    def __init__(self, dvt: object) -> None:
-        self.dvt = dvt
-
-    async def __aenter__(self) -> FakeProcessControl:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-    async def launch(self, bundle_id: str, kill_existing: bool = True) -> int:
-        FakeProcessControl.launched.append((bundle_id, kill_existing))
-        return FakeProcessControl.pid
-
-
-class FakeDvt:
-    def __init__(self, lockdown: object) -> None:
-        self.lockdown = lockdown
-
-    async def __aenter__(self) -> FakeDvt:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
-
-
-class FakeLockdown:
-    def __init__(self, locked: bool) -> None:
-        self.locked = locked
-
-    async def get_value(self, domain: str | None = None, key: str | None = None) -> object:
-        return {"PasswordProtected": True, "DeviceLocked": self.locked}[key or ""]
-
-
-def test_pmd3_launcher_with_a_fake_at_the_pymobiledevice3_boundary(compile_c, tmp_path: Path, monkeypatch) -> None:
-    """The DVT launch returns a pid; memtrace waits, attaches (here: Frida's local device) and traces it."""
-    steady = subprocess.Popen([str(compile_c("steady"))], stdout=subprocess.PIPE, text=True)
-    assert steady.stdout is not None and steady.stdout.readline().startswith("ready ")
-    FakeProcessControl.pid = steady.pid
-
-    async def fake_usbmux(serial: str | None = None) -> FakeLockdown:
-        return FakeLockdown(locked=False)
-
-    monkeypatch.setattr(launchers, "pmd3_api", lambda: (fake_usbmux, FakeDvt, FakeProcessControl))
-    try:
-        result = run_capture("malloc", TargetSpec(device="local", app="com.example.steady", launch="pmd3"),
-                             CaptureOptions(tracer="malloc", window=1.5, attach_delay=0.3, out=tmp_path / "c"),
-                             SilentUI())
-    finally:
-        steady.kill()
-        steady.wait()
-    assert FakeProcessControl.launched == [("com.example.steady", True)]
-    assert result.ended == "completed" and result.pid == steady.pid
-    end = _end(tmp_path / "c")
-    assert end["launch"]["how"].startswith("pymobiledevice3")
-    assert end["timing"]["launch_to_attach_s"] >= 0.3
-    s = summarize(read_records(tmp_path / "c"))
-    assert any(s.stack(sid)[0].function == "steady_tick" for sid in s.by_stack)
-
-
-def test_pmd3_launcher_refuses_a_locked_device(monkeypatch) -> None:
-    async def fake_usbmux(serial: str | None = None) -> FakeLockdown:
-        return FakeLockdown(locked=True)
-
-    monkeypatch.setattr(launchers, "pmd3_api", lambda: (fake_usbmux, FakeDvt, FakeProcessControl))
-    with pytest.raises(launchers.TargetError, match="device is locked"):
-        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
 
 
 def _end(capture: Path) -> dict:

@@ -54,5 +54,23 @@ def test_plain_glibc_program_lists_iosurface_missing(demo_bin: Path, tmp_path: P
     assert sorted(s["missing"]) == sorted([
         "IOSurfaceCreate", "IOSurfaceGetAllocSize", "IOSurfaceGetWidth", "IOSurfaceGetHeight",
         "IOSurfaceGetBytesPerRow", "IOSurfaceGetPixelFormat", "IOSurfaceGetID", "IOSurfaceIncrementUseCount",
-        "IOSurfaceDecrementUseCount", "mtdarwin_surface_destroy", "mtdarwin_surface_name"])
+        "IOSurfaceDecrementUseCount", "IOSurfaceClientCreateChild", "IOSurfaceClientRelease",
+        "IOSurfaceClientGetID", "IOSurfaceClientGetAllocSize", "mtdarwin_surface_name"])
     assert s["released"]["visible"] is False
+
+
+def test_child_surfaces_and_releases_by_id(compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    """Child surfaces made through IOSurfaceClientCreateChild without IOSurfaceCreate are traced, and
+    releases are seen at IOSurfaceClientRelease, matched by IOSurface ID, whichever path made them."""
+    darwin = Path(__file__).resolve().parents[2] / "demo" / "darwin"
+    prog = compile_c("standin_surfaces", "-I", str(darwin), "-L", str(demo_bin), "-lmtdarwin",
+                     f"-Wl,-rpath,{demo_bin}")
+    s = memtrace_json("iosurface", "--device", "local", "--window", "30", "--out", tmp_path / "c", "--", prog)
+    assert s["ended"] == "target-exited" and s["missing"] == []
+    parent, child = 8306688, 1048576       # round_up(7680 * 1080, 16384); round_up(2048 * 512, 16384)
+    assert s["surfaces"] == 5 and s["bytes"] == 2 * parent + 3 * child
+    assert s["created_via"] == {"IOSurfaceCreate": 2, "IOSurfaceClientCreateChild": 3}
+    assert {r["caller"]: r["count"] for r in s["by_stack"]} == {"make_parents": 2, "mtdarwin_surface_create_child": 3}
+    assert s["released"] == {"count": 3, "bytes": parent + 2 * child, "ids": [1, 3, 4], "visible": True,
+                             "untracked": 0}
+    assert s["held_at_end"]["ids"] == [2, 5]

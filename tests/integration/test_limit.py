@@ -7,6 +7,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,3 +169,64 @@ def test_cgroup_limit_is_reported_and_binding(cgrouped: tuple[subprocess.Popen[s
     assert doc["binding"] == "cgroup"
     row = C.LinuxScanner().row(proc.pid)
     assert row is not None and row["limit"] == limit and row["limit_source"].startswith("cgroup v")
+
+
+# --- the iOS agent on the Darwin stand-in ----------------------------------------------------------
+
+
+def test_limit_agent_pressure_source_and_available_memory_on_the_stand_in(compile_c, demo_bin: Path) -> None:
+    """The limit agent's own DISPATCH_SOURCE_TYPE_MEMORYPRESSURE source sees WARN, CRITICAL and the
+    proc-limit notes, which libdispatch (iOS 17/18) never forwards to malloc_memory_event_handler
+    (registered for MSL status only, as the stand-in does); os_proc_available_memory's 0 of an
+    unmanaged process is passed on as it is, for the host to weigh with root's limits."""
+    import frida
+
+    from memtrace.frida_host import load_agent
+
+    darwin = Path(__file__).resolve().parents[2] / "demo" / "darwin"
+    prog = compile_c("standin_limit", "-I", str(darwin), "-L", str(demo_bin), "-lmtmalloc", "-lmtdarwin",
+                     f"-Wl,-rpath,{demo_bin}")
+    p = subprocess.Popen([str(prog)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdin is not None and p.stdout.readline().strip() == "ready"
+
+    def say(line: str) -> list[str]:
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+        out = []
+        while (reply := p.stdout.readline().strip()) != "ok":
+            out.append(reply)
+        return out
+
+    events: list[dict] = []
+    session, script = load_agent(frida.get_local_device(), p.pid, "limit")
+    script.on("message", lambda m, d: events.append(m["payload"]) if m.get("type") == "send" else None)
+    try:
+        api = script.exports_sync
+        first = api.sample()
+        assert first["footprint"] == 8 * MIB and first["available"] == 0      # unmanaged: 0
+        say(f"limit {64 * MIB} 1")
+        assert api.sample()["available"] == 56 * MIB                          # managed: the room left
+        assert api.watch() == ["dispatch_source(warn|critical|proc-limit-warn|proc-limit-critical)",
+                               "malloc_memory_event_handler"]
+        for note in ("warn", "critical", "proc-limit-warn", "msl"):
+            say(note)
+        time_limit = time.monotonic() + 5
+        while len(events) < 4 and time.monotonic() < time_limit:
+            time.sleep(0.05)
+        got = [(e["via"], e["event"], e["bits"]) for e in events]
+        assert got == [("dispatch_source", "warn", 2), ("dispatch_source", "critical", 4),
+                       ("dispatch_source", "proc-limit-warn", 16),
+                       ("malloc_memory_event_handler", "0x10000000", 0x10000000)]
+        assert all(e["footprint"] == 8 * MIB and e["available"] == 56 * MIB for e in events)
+        # libmalloc's handler saw only the MSL note: the agent's own source is what sees the rest.
+        assert say("events") == ["events 1 0x10000000"]
+        assert api.unwatch() is True
+        say("warn")
+        time.sleep(0.2)
+        assert len(events) == 4          # cancelled: nothing more
+    finally:
+        script.unload()
+        session.detach()
+        p.stdin.close()
+        p.wait(timeout=10)

@@ -10,19 +10,28 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from pathlib import Path
 
 import frida
 import pytest
 
-from memtrace import capture, layout
+from memtrace import layout
 from memtrace.agentbuild import build_agent
-from memtrace.capture import AllocRecord, FreeRecord, decode_agent_records
+from memtrace.analyze.malloc import summarize
+from memtrace.capture import RecordType, read_records
+from memtrace.capture_loop import CaptureOptions, run_capture
+from memtrace.target import TargetSpec
+from memtrace.ui import SilentUI
+
+from ..conftest import ROOT  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
 ALLOC, DEALLOC, ZONE, VM_ALLOC, VM_DEALLOC, CLEARED, MAPPED = 2, 4, 8, 16, 32, 64, 128
-OP_ALLOC, OP_FREE, OP_REALLOC, OP_VM_ALLOC, OP_VM_FREE = (layout.LOGGER_OPS[k] for k in (
-    "alloc", "free", "realloc", "vm_alloc", "vm_free"))
+OP_ALLOC, OP_FREE, OP_REALLOC, OP_VM_ALLOC, OP_VM_FREE, OP_VM_SKIP = (layout.LOGGER_OPS[k] for k in (
+    "alloc", "free", "realloc", "vm_alloc", "vm_free", "vm_skip"))
+SKIP_OWN, SKIP_FAILED, SKIP_OTHER = (layout.COUNTERS[k] for k in ("vm_allocator_own", "vm_failed", "vm_other_task"))
+KIB, MIB = 1024, 1024 * 1024
 
 
 # TinyCC ("internal") is the compiler an iPhone has; Linux defaults to the external gcc toolchain.
@@ -33,9 +42,9 @@ def agent(compile_c, request):
     session = device.attach(pid)
     agent = build_agent("malloc")
     script = session.create_script(agent.source)
-    batches: list[bytes] = []
-    script.on("message", lambda m, d: batches.append(d) if d and m.get("payload", {}).get("type") == "events:batch"
-              else None)
+    batches: list[dict] = []
+    script.on("message", lambda m, d: batches.append(m["payload"])
+              if m.get("type") == "send" and m["payload"].get("type") == "events:batch" else None)
     script.load()
     api = script.exports_sync
     init = api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
@@ -63,28 +72,152 @@ def agent(compile_c, request):
     (VM_ALLOC | MAPPED, (0x103, 8192, 0, 0x200000), {"op": OP_VM_ALLOC, "kind": 14, "size": 8192}),
     (VM_DEALLOC, (0x103, 0x100000, 1 << 20, 0),
      {"op": OP_VM_FREE, "kind": 13, "old_ptr": 0x100000, "size": 1 << 20, "tag": 0}),
+    # libmalloc's own regions (mach_vm_map, VM_MEMORY_MALLOC_* tags 1..13, the 128 hint bit): left out.
+    (VM_ALLOC | MAPPED | (3 << 24), (0x103, 1 << 20, 0, 0x300000), {"op": OP_VM_SKIP, "skip": SKIP_OWN, "tag": 3}),
+    (VM_ALLOC | MAPPED | (13 << 24), (0x103, 1 << 14, 0, 0x300000), {"op": OP_VM_SKIP, "skip": SKIP_OWN}),
+    (VM_ALLOC | MAPPED | (14 << 24), (0x103, 1 << 14, 0, 0x300000), {"op": OP_VM_ALLOC, "tag": 14}),
+    # mmap logs MAP_FAILED; a failed mach_vm_allocate on older libsyscalls logs address 0.
+    (VM_ALLOC, (0x103, 4096, 0, 0xFFFFFFFFFFFFFFFF), {"op": OP_VM_SKIP, "skip": SKIP_FAILED}),
+    (VM_ALLOC | (88 << 24), (0x103, 4096, 0, 0), {"op": OP_VM_SKIP, "skip": SKIP_FAILED}),
+    # arg1 is the target task: another task's VM is not ours.
+    (VM_ALLOC, (0x207, 4096, 0, 0x400000), {"op": OP_VM_SKIP, "skip": SKIP_OTHER}),
+    (VM_DEALLOC, (0x207, 0x400000, 4096, 0), {"op": OP_VM_SKIP, "skip": SKIP_OTHER}),
     (0, (0, 0, 0, 0), {"op": 0}),
 ])
 def test_decode_libmalloc_patterns(agent, type_: int, args: tuple[int, ...], expected: dict[str, int]) -> None:
     api, _ = agent
-    got = api.decode_logger_event(type_, *[hex(a) for a in args])
+    got = api.decode_logger_event(type_, *[hex(a) for a in args], "0x103")
     for key, value in expected.items():
         assert int(got[key]) == value, (key, got)
 
 
-def test_logger_callback_records_allocs_frees_and_vm(agent) -> None:
+def standin_program(compile_c, demo_bin: Path, name: str) -> Path:
+    """A tests/programs/ program linked against the stand-in libmalloc (libmtmalloc on libmtdarwin)."""
+    return compile_c(name, "-I", str(ROOT / "demo" / "darwin"), "-L", str(demo_bin), "-lmtmalloc", "-lmtdarwin",
+                     f"-Wl,-rpath,{demo_bin}")
+
+
+# tests/programs/standin_malloc.c, figure by figure.
+MALLOC_CALLS, MALLOC_BYTES = 29, 1000 + 15000 + 1048576 + 40000 + 28656 + 24560 + 20000
+CALLOC_BYTES = 10000
+REALLOC_CALLS, REALLOC_BYTES = 8, 100000 + 7 * 8192
+# Still allocated at exit and tracked: 3 x 5000, the calloc, 1 MiB, the moved 100000, seven realloc'd
+# 8192s, B's four 4096s (the two 4088s were freed) and the async-frame 20000.
+LIVE_COUNT, LIVE_BYTES = 18, 15000 + 10000 + 1048576 + 100000 + 7 * 8192 + 4 * 4096 + 20000
+
+
+@pytest.mark.parametrize("toolchain", ["external", "internal"])
+def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_path: Path, toolchain: str) -> None:
+    """libmtmalloc calls malloc_logger and libmtdarwin __syscall_logger exactly as libmalloc and libsyscall do:
+    libmalloc's own regions stay out, VM is apart from malloc's gross and live figures, separated by tag,
+    failures and another task's VM are left out and counted, and every realloc race ends right."""
+    prog = standin_program(compile_c, demo_bin, "standin_malloc")
+    result = run_capture("malloc", TargetSpec(device="local", argv=[str(prog)]),
+                         CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c",
+                                        agent_config={"backend": "logger", "toolchain": toolchain}),
+                         SilentUI(passthrough=False))
+    assert result.ended == "target-exited"
+    summary = summarize(read_records(tmp_path / "c"))
+    recon = next(r.body for r in read_records(tmp_path / "c") if r.type == RecordType.RECON)
+    assert recon["info"]["backend"] == "logger" and recon["info"]["toolchain"] == toolchain
+    s = summary.to_json()
+    assert {k: v for k, v in s["calls"].items() if v} == {
+        "malloc": MALLOC_CALLS, "calloc": 1, "realloc": REALLOC_CALLS, "free": 12,
+        "vm_allocate": 3, "vm_deallocate": 2, "mapped_file": 2}
+    # Gross bytes and tiers are the malloc family's only: no VM region, no libmalloc region.
+    assert s["gross_bytes"] == MALLOC_BYTES + CALLOC_BYTES + REALLOC_BYTES
+    assert sum(t["bytes"] for t in s["tiers"]) == s["gross_bytes"]
+    assert s["live"]["count"] == LIVE_COUNT and s["live"]["bytes"] == LIVE_BYTES
+    assert s["dropped"] == {"dropped_records": 0, "dropped_record_bytes": 0, "dropped_stacks": 0,
+                            "live_table_full": 0, "unmatched_frees": 0}
+    # The realloc race: each reuse of a moved realloc's old block was seen and settled.
+    assert summary.counters[layout.COUNTERS["realloc_reuse_seen"]] == 7
+    vm = s["vm"]
+    assert vm["calls"] == {"vm_allocate": 3, "vm_deallocate": 2, "mapped_file": 2}
+    assert vm["bytes"] == {"vm_allocate": MIB + 256 * KIB + 64 * KIB, "vm_deallocate": 256 * KIB + 8 * KIB,
+                           "mapped_file": 8 * KIB + 128 * KIB}
+    assert [(r["tag"], r["name"], r["calls"], r["bytes"], r["live_count"], r["live_bytes"]) for r in vm["by_tag"]] == [
+        (88, "IOSurface", 1, MIB, 1, MIB),
+        (62, "SQLite page cache", 1, 256 * KIB, 0, 0),
+        (0, "untagged", 3, 64 * KIB + 8 * KIB + 128 * KIB, 2, 64 * KIB + 128 * KIB)]
+    assert vm["live"] == {"count": 3, "bytes": MIB + 64 * KIB + 128 * KIB}
+    # libmalloc's own: two regions (tiny, small) and four large blocks (1 MiB, 40000, 100000, 20000).
+    assert vm["left_out"] == {"allocator_own": 6, "failed": 1, "other_task": 2, "untracked_frees": 0}
+    # The C walk goes on past a frame whose saved frame pointer has Swift's async bit.
+    stacks = [[f.function for f in row.frames] for row in summary.stack_rows(None)]
+    async_stack = next(st for st in stacks if "alloc_below" in st)
+    assert async_stack[async_stack.index("alloc_below"):][:4] == [
+        "alloc_below", "swift_like_async_frame", "async_outer", "main"]
+
+
+def test_agent_thread_allocations_are_the_agents(agent) -> None:
+    """Calls the agent's own JavaScript thread makes (symbolization loads CoreSymbolication on Darwin)
+    are passed through uncounted, as nested calls."""
     api, batches = agent
     api.start()
-    api.feed_logger(ALLOC | ZONE, "0x1", hex(10000), "0x0", "0x5000")           # stacked + live
-    api.feed_logger(ALLOC | DEALLOC | ZONE, "0x1", "0x5000", hex(20000), "0x9000")  # realloc
-    api.feed_logger(DEALLOC | ZONE, "0x1", "0x9000", "0x0", "0x0")
-    api.feed_logger(VM_ALLOC | (88 << 24), "0x103", hex(1 << 20), "0x0", "0x100000")
-    api.flush()
-    time.sleep(0.3)
-    records = [r for b in batches for r in decode_agent_records(b)]
-    ours = [r for r in records if isinstance(r, (AllocRecord, FreeRecord))
-            and (getattr(r, "ptr", 0) in (0x5000, 0x9000, 0x100000))]
-    summary = [(type(r).__name__, capture.KIND_NAMES[r.kind], r.ptr) for r in ours]
-    assert summary == [("AllocRecord", "malloc", 0x5000), ("FreeRecord", "realloc", 0x5000),
-                       ("AllocRecord", "realloc", 0x9000), ("FreeRecord", "free", 0x9000),
-                       ("AllocRecord", "vm_allocate", 0x100000)]
+
+    def counters() -> list[int]:
+        api.flush()
+        time.sleep(0.3)
+        return batches[-1]["counters"]
+
+    before = counters()
+    assert api.malloc_on_agent_thread(50, 10000) == {"ignored": True}
+    after = counters()
+    malloc, free, nested = layout.KINDS["malloc"], layout.KINDS["free"], layout.COUNTERS["nested_calls"]
+    assert after[layout.C_CALLS + malloc] == before[layout.C_CALLS + malloc]
+    assert after[layout.C_CALLS + free] == before[layout.C_CALLS + free]
+    assert after[nested] - before[nested] >= 100
+    api.stop()
+
+
+def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) -> None:
+    """Restoring malloc_logger and unloading the script at once could leave a thread inside the freed
+    callback: uninstall waits for in-flight calls to drain.  Four threads allocate through the logger
+    while the agent is loaded, started, stopped and unloaded again and again; the target lives on."""
+    prog = standin_program(compile_c, demo_bin, "standin_malloc")
+    device = frida.get_local_device()
+    pid = device.spawn([str(prog), "--hammer", "4"], stdio="pipe")
+    device.resume(pid)
+    agent = build_agent("malloc")
+    config = {"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
+              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": "external",
+              "backend": "logger"}
+    try:
+        time.sleep(0.3)
+        for _ in range(8):
+            session = device.attach(pid)
+            script = session.create_script(agent.source)
+            script.load()
+            api = script.exports_sync
+            assert api.init(config, agent.c_sources)["info"]["backend"] == "logger"
+            api.start()
+            time.sleep(0.05)
+            api.stop()
+            drain = api.logger_drain()
+            assert drain["drained"] is True and drain["inflight"] == 0
+            script.unload()
+            session.detach()
+        time.sleep(0.2)
+        assert any(p.pid == pid for p in device.enumerate_processes())
+    finally:
+        with contextlib.suppress(frida.ProcessNotFoundError):
+            device.kill(pid)
+
+
+def test_agent_tables_stay_untouched_until_used_and_are_reported(compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    """The core's tables are fresh pages, never cleared by hand: at start ~75 MiB are reserved and next
+    to nothing is resident.  Calibration reports the agent's own resident bytes, and the footprint
+    delta is given without them."""
+    prog = standin_program(compile_c, demo_bin, "standin_malloc")
+    run_capture("malloc", TargetSpec(device="local", argv=[str(prog)]),
+                CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c", agent_config={"backend": "logger"}),
+                SilentUI(passthrough=False))
+    calib = {r.body["phase"]: r.body for r in read_records(tmp_path / "c") if r.type == RecordType.CALIBRATION}
+    before, after = calib["before"]["agent"], calib["at-exit"]["agent"]
+    assert before["source"] == "mincore" and before["reserved"] >= 64 * MIB
+    assert before["resident"] < before["reserved"] // 64
+    assert before["resident"] <= after["resident"] < after["reserved"]
+    fp = summarize(read_records(tmp_path / "c")).coverage()["footprint"]
+    assert fp["agent_delta"] == after["resident"] - before["resident"]
+    assert fp["delta_without_agent"] == fp["delta"] - fp["agent_delta"]

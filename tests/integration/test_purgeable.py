@@ -164,3 +164,85 @@ def test_allocator_trimming_madvise_inside_glibc_does_not_take_the_target_down(d
         rows[key] = rows.get(key, 0) + r["count"]
     assert rows == {("0->1", "frame_cache_make_purgeable"): 6, ("2->0", "frame_cache_reacquire"): 4,
                     ("0->1", "camera_session_configure"): 2}
+
+
+def standin_program(compile_c, demo_bin: Path, name: str) -> Path:
+    """A tests/programs/ program linked against the stand-in libraries (libmtmalloc on libmtdarwin)."""
+    darwin = Path(__file__).resolve().parents[2] / "demo" / "darwin"
+    return compile_c(name, "-I", str(darwin), "-L", str(demo_bin), "-lmtmalloc", "-lmtdarwin",
+                     f"-Wl,-rpath,{demo_bin}")
+
+
+def test_stand_in_nests_as_xnu_and_each_call_counts_once(demo_bin: Path, tmp_path: Path) -> None:
+    """vm_purgable_control calls mach_vm_purgable_control and vm_allocate calls mach_vm_allocate in the
+    stand-in, as in xnu's libsyscall: the inner calls are counted apart, never twice."""
+    s = run(demo_bin, tmp_path, "scn_sqlite_cache")
+    assert s["set_calls"] == 400 and s["get_calls"] == 100
+    assert s["nested_calls"] == {"mach_vm_purgable_control": 500, "mach_vm_allocate": 4}
+    assert s["creation_calls"] == {"vm_allocate": 4, "mach_vm_allocate": 0, "mach_vm_map": 0}
+
+
+def test_overloads_allocator_madvise_and_swift_async_frames(compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    prog = standin_program(compile_c, demo_bin, "standin_purgeable")
+    s = memtrace_json("purgeable", "--device", "local", "--window", "30", "--out", tmp_path / "c",
+                      "--standin-madvise", "--", prog)
+    assert s["ended"] == "target-exited"
+    # Both overloads of new_shmem, each hooked by its own mangled name (the port one fails to map
+    # for port 7, but is still called).
+    rows = s["framework_calls"]["CA::Render::Shmem::new_shmem"]["by_caller"]
+    assert s["framework_calls"]["CA::Render::Shmem::new_shmem"]["calls"] == 4
+    assert {caller: n for (caller,), (n, _) in callers(rows).items()} == {
+        "mtdarwin_shmem_new": 2, "mtdarwin_shmem_new_port": 2}
+    assert {r["frames"][1]["function"] for r in rows} == {"create_layers"}
+    assert "_ZN2CA6Render5Shmem9new_shmemEjm" not in s["missing"]
+    assert s["created_purgeable"] == 4          # 2 + 1 through the overloads, 1 vm_allocate
+    # mach_vm_map: both port overload calls (port 7 refused) and libmtmalloc's one large region
+    # (the second 1 MiB malloc comes from its cache).
+    assert s["creation_calls"] == {"vm_allocate": 1, "mach_vm_allocate": 2, "mach_vm_map": 3}
+    # libmtmalloc's own madvise (REUSABLE on each free, REUSE on reuse) is counted, never streamed;
+    # the app's own is streamed with its caller.
+    assert s["madvise_allocator_internal"] == 3      # REUSABLE, REUSE, REUSABLE
+    assert s["madvise_standin"] == {"7": 1}
+    assert callers(s["madvise_by_caller"], "entry", "advice") == {("mtdarwin_madvise", 7, "app_recycle"): (1, 65536)}
+    # The transition's stack goes on past the frame whose saved frame pointer has Swift's bit 60.
+    (row,) = s["by_caller"]
+    names = [f["function"] for f in row["frames"]]
+    assert names[:4] == ["set_in_async", "swift_like_async_frame", "async_outer", "main"]
+
+
+def test_hook_table_takes_mach_o_section_symbols_and_every_overload(compile_c) -> None:
+    """frida-gum lists a Mach-O module's defined symbols as type 'section' (gum_emit_symbol: N_SECT),
+    with section ids like "1.__TEXT.__text": the Core Animation hook table takes those in __TEXT,
+    matches each overload by its full mangled name and finds its size argument."""
+    import frida
+
+    from memtrace.agentbuild import build_agent
+
+    device = frida.get_local_device()
+    pid = device.spawn([str(compile_c("steady"))], stdio="pipe")
+    session = device.attach(pid)
+    try:
+        script = session.create_script(build_agent("purgeable").source)
+        script.load()
+        text, data = {"id": "1.__TEXT.__text", "protection": "r-x"}, {"id": "9.__DATA.__data", "protection": "rw-"}
+        symbols = [
+            {"name": "_ZN2CA6Render5Shmem9new_shmemEm", "type": "section", "section": text, "address": "0x1000"},
+            {"name": "__ZN2CA6Render5Shmem9new_shmemEjm", "type": "section", "section": text, "address": "0x2000"},
+            {"name": "_ZN2CA6Render5Shmem9new_shmemEjmb", "type": "section", "section": data, "address": "0x3000"},
+            {"name": "_ZN2CA6Render5Shmem9new_shmemEm", "type": "undefined", "address": "0x0"},
+            {"name": "_ZN2CA6Render5Shmem12set_volatileEbPi", "type": "section", "section": text, "address": "0x4000"},
+            {"name": "_ZN2CA6Render7Shmem2X9new_shmemEm", "type": "function", "address": "0x5000"},
+        ]
+        api = script.exports_sync
+        got = api.match_cxx_overloads(symbols, "CA::Render::Shmem::new_shmem", False)
+        assert got == [
+            {"name": "_ZN2CA6Render5Shmem9new_shmemEjm", "address": "0x2000",
+             "params": ["unsigned int", "unsigned long"], "sizeArg": 1},
+            {"name": "_ZN2CA6Render5Shmem9new_shmemEm", "address": "0x1000", "params": ["unsigned long"], "sizeArg": 0},
+        ]
+        assert api.match_cxx_overloads(symbols, "CA::Render::Shmem::set_volatile", True) == [
+            {"name": "_ZN2CA6Render5Shmem12set_volatileEbPi", "address": "0x4000", "params": ["bool", "int*"],
+             "sizeArg": None}]
+    finally:
+        session.detach()
+        device.kill(pid)

@@ -134,10 +134,28 @@ def test_parse_helpers() -> None:
 # --- analysis -------------------------------------------------------------------------------------
 
 
-def test_bands() -> None:
-    assert A.darwin_band(10) == "FOREGROUND" and A.darwin_band(0) == "IDLE"
-    assert A.darwin_band(-1) == "DEFAULT" and A.darwin_band(7) == "BAND_7"
+def test_bands_on_both_scales() -> None:
+    legacy = A.DARWIN_BANDS_LEGACY
+    assert A.darwin_band(10, legacy) == "FOREGROUND" and A.darwin_band(0, legacy) == "IDLE"
+    assert A.darwin_band(21, legacy) == "MAX" and A.darwin_band(-1, legacy) == "DEFAULT"
+    assert A.darwin_band(7, legacy) == "BAND_7"
+    # xnu-8792+ (iOS 16-18): ten times larger, FREEZER and DRIVER_APPLE added.
+    assert [A.darwin_band(p) for p in (0, 10, 30, 75, 100, 150, 160, 190, 210)] == [
+        "IDLE", "AGING_BAND1", "BACKGROUND", "FREEZER", "FOREGROUND", "DRIVER_APPLE", "HOME", "CRITICAL", "MAX"]
+    assert A.darwin_band(21) == "BAND_21"
     assert A.darwin_band(None) is None
+
+
+@pytest.mark.parametrize("version, priorities, scaled", [
+    ("15.7.1", [], False), ("16.0", [], True), ("17.5.1", [10], True), ("18.2", [], True),
+    ("13.3.1", [21], False),
+    (None, [0, 10, 21], False),          # no version: the legacy scale never passes 21
+    (None, [0, 100, 210], True),
+    ("", [None, 180], True),
+])
+def test_band_table_by_os_version(version: str | None, priorities: list, scaled: bool) -> None:
+    table = A.darwin_band_table(version, priorities)
+    assert table is (A.DARWIN_BANDS if scaled else A.DARWIN_BANDS_LEGACY)
     assert [A.linux_band(v) for v in (-1000, -500, 0, 100, 250, 400, 700, 1000)] == [
         "OOM_DISABLED", "PROTECTED", "DEFAULT", "VISIBLE", "PERCEPTIBLE", "BACKGROUND", "SERVICE", "CACHED"]
 
@@ -172,7 +190,8 @@ def test_totals() -> None:
 
 def test_render_markdown() -> None:
     doc = {"kind": "census", "platform": "darwin", "time": "T", "device": {"name": "iPhone"},
-           "rows": [dict(r, band=A.darwin_band(r["priority"])) for r in ROWS], "notes": ["n|1"]}
+           "rows": [dict(r, band=A.darwin_band(r["priority"], A.DARWIN_BANDS_LEGACY)) for r in ROWS],
+           "notes": ["n|1"]}
     md = A.render_markdown(doc)
     assert md.startswith("## Census\n")
     assert "3 processes on iPhone (darwin, T); total footprint 80 B; 1 vanished and 0 denied" in md
@@ -194,13 +213,37 @@ def test_rows_from_agent() -> None:
          "limit": 2048 << 20, "state": 0x80},
         {"pid": 400, "status": "vanished"},
     ]}
-    rows = C.rows_from_agent(result, names={300: "My App"})
+    rows = C.rows_from_agent(result, names={300: "My App"}, os_version="15.4")
     assert [r["name"] for r in rows] == ["launchd", "My App", None]
     assert rows[0]["band"] == "MAX" and rows[1]["band"] == "FOREGROUND"
     assert rows[1]["limit"] == 2048 << 20 and rows[1]["limit_source"] == "memorystatus"
     assert rows[2]["status"] == "vanished" and rows[2]["footprint"] is None
     assert set(rows[0]) >= {"pid", "name", "footprint", "lifetime_max", "purgeable_volatile",
                             "purgeable_nonvolatile", "reusable", "graphics", "band", "limit", "status"}
+
+
+def test_rows_from_agent_on_ios_16_and_later() -> None:
+    result = {"rows": [{"pid": 1, "status": "ok", "priority": 210}, {"pid": 300, "status": "ok", "priority": 100},
+                       {"pid": 301, "status": "ok", "priority": 10}]}
+    assert [r["band"] for r in C.rows_from_agent(result, os_version="17.4")] == ["MAX", "FOREGROUND", "AGING_BAND1"]
+    # An older frida-server that does not report the OS: the priorities decide.
+    assert [r["band"] for r in C.rows_from_agent(result)] == ["MAX", "FOREGROUND", "AGING_BAND1"]
+
+
+class _ParamsDevice:
+    def __init__(self, params: object) -> None:
+        self.params = params
+
+    def query_system_parameters(self) -> object:
+        if isinstance(self.params, Exception):
+            raise self.params
+        return self.params
+
+
+def test_device_os_version() -> None:
+    assert C.device_os_version(_ParamsDevice({"os": {"id": "ios", "version": "17.5.1"}})) == "17.5.1"
+    assert C.device_os_version(_ParamsDevice({"os": {"id": "ios"}})) is None
+    assert C.device_os_version(_ParamsDevice(RuntimeError("not supported"))) is None
 
 
 def test_census_agent_source_uses_frida17_api_only() -> None:

@@ -41,3 +41,16 @@ def test_no_destruction_entry_is_said_honestly(tmp_path: Path) -> None:
     s = summarize(read_records(write(tmp_path / "c.mtc", [surface(1, 100, "BGRA", [])], None))).to_json()
     assert s["released"]["visible"] is False
     assert "still referenced by the app as far as we saw" in s["held_at_end"]["meaning"]
+
+
+def test_releases_by_id_whichever_path_created_the_surface(tmp_path: Path) -> None:
+    child = {"type": "surface", "via": "IOSurfaceClientCreateChild", "surface": None, "client": "0x7000", "id": 7,
+             "alloc_size": 16384, "width": None, "height": None, "bytes_per_row": None, "format": None, "name": None,
+             "frames": []}
+    events = [surface(1, 100, "BGRA", []), child,
+              {"type": "release", "via": "IOSurfaceClientRelease", "id": 7},
+              {"type": "release", "via": "IOSurfaceClientRelease", "id": 99}]
+    s = summarize(read_records(write(tmp_path / "c.mtc", events, "IOSurfaceClientRelease"))).to_json()
+    assert s["created_via"] == {"IOSurfaceCreate": 1, "IOSurfaceClientCreateChild": 1}
+    assert s["released"] == {"count": 1, "bytes": 16384, "ids": [7], "visible": True, "untracked": 1}
+    assert s["held_at_end"]["ids"] == [1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pymobiledevice3.services.crash_reports import CrashReportsManager
 
 from memtrace import ios
 from memtrace.analyze import jetsam as J
@@ -308,7 +310,8 @@ class FakeLockdown:
 
 
 class FakeCrashReportsManager:
-    """Mirrors pymobiledevice3 11.x: async ctx manager, ``ls(path, depth)``, ``pull(out, entry, ...)``."""
+    """Mirrors pymobiledevice3 11.x: async ctx manager, ``flush()``, ``ls(path, depth)``,
+    ``pull(out, entry, ...)``; every call is recorded and held to the real signatures."""
 
     files = {
         "/JetsamEvent-2020-03-19-172345.ips": SEED_A.read_bytes(),
@@ -320,6 +323,10 @@ class FakeCrashReportsManager:
         self.lockdown = lockdown
         self.pulled: list[str] = []
         self.closed = False
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    async def flush(self, *args: object, **kwargs: object) -> None:
+        self.calls.append(("flush", args, kwargs))
 
     async def __aenter__(self) -> FakeCrashReportsManager:
         return self
@@ -327,12 +334,15 @@ class FakeCrashReportsManager:
     async def __aexit__(self, *exc: object) -> None:
         self.closed = True
 
-    async def ls(self, path: str = "/", depth: int = 1) -> list[str]:
-        assert path == "/"
+    async def ls(self, *args: object, **kwargs: object) -> list[str]:
+        self.calls.append(("ls", args, kwargs))
         return ["/Retired", *self.files]
 
-    async def pull(self, out: str, entry: str = "/", erase: bool = False, match: str | None = None,
-                   progress_bar: bool = True) -> None:
+    async def pull(self, *args: object, **kwargs: object) -> None:
+        self.calls.append(("pull", args, kwargs))
+        bound = inspect.signature(CrashReportsManager.pull).bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        out, entry, erase = bound.arguments["out"], bound.arguments["entry"], bound.arguments["erase"]
         assert not erase
         self.pulled.append(entry)
         (Path(out) / entry.rsplit("/", 1)[-1]).write_bytes(self.files[entry])
@@ -356,6 +366,10 @@ def test_pull_copies_only_jetsam_reports(tmp_path: Path) -> None:
                                              "JetsamEvent-2020-03-19-173028.ips"]
     assert "/MyApp-2020-03-19-1.ips" not in made[0].pulled
     assert made[0].closed and lockdown.closed
+    # Pending reports flushed into the folder before it is listed; every call fits pymobiledevice3's own.
+    assert [c[0] for c in made[0].calls][:2] == ["flush", "ls"]
+    for name, args, kwargs in made[0].calls:
+        inspect.signature(getattr(CrashReportsManager, name)).bind(made[0], *args, **kwargs)
 
 
 def test_pull_errors_become_one_line_target_errors(tmp_path: Path) -> None:

@@ -103,7 +103,31 @@ def test_watch_series_with_fake_clock() -> None:
 # --- iOS path through a fake Frida device -------------------------------------------------------
 
 
-class FakeExports:
+@pytest.mark.parametrize("target, root, expected", [
+    # A managed app under its limit: os_proc_available_memory is meaningful; root's limit wins.
+    ({"footprint": 300, "available": 700}, {"managed": True, "active": 1000, "limit": 1000},
+     {"available": 700, "available_source": "os_proc_available_memory", "limit": 1000, "limit_source": "memorystatus"}),
+    # A managed app over its limit: 0 means exactly that.
+    ({"footprint": 1200, "available": 0}, {"managed": True, "active": 1000},
+     {"available": 0, "available_source": "os_proc_available_memory", "limit": 1000, "limit_source": "memorystatus"}),
+    # An unmanaged daemon: 0 is no answer; the memorystatus limit gives what is left.
+    ({"footprint": 300, "available": 0}, {"managed": False, "active": None, "limit": 800},
+     {"available": 500, "available_source": "memorystatus limit - footprint", "limit": 800,
+      "limit_source": "memorystatus"}),
+    # Root could not read anything: 0 stays unknown, and so does the limit.
+    ({"footprint": 300, "available": 0}, {"errors": {"attach": "denied"}},
+     {"available": None, "available_source": None, "limit": None, "limit_source": None}),
+    # ... but a non-zero answer is the iOS 13+ identity.
+    ({"footprint": 300, "available": 200}, None,
+     {"available": 200, "limit": 500, "limit_source": "footprint + os_proc_available_memory"}),
+])
+def test_combine(target: dict[str, Any], root: dict[str, Any] | None, expected: dict[str, Any]) -> None:
+    got = L.combine({"t": 1.0, "errors": {}, **target}, root)
+    assert {k: got[k] for k in expected} == expected
+    assert got["os_proc_available_memory"] == target["available"]
+
+
+class FakeLimitExports:
     def __init__(self, script: FakeScript) -> None:
         self.script = script
         self.footprint = 300 << 20
@@ -111,29 +135,42 @@ class FakeExports:
 
     def watch(self) -> list[str]:
         self.script.watching = True
-        return ["malloc_memory_event_handler"]
+        return ["dispatch_source(warn|critical|proc-limit-warn|proc-limit-critical)"]
+
+    def unwatch(self) -> bool:
+        self.script.unwatched = True
+        return True
 
     def sample(self) -> dict[str, Any]:
         self.footprint += 100 << 20
         if self.script.watching and self.footprint >= 600 << 20 and not self.warned:
             self.warned = True
-            # what the agent's hook sends when libdispatch delivers a proc-limit warning
+            # what the agent's dispatch source sends on a proc-limit warning
             self.script.emit({"type": "send", "payload": {
-                "type": "limit:pressure", "t": 1.0, "via": "malloc_memory_event_handler",
+                "type": "limit:pressure", "t": 1.0, "via": "dispatch_source",
                 "event": "proc-limit-warn", "bits": 16, "footprint": self.footprint,
                 "available": (1400 << 20) - self.footprint}})
-        return {"t": 0, "footprint": self.footprint, "available": (1400 << 20) - self.footprint,
-                "limit": 1400 << 20, "memlimit": {"active": 1400 << 20, "active_fatal": True,
-                                                  "inactive": 1400 << 20, "inactive_fatal": True},
+        return {"t": 0, "footprint": self.footprint, "available": (1400 << 20) - self.footprint, "errors": {}}
+
+
+class FakeCensusExports:
+    """The census agent in frida-server (root): memorystatus answers there."""
+
+    def memlimit(self, pid: int) -> dict[str, Any]:
+        assert pid == 777
+        return {"pid": pid, "active": 1400 << 20, "active_fatal": True, "inactive": 1400 << 20,
+                "inactive_fatal": True, "managed": True, "priority": 100, "limit": 1400 << 20, "state": 0,
                 "errors": {}}
 
 
 class FakeScript:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, name: str | None) -> None:
         self.source = source
+        self.name = name
         self.watching = False
+        self.unwatched = False
         self.handlers: dict[str, Any] = {}
-        self.exports_sync = FakeExports(self)
+        self.exports_sync: Any = FakeCensusExports() if name == "memtrace-census" else FakeLimitExports(self)
         self.unloaded = False
 
     def on(self, signal: str, handler: Any) -> None:
@@ -150,12 +187,13 @@ class FakeScript:
 
 
 class FakeSession:
-    def __init__(self) -> None:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
         self.script: FakeScript | None = None
         self.detached = False
 
     def create_script(self, source: str, name: str | None = None) -> FakeScript:
-        self.script = FakeScript(source)
+        self.script = FakeScript(source, name)
         return self.script
 
     def on(self, signal: str, handler: Any) -> None:
@@ -176,15 +214,15 @@ class FakeUsbDevice:
     id = "fake-udid"
 
     def __init__(self) -> None:
-        self.sessions: list[FakeSession] = []
+        self.sessions: dict[int, FakeSession] = {}
 
     def enumerate_processes(self) -> list[FakeProcess]:
         return [FakeProcess(1, "launchd"), FakeProcess(777, "MyApp")]
 
     def attach(self, pid: int) -> FakeSession:
-        assert pid == 777
-        self.sessions.append(FakeSession())
-        return self.sessions[-1]
+        assert pid in (0, 777)     # the target, and frida-server's system session for memorystatus
+        self.sessions[pid] = FakeSession(pid)
+        return self.sessions[pid]
 
 
 def test_cli_limit_ios_watch_records_pressure(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,18 +240,24 @@ def test_cli_limit_ios_watch_records_pressure(monkeypatch: pytest.MonkeyPatch) -
     assert res.exception is None, res.output
     doc = json.loads(res.stdout)
     assert doc["platform"] == "darwin" and doc["pid"] == 777
-    assert doc["limit"] == 1400 << 20 and doc["memlimit"]["active_fatal"] is True
+    assert doc["limit"] == 1400 << 20 and doc["limit_source"] == "memorystatus"
+    assert doc["memlimit"]["active_fatal"] is True and doc["managed"] is True
     assert doc["series"][0]["footprint"] + doc["series"][0]["available"] == doc["series"][0]["limit"]
     assert [s["t"] for s in doc["series"]] == [0.0, 1.0, 2.0]
     assert [s["footprint"] >> 20 for s in doc["series"]] == [500, 600, 700]
     (event,) = doc["pressure_events"]
     assert event["event"] == "proc-limit-warn" and event["footprint"] == 600 << 20
-    session = device.sessions[0]
-    assert session.detached and session.script is not None and session.script.unloaded
-    # The script is the limit agent as agentbuild bundles it (comments do not survive bundling:
+    target, root = device.sessions[777], device.sessions[0]
+    assert target.script is not None and root.script is not None
+    assert target.script.name == "memtrace-limit" and root.script.name == "memtrace-census"
+    # The dispatch source is cancelled before its script goes; both scripts unloaded, both sessions detached.
+    assert target.script.unwatched and target.script.unloaded and target.detached
+    assert root.script.unloaded and root.detached
+    # The scripts are the agents as agentbuild bundles them (comments do not survive bundling:
     # the DEVICE-UNVERIFIED mark is checked in the module itself).
-    assert session.script.source == build_agent("limit").source
-    assert "Module.findExportByName(" not in session.script.source
+    assert target.script.source == build_agent("limit").source
+    assert root.script.source == build_agent("census").source
+    assert "Module.findExportByName(" not in target.script.source
     assert "DEVICE-UNVERIFIED" in (AGENT_DIR / "limit.js").read_text()
 
 
@@ -232,6 +276,6 @@ def test_limit_agent_loads_in_frida17_on_linux() -> None:
         script.unload()
         session.detach()
     # No Darwin exports on Linux: every figure is missing and said so, nothing throws.
-    assert sample["footprint"] is None and sample["limit"] is None
-    assert set(sample["errors"]) == {"task_info", "os_proc_available_memory", "memorystatus_control"}
+    assert sample["footprint"] is None and sample["available"] is None
+    assert set(sample["errors"]) == {"task_info", "os_proc_available_memory"}
     assert hooks == []

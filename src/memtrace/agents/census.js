@@ -9,6 +9,9 @@
  * Module.findExportByName).
  *
  * rpc.exports.census() -> {rows: [...], errors: {...}, pageSize, pid}
+ * rpc.exports.memlimit(pid) -> {pid, active, active_fatal, inactive, inactive_fatal, managed,
+ *                               priority, limit, state, errors}: one process's limits, read here
+ *                               because memorystatus_control needs root (apps get EPERM)
  *
  * task_vm_info's offsets are layout.js's (memtrace/layout.py), read by runtime/taskinfo.js.
  */
@@ -44,6 +47,12 @@ const RI_LIFETIME_MAX_FOOTPRINT = 240; // ri_lifetime_max_phys_footprint
 const RI_INTERVAL_MAX_FOOTPRINT = 280; // ri_interval_max_phys_footprint
 
 const MEMORYSTATUS_CMD_GET_PRIORITY_LIST = 1;
+const MEMORYSTATUS_CMD_GET_MEMLIMIT_PROPERTIES = 8;
+const MEMORYSTATUS_CMD_GET_PROCESS_IS_MANAGED = 17;
+// memorystatus_memlimit_properties_t {int32 memlimit_active (MB, -1 none); uint32 active_attr;
+//                                     int32 memlimit_inactive; uint32 inactive_attr}
+const MEMLIMIT_PROPERTIES_SIZE = 16;
+const MEMORYSTATUS_MEMLIMIT_ATTR_FATAL = 0x1;
 // memorystatus_priority_entry_t {pid_t pid; int32_t priority; uint64_t user_data;
 //                                int32_t limit /* MB, -1 = none */; uint32_t state;}
 const PRIORITY_ENTRY_SIZE = 24;
@@ -179,6 +188,41 @@ function census() {
   return { rows: rows, errors: errors, pid: Process.id, pageSize: Process.pageSize };
 }
 
+function memlimit(pid) {
+  const errors = {};
+  const out = { pid: pid, active: null, active_fatal: null, inactive: null, inactive_fatal: null, managed: null,
+    priority: null, limit: null, state: null, errors: errors };
+  if (memorystatus_control === null) {
+    errors.memorystatus_control = 'not exported';
+    return out;
+  }
+  const buf = Memory.alloc(MEMLIMIT_PROPERTIES_SIZE);
+  const r = memorystatus_control(MEMORYSTATUS_CMD_GET_MEMLIMIT_PROPERTIES, pid, 0, buf, MEMLIMIT_PROPERTIES_SIZE);
+  if (r.value === 0) {
+    const mb = v => (v > 0 ? v * 1024 * 1024 : null);
+    out.active = mb(buf.readS32());
+    out.active_fatal = (buf.add(4).readU32() & MEMORYSTATUS_MEMLIMIT_ATTR_FATAL) !== 0;
+    out.inactive = mb(buf.add(8).readS32());
+    out.inactive_fatal = (buf.add(12).readU32() & MEMORYSTATUS_MEMLIMIT_ATTR_FATAL) !== 0;
+  } else {
+    errors.memlimit_properties = 'errno ' + r.errno;
+  }
+  // RunningBoard-managed (apps, extensions): os_proc_available_memory() answers only for those.
+  const m = memorystatus_control(MEMORYSTATUS_CMD_GET_PROCESS_IS_MANAGED, pid, 0, NULL, 0);
+  if (m.value >= 0)
+    out.managed = m.value !== 0;
+  else
+    errors.process_is_managed = 'errno ' + m.errno;
+  const prio = priorityList(errors)[pid];
+  if (prio !== undefined) {
+    out.priority = prio.priority;
+    out.limit = prio.limit;
+    out.state = prio.state;
+  }
+  return out;
+}
+
 rpc.exports = {
   census: census,
+  memlimit: memlimit,
 };

@@ -54,8 +54,8 @@ function linuxCensus() {
   const sys = libcExport('syscall');
   if (nr === undefined || sys === null)
     return null;
-  // syscall(2) is variadic: every argument goes as a register-sized word.
-  const raw = new NativeFunction(sys, 'long', ['long', 'pointer', 'pointer', 'pointer', 'pointer']);
+  // syscall(2) is variadic: declared so ('...'), every argument a register-sized word.
+  const raw = new NativeFunction(sys, 'long', ['long', '...', 'pointer', 'pointer', 'pointer', 'pointer']);
   const word = v => (v instanceof NativePointer ? v : ptr(v));
   const syscall = (n, a = 0, b = 0, c = 0, d = 0) => Number(raw(n, word(a), word(b), word(c), word(d)));
   const path = Memory.allocUtf8String('/proc/self/fd');
@@ -105,7 +105,9 @@ function darwinCensus() {
   if (info === null)
     return null;
   const pidinfo = new NativeFunction(info, 'int', ['int', 'int', 'uint64', 'pointer', 'int']);
-  const fcntl = fcntlP === null ? null : new NativeFunction(fcntlP, 'int', ['int', 'int', 'pointer']);
+  // fcntl is variadic: on Apple arm64 the variadic argument goes on the stack, so without the '...'
+  // the kernel would read the path buffer's address from a stale stack slot and copy 1 KB there.
+  const fcntl = fcntlP === null ? null : new NativeFunction(fcntlP, 'int', ['int', 'int', '...', 'pointer']);
   const size = 8 * 65536;
   const buf = Memory.alloc(size);
   const n = pidinfo(Process.id, PROC_PIDLISTFDS, 0, buf, size);

@@ -1,33 +1,43 @@
 /*
  * IOSurface tracer: what the target allocates outside every malloc zone (kernel IOKit memory,
- * VM tag 88).  Low frequency: plain JS listeners.
+ * VM tag 88).  Low frequency: plain JS listeners.  Surfaces are known by their IOSurface ID,
+ * whichever path made them.
  *
  *   IOSurfaceCreate            onLeave: the surface read through its accessor functions
  *                              (alloc size, width, height, bytes per row, pixel format, id),
  *                              never by parsing the properties dictionary; creating stack.
+ *   IOSurfaceClientCreateChild onLeave: child surfaces (planes, sub-allocations) that framework
+ *                              paths create without IOSurfaceCreate; read through the client
+ *                              accessors (IOSurfaceClientGetID, IOSurfaceClientGetAllocSize).
  *   IOSurfaceIncrement/DecrementUseCount   counted per surface (use count is not ownership).
- *   release                    where a destruction function is visible (the Linux stand-in's
- *                              mtdarwin_surface_destroy).  iOS exports none and CFRelease is
- *                              far too hot to hook, so there a surface not seen destroyed is
- *                              "still referenced by the app as far as we saw".
+ *   IOSurfaceClientRelease     the last reference going (CFRelease of the surface at zero):
+ *                              the release, matched by ID.  CFRelease itself is far too hot to hook.
+ * DEVICE-UNVERIFIED: IOSurfaceClientCreateChild, IOSurfaceClientRelease and the client accessors
+ * are IOSurface.framework's private exports (in its symbol lists, not its headers); their
+ * signatures are the stand-in's (demo/darwin/mtdarwin.c).  Where one is missing, recon says so:
+ * without the release hook a surface not seen released is "still referenced as far as we saw".
  */
 
 import { emitJson } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport } from './runtime/platform.js';
+import { entryFrames } from './runtime/stacks.js';
 
 const ACCESSORS = {
   IOSurfaceGetAllocSize: 'size_t', IOSurfaceGetWidth: 'size_t', IOSurfaceGetHeight: 'size_t',
   IOSurfaceGetBytesPerRow: 'size_t', IOSurfaceGetPixelFormat: 'uint32', IOSurfaceGetID: 'uint32',
 };
-const STANDIN_DESTROY = 'mtdarwin_surface_destroy';
+const CLIENT_ACCESSORS = { IOSurfaceClientGetID: 'uint32', IOSurfaceClientGetAllocSize: 'size_t' };
+const CHILD_CREATE = 'IOSurfaceClientCreateChild';
+const RELEASE = 'IOSurfaceClientRelease';
 const STANDIN_NAME = 'mtdarwin_surface_name';
 const SURFACE_FRAMES = 16;
 
 const surf = {
   fns: {},
   listeners: [],
-  live: new Map(),      // surface pointer (string) -> id, for releases
+  live: new Map(),      // surface pointer (string) -> id, for use counts
+  seen: new Set(),      // ids recorded (a child path nested in IOSurfaceCreate is recorded once)
 };
 
 function fourcc(v) {
@@ -65,6 +75,12 @@ function useCountHook(op) {
   };
 }
 
+/* The caller chain at the hooked entry, by the shared guarded frame-pointer walk (Apple's arm64 ABI
+ * keeps frame pointers; the unwinder's view of an entry patched by Interceptor is less reliable). */
+function frames(ctx) {
+  return entryFrames(ctx, SURFACE_FRAMES);
+}
+
 export const tracer = {
   name: 'iosurface',
 
@@ -74,16 +90,17 @@ export const tracer = {
       wanted.push({ name: n, role: 'accessor' });
     wanted.push({ name: 'IOSurfaceIncrementUseCount', role: 'hook' });
     wanted.push({ name: 'IOSurfaceDecrementUseCount', role: 'hook' });
-    if (!IS_DARWIN) {
-      // The stand-in's destruction point and name accessor; iOS has no exported equivalent.
-      wanted.push({ name: STANDIN_DESTROY, role: 'release' });
-      wanted.push({ name: STANDIN_NAME, role: 'accessor' });
-    }
+    wanted.push({ name: CHILD_CREATE, role: 'hook' });
+    wanted.push({ name: RELEASE, role: 'release' });
+    for (const n of Object.keys(CLIENT_ACCESSORS))
+      wanted.push({ name: n, role: 'accessor' });
+    if (!IS_DARWIN)
+      wanted.push({ name: STANDIN_NAME, role: 'accessor' });    // the stand-in's name accessor
     return wanted;
   },
 
   init(config, sources) {
-    for (const [name, ret] of Object.entries(ACCESSORS)) {
+    for (const [name, ret] of Object.entries(Object.assign({}, ACCESSORS, CLIENT_ACCESSORS))) {
       const p = findExport(name);
       if (p !== null)
         surf.fns[name] = new NativeFunction(p, ret, ['pointer']);
@@ -91,21 +108,27 @@ export const tracer = {
     const n = IS_DARWIN ? null : findExport(STANDIN_NAME);
     if (n !== null)
       surf.fns.name = new NativeFunction(n, 'pointer', ['pointer']);
-    return { release_hook: IS_DARWIN ? null : STANDIN_DESTROY, accessors: Object.keys(surf.fns) };
+    const release = findExport(RELEASE) !== null && surf.fns.IOSurfaceClientGetID !== undefined;
+    return { release_hook: release ? RELEASE : null, child_hook: findExport(CHILD_CREATE) !== null ? CHILD_CREATE : null,
+      accessors: Object.keys(surf.fns) };
   },
 
   install(config) {
     hook('IOSurfaceCreate', {
       onEnter(args) {
-        this.frames = Thread.backtrace(this.context, Backtracer.ACCURATE).slice(0, SURFACE_FRAMES)
-          .map(p => p.toString());
+        this.frames = frames(this.context);
       },
       onLeave(retval) {
         if (retval.isNull()) {
-          emitJson({ type: 'create-failed', tid: Process.getCurrentThreadId(), frames: this.frames });
+          emitJson({ type: 'create-failed', via: 'IOSurfaceCreate', tid: Process.getCurrentThreadId(), frames: this.frames });
           return;
         }
         const id = call('IOSurfaceGetID', retval);
+        surf.live.set(retval.toString(), id);
+        if (id !== null && surf.seen.has(id))
+          return;        // recorded already, by a child path it went through
+        if (id !== null)
+          surf.seen.add(id);
         const format = call('IOSurfaceGetPixelFormat', retval);
         let name = null;
         if (surf.fns.name) {
@@ -116,9 +139,8 @@ export const tracer = {
             name = null;
           }
         }
-        surf.live.set(retval.toString(), id);
         emitJson({
-          type: 'surface', surface: retval.toString(), id,
+          type: 'surface', via: 'IOSurfaceCreate', surface: retval.toString(), id,
           alloc_size: call('IOSurfaceGetAllocSize', retval),
           width: call('IOSurfaceGetWidth', retval), height: call('IOSurfaceGetHeight', retval),
           bytes_per_row: call('IOSurfaceGetBytesPerRow', retval),
@@ -127,15 +149,33 @@ export const tracer = {
         });
       },
     });
+    hook(CHILD_CREATE, {
+      onEnter(args) {
+        this.frames = frames(this.context);
+      },
+      onLeave(retval) {
+        if (retval.isNull()) {
+          emitJson({ type: 'create-failed', via: CHILD_CREATE, tid: Process.getCurrentThreadId(), frames: this.frames });
+          return;
+        }
+        const id = call('IOSurfaceClientGetID', retval);
+        if (id !== null)
+          surf.seen.add(id);
+        emitJson({
+          type: 'surface', via: CHILD_CREATE, surface: null, client: retval.toString(), id,
+          alloc_size: call('IOSurfaceClientGetAllocSize', retval), width: null, height: null, bytes_per_row: null,
+          pixel_format: null, format: null, name: null, tid: Process.getCurrentThreadId(), frames: this.frames,
+        });
+      },
+    });
     hook('IOSurfaceIncrementUseCount', useCountHook('inc'));
     hook('IOSurfaceDecrementUseCount', useCountHook('dec'));
-    if (!IS_DARWIN) {
-      hook(STANDIN_DESTROY, function (args) {
-        const key = args[0].toString();
-        const id = surf.live.has(key) ? surf.live.get(key) : call('IOSurfaceGetID', args[0]);
-        surf.live.delete(key);
-        emitJson({ type: 'release', surface: key, id, tid: Process.getCurrentThreadId(),
-          frames: Thread.backtrace(this.context, Backtracer.ACCURATE).slice(0, 4).map(p => p.toString()) });
+    if (surf.fns.IOSurfaceClientGetID !== undefined) {
+      // Probe (no return trap): the id is read before the client goes.
+      hook(RELEASE, function (args) {
+        const id = call('IOSurfaceClientGetID', args[0]);
+        emitJson({ type: 'release', via: RELEASE, id, tid: Process.getCurrentThreadId(),
+          frames: entryFrames(this.context, 4) });
       });
     }
     Interceptor.flush();

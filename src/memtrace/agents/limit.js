@@ -2,13 +2,18 @@
  * memtrace limit agent (Darwin / iOS only), loaded into the target process itself.
  *
  * DEVICE-UNVERIFIED: offsets and constants are written from xnu's public headers
- * (osfmk/mach/task_info.h, bsd/sys/kern_memorystatus.h, libdispatch's source.c) and have
- * not yet been run on an iPhone. Frida 17 API only.
+ * (osfmk/mach/task_info.h, bsd/sys/kern_memorystatus.h) and libdispatch's source (source.c,
+ * private/source_private.h); exercised on Linux against the stand-in (demo/darwin/), which
+ * models libdispatch's memory-pressure sources and os_proc_available_memory. Frida 17 API only.
  *
  * rpc.exports:
- *   sample()      -> {footprint, available, limit, memlimit: {...} | null, errors}
- *   watch(on)     -> install / keep the memory-pressure hooks; each notification is sent as
- *                    {type: 'limit:pressure', t, via, event, footprint, available}
+ *   sample()      -> {t, footprint, footprint_peak, available, limit_bytes_remaining, errors}
+ *                    `available` is os_proc_available_memory() as returned: 0 also means "not a
+ *                    managed process" or "over its limit" (xnu); the host decides with the limit
+ *                    it reads as root (memorystatus_control refuses apps: EPERM), not here.
+ *   watch()       -> the pressure sources in place; each notification is sent as
+ *                    {type: 'limit:pressure', t, via, event, bits, footprint, available}
+ *   unwatch()     -> the agent's dispatch source cancelled (before unload: its handler is ours)
  *
  * task_vm_info's offsets are layout.js's (memtrace/layout.py), read by runtime/taskinfo.js.
  */
@@ -22,22 +27,15 @@ function fn(name, ret, args) {
 
 // iOS 13+: bytes the process may still allocate before hitting its jetsam limit.
 const os_proc_available_memory = fn('os_proc_available_memory', 'size_t', []);
-const memorystatusAddress = Module.findGlobalExportByName('memorystatus_control');
-const memorystatus_control = memorystatusAddress === null ? null
-  : new SystemFunction(memorystatusAddress, 'int', ['uint32', 'int32', 'uint32', 'pointer', 'size_t']);
 
-const MEMORYSTATUS_CMD_GET_MEMLIMIT_PROPERTIES = 8;
-// memorystatus_memlimit_properties_t {int32 memlimit_active (MB, -1 none); uint32 active_attr;
-//                                     int32 memlimit_inactive; uint32 inactive_attr}
-const MEMLIMIT_PROPERTIES_SIZE = 16;
-const MEMORYSTATUS_MEMLIMIT_ATTR_FATAL = 0x1;
-
-// NOTE_MEMORYSTATUS_* / DISPATCH_MEMORYPRESSURE_* bits delivered with a pressure event.
+// DISPATCH_MEMORYPRESSURE_* (libdispatch source.h / source_private.h), the event bits delivered.
 const PRESSURE_BITS = {
   0x01: 'normal', 0x02: 'warn', 0x04: 'critical', 0x10: 'proc-limit-warn', 0x20: 'proc-limit-critical',
 };
-
-const memlimit = Memory.alloc(MEMLIMIT_PROPERTIES_SIZE);
+// libdispatch registers libmalloc's handler with libmalloc's mask, which on iOS 17/18 is MSL
+// status only: WARN/CRITICAL/PROC_LIMIT never reach malloc_memory_event_handler there.  The
+// agent therefore creates a source of its own for what it wants to see.
+const WATCH_MASK = 0x02 | 0x04 | 0x10 | 0x20;
 
 function vmInfo() {
   const v = selfTaskVmInfo();
@@ -54,29 +52,6 @@ function available() {
   return os_proc_available_memory === null ? null : uint64(os_proc_available_memory().toString()).toNumber();
 }
 
-function memlimitProperties(errors) {
-  if (memorystatus_control === null) {
-    errors.memorystatus_control = 'not exported';
-    return null;
-  }
-  // Allowed on the caller's own pid without root (kern_memorystatus.c permission check).
-  const r = memorystatus_control(MEMORYSTATUS_CMD_GET_MEMLIMIT_PROPERTIES, Process.id, 0, memlimit,
-    MEMLIMIT_PROPERTIES_SIZE);
-  if (r.value !== 0) {
-    errors.memorystatus_control = 'errno ' + r.errno;
-    return null;
-  }
-  const mb = (v) => (v > 0 ? v * 1024 * 1024 : null);
-  const activeAttr = memlimit.add(4).readU32();
-  const inactiveAttr = memlimit.add(12).readU32();
-  return {
-    active: mb(memlimit.readS32()),
-    active_fatal: (activeAttr & MEMORYSTATUS_MEMLIMIT_ATTR_FATAL) !== 0,
-    inactive: mb(memlimit.add(8).readS32()),
-    inactive_fatal: (inactiveAttr & MEMORYSTATUS_MEMLIMIT_ATTR_FATAL) !== 0,
-  };
-}
-
 function sample() {
   const errors = {};
   const vm = vmInfo();
@@ -85,16 +60,12 @@ function sample() {
   const avail = available();
   if (avail === null)
     errors.os_proc_available_memory = 'not exported (iOS < 13?)';
-  const footprint = vm === null ? null : vm.footprint;
   return {
     t: Date.now() / 1000,
-    footprint: footprint,
+    footprint: vm === null ? null : vm.footprint,
     footprint_peak: vm === null ? null : vm.footprint_peak,
     available: avail,
-    // The iOS 13+ identity: limit = phys_footprint + os_proc_available_memory().
-    limit: footprint !== null && avail !== null ? footprint + avail : null,
     limit_bytes_remaining: vm === null ? null : vm.limit_bytes_remaining,
-    memlimit: memlimitProperties(errors),
     errors: errors,
   };
 }
@@ -116,21 +87,56 @@ function report(via, bits) {
   });
 }
 
-let hooked = null;
+const watching = {
+  hooked: null,
+  source: null,
+  handler: null,
+  cancel: null,
+};
+
+/* DISPATCH_SOURCE_TYPE_MEMORYPRESSURE (&_dispatch_source_type_memorypressure) with WATCH_MASK on
+ * a global queue; its handler reads the event bits with dispatch_source_get_data. */
+function createPressureSource() {
+  const type = Module.findGlobalExportByName('_dispatch_source_type_memorypressure');
+  const create = fn('dispatch_source_create', 'pointer', ['pointer', 'pointer', 'ulong', 'pointer']);
+  const globalQueue = fn('dispatch_get_global_queue', 'pointer', ['long', 'ulong']);
+  const setContext = fn('dispatch_set_context', 'void', ['pointer', 'pointer']);
+  const setHandler = fn('dispatch_source_set_event_handler_f', 'void', ['pointer', 'pointer']);
+  const getData = fn('dispatch_source_get_data', 'ulong', ['pointer']);
+  const activate = fn('dispatch_activate', 'void', ['pointer']) || fn('dispatch_resume', 'void', ['pointer']);
+  const cancel = fn('dispatch_source_cancel', 'void', ['pointer']);
+  if ([type, create, globalQueue, setContext, setHandler, getData, activate, cancel].some(x => x === null))
+    return null;
+  const source = create(type, NULL, WATCH_MASK, globalQueue(0, 0));
+  if (source.isNull())
+    return null;
+  const handler = new NativeCallback(context => {
+    report('dispatch_source', Number(getData(context)));
+  }, 'void', ['pointer']);
+  setContext(source, source);
+  setHandler(source, handler);
+  activate(source);
+  watching.source = source;
+  watching.handler = handler;
+  watching.cancel = cancel;
+  return 'dispatch_source(' + describe(WATCH_MASK) + ')';
+}
 
 function installHooks() {
-  if (hooked !== null)
-    return hooked;
-  hooked = [];
-  // libdispatch's own memory-pressure source (created at libdispatch init in every process,
-  // so it exists before we attach) passes each event to libmalloc's exported handler:
-  // _dispatch_memorypressure_handler -> malloc_memory_event_handler(event bits).
+  if (watching.hooked !== null)
+    return watching.hooked;
+  watching.hooked = [];
+  const own = createPressureSource();
+  if (own !== null)
+    watching.hooked.push(own);
+  // libmalloc's handler still shows what libdispatch forwards to it (MSL status on iOS 17/18;
+  // every pressure level on older systems).
   const mallocHandler = Module.findGlobalExportByName('malloc_memory_event_handler');
   if (mallocHandler !== null) {
     Interceptor.attach(mallocHandler, {
       onEnter(args) { report('malloc_memory_event_handler', args[0].toUInt32()); },
     });
-    hooked.push('malloc_memory_event_handler');
+    watching.hooked.push('malloc_memory_event_handler');
   }
   // UIKit apps: -[UIApplication _receivedMemoryNotification] posts
   // UIApplicationDidReceiveMemoryWarningNotification (-> didReceiveMemoryWarning). Resolved
@@ -146,14 +152,27 @@ function installHooks() {
       const forward = Module.findGlobalExportByName('_objc_msgForward');
       if (!imp.isNull() && (forward === null || !imp.equals(forward))) {
         Interceptor.attach(imp, { onEnter() { report('UIApplication._receivedMemoryNotification', 0x02); } });
-        hooked.push('UIApplication._receivedMemoryNotification');
+        watching.hooked.push('UIApplication._receivedMemoryNotification');
       }
     }
   }
-  return hooked;
+  return watching.hooked;
+}
+
+/* The source's handler is this script's code: cancelled before the script goes. */
+function uninstallSource() {
+  if (watching.source === null)
+    return false;
+  watching.cancel(watching.source);
+  watching.source = null;
+  // A handler already running finishes on its queue; give it its moment before unload.
+  Thread.sleep(0.05);
+  return true;
 }
 
 rpc.exports = {
   sample: sample,
   watch: installHooks,
+  unwatch: uninstallSource,
+  dispose: uninstallSource,
 };

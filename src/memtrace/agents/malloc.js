@@ -13,8 +13,10 @@
 
 import { KINDS, LOGGER_EVENT } from './layout.js';
 import { leakSymbols, scanLeaks } from './leaks.js';
-import { buildCore, core, releaseThreadKey, setEnabled } from './runtime/core.js';
+import { buildCore, core, setEnabled } from './runtime/core.js';
 import { warn } from './runtime/flush.js';
+import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbols, loggerVariable,
+  releaseThreadKey, selfTask } from './runtime/logger.js';
 import { IS_DARWIN, libcModule } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
 
@@ -22,10 +24,14 @@ import { readStruct } from './runtime/structs.js';
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
   'aligned_alloc', 'valloc', 'pvalloc'];
 
-const LOGGER_MODULE = 'libsystem_malloc.dylib';
-const SYSCALL_LOGGER_MODULE = 'libsystem_kernel.dylib';
+const LOGGER_MODULE = LOGGER_MODULES.malloc_logger;
+const SYSCALL_LOGGER_MODULE = LOGGER_MODULES.__syscall_logger;
+const DRAIN_TIMEOUT_MS = 1000;
 
 const mallocState = {
+  drain: null,
+  tlsKey: null,
+  agentThreadIgnored: false,
   replaced: [],
   loggerSlots: [],
   realSlots: {},
@@ -54,35 +60,26 @@ function familyAddress(name) {
   return Module.findGlobalExportByName(name);
 }
 
-function loggerVariable(name, moduleName) {
-  const m = Process.findModuleByName(moduleName);
-  if (m !== null) {
-    const p = m.findExportByName(name);
-    if (p !== null)
-      return p;
-    const s = m.enumerateSymbols().find(x => x.name === name);
-    if (s !== undefined)
-      return s.address;
-  }
-  return null;
-}
-
+/* Darwin: the logger unless told otherwise.  Linux: the logger only when asked for and the
+ * stand-in libmtmalloc is loaded (tests of the Darwin path). */
 function chooseBackend(config) {
-  if (config.backend === 'symbols' || !IS_DARWIN)
+  if (config.backend === 'symbols' || (!IS_DARWIN && config.backend !== 'logger'))
     return 'symbols';
-  return loggerVariable('malloc_logger', LOGGER_MODULE) !== null ? 'logger' : 'symbols';
+  return loggerVariable('malloc_logger') !== null ? 'logger' : 'symbols';
 }
 
 export const tracer = {
   name: 'malloc',
 
   symbols(config) {
-    const wanted = FAMILY.map(name => ({ name, resolve: () => familyAddress(name), role: 'hook' }));
-    if (IS_DARWIN) {
+    const wanted = familyFor(FAMILY, IS_DARWIN).map(name => ({ name, resolve: () => familyAddress(name), role: 'hook' }));
+    if (IS_DARWIN || config.backend === 'logger') {
       wanted.push({ name: 'malloc_logger', module: LOGGER_MODULE, role: 'logger',
-        resolve: () => loggerVariable('malloc_logger', LOGGER_MODULE) });
+        resolve: () => loggerVariable('malloc_logger') });
       wanted.push({ name: '__syscall_logger', module: SYSCALL_LOGGER_MODULE, role: 'logger',
-        resolve: () => loggerVariable('__syscall_logger', SYSCALL_LOGGER_MODULE) });
+        resolve: () => loggerVariable('__syscall_logger') });
+    }
+    if (IS_DARWIN) {
       wanted.push({ name: 'malloc_zone_statistics', role: 'calibration' });
       wanted.push({ name: 'task_info', role: 'calibration' });
     } else {
@@ -102,19 +99,23 @@ export const tracer = {
       mallocState.realSlots[name] = slot;
       extra['real_' + name] = slot;
     }
-    Object.assign(extra, leakSymbols());
+    Object.assign(extra, leakSymbols(), loggerSymbols());
     const info = buildCore(config, sources, extra);
     mallocState.backend = chooseBackend(config);
     info.backend = mallocState.backend;
     info.stackThreshold = config.stackThreshold;
+    info.self_task = selfTask();
+    mallocState.tlsKey = info.tlsKey;
     return info;
   },
 
   install(config) {
     const cm = core.cm;
+    // The agent's JavaScript thread (rpcs, timers, symbolization) allocates for the agent only.
+    mallocState.agentThreadIgnored = ignoreAgentThread(cm);
     if (mallocState.backend === 'logger') {
-      for (const [name, mod] of [['malloc_logger', LOGGER_MODULE], ['__syscall_logger', SYSCALL_LOGGER_MODULE]]) {
-        const v = loggerVariable(name, mod);
+      for (const name of ['malloc_logger', '__syscall_logger']) {
+        const v = loggerVariable(name);
         if (v === null)
           continue;
         const previous = v.readPointer();
@@ -165,16 +166,24 @@ export const tracer = {
   },
 
   uninstall() {
+    const hadLogger = mallocState.loggerSlots.length > 0;
     for (const s of mallocState.loggerSlots)
       s.address.writePointer(s.previous);
     mallocState.loggerSlots = [];
+    if (hadLogger) {
+      // Unloading the script frees the callback's code: no thread may still be inside it.
+      mallocState.drain = drainLogger(core.cm, DRAIN_TIMEOUT_MS);
+      if (!mallocState.drain.drained)
+        warn(`${mallocState.drain.inflight} malloc_logger call(s) still in flight after ${mallocState.drain.waited_ms} ms`);
+    }
     // Replacements stay callable after revert (the CModule lives on), so a
     // thread still inside one returns normally.
     for (const target of mallocState.replaced)
       Interceptor.revert(target);
     mallocState.replaced = [];
     Interceptor.flush();
-    releaseThreadKey();
+    if (mallocState.tlsKey !== null && releaseThreadKey(mallocState.tlsKey))
+      mallocState.tlsKey = null;
   },
 
   /* --leaks: the scan as the process exits (rpc.js dispose), while its hooks are still in. */
@@ -191,15 +200,28 @@ export const tracer = {
       mallocState.leaksDone = true;
       return scanLeaks(config, 'window-end');
     },
-    /* libmalloc's logger argument patterns through the real C decoder. */
-    decodeLoggerEvent(type, arg1, arg2, arg3, result) {
+    /* libmalloc's logger argument patterns through the real C decoder (selfTask: the task that is
+     * ours, '0x0' for unknown). */
+    decodeLoggerEvent(type, arg1, arg2, arg3, result, selfTaskPort) {
       const ev = Memory.alloc(LOGGER_EVENT.size);
       const f = new NativeFunction(core.cm.mt_logger_decode, 'void',
-        ['uint32', 'uint64', 'uint64', 'uint64', 'uint64', 'pointer']);
-      f(type, uint64(arg1), uint64(arg2), uint64(arg3), uint64(result), ev);
+        ['uint32', 'uint64', 'uint64', 'uint64', 'uint64', 'uint64', 'pointer']);
+      f(type, uint64(arg1), uint64(arg2), uint64(arg3), uint64(result), uint64(selfTaskPort || '0x0'), ev);
       const r = readStruct(ev, LOGGER_EVENT);
       return { op: r.op.toNumber(), kind: r.kind.toNumber(), ptr: r.ptr.toString(), size: r.size.toString(),
-        old_ptr: r.old_ptr.toString(), tag: r.tag.toNumber() };
+        old_ptr: r.old_ptr.toString(), tag: r.tag.toNumber(), skip: r.skip.toNumber() };
+    },
+    /* How the last uninstall drained the logger: {drained, waited_ms, inflight} (null: no logger). */
+    loggerDrain() {
+      return mallocState.drain || null;
+    },
+    /* Calls the target's malloc/free from the agent's own thread (tests: they must not count). */
+    mallocOnAgentThread(n, size) {
+      const m = new NativeFunction(familyAddress('malloc'), 'pointer', ['size_t']);
+      const f = new NativeFunction(familyAddress('free'), 'void', ['pointer']);
+      for (let i = 0; i < n; i++)
+        f(m(size));
+      return { ignored: mallocState.agentThreadIgnored === true };
     },
     /* Drive the real logger callback with a synthetic libmalloc event (tests). */
     feedLogger(type, arg1, arg2, arg3, result) {

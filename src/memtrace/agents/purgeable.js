@@ -25,8 +25,8 @@
  */
 
 import {
-  MADVISE_NAMES, PC_CONTROLS, PC_CONTROL_OTHER, PC_CONTROL_STRIDE, PC_CREATION, PC_MADVISE, PC_MADVISE_INTERNAL,
-  PC_MADVISE_SLOTS, PURGABLE_CONTROLS, PURGEABLE_ENTRIES, PURGEABLE_N_COUNTS,
+  ALLOCATOR_RANGES, MADVISE_NAMES, PC_CONTROLS, PC_CONTROL_OTHER, PC_CONTROL_STRIDE, PC_CREATION, PC_MADVISE, PC_MADVISE_INTERNAL,
+  PC_MADVISE_SLOTS, PC_NESTED, PURGABLE_CONTROLS, PURGEABLE_ENTRIES, PURGEABLE_N_COUNTS,
 } from './layout.js';
 import { emitJson } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
@@ -43,6 +43,9 @@ const CREATION = ['vm_allocate', 'mach_vm_allocate', 'mach_vm_map'];
 const CA_SET_VOLATILE = 'CA::Render::Shmem::set_volatile';
 const CA_NEW_SHMEM = 'CA::Render::Shmem::new_shmem';
 const CA_MODULE = 'QuartzCore';
+const ALLOCATOR_DARWIN = 'libsystem_malloc.dylib';
+const ALLOCATOR_STANDIN = 'libmtmalloc.so';
+const CA_CXX = [[CA_NEW_SHMEM, false], [CA_SET_VOLATILE, true]];    // [qualified name, member function]
 const STACK_FRAMES = 16;
 
 const purg = {
@@ -59,8 +62,93 @@ function mangledNestedName(qualified) {
   return 'N' + qualified.split('::').map(p => p.length + p).join('') + 'E';
 }
 
-function findCxx(qualified) {
-  const needle = mangledNestedName(qualified);
+/* Builtin parameter codes of the Itanium ABI, enough to find an overload's size argument. */
+const BUILTIN = { v: 'void', b: 'bool', c: 'char', a: 'signed char', h: 'unsigned char', s: 'short',
+  t: 'unsigned short', i: 'int', j: 'unsigned int', l: 'long', m: 'unsigned long', x: 'long long',
+  y: 'unsigned long long', f: 'float', d: 'double' };
+
+/* The parameter list after the nested name: ['unsigned long'], ['bool', 'int*'] ... (null where a
+ * parameter is not a builtin or a pointer/reference to one). */
+function mangledParams(rest) {
+  const out = [];
+  let i = 0;
+  while (i < rest.length) {
+    let suffix = '';
+    while (rest[i] === 'P' || rest[i] === 'R' || rest[i] === 'K') {
+      suffix = (rest[i] === 'K' ? ' const' : rest[i] === 'P' ? '*' : '&') + suffix;
+      i++;
+    }
+    const t = BUILTIN[rest[i]];
+    if (t === undefined)
+      return out.concat([null]);
+    out.push(t + suffix);
+    i++;
+  }
+  return (out.length === 1 && out[0] === 'void') ? [] : out;
+}
+
+/* A defined function symbol: 'function' on ELF; frida-gum reports Mach-O's defined symbols as
+ * 'section' (gum_emit_symbol: N_SECT), so there the section must be __TEXT's ("<n>.__TEXT.<sect>"). */
+function isCode(sym) {
+  if (sym.type === 'function')
+    return true;
+  return sym.type === 'section' && sym.section !== undefined && sym.section !== null &&
+      /(^|\.)__TEXT\./.test(String(sym.section.id));
+}
+
+/* Every overload of `qualified` in a symbol list, each by its full mangled name, with its
+ * parameters and the argument index of its size (the first unsigned long; member functions
+ * take `this` first).  Pure: the hook table of the Core Animation entries, tested apart. */
+export function matchCxxOverloads(symbols, qualified, member) {
+  const prefix = '_Z' + mangledNestedName(qualified);
+  const seen = new Set();
+  const out = [];
+  for (const sym of symbols) {
+    // Mach-O names carry one more leading underscore where a list was not normalized.
+    const name = sym.name.startsWith('__Z') ? sym.name.slice(1) : sym.name;
+    if (!name.startsWith(prefix) || !isCode(sym))
+      continue;
+    const address = sym.address.toString();
+    if (address === '0x0' || seen.has(name))
+      continue;
+    seen.add(name);
+    const params = mangledParams(name.slice(prefix.length));
+    const sizeParam = params.indexOf('unsigned long');
+    out.push({ name, address, params, sizeArg: sizeParam < 0 ? null : sizeParam + (member ? 1 : 0) });
+  }
+  out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  return out;
+}
+
+/* Where the symbol table has no entry (a stripped build), the debug-symbol search: names come
+ * back demangled or mangled, and are checked against the qualified name. */
+function findByDebugSymbols(qualified, member) {
+  const last = qualified.split('::').pop();
+  let addresses = [];
+  try {
+    addresses = DebugSymbol.findFunctionsMatching('*' + last + '*');
+  } catch (e) {
+    return [];
+  }
+  const symbols = [];
+  for (const a of addresses) {
+    const name = DebugSymbol.fromAddress(a).name;
+    if (name === null)
+      continue;
+    if (name.indexOf(qualified + '(') >= 0) {
+      const inner = name.slice(name.indexOf('(') + 1, name.lastIndexOf(')'));
+      const params = inner.trim() === '' ? [] : inner.split(',').map(p => p.trim());
+      const sizeParam = params.indexOf('unsigned long');
+      symbols.push({ name, address: a.toString(), params, sizeArg: sizeParam < 0 ? null : sizeParam + (member ? 1 : 0) });
+    } else {
+      symbols.push({ name, type: 'function', address: a });
+    }
+  }
+  const mangled = matchCxxOverloads(symbols.filter(x => x.type === 'function'), qualified, member);
+  return mangled.concat(symbols.filter(x => x.type === undefined));
+}
+
+function findCxx(qualified, member) {
   let modules;
   if (IS_DARWIN) {
     const qc = Process.findModuleByName(CA_MODULE);
@@ -77,13 +165,14 @@ function findCxx(qualified) {
     } catch (e) {
       continue;
     }
-    // `_ZN…E<args>`: the nested name right after the _Z prefix (Mach-O names may carry one more `_`).
-    const hit = symbols.find(s => s.type === 'function' && !s.address.isNull() &&
-        (s.name.startsWith('_Z' + needle) || s.name.startsWith('__Z' + needle)));
-    if (hit !== undefined)
-      return hit.address;
+    const found = matchCxxOverloads(symbols, qualified, member);
+    if (found.length > 0)
+      return found;
   }
-  return null;
+  // DEVICE-UNVERIFIED: whether QuartzCore's symbols in the shared cache reach enumerateSymbols
+  // on a given iOS build; the debug-symbol search (CoreSymbolication, before the window opens)
+  // is the fallback.
+  return findByDebugSymbols(qualified, member);
 }
 
 function resolveOnce(name, how) {
@@ -104,9 +193,14 @@ function wantedSymbols(config) {
       resolve: () => resolveOnce('mtdarwin_madvise', () => findExport('mtdarwin_madvise')) });
   for (const n of ['IOSurfaceSetPurgeable', 'CABackingStoreSetVolatile'])
     list.push({ name: n, role: 'framework', resolve: () => resolveOnce(n, () => findExport(n)) });
-  for (const n of [CA_NEW_SHMEM, CA_SET_VOLATILE])
-    list.push({ name: n, module: IS_DARWIN ? CA_MODULE : null, role: 'framework',
-      resolve: () => resolveOnce(n, () => findCxx(n)) });
+  for (const [n, member] of CA_CXX) {
+    // One recon row per overload, named by its full mangled name; one MISSING row if none.
+    const overloads = resolveOnce(n, () => findCxx(n, member));
+    if (overloads.length === 0)
+      list.push({ name: n, module: IS_DARWIN ? CA_MODULE : null, role: 'framework', resolve: () => null });
+    for (const o of overloads)
+      list.push({ name: o.name, module: IS_DARWIN ? CA_MODULE : null, role: 'framework', resolve: () => ptr(o.address) });
+  }
   list.push({ name: 'IOSurfaceGetAllocSize', role: 'accessor',
     resolve: () => resolveOnce('IOSurfaceGetAllocSize', () => findExport('IOSurfaceGetAllocSize')) });
   return list;
@@ -159,6 +253,17 @@ function makeCallbacks() {
   return { mt_on_set: onSet, mt_on_create: onCreate, mt_on_madvise: onMadvise };
 }
 
+/* Whose madvise calls are the allocator's own (counted, never streamed): libsystem_malloc on
+ * Darwin (libmalloc madvises freed pages reusable, on iOS on most large frees); on Linux the C
+ * library (glibc trims its arenas) and, with the Darwin stand-in, its libmalloc (libmtmalloc). */
+function allocatorModules(config) {
+  const names = IS_DARWIN ? [ALLOCATOR_DARWIN] : [ALLOCATOR_STANDIN];
+  const out = names.map(n => Process.findModuleByName(n)).filter(m => m !== null);
+  if (!IS_DARWIN && libcModule() !== null)
+    out.unshift(libcModule());
+  return out;
+}
+
 function adviceMask(table) {
   let lo = 0;
   let hi = 0;
@@ -191,10 +296,13 @@ function countsEvent() {
     return out;
   };
   const created = name => c(PC_CREATION + FN[name]);
+  const nestedIn = names => Object.fromEntries(names.map(name => [name, c(PC_NESTED + FN[name])]));
   return {
     type: 'counts', t: now(),
     controls: Object.fromEntries(STATE_MACHINE.map(name => [name, byFn(name)])),
     creation_calls: Object.fromEntries(CREATION.map(name => [name, created(name)])),
+    // Calls made from inside another traced entry (vm_allocate -> mach_vm_allocate): not counted above.
+    nested_calls: nestedIn(STATE_MACHINE.concat(CREATION)),
     madvise_all: advice(0),
     madvise_standin_all: advice(1),
     madvise_allocator_internal: c(PC_MADVISE_INTERNAL),
@@ -261,17 +369,23 @@ function installFramework() {
   // Probes, not call listeners: a call listener (even without onLeave) makes Interceptor
   // rewrite the return address, and the frame-pointer walk of the mach_vm_* calls these
   // make underneath would then see its trampoline instead of the caller.
-  // A bare function is a probe: Interceptor then leaves the return path alone.
-  hookJs(CA_SET_VOLATILE, function (args) {
-    // C++ member: args[0] = this, args[1] = bool, args[2] = int *old
-    emitJson({ type: 'call', entry: CA_SET_VOLATILE, shmem: args[0].toString(),
-      volatile: (args[1].toUInt32() & 0xff) !== 0, tid: Process.getCurrentThreadId(),
-      frames: jsFrames(this.context) });
-  });
-  hookJs(CA_NEW_SHMEM, function (args) {
-    emitJson({ type: 'call', entry: CA_NEW_SHMEM, size: Number(args[0].toString()),
-      tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) });
-  });
+  // A bare function is a probe: Interceptor then leaves the return path alone.  Every overload
+  // is hooked by its own mangled name (new_shmem(size) and new_shmem(port, size) both create).
+  for (const o of purg.resolved[CA_SET_VOLATILE] || []) {
+    attachListener(o.name, ptr(o.address), function (args) {
+      // C++ member: args[0] = this, args[1] = bool, args[2] = int *old
+      emitJson({ type: 'call', entry: CA_SET_VOLATILE, overload: o.name, shmem: args[0].toString(),
+        volatile: (args[1].toUInt32() & 0xff) !== 0, tid: Process.getCurrentThreadId(),
+        frames: jsFrames(this.context) });
+    }, purg.listeners);
+  }
+  for (const o of purg.resolved[CA_NEW_SHMEM] || []) {
+    attachListener(o.name, ptr(o.address), function (args) {
+      emitJson({ type: 'call', entry: CA_NEW_SHMEM, overload: o.name,
+        size: o.sizeArg === null ? null : Number(args[o.sizeArg].toString()),
+        tid: Process.getCurrentThreadId(), frames: jsFrames(this.context) });
+    }, purg.listeners);
+  }
 }
 
 export const tracer = {
@@ -292,18 +406,19 @@ export const tracer = {
     streamLo.add(4).writeS32(l1);
     streamHi.writeS32(h0);
     streamHi.add(4).writeS32(h1);
-    const libcRange = Memory.alloc(16);
-    const libc = libcModule();
-    if (libc) {
-      libcRange.writeU64(uint64(libc.base.toString()));
-      libcRange.add(8).writeU64(uint64(libc.base.add(libc.size).toString()));
-    }
-    purg.libcRange = libcRange;
+    const ranges = Memory.alloc(ALLOCATOR_RANGES * 16);
+    const allocators = allocatorModules(config);
+    allocators.slice(0, ALLOCATOR_RANGES).forEach((m, i) => {
+      ranges.add(16 * i).writeU64(uint64(m.base.toString()));
+      ranges.add(16 * i + 8).writeU64(uint64(m.base.add(m.size).toString()));
+    });
+    purg.allocRanges = ranges;
     purg.cm = new CModule(sources.join('\n'), Object.assign({
-      mt_counts: purg.counts, mt_madv_stream: streamLo, mt_madv_stream_hi: streamHi, mt_libc_range: libcRange,
+      mt_counts: purg.counts, mt_madv_stream: streamLo, mt_madv_stream_hi: streamHi, mt_alloc_ranges: ranges,
     }, makeCallbacks()));
     purg.streamMasks = [streamLo, streamHi];
     return {
+      allocator_modules: allocators.map(m => m.name),
       madvise_platform: IS_DARWIN ? 'darwin' : 'linux',
       madvise_streamed: IS_DARWIN ? MADVISE_DARWIN : MADVISE_LINUX,
       standin_madvise: !!config.standinMadvise,
@@ -321,6 +436,13 @@ export const tracer = {
     installFramework();
     Interceptor.flush();
     purg.timer = setInterval(() => emitJson(countsEvent()), 1000);
+  },
+
+  extraExports: {
+    /* The Core Animation hook table over a symbol list (tests: Mach-O 'section' symbols). */
+    matchCxxOverloads(symbols, qualified, member) {
+      return matchCxxOverloads(symbols.map(x => Object.assign({}, x, { address: ptr(x.address) })), qualified, member);
+    },
   },
 
   uninstall() {

@@ -25,6 +25,7 @@ do not expose the figure)::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from memtrace.analyze import shape as S
@@ -34,12 +35,22 @@ from memtrace.units import fmt_bytes
 FORMAT_VERSION = 1
 SORT_KEYS = ("footprint", "purgeable", "lifetime_max", "name", "pid", "priority")
 
-# xnu bsd/sys/kern_memorystatus.h JETSAM_PRIORITY_* (-1 is an alias for the default band).
-DARWIN_BANDS = {
+# xnu bsd/sys/kern_memorystatus.h JETSAM_PRIORITY_* (-1 is an alias for the default band), two scales:
+# up to xnu-8019 (iOS 15) ...
+DARWIN_BANDS_LEGACY = {
     -1: "DEFAULT", 0: "IDLE", 1: "AGING_BAND1", 2: "AGING_BAND2", 3: "BACKGROUND", 4: "MAIL", 5: "PHONE",
     8: "UI_SUPPORT", 9: "FOREGROUND_SUPPORT", 10: "FOREGROUND", 12: "AUDIO_AND_ACCESSORY",
     13: "CONDUCTOR", 16: "HOME", 17: "EXECUTIVE", 18: "IMPORTANT", 19: "CRITICAL", 21: "MAX",
 }
+# ... and since xnu-8792 (iOS 16), ten times larger, with FREEZER and DRIVER_APPLE between.
+DARWIN_BANDS = {
+    -1: "DEFAULT", 0: "IDLE", 10: "AGING_BAND1", 20: "AGING_BAND2", 30: "BACKGROUND", 40: "MAIL", 50: "PHONE",
+    75: "FREEZER", 80: "UI_SUPPORT", 90: "FOREGROUND_SUPPORT", 100: "FOREGROUND", 120: "AUDIO_AND_ACCESSORY",
+    130: "CONDUCTOR", 150: "DRIVER_APPLE", 160: "HOME", 170: "EXECUTIVE", 180: "IMPORTANT", 190: "CRITICAL",
+    210: "MAX",
+}
+SCALED_BANDS_SINCE_IOS = 16
+LEGACY_MAX_PRIORITY = 21
 
 # oom_score_adj ranges, named after Android lmkd's adj levels (the closest Linux analogue of
 # jetsam bands: higher = killed earlier). Lower bound inclusive, checked in order.
@@ -70,10 +81,26 @@ def document_problem(doc: Any) -> str | None:
     return S.problem(doc, SCHEMA)
 
 
-def darwin_band(priority: int | None) -> str | None:
+def darwin_band_table(os_version: str | None, priorities: Iterable[int | None] = ()) -> dict[int, str]:
+    """The band table of a device: by its OS version (iOS 16+: the x10 scale); with no version, by
+    the priorities seen (the legacy scale never goes past MAX = 21)."""
+    major = _major(os_version)
+    if major is not None:
+        return DARWIN_BANDS if major >= SCALED_BANDS_SINCE_IOS else DARWIN_BANDS_LEGACY
+    seen = [p for p in priorities if isinstance(p, int)]
+    return DARWIN_BANDS if any(p > LEGACY_MAX_PRIORITY for p in seen) else DARWIN_BANDS_LEGACY
+
+
+def _major(version: str | None) -> int | None:
+    head = (version or "").strip().split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def darwin_band(priority: int | None, table: dict[int, str] | None = None) -> str | None:
+    """A jetsam priority's band name in ``table`` (default: the iOS 16+ scale)."""
     if priority is None:
         return None
-    return DARWIN_BANDS.get(priority, f"BAND_{priority}")
+    return (DARWIN_BANDS if table is None else table).get(priority, f"BAND_{priority}")
 
 
 def linux_band(oom_score_adj: int | None) -> str | None:

@@ -1,9 +1,11 @@
 """The IOSurface line, offline: surfaces created, by stack and format, released or still held.
 
-Pure: capture records in, an :class:`IOSurfaceSummary` out.  A surface is "held at end" when the
-capture saw it created and never saw it destroyed: on the Linux stand-in destruction is visible
-(``mtdarwin_surface_destroy``); on iOS no destruction entry is exported and ``CFRelease`` is too
-hot to hook, so there "held" means "still referenced by the app as far as we saw".
+Pure: capture records in, an :class:`IOSurfaceSummary` out.  Surfaces are matched by their
+IOSurface ID (a surface pointer where no ID was read), whichever path created them
+(``IOSurfaceCreate``, or ``IOSurfaceClientCreateChild`` for child surfaces).  A surface is "held at
+end" when the capture saw it created and never saw it released (``IOSurfaceClientRelease``, when
+the target has it: DEVICE-UNVERIFIED on iOS); without a release hook "held" means "still
+referenced by the app as far as we saw".
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Surface:
     name: str | None
     frames: tuple[int, ...]
     t: int | None = None
+    via: str = "IOSurfaceCreate"
     released: bool = False
     use_inc: int = 0
     use_dec: int = 0
@@ -73,6 +76,7 @@ class IOSurfaceSummary(CaptureContext):
                                         if self.release_visible else
                                         "still referenced by the app as far as we saw (no destruction "
                                         "entry is visible on this platform)")},
+            "created_via": _count(s.via for s in self.surfaces),
             "use_count_calls": {"increment": sum(s.use_inc for s in self.surfaces),
                                 "decrement": sum(s.use_dec for s in self.surfaces)},
             "surface_list": [{"id": s.id, "alloc_size": s.alloc_size, "width": s.width, "height": s.height,
@@ -84,9 +88,43 @@ class IOSurfaceSummary(CaptureContext):
         }
 
 
+def _count(values: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+class _Live:
+    """Surfaces not yet released, found by IOSurface ID or, for events without one (captures made
+    before releases were seen at IOSurfaceClientRelease), by surface pointer."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Surface] = {}
+        self.by_ptr: dict[str, Surface] = {}
+
+    def add(self, surface: Surface) -> None:
+        if surface.id is not None:
+            self.by_id[surface.id] = surface
+        self.by_ptr[surface.surface] = surface
+
+    def get(self, ev: dict[str, Any]) -> Surface | None:
+        if ev.get("id") is not None and ev["id"] in self.by_id:
+            return self.by_id[ev["id"]]
+        return self.by_ptr.get(ev.get("surface") or "?")
+
+    def pop(self, ev: dict[str, Any]) -> Surface | None:
+        found = self.get(ev)
+        if found is not None:
+            self.by_id.pop(found.id, None)
+            if self.by_ptr.get(found.surface) is found:
+                del self.by_ptr[found.surface]
+        return found
+
+
 def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
     s = IOSurfaceSummary()
-    live: dict[str, Surface] = {}
+    live = _Live()
     for rec in records:
         t = rec.type
         if t == RecordType.EVENTS:
@@ -94,19 +132,21 @@ def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
                 kind = ev.get("type")
                 if kind == "surface":
                     surface = Surface(
-                        id=ev.get("id"), surface=ev.get("surface", "?"), alloc_size=int(ev.get("alloc_size") or 0),
+                        id=ev.get("id"), surface=ev.get("surface") or ev.get("client") or "?",
+                        alloc_size=int(ev.get("alloc_size") or 0),
                         width=ev.get("width"), height=ev.get("height"), bytes_per_row=ev.get("bytes_per_row"),
-                        format=ev.get("format"), name=ev.get("name"), frames=event_frames(ev), t=ev.get("t"))
+                        format=ev.get("format"), name=ev.get("name"), frames=event_frames(ev), t=ev.get("t"),
+                        via=ev.get("via") or "IOSurfaceCreate")
                     s.surfaces.append(surface)
-                    live[surface.surface] = surface
+                    live.add(surface)
                 elif kind == "release":
-                    found = live.pop(ev.get("surface", "?"), None)
+                    found = live.pop(ev)
                     if found is None:
                         s.releases_untracked += 1
                     else:
                         found.released = True
                 elif kind == "use":
-                    u = live.get(ev.get("surface", "?"))
+                    u = live.get(ev)
                     if u is not None:
                         if ev.get("op") == "inc":
                             u.use_inc += 1

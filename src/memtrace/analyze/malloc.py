@@ -12,6 +12,7 @@ from typing import Any
 
 from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.analyze.leaks import LeakScan, is_leak_result, resolve
+from memtrace.analyze.vm import VM_KINDS, VmFold
 from memtrace.capture import (
     C_CALLS,
     C_TIER_BYTES,
@@ -75,6 +76,7 @@ class MallocSummary(CaptureContext):
     unmatched_frees: int = 0
     batches: int = 0
     leaks: LeakScan | None = None      # --leaks: the scan, joined with the live blocks it ran on
+    vm: VmFold = field(default_factory=VmFold)     # Darwin's VM line, apart from the malloc family
 
     # -- derived ----------------------------------------------------------------
 
@@ -162,6 +164,12 @@ class MallocSummary(CaptureContext):
         if fb and fa and "footprint" in fb and "footprint" in fa:
             out["footprint"] = {"source": fa.get("source"), "before": fb["footprint"], "after": fa["footprint"],
                                 "delta": fa["footprint"] - fb["footprint"]}
+            # The agent's own tables grow resident as they fill: that much of the delta is ours.
+            agb, aga = before.get("agent") or {}, after.get("agent") or {}
+            if "resident" in agb and "resident" in aga:
+                agent_delta = aga["resident"] - agb["resident"]
+                out["footprint"]["agent_delta"] = agent_delta
+                out["footprint"]["delta_without_agent"] = out["footprint"]["delta"] - agent_delta
         return out
 
     def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
@@ -181,6 +189,7 @@ class MallocSummary(CaptureContext):
             "missing": self.missing,
             "coverage": self.coverage(),
             "leaks": self.leaks_json(top),
+            "vm": self.vm.to_json(self.counters),
             **self.timing_json(),
         }
 
@@ -193,7 +202,7 @@ class MallocSummary(CaptureContext):
 
 def summarize(records: Iterable[Record]) -> MallocSummary:
     s = MallocSummary()
-    fold = _Fold()
+    fold = _Fold(s.vm)
     for rec in records:
         t = rec.type
         if t == RecordType.BATCH:
@@ -223,7 +232,8 @@ class _Fold:
     matched with the allocation still to come.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, vm: VmFold | None = None) -> None:
+        self.vm = vm if vm is not None else VmFold()   # VM-kind records go there, never into the malloc figures
         self.exact: dict[int, list[int]] = {}      # stack -> [exact allocations, their bytes]
         self.sampled: dict[int, float] = {}        # stack -> summed sample weights
         self.sampled_count: dict[int, float] = {}  # stack -> estimated allocations
@@ -235,10 +245,14 @@ class _Fold:
         exact, live, replaced, early = self.exact, self.live, self.replaced, self.early
         exact_get, live_pop = exact.get, live.pop
         rec_alloc, rec_free, f_sampled, f_live, no_stack = REC_ALLOC, REC_FREE, FLAG_SAMPLED, FLAG_LIVE, NO_STACK
+        vm_kinds = VM_KINDS
         for r in iter_agent_tuples(data):
             rtype = r[0]
             if rtype == rec_alloc:
-                _, _, flags, sid, p, size, weight = r
+                _, kind, flags, sid, p, size, weight = r
+                if kind in vm_kinds:
+                    self.vm.alloc(kind, flags, p, size)
+                    continue
                 if flags & f_sampled:
                     if sid != no_stack:
                         self.sampled[sid] = self.sampled.get(sid, 0.0) + weight
@@ -264,6 +278,9 @@ class _Fold:
                     live[p] = r      # the record itself: no new object per live block
             elif rtype == rec_free:
                 p = r[4]
+                if r[1] in vm_kinds:
+                    self.vm.free(p, r[5])
+                    continue
                 if replaced and p in replaced:
                     owed = replaced[p]
                     if owed == 1:

@@ -131,6 +131,10 @@ class PurgeableSummary(CaptureContext):
             "created_bytes": created_bytes,
             "created_by": group_rows(self.created.items(), ("entry",)),
             "creation_calls": self.counts.get("creation_calls", {}),
+            # Calls made inside another traced entry (xnu: vm_allocate -> mach_vm_allocate): each call
+            # counts once, at its outermost entry, so these are apart and never in the figures above.
+            "nested_calls": {k: v for k, v in self.counts.get("nested_calls", {}).items() if v},
+            "madvise_allocator_internal": self.counts.get("madvise_allocator_internal", 0),
             "madvise": madvise_counts,
             "madvise_bytes": madvise_bytes,
             "madvise_platform": platform,

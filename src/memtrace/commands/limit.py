@@ -41,7 +41,8 @@ def _render(doc: dict[str, Any]) -> None:
     console.print(Text.assemble(plain(doc.get("name") or "?", "bold"), f" (pid {doc['pid']}, {doc['platform']}): "
                                 "footprint ", (fb(doc.get("footprint")), "bold"), f", available "
                                 f"{fb(doc.get('available'))}, limit ", (fb(doc.get("limit")), "bold"),
-                                plain(f" (binding: {doc['binding']})" if doc.get("binding") else "")))
+                                plain(f" (binding: {doc['binding']})" if doc.get("binding") else ""),
+                                plain(f" (from {doc['limit_source']})" if doc.get("limit_source") else "")))
     if doc.get("bounds"):
         table = Table(title="bounds", title_justify="left")
         for col in ("bound", "limit", "used", "available", "how"):

@@ -3,8 +3,33 @@
  * so the host can state how much of it the trace explains.
  */
 
+import { core } from './core.js';
 import { IS_DARWIN, findExport, now } from './platform.js';
 import { selfTaskVmInfo } from './taskinfo.js';
+
+/* The agent's own tables: reserved and resident bytes (mincore), so calibration can take the
+ * agent's footprint out of the target's.  null without a core (JavaScript-only tracers). */
+function agentMemory() {
+  const mincore = findExport('mincore');
+  if (core.tables.length === 0 || mincore === null)
+    return null;
+  const f = new NativeFunction(mincore, 'int', ['pointer', 'size_t', 'pointer']);
+  const ps = Process.pageSize;
+  let reserved = 0;
+  let resident = 0;
+  for (const t of core.tables) {
+    const pages = t.size / ps;
+    const vec = Memory.alloc(pages);
+    reserved += t.size;
+    if (f(t.base, t.size, vec) !== 0)
+      return null;
+    const bytes = new Uint8Array(vec.readByteArray(pages));
+    for (let i = 0; i < pages; i++)
+      if (bytes[i] & 1)
+        resident += ps;
+  }
+  return { source: 'mincore', tables: core.tables.length, reserved, resident };
+}
 
 function readProcKeyValues(path) {
   const out = {};
@@ -83,6 +108,7 @@ function calibrateDarwin() {
 
 export function calibrate() {
   const r = IS_DARWIN ? calibrateDarwin() : calibrateLinux();
+  r.agent = agentMemory();
   r.t = now();
   return r;
 }

@@ -12,6 +12,7 @@ const SLOT_BYTES = 1024;          // per MtSlot; mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
 
 export const core = {
+  tables: [],       // [{base, size}]: every table the agent mapped (calibration measures what is resident)
   cm: null,
   cfg: null,
   slowKinds: null,
@@ -28,6 +29,17 @@ function pow2(n) {
   while (p < n)
     p *= 2;
   return p;
+}
+
+/* A table as whole pages of its own: the OS hands them out zeroed and untouched, so nothing needs
+ * clearing (and dirtying) before use, and the agent's resident footprint grows only as they are
+ * used -- app extensions are jetsammed in the tens of MB. */
+function rawPages(size) {
+  const ps = Process.pageSize;
+  const bytes = Math.ceil(size / ps) * ps;
+  const base = Memory.alloc(bytes);
+  core.tables.push({ base, size: bytes });
+  return base;
 }
 
 function sizeOf(cm, fn) {
@@ -52,13 +64,14 @@ export function buildCore(config, sources, extraSymbols) {
   const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
 
   const cfg = Memory.alloc(CONFIG.size);
-  const globals = Memory.alloc(GLOBALS_BYTES);
-  const slots = Memory.alloc(nSlots * SLOT_BYTES);
-  const rings = Memory.alloc(nRings * ringSize);
-  const stackTable = Memory.alloc(stackSlots * 8);
-  const liveTable = Memory.alloc(liveBuckets * LIVE_WAYS * 8);
-  const liveOcc = Memory.alloc(liveBuckets * 4);
-  const liveLocks = Memory.alloc(liveBuckets * 4);
+  core.tables = [];
+  const globals = rawPages(GLOBALS_BYTES);
+  const slots = rawPages(nSlots * SLOT_BYTES);
+  const rings = rawPages(nRings * ringSize);
+  const stackTable = rawPages(stackSlots * 8);
+  const liveTable = rawPages(liveBuckets * LIVE_WAYS * 8);
+  const liveOcc = rawPages(liveBuckets * 4);
+  const liveLocks = rawPages(liveBuckets * 4);
   const slowKinds = Memory.alloc(8);
   const tlsOffset = Memory.alloc(8);
 
@@ -80,7 +93,7 @@ export function buildCore(config, sources, extraSymbols) {
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');
     symbols.pthread_get_stacksize_np = findExport('pthread_get_stacksize_np');
-    symbols.pthread_threadid_np = findExport('pthread_threadid_np');
+    symbols.pthread_mach_thread_np = findExport('pthread_mach_thread_np');
   } else {
     symbols.pthread_getattr_np = findExport('pthread_getattr_np');
     symbols.pthread_attr_getstack = findExport('pthread_attr_getstack');
@@ -142,11 +155,11 @@ export function buildCore(config, sources, extraSymbols) {
     enabled: 0,
   });
 
-  new NativeFunction(cm.mt_reset, 'void', [])();
+  // Every table is fresh OS pages (rawPages): already zero, so mt_reset (which would touch them
+  // all, ~10 MiB at the default sizes) is not called.
 
   core.cm = cm;
   core.cfg = cfg;
-  core.threadKey = key;
   core.slowKinds = slowKinds;
   core.drainCap = Math.max(4 * 1024 * 1024, ringSize * 4);
   core.drainBuf = Memory.alloc(core.drainCap);
@@ -202,17 +215,6 @@ function findTlsOffset(key) {
   } finally {
     set(key, NULL);
   }
-}
-
-/* The per-thread key's destructor is CModule code: once the agent is gone, a thread that held a
- * slot and exits later would call into freed memory and crash the target (seen when memtrace
- * detaches from a process it did not start, and in doctor, which loads agents one after the
- * other).  Deleting the key when the hooks are out means no destructor runs after that. */
-export function releaseThreadKey() {
-  if (core.threadKey === undefined || core.threadKey === null)
-    return;
-  libcFunction('pthread_key_delete', 'int', ['uint32'])(core.threadKey);
-  core.threadKey = null;
 }
 
 export function setEnabled(on) {

@@ -1,0 +1,114 @@
+/*
+ * Darwin's malloc_logger / __syscall_logger path, the parts around the C callback
+ * (cmodule/malloc.c): where the two logger variables live, what the callback needs to know
+ * (its own task, malloc_size, an in-flight count), draining in-flight calls before unload, and
+ * keeping the agent's own thread out of the counts.
+ *
+ * On Linux the same path runs against the stand-in (tests): libmtmalloc.so plays
+ * libsystem_malloc.dylib, libmtdarwin.so libsystem_kernel.dylib (demo/darwin/).
+ * DEVICE-UNVERIFIED: the module names and that both variables are found by enumerateSymbols where
+ * not exported are from libmalloc's and libsyscall's sources.
+ */
+
+import { LOGGER_INFLIGHT_SHARDS, LOGGER_INFLIGHT_STRIDE } from '../layout.js';
+import { IS_DARWIN } from './platform.js';
+
+export const LOGGER_MODULES = IS_DARWIN
+  ? { malloc_logger: 'libsystem_malloc.dylib', __syscall_logger: 'libsystem_kernel.dylib', task: 'libsystem_kernel.dylib' }
+  : { malloc_logger: 'libmtmalloc.so', __syscall_logger: 'libmtdarwin.so', task: 'libmtdarwin.so' };
+
+// Absent from Darwin's libmalloc altogether: never asked for there (recon would list them MISSING).
+const DARWIN_ABSENT = new Set(['memalign', 'pvalloc']);
+
+/* The malloc family a platform has. */
+export function familyFor(family, darwin) {
+  return darwin ? family.filter(n => !DARWIN_ABSENT.has(n)) : family;
+}
+
+function moduleSymbol(name, moduleName) {
+  const m = Process.findModuleByName(moduleName);
+  if (m === null)
+    return null;
+  const p = m.findExportByName(name);
+  if (p !== null)
+    return p;
+  const s = m.enumerateSymbols().find(x => x.name === name);
+  return s === undefined ? null : s.address;
+}
+
+/* The address of malloc_logger or __syscall_logger (a variable), or null. */
+export function loggerVariable(name) {
+  return moduleSymbol(name, LOGGER_MODULES[name]);
+}
+
+const state = {
+  inflight: null,
+  selfTask: null,
+  blockSize: null,
+};
+
+/* The CModule symbols the logger callback reads. */
+export function loggerSymbols() {
+  state.inflight = Memory.alloc(LOGGER_INFLIGHT_SHARDS * LOGGER_INFLIGHT_STRIDE * 4);
+  // mach_task_self_ itself (the callback reads the variable); unknown (0) without it.
+  state.selfTask = moduleSymbol('mach_task_self_', LOGGER_MODULES.task) || Module.findGlobalExportByName('mach_task_self_');
+  if (state.selfTask === null)
+    state.selfTask = Memory.alloc(8);
+  state.blockSize = Memory.alloc(Process.pointerSize);
+  const ms = moduleSymbol('malloc_size', LOGGER_MODULES.malloc_logger);
+  state.blockSize.writePointer(ms === null ? NULL : ms);
+  return { mt_inflight: state.inflight, mt_self_task: state.selfTask, mt_block_size: state.blockSize };
+}
+
+export function selfTask() {
+  return state.selfTask === null ? 0 : state.selfTask.readU32();
+}
+
+/* After the logger variables are restored: a thread that read the old pointer may still be in
+ * the callback, or about to enter it (loaded, then preempted before its first instruction, which
+ * no count can see).  Wait, bounded, until none is in, and then until none has been for a grace
+ * period longer than a preempted thread waits for its CPU under load; the script may be unloaded
+ * after.  (A thread descheduled longer than that between libmalloc's load of malloc_logger and the
+ * call is the residual risk; the host's own work after stop adds to the margin.) */
+const DRAIN_GRACE_MS = 100;
+
+export function drainLogger(cm, timeoutMs) {
+  const total = new NativeFunction(cm.mt_inflight_total, 'uint64', []);
+  const t0 = Date.now();
+  let quietSince = null;
+  let left = Number(total());
+  while (Date.now() - t0 < timeoutMs) {
+    if (left === 0) {
+      quietSince = quietSince === null ? Date.now() : quietSince;
+      if (Date.now() - quietSince >= DRAIN_GRACE_MS)
+        break;
+    } else {
+      quietSince = null;
+    }
+    Thread.sleep(0.002);
+    left = Number(total());
+  }
+  return { drained: left === 0, waited_ms: Date.now() - t0, inflight: left };
+}
+
+/* The core's pthread key goes once the hooks are out: its destructor (mt_thread_exit) is the
+ * CModule's code, and a thread exiting after the script unloaded -- an app thread, or the agent's
+ * own JavaScript thread when Frida tears the session down -- would otherwise call freed code.
+ * Its index is then taken by a key without a destructor, kept for good: threads still hold the
+ * old slot pointers there, and a later session's key must not get that index (the core reads its
+ * key's value straight from the thread, with no check that the value is its own). */
+export function releaseThreadKey(key) {
+  const del = Module.findGlobalExportByName('pthread_key_delete');
+  const create = Module.findGlobalExportByName('pthread_key_create');
+  if (del === null || create === null || key === null || key === undefined)
+    return false;
+  if (new NativeFunction(del, 'int', ['uint'])(key) !== 0)
+    return false;
+  new NativeFunction(create, 'int', ['pointer', 'pointer'])(Memory.alloc(8), NULL);
+  return true;
+}
+
+/* The calling thread (the agent's JavaScript thread) counts as ours from now on. */
+export function ignoreAgentThread(cm) {
+  return new NativeFunction(cm.mt_ignore_this_thread, 'int', [])() !== 0;
+}

@@ -1,0 +1,254 @@
+"""``--launch pmd3`` with fakes at the pymobiledevice3 boundary, every call held to pymobiledevice3's
+real signatures (imported here: a change in the installed version fails these tests).
+
+iOS 16 and earlier: lockdown over usbmux, the developer disk image mounted, DVT process control.
+iOS 17+: the same through the RemoteXPC tunnel a running tunneld serves.  The app starts suspended
+and is resumed through process control; every client is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pymobiledevice3.exceptions import (
+    AlreadyMountedError,
+    DeveloperDiskImageNotFoundError,
+    PasswordRequiredError,
+    TunneldConnectionError,
+)
+from pymobiledevice3.lockdown import LockdownClient, create_using_usbmux
+from pymobiledevice3.remote.remote_service_discovery import RemoteServiceDiscoveryService
+from pymobiledevice3.services.dvt.instruments.dvt_provider import DvtProvider
+from pymobiledevice3.services.dvt.instruments.process_control import ProcessControl
+from pymobiledevice3.services.mobile_image_mounter import auto_mount
+from pymobiledevice3.tunneld.api import get_tunneld_device_by_udid
+
+from memtrace import ios, launchers
+from memtrace.capture import RecordType, read_records
+from memtrace.capture_loop import CaptureOptions, run_capture
+from memtrace.errors import TargetError
+from memtrace.target import TargetSpec
+from memtrace.ui import SilentUI
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
+
+# What each fake stands for: its calls must bind to these.
+REAL = {
+    "create_using_usbmux": create_using_usbmux, "get_tunneld_device_by_udid": get_tunneld_device_by_udid,
+    "auto_mount": auto_mount, "DvtProvider": DvtProvider.__init__, "ProcessControl": ProcessControl.__init__,
+    "launch": ProcessControl.launch, "resume": ProcessControl.resume,
+    "lockdown.close": LockdownClient.close, "rsd.close": RemoteServiceDiscoveryService.close,
+}
+
+
+class Device:
+    """The device the fakes stand for, and every call memtrace made into pymobiledevice3."""
+
+    def __init__(self, version: str, *, tunneld: str = "up", mounted: bool = False, locked: bool = False,
+                 image: bool = True, pid: int = 4242) -> None:
+        self.version, self.tunneld, self.mounted, self.locked, self.image, self.pid = (
+            version, tunneld, mounted, locked, image, pid)
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.closed: list[str] = []
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> None:
+        self.calls.append((name, args, kwargs))
+
+    def api(self) -> SimpleNamespace:
+        dev = self
+
+        class Client:
+            def __init__(self, kind: str) -> None:
+                self.kind = kind
+                self.product_version = dev.version
+
+            async def close(self) -> None:
+                dev.call(f"{self.kind}.close", self)
+                dev.closed.append(self.kind)
+
+        async def fake_usbmux(*args: Any, **kwargs: Any) -> Client:
+            dev.call("create_using_usbmux", *args, **kwargs)
+            return Client("lockdown")
+
+        async def fake_tunneld(*args: Any, **kwargs: Any) -> Client | None:
+            dev.call("get_tunneld_device_by_udid", *args, **kwargs)
+            if dev.tunneld == "down":
+                raise TunneldConnectionError()
+            return None if dev.tunneld == "no-tunnel" else Client("rsd")
+
+        async def fake_mount(*args: Any, **kwargs: Any) -> None:
+            dev.call("auto_mount", *args, **kwargs)
+            if not dev.image:
+                raise DeveloperDiskImageNotFoundError()
+            if dev.mounted:
+                raise AlreadyMountedError()
+            dev.mounted = True
+
+        class FakeDvt:
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                dev.call("DvtProvider", self, *args, **kwargs)
+                self.provider = args[0]
+
+            async def __aenter__(self) -> FakeDvt:
+                if dev.locked:
+                    raise PasswordRequiredError("Device is password protected. Please unlock and retry")
+                assert dev.mounted, "DVT needs the developer disk image"
+                return self
+
+            async def __aexit__(self, *exc: object) -> None:
+                dev.closed.append("dvt")
+
+        class FakeProcessControl:
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                dev.call("ProcessControl", self, *args, **kwargs)
+
+            async def __aenter__(self) -> FakeProcessControl:
+                return self
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+            async def launch(self, *args: Any, **kwargs: Any) -> int:
+                dev.call("launch", self, *args, **kwargs)
+                return dev.pid
+
+            async def resume(self, *args: Any, **kwargs: Any) -> None:
+                dev.call("resume", self, *args, **kwargs)
+
+        return SimpleNamespace(
+            create_using_usbmux=fake_usbmux, get_tunneld_device_by_udid=fake_tunneld, auto_mount=fake_mount,
+            DvtProvider=FakeDvt, ProcessControl=FakeProcessControl, AlreadyMountedError=AlreadyMountedError,
+            DeveloperDiskImageNotFoundError=DeveloperDiskImageNotFoundError,
+            PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError)
+
+    def assert_real_signatures(self) -> None:
+        for name, args, kwargs in self.calls:
+            inspect.signature(REAL[name]).bind(*args, **kwargs)
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Device:
+    dev = Device(**request.param)
+    monkeypatch.setattr(launchers, "pmd3_api", dev.api)
+    return dev
+
+
+@pytest.mark.parametrize("device", [{"version": "16.7.2"}], indirect=True)
+def test_ios16_lockdown_image_and_a_suspended_launch(device: Device) -> None:
+    pid = asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert pid == 4242
+    assert device.names() == ["create_using_usbmux", "auto_mount", "DvtProvider", "ProcessControl", "launch",
+                              "lockdown.close"]
+    _, args, kwargs = device.calls[4]
+    assert args[1:] == ("com.example.app",) and kwargs == {"kill_existing": True, "start_suspended": True}
+    assert device.calls[0][2] == {"serial": "UDID"}
+    assert device.calls[2][1][1].kind == "lockdown"          # DVT over lockdown
+    assert device.closed == ["dvt", "lockdown"]
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "17.5.1", "mounted": True}], indirect=True)
+def test_ios17_goes_through_the_tunnel_and_closes_both_clients(device: Device) -> None:
+    assert asyncio.run(launchers.pmd3_launch("UDID", "com.example.app")) == 4242
+    assert device.names() == ["create_using_usbmux", "get_tunneld_device_by_udid", "auto_mount", "DvtProvider",
+                              "ProcessControl", "launch", "rsd.close", "lockdown.close"]
+    assert device.calls[1][1] == ("UDID",)
+    assert device.calls[3][1][1].kind == "rsd"               # DVT over the tunnel's RSD
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "17.0", "tunneld": "down"}], indirect=True)
+def test_ios17_without_tunneld_says_how_to_start_it(device: Device) -> None:
+    with pytest.raises(TargetError, match=r"no tunneld answers: start one \(sudo python3 -m pymobiledevice3 "
+                                          r"remote tunneld\)"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert device.closed == ["lockdown"]
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "18.1", "tunneld": "no-tunnel"}], indirect=True)
+def test_ios17_tunneld_without_a_tunnel_to_the_device(device: Device) -> None:
+    with pytest.raises(TargetError, match="tunneld is running but has no tunnel to UDID"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert device.closed == ["lockdown"]
+
+
+@pytest.mark.parametrize("device", [{"version": "16.2", "locked": True}], indirect=True)
+def test_a_locked_device_is_said_so(device: Device) -> None:
+    with pytest.raises(TargetError, match="the device is locked"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert "launch" not in device.names() and device.closed == ["lockdown"]
+
+
+@pytest.mark.parametrize("device", [{"version": "15.4", "image": False}], indirect=True)
+def test_no_developer_disk_image(device: Device) -> None:
+    with pytest.raises(TargetError, match="no developer disk image for iOS 15.4"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert device.closed == ["lockdown"]
+
+
+@pytest.mark.parametrize("device", [{"version": "17.2", "tunneld": "down"}], indirect=True)
+def test_frida_spawn_precheck_only_stops_for_a_locked_device(device: Device) -> None:
+    asyncio.run(launchers._check_unlocked_usb("UDID"))           # no tunnel: not this check's business
+    device.tunneld, device.mounted, device.locked = "up", True, True
+    with pytest.raises(TargetError, match="the device is locked"):
+        asyncio.run(launchers._check_unlocked_usb("UDID"))
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3])
+@pytest.mark.parametrize("device", [{"version": "16.7"}], indirect=True)
+def test_capture_launched_by_pmd3_is_resumed_through_process_control(
+        device: Device, delay: float, compile_c, tmp_path: Path) -> None:
+    """The DVT launch returns a pid (here a real local program); the capture attaches, instruments and
+    resumes the app through process control: before the agent when --attach-delay waits, after it at 0."""
+    steady = subprocess.Popen([str(compile_c("steady"))], stdout=subprocess.PIPE, text=True)
+    assert steady.stdout is not None and steady.stdout.readline().startswith("ready ")
+    device.pid = steady.pid
+    try:
+        result = run_capture("malloc", TargetSpec(device="local", app="com.example.steady", launch="pmd3"),
+                             CaptureOptions(tracer="malloc", window=1.0, attach_delay=delay, out=tmp_path / "c"),
+                             SilentUI())
+    finally:
+        steady.kill()
+        steady.wait()
+    assert result.ended == "completed" and result.pid == steady.pid
+    resumes = [c for c in device.calls if c[0] == "resume"]
+    assert len(resumes) == 1 and resumes[0][1][1:] == (steady.pid,)
+    launch = next(c for c in device.calls if c[0] == "launch")
+    assert launch[2]["start_suspended"] is True
+    end = next(r.body for r in read_records(tmp_path / "c") if r.type == RecordType.END)
+    assert end["launch"]["how"].startswith("pymobiledevice3")
+    # Every lockdown client memtrace opened (the launch's and the resume's) was closed.
+    assert device.names().count("create_using_usbmux") == device.closed.count("lockdown") == 2
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "17.5", "mounted": True}], indirect=True)
+def test_doctor_check_reaches_dvt_and_mounts_nothing(device: Device) -> None:
+    check = ios.check_pmd3("UDID")
+    assert check.ok and check.detail == "iOS 17.5: DVT process control reachable over tunnel"
+    assert "auto_mount" not in device.names() and "launch" not in device.names()
+    assert sorted(device.closed) == ["dvt", "lockdown", "rsd"]
+    device.tunneld = "down"
+    check = ios.check_pmd3("UDID")
+    assert not check.ok and "no tunneld answers" in check.detail
+    device.tunneld, device.locked = "up", True
+    assert ios.check_pmd3("UDID") == ios.DeviceCheck("--launch pmd3", False, launchers.LOCKED_MESSAGE)
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "16.1", "mounted": False}], indirect=True)
+def test_doctor_check_without_the_image(device: Device) -> None:
+    check = ios.check_pmd3("UDID")
+    assert not check.ok and "is the developer disk image mounted?" in check.detail

@@ -9,6 +9,7 @@ owns the device, the process and the agent.  The loop never prints: it reports t
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import socket
@@ -21,11 +22,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memtrace import __version__
+from memtrace.agentbuild import default_cache_dir
 from memtrace.capture import FILE_NAME, CaptureWriter, RecordType
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.live import LiveStats
 from memtrace.stacks_seen import StacksSeen
+from memtrace.symbols.cfi import TableCache, UnwindFeed
 from memtrace.target import TargetSpec
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, finite_non_negative, positive
@@ -192,6 +195,7 @@ class CaptureLoop:
         self.ending = Ending()
         self.live: LiveStats = tracer.live()
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
+        self.unwind: UnwindFeed | None = None
         self.writer: CaptureWriter | None = None
         self.missing: list[str] = []
         self.rates: list[dict[str, float]] = []
@@ -285,8 +289,12 @@ class CaptureLoop:
         init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
+        if self.host.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
+            self.unwind = UnwindFeed(TableCache(default_cache_dir()))
+            self._feed_unwind(during_window=False)
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
-                                       "device": self.device_info})
+                                       "device": self.device_info,
+                                       "unwind": self.unwind.info() if self.unwind else None})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
         self._write(RecordType.CALIBRATION, {"phase": "before", **self.host.rpc("calibrate", "calibrate")})
@@ -424,6 +432,7 @@ class CaptureLoop:
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)
             self.stacks.modules(payload.get("modules", []))
+            self._feed_unwind(during_window=True)
         elif ptype == "agent:warning":
             self._write(RecordType.WARNING, payload)
             self.ui.warning(str(payload.get("message", "")))
@@ -437,6 +446,22 @@ class CaptureLoop:
             self._write(RecordType.RESULT, payload)
 
     # -- helpers --------------------------------------------------------------
+
+    def _feed_unwind(self, during_window: bool) -> None:
+        """Unwind tables for the target's modules without frame pointers (symbols/cfi.py); a
+        local target only (the host reads the modules' files).  Failing leaves frame-pointer
+        stacks, and says so."""
+        if self.unwind is None:
+            return
+        try:
+            self.unwind.feed(lambda method, *args: self.host.rpc("unwind tables", method, *args))
+        except (AgentTimeout, TargetLost):
+            if not during_window:
+                raise
+        except MemtraceError as e:
+            self.unwind = None
+            self._write(RecordType.WARNING, {"message": f"no unwind tables: {e}"})
+            self.ui.warning(f"stacks follow frame pointers only: {e}")
 
     def _symbolize(self, final: bool = False) -> None:
         usable = self.clock.start is not None and not self.ending.gone and self.ending.timeout_info is None

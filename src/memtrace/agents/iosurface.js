@@ -15,6 +15,7 @@
 import { emitJson } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport } from './runtime/platform.js';
+import { entryFrames } from './runtime/stacks.js';
 
 const ACCESSORS = {
   IOSurfaceGetAllocSize: 'size_t', IOSurfaceGetWidth: 'size_t', IOSurfaceGetHeight: 'size_t',
@@ -97,8 +98,7 @@ export const tracer = {
   install(config) {
     hook('IOSurfaceCreate', {
       onEnter(args) {
-        this.frames = Thread.backtrace(this.context, Backtracer.ACCURATE).slice(0, SURFACE_FRAMES)
-          .map(p => p.toString());
+        this.frames = entryFrames(this.context, SURFACE_FRAMES);
       },
       onLeave(retval) {
         if (retval.isNull()) {
@@ -135,7 +135,7 @@ export const tracer = {
         const id = surf.live.has(key) ? surf.live.get(key) : call('IOSurfaceGetID', args[0]);
         surf.live.delete(key);
         emitJson({ type: 'release', surface: key, id, tid: Process.getCurrentThreadId(),
-          frames: Thread.backtrace(this.context, Backtracer.ACCURATE).slice(0, 4).map(p => p.toString()) });
+          frames: entryFrames(this.context, 4) });
       });
     }
     Interceptor.flush();

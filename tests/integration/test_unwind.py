@@ -9,6 +9,7 @@ alone (``MEMTRACE_UNWIND=off``), which loses exactly the callers the tables brin
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -133,11 +134,29 @@ def test_frame_pointers_alone_lose_the_strdup_caller(compile_c, tmp_path: Path) 
     """The same program with the tables switched off: what the tables are for."""
     proc = run_memtrace("malloc", "--json", "--device", "local", "--window", "30", "--stack-threshold", "10000",
                         "--out", tmp_path / "cap", "--", compile_c("libc_callers"), env={"MEMTRACE_UNWIND": "off"})
-    import json
-
     s = json.loads(proc.stdout)
     (row,) = rows_starting(s["top_stacks"], "__strdup")
     assert "copy_config_strings" not in functions(row)
+
+
+def test_a_program_built_without_frame_pointers_gets_whole_stacks(build_dir: Path, tmp_path: Path) -> None:
+    """The compiler's default (-O2 omits frame pointers): the program's own table carries the walk."""
+    exe = build_dir / "libc_callers_nofp"
+    subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", "-rdynamic", "-o", str(exe), str(C_SRC)], check=True)
+    s = memtrace_json("malloc", "--device", "local", "--window", "30", "--stack-threshold", "10000",
+                      "--out", tmp_path / "cap", "--", exe)
+    recon = next(r for r in read_records(s["capture"]) if r.type == RecordType.RECON)
+    assert "libc_callers_nofp" in recon.body["unwind"]["tables"]
+    (row,) = rows_starting(s["top_stacks"], "__strdup")
+    assert functions(row)[:3] == ["__strdup", "copy_config_strings", "main"]
+    assert frames(row)[1].line == line_of(C_SRC, "strdup-call")
+    (row,) = rows_starting(s["top_stacks"], "unrolled_buffers")
+    assert (row["count"], functions(row)[1]) == (5, "main")
+    callbacks = rows_starting(s["top_stacks"], "by_value")
+    assert callbacks
+    for r in callbacks:
+        names = functions(r)
+        assert names[names.index("sort_values") + 1] == "main"
 
 
 def test_the_walk_compiled_by_tinycc_reaches_the_caller_too(compile_c, tmp_path: Path) -> None:

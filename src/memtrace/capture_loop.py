@@ -450,18 +450,19 @@ class CaptureLoop:
     def _feed_unwind(self, during_window: bool) -> None:
         """Unwind tables for the target's modules without frame pointers (symbols/cfi.py); a
         local target only (the host reads the modules' files).  Failing leaves frame-pointer
-        stacks, and says so."""
-        if self.unwind is None:
+        stacks, and says so; a target already gone is not asked."""
+        e = self.ending
+        if self.unwind is None or e.gone or e.exit_info is not None or e.timeout_info is not None:
             return
         try:
             self.unwind.feed(lambda method, *args: self.host.rpc("unwind tables", method, *args))
         except (AgentTimeout, TargetLost):
             if not during_window:
                 raise
-        except MemtraceError as e:
+        except MemtraceError as err:
             self.unwind = None
-            self._write(RecordType.WARNING, {"message": f"no unwind tables: {e}"})
-            self.ui.warning(f"stacks follow frame pointers only: {e}")
+            self._write(RecordType.WARNING, {"message": f"no unwind tables: {err}"})
+            self.ui.warning(f"stacks follow frame pointers only: {err}")
 
     def _symbolize(self, final: bool = False) -> None:
         usable = self.clock.start is not None and not self.ending.gone and self.ending.timeout_info is None

@@ -10,7 +10,8 @@
  * SP or FP + offset, the return address at CFA - 8, the caller's frame pointer unchanged or
  * saved at CFA - 8k.  The
  * agent (agents/runtime/unwind.js) copies the rows into the target and lists each module in
- * mt_unwind_modules, publishing it by raising mt_unwind_count last.
+ * mt_unwind_modules (those that keep frame pointers too, without rows), publishing an entry by
+ * raising mt_unwind_count last.
  *
  * The walk keeps (pc, sp, fp) for the frame being left: in a module with a table it applies
  * the row for pc - 1 (the call instruction); anywhere else the frame-pointer chain, exactly as
@@ -27,11 +28,13 @@
 extern volatile guint64 mt_unwind_count;
 extern MtUnwindModule mt_unwind_modules[];
 
-static inline const MtUnwindModule *
+static const MtUnwindModule *
 mt_unwind_module (guint64 pc)
 {
   guint64 i, n = mt_unwind_count;
-  for (i = 0; i != n && i != MT_MAX_UNWIND_MODULES; i++)
+  if (n > MT_MAX_UNWIND_MODULES)
+    n = MT_MAX_UNWIND_MODULES;
+  for (i = 0; i != n; i++)
   {
     const MtUnwindModule * m = &mt_unwind_modules[i];
     if (pc - m->start < m->end - m->start)
@@ -70,6 +73,10 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
 {
   guint n = 0;
   guint64 pc, sp, fp;
+  /* The last frame's module, kept in registers: consecutive frames mostly share one, and a
+   * frame of a module that keeps frame pointers then costs one compare more than core.c's loop. */
+  const MtUnwindModule * m = NULL;
+  guint64 m_start = 0, m_size = 0, m_rows = 0;
   if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
     return 0;
   pc = ((guint64 *) fp0)[1];
@@ -77,7 +84,6 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
   sp = fp0 + 16;
   while (pc >= 4096)
   {
-    const MtUnwindModule * m;
     const MtUnwindRow * row = NULL;
     if (n == max)
     {
@@ -85,9 +91,15 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
       break;
     }
     out[n++] = pc;
-    m = mt_unwind_module (pc);
-    if (m != NULL)
-      row = mt_unwind_row (m, pc - 1 - m->start);
+    if (pc - 1 - m_start >= m_size)
+    {
+      m = mt_unwind_module (pc - 1);
+      m_start = m != NULL ? m->start : 0;
+      m_size = m != NULL ? m->end - m->start : 0;
+      m_rows = m != NULL ? m->n_rows : 0;
+    }
+    if (m_rows != 0)
+      row = mt_unwind_row (m, pc - 1 - m_start);
     if (row != NULL)
     {
       guint64 cfa = (row->cfa_reg == MT_UNWIND_CFA_SP ? sp : fp) + row->cfa_offset;

@@ -140,10 +140,11 @@ UNWIND_CFA_SP, UNWIND_CFA_FP, UNWIND_NONE = 0, 1, 255
 UNWIND_INDEX_SHIFT = 8
 UNWIND_ROW = Layout("MtUnwindRow", (("start", "u32"), ("cfa_offset", "u16"), ("cfa_reg", "u8"),
                                     ("fp_slot", "u8")))
-# The agent's registry of tables, read by the C walk: [start, end) in the target, rows and index.
+# The agent's registry, read by the C walk: [start, end) in the target, rows and index; a module
+# without a table (it keeps frame pointers) is listed with n_rows 0, so the walk knows it at once.
 UNWIND_MODULE = Layout("MtUnwindModule", (("start", "u64"), ("end", "u64"), ("rows", "u64"), ("index", "u64"),
                                           ("n_rows", "u32"), ("n_index", "u32")))
-MAX_UNWIND_MODULES = 128
+MAX_UNWIND_MODULES = 512
 
 # ---- malloc tracer: libmalloc's logger events, decoded by cmodule/malloc.c --------------------
 

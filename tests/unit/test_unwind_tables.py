@@ -112,10 +112,15 @@ def test_feed_gives_the_agent_tables_only_where_frame_pointers_are_missing(tmp_p
     (_, (entries, data)) = calls[1]
     table = build_table(without_fp)
     assert table is not None
-    assert entries == [{"name": "nofp", "base": "0x100000", "size": 8192, "rows": table.n_rows,
-                        "index": table.n_index}]
+    assert entries == [
+        {"name": "nofp", "base": "0x100000", "size": 8192, "rows": table.n_rows, "index": table.n_index},
+        # Listed without rows: the walk knows these keep frame pointers (or have no rules to give).
+        {"name": "fp", "base": "0x1000", "size": 8192, "rows": 0, "index": 0},
+        {"name": "gone", "base": "0x200000", "size": 4096, "rows": 0, "index": 0},
+    ]
     assert data == table.rows + table.index
-    assert feed.info()["tables"] == ["nofp"] and feed.info()["frame_pointers"] == ["fp"]
+    info = feed.info()
+    assert (info["tables"], info["frame_pointers"], info["no_table"]) == (["nofp"], ["fp"], ["gone"])
 
 
 HARNESS = r"""

@@ -265,33 +265,36 @@ class TableCache:
 
 @dataclass
 class UnwindFeed:
-    """Gives a local target's agent the tables of its modules that keep no frame pointers: at
-    start, and for each module loaded later.  ``rpc(method, *args)`` calls the agent."""
+    """Gives a local target's agent the tables of its modules that keep no frame pointers, at
+    start and for each module loaded later; the other modules are listed without rows, so the
+    walk recognizes them at once.  ``rpc(method, *args)`` calls the agent."""
 
     cache: TableCache
     loaded: list[str] = field(default_factory=list)           # modules walked through their tables
     frame_pointers: list[str] = field(default_factory=list)   # modules left to the frame-pointer walk
+    no_table: list[str] = field(default_factory=list)         # no call frame information readable
     build_s: float = 0.0
 
     def feed(self, rpc: Callable[..., Any]) -> int:
         t = time.perf_counter()
-        entries: list[dict[str, Any]] = []
-        blobs: list[bytes] = []
+        tables: list[tuple[dict[str, Any], UnwindTable]] = []
+        plain: list[dict[str, Any]] = []
         for m in rpc("unwindModules") or []:
+            entry = {"name": m["name"], "base": m["base"], "size": m["size"], "rows": 0, "index": 0}
             table = self.cache.get(m["path"])
-            if table is None:
-                continue
-            if table.keeps_frame_pointers:
-                self.frame_pointers.append(m["name"])
-                continue
-            entries.append({"name": m["name"], "base": m["base"], "size": m["size"], "rows": table.n_rows,
-                            "index": table.n_index})
-            blobs += [table.rows, table.index]
+            if table is not None and not table.keeps_frame_pointers:
+                tables.append(({**entry, "rows": table.n_rows, "index": table.n_index}, table))
+            else:
+                (self.frame_pointers if table is not None else self.no_table).append(m["name"])
+                plain.append(entry)
+        # Tables first: the registry is bounded, and a module with none loses nothing by not being in it.
+        entries = [e for e, _ in tables] + plain
         if entries:
-            rpc("unwindLoad", entries, b"".join(blobs))
-            self.loaded += [e["name"] for e in entries]
+            rpc("unwindLoad", entries, b"".join(b for _, tb in tables for b in (tb.rows, tb.index)))
+            self.loaded += [e["name"] for e, _ in tables]
         self.build_s += time.perf_counter() - t
-        return len(entries)
+        return len(tables)
 
     def info(self) -> dict[str, Any]:
-        return {"tables": self.loaded, "frame_pointers": self.frame_pointers, "seconds": round(self.build_s, 3)}
+        return {"tables": self.loaded, "frame_pointers": self.frame_pointers, "no_table": self.no_table,
+                "seconds": round(self.build_s, 3)}

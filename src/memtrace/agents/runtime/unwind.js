@@ -3,7 +3,8 @@
  * computes them from each module's .eh_frame (memtrace/symbols/cfi.py) and hands them over
  * with unwindLoad; the C core's walk (cmodule/unwind.c) and walkFrames (stacks.js) use them.
  *
- * Registry: MtUnwindModule[MAX_UNWIND_MODULES] plus a count, both read by C without a lock.
+ * Registry: MtUnwindModule[MAX_UNWIND_MODULES] plus a count, both read by C without a lock;
+ * modules that keep frame pointers are listed too, without rows.
  * An entry is filled before the count that publishes it is raised; tables are never freed
  * (a thread may be reading one), a module replaced at the same place only disables the old
  * entry (end = start).
@@ -59,13 +60,16 @@ export function unwindModules() {
 }
 
 function copyOut(data, offset, bytes) {
-  const p = Memory.alloc(Math.max(bytes, 8));
+  if (bytes === 0)
+    return NULL;
+  const p = Memory.alloc(bytes);
   p.writeByteArray(data.slice(offset, offset + bytes));
   return p;
 }
 
 /* rpc: entries [{name, base, size, rows, index}]; data holds each entry's rows (UNWIND_ROW
- * records) and then its index (u32 each), entry after entry. */
+ * records) and then its index (u32 each), entry after entry.  An entry with no rows is a module
+ * that keeps frame pointers: listed so the walk knows it without searching. */
 export function unwindLoad(entries, data) {
   const r = registry();
   let offset = 0;
@@ -73,7 +77,8 @@ export function unwindLoad(entries, data) {
   for (const e of entries) {
     const rowBytes = e.rows * UNWIND_ROW.size;
     const indexBytes = e.index * 4;
-    if (r.n === MAX_UNWIND_MODULES || data === undefined || offset + rowBytes + indexBytes > data.byteLength)
+    const available = data === undefined || data === null ? 0 : data.byteLength;
+    if (r.n === MAX_UNWIND_MODULES || offset + rowBytes + indexBytes > available)
       break;
     const rows = copyOut(data, offset, rowBytes);
     const index = copyOut(data, offset + rowBytes, indexBytes);

@@ -389,6 +389,11 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
   *truncated = FALSE;
   if (hi == 0)
     hi = lo + 16;   /* unknown stack: only our own frame is safe to read */
+#ifdef MT_UNWIND
+  /* Modules without frame pointers have unwind tables (unwind.c). */
+  if (mt_unwind_count != 0)
+    return mt_unwind_walk (fp, lo, hi, out, max, truncated);
+#endif
   while (fp >= lo && fp + 16 <= hi && (fp & 7) == 0)
   {
     /* Swift sets bit 60 of the frame pointer an async frame saves: cleared to follow the chain. */

@@ -36,7 +36,7 @@ AGENT_DIR = PACKAGE_DIR / "agents"
 
 # Tracer agents and the cmodule/ files their CModule compiles (in order, after the header).
 TRACERS: dict[str, tuple[str, ...]] = {
-    "malloc": ("core.c", "malloc.c", "leaks.c"),
+    "malloc": ("unwind.c", "core.c", "malloc.c", "leaks.c"),
     "iosurface": (),
     "purgeable": ("purgeable.c",),
     "probe": (),
@@ -134,6 +134,9 @@ def c_layout_header() -> str:
         ("MT_N_COUNTERS", layout.N_COUNTERS),
         ("MT_MAX_FRAMES", layout.MAX_FRAMES), ("MT_LIVE_WAYS", layout.LIVE_WAYS),
         ("MT_MAX_RINGS", layout.MAX_RINGS),
+        ("MT_UNWIND_CFA_SP", layout.UNWIND_CFA_SP), ("MT_UNWIND_CFA_FP", layout.UNWIND_CFA_FP),
+        ("MT_UNWIND_NONE", layout.UNWIND_NONE), ("MT_UNWIND_INDEX_SHIFT", layout.UNWIND_INDEX_SHIFT),
+        ("MT_MAX_UNWIND_MODULES", layout.MAX_UNWIND_MODULES),
         *((f"MT_OP_{k.upper()}", v) for k, v in layout.LOGGER_OPS.items()),
         *((f"MT_PF_{k.upper()}", i) for i, k in enumerate(layout.PURGEABLE_ENTRIES)),
         *((f"MT_PURGABLE_{k.upper()}", v) for k, v in layout.PURGABLE_CONTROLS.items()),

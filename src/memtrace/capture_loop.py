@@ -9,6 +9,7 @@ owns the device, the process and the agent.  The loop never prints: it reports t
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 import socket
@@ -21,12 +22,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memtrace import __version__
+from memtrace.agentbuild import default_cache_dir
 from memtrace.capture import FILE_NAME, CaptureWriter, RecordType
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.leakscan import leak_progress
 from memtrace.live import LiveStats
 from memtrace.stacks_seen import StacksSeen
+from memtrace.symbols.cfi import TableCache, UnwindFeed
 from memtrace.target import TargetSpec
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, finite_non_negative, positive
@@ -206,6 +209,7 @@ class CaptureLoop:
         self.ending = Ending()
         self.live: LiveStats = tracer.live()
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
+        self.unwind: UnwindFeed | None = None
         self.writer: CaptureWriter | None = None
         self.missing: list[str] = []
         self.rates: list[dict[str, float]] = []
@@ -304,8 +308,12 @@ class CaptureLoop:
         init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
+        if self.host.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
+            self.unwind = UnwindFeed(TableCache(default_cache_dir()))
+            self._feed_unwind(during_window=False)
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
-                                       "device": self.device_info})
+                                       "device": self.device_info,
+                                       "unwind": self.unwind.info() if self.unwind else None})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
         self._write(RecordType.CALIBRATION, {"phase": "before", **self.host.rpc("calibrate", "calibrate")})
@@ -445,6 +453,7 @@ class CaptureLoop:
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)
             self.stacks.modules(payload.get("modules", []))
+            self._feed_unwind(during_window=True)
         elif ptype == "agent:warning":
             self._write(RecordType.WARNING, payload)
             self.ui.warning(str(payload.get("message", "")))
@@ -460,6 +469,23 @@ class CaptureLoop:
             self.ui.phase(leak_progress(payload))
 
     # -- helpers --------------------------------------------------------------
+
+    def _feed_unwind(self, during_window: bool) -> None:
+        """Unwind tables for the target's modules without frame pointers (symbols/cfi.py); a
+        local target only (the host reads the modules' files).  Failing leaves frame-pointer
+        stacks, and says so; a target already gone is not asked."""
+        e = self.ending
+        if self.unwind is None or e.gone or e.exit_info is not None or e.timeout_info is not None:
+            return
+        try:
+            self.unwind.feed(lambda method, *args: self.host.rpc("unwind tables", method, *args))
+        except (AgentTimeout, TargetLost):
+            if not during_window:
+                raise
+        except MemtraceError as err:
+            self.unwind = None
+            self._write(RecordType.WARNING, {"message": f"no unwind tables: {err}"})
+            self.ui.warning(f"stacks follow frame pointers only: {err}")
 
     def _symbolize(self, final: bool = False) -> None:
         usable = self.clock.start is not None and not self.ending.gone and self.ending.timeout_info is None

@@ -140,6 +140,26 @@ CONFIG = Layout("MtConfig", (
     ("enabled", "u64"),
 ))
 
+# ---- unwinding through code without frame pointers (cmodule/unwind.c, runtime/unwind.js) --------
+
+# The host turns a module's call frame information (.eh_frame) into rows sorted by `start` (code
+# offset from the module's base); a row holds from its start to the next row's.  The return
+# address is at CFA - 8 (x86-64).  cfa_reg: UNWIND_CFA_SP or UNWIND_CFA_FP (CFA = that register
+# + cfa_offset), UNWIND_NONE: no rule here (a gap between functions, a rule the walk cannot
+# follow).  fp_slot: 0 = the frame pointer register is unchanged in this frame, k = saved at
+# CFA - 8k.  An index of u32 row numbers follows the rows: entry b is the row in force at offset
+# b << UNWIND_INDEX_SHIFT, so a lookup reads one index entry and a few rows instead of a binary
+# search over tens of thousands.  symbols/cfi.py writes both, the agent copies them as they are.
+UNWIND_CFA_SP, UNWIND_CFA_FP, UNWIND_NONE = 0, 1, 255
+UNWIND_INDEX_SHIFT = 8
+UNWIND_ROW = Layout("MtUnwindRow", (("start", "u32"), ("cfa_offset", "u16"), ("cfa_reg", "u8"),
+                                    ("fp_slot", "u8")))
+# The agent's registry, read by the C walk: [start, end) in the target, rows and index; a module
+# without a table (it keeps frame pointers) is listed with n_rows 0, so the walk knows it at once.
+UNWIND_MODULE = Layout("MtUnwindModule", (("start", "u64"), ("end", "u64"), ("rows", "u64"), ("index", "u64"),
+                                          ("n_rows", "u32"), ("n_index", "u32")))
+MAX_UNWIND_MODULES = 512
+
 # ---- malloc tracer: libmalloc's logger events, decoded by cmodule/malloc.c --------------------
 
 LOGGER_OPS: dict[str, int] = {"ignore": 0, "alloc": 1, "free": 2, "realloc": 3, "vm_alloc": 4, "vm_free": 5,
@@ -258,4 +278,4 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 
 # Every record layout and C struct the generated header defines, in order.
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
-                                 CONFIG, LOGGER_EVENT, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB)
+                                 CONFIG, LOGGER_EVENT, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB, UNWIND_ROW, UNWIND_MODULE)

@@ -230,3 +230,20 @@ def test_unreadable_module_files_leave_module_and_offset_and_say_why(demo: Demo,
     assert sym.row(demo.fill) == [hex(demo.fill), "symbols_demo", demo.fill - demo.base, None, None, None]
     (image,) = sym.usage()
     assert image["how"] == "none" and str(broken) in image["note"]
+
+
+def test_build_id_is_the_gnu_note_not_a_systemtap_note_of_the_same_type(tmp_path: Path) -> None:
+    """SystemTap probe notes (libstdc++ carries them) use note type 3 too, under owner "stapsdt"."""
+    from memtrace.symbols.binaries import elf_identity
+
+    src = tmp_path / "probe.c"
+    src.write_text('__asm__(".pushsection .note.stapsdt,\\"\\",@note\\n.balign 4\\n.4byte 8, 2f-1f, 3\\n'
+                   '.asciz \\"stapsdt\\"\\n.balign 4\\n1: .8byte 0, 0, 0\\n.asciz \\"mt\\"\\n.asciz \\"probe\\"\\n'
+                   '.asciz \\"\\"\\n2: .balign 4\\n.popsection\\n");\n'
+                   "int main(void) { return 0; }\n")
+    exe = tmp_path / "probe"
+    subprocess.run(["gcc", "-Wl,--build-id", "-o", str(exe), str(src)], check=True)
+    notes = subprocess.run(["readelf", "-n", str(exe)], capture_output=True, text=True, check=True).stdout
+    assert "stapsdt" in notes
+    ident = elf_identity(exe)
+    assert ident is not None and ident.build_id == build_id(exe)

@@ -31,7 +31,7 @@ import {
 import { emitJson } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
-import { walkFrames } from './runtime/stacks.js';
+import { entryFrames, walkFrames } from './runtime/stacks.js';
 
 /* Advice values of the reusable line, per platform (the values are the platform's own). */
 const MADVISE_DARWIN = MADVISE_NAMES.darwin;
@@ -326,7 +326,7 @@ function hookC(name, enter, leave) {
 }
 
 function jsFrames(ctx) {
-  return Thread.backtrace(ctx, Backtracer.ACCURATE).slice(0, STACK_FRAMES).map(p => p.toString());
+  return entryFrames(ctx, STACK_FRAMES);
 }
 
 function installFramework() {

@@ -60,7 +60,9 @@ def elf_identity(path: str | Path) -> ElfIdentity | None:
                 kind = section["sh_type"]
                 if kind == "SHT_NOTE":
                     for note in section.iter_notes():
-                        if note["n_type"] == "NT_GNU_BUILD_ID":
+                        # Type 3 is the build-id only in a GNU note (SystemTap's stapsdt notes,
+                        # libstdc++'s, reuse the number).
+                        if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                             build_id = str(note["n_desc"]).lower()
                 elif section.name == ".gnu_debuglink":
                     data = section.data()

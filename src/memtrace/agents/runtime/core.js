@@ -7,6 +7,7 @@
 import { CONFIG, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
+import { unwindSymbols } from './unwind.js';
 
 const SLOT_BYTES = 1024;          // per MtSlot; mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
@@ -89,7 +90,7 @@ export function buildCore(config, sources, extraSymbols) {
     pthread_getspecific: findExport('pthread_getspecific'),
     pthread_setspecific: findExport('pthread_setspecific'),
     pthread_self: findExport('pthread_self'),
-  }, extraSymbols);
+  }, unwindSymbols(), extraSymbols);
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');
     symbols.pthread_get_stacksize_np = findExport('pthread_get_stacksize_np');

@@ -11,6 +11,7 @@ import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize } from './modules.js';
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import { recon } from './recon.js';
+import { unwindLoad, unwindModules } from './unwind.js';
 
 const DRAIN_INTERVAL_MS = 100;
 const MODULE_SCAN_TICKS = 10;     // modules rescanned every 10th flush
@@ -134,6 +135,13 @@ export function serve(tracer) {
     },
     calibrate() {
       return calibrate();
+    },
+    /* Unwind tables for modules without frame pointers (runtime/unwind.js). */
+    unwindModules() {
+      return unwindModules();
+    },
+    unwindLoad(entries, data) {
+      return unwindLoad(entries, data);
     },
   }, tracer.extraExports || {});
 }

@@ -17,16 +17,20 @@ from memtrace.capture import CaptureInfo, read_records, record_to_json
 def export(capture: Path, jsonl: bool) -> int:
     """Print every record of CAPTURE (a capture file or folder) as JSON lines.
 
-    Exit status 1 when the capture is truncated (everything before the tear is still printed)."""
+    Exit status 0 when the capture was read in full; 1 when it is incomplete -- cut short,
+    damaged (a checksum or a record's shape fails: the byte offset is named), without an END
+    record, or stopped early by a full disk -- after printing everything before that point and a
+    last {"record": "truncated"} line saying why; 2 when it cannot be read at all."""
     info = CaptureInfo(capture)
     out = sys.stdout
     for record in read_records(capture, info):
         for obj in record_to_json(record):
             out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    if info.truncated:
-        # Everything up to the last flush was printed; the status tells scripts the tail is missing.
-        out.write(json.dumps({"record": "truncated", "detail": info.truncation}) + "\n")
-        click.echo(f"memtrace: warning: {info.path}: {info.truncation}", err=True)
+    problem = info.problem
+    if problem is not None:
+        # Everything readable was printed; the last line and the status tell scripts what is missing.
+        out.write(json.dumps({"record": "truncated", "detail": problem}) + "\n")
+        click.echo(f"memtrace: warning: {info.path}: {problem}", err=True)
         return 1
     return 0
 

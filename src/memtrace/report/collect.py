@@ -101,13 +101,17 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP
         entry = tracer_entry.report_chapter().entry(summary, rel, rules, top)
     except CaptureError as e:
         return None, Skipped(rel, _strip_path(str(e), path))
+    problem = info.problem
+    # Cut off, damaged, never closed or stopped early: reported with what was read, and said so.
+    cut = info.truncated or not info.ended or bool(info.stopped)
     entry.update({"path": rel, "tracer": tracer, "target": entry.get("target") or target,
-                  "records": info.records, "truncated": info.truncated})
-    if info.truncated:
-        entry["truncation"] = info.truncation
-        return entry, Skipped(rel, f"{info.truncation}; reported with the {info.records} records before it",
-                              partial=True)
-    return entry, None
+                  "records": info.records, "truncated": cut})
+    if problem is None:
+        return entry, None
+    if cut:
+        entry["truncation"] = problem
+    which = "before it" if info.truncated else "read"
+    return entry, Skipped(rel, f"{problem}; reported with the {info.records} records {which}", partial=True)
 
 
 def _chain(first: Record, rest: Iterator[Record]) -> Iterator[Record]:

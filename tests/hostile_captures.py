@@ -7,10 +7,13 @@ of a small valid capture replaced or added; ``write_case`` writes it for format 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import struct
+import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +27,17 @@ def header(version: int = 2) -> bytes:
     return head + struct.pack("<I", zlib.crc32(head))
 
 
+def record_head(rtype: int, length: int, crc: int = 0) -> bytes:
+    """A version-2 record header claiming ``length`` bytes (its own check right, ``crc`` as given)."""
+    check = zlib.crc32(struct.pack("<BBI", rtype, 0, length)) & 0xFFFF
+    return struct.pack("<BBHII", rtype, 0, check, length, crc)
+
+
 def frame(rtype: int, payload: bytes, version: int = 2) -> bytes:
-    head = struct.pack("<BBHI", rtype, 0, 0, len(payload))
     if version == 1:
-        return head + payload
+        return struct.pack("<BBHI", rtype, 0, 0, len(payload)) + payload
+    check = zlib.crc32(struct.pack("<BBI", rtype, 0, len(payload))) & 0xFFFF
+    head = struct.pack("<BBHI", rtype, 0, check, len(payload))
     return head + struct.pack("<I", zlib.crc32(head + payload)) + payload
 
 
@@ -162,3 +172,14 @@ def write_base(path: Path, tracer: str = "malloc", version: int = 2) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(header(version) + b"".join(frame(t, p, version) for t, p in base(tracer)))
     return path
+
+
+@contextlib.contextmanager
+def scratch_dir(fallback: Path) -> Iterator[Path]:
+    """Where tests write thousands of small variants: memory (/dev/shm) where the machine has it."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        with tempfile.TemporaryDirectory(dir=shm, prefix="memtrace-test-") as d:
+            yield Path(d)
+    else:
+        yield fallback

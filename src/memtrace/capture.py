@@ -5,12 +5,14 @@ arrives and handed to the OS after every record, so a reader can always get back
 to the last write, whatever happened to the target or to memtrace.
 
     header : b"MEMTRACE" | u16 format version (2) | u16 flags (0) | u32 crc32 of the 12 bytes before
-    record : u8 type | u8 0 | u16 0 | u32 payload length | u32 crc32 of the 8 bytes before + payload
-             | payload
+    record : u8 type | u8 0 | u16 head check | u32 payload length | u32 crc32 of the 8 bytes before
+             + payload | payload
 
-Version 1 (memtrace 0.1) had no checksums: its header ends in u32 0 and its record header is
-the first 8 bytes above.  Both are read; a later version keeps the header (and its checksum), so a
-reader tells a newer capture from a damaged one.
+The head check (the low 16 bits of crc32(type, 0, length)) lets a reader tell a damaged length
+from a record cut short by a crash; the crc32 covers everything else.  Version 1 (memtrace 0.1)
+had no checksums: its header ends in u32 0 and its record header is ``u8 type | u8 0 | u16 0 |
+u32 length``.  Both are read; a later version keeps the header (and its checksum), so a reader
+tells a newer capture from a damaged one.
 
 Record payloads are UTF-8 JSON, except BATCH, whose payload is ``u32 json length | json | agent
 records`` -- the agent's binary records are kept exactly as the agent produced them (layout named
@@ -308,10 +310,14 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
     """One whole record, framed for a capture of ``version``."""
     blob = _dumps(body)
     payload = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
-    head = RECORD_HEADER_V1.pack(int(rtype), 0, 0, len(payload))
     if version == 1:
-        return head + payload
+        return RECORD_HEADER_V1.pack(int(rtype), 0, 0, len(payload)) + payload
+    head = RECORD_HEADER_V1.pack(int(rtype), 0, _head_check(int(rtype), len(payload)), len(payload))
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
+def _head_check(rtype: int, length: int) -> int:
+    return zlib.crc32(struct.pack("<BBI", rtype, 0, length)) & 0xFFFF
 
 
 def _dumps(body: Any) -> bytes:
@@ -601,7 +607,10 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[
             if len(rh) < frame.size:
                 _stop(info, offset, "record header cut short", corrupt=False)
                 return
-            rtype, _, _, length, *check = frame.unpack(rh)
+            rtype, zero, head_check, length, *check = frame.unpack(rh)
+            if check and (zero or head_check != _head_check(rtype, length)):
+                _stop(info, offset, "record header checksum mismatch")
+                return
             if length > MAX_RECORD:
                 _stop(info, offset, f"record length {length} is larger than any memtrace writes ({MAX_RECORD})")
                 return

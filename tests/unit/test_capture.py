@@ -240,12 +240,12 @@ def test_a_huge_record_length_is_refused_without_reading_it(tmp_path: Path) -> N
     from its header: reading never holds more than a few megabytes."""
     import tracemalloc
 
-    from tests.hostile_captures import META, frame, header
+    from tests.hostile_captures import META, frame, header, record_head
 
     p = tmp_path / "huge.mtc"
     with open(p, "wb") as f:
         f.write(header() + frame(META, b'{"tracer":"malloc"}'))
-        f.write(struct.pack("<BBHII", RecordType.WARNING, 0, 0, 1 << 30, 0))
+        f.write(record_head(RecordType.WARNING, 1 << 30))
         f.truncate(1 << 31)
     info = CaptureInfo(p)
     tracemalloc.start()
@@ -260,7 +260,7 @@ def test_a_huge_record_length_is_refused_without_reading_it(tmp_path: Path) -> N
     assert peak < 1 << 20
     # Within the bound but longer than the file: cut short, still without reading it.
     p.write_bytes(header() + frame(META, b'{"tracer":"malloc"}')
-                  + struct.pack("<BBHII", RecordType.WARNING, 0, 0, capture.MAX_RECORD, 0) + b"{}")
+                  + record_head(RecordType.WARNING, capture.MAX_RECORD) + b"{}")
     info = CaptureInfo(p)
     tracemalloc.start()
     try:

@@ -669,7 +669,9 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
             raise _Damaged(f"BATCH JSON length {n} overruns its record ({len(payload) - 4} bytes)")
         data = payload[4 + n:]
         payload = payload[4:4 + n]
-        problem = _agent_data_problem(data)
+        # Version 2's checksum already vouches for the agent's bytes: only the chunk framing is
+        # checked here (the decoder checks each record as it goes); version 1 gets the full walk.
+        problem = _agent_data_problem(data, records=version == 1)
         if problem is not None:
             raise _Damaged(f"BATCH agent records: {problem}")
     body = _loads(kind, payload)
@@ -697,9 +699,9 @@ def _loads(kind: RecordType, payload: bytes) -> Any:
 # ---- agent records -----------------------------------------------------------
 
 
-def _agent_data_problem(data: bytes) -> str | None:
-    """What is wrong with a BATCH's chunk and record framing, or None: every chunk lies within
-    the data, every record within its chunk, and every record type is known."""
+def _agent_data_problem(data: bytes, records: bool = True) -> str | None:
+    """What is wrong with a BATCH's chunk framing (and, with ``records``, its records'), or None:
+    every chunk lies within the data, every record within its chunk, every record type is known."""
     end = len(data)
     pos = 0
     chunk_size, head_size = _CHUNK.size, _STACK_HEAD.size
@@ -713,6 +715,9 @@ def _agent_data_problem(data: bytes) -> str | None:
         stop = pos + length
         if stop > end:
             return f"chunk at offset {pos - chunk_size} claims {length} bytes, {end - pos} remain"
+        if not records:
+            pos = stop
+            continue
         while pos < stop:
             rtype = data[pos]
             if rtype == rec_alloc:
@@ -731,6 +736,11 @@ def _agent_data_problem(data: bytes) -> str | None:
         if pos != stop:
             return f"agent record overruns its chunk (ends at offset {pos}, chunk at {stop})"
     return None
+
+
+def damage_at(record: Record, error: CaptureError) -> str:
+    """The one phrase for a record whose agent data failed to decode: where it starts, and why."""
+    return f"corrupt at byte {record.offset}: {record.type.name} agent records: {error}"
 
 
 def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
@@ -755,8 +765,10 @@ def iter_agent_tuples(data: bytes) -> Iterator[tuple[Any, ...]]:
 
 
 def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
-    # Records read from a capture were checked by _agent_data_problem; data straight from an
-    # agent was not, so a record that overruns is still an error, never a struct.error.
+    # Records of a version-2 capture had their chunks checked when read, but not each record
+    # (checking costs as much as decoding); data straight from an agent was not checked at all.
+    # So a record that overruns its chunk, or a type no agent writes, raises CaptureError here
+    # -- never a struct.error, and never a silent misreading past a chunk.
     mv = memoryview(data)
     end = len(data)
     pos = 0
@@ -769,7 +781,10 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
         while pos + chunk_size <= end:
             tid, length = _CHUNK.unpack_from(mv, pos)
             pos += chunk_size
-            stop = min(pos + length, end)
+            stop = pos + length
+            if stop > end:
+                raise CaptureError(f"agent record chunk at offset {pos - chunk_size} claims {length} bytes, "
+                                   f"{end - pos} remain")
             while pos + head_size <= stop:
                 rtype = mv[pos]
                 if rtype == rec_alloc:
@@ -789,7 +804,10 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
                 else:
                     raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
                 yield (tid, r) if with_tid else r
-            pos = stop
+            if pos != stop:
+                raise CaptureError(f"agent record overruns its chunk (ends at offset {pos}, chunk at {stop})")
+        if pos != end:
+            raise CaptureError(f"agent record chunk header cut short at offset {pos}")
     except struct.error:
         raise CaptureError(f"agent record at offset {pos} overruns its batch ({end} bytes)") from None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from memtrace.capture import CaptureInfo, read_records, record_to_json
+from memtrace.capture import CaptureError, CaptureInfo, damage_at, read_records, record_to_json
 
 
 @click.command("export")
@@ -23,10 +23,15 @@ def export(capture: Path, jsonl: bool) -> int:
     last {"record": "truncated"} line saying why; 2 when it cannot be read at all."""
     info = CaptureInfo(capture)
     out = sys.stdout
+    damaged = None
     for record in read_records(capture, info):
-        for obj in record_to_json(record):
-            out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    problem = info.problem
+        try:
+            for obj in record_to_json(record):
+                out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        except CaptureError as e:       # agent records that do not decode (a crafted or buggy BATCH)
+            damaged = damage_at(record, e)
+            break
+    problem = damaged or info.problem
     if problem is not None:
         # Everything readable was printed; the last line and the status tell scripts what is missing.
         out.write(json.dumps({"record": "truncated", "detail": problem}) + "\n")

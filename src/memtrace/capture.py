@@ -43,6 +43,7 @@ import os
 import shutil
 import stat
 import struct
+import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -536,6 +537,63 @@ def append_record(path: Path | str, rtype: RecordType, body: Any) -> None:
         f.write(encode_record(rtype, body, version=version))
         f.flush()
         os.fsync(f.fileno())
+
+
+def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> Path:
+    """Rewrite a capture with every ``rtype`` record replaced by ``bodies`` (JSON records, written
+    where the first old one was, or after the last complete record when there was none), framed
+    for the capture's own format version.
+
+    Everything else is copied byte for byte -- record types this version does not know and a
+    torn tail included -- into a new file beside the old one, which then replaces it: a reader
+    sees the old capture or the new one, never half of either."""
+    if rtype == RecordType.BATCH:
+        raise ValueError("BATCH records carry binary data; replace_records writes JSON records only")
+    p = resolve_capture_path(path)
+    src = _open_capture(p)
+    try:
+        head = src.read(HEADER.size)
+        version = _read_header(p, head)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        src.close()
+        raise CaptureError(f"{p}: cannot write beside it: {e.strerror}") from None
+    except CaptureError:
+        src.close()
+        raise
+    frame = RECORD_HEADER_V1 if version == 1 else RECORD_HEADER
+    fresh = b"".join(encode_record(rtype, body, version=version) for body in bodies)
+    try:
+        with src, os.fdopen(fd, "wb") as out:
+            out.write(head)
+            placed = False
+            while True:
+                rh = src.read(frame.size)
+                if len(rh) < frame.size:
+                    tail = rh
+                    break
+                kind, _, _, length, *_ = frame.unpack(rh)
+                payload = src.read(length) if length <= MAX_RECORD else b""
+                if length > MAX_RECORD or len(payload) < length:
+                    tail = rh + payload
+                    break
+                if kind == int(rtype):
+                    if not placed:
+                        out.write(fresh)
+                        placed = True
+                    continue
+                out.write(rh + payload)
+            if not placed:
+                out.write(fresh)
+            out.write(tail + src.read())        # a torn tail stays exactly as torn as it was
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, os.stat(p).st_mode & 0o7777)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
 
 
 # ---- reading -----------------------------------------------------------------

@@ -305,3 +305,34 @@ def test_the_writer_leaves_no_reserve_behind(tmp_path: Path) -> None:
     assert not reserve.exists()         # freed for the END record
     w.close()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["c.mtc"]
+
+
+def test_replace_records_keeps_every_other_byte_in_either_version(tmp_path: Path) -> None:
+    """The SYMBOLS table rewritten in place (memtrace symbolize): framed for the file's own version,
+    everything else byte for byte, a newer writer's record and a torn tail included."""
+    from tests.hostile_captures import MODULES, SYMBOLS, WARNING, frame, header, js
+
+    from memtrace.capture import replace_records
+
+    for version in (1, 2):
+        p = tmp_path / f"v{version}.mtc"
+        kept = [frame(1, js({"tracer": "malloc"}), version), frame(MODULES, js({"modules": []}), version)]
+        old = frame(SYMBOLS, js({"rows": [["0x10", "app", 16, "old", None, None]]}), version)
+        later = [frame(WARNING, js({"message": "between"}), version), frame(10, js({"ended": "completed",
+                                                                                   "reason": "x"}), version)]
+        newer = frame(200, b"new", 2) if version == 2 else b""
+        torn = frame(9, js({"t": 1}), version)[:-3]
+        p.write_bytes(header(version) + b"".join(kept) + old + b"".join(later) + old + newer + torn)
+        replace_records(p, RecordType.SYMBOLS, [{"rows": [["0x10", "app", 16, "f", "/a.c", 3]], "by": "test"}])
+        fresh = frame(SYMBOLS, js({"rows": [["0x10", "app", 16, "f", "/a.c", 3]], "by": "test"}).replace(b" ", b""),
+                      version)
+        assert p.read_bytes() == header(version) + b"".join(kept) + fresh + b"".join(later) + newer + torn
+        info = CaptureInfo(p)
+        assert [r.type for r in read_records(p, info)] == [RecordType.META, RecordType.MODULES, RecordType.SYMBOLS,
+                                                            RecordType.WARNING, RecordType.END]
+        assert info.truncated and not info.corrupt
+        assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []
+    with pytest.raises(ValueError, match="BATCH"):
+        replace_records(p, RecordType.BATCH, [])
+    with pytest.raises(CaptureError, match="no such capture"):
+        replace_records(tmp_path / "none.mtc", RecordType.SYMBOLS, [])

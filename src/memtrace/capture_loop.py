@@ -221,7 +221,7 @@ class CaptureLoop:
             self._write_meta()
             if self.write_error is not None:        # nothing launched yet: no capture, one error
                 self._discard_capture()
-                raise self.write_error
+                raise CaptureWriteError(f"{self.writer.path}: cannot start the capture: {self.writer.error}")
             try:
                 try:
                     self._launch_and_attach()

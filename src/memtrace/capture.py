@@ -1,33 +1,50 @@
 """The capture file format: the only module that knows its bytes.
 
-A capture is a 16-byte header followed by length-prefixed records, appended as
-data arrives and flushed after every batch, so a reader can always get back
-everything up to the last flush, whatever happened to the target or to memtrace.
+A capture is a 16-byte header followed by checksummed, length-prefixed records, appended as data
+arrives and handed to the OS after every record, so a reader can always get back everything up
+to the last write, whatever happened to the target or to memtrace.
 
-    header  : b"MEMTRACE" | u16 format version | u16 flags (0) | u32 reserved
-    record  : u8 type | u8 0 | u16 0 | u32 payload length | payload
+    header : b"MEMTRACE" | u16 format version (2) | u16 flags (0) | u32 crc32 of the 12 bytes before
+    record : u8 type | u8 0 | u16 head check | u32 payload length | u32 crc32 of the 8 bytes before
+             + payload | payload
 
-Record payloads are UTF-8 JSON, except BATCH, whose payload is
-``u32 json length | json | agent records`` -- the agent's binary records are
-kept exactly as the agent produced them (layout named in memtrace/layout.py,
-written by cmodule/core.c, decoded by :func:`decode_agent_records`), so a
+The head check (the low 16 bits of crc32(type, 0, length)) lets a reader tell a damaged length
+from a record cut short by a crash; the crc32 covers everything else.  Version 1 (memtrace 0.1)
+had no checksums: its header ends in u32 0 and its record header is ``u8 type | u8 0 | u16 0 |
+u32 length``.  Both are read; a later version keeps the header (and its checksum), so a reader
+tells a newer capture from a damaged one.
+
+Record payloads are UTF-8 JSON, except BATCH, whose payload is ``u32 json length | json | agent
+records`` -- the agent's binary records are kept exactly as the agent produced them (layout named
+in memtrace/layout.py, written by cmodule/core.c, decoded by :func:`decode_agent_records`), so a
 capture can be re-interpreted later.
 
-Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in
-per-thread chunks ``u32 tid | u32 length | records``:
+Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in per-thread chunks
+``u32 tid | u32 length | records``:
 
     STACK (1): u8 type | u8 nframes | u16 0 | u32 stack id | u64 frames[nframes]
     ALLOC (2): u8 type | u8 kind | u16 flags | u32 stack id | u64 ptr | u64 size | u64 weight
     FREE  (3): u8 type | u8 kind | u16 0 | u32 0 | u64 ptr | u64 size
     PAD   (0): u8 0 | u8 0 | u16 0 | u32 length    (skip ``length`` bytes)
+
+Reading checks every record -- its checksum, its JSON, its shape (:data:`RECORD_SHAPES`), a
+BATCH's agent records' framing -- and stops at the first that fails, saying where and why
+(:class:`CaptureInfo`): analyzers only ever see well-formed records, and a damaged capture is
+reported as damaged, never turned into numbers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno as errno_names
 import json
+import math
 import os
+import shutil
+import stat
 import struct
 import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -35,13 +52,37 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from memtrace import layout
+from memtrace.errors import MemtraceError
+from memtrace.shapes import (
+    ADDR,
+    ANY,
+    BOOL,
+    INT,
+    NUM,
+    STR,
+    UINT,
+    Check,
+    mapping,
+    obj,
+    one_of,
+    opt,
+    row,
+    seq,
+    tagged,
+)
 
 MAGIC = b"MEMTRACE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER = struct.Struct("<8sHHI")
-RECORD_HEADER = struct.Struct("<BBHI")
-MAX_RECORD = 1 << 30
+RECORD_HEADER = struct.Struct("<BBHII")      # version 2: type, 0, 0, length, crc32
+RECORD_HEADER_V1 = struct.Struct("<BBHI")    # version 1: no checksum
+# The largest payload a record may have.  The writer's largest is a BATCH: one drain of the agent,
+# at most max(4 MiB, 4 x ring size) (agents/runtime/core.js drainCap; rings are 1 MiB); JSON
+# records are far smaller.  A reader refuses a larger length without reading it.
+MAX_RECORD = 64 << 20
 FILE_NAME = "capture.mtc"
+END_RESERVE = 64 << 10      # disk space held back from the start so the END record can be written
+HELD_MAX = 32 << 10         # of which symbol and module records held back after a write failure
 
 
 class RecordType(IntEnum):
@@ -87,8 +128,103 @@ _FREE = struct.Struct(layout.FREE_RECORD.format)
 _PAD = struct.Struct(layout.PAD_RECORD.format)
 
 
+# ---- record shapes -------------------------------------------------------------------------------
+#
+# What every record's JSON body must look like before anyone reads it: one entry per record type
+# (a new RecordType adds one entry here; tests/unit/test_capture.py checks none is missing).
+# Objects may carry keys not listed; listed keys that are present must have their shape.  A
+# measured float is opt(NUM): the writer turns a NaN or infinity into null (see _dumps).
+
+COUNTERS = seq(UINT, min_len=layout.N_COUNTERS)
+ADDRS = seq(ADDR)
+_INLINED = row(opt(STR), opt(STR), opt(INT), min_len=1)
+SYMBOL_ROW = row(ADDR, opt(STR), opt(INT), opt(STR), opt(STR), opt(INT), opt(seq(_INLINED)), min_len=4)
+MODULE = obj({"name": STR, "path": opt(STR), "base": ADDR, "size": UINT}, required=("name", "base", "size"))
+_COUNTS = mapping(UINT)
+
+# JSON events by their "type" (tracers sharing a type name share its fields).
+EVENT_SHAPES: dict[str, Check] = {
+    # fds
+    "open": obj({"call": STR, "fds": seq(INT), "path": opt(STR), "from": opt(INT), "replaced": seq(INT)}),
+    "close": obj({"call": STR, "fd": INT, "known": BOOL}),
+    "open-failed": obj({"call": STR, "errno": opt(INT), "path": opt(STR), "from": opt(INT)}),
+    "census": obj({"trigger": STR, "count": UINT, "tracked": UINT, "fds": seq(row(INT, opt(STR), min_len=2)),
+                   "frida": seq(INT), "activity": BOOL}),
+    # iosurface
+    "surface": obj({"surface": opt(STR), "client": opt(STR), "via": opt(STR), "id": opt(INT), "alloc_size": opt(UINT), "width": opt(UINT),
+                    "height": opt(UINT), "bytes_per_row": opt(UINT), "pixel_format": opt(INT),
+                    "format": opt(STR), "name": opt(STR)}),
+    "release": obj({"surface": opt(STR), "via": opt(STR), "id": opt(INT)}),
+    "use": obj({"surface": STR, "op": STR, "id": opt(INT)}),
+    # purgeable
+    "set": obj({"entry": STR, "control": opt(one_of(STR, INT)), "addr": ADDR, "new_state": opt(INT),
+                "old_state": opt(INT), "kr": opt(INT), "bytes": opt(UINT)}),
+    "madvise": obj({"entry": STR, "advice": INT, "advice_name": opt(STR), "platform": STR, "addr": ADDR,
+                    "len": opt(UINT)}),
+    "counts": obj({"controls": mapping(_COUNTS), "creation_calls": _COUNTS, "madvise_all": _COUNTS,
+                   "madvise_standin_all": _COUNTS, "madvise_allocator_internal": UINT, "madvise_platform": STR}),
+    "call": obj({"entry": STR, "store": STR, "shmem": STR, "volatile": BOOL, "size": opt(UINT)}),
+    # purgeable's creation entries and threads' pthread_create
+    "create": obj({"entry": STR, "addr": ADDR, "size": opt(UINT), "bytes": opt(UINT), "flags": INT, "kr": opt(INT),
+                   "routine": opt(ADDR), "detached": opt(BOOL), "stack_size": opt(UINT)}),
+    # threads (and iosurface's create-failed)
+    "create-failed": obj({"errno": opt(INT), "routine": opt(ADDR), "stack_size": opt(UINT)}),
+    "start": obj({"tid": opt(INT), "name": opt(STR), "routine": opt(ADDR)}),
+    "existing": obj({"tid": opt(INT), "name": opt(STR)}),
+    "exit": obj({"tid": opt(INT)}),
+    "rename": obj({"tid": opt(INT), "name": opt(STR), "previous": opt(STR)}),
+    "detach-failed": obj({"errno": opt(INT)}),
+    "join-failed": obj({"errno": opt(INT)}),
+}
+EVENT = tagged("type", EVENT_SHAPES, obj({"type": STR, "t": opt(NUM), "tid": opt(INT), "frames": ADDRS}))
+
+PROBE_ROW = obj({"entry": STR, "drives_state_machine": opt(BOOL), "state_before": opt(INT),
+                 "state_after": opt(INT), "ledger_delta": opt(mapping(opt(NUM))), "error": opt(STR)})
+# A RESULT's body by the tracer that computed it.
+RESULT_SHAPES: dict[str, Check] = {
+    "probe": obj({"platform": opt(STR), "bytes": opt(UINT), "madvise_entry": opt(STR),
+                  "ledger_available": BOOL, "rows": seq(PROBE_ROW), "errors": seq(STR)}),
+}
+
+PHASE_STATS = obj({"source": opt(STR), "in_use": NUM, "footprint": NUM})
+
+RECORD_SHAPES: dict[RecordType, Check] = {
+    RecordType.META: obj({
+        "tracer": STR, "tool_version": opt(STR), "started_at": opt(STR), "host": mapping(ANY),
+        "target": obj({"label": opt(STR), "device": opt(STR), "app": opt(STR), "pid": opt(INT), "name": opt(STR),
+                       "argv": opt(seq(STR))}),
+        "options": obj({"window": opt(NUM), "attach_delay": opt(NUM), "agent": mapping(ANY)}),
+    }),
+    RecordType.RECON: obj({
+        "symbols": seq(obj({"name": STR, "status": STR, "module": opt(STR), "address": opt(ADDR)},
+                           required=("name",))),
+        "info": obj({"release_hook": opt(STR), "census_at": opt(NUM), "census_step": opt(NUM),
+                     "default_stack_size": opt(UINT), "madvise_platform": opt(STR)}),
+        "agent": ANY, "device": ANY,
+    }),
+    RecordType.MODULES: obj({"modules": seq(MODULE)}),
+    RecordType.BATCH: obj({"counters": COUNTERS, "t": opt(NUM), "lost": UINT, "live": UINT, "stacks": UINT}),
+    RecordType.SYMBOLS: obj({"rows": seq(SYMBOL_ROW), "by": opt(STR)}),
+    RecordType.CALIBRATION: obj({"phase": STR, "allocator": opt(PHASE_STATS), "footprint": opt(PHASE_STATS)}),
+    RecordType.EVENTS: obj({"events": seq(EVENT)}),
+    RecordType.WARNING: obj({"message": opt(STR), "agent_error": opt(STR), "stack": opt(STR)}),
+    RecordType.SNAPSHOT: obj({"t": opt(NUM), "calls": opt(NUM), "bytes": opt(NUM), "calls_per_s": opt(NUM),
+                              "bytes_per_s": opt(NUM), "counters": COUNTERS}),
+    RecordType.END: obj({
+        "ended": STR, "reason": STR, "evidence": mapping(ANY), "ended_at": opt(STR), "counters": COUNTERS,
+        "batches": UINT, "pid": opt(INT), "launch": mapping(ANY), "capture_error": mapping(ANY),
+        "timing": obj({"launch_to_attach_s": opt(NUM), "captured_s": opt(NUM)}),
+    }),
+    RecordType.RESULT: tagged("tracer", RESULT_SHAPES, obj({"tracer": STR})),
+}
+
+
 class CaptureError(Exception):
     """A capture that cannot be read; the message names the file and the problem."""
+
+
+class CaptureWriteError(MemtraceError):
+    """The capture could not be written (disk full, quota, I/O error); one line says where and why."""
 
 
 @dataclass(slots=True)
@@ -123,8 +259,12 @@ AgentRecord = StackRecord | AllocRecord | FreeRecord
 @dataclass(slots=True)
 class Record:
     type: RecordType
-    body: Any                       # decoded JSON
+    body: Any                       # decoded JSON, of the shape RECORD_SHAPES names
     data: bytes = b""               # BATCH only: the agent's binary records
+    offset: int = -1                # where the record starts in its file
+
+
+NO_END = "no END record: the capture was not closed (memtrace or the machine stopped before it could)"
 
 
 @dataclass
@@ -134,42 +274,221 @@ class CaptureInfo:
     path: Path
     version: int = 0
     records: int = 0
-    truncated: bool = False
-    truncation: str = ""
+    truncated: bool = False     # reading stopped before the end of the file: a torn tail or damage
+    truncation: str = ""        # where and why: "truncated at byte N: ..." or "corrupt at byte N: ..."
+    corrupt: bool = False       # ... because a checksum, a length or a record's shape is wrong
+    ended: bool = False         # an END record was read
+    stopped: str = ""           # the writer stopped early; its END record says why (disk full ...)
+    unknown: dict[int, int] = field(default_factory=dict)   # record types this memtrace does not know
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def problem(self) -> str | None:
+        """Why the records read are not the whole capture, in one phrase; None when they are."""
+        if self.truncated:
+            return self.truncation
+        if not self.ended:
+            return NO_END
+        if self.stopped:
+            return self.stopped
+        if self.unknown:
+            kinds = ", ".join(f"{n} of type {t}" for t, n in sorted(self.unknown.items()))
+            return f"records of a type this memtrace does not know were skipped ({kinds}): upgrade memtrace"
+        return None
 
 
 # ---- writing -----------------------------------------------------------------
 
 
-class CaptureWriter:
-    """Appends records and flushes each one to the OS, so a crash loses nothing written."""
+def header_bytes(version: int = FORMAT_VERSION) -> bytes:
+    """A capture's 16-byte header (version 1: no checksum)."""
+    if version == 1:
+        return HEADER.pack(MAGIC, 1, 0, 0)
+    head = HEADER.pack(MAGIC, version, 0, 0)[:12]
+    return head + struct.pack("<I", zlib.crc32(head))
 
-    def __init__(self, path: Path | str, fsync_interval: float = 1.0) -> None:
+
+def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version: int = FORMAT_VERSION) -> bytes:
+    """One whole record, framed for a capture of ``version``."""
+    blob = _dumps(body)
+    payload = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
+    if version == 1:
+        return RECORD_HEADER_V1.pack(int(rtype), 0, 0, len(payload)) + payload
+    head = RECORD_HEADER_V1.pack(int(rtype), 0, _head_check(int(rtype), len(payload)), len(payload))
+    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
+def _head_check(rtype: int, length: int) -> int:
+    return zlib.crc32(struct.pack("<BBI", rtype, 0, length)) & 0xFFFF
+
+
+def _dumps(body: Any) -> bytes:
+    try:
+        return json.dumps(body, separators=(",", ":"), default=_json_default, allow_nan=False).encode()
+    except ValueError:
+        # A NaN or infinity from a division somewhere: JSON has no such numbers, and a reader
+        # refuses them; null says "no value" truthfully.
+        return json.dumps(_finite(body), separators=(",", ":"), default=_json_default).encode()
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_finite(x) for x in v]
+    return v
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+class CaptureWriter:
+    """Appends checksummed records straight to the OS (nothing is buffered in memtrace), so a
+    crash loses nothing written.
+
+    When a write fails (disk full, quota, I/O error) the writer cuts the file back to its last
+    complete record, raises :class:`CaptureWriteError` once, and from then on only counts what it
+    could not write.  The END record is written into disk space set aside at the start (a small
+    reserve file beside the capture, freed just before END), so even a full disk gets a capture
+    that reads back to the failure and says why.
+    """
+
+    def __init__(self, path: Path | str, fsync_interval: float = 1.0, reserve: int = END_RESERVE) -> None:
         self.path = Path(path)
-        self._file: BinaryIO = open(self.path, "xb")  # noqa: SIM115 -- closed in close()
-        self._file.write(HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0))
-        self._file.flush()
-        self.bytes_written = HEADER.size
+        self.bytes_written = 0
+        self.error: str | None = None      # why writing stopped
+        self.error_at = 0                  # the byte where the capture stops
+        self.lost_records = 0              # records not written after the failure
+        self.lost_bytes = 0
+        self.end_written = False
+        self._end_tried = False
+        self._held: list[bytes] = []       # after a failure: SYMBOLS/MODULES to write before END
         self._fsync_interval = fsync_interval
-        self._last_sync = 0.0
+        self._reserve: Path | None = self.path.with_name(f".{self.path.name}.reserve") if reserve else None
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as e:
+            raise CaptureWriteError(f"{self.path}: cannot create the capture: {e.strerror}") from None
+        try:
+            if self._reserve is not None:
+                _set_aside(self._reserve, reserve)
+            self._append(header_bytes())
+        except (OSError, CaptureWriteError) as e:
+            os.close(self._fd)
+            self._fd = -1
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            self._release_reserve()
+            why = e.strerror if isinstance(e, OSError) else self.error
+            raise CaptureWriteError(f"{self.path}: cannot start the capture: {why}{_free_space(self.path)}") from None
 
     def write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
-        blob = json.dumps(body, separators=(",", ":"), default=_json_default).encode()
-        payload = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
-        self._file.write(RECORD_HEADER.pack(int(rtype), 0, 0, len(payload)))
-        self._file.write(payload)
-        self._file.flush()
-        self.bytes_written += RECORD_HEADER.size + len(payload)
+        """Append one record; raises CaptureWriteError on the first write that fails."""
+        if rtype == RecordType.END:
+            self._write_end(body)
+            return
+        frame = encode_record(rtype, body, data)
+        if self.error is not None:
+            if rtype in (RecordType.SYMBOLS, RecordType.MODULES) and sum(map(len, self._held)) + len(frame) <= HELD_MAX:
+                self._held.append(frame)    # what makes the records already written readable
+                return
+            self.lost_records += 1
+            self.lost_bytes += len(frame)
+            return
+        if len(frame) > MAX_RECORD + RECORD_HEADER.size:
+            self._stop(f"a {rtype.name} record of {len(frame)} bytes is larger than a capture holds "
+                       f"({MAX_RECORD} bytes)", len(frame))
+            raise CaptureWriteError(self.failure())
+        self._append(frame)
+
+    def _write_end(self, body: Any) -> None:
+        self._end_tried = True
+        self._release_reserve()         # the END record goes into the space held back for it
+        if self.error is not None:
+            body = {**body, "capture_error": {"error": self.error, "at_byte": self.error_at,
+                                              "lost_records": self.lost_records, "lost_bytes": self.lost_bytes}}
+            if body.get("ended") == "completed":
+                # The window did not complete: the failure ended it (a death, if any, is kept).
+                body.update(ended="write-failed", reason=f"memtrace could not write the capture ({self.error}) "
+                                                         f"and stopped tracing at byte {self.error_at}")
+        frame = encode_record(RecordType.END, body)
+        if self.error is None:
+            self._append(frame)
+            self.end_written = True
+            return
+        for held in self._held:         # symbols of the stacks already written, if they fit
+            if not self._put_after_failure(held):
+                self.lost_records += 1
+                self.lost_bytes += len(held)
+        self._held = []
+        # Not even the END fits: the reader will say "no END record".
+        self.end_written = self._put_after_failure(frame)
+
+    def _put_after_failure(self, frame: bytes) -> bool:
+        try:
+            _pwrite_all(self._fd, frame, self.bytes_written)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.bytes_written)
+            return False
+        self.bytes_written += len(frame)
+        return True
+
+    def _append(self, frame: bytes) -> None:
+        try:
+            _pwrite_all(self._fd, frame, self.bytes_written)
+        except OSError as e:
+            self._stop(e.strerror or str(e), len(frame), e.errno)
+            raise CaptureWriteError(self.failure()) from None
+        self.bytes_written += len(frame)
+
+    def _stop(self, why: str, lost: int, err: int | None = None) -> None:
+        name = errno_names.errorcode.get(err or 0)
+        self.error = f"{why} ({name})" if name else why
+        self.error_at = self.bytes_written
+        self.lost_records, self.lost_bytes = 1, lost
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, self.bytes_written)      # a torn record is no record
+
+    def failure(self) -> str:
+        """One line: where the capture stopped, why, and what it still holds."""
+        if self.error is None:
+            return ""
+        end = ("" if not self._end_tried else "; its END record says so" if self.end_written
+               else "; not even its END record could be written")
+        lost = f"; {self.lost_records} record(s), {self.lost_bytes} bytes, not written" if self.lost_records else ""
+        return (f"{self.path}: cannot write the capture: {self.error}; it holds "
+                f"everything up to byte {self.error_at}{end}{lost}")
 
     def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        if self._fd >= 0:
+            os.fsync(self._fd)
 
     def close(self) -> None:
-        if not self._file.closed:
-            self.sync()
-            self._file.close()
+        if self._fd < 0:
+            return
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            if self.error is None:
+                self.error, self.error_at = f"{e.strerror} (at fsync)", self.bytes_written
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+            self._release_reserve()
+
+    def _release_reserve(self) -> None:
+        if self._reserve is not None:
+            with contextlib.suppress(OSError):
+                self._reserve.unlink()
+            self._reserve = None
 
     def __enter__(self) -> CaptureWriter:
         return self
@@ -178,22 +497,53 @@ class CaptureWriter:
         self.close()
 
 
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno_names.EIO, "short write")
+        view, offset = view[n:], offset + n
+
+
+def _set_aside(path: Path, size: int) -> None:
+    """Hold ``size`` bytes of real disk blocks in ``path`` (not a sparse file: freeing it must free space)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        else:       # macOS hosts: written zeros are allocated blocks too
+            _pwrite_all(fd, bytes(size), 0)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    os.close(fd)
+
+
+def _free_space(path: Path) -> str:
+    try:
+        return f" ({shutil.disk_usage(path.parent).free} bytes free on its disk)"
+    except OSError:
+        return ""
+
+
 def append_record(path: Path | str, rtype: RecordType, body: Any) -> None:
     """Add one record to a finished capture (e.g. a batch's verdict; the last END wins)."""
     p = resolve_capture_path(path)
-    with open(p, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
-            raise CaptureError(f"{p}: not a memtrace capture (bad magic)")
-    payload = json.dumps(body, separators=(",", ":"), default=_json_default).encode()
+    with _open_capture(p) as f:
+        version = _read_header(p, f.read(HEADER.size))
     with open(p, "ab") as f:
-        f.write(RECORD_HEADER.pack(int(rtype), 0, 0, len(payload)) + payload)
+        f.write(encode_record(rtype, body, version=version))
         f.flush()
         os.fsync(f.fileno())
 
 
 def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> Path:
     """Rewrite a capture with every ``rtype`` record replaced by ``bodies`` (JSON records, written
-    where the first old one was, or after the last complete record when there was none).
+    where the first old one was, or after the last complete record when there was none), framed
+    for the capture's own format version.
 
     Everything else is copied byte for byte -- record types this version does not know and a
     torn tail included -- into a new file beside the old one, which then replaces it: a reader
@@ -201,32 +551,29 @@ def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> P
     if rtype == RecordType.BATCH:
         raise ValueError("BATCH records carry binary data; replace_records writes JSON records only")
     p = resolve_capture_path(path)
+    src = _open_capture(p)
     try:
-        src = open(p, "rb")  # noqa: SIM115 -- closed below
-    except FileNotFoundError:
-        raise CaptureError(f"{p}: no such capture") from None
-    except OSError as e:
-        raise CaptureError(f"{p}: cannot open: {e.strerror}") from None
-    fresh = b"".join(RECORD_HEADER.pack(int(rtype), 0, 0, len(blob)) + blob for blob in (
-        json.dumps(b, separators=(",", ":"), default=_json_default).encode() for b in bodies))
-    try:
+        head = src.read(HEADER.size)
+        version = _read_header(p, head)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     except OSError as e:
         src.close()
         raise CaptureError(f"{p}: cannot write beside it: {e.strerror}") from None
+    except CaptureError:
+        src.close()
+        raise
+    frame = RECORD_HEADER_V1 if version == 1 else RECORD_HEADER
+    fresh = b"".join(encode_record(rtype, body, version=version) for body in bodies)
     try:
         with src, os.fdopen(fd, "wb") as out:
-            head = src.read(HEADER.size)
-            if len(head) < HEADER.size or head[:8] != MAGIC:
-                raise CaptureError(f"{p}: not a memtrace capture (bad magic)")
             out.write(head)
             placed = False
             while True:
-                rh = src.read(RECORD_HEADER.size)
-                if len(rh) < RECORD_HEADER.size:
+                rh = src.read(frame.size)
+                if len(rh) < frame.size:
                     tail = rh
                     break
-                kind, _, _, length = RECORD_HEADER.unpack(rh)
+                kind, _, _, length, *_ = frame.unpack(rh)
                 payload = src.read(length) if length <= MAX_RECORD else b""
                 if length > MAX_RECORD or len(payload) < length:
                     tail = rh + payload
@@ -250,14 +597,6 @@ def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> P
     return p
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, bytes):
-        return value.hex()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
 # ---- reading -----------------------------------------------------------------
 
 
@@ -269,71 +608,198 @@ def resolve_capture_path(path: Path | str) -> Path:
     return p
 
 
-def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[Record]:
-    """Yield every complete record; a torn tail ends the iteration and is noted in ``info``."""
-    p = resolve_capture_path(path)
-    info = info if info is not None else CaptureInfo(p)
-    info.path = p
+def _open_capture(p: Path) -> BinaryIO:
+    """The file, read-only; only a regular file (a FIFO would block a reader forever)."""
     try:
-        f = open(p, "rb")  # noqa: SIM115 -- closed below, generator-safe
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise CaptureError(f"{p}: no such capture") from None
     except OSError as e:
         raise CaptureError(f"{p}: cannot open: {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CaptureError(f"{p}: not a regular file (a capture is a file, not a FIFO, device or socket)")
+    return os.fdopen(fd, "rb")
+
+
+def _read_header(p: Path, head: bytes) -> int:
+    """The capture's format version, once its header has been checked."""
+    if len(head) < HEADER.size or head[:8] != MAGIC:
+        raise CaptureError(f"{p}: not a memtrace capture (bad magic)")
+    _, version, flags, check = HEADER.unpack(head)
+    if version == 1:
+        if flags or check:
+            raise CaptureError(f"{p}: corrupt header (version 1 with non-zero reserved bytes)")
+        return 1
+    if zlib.crc32(head[:12]) != check:
+        raise CaptureError(f"{p}: corrupt header (checksum mismatch; format version field reads {version})")
+    if version > FORMAT_VERSION:
+        raise CaptureError(f"{p}: capture format version {version} is newer than this memtrace reads "
+                           f"(up to {FORMAT_VERSION}); upgrade memtrace")
+    if version < 1:
+        raise CaptureError(f"{p}: corrupt header (format version {version})")
+    return version
+
+
+class _Damaged(Exception):
+    """A record that is not what the format says; the message says what."""
+
+
+def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[Record]:
+    """Yield every complete, intact record; reading stops at the first torn, damaged or malformed
+    one, and ``info`` says where and why.  Unknown record types of a newer writer are skipped and
+    counted in ``info.unknown``."""
+    p = resolve_capture_path(path)
+    info = info if info is not None else CaptureInfo(p)
+    info.path = p
+    f = _open_capture(p)
     with f:
-        head = f.read(HEADER.size)
-        if len(head) < HEADER.size or head[:8] != MAGIC:
-            raise CaptureError(f"{p}: not a memtrace capture (bad magic)")
-        _, version, _, _ = HEADER.unpack(head)
+        version = _read_header(p, f.read(HEADER.size))
         info.version = version
-        if version > FORMAT_VERSION:
-            raise CaptureError(
-                f"{p}: capture format version {version} is newer than this memtrace reads "
-                f"(up to {FORMAT_VERSION}); upgrade memtrace"
-            )
+        frame = RECORD_HEADER_V1 if version == 1 else RECORD_HEADER
+        size = os.fstat(f.fileno()).st_size
         offset = HEADER.size
         while True:
-            rh = f.read(RECORD_HEADER.size)
+            rh = f.read(frame.size)
             if not rh:
                 return
-            if len(rh) < RECORD_HEADER.size:
-                _torn(info, offset, "record header cut short")
+            if len(rh) < frame.size:
+                _stop(info, offset, "record header cut short", corrupt=False)
                 return
-            rtype, _, _, length = RECORD_HEADER.unpack(rh)
+            rtype, zero, head_check, length, *check = frame.unpack(rh)
+            if check and (zero or head_check != _head_check(rtype, length)):
+                _stop(info, offset, "record header checksum mismatch")
+                return
             if length > MAX_RECORD:
-                _torn(info, offset, f"implausible record length {length}")
+                _stop(info, offset, f"record length {length} is larger than any memtrace writes ({MAX_RECORD})")
+                return
+            if offset + frame.size + length > size:
+                size = os.fstat(f.fileno()).st_size      # a capture still being written grows
+            if offset + frame.size + length > size:
+                have = max(0, size - offset - frame.size)
+                _stop(info, offset, f"record cut short ({have} of {length} bytes)", corrupt=False)
                 return
             payload = f.read(length)
             if len(payload) < length:
-                _torn(info, offset, f"record cut short ({len(payload)} of {length} bytes)")
+                _stop(info, offset, f"record cut short ({len(payload)} of {length} bytes)", corrupt=False)
                 return
-            offset += RECORD_HEADER.size + length
+            if check and zlib.crc32(payload, zlib.crc32(rh[:8])) != check[0]:
+                _stop(info, offset, "checksum mismatch")
+                return
             try:
-                record = _decode(rtype, payload)
-            except (ValueError, UnicodeDecodeError) as e:
-                _torn(info, offset, f"undecodable record: {e}")
+                record = _decode(rtype, payload, version)
+            except _Damaged as e:
+                _stop(info, offset, str(e))
                 return
-            if record is None:          # a record type from a newer minor revision
-                continue
-            info.records += 1
-            yield record
+            if record is None:
+                info.unknown[rtype] = info.unknown.get(rtype, 0) + 1
+            else:
+                record.offset = offset
+                info.records += 1
+                if record.type == RecordType.END:
+                    info.ended = True
+                    err = record.body.get("capture_error")
+                    info.stopped = (f"the capture stopped early at byte {err.get('at_byte')}: {err.get('error')}"
+                                    if err else "")
+            offset += frame.size + length
+            if record is not None:
+                yield record
 
 
-def _torn(info: CaptureInfo, offset: int, why: str) -> None:
+def _stop(info: CaptureInfo, offset: int, why: str, corrupt: bool = True) -> None:
     info.truncated = True
-    info.truncation = f"truncated at byte {offset}: {why}"
+    info.corrupt = corrupt
+    info.truncation = f"{'corrupt' if corrupt else 'truncated'} at byte {offset}: {why}"
 
 
-def _decode(rtype: int, payload: bytes) -> Record | None:
+def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
     try:
         kind = RecordType(rtype)
     except ValueError:
-        return None
+        if version == 1:            # version 1 had exactly the types 1 to 11
+            raise _Damaged(f"unknown record type {rtype}") from None
+        return None                 # a record type from a newer writer (its checksum held)
+    data = b""
     if kind == RecordType.BATCH:
+        if len(payload) < 4:
+            raise _Damaged("BATCH record shorter than its JSON length")
         (n,) = struct.unpack_from("<I", payload)
-        body = json.loads(payload[4:4 + n])
-        return Record(kind, body, payload[4 + n:])
-    return Record(kind, json.loads(payload))
+        if 4 + n > len(payload):
+            raise _Damaged(f"BATCH JSON length {n} overruns its record ({len(payload) - 4} bytes)")
+        data = payload[4 + n:]
+        payload = payload[4:4 + n]
+        # Version 2's checksum already vouches for the agent's bytes: only the chunk framing is
+        # checked here (the decoder checks each record as it goes); version 1 gets the full walk.
+        problem = _agent_data_problem(data, records=version == 1)
+        if problem is not None:
+            raise _Damaged(f"BATCH agent records: {problem}")
+    body = _loads(kind, payload)
+    problem = RECORD_SHAPES.get(kind, mapping(ANY))(body)
+    if problem is not None:
+        raise _Damaged(f"{kind.name} record{'' if problem.startswith(('.', '[')) else ': '}{problem}")
+    return Record(kind, body, data)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _loads(kind: RecordType, payload: bytes) -> Any:
+    try:
+        return json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as e:
+        raise _Damaged(f"{kind.name} record is not UTF-8 (byte {e.start} of its JSON)") from None
+    except ValueError as e:         # JSONDecodeError, or a number too long to convert
+        raise _Damaged(f"{kind.name} record is not valid JSON: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise _Damaged(f"{kind.name} record nests too deeply to be JSON memtrace wrote") from None
+
+
+# ---- agent records -----------------------------------------------------------
+
+
+def _agent_data_problem(data: bytes, records: bool = True) -> str | None:
+    """What is wrong with a BATCH's chunk framing (and, with ``records``, its records'), or None:
+    every chunk lies within the data, every record within its chunk, every record type is known."""
+    end = len(data)
+    pos = 0
+    chunk_size, head_size = _CHUNK.size, _STACK_HEAD.size
+    alloc_size, free_size = _ALLOC.size, _FREE.size
+    rec_alloc, rec_free, rec_stack, rec_pad = REC_ALLOC, REC_FREE, REC_STACK, REC_PAD
+    while pos < end:
+        if pos + chunk_size > end:
+            return f"chunk header cut short at offset {pos}"
+        _, length = _CHUNK.unpack_from(data, pos)
+        pos += chunk_size
+        stop = pos + length
+        if stop > end:
+            return f"chunk at offset {pos - chunk_size} claims {length} bytes, {end - pos} remain"
+        if not records:
+            pos = stop
+            continue
+        while pos < stop:
+            rtype = data[pos]
+            if rtype == rec_alloc:
+                pos += alloc_size
+            elif rtype == rec_free:
+                pos += free_size
+            elif rtype == rec_stack:
+                pos += head_size + 8 * data[pos + 1] if pos + 1 < stop else head_size
+            elif rtype == rec_pad:
+                skip = _PAD.unpack_from(data, pos)[3] if pos + head_size <= stop else 0
+                if skip < head_size:
+                    return f"padding record at offset {pos} of length {skip}"
+                pos += skip
+            else:
+                return f"unknown agent record type {rtype} at offset {pos}"
+        if pos != stop:
+            return f"agent record overruns its chunk (ends at offset {pos}, chunk at {stop})"
+    return None
+
+
+def damage_at(record: Record, error: CaptureError) -> str:
+    """The one phrase for a record whose agent data failed to decode: where it starts, and why."""
+    return f"corrupt at byte {record.offset}: {record.type.name} agent records: {error}"
 
 
 def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
@@ -358,6 +824,10 @@ def iter_agent_tuples(data: bytes) -> Iterator[tuple[Any, ...]]:
 
 
 def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
+    # Records of a version-2 capture had their chunks checked when read, but not each record
+    # (checking costs as much as decoding); data straight from an agent was not checked at all.
+    # So a record that overruns its chunk, or a type no agent writes, raises CaptureError here
+    # -- never a struct.error, and never a silent misreading past a chunk.
     mv = memoryview(data)
     end = len(data)
     pos = 0
@@ -366,30 +836,39 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     rec_alloc, rec_free = REC_ALLOC, REC_FREE
     alloc_size, free_size, chunk_size = _ALLOC.size, _FREE.size, _CHUNK.size
     head_size = _STACK_HEAD.size       # every record starts with an 8-byte head (PAD's too)
-    while pos + chunk_size <= end:
-        tid, length = _CHUNK.unpack_from(mv, pos)
-        pos += chunk_size
-        stop = min(pos + length, end)
-        while pos + head_size <= stop:
-            rtype = mv[pos]
-            if rtype == rec_alloc:
-                r: tuple[Any, ...] = alloc_from(mv, pos)
-                pos += alloc_size
-            elif rtype == rec_free:
-                r = free_from(mv, pos)
-                pos += free_size
-            elif rtype == REC_STACK:
-                head = _STACK_HEAD.unpack_from(mv, pos)
-                r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
-                pos += head_size + 8 * head[1]
-            elif rtype == REC_PAD:
-                skip = _PAD.unpack_from(mv, pos)[3]
-                pos += max(skip, head_size)
-                continue
-            else:
-                raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
-            yield (tid, r) if with_tid else r
-        pos = stop
+    try:
+        while pos + chunk_size <= end:
+            tid, length = _CHUNK.unpack_from(mv, pos)
+            pos += chunk_size
+            stop = pos + length
+            if stop > end:
+                raise CaptureError(f"agent record chunk at offset {pos - chunk_size} claims {length} bytes, "
+                                   f"{end - pos} remain")
+            while pos + head_size <= stop:
+                rtype = mv[pos]
+                if rtype == rec_alloc:
+                    r: tuple[Any, ...] = alloc_from(mv, pos)
+                    pos += alloc_size
+                elif rtype == rec_free:
+                    r = free_from(mv, pos)
+                    pos += free_size
+                elif rtype == REC_STACK:
+                    head = _STACK_HEAD.unpack_from(mv, pos)
+                    r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
+                    pos += head_size + 8 * head[1]
+                elif rtype == REC_PAD:
+                    skip = _PAD.unpack_from(mv, pos)[3]
+                    pos += max(skip, head_size)
+                    continue
+                else:
+                    raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
+                yield (tid, r) if with_tid else r
+            if pos != stop:
+                raise CaptureError(f"agent record overruns its chunk (ends at offset {pos}, chunk at {stop})")
+        if pos != end:
+            raise CaptureError(f"agent record chunk header cut short at offset {pos}")
+    except struct.error:
+        raise CaptureError(f"agent record at offset {pos} overruns its batch ({end} bytes)") from None
 
 
 def encode_agent_records(tid: int, records: list[AgentRecord]) -> bytes:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from memtrace import __version__
 from memtrace.agentbuild import default_cache_dir
-from memtrace.capture import FILE_NAME, CaptureWriter, RecordType
+from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.leakscan import leak_progress
@@ -211,6 +211,7 @@ class CaptureLoop:
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
         self.unwind: UnwindFeed | None = None
         self.writer: CaptureWriter | None = None
+        self.write_error: CaptureWriteError | None = None
         self.missing: list[str] = []
         self.rates: list[dict[str, float]] = []
         self.batches = 0
@@ -221,7 +222,14 @@ class CaptureLoop:
 
     def run(self) -> CaptureResult:
         out = self.options.out or default_out_dir(self.target, self.options.tracer)
-        self.writer = CaptureWriter(prepare_out_dir(out))
+        made = not out.exists()
+        try:
+            self.writer = CaptureWriter(prepare_out_dir(out))
+        except CaptureWriteError:
+            if made:        # the disk is full already: leave nothing behind, only the error
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+            raise
         interrupted = False
         previous = signal.getsignal(signal.SIGTERM)
         on_main = threading.current_thread() is threading.main_thread()
@@ -229,6 +237,9 @@ class CaptureLoop:
             signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             self._write_meta()
+            if self.write_error is not None:        # nothing launched yet: no capture, one error
+                self._discard_capture()
+                raise CaptureWriteError(f"{self.writer.path}: cannot start the capture: {self.writer.error}")
             try:
                 try:
                     self._launch_and_attach()
@@ -263,6 +274,9 @@ class CaptureLoop:
                 signal.signal(signal.SIGTERM, previous)
             self.writer.close()
             self.host.close()
+        if self.write_error is not None:
+            raise CaptureWriteError(f"{self.writer.failure()}; tracing stopped there and memtrace detached "
+                                    f"from the target")
         return result
 
     def _discard_capture(self) -> None:
@@ -326,7 +340,7 @@ class CaptureLoop:
         self._last_message = time.monotonic()
         assert self.clock.start is not None
         deadline = self.clock.start + self.options.window
-        while not self.ending.gone:
+        while not self.ending.gone and self.write_error is None:
             now = time.monotonic()
             if now >= deadline:
                 break
@@ -527,7 +541,12 @@ class CaptureLoop:
 
     def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         assert self.writer is not None
-        self.writer.write(rtype, body, data)
+        try:
+            self.writer.write(rtype, body, data)
+        except CaptureWriteError as e:
+            # Disk full (or failing): the window ends, the agent is stopped and detached as at any
+            # window end, and the writer closes the capture with an END record that says why.
+            self.write_error = self.write_error or e
 
     def _write_meta(self) -> None:
         import frida

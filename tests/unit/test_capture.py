@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from memtrace import capture
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import (
+    NO_END,
     AllocRecord,
     CaptureError,
     CaptureInfo,
@@ -78,9 +79,54 @@ def test_every_truncation_reads_back_the_complete_prefix(tmp_path: Path) -> None
 
 def test_newer_version_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     p = tmp_path / "new.mtc"
-    p.write_bytes(capture.HEADER.pack(capture.MAGIC, capture.FORMAT_VERSION + 1, 0, 0))
-    with pytest.raises(CaptureError, match=r"new\.mtc: capture format version 2 is newer"):
+    p.write_bytes(capture.header_bytes(capture.FORMAT_VERSION + 1))
+    with pytest.raises(CaptureError, match=r"new\.mtc: capture format version 3 is newer than this memtrace "
+                                           r"reads \(up to 2\); upgrade memtrace$"):
         list(read_records(p))
+    # The same version field with a header checksum that does not hold is damage, not a newer format.
+    damaged = tmp_path / "damaged.mtc"
+    damaged.write_bytes(capture.HEADER.pack(capture.MAGIC, 3, 0, 0))
+    with pytest.raises(CaptureError, match=r"damaged\.mtc: corrupt header \(checksum mismatch; format version "
+                                           r"field reads 3\)"):
+        list(read_records(damaged))
+
+
+def test_version_1_captures_still_read_in_full() -> None:
+    """The captures memtrace 0.1 wrote (no checksums) read record for record, END included."""
+    root = Path(__file__).resolve().parents[2]
+    folders = sorted((root / "raw-data").glob("*/")) + sorted((root / "tests/data/report/captures").glob("*/"))
+    assert len(folders) == 15
+    for folder in folders:
+        info = CaptureInfo(folder)
+        records = list(read_records(folder, info))
+        assert info.version == 1
+        if folder.name == "delta-truncated":
+            assert info.truncated and not info.corrupt and info.problem.startswith("truncated at byte 58171")
+            continue
+        assert info.problem is None and info.ended and records[-1].type == RecordType.END
+        assert records[0].type == RecordType.META and len(records) == info.records
+
+
+def test_version_1_without_checksums_and_records_of_unknown_types(tmp_path: Path) -> None:
+    from tests.hostile_captures import META, frame, header
+
+    v1 = tmp_path / "v1.mtc"
+    v1.write_bytes(header(1) + frame(META, b'{"tracer":"malloc"}', 1) + frame(40, b"{}", 1))
+    info = CaptureInfo(v1)
+    assert [r.type for r in read_records(v1, info)] == [RecordType.META]
+    # Version 1 writers wrote types 1 to 11 only: anything else is damage.
+    assert info.corrupt and info.truncation == "corrupt at byte 43: unknown record type 40"
+    v2 = tmp_path / "v2.mtc"
+    v2.write_bytes(header(2) + frame(META, b'{"tracer":"malloc"}') + frame(40, b"{}") + frame(40, b"{}"))
+    info = CaptureInfo(v2)
+    assert [r.type for r in read_records(v2, info)] == [RecordType.META]
+    # In version 2 the checksum holds, so it is a newer writer's record: skipped, counted, said.
+    assert not info.truncated and info.unknown == {40: 2}
+    assert info.problem == NO_END
+
+
+def test_every_record_type_has_a_shape() -> None:
+    assert set(capture.RECORD_SHAPES) == set(RecordType)
 
 
 def test_garbage_and_missing_files(tmp_path: Path) -> None:
@@ -96,7 +142,7 @@ def test_garbage_and_missing_files(tmp_path: Path) -> None:
 @given(st.binary(max_size=400))
 def test_random_bytes_after_a_valid_header_never_crash(tmp_path_factory: pytest.TempPathFactory, tail: bytes) -> None:
     p = tmp_path_factory.mktemp("fuzz") / "f.mtc"
-    p.write_bytes(capture.HEADER.pack(capture.MAGIC, capture.FORMAT_VERSION, 0, 0) + tail)
+    p.write_bytes(capture.header_bytes() + tail)
     info = CaptureInfo(p)
     try:
         for r in read_records(p, info):
@@ -144,3 +190,149 @@ def test_export_prints_what_was_flushed_and_flags_a_torn_tail(tmp_path: Path) ->
     empty.write_bytes(b"")
     bad = run_memtrace("export", empty, check=False)
     assert bad.returncode == 2 and bad.stderr == f"memtrace: error: {empty}: not a memtrace capture (bad magic)\n"
+
+
+def test_export_of_a_capture_without_end_exits_1(tmp_path: Path) -> None:
+    from tests.conftest import run_memtrace
+
+    p = tmp_path / "noend.mtc"
+    with CaptureWriter(p) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        w.write(RecordType.BATCH, {"counters": [0] * 64})
+    r = run_memtrace("export", p, check=False)
+    assert r.returncode == 1
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["record"] for x in lines] == ["meta", "batch", "truncated"]
+    assert lines[-1]["detail"] == NO_END
+    assert r.stderr == f"memtrace: warning: {p}: {NO_END}\n"
+
+
+def test_a_flipped_byte_is_reported_with_file_and_offset(tmp_path: Path) -> None:
+    from tests.conftest import run_memtrace
+
+    p = tmp_path / "c.mtc"
+    write_sample(p)
+    blob = bytearray(p.read_bytes())
+    meta_end = capture.HEADER.size + capture.RECORD_HEADER.size + struct.unpack_from("<I", blob, 20)[0]
+    blob[meta_end + 40] ^= 0x04          # inside the BATCH record's agent data
+    p.write_bytes(blob)
+    r = run_memtrace("export", p, check=False)
+    assert r.returncode == 1
+    assert [json.loads(x)["record"] for x in r.stdout.splitlines()] == ["meta", "truncated"]
+    assert r.stderr == f"memtrace: warning: {p}: corrupt at byte {meta_end}: checksum mismatch\n"
+
+
+def test_export_refuses_a_fifo_at_once(tmp_path: Path) -> None:
+    import os
+
+    from tests.conftest import run_memtrace
+
+    fifo = tmp_path / "pipe.mtc"
+    os.mkfifo(fifo)
+    r = run_memtrace("export", fifo, check=False, timeout=30)     # a blocking open would time out
+    assert r.returncode == 2
+    assert r.stderr == (f"memtrace: error: {fifo}: not a regular file (a capture is a file, not a FIFO, "
+                        f"device or socket)\n")
+
+
+def test_a_huge_record_length_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A record claiming 1 GiB (in a sparse 1 GiB file, so the bytes are really there) is refused
+    from its header: reading never holds more than a few megabytes."""
+    import tracemalloc
+
+    from tests.hostile_captures import META, frame, header, record_head
+
+    p = tmp_path / "huge.mtc"
+    with open(p, "wb") as f:
+        f.write(header() + frame(META, b'{"tracer":"malloc"}'))
+        f.write(record_head(RecordType.WARNING, 1 << 30))
+        f.truncate(1 << 31)
+    info = CaptureInfo(p)
+    tracemalloc.start()
+    try:
+        records = list(read_records(p, info))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r.type for r in records] == [RecordType.META]
+    assert info.corrupt and info.truncation == (
+        f"corrupt at byte 47: record length {1 << 30} is larger than any memtrace writes ({capture.MAX_RECORD})")
+    assert peak < 1 << 20
+    # Within the bound but longer than the file: cut short, still without reading it.
+    p.write_bytes(header() + frame(META, b'{"tracer":"malloc"}')
+                  + record_head(RecordType.WARNING, capture.MAX_RECORD) + b"{}")
+    info = CaptureInfo(p)
+    tracemalloc.start()
+    try:
+        list(read_records(p, info))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.truncation == f"truncated at byte 47: record cut short (2 of {capture.MAX_RECORD} bytes)"
+    assert peak < 1 << 20
+
+
+def test_the_writer_writes_no_nan_and_frames_appended_records_by_the_file_version(tmp_path: Path) -> None:
+    from tests.hostile_captures import META, frame, header
+
+    from memtrace.capture import append_record
+
+    p = tmp_path / "c.mtc"
+    with CaptureWriter(p) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "options": {"window": float("nan")}})
+        w.write(RecordType.END, {"ended": "completed", "reason": "x", "rate": float("inf")})
+    append_record(p, RecordType.END, {"ended": "perpetual-stream", "reason": "y"})
+    info = CaptureInfo(p)
+    records = list(read_records(p, info))
+    assert info.problem is None
+    assert records[0].body["options"] == {"window": None}
+    assert [r.body["ended"] for r in records[1:]] == ["completed", "perpetual-stream"]
+    old = tmp_path / "old.mtc"
+    old.write_bytes(header(1) + frame(META, b'{"tracer":"malloc"}', 1))
+    append_record(old, RecordType.END, {"ended": "perpetual-stream", "reason": "y"})
+    info = CaptureInfo(old)
+    assert [r.type for r in read_records(old, info)] == [RecordType.META, RecordType.END]
+    assert info.version == 1 and info.problem is None
+
+
+def test_the_writer_leaves_no_reserve_behind(tmp_path: Path) -> None:
+    p = tmp_path / "c.mtc"
+    w = CaptureWriter(p)
+    reserve = tmp_path / ".c.mtc.reserve"
+    assert reserve.stat().st_size == capture.END_RESERVE and reserve.stat().st_blocks * 512 >= capture.END_RESERVE
+    w.write(RecordType.META, {"tracer": "malloc"})
+    w.write(RecordType.END, {"ended": "completed", "reason": "x"})
+    assert not reserve.exists()         # freed for the END record
+    w.close()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["c.mtc"]
+
+
+def test_replace_records_keeps_every_other_byte_in_either_version(tmp_path: Path) -> None:
+    """The SYMBOLS table rewritten in place (memtrace symbolize): framed for the file's own version,
+    everything else byte for byte, a newer writer's record and a torn tail included."""
+    from tests.hostile_captures import MODULES, SYMBOLS, WARNING, frame, header, js
+
+    from memtrace.capture import replace_records
+
+    for version in (1, 2):
+        p = tmp_path / f"v{version}.mtc"
+        kept = [frame(1, js({"tracer": "malloc"}), version), frame(MODULES, js({"modules": []}), version)]
+        old = frame(SYMBOLS, js({"rows": [["0x10", "app", 16, "old", None, None]]}), version)
+        later = [frame(WARNING, js({"message": "between"}), version), frame(10, js({"ended": "completed",
+                                                                                   "reason": "x"}), version)]
+        newer = frame(200, b"new", 2) if version == 2 else b""
+        torn = frame(9, js({"t": 1}), version)[:-3]
+        p.write_bytes(header(version) + b"".join(kept) + old + b"".join(later) + old + newer + torn)
+        replace_records(p, RecordType.SYMBOLS, [{"rows": [["0x10", "app", 16, "f", "/a.c", 3]], "by": "test"}])
+        fresh = frame(SYMBOLS, js({"rows": [["0x10", "app", 16, "f", "/a.c", 3]], "by": "test"}).replace(b" ", b""),
+                      version)
+        assert p.read_bytes() == header(version) + b"".join(kept) + fresh + b"".join(later) + newer + torn
+        info = CaptureInfo(p)
+        assert [r.type for r in read_records(p, info)] == [RecordType.META, RecordType.MODULES, RecordType.SYMBOLS,
+                                                            RecordType.WARNING, RecordType.END]
+        assert info.truncated and not info.corrupt
+        assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith(".")) == []
+    with pytest.raises(ValueError, match="BATCH"):
+        replace_records(p, RecordType.BATCH, [])
+    with pytest.raises(CaptureError, match="no such capture"):
+        replace_records(tmp_path / "none.mtc", RecordType.SYMBOLS, [])

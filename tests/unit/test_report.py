@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from memtrace.capture import FORMAT_VERSION, HEADER, MAGIC
+from memtrace.capture import FORMAT_VERSION, HEADER, NO_END, header_bytes
 from memtrace.commands.report import command
+from memtrace.errors import InputError
 from memtrace.report import build_report
 from memtrace.report.aggregate import fmt_bytes
 
@@ -158,9 +159,9 @@ def test_same_target_runs_are_side_by_side_not_summed(tmp_path: Path) -> None:
 def test_robustness_skipped_section_and_exit(tmp_path: Path) -> None:
     mc.alpha(tmp_path / "good.mtc")
     mc.truncate(tmp_path / "good.mtc", tmp_path / "cut" / "capture.mtc", 30)
-    (tmp_path / "newer.mtc").write_bytes(HEADER.pack(MAGIC, FORMAT_VERSION + 1, 0, 0) + b"\0" * 8)
+    (tmp_path / "newer.mtc").write_bytes(header_bytes(FORMAT_VERSION + 1) + b"\0" * 8)
     (tmp_path / "garbage.mtc").write_bytes(b"this is not a capture at all")
-    (tmp_path / "empty.mtc").write_bytes(HEADER.pack(MAGIC, FORMAT_VERSION, 0, 0))
+    (tmp_path / "empty.mtc").write_bytes(header_bytes())
     (tmp_path / "census-bad.json").write_text("{not json")
     result = CliRunner().invoke(command, [str(tmp_path), "--out", str(tmp_path / "out")], standalone_mode=False)
     assert result.exception is None and result.return_value == 1
@@ -177,10 +178,36 @@ def test_robustness_skipped_section_and_exit(tmp_path: Path) -> None:
     assert "| garbage.mtc | no | not a memtrace capture (bad magic) |" in md
 
 
-def test_empty_folder(tmp_path: Path) -> None:
-    result = build_report(tmp_path)
-    assert result.exit_code == 0 and result.document["targets"] == []
-    assert "No finding" in (tmp_path / "REPORT.md").read_text()
+def test_empty_folder_is_an_error_not_an_empty_report(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("no captures here")
+    with pytest.raises(InputError, match="nothing to report: no capture"):
+        build_report(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]     # no empty REPORT.md
+    from tests.conftest import run_memtrace
+
+    r = run_memtrace("report", tmp_path, check=False)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"memtrace: error: {tmp_path}: nothing to report: no capture (*.mtc) and no census/jetsam "
+                        f"JSON document in this folder or below it\n")
+
+
+def test_a_capture_without_end_is_reported_partly_and_said(tmp_path: Path) -> None:
+    """Not "every capture read in full": a capture whose END record never came is listed as partly
+    read, its numbers still reported, and the exit status is 1."""
+    mc.alpha(tmp_path / "a.mtc")
+    c = mc.SyntheticCapture(tmp_path / "cut.mtc", "beta")
+    c.alloc(c.stack("beta_alloc", "main"), 65536)
+    c.flush()
+    c.writer.close()                            # closed without END: memtrace was killed
+    result = CliRunner().invoke(command, [str(tmp_path)], standalone_mode=False)
+    assert result.exception is None and result.return_value == 1
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["skipped"] == [{"path": "cut.mtc", "partial": True, "reason": f"{NO_END}; reported with the 5 "
+                                                                              f"records read"}]
+    assert target(doc, "beta")["malloc"]["gross_bytes"] == 65536
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "every capture in the folder was read in full" not in md
+    assert f"| cut.mtc | partly (reported with what was read) | {NO_END}; reported with the 5 records read |" in md
 
 
 def test_unknown_tracer_is_listed_not_crashed(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from tests.hostile_captures import frame
 
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
@@ -93,7 +94,7 @@ def raw_records(path: Path) -> list[tuple[int, bytes]]:
     data = path.read_bytes()
     pos, out = HEADER.size, []
     while pos + RECORD_HEADER.size <= len(data):
-        kind, _, _, length = RECORD_HEADER.unpack_from(data, pos)
+        kind, _, _, length, _crc = RECORD_HEADER.unpack_from(data, pos)
         if pos + RECORD_HEADER.size + length > len(data):
             break
         out.append((kind, data[pos + RECORD_HEADER.size:pos + RECORD_HEADER.size + length]))
@@ -113,8 +114,8 @@ def sample(path: Path, with_symbols: bool = True) -> Path:
             w.write(RecordType.SYMBOLS, {"rows": [["0x1200", "app", 0x200, "old2", None, None]]})
         w.write(RecordType.END, {"ended": "target-exited"})
     with open(path, "ab") as f:            # a record type from a newer memtrace, then a torn tail
-        f.write(RECORD_HEADER.pack(200, 0, 0, 3) + b"new")
-        f.write(RECORD_HEADER.pack(int(RecordType.SNAPSHOT), 0, 0, 100) + b'{"t":')
+        f.write(frame(200, b"new"))
+        f.write(frame(int(RecordType.SNAPSHOT), b'{"t":' + b" " * 95)[:RECORD_HEADER.size + 5])
     return path
 
 

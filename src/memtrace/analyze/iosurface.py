@@ -55,7 +55,8 @@ class IOSurfaceSummary(CaptureContext):
                   for frames, group in self.by_stack((s.frames, s) for s in self.surfaces)]
         stacks.sort(key=lambda r: (-r["bytes"], -r["count"]))
         formats = [{"format": f, "count": len(g), "bytes": sum(x.alloc_size for x in g),
-                    "sizes": sorted({(x.width, x.height, x.bytes_per_row, x.alloc_size) for x in g})}
+                    "sizes": sorted({(x.width, x.height, x.bytes_per_row, x.alloc_size) for x in g},
+                                    key=lambda size: tuple(-1 if v is None else v for v in size))}
                    for f, g in by_format.items()]
         formats.sort(key=lambda r: -r["bytes"])
         released = [s for s in self.surfaces if s.released]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from memtrace.capture import CaptureInfo, read_records, record_to_json
+from memtrace.capture import CaptureError, CaptureInfo, damage_at, read_records, record_to_json
 from memtrace.exports import BINARY, FORMATS
 from memtrace.files import write_bytes_atomic
 from memtrace.views import load
@@ -29,18 +29,27 @@ def export(capture: Path, jsonl: bool, fmt: str, view: str, output: Path | None)
     """Print every record of CAPTURE (a capture file or folder) as JSON lines, or export it for
     another tool with --format.
 
-    Exit status 1 when the capture is truncated (everything before the tear is still printed)."""
+    Exit status 0 when the capture was read in full; 1 when it is incomplete -- cut short,
+    damaged (a checksum or a record's shape fails: the byte offset is named), without an END
+    record, or stopped early by a full disk -- after printing everything before that point and a
+    last {"record": "truncated"} line saying why; 2 when it cannot be read at all."""
     if fmt != "jsonl" and not jsonl:
         return export_for_tool(capture, fmt, view, output)
     info = CaptureInfo(capture)
     out = sys.stdout
+    damaged = None
     for record in read_records(capture, info):
-        for obj in record_to_json(record):
-            out.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    if info.truncated:
-        # Everything up to the last flush was printed; the status tells scripts the tail is missing.
-        out.write(json.dumps({"record": "truncated", "detail": info.truncation}) + "\n")
-        click.echo(f"memtrace: warning: {info.path}: {info.truncation}", err=True)
+        try:
+            for obj in record_to_json(record):
+                out.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        except CaptureError as e:       # agent records that do not decode (a crafted or buggy BATCH)
+            damaged = damage_at(record, e)
+            break
+    problem = damaged or info.problem
+    if problem is not None:
+        # Everything readable was printed; the last line and the status tell scripts what is missing.
+        out.write(json.dumps({"record": "truncated", "detail": problem}) + "\n")
+        click.echo(f"memtrace: warning: {info.path}: {problem}", err=True)
         return 1
     return 0
 
@@ -55,8 +64,8 @@ def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None) -> 
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
-    if loaded.info.truncated:
-        click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.truncation}", err=True)
+    if loaded.info.problem is not None:
+        click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.problem}", err=True)
         return 1
     return 0
 

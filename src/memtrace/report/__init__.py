@@ -47,6 +47,9 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
         raise InputError(f"{root}: not a folder")
     rules = load_rules(families)
     found = discover(root)
+    if not (found.captures or found.census or found.jetsam):
+        raise InputError(f"{root}: nothing to report: no capture (*.mtc) and no census/jetsam JSON document "
+                         f"in this folder or below it")
     entries: list[dict[str, Any]] = []
     skipped: list[Skipped] = []
     flames: list[tuple[str, dict[str, Any]]] = []

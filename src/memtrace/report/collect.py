@@ -18,7 +18,7 @@ from typing import Any
 
 from memtrace import tracers
 from memtrace.analyze.families import FamilyRules
-from memtrace.capture import CaptureError, CaptureInfo, Record, RecordType, read_records
+from memtrace.capture import CaptureError, CaptureInfo, Record, RecordType, damage_at, read_records
 from memtrace.report.chapters import TOP
 
 CAPTURE_SUFFIX = ".mtc"
@@ -105,24 +105,31 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP,
         records.close()
         return _bare_entry(rel, tracer, target, first.body), Skipped(rel, f"tracer {tracer!r} has no analyzer "
                                                                           f"in this memtrace")
+    last = [first]
     try:
-        summary = tracer_entry.summarize(_chain(first, records))
+        summary = tracer_entry.summarize(_chain(first, records, last))
         entry = tracer_entry.report_chapter().entry(summary, rel, rules, top)
         if on_summary is not None:
             on_summary(info.path, tracer_entry, summary)
-    except CaptureError as e:
-        return None, Skipped(rel, _strip_path(str(e), path))
+    except CaptureError as e:       # agent records that do not decode: nothing of it is reported
+        return None, Skipped(rel, damage_at(last[0], e))
+    problem = info.problem
+    # Cut off, damaged, never closed or stopped early: reported with what was read, and said so.
+    cut = info.truncated or not info.ended or bool(info.stopped)
     entry.update({"path": rel, "tracer": tracer, "target": entry.get("target") or target,
-                  "records": info.records, "truncated": info.truncated})
-    if info.truncated:
-        entry["truncation"] = info.truncation
-        return entry, Skipped(rel, f"{info.truncation}; reported with the {info.records} records before it",
-                              partial=True)
-    return entry, None
+                  "records": info.records, "truncated": cut})
+    if problem is None:
+        return entry, None
+    if cut:
+        entry["truncation"] = problem
+    which = "before it" if info.truncated else "read"
+    return entry, Skipped(rel, f"{problem}; reported with the {info.records} records {which}", partial=True)
 
 
-def _chain(first: Record, rest: Iterator[Record]) -> Iterator[Record]:
-    return chain((first,), rest)
+def _chain(first: Record, rest: Iterator[Record], last: list[Record]) -> Iterator[Record]:
+    for record in chain((first,), rest):
+        last[0] = record            # the record being analyzed, to name it if it is damaged
+        yield record
 
 
 def _strip_path(msg: str, path: Path) -> str:

@@ -68,6 +68,10 @@ mt_unwind_row (const MtUnwindModule * m, guint64 off)
 
 /* Return addresses from the frame whose frame pointer is fp0 (the hook's own frame) outwards.
  * lo: the walk's own stack (nothing below it is read); hi: the top of the thread's stack. */
+/* Swift sets bit 60 of the frame pointer an async frame saves: cleared before it is followed
+ * (as core.c's frame-pointer walk does). */
+#define MT_SWIFT_ASYNC_MASK (~(1ULL << 60))
+
 static guint
 mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, gboolean * truncated)
 {
@@ -80,7 +84,7 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
   if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
     return 0;
   pc = ((guint64 *) fp0)[1];
-  fp = ((guint64 *) fp0)[0];
+  fp = ((guint64 *) fp0)[0] & MT_SWIFT_ASYNC_MASK;
   sp = fp0 + 16;
   while (pc >= 4096)
   {
@@ -111,7 +115,7 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
         guint64 slot = cfa - 8 * (guint64) row->fp_slot;
         if (slot < sp)
           break;
-        fp = *(guint64 *) slot;
+        fp = *(guint64 *) slot & MT_SWIFT_ASYNC_MASK;
       }
       sp = cfa;
     }
@@ -122,7 +126,7 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
         break;
       pc = ((guint64 *) fp)[1];
       sp = fp + 16;
-      fp = ((guint64 *) fp)[0];
+      fp = ((guint64 *) fp)[0] & MT_SWIFT_ASYNC_MASK;
     }
   }
   return n;

@@ -144,7 +144,8 @@ def lockdown_api() -> Callable[[str], Any]:
     return lambda udid: create_using_usbmux(serial=udid)
 
 
-def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | None = None) -> str | None:
+def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | None = None,
+                  dvt: Callable[[str], Any] | None = None) -> str | None:
     """Who the device is and what it allows; returns its platform (darwin, linux, ...)."""
     report.add("device", "device", OK, f"{device.name} ({device.type}, id {device.id})",
                id=device.id, type=device.type, name=device.name)
@@ -169,6 +170,10 @@ def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | 
                                                     f"debuggable apps, with developer mode on")
     if device.type == "usb":
         _lockdown_checks(report, device.id, lockdown or lockdown_api())
+        from memtrace import ios
+
+        launch = (dvt or ios.check_pmd3)(device.id)
+        report.add("device", launch.name, OK if launch.ok else WARN, launch.detail)
     return platform
 
 
@@ -224,7 +229,24 @@ def default_target(device: Any) -> TargetSpec | None:
     return TargetSpec(device="local", argv=[sleep, "600"]) if sleep else None
 
 
-def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0) -> None:
+def darwin_target_checks(report: Report, device: Any, pid: int, checks: tuple[Callable[..., Any], ...] | None = None
+                         ) -> None:
+    """What only an iPhone can confirm, asked of the app itself (memtrace.ios): Core Animation's
+    hooks, the memory-pressure source, IOSurface's client layer.  A failed one is a warning: the
+    tracer still runs, with that part MISSING.  DEVICE-UNVERIFIED: tested with fakes here."""
+    from memtrace import ios
+
+    for check in checks or (ios.check_ca_hooks, ios.check_pressure_source, ios.check_iosurface_hooks):
+        try:
+            c = check(device, pid)
+        except Exception as e:  # noqa: BLE001 -- a check that cannot run is its own finding
+            report.add("target", getattr(check, "__name__", "device check"), WARN, _first_line(e))
+            continue
+        report.add("target", c.name, OK if c.ok else WARN, c.detail)
+
+
+def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0, platform: str | None = None
+                  ) -> None:
     import frida
 
     from memtrace.frida_host import FridaHost
@@ -250,6 +272,8 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0)
                 report.add("target", "target", FAIL, f"the target exited during the {tracer.name} checks; give "
                                                      f"one that keeps running (the rest were not checked)")
                 break
+        if platform == "darwin" and not host.is_local and host.pid is not None and host.alive():
+            darwin_target_checks(report, host.device, host.pid)
     except frida.InvalidOperationError as e:
         report.add("target", "session", FAIL, f"lost the target: {_first_line(e)}")
     finally:
@@ -466,11 +490,11 @@ def run(target: TargetSpec | None, device_spec: str, lockdown: Callable[[str], A
         report.add("device", "device", FAIL, str(e))
         return report
     host_checks(report, local=devices.is_local(device))
-    device_checks(report, device, lockdown)
+    platform = device_checks(report, device, lockdown)
     chosen = target or default_target(device)
     if chosen is None:
         report.add("target", "inside a target", SKIP, "name one (--app BUNDLE_ID, --pid N or --name NAME) to check "
                                                       "hook points, the CModule build and the self-test on it")
         return report
-    target_checks(report, chosen)
+    target_checks(report, chosen, platform=platform)
     return report

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from memtrace import doctor
+from memtrace import doctor, ios
 
 
 @pytest.mark.parametrize(("scope", "euid", "cap", "status", "fragment"), [
@@ -92,9 +92,11 @@ def test_jailbroken_usb_device_with_lockdown_and_developer_mode() -> None:
     report = doctor.Report()
     platform = doctor.device_checks(report, FakeDevice(IOS), factory(
         {(None, "ProductType"): "iPhone13,2", (None, "ProductVersion"): "16.5",
-         ("com.apple.security.mac.amfi", "DeveloperModeStatus"): True}, asked))
+         ("com.apple.security.mac.amfi", "DeveloperModeStatus"): True}, asked),
+        dvt=lambda udid: ios.DeviceCheck("--launch pmd3", True, f"DVT reachable on {udid}"))
     assert platform == "darwin" and asked == ["00008101-000A"]
     r = rows(report)
+    assert r["--launch pmd3"] == ("ok", "DVT reachable on 00008101-000A")
     assert r["OS and model"] == ("ok", "iOS 16.5 (darwin, arm64), iPhone13,2")
     assert r["jailbreak"][0] == "ok"
     assert r["lockdown"] == ("ok", "reachable: iPhone13,2, iOS 16.5")
@@ -122,6 +124,30 @@ def test_unreachable_lockdown_is_a_warning() -> None:
     status, detail = rows(report)["lockdown"]
     assert status == "warn" and "no usbmuxd" in detail
     assert report.ok
+
+
+def test_device_only_checks_inside_an_app_are_wired_and_warn_when_they_fail() -> None:
+    seen: list[tuple[str, int]] = []
+
+    def passing(device: Any, pid: int) -> ios.DeviceCheck:
+        seen.append(("ca", pid))
+        return ios.DeviceCheck("purgeable: Core Animation hooks", True, "6 overloads found")
+
+    def failing(device: Any, pid: int) -> ios.DeviceCheck:
+        seen.append(("pressure", pid))
+        return ios.DeviceCheck("limit: memory-pressure source", False, "dispatch_source_create missing")
+
+    def crashing(device: Any, pid: int) -> ios.DeviceCheck:
+        raise RuntimeError("session detached")
+
+    report = doctor.Report()
+    doctor.darwin_target_checks(report, FakeDevice(IOS), 4242, (passing, failing, crashing))
+    r = rows(report)
+    assert seen == [("ca", 4242), ("pressure", 4242)]
+    assert r["purgeable: Core Animation hooks"] == ("ok", "6 overloads found")
+    assert r["limit: memory-pressure source"] == ("warn", "dispatch_source_create missing")
+    assert r["crashing"] == ("warn", "session detached")
+    assert report.ok        # a part MISSING on the device is a warning: the tracers still run
 
 
 def test_a_device_that_cannot_be_queried_fails() -> None:

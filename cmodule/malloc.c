@@ -3,7 +3,10 @@
  *
  * Linux: Interceptor.replaceFast sends the glibc malloc family here; each
  * replacement calls the original through the pointer replaceFast returned
- * (extern symbols real_*).
+ * (extern symbols real_*).  Both backends feed the same core: mt_on_alloc and
+ * mt_on_release (counters, live table, per-stack aggregates, peak, temporaries)
+ * for an outermost call, mt_nested for a call made while the thread was already
+ * inside one.
  *
  * Darwin: libmalloc calls malloc_logger for every zone operation (the nano
  * zone included) and libsyscall calls __syscall_logger for VM operations;
@@ -25,6 +28,7 @@ extern gpointer (*real_memalign) (gsize, gsize);
 extern gpointer (*real_aligned_alloc) (gsize, gsize);
 extern gpointer (*real_valloc) (gsize);
 extern gpointer (*real_pvalloc) (gsize);
+extern gpointer (*real_reallocarray) (gpointer, gsize, gsize);
 
 #define MT_LOG_ALLOC 2
 #define MT_LOG_DEALLOC 4
@@ -114,9 +118,29 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
   mt_logger_decode (type, arg1, arg2, arg3, result, &ev);
   if (ev.op == MT_OP_IGNORE)
     return;
-  s = mt_enter ();
+  s = mt_slot ();
   if (s == NULL)
     return;
+  if (G_UNLIKELY (s->busy != 0))
+  {
+    /* libmalloc logs after the operation: a nested event is a signal handler's (or ours). */
+    switch (ev.op)
+    {
+      case MT_OP_ALLOC:
+      case MT_OP_VM_ALLOC:
+        mt_nested (s, (guint) ev.kind, ev.ptr, ev.size, 0, TRUE);
+        break;
+      case MT_OP_FREE:
+      case MT_OP_VM_FREE:
+        mt_nested (s, (guint) ev.kind, 0, ev.size, ev.old_ptr, FALSE);
+        break;
+      case MT_OP_REALLOC:
+        mt_nested (s, MT_K_REALLOC, ev.ptr, ev.size, ev.old_ptr, TRUE);
+        break;
+    }
+    return;
+  }
+  mt_set_busy (s, MT_BUSY_HOOK);
   switch (ev.op)
   {
     case MT_OP_ALLOC:
@@ -135,69 +159,120 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
       mt_on_alloc (s, MT_K_REALLOC, (gpointer) ev.ptr, ev.size, fp);
       break;
   }
-  mt_leave (s);
+  mt_set_busy (s, 0);
 }
 
 /* ---- Linux (and Darwin fallback): the public malloc family ------------- */
 
-/* One replacement per entry that returns the new block: the real call, then the count and
- * (above the thresholds) the record.  The frame address is taken in the replacement itself:
- * it is the start of the caller's stack. */
-#define MT_DEFINE_ALLOC(fn, kind, size_expr, params, args)              \
+/*
+ * One replacement per entry.  An outermost call marks the slot busy, makes the real call,
+ * then counts it and (above the thresholds) tracks its block.  A call that finds the slot busy
+ * is nested: it makes the real call and goes to mt_nested, which still counts it.  Entries that
+ * may call the family themselves (glibc's realloc(NULL, n) calls malloc, memalign with a small
+ * alignment calls malloc, reallocarray calls realloc) are "compound": during their real call
+ * the slot says so, nested calls are remembered, and mt_reconcile takes the allocator's own
+ * back out of the counts, so that each call the program made is counted once, as its kind.
+ * The frame address is taken in the replacement itself: it is the start of the caller's stack.
+ */
+#define MT_DEFINE_ALLOC(fn, kind, compound, size_expr, params, args)    \
   gpointer                                                              \
   mt_##fn params                                                        \
   {                                                                     \
     gpointer fp = __builtin_frame_address (0);                          \
     MtSlot * s;                                                         \
     gpointer p;                                                         \
-    if (!mt_config.enabled || (s = mt_enter ()) == NULL)                \
+    gssize seq0;                                                        \
+    if (!mt_config.enabled || (s = mt_slot ()) == NULL)                 \
       return real_##fn args;                                            \
+    if (G_UNLIKELY (s->busy != 0))                                      \
+    {                                                                   \
+      p = real_##fn args;                                               \
+      mt_nested (s, kind, (guint64) p, size_expr, 0, TRUE);             \
+      return p;                                                         \
+    }                                                                   \
+    seq0 = s->nested_seq;                                               \
+    mt_set_busy (s, compound ? MT_BUSY_COMPOUND : MT_BUSY_HOOK);        \
     p = real_##fn args;                                                 \
+    mt_set_busy (s, MT_BUSY_HOOK);                                      \
+    if (compound)                                                       \
+      mt_reconcile (s, seq0, (guint64) p, 0);                           \
+    if (G_UNLIKELY ((mt_alias_kinds & (1ULL << kind)) != 0))            \
+      mt_note_site (kind, fp, size_expr);                               \
     mt_on_alloc (s, kind, p, size_expr, fp);                            \
-    mt_leave (s);                                                       \
+    mt_set_busy (s, 0);                                                 \
     return p;                                                           \
   }
 
-MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, size, (gsize size), (size))
-MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size))
+MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, FALSE, size, (gsize size), (size))
+MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, FALSE, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size))
 
-/* A free of the old block plus an allocation of the new one: the nested
- * malloc/free glibc makes inside realloc are ours (busy) and go uncounted. */
+/* A free of the old block plus an allocation of the new one.  The old block leaves the live
+ * table before the real call: once realloc returns, another thread may be handed the same
+ * address.  (If realloc then fails, the old block lives on untracked.) */
+static gpointer
+mt_realloc_common (guint kind, gpointer old, gsize n, gsize size, gpointer fp)
+{
+  MtSlot * s;
+  gpointer p;
+  gssize seq0;
+  guint64 bytes = (guint64) n * (guint64) size;
+  gboolean array = kind == MT_K_REALLOCARRAY;
+  if (!mt_config.enabled || (s = mt_slot ()) == NULL)
+    return array ? real_reallocarray (old, n, size) : real_realloc (old, size);
+  if (G_UNLIKELY (s->busy != 0))
+  {
+    p = array ? real_reallocarray (old, n, size) : real_realloc (old, size);
+    mt_nested (s, kind, (guint64) p, bytes, (p != NULL || bytes == 0) ? (guint64) old : 0, TRUE);
+    return p;
+  }
+  mt_set_busy (s, MT_BUSY_HOOK);
+  if (old != NULL)
+    mt_on_release (s, kind, old, 0);
+  seq0 = s->nested_seq;
+  mt_set_busy (s, MT_BUSY_COMPOUND);
+  p = array ? real_reallocarray (old, n, size) : real_realloc (old, size);
+  mt_set_busy (s, MT_BUSY_HOOK);
+  mt_reconcile (s, seq0, (guint64) p, (guint64) old);
+  if (p == NULL && bytes == 0)
+    mt_count_call (s, kind, 0);   /* realloc(p, 0) frees; it does not fail */
+  else
+    mt_on_alloc (s, kind, p, bytes, fp);
+  mt_set_busy (s, 0);
+  return p;
+}
+
 gpointer
 mt_realloc (gpointer old, gsize size)
 {
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_realloc (old, size);
-  if (old != NULL)
-    mt_on_release (s, MT_K_REALLOC, old, 0);
-  /* The old block leaves the live table before the real call: once realloc
-   * returns, another thread may be handed the same address.  (If realloc then
-   * fails, the old block lives on untracked.) */
-  p = real_realloc (old, size);
-  if (p == NULL && size == 0)
-    mt_count_call (s, MT_K_REALLOC, 0);   /* realloc(p, 0) frees; it does not fail */
-  else
-    mt_on_alloc (s, MT_K_REALLOC, p, size, fp);
-  mt_leave (s);
-  return p;
+  return mt_realloc_common (MT_K_REALLOC, old, 1, size, __builtin_frame_address (0));
+}
+
+gpointer
+mt_reallocarray (gpointer old, gsize n, gsize size)
+{
+  return mt_realloc_common (MT_K_REALLOCARRAY, old, n, size, __builtin_frame_address (0));
 }
 
 void
 mt_free (gpointer p)
 {
   MtSlot * s;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
+  if (!mt_config.enabled || (s = mt_slot ()) == NULL)
   {
     real_free (p);
     return;
   }
+  if (G_UNLIKELY (s->busy != 0))
+  {
+    mt_nested (s, MT_K_FREE, 0, 0, (guint64) p, FALSE);
+    real_free (p);
+    return;
+  }
+  mt_set_busy (s, MT_BUSY_HOOK);
   s->counters[MT_C_CALLS + MT_K_FREE]++;
   mt_on_release (s, MT_K_FREE, p, 0);
   real_free (p);
-  mt_leave (s);
+  mt_set_busy (s, 0);
 }
 
 gint
@@ -206,15 +281,26 @@ mt_posix_memalign (gpointer * out, gsize alignment, gsize size)
   gpointer fp = __builtin_frame_address (0);
   MtSlot * s;
   gint r;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
+  gssize seq0;
+  if (!mt_config.enabled || (s = mt_slot ()) == NULL)
     return real_posix_memalign (out, alignment, size);
+  if (G_UNLIKELY (s->busy != 0))
+  {
+    r = real_posix_memalign (out, alignment, size);
+    mt_nested (s, MT_K_POSIX_MEMALIGN, r == 0 ? (guint64) *out : 0, size, 0, TRUE);
+    return r;
+  }
+  seq0 = s->nested_seq;
+  mt_set_busy (s, MT_BUSY_COMPOUND);
   r = real_posix_memalign (out, alignment, size);
+  mt_set_busy (s, MT_BUSY_HOOK);
+  mt_reconcile (s, seq0, r == 0 ? (guint64) *out : 0, 0);
   mt_on_alloc (s, MT_K_POSIX_MEMALIGN, r == 0 ? *out : NULL, size, fp);
-  mt_leave (s);
+  mt_set_busy (s, 0);
   return r;
 }
 
-MT_DEFINE_ALLOC (memalign, MT_K_MEMALIGN, size, (gsize alignment, gsize size), (alignment, size))
-MT_DEFINE_ALLOC (aligned_alloc, MT_K_ALIGNED_ALLOC, size, (gsize alignment, gsize size), (alignment, size))
-MT_DEFINE_ALLOC (valloc, MT_K_VALLOC, size, (gsize size), (size))
-MT_DEFINE_ALLOC (pvalloc, MT_K_PVALLOC, size, (gsize size), (size))
+MT_DEFINE_ALLOC (memalign, MT_K_MEMALIGN, TRUE, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_ALLOC (aligned_alloc, MT_K_ALIGNED_ALLOC, TRUE, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_ALLOC (valloc, MT_K_VALLOC, TRUE, size, (gsize size), (size))
+MT_DEFINE_ALLOC (pvalloc, MT_K_PVALLOC, TRUE, size, (gsize size), (size))

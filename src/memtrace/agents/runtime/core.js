@@ -1,15 +1,24 @@
 /*
- * The CModule core (cmodule/core.c + a tracer's own C): per-thread slots and rings, the stack
- * table, the live table.  The agent allocates every table (a CModule cannot have writable
- * statics), fills MtConfig and reads the counters; flush.js drains the records.
+ * The CModule core (cmodule/core.c + a tracer's own C): per-thread slots, the stack table and
+ * its definitions buffer, the live table, the per-stack aggregate rows, and in events mode the
+ * per-thread rings.  The agent allocates every table (a CModule cannot have writable statics),
+ * fills MtConfig and reads the counters; flush.js drains.
+ *
+ * The big tables are whole pages from the OS (Memory.alloc of a page multiple): zero, and only
+ * the pages the core touches become resident, so sizing them for the worst case costs nothing
+ * until it is used.
  */
 
-import { CONFIG, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS } from '../layout.js';
+import { AGG_STRIDE, CONFIG, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS, N_SITES,
+  PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
-import { writeField, writeStruct } from './structs.js';
+import { readStruct, writeField, writeStruct } from './structs.js';
 
-const SLOT_BYTES = 1024;          // per MtSlot; mt_slot_size() must fit
+const SLOT_BYTES = 2048;          // per MtSlot; mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
+const CORE_BYTES = 4096;          // MtCore; mt_core_size() must fit
+const DEFAULT_LANES = 4;          // aggregate rows per stack (threads running at once, rarely sharing one)
+const DEFS_BYTES = 1 << 20;       // stack definitions waiting for the drain
 
 export const core = {
   cm: null,
@@ -19,6 +28,12 @@ export const core = {
   drainBuf: null,
   drainCap: 0,
   snapshotBuf: null,
+  drainInfo: null,
+  top: null,
+  sites: null,
+  aliasKinds: null,
+  events: false,
+  enabled: false,
   fns: {},
 };
 
@@ -33,6 +48,12 @@ function sizeOf(cm, fn) {
   return Number(new NativeFunction(cm[fn], 'uint64', [])());
 }
 
+/* Whole pages from the OS: zero-filled and resident only once touched. */
+function pages(bytes) {
+  const page = Process.pageSize;
+  return Memory.alloc(Math.max(page, Math.ceil(bytes / page) * page));
+}
+
 /* Compiles `sources` (cmodule/ files, the generated layout header first) with the core's tables
  * as symbols, plus the tracer's extraSymbols.  config: the host's agent config. */
 export function buildCore(config, sources, extraSymbols) {
@@ -42,39 +63,66 @@ export function buildCore(config, sources, extraSymbols) {
     defines.push('#define MT_ARM64 1');
   const source = defines.join('\n') + '\n' + sources.join('\n');
 
+  // Per-event rings only in events mode; the default ships aggregates and needs none.
+  const events = !!config.events;
   const ringSize = pow2(config.ringKb * 1024);
   const nSlots = config.threadSlots;
-  const nRings = config.rings;
+  const nRings = events ? config.rings : 0;
   if (nRings > MAX_RINGS)
     throw new Error(`memtrace agent: at most ${MAX_RINGS} rings (asked for ${nRings})`);
   const stackSlots = pow2(config.stackTable);
   const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
+  const lanes = pow2(config.aggLanes || DEFAULT_LANES);
+  const rows = stackSlots + PSEUDO_STACKS.length;
 
   const cfg = Memory.alloc(CONFIG.size);
   const globals = Memory.alloc(GLOBALS_BYTES);
+  const coreState = Memory.alloc(CORE_BYTES);
   const slots = Memory.alloc(nSlots * SLOT_BYTES);
-  const rings = Memory.alloc(nRings * ringSize);
-  const stackTable = Memory.alloc(stackSlots * 8);
-  const liveTable = Memory.alloc(liveBuckets * LIVE_WAYS * 8);
+  const rings = pages(nRings * ringSize);
+  const stackTable = pages(stackSlots * 8);
+  const stackList = pages(stackSlots * 4);
+  const defs = pages(DEFS_BYTES);
+  const liveTable = pages(liveBuckets * LIVE_WAYS * 8);
+  const liveMeta = pages(liveBuckets * LIVE_WAYS * LIVE_META.size);
   const liveOcc = Memory.alloc(liveBuckets * 4);
   const liveLocks = Memory.alloc(liveBuckets * 4);
+  const agg = pages(rows * lanes * AGG_STRIDE * 8);
+  const aggDirty = pages(rows);
+  const aggShipped = pages(rows * AGG_STRIDE * 8);
+  const drainInfo = Memory.alloc(DRAIN_INFO.size);
+  const top = Memory.alloc(2 * TOP_STACKS * 8);
+  const sites = Memory.alloc(N_SITES * SITE.size);
   const slowKinds = Memory.alloc(8);
+  const aliasKinds = Memory.alloc(8);
   const tlsOffset = Memory.alloc(8);
 
   const symbols = Object.assign({
     mt_config: cfg,
     mt_globals: globals,
+    mt_core: coreState,
     mt_slots: slots,
     mt_ring_pool: rings,
     mt_stack_table: stackTable,
+    mt_stack_list: stackList,
+    mt_defs: defs,
     mt_live_table: liveTable,
+    mt_live_meta: liveMeta,
     mt_live_occupancy: liveOcc,
     mt_live_locks: liveLocks,
+    mt_agg: agg,
+    mt_agg_dirty: aggDirty,
+    mt_agg_shipped: aggShipped,
+    mt_drain_info: drainInfo,
+    mt_top: top,
+    mt_sites: sites,
     mt_slow_kinds: slowKinds,
+    mt_alias_kinds: aliasKinds,
     mt_tls_offset: tlsOffset,
     pthread_getspecific: findExport('pthread_getspecific'),
     pthread_setspecific: findExport('pthread_setspecific'),
     pthread_self: findExport('pthread_self'),
+    sched_yield: findExport('sched_yield'),
   }, extraSymbols);
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');
@@ -113,6 +161,8 @@ export function buildCore(config, sources, extraSymbols) {
     throw new Error('memtrace agent: MtSlot grew past its allocation');
   if (sizeOf(cm, 'mt_globals_size') > GLOBALS_BYTES)
     throw new Error('memtrace agent: MtGlobals grew past its allocation');
+  if (sizeOf(cm, 'mt_core_size') > CORE_BYTES)
+    throw new Error('memtrace agent: MtCore grew past its allocation');
   if (sizeOf(cm, 'mt_config_size') !== CONFIG.size)
     throw new Error('memtrace agent: MtConfig in C and layout.js disagree');
 
@@ -139,6 +189,9 @@ export function buildCore(config, sources, extraSymbols) {
     tls_key: key,
     gettid_nr: Process.arch === 'arm64' ? 178 : 186,   // SYS_gettid
     enabled: 0,
+    agg_lanes: lanes,
+    events: events ? 1 : 0,
+    defs_size: DEFS_BYTES,
   });
 
   new NativeFunction(cm.mt_reset, 'void', [])();
@@ -146,25 +199,34 @@ export function buildCore(config, sources, extraSymbols) {
   core.cm = cm;
   core.cfg = cfg;
   core.slowKinds = slowKinds;
-  core.drainCap = Math.max(4 * 1024 * 1024, ringSize * 4);
+  core.aliasKinds = aliasKinds;
+  core.events = events;
+  // The definitions buffer always fits in one drain, with room for rings and rows after it.
+  core.drainCap = Math.max(4 * 1024 * 1024, 2 * DEFS_BYTES + (events ? ringSize * 4 : 0));
   core.drainBuf = Memory.alloc(core.drainCap);
   core.snapshotBuf = Memory.alloc(N_COUNTERS * 8);
+  core.drainInfo = drainInfo;
+  core.top = top;
+  core.sites = sites;
   core.fns = {
-    drain: new NativeFunction(cm.mt_drain, 'uint64', ['pointer', 'uint64']),
+    drain: new NativeFunction(cm.mt_drain, 'uint64', ['pointer', 'uint64', 'uint64']),
     snapshot: new NativeFunction(cm.mt_snapshot, 'void', ['pointer']),
     lost: new NativeFunction(cm.mt_lost_calls, 'uint64', []),
     live: new NativeFunction(cm.mt_live_count, 'uint64', []),
     stacks: new NativeFunction(cm.mt_stacks_interned, 'uint64', []),
+    monotonicUs: new NativeFunction(cm.mt_monotonic_us, 'uint64', []),
   };
   return {
     toolchain,
     toolchainError: core.toolchainError,
     tlsDirectOffset: tlsDirect,
     tlsKey: key,
-    ringSize,
+    mode: events ? 'events' : 'aggregate',
+    ringSize: events ? ringSize : 0,
     threadSlots: nSlots,
     rings: nRings,
     stackTable: stackSlots,
+    aggLanes: lanes,
     liveCapacity: liveBuckets * LIVE_WAYS,
   };
 }
@@ -202,6 +264,22 @@ function findTlsOffset(key) {
 export function setEnabled(on) {
   if (core.cfg !== null)
     writeField(core.cfg, CONFIG, 'enabled', on ? 1 : 0);
+  core.enabled = on;
+}
+
+/* One mt_drain call: the bytes written and what the core holds now (MtDrainInfo, numbers).
+ * `final`: the hooks are out; ship the peak's composition and the live table. */
+export function drainOnce(final) {
+  const n = Number(core.fns.drain(core.drainBuf, core.drainCap, final ? 1 : 0));
+  const raw = readStruct(core.drainInfo, DRAIN_INFO);
+  const info = {};
+  for (const [k, v] of Object.entries(raw))
+    info[k] = Number(v);
+  info.top = [];
+  for (let i = 0; i < info.n_top; i++) {
+    info.top.push([Number(core.top.add(16 * i).readU64()), Number(core.top.add(16 * i + 8).readU64())]);
+  }
+  return { n, info };
 }
 
 /* The counters of every thread, live and retired, summed by the C side. */

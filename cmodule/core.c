@@ -80,7 +80,7 @@ struct _MtSlot
   volatile guint64 ncount[MT_N_COUNTERS];
   guint64 last_ptr;     /* the thread's latest allocation: a free of it is a temporary */
   guint64 last_size;
-  volatile gssize nested_seq;
+  gssize nested_seq;          /* added to atomically (a signal handler may add) */
   MtNested nested[MT_NESTED_LOG];
 };
 
@@ -179,8 +179,13 @@ extern glong syscall (glong number, ...);
 #endif
 
 #ifndef G_UNLIKELY
-# define G_LIKELY(x) (x)
-# define G_UNLIKELY(x) (x)
+# ifdef __TINYC__
+#  define G_LIKELY(x) (x)
+#  define G_UNLIKELY(x) (x)
+# else
+#  define G_LIKELY(x) __builtin_expect (!!(x), 1)
+#  define G_UNLIKELY(x) __builtin_expect (!!(x), 0)
+# endif
 #endif
 
 /* Atomics.  TinyCC has only glib's (calls); gcc inlines the builtins.  Every read-modify-write
@@ -194,6 +199,23 @@ extern glong syscall (glong number, ...);
 # define MT_ADD64(p, v) __atomic_fetch_add ((p), (guint64) (v), __ATOMIC_SEQ_CST)
 # define MT_ADD32(p, v) __atomic_fetch_add ((p), (v), __ATOMIC_SEQ_CST)
 # define MT_COMPILER_BARRIER() __asm__ __volatile__ ("" ::: "memory")
+#endif
+
+/* Where a signal handler cannot tear a counter update in two (x86-64 with gcc: one `add` to
+ * memory), malloc's and free's hot paths leave the slot unmarked: a handler's call made meanwhile
+ * is an outermost call like any other, and marking the slot twice per call was the largest cost
+ * of an untracked malloc/free.  The tracking path (stack table, live table, rows, events ring)
+ * always marks it.  Elsewhere (TinyCC, arm64) every hook marks the slot for its whole call. */
+#if defined(__x86_64__) && !defined(__TINYC__)
+# define MT_LIGHT_HOOKS 1
+static inline void
+mt_bump (guint64 * p, guint64 v)
+{
+  __asm__ __volatile__ ("addq %1, %0" : "+m" (*p) : "er" (v));
+}
+#else
+# define MT_LIGHT_HOOKS 0
+# define mt_bump(p, v) (*(p) += (v))
 #endif
 
 static gint64 mt_next_gap (MtSlot * s);
@@ -271,7 +293,7 @@ mt_lock_patiently (volatile gint * lock)
 static inline guint
 mt_tier (guint64 size)
 {
-  if (size <= MT_TIER_MAX_0) return 0;
+  if (G_LIKELY (size <= MT_TIER_MAX_0)) return 0;
   if (size <= MT_TIER_MAX_1) return 1;
   if (size <= MT_TIER_MAX_2) return 2;
   if (size <= MT_TIER_MAX_3) return 3;
@@ -440,11 +462,12 @@ mt_slot (void)
 {
   MtSlot * s;
 #if defined(MT_LINUX) && defined(__x86_64__) && !defined(__TINYC__)
-  if (G_LIKELY (mt_tls_offset != 0))
+  guint64 off = mt_tls_offset;
+  if (G_LIKELY (off != 0))
   {
     guint64 self;
     __asm__ ("mov %%fs:0x10, %0" : "=r" (self));
-    s = *(MtSlot * volatile *) (self + mt_tls_offset);
+    s = *(MtSlot * volatile *) (self + off);
   }
   else
 #endif
@@ -462,6 +485,15 @@ mt_set_busy (MtSlot * s, gint what)
   MT_COMPILER_BARRIER ();
   s->busy = what;
   MT_COMPILER_BARRIER ();
+}
+
+/* Marks the slot for a stretch of tracking work; returns what to restore. */
+static inline gint
+mt_guard (MtSlot * s)
+{
+  gint prev = s->busy;
+  mt_set_busy (s, MT_BUSY_HOOK);
+  return prev;
 }
 
 static inline guint64
@@ -898,8 +930,14 @@ mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * 
   return n;
 }
 
+#ifdef __TINYC__
+# define MT_NOINLINE
+#else
+# define MT_NOINLINE __attribute__ ((noinline))
+#endif
+
 /* A block of a tracked size was allocated: its stack, its live-table entry, its row. */
-static void
+static MT_NOINLINE void
 mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
 {
   guint16 flags = 0;
@@ -1005,25 +1043,38 @@ static inline void
 mt_count_call (MtSlot * s, guint kind, guint64 size)
 {
   guint t = mt_tier (size);
-  s->counters[MT_C_CALLS + kind]++;
-  s->counters[MT_C_BYTES + kind] += size;
-  s->counters[MT_C_TIER_CALLS + t]++;
-  s->counters[MT_C_TIER_BYTES + t] += size;
+  mt_bump (&s->counters[MT_C_CALLS + kind], 1);
+  mt_bump (&s->counters[MT_C_BYTES + kind], size);
+  mt_bump (&s->counters[MT_C_TIER_CALLS + t], 1);
+  mt_bump (&s->counters[MT_C_TIER_BYTES + t], size);
+}
+
+/* After an allocation whose call is counted already. */
+static inline void
+mt_on_allocated (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
+{
+  if (G_UNLIKELY (p == NULL))
+  {
+    mt_bump (&s->counters[MT_C_FAILED_ALLOCS], 1);
+    s->last_ptr = 0;
+    return;
+  }
+  s->last_size = size;
+  s->last_ptr = (guint64) p;
+  /* track_min: the smallest size anything is kept for (0 while sampling). */
+  if (G_UNLIKELY (size >= mt_config.track_min))
+  {
+    gint prev = mt_guard (s);
+    mt_track_alloc (s, kind, (guint64) p, size, fp);
+    mt_set_busy (s, prev);
+  }
 }
 
 static inline void
 mt_on_alloc (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
 {
   mt_count_call (s, kind, size);
-  s->last_ptr = (guint64) p;
-  s->last_size = size;
-  if (G_UNLIKELY (p == NULL))
-  {
-    s->counters[MT_C_FAILED_ALLOCS]++;
-    return;
-  }
-  if (size >= mt_config.live_threshold || size >= mt_config.stack_threshold || mt_config.sample_interval != 0)
-    mt_track_alloc (s, kind, (guint64) p, size, fp);
+  mt_on_allocated (s, kind, p, size, fp);
 }
 
 /* A tracked block went away: its row's frees (and temporaries), tracked bytes. */
@@ -1047,23 +1098,12 @@ mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary)
   mt_tracked_add (-(gint64) m->size);
 }
 
-/* A block goes away (free, or the old half of a realloc); counting the call is the caller's job. */
-static inline void
-mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size)
+/* A tracked block leaves the live table: its row, and the event record in events mode. */
+static MT_NOINLINE void
+mt_release_live (MtSlot * s, guint kind, guint64 p, guint64 size, gboolean temporary)
 {
   MtLiveMeta m;
-  gboolean temporary = FALSE;
-  if (p == NULL)
-    return;
-  if ((guint64) p == s->last_ptr)
-  {
-    /* No other allocation on this thread since this one: a temporary allocation. */
-    temporary = TRUE;
-    s->counters[MT_C_TEMP_CALLS]++;
-    s->counters[MT_C_TEMP_BYTES] += s->last_size;
-    s->last_ptr = 0;
-  }
-  if (!mt_live_remove ((guint64) p, &m))
+  if (!mt_live_remove (p, &m))
     return;
   s->counters[MT_C_TRACKED_FREES]++;
   mt_release_tracked (s, &m, temporary);
@@ -1076,10 +1116,41 @@ mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size)
       rec->kind = (guint8) kind;
       rec->flags = 0;
       rec->reserved = 0;
-      rec->ptr = (guint64) p;
+      rec->ptr = p;
       rec->size = size;
       mt_ring_commit (s, sizeof (MtFreeRecord));
     }
+  }
+}
+
+/* A block goes away (free, or the old half of a realloc); counting the call is the caller's job.
+ * `from_hook`: p comes from a hooked entry of the C library itself (so, on glibc, it has a chunk
+ * header), not from a logger event. */
+static inline void
+mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_hook)
+{
+  gboolean temporary = FALSE;
+  guint64 chunk_min;
+  if (p == NULL)
+    return;
+  if ((guint64) p == s->last_ptr)
+  {
+    /* No other allocation on this thread since this one: a temporary allocation. */
+    temporary = TRUE;
+    mt_bump (&s->counters[MT_C_TEMP_CALLS], 1);
+    mt_bump (&s->counters[MT_C_TEMP_BYTES], s->last_size);
+    /* last_ptr stays: p is gone, and only an allocation can give this address out again. */
+  }
+  /* glibc: the chunk size sits in the word before the block (its free reads it next), and a
+   * tracked block's chunk is larger than track_min: most frees end here without a table lookup. */
+  chunk_min = mt_config.chunk_min;
+  if (from_hook && chunk_min != 0 && (((const guint64 *) p)[-1] & ~(guint64) 7) < chunk_min)
+    return;
+  if (mt_live_occupancy[mt_live_bucket ((guint64) p)] != 0)
+  {
+    gint prev = mt_guard (s);
+    mt_release_live (s, kind, (guint64) p, size, temporary);
+    mt_set_busy (s, prev);
   }
 }
 
@@ -1113,7 +1184,7 @@ mt_nested_count (MtSlot * s, guint kind, guint64 size, gboolean alloc, gint sign
  * compound entry, told apart in mt_reconcile): counted by kind, bytes and tier like any call,
  * its release applied to the live table, its block tracked without a stack (walking it, interning
  * it and the events ring are what the interrupted call may be in the middle of). */
-static void
+static MT_NOINLINE void
 mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolean alloc)
 {
   gint busy = s->busy;

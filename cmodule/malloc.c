@@ -151,11 +151,11 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
     case MT_OP_VM_FREE:
       s->counters[MT_C_CALLS + ev.kind]++;
       s->counters[MT_C_BYTES + ev.kind] += ev.size;
-      mt_on_release (s, (guint) ev.kind, (gpointer) ev.old_ptr, ev.size);
+      mt_on_release (s, (guint) ev.kind, (gpointer) ev.old_ptr, ev.size, FALSE);
       break;
     case MT_OP_REALLOC:
       if (ev.old_ptr != 0 && (ev.ptr != 0 || ev.size == 0))
-        mt_on_release (s, MT_K_REALLOC, (gpointer) ev.old_ptr, 0);
+        mt_on_release (s, MT_K_REALLOC, (gpointer) ev.old_ptr, 0, FALSE);
       mt_on_alloc (s, MT_K_REALLOC, (gpointer) ev.ptr, ev.size, fp);
       break;
   }
@@ -165,16 +165,47 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
 /* ---- Linux (and Darwin fallback): the public malloc family ------------- */
 
 /*
- * One replacement per entry.  An outermost call marks the slot busy, makes the real call,
- * then counts it and (above the thresholds) tracks its block.  A call that finds the slot busy
- * is nested: it makes the real call and goes to mt_nested, which still counts it.  Entries that
- * may call the family themselves (glibc's realloc(NULL, n) calls malloc, memalign with a small
- * alignment calls malloc, reallocarray calls realloc) are "compound": during their real call
- * the slot says so, nested calls are remembered, and mt_reconcile takes the allocator's own
- * back out of the counts, so that each call the program made is counted once, as its kind.
+ * One replacement per entry.  An outermost call marks the slot busy, counts the call, makes the
+ * real call, then (above the thresholds) tracks its block.  A call that finds the slot busy is
+ * nested: it makes the real call and goes to mt_nested, which still counts it.  Entries that may
+ * call the family themselves (glibc's realloc(NULL, n) calls malloc, memalign with a small
+ * alignment calls malloc, reallocarray calls realloc) are "compound": during their real call the
+ * slot says so, nested calls are remembered, and mt_reconcile takes the allocator's own back out
+ * of the counts, so that each call the program made is counted once, as its kind.
  * The frame address is taken in the replacement itself: it is the start of the caller's stack.
+ * malloc, calloc and free mark the slot only around their tracking work where counters cannot
+ * be torn by a signal handler (MT_LIGHT_HOOKS, core.c).
  */
-#define MT_DEFINE_ALLOC(fn, kind, compound, size_expr, params, args)    \
+#define MT_DEFINE_ALLOC(fn, kind, size_expr, params, args, nparams, nargs) \
+  static MT_NOINLINE gpointer                                           \
+  mt_##fn##_nested nparams                                              \
+  {                                                                     \
+    gpointer p = real_##fn args;                                        \
+    mt_nested (s, kind, (guint64) p, size_expr, 0, TRUE);               \
+    return p;                                                           \
+  }                                                                     \
+                                                                        \
+  gpointer                                                              \
+  mt_##fn params                                                        \
+  {                                                                     \
+    gpointer fp = __builtin_frame_address (0);                          \
+    MtSlot * s;                                                         \
+    gpointer p;                                                         \
+    if (G_UNLIKELY (!mt_config.enabled) || G_UNLIKELY ((s = mt_slot ()) == NULL)) \
+      return real_##fn args;                                            \
+    if (G_UNLIKELY (s->busy != 0))                                      \
+      return mt_##fn##_nested nargs;                                    \
+    if (!MT_LIGHT_HOOKS)                                                \
+      mt_set_busy (s, MT_BUSY_HOOK);                                    \
+    p = real_##fn args;                                                 \
+    mt_count_call (s, kind, size_expr);                                 \
+    mt_on_allocated (s, kind, p, size_expr, fp);                        \
+    if (!MT_LIGHT_HOOKS)                                                \
+      mt_set_busy (s, 0);                                               \
+    return p;                                                           \
+  }
+
+#define MT_DEFINE_COMPOUND(fn, kind, size_expr, params, args)           \
   gpointer                                                              \
   mt_##fn params                                                        \
   {                                                                     \
@@ -191,20 +222,21 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
       return p;                                                         \
     }                                                                   \
     seq0 = s->nested_seq;                                               \
-    mt_set_busy (s, compound ? MT_BUSY_COMPOUND : MT_BUSY_HOOK);        \
+    mt_set_busy (s, MT_BUSY_COMPOUND);                                  \
+    mt_count_call (s, kind, size_expr);                                 \
     p = real_##fn args;                                                 \
     mt_set_busy (s, MT_BUSY_HOOK);                                      \
-    if (compound)                                                       \
-      mt_reconcile (s, seq0, (guint64) p, 0);                           \
+    mt_reconcile (s, seq0, (guint64) p, 0);                             \
     if (G_UNLIKELY ((mt_alias_kinds & (1ULL << kind)) != 0))            \
       mt_note_site (kind, fp, size_expr);                               \
-    mt_on_alloc (s, kind, p, size_expr, fp);                            \
+    mt_on_allocated (s, kind, p, size_expr, fp);                        \
     mt_set_busy (s, 0);                                                 \
     return p;                                                           \
   }
 
-MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, FALSE, size, (gsize size), (size))
-MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, FALSE, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size))
+MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, size, (gsize size), (size), (MtSlot * s, gsize size), (s, size))
+MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size),
+                 (MtSlot * s, gsize n, gsize size), (s, n, size))
 
 /* A free of the old block plus an allocation of the new one.  The old block leaves the live
  * table before the real call: once realloc returns, another thread may be handed the same
@@ -227,7 +259,7 @@ mt_realloc_common (guint kind, gpointer old, gsize n, gsize size, gpointer fp)
   }
   mt_set_busy (s, MT_BUSY_HOOK);
   if (old != NULL)
-    mt_on_release (s, kind, old, 0);
+    mt_on_release (s, kind, old, 0, TRUE);
   seq0 = s->nested_seq;
   mt_set_busy (s, MT_BUSY_COMPOUND);
   p = array ? real_reallocarray (old, n, size) : real_realloc (old, size);
@@ -241,38 +273,49 @@ mt_realloc_common (guint kind, gpointer old, gsize n, gsize size, gpointer fp)
   return p;
 }
 
+/* The barrier keeps these frames alive: as tail calls, the frame address handed on would be gone. */
 gpointer
 mt_realloc (gpointer old, gsize size)
 {
-  return mt_realloc_common (MT_K_REALLOC, old, 1, size, __builtin_frame_address (0));
+  gpointer p = mt_realloc_common (MT_K_REALLOC, old, 1, size, __builtin_frame_address (0));
+  MT_COMPILER_BARRIER ();
+  return p;
 }
 
 gpointer
 mt_reallocarray (gpointer old, gsize n, gsize size)
 {
-  return mt_realloc_common (MT_K_REALLOCARRAY, old, n, size, __builtin_frame_address (0));
+  gpointer p = mt_realloc_common (MT_K_REALLOCARRAY, old, n, size, __builtin_frame_address (0));
+  MT_COMPILER_BARRIER ();
+  return p;
+}
+
+/* free's uncommon cases, out of its way: hooks off, no slot, or nested. */
+static MT_NOINLINE void
+mt_free_aside (gpointer p)
+{
+  MtSlot * s;
+  if (mt_config.enabled && (s = mt_slot ()) != NULL && s->busy != 0)
+    mt_nested (s, MT_K_FREE, 0, 0, (guint64) p, FALSE);
+  real_free (p);
 }
 
 void
 mt_free (gpointer p)
 {
   MtSlot * s;
-  if (!mt_config.enabled || (s = mt_slot ()) == NULL)
+  if (G_UNLIKELY (!mt_config.enabled) || G_UNLIKELY ((s = mt_slot ()) == NULL) || G_UNLIKELY (s->busy != 0))
   {
-    real_free (p);
+    mt_free_aside (p);
     return;
   }
-  if (G_UNLIKELY (s->busy != 0))
-  {
-    mt_nested (s, MT_K_FREE, 0, 0, (guint64) p, FALSE);
-    real_free (p);
-    return;
-  }
-  mt_set_busy (s, MT_BUSY_HOOK);
-  s->counters[MT_C_CALLS + MT_K_FREE]++;
-  mt_on_release (s, MT_K_FREE, p, 0);
+  if (!MT_LIGHT_HOOKS)
+    mt_set_busy (s, MT_BUSY_HOOK);
+  mt_bump (&s->counters[MT_C_CALLS + MT_K_FREE], 1);
+  mt_on_release (s, MT_K_FREE, p, 0, TRUE);
   real_free (p);
-  mt_set_busy (s, 0);
+  if (!MT_LIGHT_HOOKS)
+    mt_set_busy (s, 0);
 }
 
 gint
@@ -300,7 +343,7 @@ mt_posix_memalign (gpointer * out, gsize alignment, gsize size)
   return r;
 }
 
-MT_DEFINE_ALLOC (memalign, MT_K_MEMALIGN, TRUE, size, (gsize alignment, gsize size), (alignment, size))
-MT_DEFINE_ALLOC (aligned_alloc, MT_K_ALIGNED_ALLOC, TRUE, size, (gsize alignment, gsize size), (alignment, size))
-MT_DEFINE_ALLOC (valloc, MT_K_VALLOC, TRUE, size, (gsize size), (size))
-MT_DEFINE_ALLOC (pvalloc, MT_K_PVALLOC, TRUE, size, (gsize size), (size))
+MT_DEFINE_COMPOUND (memalign, MT_K_MEMALIGN, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_COMPOUND (aligned_alloc, MT_K_ALIGNED_ALLOC, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_COMPOUND (valloc, MT_K_VALLOC, size, (gsize size), (size))
+MT_DEFINE_COMPOUND (pvalloc, MT_K_PVALLOC, size, (gsize size), (size))

@@ -223,6 +223,8 @@ CONFIG = Layout("MtConfig", (
     ("agg_lanes", "u64"),          # aggregate rows per stack, power of two
     ("events", "u64"),             # 1: also stream one record per tracked event (--events)
     ("defs_size", "u64"),          # bytes of the stack-definition buffer, power of two
+    ("track_min", "u64"),          # min(live_threshold, stack_threshold), 0 while sampling: smaller blocks are only counted
+    ("chunk_min", "u64"),          # glibc: a block whose chunk (the size word before it) is smaller is untracked; 0: unused
 ))
 
 # ---- malloc tracer: libmalloc's logger events, decoded by cmodule/malloc.c --------------------

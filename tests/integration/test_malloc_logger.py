@@ -28,6 +28,15 @@ OP_ALLOC, OP_FREE, OP_REALLOC, OP_VM_ALLOC, OP_VM_FREE = (layout.LOGGER_OPS[k] f
 # TinyCC ("internal") is the compiler an iPhone has; Linux defaults to the external gcc toolchain.
 @pytest.fixture(params=["external", "internal"])
 def agent(compile_c, request):
+    yield from _agent(compile_c, request.param, events=True)
+
+
+@pytest.fixture(params=["external", "internal"])
+def aggregate_agent(compile_c, request):
+    yield from _agent(compile_c, request.param, events=False)
+
+
+def _agent(compile_c, toolchain: str, events: bool):
     device = frida.get_local_device()
     pid = device.spawn([str(compile_c("steady"))], stdio="pipe")
     session = device.attach(pid)
@@ -39,9 +48,9 @@ def agent(compile_c, request):
     script.load()
     api = script.exports_sync
     init = api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
-              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": request.param,
-              "backend": "auto"}, agent.c_sources)
-    assert init["info"]["toolchain"] == request.param
+              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": toolchain,
+              "backend": "auto", "events": events}, agent.c_sources)
+    assert init["info"]["toolchain"] == toolchain
     yield api, batches
     try:
         api.stop()
@@ -72,7 +81,7 @@ def test_decode_libmalloc_patterns(agent, type_: int, args: tuple[int, ...], exp
         assert int(got[key]) == value, (key, got)
 
 
-def test_logger_callback_records_allocs_frees_and_vm(agent) -> None:
+def test_logger_callback_streams_allocs_frees_and_vm_in_events_mode(agent) -> None:
     api, batches = agent
     api.start()
     api.feed_logger(ALLOC | ZONE, "0x1", hex(10000), "0x0", "0x5000")           # stacked + live
@@ -88,3 +97,31 @@ def test_logger_callback_records_allocs_frees_and_vm(agent) -> None:
     assert summary == [("AllocRecord", "malloc", 0x5000), ("FreeRecord", "realloc", 0x5000),
                        ("AllocRecord", "realloc", 0x9000), ("FreeRecord", "free", 0x9000),
                        ("AllocRecord", "vm_allocate", 0x100000)]
+
+
+def test_logger_callback_feeds_the_aggregates(aggregate_agent) -> None:
+    """The logger backend goes through the same core as the hooks: per-stack totals, live table, peak."""
+    api, batches = aggregate_agent
+    api.start()
+    api.feed_logger(ALLOC | ZONE, "0x1", hex(10000), "0x0", "0x5000")             # stacked + live
+    api.feed_logger(ALLOC | DEALLOC | ZONE, "0x1", "0x5000", hex(20000), "0x9000")  # realloc
+    api.feed_logger(DEALLOC | ZONE, "0x1", "0x9000", "0x0", "0x0")
+    api.feed_logger(VM_ALLOC | (88 << 24), "0x103", hex(1 << 20), "0x0", "0x100000")
+    api.stop()      # hooks out: the final drain ships the peak's composition and the live table
+    time.sleep(0.3)
+    records = [r for b in batches for r in decode_agent_records(b)]
+    assert not [r for r in records if isinstance(r, (AllocRecord, FreeRecord))], "no per-event records by default"
+    (block,) = [r for r in records if isinstance(r, capture.LiveRecord) and r.ptr == 0x100000]
+    assert block.size == 1 << 20
+    totals: dict[str, int] = {}
+    for r in records:
+        if isinstance(r, capture.AggRecord) and r.stack_id == block.stack_id:
+            totals.update(r.values)
+    # The four events were fed from one call site: one stack, three allocations, two frees.
+    assert (totals["allocs"], totals["bytes"]) == (3, 10000 + 20000 + (1 << 20))
+    assert (totals["frees"], totals["freed_bytes"]) == (2, 10000 + 20000)
+    # The peak: the 10000 and 20000-byte blocks were gone before the 1 MiB mapping came.
+    heads = [r for r in records if isinstance(r, capture.PeakHeadRecord)]
+    peaks = [r for r in records if isinstance(r, capture.PeakRecord) and r.stack_id == block.stack_id]
+    assert heads and heads[-1].bytes >= 1 << 20
+    assert (peaks[-1].bytes, peaks[-1].count) == (1 << 20, 1)

@@ -175,6 +175,8 @@ export function buildCore(config, sources, extraSymbols) {
     ? findTlsOffset(key) : 0;
   tlsOffset.writeU64(tlsDirect);
 
+  // Blocks smaller than this are only counted (0 while sampling: any block may be sampled).
+  const trackMin = config.sampleBytes ? 0 : Math.min(config.liveThreshold, config.stackThreshold);
   writeStruct(cfg, CONFIG, {
     live_threshold: config.liveThreshold,
     stack_threshold: config.stackThreshold,
@@ -192,6 +194,10 @@ export function buildCore(config, sources, extraSymbols) {
     agg_lanes: lanes,
     events: events ? 1 : 0,
     defs_size: DEFS_BYTES,
+    track_min: trackMin,
+    // glibc keeps each block's chunk size in the word before it: a free can tell an untracked block
+    // without looking it up.  Elsewhere 0 turns the shortcut off.
+    chunk_min: (!IS_DARWIN && findExport('gnu_get_libc_version') !== null) ? trackMin : 0,
   });
 
   new NativeFunction(cm.mt_reset, 'void', [])();

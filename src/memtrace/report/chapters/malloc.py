@@ -1,4 +1,5 @@
-"""The malloc chapter: churn vs net, size tiers, live and top stacks; the churn and family findings."""
+"""The malloc chapter: churn vs net, size tiers, the peak and what held it, temporary allocations,
+live and top stacks; the churn and family findings."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class MallocChapter(BaseChapter):
             f["bytes"] += max(unstacked, 0)
             f["count"] += max(j["alloc_calls"] - sum(v["count"] for k, v in fam.items() if k != UNSTACKED), 0)
         j["families"] = family_rows(fam)
-        for row in j["top_stacks"] + j["live_by_stack"]:
+        extra = [*((j.get("peak") or {}).get("by_stack") or []), *((j.get("temporary") or {}).get("by_stack") or [])]
+        for row in j["top_stacks"] + j["live_by_stack"] + extra:
             if row["stack_id"] == NO_STACK:
                 row["unstacked"] = True
                 row["family"] = UNSTACKED
@@ -94,6 +96,13 @@ class MallocChapter(BaseChapter):
         m["families"] = family_rows(fam)
         m["top_stacks"] = merge_stacks(top)
         m["live_by_stack"] = merge_stacks(live)
+        # The highest peak among the captures (each is one run's instant), and temporaries summed.
+        peaks = [e["peak"] for e in entries if e.get("peak")]
+        m["peak"] = max(peaks, key=lambda p: p["bytes"]) if peaks else None
+        temps = [e["temporary"] for e in entries if e.get("temporary")]
+        m["temporary"] = None if not temps else {
+            "calls": sum(t["calls"] for t in temps), "bytes": sum(t["bytes"] for t in temps),
+            "by_stack": merge_stacks([{**r, "count": r["calls"]} for t in temps for r in t["by_stack"]])}
         return m
 
     def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -157,6 +166,7 @@ class MallocChapter(BaseChapter):
         rows = [[t["target"], *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in t["malloc"]["tiers"])]
                 for t in ms if t["measurable"]]
         lines += table(["target", *TIER_LABELS], "l" + "r" * len(TIER_LABELS), rows)
+        lines += self._peak_and_temporary(ms)
         for title, key in (("Live by stack at window end", "live_by_stack"),
                            ("Top stacks by gross bytes", "top_stacks")):
             lines += [f"### {title}", ""]
@@ -167,6 +177,43 @@ class MallocChapter(BaseChapter):
                 if rows:
                     lines += [f"**{cell(t['target'])}**", ""]
                     lines += table(["bytes", "count", "family", "frames (innermost first)"], "rrll", rows)
+        return lines
+
+    def _peak_and_temporary(self, ms: list[dict[str, Any]]) -> list[str]:
+        """Sections only captures from the aggregate core have (older ones carry neither figure)."""
+        lines: list[str] = []
+        peaks = [t for t in ms if t["measurable"] and t["malloc"].get("peak")]
+        if peaks:
+            lines += ["### Peak of tracked live bytes", "",
+                      "The high-water mark of the bytes in tracked blocks (at least the live threshold, or with a "
+                      "stack) and which stacks held them at that instant.", ""]
+            rows = [[t["target"], fmt_bytes(p["bytes"]), f"{p['count']:,}",
+                     "—" if p.get("t") is None else f"{p['t']:.3f} s", "yes" if p.get("exact", True) else "no"]
+                    for t in peaks for p in [t["malloc"]["peak"]]]
+            lines += table(["target", "peak", "blocks", "at", "exact"], "lrrrl", rows)
+            for t in peaks:
+                rows = [[fmt_bytes(r["bytes"]), f"{r['count']:,}", r.get("family", ""),
+                         UNSTACKED if r.get("unstacked") else frames_cell(r["frames"])]
+                        for r in t["malloc"]["peak"]["by_stack"]]
+                if rows:
+                    lines += [f"**{cell(t['target'])}** at its peak", ""]
+                    lines += table(["bytes", "blocks", "family", "frames (innermost first)"], "rrll", rows)
+        temps = [t for t in ms if t["measurable"] and t["malloc"].get("temporary")]
+        if temps:
+            lines += ["### Temporary allocations", "",
+                      "Freed by the thread that made them before its next allocation (heaptrack's definition): "
+                      "pure churn, candidates for reuse or the stack.", ""]
+            rows = [[t["target"], f"{tm['calls']:,}", fmt_bytes(tm["bytes"]),
+                     fmt_pct(tm["calls"] / t["malloc"]["alloc_calls"]) if t["malloc"]["alloc_calls"] else "—"]
+                    for t in temps for tm in [t["malloc"]["temporary"]]]
+            lines += table(["target", "temporary calls", "bytes", "of allocation calls"], "lrrr", rows)
+            for t in temps:
+                rows = [[f"{r['count']:,}", fmt_bytes(r["bytes"]), r.get("family", ""),
+                         UNSTACKED if r.get("unstacked") else frames_cell(r["frames"])]
+                        for r in t["malloc"]["temporary"]["by_stack"]]
+                if rows:
+                    lines += [f"**{cell(t['target'])}** temporaries by stack", ""]
+                    lines += table(["calls", "bytes", "family", "frames (innermost first)"], "rrll", rows)
         return lines
 
     def calibration(self, e: dict[str, Any]) -> dict[str, Any]:

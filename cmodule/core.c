@@ -123,7 +123,8 @@ struct _MtCore
   volatile guint64 n_stacks;       /* entries in mt_stack_list */
   volatile gint sites_lock;
   gint pad3a;
-  guint64 pad3[4];
+  volatile guint64 n_sites;        /* entries of mt_sites in use */
+  guint64 pad3[3];
   /* the drain's own */
   guint64 shipped_epoch;
   guint64 composition_us;          /* when the last composition was shipped */
@@ -1261,13 +1262,14 @@ mt_reconcile (MtSlot * s, gssize seq0, guint64 result, guint64 old)
 /* ---- call sites of aliased entries ------------------------------------- */
 
 /* Counts a call of an aliased entry by its call site (the return address); the agent reads the
- * sites, tells from each site's call instruction which name it called, and moves the counts. */
+ * sites, tells from each site's call instruction which name it called, and moves the counts.
+ * Sites are few and these calls rare: a short array in order of first sight (the agent reads
+ * mt_core.n_sites entries), searched linearly. */
 static void
 mt_note_site (guint kind, gpointer fp, guint64 size)
 {
   guint64 ra = ((guint64 *) fp)[1] & mt_config.code_mask;
-  guint64 h, i;
-  guint probe;
+  guint64 i, n;
   if ((mt_slow_kinds & (1ULL << kind)) != 0)
   {
     GumInvocationContext * ic = gum_interceptor_get_current_invocation ();
@@ -1276,29 +1278,30 @@ mt_note_site (guint kind, gpointer fp, guint64 size)
   }
   if (ra == 0)
     return;
-  h = (ra * 0x9e3779b97f4a7c15ULL) >> 40;
-  for (probe = 0; probe != MT_N_SITES; probe++)
+  for (;;)
   {
-    MtSite * site;
-    i = (h + probe) & (MT_N_SITES - 1);
-    site = &mt_sites[i];
-    if (site->ra == 0)
+    n = mt_load_acquire (&mt_core.n_sites);
+    for (i = 0; i != n; i++)
     {
-      if (!mt_trylock (&mt_core.sites_lock, 4096))
-        return;
-      if (site->ra == 0)
+      MtSite * site = &mt_sites[i];
+      if (site->ra == ra && site->kind == kind)
       {
-        site->kind = kind;
-        mt_store_release (&site->ra, ra);
+        MT_ADD64 (&site->calls, 1);
+        MT_ADD64 (&site->bytes, size);
+        return;
       }
-      mt_unlock (&mt_core.sites_lock);
     }
-    if (site->ra == ra)
+    if (n == MT_N_SITES || !mt_trylock (&mt_core.sites_lock, 4096))
+      return;   /* the agent leaves such calls with the hooked name */
+    if (mt_core.n_sites == n)
     {
-      MT_ADD64 (&site->calls, 1);
-      MT_ADD64 (&site->bytes, size);
-      return;
+      mt_sites[n].ra = ra;
+      mt_sites[n].kind = kind;
+      mt_sites[n].calls = 0;
+      mt_sites[n].bytes = 0;
+      mt_store_release (&mt_core.n_sites, n + 1);
     }
+    mt_unlock (&mt_core.sites_lock);
   }
 }
 
@@ -1807,6 +1810,12 @@ guint64
 mt_stacks_interned (void)
 {
   return (guint64) mt_globals.stacks_interned;
+}
+
+guint64
+mt_sites_used (void)
+{
+  return mt_load_acquire (&mt_core.n_sites);
 }
 
 guint64

@@ -139,10 +139,9 @@ function aliasMoves() {
   const moves = [];
   if (Object.keys(mallocState.aliases).length === 0)
     return moves;
-  for (let i = 0; i < N_SITES; i++) {
+  const used = Math.min(N_SITES, Number(core.fns.sitesUsed()));
+  for (let i = 0; i < used; i++) {
     const site = readStruct(core.sites.add(i * SITE.size), SITE);
-    if (site.ra.equals(0))
-      continue;
     const hooked = Object.keys(KINDS).find(k => KINDS[k] === site.kind.toNumber());
     const names = [hooked, ...Object.keys(mallocState.aliases).filter(a => mallocState.aliases[a] === hooked)];
     const key = site.ra.toString();

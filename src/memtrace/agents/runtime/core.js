@@ -221,6 +221,7 @@ export function buildCore(config, sources, extraSymbols) {
     live: new NativeFunction(cm.mt_live_count, 'uint64', []),
     stacks: new NativeFunction(cm.mt_stacks_interned, 'uint64', []),
     monotonicUs: new NativeFunction(cm.mt_monotonic_us, 'uint64', []),
+    sitesUsed: new NativeFunction(cm.mt_sites_used, 'uint64', []),
   };
   return {
     toolchain,

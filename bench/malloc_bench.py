@@ -110,7 +110,7 @@ def heaptrack(exe: Path, n: int, threads: int, tmp: Path) -> float | None:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000_000
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     js_n = min(n, 500_000)
     rows = {(name, t): Row(name, t) for name, t in (

@@ -258,6 +258,7 @@ export const tracer = {
   install(config) {
     const cm = core.cm;
     mallocState.tStart = now();
+    allocatorInUse();    // its NativeFunction made now, not in the first drain
     setBatchHook(onBatch);
     if (mallocState.backend === 'logger') {
       for (const [name, mod] of [['malloc_logger', LOGGER_MODULE], ['__syscall_logger', SYSCALL_LOGGER_MODULE]]) {

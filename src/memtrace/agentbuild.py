@@ -36,7 +36,7 @@ AGENT_DIR = PACKAGE_DIR / "agents"
 
 # Tracer agents and the cmodule/ files their CModule compiles (in order, after the header).
 TRACERS: dict[str, tuple[str, ...]] = {
-    "malloc": ("core.c", "malloc.c"),
+    "malloc": ("core.c", "track.c", "drain.c", "malloc.c"),
     "iosurface": (),
     "purgeable": ("purgeable.c",),
     "probe": (),

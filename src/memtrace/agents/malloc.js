@@ -35,7 +35,7 @@ const mallocState = {
   backend: null,
   tStart: null,
   sites: new Map(),        // call site (string) -> the name its caller used, or null
-  imports: new Map(),      // module base (string) -> Map(GOT slot (string) -> import name)
+  imports: new Map(),      // module base (string) -> Map(GOT slot (string) -> imported name)
   inUse: undefined,        // the allocator's in-use reader, or null
 };
 

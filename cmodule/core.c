@@ -46,6 +46,14 @@
 #define MT_BUSY_HOOK 2       /* inside a hook: a nested call is a signal handler's, counted */
 #define MT_BUSY_COMPOUND 3   /* inside the real call of an entry that may call the family itself */
 
+/* Slots and shared groups start on their own cache line: a thread's counters never share one with
+ * another thread's slot. */
+#ifdef __TINYC__
+# define MT_LINE_ALIGNED
+#else
+# define MT_LINE_ALIGNED __attribute__ ((aligned (64)))
+#endif
+
 typedef struct _MtSlot MtSlot;
 typedef struct _MtGlobals MtGlobals;
 typedef struct _MtCore MtCore;
@@ -83,7 +91,7 @@ struct _MtSlot
   guint64 last_size;
   gssize nested_seq;          /* added to atomically (a signal handler may add) */
   MtNested nested[MT_NESTED_LOG];
-};
+} MT_LINE_ALIGNED;
 
 struct _MtGlobals
 {

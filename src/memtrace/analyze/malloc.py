@@ -42,6 +42,7 @@ from memtrace.frames import Frame, stack_key
 from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, PSEUDO_STACKS
 
 _F = AGG_FIELDS
+TIMELINE_STACKS = 16    # stack series in the timeline, the largest by their highest live bytes
 
 
 @dataclass
@@ -238,8 +239,9 @@ class MallocSummary(CaptureContext):
 
     def timeline_json(self) -> dict[str, Any] | None:
         """Columns, one entry per drain (100 ms): time, tracked bytes and blocks, the peak so far,
-        the allocator's in-use and the footprint (null where unread), and for every stack that was
-        among the top stacks of some sample, its live bytes (null where it was not)."""
+        the allocator's in-use and the footprint (null where unread), and for the stacks that were
+        among the top stacks of some sample (the TIMELINE_STACKS largest of them), their live bytes
+        (null where a sample did not list them)."""
         if not self.timeline:
             return None
         samples = self.timeline
@@ -253,8 +255,9 @@ class MallocSummary(CaptureContext):
                     series[sid] = [None] * len(samples)
                     order.append(sid)
                 series[sid][i] = live
+        largest = set(sorted(order, key=lambda sid: -max(v or 0 for v in series[sid]))[:TIMELINE_STACKS])
         cols["stacks"] = [{"stack_id": sid, "frames": [f.to_json() for f in self.stack(sid)], "live": series[sid]}
-                          for sid in order]
+                          for sid in order if sid in largest]
         return cols
 
     def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from memtrace.analyze.families import FamilyRules
 from memtrace.capture import NO_STACK
+from memtrace.layout import PSEUDO_STACKS
 from memtrace.report.chapters import (
     TOP,
     UNSTACKED,
@@ -31,16 +32,20 @@ class MallocChapter(BaseChapter):
         j = s.to_json(capture=rel, top=top)
         j["analyzed"] = True
         fam: dict[str, dict[str, Any]] = {}
+        # The aggregate core counts blocks without a stack (nested calls, a full stack table) outside
+        # the stacked bytes: they belong to the unstacked row, as blocks below the threshold do.
+        stackless = set(PSEUDO_STACKS) if s.aggregates else {NO_STACK}
         for sid, st in s.by_stack.items():
-            name = UNSTACKED if sid == NO_STACK else rules.classify(s.stack(sid))
+            stacked = sid not in stackless
+            name = rules.classify(s.stack(sid)) if stacked else UNSTACKED
             f = fam.get(name)
             if f is None:
                 f = fam[name] = {"bytes": 0, "count": 0, "live_bytes": 0, "live_count": 0, "stacks": 0}
-            f["bytes"] += round(st.est_bytes) if sid != NO_STACK else 0
-            f["count"] += round(st.est_count) if sid != NO_STACK else 0
+            f["bytes"] += round(st.est_bytes) if stacked else 0
+            f["count"] += round(st.est_count) if stacked else 0
             f["live_bytes"] += round(st.live_est_bytes)
             f["live_count"] += st.live_count
-            f["stacks"] += 1 if sid != NO_STACK else 0
+            f["stacks"] += 1 if stacked else 0
         # Bytes no stack covers (below the stack threshold, unsampled): their own row, so the family
         # table adds up to the gross bytes instead of silently losing them.
         unstacked = j["gross_bytes"] - j["coverage"]["estimated_bytes_with_sampling"]

@@ -291,6 +291,8 @@ mt_on_allocated (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
     s->last_ptr = 0;
     return;
   }
+  /* (With MT_LIGHT_HOOKS a signal handler's allocation could land between these two stores and
+   * leave its size with this block: a temporary's bytes would be off, never its count.) */
   s->last_size = size;
   s->last_ptr = (guint64) p;
   /* track_min: the smallest size anything is kept for (0 while sampling). */

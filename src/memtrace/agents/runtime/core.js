@@ -34,6 +34,7 @@ export const core = {
   aliasKinds: null,
   events: false,
   enabled: false,
+  started: false,   // the hooks have been enabled at some point
   fns: {},
 };
 
@@ -272,6 +273,8 @@ export function setEnabled(on) {
   if (core.cfg !== null)
     writeField(core.cfg, CONFIG, 'enabled', on ? 1 : 0);
   core.enabled = on;
+  if (on)
+    core.started = true;
 }
 
 /* One mt_drain call: the bytes written and what the core holds now (MtDrainInfo, numbers).

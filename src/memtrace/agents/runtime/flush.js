@@ -24,7 +24,7 @@ export function setBatchHook(fn) {
  * peak and the live table. */
 export function flush() {
   if (core.cm !== null) {
-    const final = !core.enabled;
+    const final = core.started && !core.enabled;
     let more = true;
     while (more) {
       const { n, info } = drainOnce(final);

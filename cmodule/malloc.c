@@ -188,7 +188,6 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
   gpointer                                                              \
   mt_##fn params                                                        \
   {                                                                     \
-    gpointer fp = __builtin_frame_address (0);                          \
     MtSlot * s;                                                         \
     gpointer p;                                                         \
     if (G_UNLIKELY (!mt_config.enabled) || G_UNLIKELY ((s = mt_slot ()) == NULL)) \
@@ -199,7 +198,8 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
       mt_set_busy (s, MT_BUSY_HOOK);                                    \
     p = real_##fn args;                                                 \
     mt_count_call (s, kind, size_expr);                                 \
-    mt_on_allocated (s, kind, p, size_expr, fp);                        \
+    /* The frame address read here is the frame pointer itself: no register kept across the call. */ \
+    mt_on_allocated (s, kind, p, size_expr, __builtin_frame_address (0)); \
     if (!MT_LIGHT_HOOKS)                                                \
       mt_set_busy (s, 0);                                               \
     return p;                                                           \

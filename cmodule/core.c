@@ -159,6 +159,7 @@ extern volatile gint mt_live_locks[];
 extern volatile guint64 mt_agg[];
 extern volatile guint8 mt_agg_dirty[];        /* per row: changed since the drain last looked */
 extern guint64 mt_agg_shipped[];              /* per row: the totals last shipped (drain only) */
+extern gint64 mt_agg_live[];                  /* per row: its live bytes as last shipped (drain only) */
 extern MtDrainInfo mt_drain_info;
 extern guint64 mt_top[];                      /* 2 * MT_TOP_STACKS: (stack id, live bytes) */
 extern MtSite mt_sites[];                     /* MT_N_SITES call sites of aliased entries */

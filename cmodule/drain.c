@@ -183,6 +183,7 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
         - (shipped[MT_A_ALLOCS] - shipped[MT_A_FREES]));
     for (f = 0; f != MT_AGG_STRIDE; f++)
       shipped[f] = now[f];
+    mt_agg_live[row] = (gint64) (now[MT_A_BYTES] - now[MT_A_FREED_BYTES]);
   }
   if (used == start + sizeof (MtChunkHeader))
     return start;
@@ -339,7 +340,8 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
   return used;
 }
 
-/* The TOP_STACKS rows with the most live bytes, from the shipped totals. */
+/* The TOP_STACKS rows with the most live bytes, from the shipped totals (a compact array: the
+ * walk reads 12 bytes per stack, however many stacks there are). */
 static void
 mt_top_rows (void)
 {
@@ -348,8 +350,7 @@ mt_top_rows (void)
   for (i = 0; i != total; i++)
   {
     guint64 row = mt_walk_row (i, n_stacks);
-    guint64 * sh = &mt_agg_shipped[row * MT_AGG_STRIDE];
-    gint64 live = (gint64) (sh[MT_A_BYTES] - sh[MT_A_FREED_BYTES]);
+    gint64 live = mt_agg_live[row];
     guint64 j;
     if (live <= 0)
       continue;

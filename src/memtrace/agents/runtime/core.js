@@ -91,6 +91,7 @@ export function buildCore(config, sources, extraSymbols) {
   const agg = pages(rows * lanes * AGG_STRIDE * 8);
   const aggDirty = pages(rows);
   const aggShipped = pages(rows * AGG_STRIDE * 8);
+  const aggLive = pages(rows * 8);
   const drainInfo = Memory.alloc(DRAIN_INFO.size);
   const top = Memory.alloc(2 * TOP_STACKS * 8);
   const sites = Memory.alloc(N_SITES * SITE.size);
@@ -114,6 +115,7 @@ export function buildCore(config, sources, extraSymbols) {
     mt_agg: agg,
     mt_agg_dirty: aggDirty,
     mt_agg_shipped: aggShipped,
+    mt_agg_live: aggLive,
     mt_drain_info: drainInfo,
     mt_top: top,
     mt_sites: sites,

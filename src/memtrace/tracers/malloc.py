@@ -125,9 +125,10 @@ TRACER = Tracer(
                 "kind and size tier, per-stack totals kept in the target, the live set at the end, the peak and "
                 "what held it, temporary allocations, a timeline, coverage against the allocator.",
     options=(
-        Option("live_threshold", int, 4096, "Allocations at least this large enter the live set.",
+        Option("live_threshold", int, 4096, "Allocations at least this large are tracked (live set, peak) even "
+               "without a stack.",
                agent_key="liveThreshold", metavar="BYTES", check=at_least(0)),
-        Option("stack_threshold", int, 8192, "Allocations at least this large get a call stack.",
+        Option("stack_threshold", int, 8192, "Allocations at least this large get a call stack (and are tracked).",
                agent_key="stackThreshold", metavar="BYTES", check=at_least(0)),
         Option("frames", click.IntRange(1, 64), 28, "Return addresses per stack.", agent_key="frames"),
         Option("sample_bytes", int, 0, "Byte-weighted Poisson sampling with mean interval N bytes (heapprofd); "

@@ -1,22 +1,37 @@
 /*
- * memtrace agent core: per-thread slots, lock-free per-thread event rings,
- * stack interning, the live-pointer table and the drain that the agent's
- * JavaScript calls on a timer.  Compiled by Frida's CModule (TinyCC, or the
- * external gcc toolchain on Linux), so: no libc headers, no static writable
- * data (every writable global is an extern symbol the agent allocates), and
- * only g_atomic_int_add / g_atomic_pointer_add for atomics.
+ * memtrace agent core: per-thread slots, stack interning, the live-pointer table, per-stack
+ * aggregates (with the peak and temporary allocations) and the drain that the agent's
+ * JavaScript calls on a timer.  Compiled by Frida's CModule (TinyCC, or the external gcc
+ * toolchain on Linux), so: no libc headers, no static writable data (every writable global is
+ * an extern symbol the agent allocates), and under TinyCC only g_atomic_int_add /
+ * g_atomic_pointer_add for atomics (gcc builds use the __atomic builtins, inline).
  *
  * The agent prepends "#define MT_DARWIN 1" or "#define MT_LINUX 1" and
  * "#define MT_ARM64 1" where relevant; memtrace.agentbuild puts the layout
  * header generated from memtrace/layout.py before this file: the record
- * structs (MtAllocRecord, MtFreeRecord, MtStackRecord, MtPadRecord,
- * MtChunkHeader), MtConfig, MT_REC_*, MT_FLAG_*, MT_K_* call kinds, MT_C_*
- * counter indexes, MT_TIER_MAX_*, MT_MAX_FRAMES, MT_LIVE_WAYS, MT_MAX_RINGS.
+ * structs (MtAllocRecord, MtFreeRecord, MtStackRecord, MtPadRecord, MtAggRecord,
+ * MtPeakHeadRecord, MtPeakRecord, MtLiveRecord, MtChunkHeader), MtConfig, MtLiveMeta,
+ * MtDrainInfo, MtSite, MT_REC_*, MT_FLAG_*, MT_K_* call kinds, MT_C_* counter indexes,
+ * MT_A_* aggregate fields, MT_TIER_MAX_*, MT_MAX_FRAMES, MT_LIVE_WAYS, MT_MAX_RINGS.
  * memtrace/capture.py reads the records with the same layout.
  *
- * A drained batch is a sequence of chunks: MtChunkHeader, then the thread's
- * records.  STACK records are followed by u64 frames[nframes]; a PAD record
- * says how many bytes to skip.
+ * What is kept where:
+ *   - every call: per-thread counters (kind, bytes, size tier), exact, no atomics;
+ *   - every "tracked" block (one with a stack, or at least the live threshold): an entry in
+ *     the live table (address -> size, stack, birth tick), so that its free finds its stack;
+ *   - every stack: aggregate rows (allocations, frees, live, temporaries, sampled weights),
+ *     one row per lane so that threads running at once seldom share a cache line;
+ *   - the bytes in tracked blocks and their high-water mark (the peak), with each row's value
+ *     at the peak (see "the peak" in track.c).
+ * This file: the shared state, slots, the events ring, stacks, the live table.  track.c: rows,
+ * peak, what a hooked call does; drain.c: the host's side.  The drain ships the stack definitions, the rows changed since the last drain (their running
+ * totals), the composition at the peak when it moved, and at the end the live table.  With
+ * MtConfig.events set it also streams one record per tracked event through per-thread rings,
+ * as before the aggregates existed.
+ *
+ * A drained batch is a sequence of chunks: MtChunkHeader, then records (tid 0: the core's own
+ * records; otherwise one thread's events).  STACK records are followed by u64 frames[nframes],
+ * AGG records by u64 values[nvalues]; a PAD record says how many bytes to skip.
  */
 #include <glib.h>
 #include <gum/guminterceptor.h>
@@ -25,14 +40,40 @@
 #define MT_SLOT_LIVE 1
 #define MT_SLOT_DEAD 2
 
+/* What the thread's slot is doing (MtSlot.busy); a hooked call that finds it non-zero is nested:
+ * made by a signal handler, by the allocator inside one of its own entries, or by memtrace. */
+#define MT_BUSY_OWN 1        /* memtrace's own thread set-up (mt_assign): its calls are not the target's */
+#define MT_BUSY_HOOK 2       /* inside a hook: a nested call is a signal handler's, counted */
+#define MT_BUSY_COMPOUND 3   /* inside the real call of an entry that may call the family itself */
+
+/* Slots and shared groups start on their own cache line: a thread's counters never share one with
+ * another thread's slot. */
+#ifdef __TINYC__
+# define MT_LINE_ALIGNED
+#else
+# define MT_LINE_ALIGNED __attribute__ ((aligned (64)))
+#endif
+
 typedef struct _MtSlot MtSlot;
 typedef struct _MtGlobals MtGlobals;
+typedef struct _MtCore MtCore;
+typedef struct _MtNested MtNested;
+
+/* A nested call made while the thread was inside a compound entry's real call, kept until the
+ * entry returns and can tell its allocator's own calls from a signal handler's. */
+struct _MtNested
+{
+  guint64 kind;
+  guint64 ptr;          /* the block it returned (allocations) */
+  guint64 old_ptr;      /* the block it released (free, realloc) */
+  guint64 size;
+};
 
 struct _MtSlot
 {
   volatile gint claim;
   volatile gint state;
-  gint busy;
+  volatile gint busy;
   gint has_ring;
   guint64 tid;
   guint64 stack_lo;
@@ -43,7 +84,14 @@ struct _MtSlot
   volatile guint64 head;
   volatile guint64 tail;
   guint64 counters[MT_N_COUNTERS];
-};
+  /* Nested calls' counts: added atomically, since a signal handler's call may interrupt the
+   * thread halfway through a plain update of `counters`. */
+  volatile guint64 ncount[MT_N_COUNTERS];
+  guint64 last_ptr;     /* the thread's latest allocation: a free of it is a temporary */
+  guint64 last_size;
+  gssize nested_seq;          /* added to atomically (a signal handler may add) */
+  MtNested nested[MT_NESTED_LOG];
+} MT_LINE_ALIGNED;
 
 struct _MtGlobals
 {
@@ -62,17 +110,65 @@ struct _MtGlobals
   volatile gint fence;
 };
 
+/* The aggregate core's shared state, each group on its own cache line. */
+struct _MtCore
+{
+  /* written by every tracked allocation and free */
+  volatile gint64 tracked_bytes;
+  guint64 pad0[7];
+  /* read on every row change, written when the peak moves */
+  volatile guint64 peak_epoch;
+  volatile guint64 peak_bytes;
+  volatile guint64 peak_t_us;
+  volatile gint peak_lock;
+  gint pad1a;
+  guint64 pad1[4];
+  /* read by every tracked allocation (the block's birth), written by the drain */
+  volatile guint64 tick;
+  guint64 pad2[7];
+  /* stack definitions: produced under mt_globals.stack_lock, consumed by the drain */
+  volatile guint64 defs_head;
+  volatile guint64 defs_tail;
+  volatile guint64 n_stacks;       /* entries in mt_stack_list */
+  volatile gint sites_lock;
+  gint pad3a;
+  volatile guint64 n_sites;        /* entries of mt_sites in use */
+  guint64 pad3[3];
+  /* the drain's own */
+  guint64 shipped_epoch;
+  guint64 composition_us;          /* when the last composition was shipped */
+  gint64 live_blocks;              /* tracked blocks, from the shipped rows */
+  guint64 live_cursor;             /* the final drain's walk through the live table */
+  guint64 live_done;
+  guint64 live_dumped;
+};
+
 extern MtConfig mt_config;
 extern MtGlobals mt_globals;
+extern MtCore mt_core;
 extern MtSlot mt_slots[];
 extern guint8 mt_ring_pool[];
 extern volatile guint64 mt_stack_table[];
+extern volatile guint32 mt_stack_list[];      /* interned stack ids, in interning order */
+extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
 extern volatile guint64 mt_live_table[];
+extern MtLiveMeta mt_live_meta[];             /* beside each live-table key */
 extern volatile gint mt_live_occupancy[];
 extern volatile gint mt_live_locks[];
+/* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_STRIDE counters */
+extern volatile guint64 mt_agg[];
+extern volatile guint8 mt_agg_dirty[];        /* per row: changed since the drain last looked */
+extern guint64 mt_agg_shipped[];              /* per row: the totals last shipped (drain only) */
+extern gint64 mt_agg_live[];                  /* per row: its live bytes as last shipped (drain only) */
+extern MtDrainInfo mt_drain_info;
+extern guint64 mt_top[];                      /* 2 * MT_TOP_STACKS: (stack id, live bytes) */
+extern MtSite mt_sites[];                     /* MT_N_SITES call sites of aliased entries */
 /* Kinds whose entry Frida could only redirect through a trampoline (Interceptor.replace):
  * there the caller's return address is off the frame-pointer chain; the invocation has it. */
 extern volatile guint64 mt_slow_kinds;
+/* Kinds whose entry point several names share (glibc: memalign is aligned_alloc too): their
+ * call sites are recorded so that the agent can tell the names apart. */
+extern volatile guint64 mt_alias_kinds;
 /* Linux x86-64 glibc: byte offset of our key's value inside struct pthread, found by the
  * agent at start-up (0 = unknown: use pthread_getspecific).  Reading it through %fs saves
  * the call that was the single largest cost of an uninteresting malloc/free. */
@@ -81,6 +177,7 @@ extern volatile guint64 mt_tls_offset;
 extern gpointer pthread_getspecific (guint key);
 extern gint pthread_setspecific (guint key, gconstpointer value);
 extern gpointer pthread_self (void);
+extern gint sched_yield (void);
 #ifdef MT_DARWIN
 extern gpointer pthread_get_stackaddr_np (gpointer thread);
 extern gsize pthread_get_stacksize_np (gpointer thread);
@@ -93,8 +190,43 @@ extern glong syscall (glong number, ...);
 #endif
 
 #ifndef G_UNLIKELY
-# define G_LIKELY(x) (x)
-# define G_UNLIKELY(x) (x)
+# ifdef __TINYC__
+#  define G_LIKELY(x) (x)
+#  define G_UNLIKELY(x) (x)
+# else
+#  define G_LIKELY(x) __builtin_expect (!!(x), 1)
+#  define G_UNLIKELY(x) __builtin_expect (!!(x), 0)
+# endif
+#endif
+
+/* Atomics.  TinyCC has only glib's (calls); gcc inlines the builtins.  Every read-modify-write
+ * is sequentially consistent, so a row's snapshot (stored first) is visible before the change
+ * that follows it on every architecture. */
+#ifdef __TINYC__
+# define MT_ADD64(p, v) ((guint64) g_atomic_pointer_add ((p), (gssize) (v)))
+# define MT_ADD32(p, v) g_atomic_int_add ((p), (v))
+# define MT_COMPILER_BARRIER() do { } while (0)
+#else
+# define MT_ADD64(p, v) __atomic_fetch_add ((p), (guint64) (v), __ATOMIC_SEQ_CST)
+# define MT_ADD32(p, v) __atomic_fetch_add ((p), (v), __ATOMIC_SEQ_CST)
+# define MT_COMPILER_BARRIER() __asm__ __volatile__ ("" ::: "memory")
+#endif
+
+/* Where a signal handler cannot tear a counter update in two (x86-64 with gcc: one `add` to
+ * memory), malloc's and free's hot paths leave the slot unmarked: a handler's call made meanwhile
+ * is an outermost call like any other, and marking the slot twice per call was the largest cost
+ * of an untracked malloc/free.  The tracking path (stack table, live table, rows, events ring)
+ * always marks it.  Elsewhere (TinyCC, arm64) every hook marks the slot for its whole call. */
+#if defined(__x86_64__) && !defined(__TINYC__)
+# define MT_LIGHT_HOOKS 1
+static inline void
+mt_bump (guint64 * p, guint64 v)
+{
+  __asm__ __volatile__ ("addq %1, %0" : "+m" (*p) : "er" (v));
+}
+#else
+# define MT_LIGHT_HOOKS 0
+# define mt_bump(p, v) (*(p) += (v))
 #endif
 
 static gint64 mt_next_gap (MtSlot * s);
@@ -106,6 +238,31 @@ static inline void
 mt_barrier (void)
 {
   g_atomic_int_add (&mt_globals.fence, 0);
+}
+
+/* A store that earlier loads and stores may not pass (a row's snapshot before its epoch). */
+static inline void
+mt_store_release (volatile guint64 * p, guint64 v)
+{
+#ifdef __TINYC__
+  mt_barrier ();
+  *p = v;
+#else
+  __atomic_store_n (p, v, __ATOMIC_RELEASE);
+#endif
+}
+
+/* A load that later loads may not pass (the drain reads a row's counters, then its epoch). */
+static inline guint64
+mt_load_acquire (volatile guint64 * p)
+{
+#ifdef __TINYC__
+  guint64 v = *p;
+  mt_barrier ();
+  return v;
+#else
+  return __atomic_load_n (p, __ATOMIC_ACQUIRE);
+#endif
 }
 
 static gboolean
@@ -127,10 +284,27 @@ mt_unlock (volatile gint * lock)
   g_atomic_int_add (lock, -1);
 }
 
+/* A lock whose holder may be preempted (a 2-CPU machine with 4 busy threads): spin, then give
+ * the CPU away, and give up after a bounded wait (the caller drops what it wanted and counts it). */
+static gboolean
+mt_lock_patiently (volatile gint * lock)
+{
+  guint i;
+  if (mt_trylock (lock, 256))
+    return TRUE;
+  for (i = 0; i != 2000; i++)
+  {
+    sched_yield ();
+    if (mt_trylock (lock, 16))
+      return TRUE;
+  }
+  return FALSE;
+}
+
 static inline guint
 mt_tier (guint64 size)
 {
-  if (size <= MT_TIER_MAX_0) return 0;
+  if (G_LIKELY (size <= MT_TIER_MAX_0)) return 0;
   if (size <= MT_TIER_MAX_1) return 1;
   if (size <= MT_TIER_MAX_2) return 2;
   if (size <= MT_TIER_MAX_3) return 3;
@@ -293,44 +467,54 @@ mt_thread_exit (gpointer value)
   s->state = MT_SLOT_DEAD;
 }
 
-/* Returns the calling thread's slot marked busy, or NULL when this call is our
- * own (nested) or no slot can be had. */
+/* The calling thread's slot (assigned on its first call), or NULL when no slot can be had or
+ * the call is memtrace's own, made while assigning one. */
 static inline MtSlot *
-mt_enter (void)
+mt_slot (void)
 {
   MtSlot * s;
 #if defined(MT_LINUX) && defined(__x86_64__) && !defined(__TINYC__)
-  if (G_LIKELY (mt_tls_offset != 0))
+  guint64 off = mt_tls_offset;
+  if (G_LIKELY (off != 0))
   {
     guint64 self;
     __asm__ ("mov %%fs:0x10, %0" : "=r" (self));
-    s = *(MtSlot * volatile *) (self + mt_tls_offset);
+    s = *(MtSlot * volatile *) (self + off);
   }
   else
 #endif
     s = pthread_getspecific ((guint) mt_config.tls_key);
   if (G_UNLIKELY (s == NULL))
-  {
     s = mt_assign ();
-    if (s == NULL)
-      return NULL;
-  }
-  if (G_UNLIKELY (s->busy))
-  {
-    s->counters[MT_C_NESTED_CALLS]++;
-    return NULL;
-  }
-  s->busy = 1;
   return s;
 }
 
+/* Marks what the thread is doing; the compiler may move no counter update across it (a signal
+ * handler's call reads `busy` to know whether it interrupted a hook). */
 static inline void
-mt_leave (MtSlot * s)
+mt_set_busy (MtSlot * s, gint what)
 {
-  s->busy = 0;
+  MT_COMPILER_BARRIER ();
+  s->busy = what;
+  MT_COMPILER_BARRIER ();
 }
 
-/* ---- the ring --------------------------------------------------------- */
+/* Marks the slot for a stretch of tracking work; returns what to restore. */
+static inline gint
+mt_guard (MtSlot * s)
+{
+  gint prev = s->busy;
+  mt_set_busy (s, MT_BUSY_HOOK);
+  return prev;
+}
+
+static inline guint64
+mt_slot_index (MtSlot * s)
+{
+  return (guint64) ((guint8 *) s - (guint8 *) mt_slots) / sizeof (MtSlot);
+}
+
+/* ---- the ring (events mode) ------------------------------------------- */
 
 static inline guint8 *
 mt_ring_reserve (MtSlot * s, guint64 len)
@@ -428,6 +612,35 @@ mt_hash_frames (const guint64 * frames, guint n)
   return h | 1;
 }
 
+/* Room for a len-byte STACK record in the definitions buffer (caller holds the stack lock). */
+static guint8 *
+mt_defs_reserve (guint64 len)
+{
+  guint64 size = mt_config.defs_size;
+  guint64 head = mt_core.defs_head;
+  guint64 tail = mt_load_acquire (&mt_core.defs_tail);
+  guint64 off = head & (size - 1);
+  if (off + len > size)
+  {
+    guint64 pad = size - off;
+    MtPadRecord * r = (MtPadRecord *) (mt_defs + off);
+    if (head - tail + pad + len > size)
+      return NULL;
+    r->type = MT_REC_PAD;
+    r->reserved = 0;
+    r->reserved2 = 0;
+    r->length = (guint32) pad;
+    head += pad;
+    mt_store_release (&mt_core.defs_head, head);
+    off = 0;
+  }
+  if (head - tail + len > size)
+    return NULL;
+  return mt_defs + off;
+}
+
+/* A stack's id (its slot in the stack table), interning it on first sight: its definition goes
+ * to the drain through mt_defs before the id is used, so no row is ever shipped without one. */
 static guint32
 mt_intern (MtSlot * s, const guint64 * frames, guint n)
 {
@@ -447,7 +660,7 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
       break;
   }
 
-  if (!mt_trylock (&mt_globals.stack_lock, 4096))
+  if (!mt_lock_patiently (&mt_globals.stack_lock))
   {
     s->counters[MT_C_DROPPED_STACKS]++;
     return MT_DROPPED_STACK;
@@ -464,7 +677,7 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
     if (v == 0)
     {
       guint64 len = sizeof (MtStackRecord) + 8 * (guint64) n;
-      guint8 * rec = mt_ring_reserve (s, len);
+      guint8 * rec = mt_defs_reserve (len);
       if (rec != NULL)
       {
         MtStackRecord * r = (MtStackRecord *) rec;
@@ -476,7 +689,9 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
         r->stack_id = (guint32) i;
         for (k = 0; k != n; k++)
           out[k] = frames[k];
-        mt_ring_commit (s, len);
+        mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
+        mt_stack_list[mt_core.n_stacks] = (guint32) i;
+        mt_store_release (&mt_core.n_stacks, mt_core.n_stacks + 1);
         mt_stack_table[i] = h;
         g_atomic_pointer_add (&mt_globals.stacks_interned, 1);
         result = (guint32) i;
@@ -492,6 +707,12 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
 
 /* ---- the live-pointer table ------------------------------------------ */
 
+/* Key bits only the Darwin logger path sets (malloc.c, "the logger path's live-table entries"):
+ * a block whose release is undecided or owed, and the VM regions' own namespace. */
+#define MT_LIVE_SUSPECT 1
+#define MT_LIVE_OWED 2
+#define MT_LIVE_VM 4
+
 static inline guint64
 mt_live_bucket (guint64 p)
 {
@@ -499,19 +720,31 @@ mt_live_bucket (guint64 p)
   return (h >> 32) & mt_config.live_mask;
 }
 
+static inline guint32
+mt_tick_k (guint k)
+{
+  return ((guint32) mt_core.tick & ((1u << MT_LIVE_TICK_BITS) - 1)) | ((guint32) k << MT_LIVE_TICK_BITS);
+}
+
+/* Remembers block p (its size, stack and sampling multiplier k); FALSE when its bucket is full. */
 static gboolean
-mt_live_insert (guint64 p)
+mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
 {
   guint64 b = mt_live_bucket (p);
   volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
   guint i;
+#ifdef __TINYC__
   gboolean ok = FALSE;
-  if (!mt_trylock (&mt_live_locks[b], 4096))
+  if (!mt_trylock (&mt_live_locks[b], spins))
     return FALSE;
   for (i = 0; i != MT_LIVE_WAYS; i++)
   {
     if (ways[i] == 0)
     {
+      MtLiveMeta * m = &mt_live_meta[b * MT_LIVE_WAYS + i];
+      m->size = size;
+      m->stack_id = stack_id;
+      m->tick_k = mt_tick_k (k);
       ways[i] = p;
       g_atomic_int_add (&mt_live_occupancy[b], 1);
       ok = TRUE;
@@ -519,15 +752,32 @@ mt_live_insert (guint64 p)
     }
   }
   mt_unlock (&mt_live_locks[b]);
-  if (ok)
-    g_atomic_pointer_add (&mt_globals.live_count, 1);
   return ok;
+#else
+  (void) spins;
+  for (i = 0; i != MT_LIVE_WAYS; i++)
+  {
+    guint64 expected = 0;
+    if (ways[i] == 0 && __atomic_compare_exchange_n (&ways[i], &expected, p, FALSE, __ATOMIC_SEQ_CST,
+        __ATOMIC_RELAXED))
+    {
+      /* Only the thread that frees p reads this entry, and p is not handed out before we return. */
+      MtLiveMeta * m = &mt_live_meta[b * MT_LIVE_WAYS + i];
+      m->size = size;
+      m->stack_id = stack_id;
+      m->tick_k = mt_tick_k (k);
+      __atomic_fetch_add (&mt_live_occupancy[b], 1, __ATOMIC_SEQ_CST);
+      return TRUE;
+    }
+  }
+  return FALSE;
+#endif
 }
 
 /* Only the thread freeing p can remove p, and p cannot be handed out again
  * before the real free runs, so removal needs no lock. */
 static inline gboolean
-mt_live_remove (guint64 p)
+mt_live_remove (guint64 p, MtLiveMeta * out)
 {
   guint64 b = mt_live_bucket (p);
   volatile guint64 * ways;
@@ -539,348 +789,12 @@ mt_live_remove (guint64 p)
   {
     if (ways[i] == p)
     {
-      ways[i] = 0;
-      g_atomic_int_add (&mt_live_occupancy[b], -1);
-      g_atomic_pointer_add (&mt_globals.live_count, -1);
+      *out = mt_live_meta[b * MT_LIVE_WAYS + i];
+      /* The entry is read before the way is offered to another insert. */
+      mt_store_release (&ways[i], 0);
+      MT_ADD32 (&mt_live_occupancy[b], -1);
       return TRUE;
     }
   }
   return FALSE;
-}
-
-/* ---- events ----------------------------------------------------------- */
-
-static inline guint64
-mt_next_random (MtSlot * s)
-{
-  guint64 x = s->rng;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  s->rng = x;
-  return x;
-}
-
-/* Natural logarithm without libm: x = m * 2^e, ln x = e ln 2 + 2 atanh((m-1)/(m+1)). */
-static gdouble
-mt_ln (gdouble x)
-{
-  union { gdouble d; guint64 u; } v;
-  gint e;
-  gdouble m, t, t2, sum;
-  v.d = x;
-  e = (gint) ((v.u >> 52) & 0x7ff) - 1023;
-  v.u = (v.u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;
-  m = v.d;
-  if (m > 1.41421356237)
-  {
-    m *= 0.5;
-    e++;
-  }
-  t = (m - 1.0) / (m + 1.0);
-  t2 = t * t;
-  sum = t * (1.0 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 * (1.0 / 9 + t2 * (1.0 / 11))))));
-  return e * 0.69314718055994530942 + 2.0 * sum;
-}
-
-/* Exponentially distributed gap (mean = interval) between sampled bytes. */
-static gint64
-mt_next_gap (MtSlot * s)
-{
-  gdouble u = ((gdouble) (gint64) (mt_next_random (s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-  gint64 gap = (gint64) (-mt_ln (u) * (gdouble) (gint64) mt_config.sample_interval);
-  return gap > 0 ? gap : 1;
-}
-
-static void
-mt_record_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
-{
-  guint16 flags = 0;
-  guint64 weight = size;
-  gboolean want_stack, want_live;
-  guint32 stack_id = MT_NO_STACK;
-  MtAllocRecord * rec;
-
-  want_stack = size >= mt_config.stack_threshold;
-  want_live = size >= mt_config.live_threshold;
-
-  /* Byte-weighted Poisson sampling (heapprofd) over the bytes the stack layer
-   * does not already capture exactly. */
-  if (!want_stack && mt_config.sample_interval != 0)
-  {
-    if (size >= mt_config.sample_interval)
-    {
-      want_stack = TRUE;
-      want_live = TRUE;
-      flags |= MT_FLAG_SAMPLED;
-    }
-    else
-    {
-      s->countdown -= (gint64) size;
-      if (s->countdown <= 0)
-      {
-        guint64 k = 0;
-        while (s->countdown <= 0)
-        {
-          s->countdown += mt_next_gap (s);
-          k++;
-        }
-        weight = k * mt_config.sample_interval;
-        want_stack = TRUE;
-        want_live = TRUE;
-        flags |= MT_FLAG_SAMPLED;
-      }
-    }
-    if (flags & MT_FLAG_SAMPLED)
-      s->counters[MT_C_SAMPLED]++;
-  }
-
-  if (!want_stack && !want_live)
-    return;
-
-  if (want_stack)
-  {
-    guint64 frames[MT_MAX_FRAMES];
-    gboolean truncated;
-    guint n = mt_walk (s, fp, frames, (guint) mt_config.max_frames, &truncated);
-    if (n > 0 && kind < 64 && (mt_slow_kinds & (1ULL << kind)) != 0)
-    {
-      GumInvocationContext * ic = gum_interceptor_get_current_invocation ();
-      if (ic != NULL)
-        frames[0] = (guint64) (gsize) gum_invocation_context_get_return_address (ic) & mt_config.code_mask;
-    }
-    if (truncated)
-    {
-      flags |= MT_FLAG_TRUNCATED;
-      s->counters[MT_C_TRUNCATED_STACKS]++;
-    }
-    stack_id = mt_intern (s, frames, n);
-  }
-
-  if (want_live)
-  {
-    if (mt_live_insert (p))
-      flags |= MT_FLAG_LIVE;
-    else
-      s->counters[MT_C_LIVE_TABLE_FULL]++;
-  }
-
-  rec = (MtAllocRecord *) mt_ring_reserve (s, sizeof (MtAllocRecord));
-  if (rec == NULL)
-  {
-    /* The host never learns of this block: forget it so its free stays quiet. */
-    if (flags & MT_FLAG_LIVE)
-      mt_live_remove (p);
-    return;
-  }
-  rec->type = MT_REC_ALLOC;
-  rec->kind = (guint8) kind;
-  rec->flags = flags;
-  rec->stack_id = stack_id;
-  rec->ptr = p;
-  rec->size = size;
-  rec->weight = weight;
-  mt_ring_commit (s, sizeof (MtAllocRecord));
-}
-
-/* Every allocation of every kind goes through here: exact counts first. */
-static inline void
-mt_count_call (MtSlot * s, guint kind, guint64 size)
-{
-  guint t = mt_tier (size);
-  s->counters[MT_C_CALLS + kind]++;
-  s->counters[MT_C_BYTES + kind] += size;
-  s->counters[MT_C_TIER_CALLS + t]++;
-  s->counters[MT_C_TIER_BYTES + t] += size;
-}
-
-static inline void
-mt_on_alloc (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
-{
-  mt_count_call (s, kind, size);
-  if (G_UNLIKELY (p == NULL))
-  {
-    s->counters[MT_C_FAILED_ALLOCS]++;
-    return;
-  }
-  if (size >= mt_config.live_threshold || size >= mt_config.stack_threshold || mt_config.sample_interval != 0)
-    mt_record_alloc (s, kind, (guint64) p, size, fp);
-}
-
-/* A block goes away (free, or the old half of a realloc).  Only blocks in the
- * live table produce a record; counting the call is the caller's job. */
-static inline void
-mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size)
-{
-  MtFreeRecord * rec;
-  if (p == NULL || mt_globals.live_count == 0)
-    return;
-  if (!mt_live_remove ((guint64) p))
-    return;
-  s->counters[MT_C_TRACKED_FREES]++;
-  rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
-  if (rec == NULL)
-    return;
-  rec->type = MT_REC_FREE;
-  rec->kind = (guint8) kind;
-  rec->flags = 0;
-  rec->reserved = 0;
-  rec->ptr = (guint64) p;
-  rec->size = size;
-  mt_ring_commit (s, sizeof (MtFreeRecord));
-}
-
-/* ---- host side: drain and snapshot ------------------------------------ */
-
-static void
-mt_retire (MtSlot * s)
-{
-  guint j;
-  for (j = 0; j != MT_N_COUNTERS; j++)
-    mt_globals.retired[j] += s->counters[j];
-  if (s->has_ring && s->ring != NULL)
-  {
-    if (mt_trylock (&mt_globals.ring_free_lock, 100000))
-    {
-      mt_globals.ring_owner_free[mt_globals.ring_free_top++] =
-          (gint) ((guint64) (s->ring - mt_ring_pool) / mt_config.ring_size);
-      mt_unlock (&mt_globals.ring_free_lock);
-    }
-  }
-  s->has_ring = 0;
-  s->ring = NULL;
-  s->state = MT_SLOT_FREE;
-  mt_barrier ();
-  s->claim = 0;
-}
-
-/* Copies every thread's pending records into out as chunks (MtChunkHeader, then
- * the records).  Returns the number of bytes written; stops early
- * (leaving records for the next call) when out is full. */
-guint64
-mt_drain (guint8 * out, guint64 cap)
-{
-  guint64 used = 0;
-  gint i, hw = mt_globals.slots_hw;
-  guint64 size = mt_config.ring_size;
-
-  for (i = 0; i < hw; i++)
-  {
-    MtSlot * s = &mt_slots[i];
-    gint state = s->state;
-    guint64 head, tail, n, off, first;
-    if (state == MT_SLOT_FREE || !s->has_ring)
-    {
-      if (state == MT_SLOT_DEAD)
-        mt_retire (s);
-      continue;
-    }
-    head = (guint64) g_atomic_pointer_add (&s->head, 0);
-    tail = s->tail;
-    n = head - tail;
-    if (n != 0)
-    {
-      MtChunkHeader * chunk = (MtChunkHeader *) (out + used);   /* written only if it fits */
-      if (used + sizeof (MtChunkHeader) + n > cap)
-        break;
-      chunk->tid = (guint32) s->tid;
-      chunk->length = (guint32) n;
-      used += sizeof (MtChunkHeader);
-      off = tail & (size - 1);
-      first = MIN (n, size - off);
-      {
-        guint64 k;
-        for (k = 0; k + 8 <= first; k += 8)
-          *(guint64 *) (out + used + k) = *(guint64 *) (s->ring + off + k);
-        for (; k < first; k++)
-          out[used + k] = s->ring[off + k];
-        for (k = 0; k + 8 <= n - first; k += 8)
-          *(guint64 *) (out + used + first + k) = *(guint64 *) (s->ring + k);
-        for (; k < n - first; k++)
-          out[used + first + k] = s->ring[k];
-      }
-      used += n;
-      g_atomic_pointer_add (&s->tail, (gssize) n);
-    }
-    if (state == MT_SLOT_DEAD)
-      mt_retire (s);
-  }
-  return used;
-}
-
-/* Sums every slot's counters (plus retired threads) into out[MT_N_COUNTERS].
- * Slots are read without locks: each counter is an aligned 64-bit word
- * written by one thread, so a snapshot is at worst a few calls behind. */
-void
-mt_snapshot (guint64 * out)
-{
-  gint i, hw = mt_globals.slots_hw;
-  guint j;
-  for (j = 0; j != MT_N_COUNTERS; j++)
-    out[j] = mt_globals.retired[j];
-  for (i = 0; i < hw; i++)
-  {
-    MtSlot * s = &mt_slots[i];
-    if (s->state == MT_SLOT_FREE)
-      continue;
-    for (j = 0; j != MT_N_COUNTERS; j++)
-      out[j] += s->counters[j];
-  }
-}
-
-/* Zeroes every table; called once before the hooks go in. */
-void
-mt_reset (void)
-{
-  guint64 i;
-  guint8 * g = (guint8 *) &mt_globals;
-  for (i = 0; i != sizeof (MtGlobals); i++)
-    g[i] = 0;
-  for (i = 0; i != mt_config.n_slots * sizeof (MtSlot); i++)
-    ((guint8 *) mt_slots)[i] = 0;
-  for (i = 0; i <= mt_config.stack_mask; i++)
-    mt_stack_table[i] = 0;
-  for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
-    mt_live_table[i] = 0;
-  for (i = 0; i <= mt_config.live_mask; i++)
-  {
-    mt_live_occupancy[i] = 0;
-    mt_live_locks[i] = 0;
-  }
-}
-
-guint64
-mt_slot_size (void)
-{
-  return sizeof (MtSlot);
-}
-
-guint64
-mt_globals_size (void)
-{
-  return sizeof (MtGlobals);
-}
-
-guint64
-mt_config_size (void)
-{
-  return sizeof (MtConfig);
-}
-
-guint64
-mt_lost_calls (void)
-{
-  return (guint64) mt_globals.lost_calls;
-}
-
-guint64
-mt_live_count (void)
-{
-  return (guint64) mt_globals.live_count;
-}
-
-guint64
-mt_stacks_interned (void)
-{
-  return (guint64) mt_globals.stacks_interned;
 }

@@ -1,6 +1,6 @@
 /*
  * memtrace --leaks: a conservative reachability scan inside the target, as LeakSanitizer and
- * macOS `leaks` do it.  Compiled into the malloc tracer's CModule after core.c and malloc.c;
+ * macOS `leaks` do it.  Compiled into the malloc tracer's CModule after the core and malloc.c;
  * driven by agents/leaks.js, which passes an MtLeakJob (memtrace/layout.py) with every buffer
  * already allocated: nothing here allocates, locks or calls the target's allocator, because
  * while the world is stopped a stopped thread may hold any lock.
@@ -34,13 +34,14 @@
 #define MT_LEAK_RED_ZONE 128       /* x86-64 leaf functions use 128 bytes below sp */
 #define MT_LEAK_WAIT_US 200
 #define MT_LEAK_STOP_TIMEOUT_US 10000000
-/* glibc's own bookkeeping (the arena's top, its free lists) points at the header of the chunk
- * after an in-use block, which is the last 8 bytes of malloc_usable_size: a word pointing there
- * is not a reference to the block. */
+/* glibc's own bookkeeping (the arena's top, its free lists) points at the start of the chunk after
+ * an in-use block: 16-byte aligned, and at most 8 bytes before the end of the block's requested
+ * size (a block's usable size is at least its requested size, and the next chunk starts 8 bytes
+ * before the end of the usable size).  Such a word is not a reference to the block (mt_leak_find). */
 #ifdef MT_DARWIN
-# define MT_LEAK_TAIL 0
+# define MT_LEAK_CHUNK_ALIGN 0
 #else
-# define MT_LEAK_TAIL 8
+# define MT_LEAK_CHUNK_ALIGN 16
 #endif
 
 extern gint usleep (guint usec);
@@ -58,7 +59,6 @@ extern gint mach_vm_read_overwrite (mt_port_t task, guint64 address, guint64 siz
     guint64 * out_size);
 extern gint mach_vm_region_recurse (mt_port_t task, guint64 * address, guint64 * size, guint32 * depth,
     gint32 * info, guint32 * count);
-extern gsize malloc_size (gconstpointer p);
 # ifdef MT_ARM64
 #  define MT_THREAD_STATE_FLAVOR 6           /* ARM_THREAD_STATE64: x0..x28, fp, lr, sp, pc, cpsr */
 #  define MT_THREAD_STATE_COUNT 68
@@ -78,7 +78,6 @@ extern gint open (const gchar * path, gint flags, ...);
 extern gint close (gint fd);
 extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
     gulong flags);
-extern gsize malloc_usable_size (gpointer p);
 # define MT_CLONE_VM 0x100
 # define MT_CLONE_FS 0x200
 # define MT_CLONE_FILES 0x400
@@ -103,58 +102,46 @@ extern gsize malloc_usable_size (gpointer p);
 
 /* ---- the one accessor on core.c's live table ------------------------------------------------ */
 
-static guint64
-mt_leak_block_size (guint64 p)
-{
-#ifdef MT_DARWIN
-  /* DEVICE-UNVERIFIED: malloc_size asks each zone; the large zone takes its lock.  Core's
-   * table will hold sizes and this call goes away. */
-  return (guint64) malloc_size ((gconstpointer) p);
-#else
-  return (guint64) malloc_usable_size ((gpointer) p);
-#endif
-}
-
 /*
- * THE candidate accessor: every tracked live block as (ptr, size), at most `cap`; returns how
- * many were written and sets *total to how many the table holds.  Today it walks core.c's live
- * table (pointers only) and asks the allocator for each block's size.  When the live table
- * stores each block's size (and stack), re-point this function at it: nothing else in this file
+ * THE candidate accessor: every tracked live malloc block as (ptr, size, stack id), at most `cap`;
+ * returns how many were written, sets *total to how many the table holds and *undecided to how
+ * many of those the Darwin logger path holds undecided (owed or suspect entries: malloc.c), which
+ * are not candidates: their address may be another block's by now.  The sizes are the requested
+ * sizes the table keeps (no allocator call: the world is stopped), the stacks the blocks' own;
+ * VM regions (the logger path's) are not malloc blocks and not counted.  Nothing else in this file
  * reads core.c's tables.
  */
 guint64
-mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * unsized)
+mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * undecided)
 {
-  guint64 b, n = 0, all = 0, nosize = 0;
-  guint i;
-  for (b = 0; b <= mt_config.live_mask; b++)
+  guint64 i, n = 0, all = 0, held = 0;
+  guint64 entries = (mt_config.live_mask + 1) * MT_LIVE_WAYS;
+  for (i = 0; i != entries; i++)
   {
-    volatile guint64 * ways;
-    if (mt_live_occupancy[b] == 0)
-      continue;
-    ways = &mt_live_table[b * MT_LIVE_WAYS];
-    for (i = 0; i != MT_LIVE_WAYS; i++)
+    guint64 p = mt_live_table[i];
+    if (p == 0 || (p & MT_LIVE_VM) != 0)
     {
-      guint64 p = ways[i], size;
-      if (p == 0)
-        continue;
-      all++;
-      size = mt_leak_block_size (p);
-      if (size == 0)
-      {
-        nosize++;
-        continue;
-      }
-      if (n < cap)
-      {
-        out[n].ptr = p;
-        out[n].size = size;
-        n++;
-      }
+      if ((i & (MT_LIVE_WAYS - 1)) == 0 && mt_live_occupancy[i / MT_LIVE_WAYS] == 0)
+        i += MT_LIVE_WAYS - 1;     /* an empty bucket */
+      continue;
+    }
+    all++;
+    if ((p & (MT_LIVE_SUSPECT | MT_LIVE_OWED)) != 0)
+    {
+      held++;
+      continue;
+    }
+    if (n < cap)
+    {
+      out[n].ptr = p;
+      out[n].size = mt_live_meta[i].size;
+      out[n].stack_id = mt_live_meta[i].stack_id;
+      out[n].reserved = 0;
+      n++;
     }
   }
   *total = all;
-  *unsized = nosize;
+  *undecided = held;
   return n;
 }
 
@@ -553,11 +540,11 @@ mt_leak_sort (MtLeakBlock * a, guint64 n)
 guint64
 mt_leak_collect (MtLeakJob * job)
 {
-  guint64 i, total = 0, unsized = 0;
+  guint64 i, total = 0, undecided = 0;
   MtLeakBlock * blocks = (MtLeakBlock *) job->blocks;
-  job->n_blocks = mt_leak_candidates (blocks, job->blocks_cap, &total, &unsized);
+  job->n_blocks = mt_leak_candidates (blocks, job->blocks_cap, &total, &undecided);
   job->blocks_total = total;
-  job->unsized_blocks = unsized;
+  job->undecided_blocks = undecided;
   mt_leak_sort (blocks, job->n_blocks);
   for (i = 0; i != job->n_blocks; i++)
     ((guint8 *) job->marks)[i] = 0;
@@ -568,13 +555,20 @@ mt_leak_collect (MtLeakJob * job)
   return job->n_blocks;
 }
 
+/* Where a pointer into the block may end: a block of 0 bytes is still pointed at by its address. */
+static inline guint64
+mt_leak_end (const MtLeakBlock * b)
+{
+  return b->ptr + (b->size != 0 ? b->size : 1);
+}
+
 /* The candidate holding address v (interior pointers count), or -1. */
 static inline gint64
 mt_leak_find (MtLeakJob * job, guint64 v)
 {
   const MtLeakBlock * b = (const MtLeakBlock *) job->blocks;
-  guint64 lo = 0, hi = job->n_blocks;
-  if (hi == 0 || v < b[0].ptr || v >= b[hi - 1].ptr + b[hi - 1].size)
+  guint64 lo = 0, hi = job->n_blocks, end;
+  if (hi == 0 || v < b[0].ptr || v >= mt_leak_end (&b[hi - 1]))
     return -1;
   while (hi - lo > 1)
   {
@@ -584,7 +578,12 @@ mt_leak_find (MtLeakJob * job, guint64 v)
     else
       hi = mid;
   }
-  return (v >= b[lo].ptr && v + MT_LEAK_TAIL < b[lo].ptr + b[lo].size) ? (gint64) lo : -1;
+  end = mt_leak_end (&b[lo]);
+  if (v < b[lo].ptr || v >= end)
+    return -1;
+  if (MT_LEAK_CHUNK_ALIGN != 0 && v != b[lo].ptr && (v & (MT_LEAK_CHUNK_ALIGN - 1)) == 0 && v + 8 >= end)
+    return -1;     /* where the next chunk may start: the allocator's pointer, not the program's */
+  return (gint64) lo;
 }
 
 static inline void

@@ -1,9 +1,12 @@
 /*
- * memtrace malloc tracer, hot paths.  Compiled after core.c in one CModule.
+ * memtrace malloc tracer, hot paths.  Compiled after core.c, track.c and drain.c in one CModule.
  *
  * Linux: Interceptor.replaceFast sends the glibc malloc family here; each
  * replacement calls the original through the pointer replaceFast returned
- * (extern symbols real_*).
+ * (extern symbols real_*).  Both backends feed the same core: mt_on_alloc and
+ * mt_on_release (counters, live table, per-stack aggregates, peak, temporaries)
+ * for an outermost call, mt_nested for a call made while the thread was already
+ * inside one.
  *
  * Darwin: libmalloc calls malloc_logger for every zone operation (the nano
  * zone included) and libsyscall calls __syscall_logger for VM operations;
@@ -26,6 +29,7 @@ extern gpointer (*real_memalign) (gsize, gsize);
 extern gpointer (*real_aligned_alloc) (gsize, gsize);
 extern gpointer (*real_valloc) (gsize);
 extern gpointer (*real_pvalloc) (gsize);
+extern gpointer (*real_reallocarray) (gpointer, gsize, gsize);
 
 #define MT_LOG_ALLOC 2
 #define MT_LOG_DEALLOC 4
@@ -130,30 +134,44 @@ mt_logger_decode (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
 
 /* ---- the logger path's live-table entries ------------------------------------------------
  *
- * Blocks the logger saw allocated are in core.c's live table as their address (P).  Two more
- * states, in the address's low bits (malloc blocks are 16-byte aligned, VM regions page aligned),
- * and a separate VM namespace:
+ * Blocks the logger saw allocated are in core.c's live table as their address (P), with their
+ * size, stack and birth in the entry beside the key, like the hooks' blocks: their frees update
+ * their stack's row.  libmalloc logs a free before the free but a realloc after the zone's
+ * realloc, so a moved block's old address may already belong to another thread (which may or may
+ * not have logged it yet).  Two more states, in the key's low bits (malloc blocks are 16-byte
+ * aligned, VM regions page aligned), and a separate VM namespace:
  *   X|1  S "suspect": a moved realloc's release found X allocated again and the one entry at X
  *        could be the old block (its new owner not logged yet) or the new owner's; the next
  *        event at X decides: an allocation proves it was the old block (released then), a free
  *        proves it is the live one (released by that free).
  *   X|2  O "owed": X was handed out again while still listed (its free was never logged: a moved
  *        realloc, logged later); the realloc's release takes it, nothing else does.
- *   X|4  a VM region (mach_vm_allocate, mmap ...): never matched by a malloc-family event.
- * Every change happens under the bucket's lock (core.c's insert takes it too), so two releases
- * of one address never clear the same entry. */
-#define MT_LIVE_SUSPECT 1
-#define MT_LIVE_OWED 2
-#define MT_LIVE_VM 4
+ *   X|4  a VM region (mach_vm_allocate, mmap ...): never matched by a malloc-family event, never
+ *        in a row, the peak, the LIVE records or a leak scan.
+ * An entry keeps its meta through these states: whoever releases it releases its row.  Every
+ * change of state and every release happens under the bucket's lock, so two events at one
+ * address never clear the same entry; an insert (track.c) only ever takes an empty way, and with
+ * gcc takes it without the lock, which none of these changes can disturb.  A nested event (a
+ * signal handler's, on a thread that may hold the lock) only tries the lock, and says when it
+ * could not have it (nested_table_busy). */
+/* (MT_LIVE_SUSPECT, MT_LIVE_OWED and MT_LIVE_VM are defined with the table, in core.c.) */
 
-static inline void
-mt_bucket_lock (guint64 b)
+static inline gboolean
+mt_bucket_lock (MtSlot * s, guint64 b, gboolean nested)
 {
-  while (!mt_trylock (&mt_live_locks[b], 4096))
+  if (nested)
+  {
+    if (mt_trylock (&mt_live_locks[b], 64))
+      return TRUE;
+    mt_ncount (s, MT_C_NESTED_TABLE_BUSY, 1);
+    return FALSE;
+  }
+  while (!mt_lock_patiently (&mt_live_locks[b]))
     ;
+  return TRUE;
 }
 
-/* The way holding v in bucket b (lock held), or -1. */
+/* The way holding key v in bucket b (lock held), or -1. */
 static gint
 mt_bucket_find (guint64 b, guint64 v)
 {
@@ -165,157 +183,222 @@ mt_bucket_find (guint64 b, guint64 v)
   return -1;
 }
 
+/* Takes way i of bucket b out of the table (lock held): its meta is read before the way is
+ * offered to another insert. */
 static void
-mt_bucket_clear (guint64 b, gint i)
+mt_bucket_take (guint64 b, gint i, MtLiveMeta * out)
 {
-  mt_live_table[b * MT_LIVE_WAYS + (guint64) i] = 0;
-  g_atomic_int_add (&mt_live_occupancy[b], -1);
-  g_atomic_pointer_add (&mt_globals.live_count, -1);
+  guint64 at = b * MT_LIVE_WAYS + (guint64) i;
+  *out = mt_live_meta[at];
+  mt_store_release (&mt_live_table[at], 0);
+  MT_ADD32 (&mt_live_occupancy[b], -1);
 }
 
-static void
-mt_free_record (MtSlot * s, guint kind, guint64 p, guint64 size)
+static inline void
+mt_logger_count (MtSlot * s, guint index, gboolean nested)
 {
-  MtFreeRecord * rec;
-  s->counters[MT_C_TRACKED_FREES]++;
-  rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
-  if (rec == NULL)
-    return;
-  rec->type = MT_REC_FREE;
-  rec->kind = (guint8) kind;
-  rec->flags = 0;
-  rec->reserved = 0;
-  rec->ptr = p;
-  rec->size = size;
-  mt_ring_commit (s, sizeof (MtFreeRecord));
+  if (nested)
+    mt_ncount (s, index, 1);
+  else
+    s->counters[index]++;
 }
 
-/* Is anything listed at p (any state)?  A cheap look without the lock first. */
-static gboolean
-mt_listed (guint64 p, guint64 * bucket)
+/* A malloc block the logger path took out of the table: its row, the tracked bytes, and in
+ * events mode its FREE record (never from a nested event: the ring may be mid-write). */
+static void
+mt_logger_released (MtSlot * s, guint kind, guint64 p, const MtLiveMeta * m, gboolean temporary, gboolean nested)
+{
+  mt_logger_count (s, MT_C_TRACKED_FREES, nested);
+  mt_release_tracked (s, m, temporary);
+  if (mt_config.events && !nested)
+  {
+    MtFreeRecord * rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
+    if (rec != NULL)
+    {
+      rec->type = MT_REC_FREE;
+      rec->kind = (guint8) kind;
+      rec->flags = 0;
+      rec->reserved = 0;
+      rec->ptr = p;
+      rec->size = 0;
+      mt_ring_commit (s, sizeof (MtFreeRecord));
+    }
+  }
+}
+
+/* An allocation at p, before it is tracked: what is still listed at p was freed unlogged. */
+static void
+mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
 {
   guint64 b = mt_live_bucket (p);
-  *bucket = b;
-  return mt_globals.live_count != 0 && mt_live_occupancy[b] != 0;
-}
-
-/* An allocation at p, before it is recorded: what is still listed at p was freed unlogged. */
-static void
-mt_logger_claim (MtSlot * s, guint64 p)
-{
-  guint64 b;
+  MtLiveMeta m;
   gint i;
-  if (p == 0 || !mt_listed (p, &b))
+  gboolean release = FALSE;
+  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
     return;
-  mt_bucket_lock (b);
   if ((i = mt_bucket_find (b, p | MT_LIVE_SUSPECT)) >= 0)
   {
     /* The suspect was the old block of a realloc: its release is this. */
-    mt_bucket_clear (b, i);
-    s->counters[MT_C_REALLOC_REUSE_SEEN]++;
-    mt_free_record (s, MT_K_REALLOC, p, 0);
+    mt_bucket_take (b, i, &m);
+    release = TRUE;
   }
   else if ((i = mt_bucket_find (b, p)) >= 0)
   {
     mt_live_table[b * MT_LIVE_WAYS + (guint64) i] = p | MT_LIVE_OWED;
-    s->counters[MT_C_REALLOC_REUSE_SEEN]++;
   }
   mt_unlock (&mt_live_locks[b]);
+  if (i >= 0)
+    mt_logger_count (s, MT_C_REALLOC_REUSE_SEEN, nested);
+  if (release)
+    mt_logger_released (s, MT_K_REALLOC, p, &m, FALSE, nested);
 }
 
 /* A free of p (logged before the free), or the old half of an in-place realloc: the live entry
  * at p, else the suspect one (the entry was the live block's after all). */
 static void
-mt_logger_release (MtSlot * s, guint kind, guint64 p)
+mt_logger_release (MtSlot * s, guint kind, guint64 p, gboolean temporary, gboolean nested)
 {
-  guint64 b;
+  guint64 b = mt_live_bucket (p);
+  MtLiveMeta m;
   gint i;
-  if (p == 0 || !mt_listed (p, &b))
+  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
     return;
-  mt_bucket_lock (b);
   if ((i = mt_bucket_find (b, p)) < 0)
     i = mt_bucket_find (b, p | MT_LIVE_SUSPECT);
   if (i >= 0)
-    mt_bucket_clear (b, i);
+    mt_bucket_take (b, i, &m);
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
-    mt_free_record (s, kind, p, 0);
+    mt_logger_released (s, kind, p, &m, temporary, nested);
 }
 
 /* The old block of a moved realloc, logged after the zone freed it: another thread may already
- * have been handed the address (and may or may not have logged it). */
+ * have been handed the address (and may or may not have logged it).  malloc_size tells whether
+ * the address is allocated again; a nested event may not ask it (the interrupted call may hold
+ * the zone's lock) and leaves the entry to the next event at the address. */
 static void
-mt_logger_release_moved (MtSlot * s, guint64 p)
+mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nested)
 {
-  guint64 b;
+  guint64 b = mt_live_bucket (p);
+  MtLiveMeta m;
   gint i;
   gboolean release = FALSE;
-  if (p == 0 || !mt_listed (p, &b))
+  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
     return;
-  mt_bucket_lock (b);
   if ((i = mt_bucket_find (b, p | MT_LIVE_OWED)) >= 0)
   {
-    mt_bucket_clear (b, i);
+    mt_bucket_take (b, i, &m);
     release = TRUE;
   }
   else if ((i = mt_bucket_find (b, p)) >= 0)
   {
     gsize (*size_of) (gconstpointer) = mt_block_size;
-    if (size_of != NULL && size_of ((gconstpointer) (gsize) p) != 0)
+    if (nested || (size_of != NULL && size_of ((gconstpointer) (gsize) p) != 0))
     {
       /* Handed out again and not logged as such: whose is the entry?  The next event decides. */
       mt_live_table[b * MT_LIVE_WAYS + (guint64) i] = p | MT_LIVE_SUSPECT;
-      s->counters[MT_C_REALLOC_REUSE_SEEN]++;
+      mt_logger_count (s, MT_C_REALLOC_REUSE_SEEN, nested);
     }
     else
     {
-      mt_bucket_clear (b, i);
+      mt_bucket_take (b, i, &m);
       release = TRUE;
     }
   }
   mt_unlock (&mt_live_locks[b]);
   if (release)
-    mt_free_record (s, MT_K_REALLOC, p, 0);
+    mt_logger_released (s, MT_K_REALLOC, p, &m, temporary, nested);
 }
 
-/* A VM region of the task's own: counted by kind (never in the malloc tiers), always listed
- * (VM calls are rare and large), stacked above the stack threshold, its tag in the record. */
+/* ---- the logger path's VM regions ------------------------------------------------------------ */
+
+/* VM events are rare and large, and never in the aggregates: each is an ALLOC or FREE record in
+ * the buffer the stack definitions go through (drained first, every drain, as the core's own
+ * chunk), whatever the mode.  Returns where to write the record, with the stack lock held (NULL,
+ * counted as dropped, when the buffer is full or the lock cannot be had). */
+static guint8 *
+mt_shared_begin (MtSlot * s, guint64 len, gboolean nested)
+{
+  guint8 * out;
+  if (nested ? mt_trylock (&mt_globals.stack_lock, 64) : mt_lock_patiently (&mt_globals.stack_lock))
+  {
+    out = mt_defs_reserve (len);
+    if (out != NULL)
+      return out;
+    mt_unlock (&mt_globals.stack_lock);
+  }
+  if (nested)
+  {
+    mt_ncount (s, MT_C_DROPPED_RECORDS, 1);
+    mt_ncount (s, MT_C_DROPPED_RECORD_BYTES, len);
+  }
+  else
+  {
+    s->counters[MT_C_DROPPED_RECORDS]++;
+    s->counters[MT_C_DROPPED_RECORD_BYTES] += len;
+  }
+  return NULL;
+}
+
 static void
-mt_on_vm_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, guint tag, gpointer fp)
+mt_shared_commit (MtSlot * s, guint64 len, gboolean nested)
+{
+  mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
+  mt_unlock (&mt_globals.stack_lock);
+  mt_logger_count (s, MT_C_RECORDS, nested);
+  if (nested)
+    mt_ncount (s, MT_C_RECORD_BYTES, len);
+  else
+    s->counters[MT_C_RECORD_BYTES] += len;
+}
+
+static void
+mt_vm_unlist (MtSlot * s, guint64 p)
+{
+  guint64 b = mt_live_bucket (p | MT_LIVE_VM);
+  MtLiveMeta m;
+  gint i;
+  mt_bucket_lock (s, b, FALSE);
+  if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
+    mt_bucket_take (b, i, &m);
+  mt_unlock (&mt_live_locks[b]);
+}
+
+/* A VM region of the task's own: counted by kind (never in the malloc tiers), listed (so that its
+ * deallocation is known for ours), stacked above the stack threshold, its tag in the record.  A
+ * nested one (a signal handler's) is only counted: walking the stack and interning it are what the
+ * interrupted call may be doing. */
+static void
+mt_on_vm_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, guint tag, gpointer fp, gboolean nested)
 {
   guint16 flags = (guint16) ((tag & 0xff) << MT_FLAG_TAG_SHIFT);
   guint32 stack_id = MT_NO_STACK;
   MtAllocRecord * rec;
+  if (nested)
+  {
+    mt_ncount (s, MT_C_CALLS + kind, 1);
+    mt_ncount (s, MT_C_BYTES + kind, size);
+    mt_ncount (s, MT_C_NESTED_CALLS, 1);
+    return;
+  }
   s->counters[MT_C_CALLS + kind]++;
   s->counters[MT_C_BYTES + kind] += size;
   if (size >= mt_config.stack_threshold)
   {
     guint64 frames[MT_MAX_FRAMES];
-    gboolean truncated;
-    guint n = mt_walk (s, fp, frames, (guint) mt_config.max_frames, &truncated);
-    if (truncated)
-    {
-      flags |= MT_FLAG_TRUNCATED;
-      s->counters[MT_C_TRUNCATED_STACKS]++;
-    }
+    guint n = mt_call_stack (s, kind, fp, frames, &flags);
     stack_id = mt_intern (s, frames, n);
   }
-  if (mt_live_insert (p | MT_LIVE_VM))
+  if (mt_live_insert (p | MT_LIVE_VM, size, stack_id, 0, 4096))
     flags |= MT_FLAG_LIVE;
   else
     s->counters[MT_C_LIVE_TABLE_FULL]++;
-  rec = (MtAllocRecord *) mt_ring_reserve (s, sizeof (MtAllocRecord));
+  rec = (MtAllocRecord *) mt_shared_begin (s, sizeof (MtAllocRecord), FALSE);
   if (rec == NULL)
   {
+    /* The host never learns of this region: forget it, so that its deallocation stays quiet. */
     if (flags & MT_FLAG_LIVE)
-    {
-      guint64 b = mt_live_bucket (p | MT_LIVE_VM);
-      gint i;
-      mt_bucket_lock (b);
-      if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
-        mt_bucket_clear (b, i);
-      mt_unlock (&mt_live_locks[b]);
-    }
+      mt_vm_unlist (s, p);
     return;
   }
   rec->type = MT_REC_ALLOC;
@@ -325,31 +408,50 @@ mt_on_vm_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, guint tag, gpoi
   rec->ptr = p;
   rec->size = size;
   rec->weight = size;
-  mt_ring_commit (s, sizeof (MtAllocRecord));
+  mt_shared_commit (s, sizeof (MtAllocRecord), FALSE);
 }
 
 /* A deallocation counts when it ends a region the task's own VM calls made; others (libmalloc's
  * regions, what was mapped before the window) only bump vm_untracked_frees. */
 static void
-mt_on_vm_free (MtSlot * s, guint64 p, guint64 size)
+mt_on_vm_free (MtSlot * s, guint64 p, guint64 size, gboolean nested)
 {
-  guint64 b;
+  guint64 b = mt_live_bucket (p | MT_LIVE_VM);
+  MtLiveMeta m;
+  MtFreeRecord * rec;
   gint i = -1;
-  if (mt_listed (p | MT_LIVE_VM, &b))
+  if (mt_live_occupancy[b] != 0 && mt_bucket_lock (s, b, nested))
   {
-    mt_bucket_lock (b);
     if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
-      mt_bucket_clear (b, i);
+      mt_bucket_take (b, i, &m);
     mt_unlock (&mt_live_locks[b]);
   }
   if (i < 0)
   {
-    s->counters[MT_C_VM_UNTRACKED_FREES]++;
+    mt_logger_count (s, MT_C_VM_UNTRACKED_FREES, nested);
     return;
   }
-  s->counters[MT_C_CALLS + MT_K_VM_DEALLOCATE]++;
-  s->counters[MT_C_BYTES + MT_K_VM_DEALLOCATE] += size;
-  mt_free_record (s, MT_K_VM_DEALLOCATE, p, size);
+  if (nested)
+  {
+    mt_ncount (s, MT_C_CALLS + MT_K_VM_DEALLOCATE, 1);
+    mt_ncount (s, MT_C_BYTES + MT_K_VM_DEALLOCATE, size);
+    mt_ncount (s, MT_C_NESTED_CALLS, 1);
+  }
+  else
+  {
+    s->counters[MT_C_CALLS + MT_K_VM_DEALLOCATE]++;
+    s->counters[MT_C_BYTES + MT_K_VM_DEALLOCATE] += size;
+  }
+  rec = (MtFreeRecord *) mt_shared_begin (s, sizeof (MtFreeRecord), nested);
+  if (rec == NULL)
+    return;
+  rec->type = MT_REC_FREE;
+  rec->kind = MT_K_VM_DEALLOCATE;
+  rec->flags = 0;
+  rec->reserved = 0;
+  rec->ptr = p;
+  rec->size = size;
+  mt_shared_commit (s, sizeof (MtFreeRecord), nested);
 }
 
 /* In-flight calls, sharded by stack address so threads do not share a counter's cache line:
@@ -371,6 +473,48 @@ mt_inflight_total (void)
   return total;
 }
 
+/* An event logged while the thread's slot was busy: on the agent's own thread (not the target's:
+ * not counted), or a signal handler's inside a logged call (libmalloc logs after the operation,
+ * a free before it).  Counted like any call; its releases and claims only try the bucket's lock. */
+static MT_NOINLINE void
+mt_logger_nested (MtSlot * s, const MtLoggerEvent * ev)
+{
+  if (s->busy == MT_BUSY_OWN)
+  {
+    mt_ncount (s, MT_C_OWN_CALLS, 1);
+    return;
+  }
+  switch (ev->op)
+  {
+    case MT_OP_ALLOC:
+      mt_logger_claim (s, ev->ptr, TRUE);
+      mt_nested (s, (guint) ev->kind, ev->ptr, ev->size, 0, TRUE);
+      break;
+    case MT_OP_FREE:
+      mt_nested (s, MT_K_FREE, 0, 0, 0, FALSE);
+      mt_logger_release (s, MT_K_FREE, ev->old_ptr, FALSE, TRUE);
+      break;
+    case MT_OP_REALLOC:
+      if (ev->old_ptr != 0 && ev->ptr == ev->old_ptr)
+        mt_logger_release (s, MT_K_REALLOC, ev->old_ptr, FALSE, TRUE);
+      else if (ev->old_ptr != 0 && (ev->ptr != 0 || ev->size == 0))
+        mt_logger_release_moved (s, ev->old_ptr, FALSE, TRUE);
+      if (ev->ptr != ev->old_ptr)
+        mt_logger_claim (s, ev->ptr, TRUE);
+      mt_nested (s, MT_K_REALLOC, ev->ptr, ev->size, 0, TRUE);
+      break;
+    case MT_OP_VM_ALLOC:
+      mt_on_vm_alloc (s, (guint) ev->kind, ev->ptr, ev->size, (guint) ev->tag, NULL, TRUE);
+      break;
+    case MT_OP_VM_FREE:
+      mt_on_vm_free (s, ev->old_ptr, ev->size, TRUE);
+      break;
+    case MT_OP_VM_SKIP:
+      mt_ncount (s, (guint) ev->skip, 1);
+      break;
+  }
+}
+
 void
 mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint64 result, guint32 skip)
 {
@@ -378,6 +522,7 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
   volatile gint * inflight = mt_inflight_shard (fp);
   MtLoggerEvent ev;
   MtSlot * s;
+  gboolean temporary;
   (void) skip;
   g_atomic_int_add (inflight, 1);
   if (!mt_config.enabled)
@@ -385,112 +530,220 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
   mt_logger_decode (type, arg1, arg2, arg3, result, (guint64) mt_self_task, &ev);
   if (ev.op == MT_OP_IGNORE)
     goto out;
-  s = mt_enter ();
+  s = mt_slot ();
   if (s == NULL)
     goto out;
+  if (G_UNLIKELY (s->busy != 0))
+  {
+    mt_logger_nested (s, &ev);
+    goto out;
+  }
+  mt_set_busy (s, MT_BUSY_HOOK);
   switch (ev.op)
   {
     case MT_OP_ALLOC:
-      mt_logger_claim (s, ev.ptr);
+      mt_logger_claim (s, ev.ptr, FALSE);
       mt_on_alloc (s, (guint) ev.kind, (gpointer) ev.ptr, ev.size, fp);
       break;
     case MT_OP_FREE:
       s->counters[MT_C_CALLS + MT_K_FREE]++;
-      mt_logger_release (s, MT_K_FREE, ev.old_ptr);
+      mt_logger_release (s, MT_K_FREE, ev.old_ptr, mt_check_temporary (s, ev.old_ptr), FALSE);
       break;
     case MT_OP_REALLOC:
+      temporary = mt_check_temporary (s, ev.old_ptr);
       if (ev.old_ptr != 0 && ev.ptr == ev.old_ptr)
-        mt_logger_release (s, MT_K_REALLOC, ev.old_ptr);
+        mt_logger_release (s, MT_K_REALLOC, ev.old_ptr, temporary, FALSE);
       else if (ev.old_ptr != 0 && (ev.ptr != 0 || ev.size == 0))
-        mt_logger_release_moved (s, ev.old_ptr);
+        mt_logger_release_moved (s, ev.old_ptr, temporary, FALSE);
       if (ev.ptr != ev.old_ptr)
-        mt_logger_claim (s, ev.ptr);
-      mt_on_alloc (s, MT_K_REALLOC, (gpointer) ev.ptr, ev.size, fp);
+        mt_logger_claim (s, ev.ptr, FALSE);
+      if (ev.ptr == 0 && ev.size == 0)
+        mt_count_call (s, MT_K_REALLOC, 0);   /* realloc(p, 0) frees; it does not fail */
+      else
+        mt_on_alloc (s, MT_K_REALLOC, (gpointer) ev.ptr, ev.size, fp);
       break;
     case MT_OP_VM_ALLOC:
-      mt_on_vm_alloc (s, (guint) ev.kind, ev.ptr, ev.size, (guint) ev.tag, fp);
+      mt_on_vm_alloc (s, (guint) ev.kind, ev.ptr, ev.size, (guint) ev.tag, fp, FALSE);
       break;
     case MT_OP_VM_FREE:
-      mt_on_vm_free (s, ev.old_ptr, ev.size);
+      mt_on_vm_free (s, ev.old_ptr, ev.size, FALSE);
       break;
     case MT_OP_VM_SKIP:
       s->counters[ev.skip]++;
       break;
   }
-  mt_leave (s);
+  mt_set_busy (s, 0);
 out:
   g_atomic_int_add (inflight, -1);
 }
 
 /* The agent's own thread (its JavaScript runs here: symbolization loads CoreSymbolication, whose
- * allocations are the agent's, not the app's): marked busy for good, so every call it makes is
- * passed through as nested.  Returns TRUE when the thread has its slot. */
+ * allocations are the agent's, not the app's): marked as memtrace's own for good, so every call it
+ * makes is passed through and counted only as own_calls.  Returns TRUE when the thread has its slot. */
 gboolean
 mt_ignore_this_thread (void)
 {
-  return mt_enter () != NULL;
+  MtSlot * s = mt_slot ();
+  if (s == NULL)
+    return FALSE;
+  mt_set_busy (s, MT_BUSY_OWN);
+  return TRUE;
 }
 
 /* ---- Linux (and Darwin fallback): the public malloc family ------------- */
 
-/* One replacement per entry that returns the new block: the real call, then the count and
- * (above the thresholds) the record.  The frame address is taken in the replacement itself:
- * it is the start of the caller's stack. */
-#define MT_DEFINE_ALLOC(fn, kind, size_expr, params, args)              \
+/*
+ * One replacement per entry.  An outermost call marks the slot busy, counts the call, makes the
+ * real call, then (above the thresholds) tracks its block.  A call that finds the slot busy is
+ * nested: it makes the real call and goes to mt_nested, which still counts it.  Entries that may
+ * call the family themselves (glibc's realloc(NULL, n) calls malloc, memalign with a small
+ * alignment calls malloc, reallocarray calls realloc) are "compound": during their real call the
+ * slot says so, nested calls are remembered, and mt_reconcile takes the allocator's own back out
+ * of the counts, so that each call the program made is counted once, as its kind.
+ * The frame address is taken in the replacement itself: it is the start of the caller's stack.
+ * malloc, calloc and free mark the slot only around their tracking work where counters cannot
+ * be torn by a signal handler (MT_LIGHT_HOOKS, core.c).
+ */
+#define MT_DEFINE_ALLOC(fn, kind, size_expr, params, args, nparams, nargs) \
+  static MT_NOINLINE gpointer                                           \
+  mt_##fn##_nested nparams                                              \
+  {                                                                     \
+    gpointer p = real_##fn args;                                        \
+    mt_nested (s, kind, (guint64) p, size_expr, 0, TRUE);               \
+    return p;                                                           \
+  }                                                                     \
+                                                                        \
+  gpointer                                                              \
+  mt_##fn params                                                        \
+  {                                                                     \
+    MtSlot * s;                                                         \
+    gpointer p;                                                         \
+    if (G_UNLIKELY (!mt_config.enabled) || G_UNLIKELY ((s = mt_slot ()) == NULL)) \
+      return real_##fn args;                                            \
+    if (G_UNLIKELY (s->busy != 0))                                      \
+      return mt_##fn##_nested nargs;                                    \
+    if (!MT_LIGHT_HOOKS)                                                \
+      mt_set_busy (s, MT_BUSY_HOOK);                                    \
+    p = real_##fn args;                                                 \
+    mt_count_call (s, kind, size_expr);                                 \
+    /* The frame address read here is the frame pointer itself: no register kept across the call. */ \
+    mt_on_allocated (s, kind, p, size_expr, __builtin_frame_address (0)); \
+    if (!MT_LIGHT_HOOKS)                                                \
+      mt_set_busy (s, 0);                                               \
+    return p;                                                           \
+  }
+
+#define MT_DEFINE_COMPOUND(fn, kind, size_expr, params, args)           \
   gpointer                                                              \
   mt_##fn params                                                        \
   {                                                                     \
     gpointer fp = __builtin_frame_address (0);                          \
     MtSlot * s;                                                         \
     gpointer p;                                                         \
-    if (!mt_config.enabled || (s = mt_enter ()) == NULL)                \
+    gssize seq0;                                                        \
+    if (!mt_config.enabled || (s = mt_slot ()) == NULL)                 \
       return real_##fn args;                                            \
+    if (G_UNLIKELY (s->busy != 0))                                      \
+    {                                                                   \
+      p = real_##fn args;                                               \
+      mt_nested (s, kind, (guint64) p, size_expr, 0, TRUE);             \
+      return p;                                                         \
+    }                                                                   \
+    seq0 = s->nested_seq;                                               \
+    mt_set_busy (s, MT_BUSY_COMPOUND);                                  \
+    mt_count_call (s, kind, size_expr);                                 \
     p = real_##fn args;                                                 \
-    mt_on_alloc (s, kind, p, size_expr, fp);                            \
-    mt_leave (s);                                                       \
+    mt_set_busy (s, MT_BUSY_HOOK);                                      \
+    mt_reconcile (s, seq0, (guint64) p, 0);                             \
+    if (G_UNLIKELY ((mt_alias_kinds & (1ULL << kind)) != 0))            \
+      mt_note_site (kind, fp, size_expr);                               \
+    mt_on_allocated (s, kind, p, size_expr, fp);                        \
+    mt_set_busy (s, 0);                                                 \
     return p;                                                           \
   }
 
-MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, size, (gsize size), (size))
-MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size))
+MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, size, (gsize size), (size), (MtSlot * s, gsize size), (s, size))
+MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size),
+                 (MtSlot * s, gsize n, gsize size), (s, n, size))
 
-/* A free of the old block plus an allocation of the new one: the nested
- * malloc/free glibc makes inside realloc are ours (busy) and go uncounted. */
+/* A free of the old block plus an allocation of the new one.  The old block leaves the live
+ * table before the real call: once realloc returns, another thread may be handed the same
+ * address.  (If realloc then fails, the old block lives on untracked.) */
+static gpointer
+mt_realloc_common (guint kind, gpointer old, gsize n, gsize size, gpointer fp)
+{
+  MtSlot * s;
+  gpointer p;
+  gssize seq0;
+  guint64 bytes = (guint64) n * (guint64) size;
+  gboolean array = kind == MT_K_REALLOCARRAY;
+  if (!mt_config.enabled || (s = mt_slot ()) == NULL)
+    return array ? real_reallocarray (old, n, size) : real_realloc (old, size);
+  if (G_UNLIKELY (s->busy != 0))
+  {
+    p = array ? real_reallocarray (old, n, size) : real_realloc (old, size);
+    mt_nested (s, kind, (guint64) p, bytes, (p != NULL || bytes == 0) ? (guint64) old : 0, TRUE);
+    return p;
+  }
+  mt_set_busy (s, MT_BUSY_HOOK);
+  if (old != NULL)
+    mt_on_release (s, kind, old, 0, TRUE);
+  seq0 = s->nested_seq;
+  mt_set_busy (s, MT_BUSY_COMPOUND);
+  p = array ? real_reallocarray (old, n, size) : real_realloc (old, size);
+  mt_set_busy (s, MT_BUSY_HOOK);
+  mt_reconcile (s, seq0, (guint64) p, (guint64) old);
+  if (p == NULL && bytes == 0)
+    mt_count_call (s, kind, 0);   /* realloc(p, 0) frees; it does not fail */
+  else
+    mt_on_alloc (s, kind, p, bytes, fp);
+  mt_set_busy (s, 0);
+  return p;
+}
+
+/* The barrier keeps these frames alive: as tail calls, the frame address handed on would be gone. */
 gpointer
 mt_realloc (gpointer old, gsize size)
 {
-  gpointer fp = __builtin_frame_address (0);
-  MtSlot * s;
-  gpointer p;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
-    return real_realloc (old, size);
-  if (old != NULL)
-    mt_on_release (s, MT_K_REALLOC, old, 0);
-  /* The old block leaves the live table before the real call: once realloc
-   * returns, another thread may be handed the same address.  (If realloc then
-   * fails, the old block lives on untracked.) */
-  p = real_realloc (old, size);
-  if (p == NULL && size == 0)
-    mt_count_call (s, MT_K_REALLOC, 0);   /* realloc(p, 0) frees; it does not fail */
-  else
-    mt_on_alloc (s, MT_K_REALLOC, p, size, fp);
-  mt_leave (s);
+  gpointer p = mt_realloc_common (MT_K_REALLOC, old, 1, size, __builtin_frame_address (0));
+  MT_COMPILER_BARRIER ();
   return p;
+}
+
+gpointer
+mt_reallocarray (gpointer old, gsize n, gsize size)
+{
+  gpointer p = mt_realloc_common (MT_K_REALLOCARRAY, old, n, size, __builtin_frame_address (0));
+  MT_COMPILER_BARRIER ();
+  return p;
+}
+
+/* free's uncommon cases, out of its way: hooks off, no slot, or nested. */
+static MT_NOINLINE void
+mt_free_aside (gpointer p)
+{
+  MtSlot * s;
+  if (mt_config.enabled && (s = mt_slot ()) != NULL && s->busy != 0)
+    mt_nested (s, MT_K_FREE, 0, 0, (guint64) p, FALSE);
+  real_free (p);
 }
 
 void
 mt_free (gpointer p)
 {
   MtSlot * s;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
+  if (G_UNLIKELY (!mt_config.enabled) || G_UNLIKELY ((s = mt_slot ()) == NULL) || G_UNLIKELY (s->busy != 0))
   {
-    real_free (p);
+    mt_free_aside (p);
     return;
   }
-  s->counters[MT_C_CALLS + MT_K_FREE]++;
-  mt_on_release (s, MT_K_FREE, p, 0);
+  if (!MT_LIGHT_HOOKS)
+    mt_set_busy (s, MT_BUSY_HOOK);
+  mt_bump (&s->counters[MT_C_CALLS + MT_K_FREE], 1);
+  mt_on_release (s, MT_K_FREE, p, 0, TRUE);
   real_free (p);
-  mt_leave (s);
+  if (!MT_LIGHT_HOOKS)
+    mt_set_busy (s, 0);
 }
 
 gint
@@ -499,15 +752,26 @@ mt_posix_memalign (gpointer * out, gsize alignment, gsize size)
   gpointer fp = __builtin_frame_address (0);
   MtSlot * s;
   gint r;
-  if (!mt_config.enabled || (s = mt_enter ()) == NULL)
+  gssize seq0;
+  if (!mt_config.enabled || (s = mt_slot ()) == NULL)
     return real_posix_memalign (out, alignment, size);
+  if (G_UNLIKELY (s->busy != 0))
+  {
+    r = real_posix_memalign (out, alignment, size);
+    mt_nested (s, MT_K_POSIX_MEMALIGN, r == 0 ? (guint64) *out : 0, size, 0, TRUE);
+    return r;
+  }
+  seq0 = s->nested_seq;
+  mt_set_busy (s, MT_BUSY_COMPOUND);
   r = real_posix_memalign (out, alignment, size);
+  mt_set_busy (s, MT_BUSY_HOOK);
+  mt_reconcile (s, seq0, r == 0 ? (guint64) *out : 0, 0);
   mt_on_alloc (s, MT_K_POSIX_MEMALIGN, r == 0 ? *out : NULL, size, fp);
-  mt_leave (s);
+  mt_set_busy (s, 0);
   return r;
 }
 
-MT_DEFINE_ALLOC (memalign, MT_K_MEMALIGN, size, (gsize alignment, gsize size), (alignment, size))
-MT_DEFINE_ALLOC (aligned_alloc, MT_K_ALIGNED_ALLOC, size, (gsize alignment, gsize size), (alignment, size))
-MT_DEFINE_ALLOC (valloc, MT_K_VALLOC, size, (gsize size), (size))
-MT_DEFINE_ALLOC (pvalloc, MT_K_PVALLOC, size, (gsize size), (size))
+MT_DEFINE_COMPOUND (memalign, MT_K_MEMALIGN, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_COMPOUND (aligned_alloc, MT_K_ALIGNED_ALLOC, size, (gsize alignment, gsize size), (alignment, size))
+MT_DEFINE_COMPOUND (valloc, MT_K_VALLOC, size, (gsize size), (size))
+MT_DEFINE_COMPOUND (pvalloc, MT_K_PVALLOC, size, (gsize size), (size))

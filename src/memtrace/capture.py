@@ -27,6 +27,14 @@ Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in per-thr
     FREE  (3): u8 type | u8 kind | u16 0 | u32 0 | u64 ptr | u64 size
     PAD   (0): u8 0 | u8 0 | u16 0 | u32 length    (skip ``length`` bytes)
 
+and, from the aggregate core (tid 0 chunks; ALLOC and FREE then only with ``--events``):
+
+    AGG       (4): u8 type | u8 nvalues | u16 0 | u32 stack id | u32 mask | u32 0 | u64 values[nvalues]
+                   (the stack's running totals of the layout.AGG_FIELDS whose bit is set in mask)
+    PEAK_HEAD (5): u8 type | u8 0 | u16 0 | u32 nstacks | u64 epoch | u64 bytes | u64 count | u64 t_us
+    PEAK      (6): u8 type | u8 0 | u16 0 | u32 stack id | u64 bytes | u64 count   (nstacks of them)
+    LIVE      (7): u8 type | u8 k | u16 0 | u32 stack id | u64 ptr | u64 size | u32 tick | u32 0
+
 Reading checks every record -- its checksum, its JSON, its shape (:data:`RECORD_SHAPES`), a
 BATCH's agent records' framing -- and stops at the first that fails, saying where and why
 (:class:`CaptureInfo`): analyzers only ever see well-formed records, and a damaged capture is
@@ -101,6 +109,9 @@ class RecordType(IntEnum):
 
 # The agent's record layout and counters (memtrace/layout.py, shared with the agent's C and JS).
 REC_PAD, REC_STACK, REC_ALLOC, REC_FREE = layout.REC_PAD, layout.REC_STACK, layout.REC_ALLOC, layout.REC_FREE
+REC_AGG, REC_PEAK_HEAD, REC_PEAK, REC_LIVE = layout.REC_AGG, layout.REC_PEAK_HEAD, layout.REC_PEAK, layout.REC_LIVE
+NESTED_STACK = layout.NESTED_STACK
+AGG_FIELDS = layout.AGG_FIELDS
 FLAG_LIVE, FLAG_SAMPLED, FLAG_TRUNCATED = layout.FLAG_LIVE, layout.FLAG_SAMPLED, layout.FLAG_TRUNCATED
 NO_STACK = layout.NO_STACK
 DROPPED_STACK = layout.DROPPED_STACK
@@ -126,6 +137,11 @@ _STACK_HEAD = struct.Struct(layout.STACK_RECORD.format)
 _ALLOC = struct.Struct(layout.ALLOC_RECORD.format)
 _FREE = struct.Struct(layout.FREE_RECORD.format)
 _PAD = struct.Struct(layout.PAD_RECORD.format)
+_AGG_HEAD = struct.Struct(layout.AGG_RECORD.format)
+_PEAK_HEAD = struct.Struct(layout.PEAK_HEAD_RECORD.format)
+_PEAK = struct.Struct(layout.PEAK_RECORD.format)
+_LIVE = struct.Struct(layout.LIVE_RECORD.format)
+_AGG_FIELD_NAMES = {i: name for name, i in layout.AGG_FIELDS.items()}
 
 
 # ---- record shapes -------------------------------------------------------------------------------
@@ -135,7 +151,8 @@ _PAD = struct.Struct(layout.PAD_RECORD.format)
 # Objects may carry keys not listed; listed keys that are present must have their shape.  A
 # measured float is opt(NUM): the writer turns a NaN or infinity into null (see _dumps).
 
-COUNTERS = seq(UINT, min_len=layout.N_COUNTERS)
+# A capture from before the counters grew holds layout.MIN_COUNTERS of them (_decode pads the list).
+COUNTERS = seq(UINT, min_len=layout.MIN_COUNTERS)
 ADDRS = seq(ADDR)
 _INLINED = row(opt(STR), opt(STR), opt(INT), min_len=1)
 SYMBOL_ROW = row(ADDR, opt(STR), opt(INT), opt(STR), opt(STR), opt(INT), opt(seq(_INLINED)), min_len=4)
@@ -181,9 +198,15 @@ EVENT = tagged("type", EVENT_SHAPES, obj({"type": STR, "t": opt(NUM), "tid": opt
 PROBE_ROW = obj({"entry": STR, "drives_state_machine": opt(BOOL), "state_before": opt(INT),
                  "state_after": opt(INT), "ledger_delta": opt(mapping(opt(NUM))), "error": opt(STR)})
 # A RESULT's body by the tracer that computed it.
+# malloc --leaks (agents/leaks.js): blocks by stack id as [stack id, blocks, bytes] rows.
+_BY_STACK = seq(row(UINT, UINT, UINT, min_len=3))
 RESULT_SHAPES: dict[str, Check] = {
     "probe": obj({"platform": opt(STR), "bytes": opt(UINT), "madvise_entry": opt(STR),
                   "ledger_available": BOOL, "rows": seq(PROBE_ROW), "errors": seq(STR)}),
+    "malloc": obj({"kind": STR, "when": opt(STR), "complete": BOOL, "stopped": BOOL, "candidates": UINT,
+                   "leaked_blocks": UINT, "leaked_bytes": UINT, "reachable_blocks": UINT, "reachable_bytes": UINT,
+                   "leaked_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
+                   "leaked": seq(row(ADDR, UINT, UINT, min_len=3)), "skipped": mapping(UINT)}),
 }
 
 PHASE_STATS = obj({"source": opt(STR), "in_use": NUM, "footprint": NUM})
@@ -203,7 +226,16 @@ RECORD_SHAPES: dict[RecordType, Check] = {
         "agent": ANY, "device": ANY,
     }),
     RecordType.MODULES: obj({"modules": seq(MODULE)}),
-    RecordType.BATCH: obj({"counters": COUNTERS, "t": opt(NUM), "lost": UINT, "live": UINT, "stacks": UINT}),
+    RecordType.BATCH: obj({
+        "counters": COUNTERS, "t": opt(NUM), "lost": UINT, "live": UINT, "stacks": UINT,
+        # the aggregate core's (agents/malloc.js onBatch): which stream, the clocks, tracked bytes,
+        # the peak so far, and on a drain's last batch the timeline sample
+        "mode": STR, "final": BOOL, "t0": opt(NUM), "clock": row(NUM, NUM, min_len=2),
+        "tracked": obj({"bytes": UINT, "blocks": UINT}),
+        "peak": obj({"bytes": UINT, "epoch": UINT, "t": opt(NUM)}), "live_done": BOOL,
+        "sample": obj({"t": NUM, "tracked_bytes": UINT, "tracked_blocks": UINT, "peak_bytes": UINT,
+                       "in_use": opt(NUM), "footprint": opt(NUM), "top": seq(row(UINT, UINT, min_len=2))}),
+    }),
     RecordType.SYMBOLS: obj({"rows": seq(SYMBOL_ROW), "by": opt(STR)}),
     RecordType.CALIBRATION: obj({"phase": STR, "allocator": opt(PHASE_STATS), "footprint": opt(PHASE_STATS)}),
     RecordType.EVENTS: obj({"events": seq(EVENT)}),
@@ -253,7 +285,42 @@ class FreeRecord:
     size: int
 
 
-AgentRecord = StackRecord | AllocRecord | FreeRecord
+@dataclass(slots=True)
+class AggRecord:
+    """A stack's running totals (only the fields that changed since its last AGG record)."""
+
+    stack_id: int
+    values: dict[str, int]
+
+
+@dataclass(slots=True)
+class PeakHeadRecord:
+    nstacks: int
+    epoch: int
+    bytes: int
+    count: int
+    t_us: int
+
+
+@dataclass(slots=True)
+class PeakRecord:
+    stack_id: int
+    bytes: int
+    count: int
+
+
+@dataclass(slots=True)
+class LiveRecord:
+    """A tracked block still live at the end of the window (the live table's entry)."""
+
+    stack_id: int
+    ptr: int
+    size: int
+    tick: int
+    k: int
+
+
+AgentRecord = StackRecord | AllocRecord | FreeRecord | AggRecord | PeakHeadRecord | PeakRecord | LiveRecord
 
 
 @dataclass(slots=True)
@@ -737,6 +804,9 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
     problem = RECORD_SHAPES.get(kind, mapping(ANY))(body)
     if problem is not None:
         raise _Damaged(f"{kind.name} record{'' if problem.startswith(('.', '[')) else ': '}{problem}")
+    counters = body.get("counters") if isinstance(body, dict) else None
+    if counters is not None and len(counters) < layout.N_COUNTERS:
+        counters.extend([0] * (layout.N_COUNTERS - len(counters)))    # counters added since: none counted
     return Record(kind, body, data)
 
 
@@ -805,12 +875,34 @@ def damage_at(record: Record, error: CaptureError) -> str:
 def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
     """Decode one BATCH's binary records, in per-thread order, as typed records."""
     for tid, r in _iter_records(data, with_tid=True):
-        if r[0] == REC_ALLOC:
+        rtype = r[0]
+        if rtype == REC_ALLOC:
             yield AllocRecord(tid, *r[1:3], *r[3:])
-        elif r[0] == REC_FREE:
+        elif rtype == REC_FREE:
             yield FreeRecord(tid, r[1], r[4], r[5])
-        else:
+        elif rtype == REC_STACK:
             yield StackRecord(tid, r[3], r[4])
+        elif rtype == REC_AGG:
+            yield AggRecord(r[3], agg_values(r[4], r[6]))
+        elif rtype == REC_PEAK_HEAD:
+            yield PeakHeadRecord(*r[3:])
+        elif rtype == REC_PEAK:
+            yield PeakRecord(*r[3:])
+        else:
+            yield LiveRecord(r[3], r[4], r[5], r[6], r[1])
+
+
+def agg_values(mask: int, values: tuple[int, ...]) -> dict[str, int]:
+    """An AGG record's values by field name (layout.AGG_FIELDS)."""
+    out: dict[str, int] = {}
+    i = 0
+    bit = 0
+    while mask >> bit:
+        if mask >> bit & 1:
+            out[_AGG_FIELD_NAMES[bit]] = values[i]
+            i += 1
+        bit += 1
+    return out
 
 
 def iter_agent_tuples(data: bytes) -> Iterator[tuple[Any, ...]]:
@@ -819,6 +911,10 @@ def iter_agent_tuples(data: bytes) -> Iterator[tuple[Any, ...]]:
         (REC_ALLOC, kind, flags, stack_id, ptr, size, weight)
         (REC_FREE, kind, 0, 0, ptr, size)
         (REC_STACK, nframes, 0, stack_id, frames)
+        (REC_AGG, nvalues, 0, stack_id, mask, 0, values)      values: u64 tuple in field order
+        (REC_PEAK_HEAD, 0, 0, nstacks, epoch, bytes, count, t_us)
+        (REC_PEAK, 0, 0, stack_id, bytes, count)
+        (REC_LIVE, k, 0, stack_id, ptr, size, tick, 0)
     """
     return _iter_records(data, with_tid=False)
 
@@ -856,6 +952,19 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
                     head = _STACK_HEAD.unpack_from(mv, pos)
                     r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
                     pos += head_size + 8 * head[1]
+                elif rtype == REC_AGG:
+                    head = _AGG_HEAD.unpack_from(mv, pos)
+                    r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + _AGG_HEAD.size))
+                    pos += _AGG_HEAD.size + 8 * head[1]
+                elif rtype == REC_PEAK_HEAD:
+                    r = _PEAK_HEAD.unpack_from(mv, pos)
+                    pos += _PEAK_HEAD.size
+                elif rtype == REC_PEAK:
+                    r = _PEAK.unpack_from(mv, pos)
+                    pos += _PEAK.size
+                elif rtype == REC_LIVE:
+                    r = _LIVE.unpack_from(mv, pos)
+                    pos += _LIVE.size
                 elif rtype == REC_PAD:
                     skip = _PAD.unpack_from(mv, pos)[3]
                     pos += max(skip, head_size)
@@ -879,6 +988,17 @@ def encode_agent_records(tid: int, records: list[AgentRecord]) -> bytes:
             out += _ALLOC.pack(REC_ALLOC, r.kind, r.flags, r.stack_id, r.ptr, r.size, r.weight)
         elif isinstance(r, FreeRecord):
             out += _FREE.pack(REC_FREE, r.kind, 0, 0, r.ptr, r.size)
+        elif isinstance(r, AggRecord):
+            fields = sorted((AGG_FIELDS[k], v) for k, v in r.values.items())
+            mask = sum(1 << i for i, _ in fields)
+            out += _AGG_HEAD.pack(REC_AGG, len(fields), 0, r.stack_id, mask, 0)
+            out += struct.pack(f"<{len(fields)}Q", *(v for _, v in fields))
+        elif isinstance(r, PeakHeadRecord):
+            out += _PEAK_HEAD.pack(REC_PEAK_HEAD, 0, 0, r.nstacks, r.epoch, r.bytes, r.count, r.t_us)
+        elif isinstance(r, PeakRecord):
+            out += _PEAK.pack(REC_PEAK, 0, 0, r.stack_id, r.bytes, r.count)
+        elif isinstance(r, LiveRecord):
+            out += _LIVE.pack(REC_LIVE, r.k, 0, r.stack_id, r.ptr, r.size, r.tick, 0)
         else:
             out += _STACK_HEAD.pack(REC_STACK, len(r.frames), 0, r.stack_id)
             out += struct.pack(f"<{len(r.frames)}Q", *r.frames)
@@ -899,6 +1019,16 @@ def record_to_json(record: Record) -> Iterator[dict[str, Any]]:
         elif isinstance(r, FreeRecord):
             yield {"record": "free", "tid": r.tid, "kind": KIND_NAMES.get(r.kind, r.kind),
                    "ptr": hex(r.ptr), "size": r.size}
+        elif isinstance(r, AggRecord):
+            yield {"record": "stack_totals", "stack": _sid(r.stack_id), **r.values}
+        elif isinstance(r, PeakHeadRecord):
+            yield {"record": "peak", "epoch": r.epoch, "bytes": r.bytes, "count": r.count, "stacks": r.nstacks,
+                   "t_us": r.t_us}
+        elif isinstance(r, PeakRecord):
+            yield {"record": "peak_stack", "stack": _sid(r.stack_id), "bytes": r.bytes, "count": r.count}
+        elif isinstance(r, LiveRecord):
+            yield {"record": "live_block", "stack": _sid(r.stack_id), "ptr": hex(r.ptr), "size": r.size,
+                   "tick": r.tick, "k": r.k}
         else:
             yield {"record": "stack", "tid": r.tid, "stack": r.stack_id, "frames": [hex(f) for f in r.frames]}
 
@@ -908,4 +1038,6 @@ def _sid(stack_id: int) -> int | None | str:
         return None
     if stack_id == DROPPED_STACK:
         return "dropped"
+    if stack_id == NESTED_STACK:
+        return "nested"
     return stack_id

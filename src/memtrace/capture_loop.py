@@ -42,10 +42,12 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "backend": "auto",
 }
 # Darwin: app extensions are jetsammed in the tens of MB, so the core's tables and rings are sized
-# for that (~5 MiB reserved instead of ~75; only what is used becomes resident).  An option the
-# user sets still wins.
+# for that (~6.5 MiB reserved instead of ~110; only what is used becomes resident, but a stack's
+# aggregate rows sit where its hash puts it, so many stacks touch most of their pages): 8192
+# stacks with one aggregate lane each (a row's cache line shared by threads), 65536 live blocks.
+# An option the user sets still wins.
 AGENT_SIZING_DARWIN: dict[str, Any] = {
-    "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 15, "liveTable": 1 << 17,
+    "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 13, "liveTable": 1 << 16, "aggLanes": 1,
 }
 
 

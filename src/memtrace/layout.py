@@ -62,6 +62,9 @@ class Layout:
 # ---- agent records: cmodule/core.c writes them, capture.py reads them -------------------------
 
 REC_PAD, REC_STACK, REC_ALLOC, REC_FREE = 0, 1, 2, 3
+# The aggregate stream (the default): per-stack running totals, the composition at the peak, and
+# at the end of the window the live table itself.  See "aggregates" below.
+REC_AGG, REC_PEAK_HEAD, REC_PEAK, REC_LIVE = 4, 5, 6, 7
 
 PAD_RECORD = Layout("MtPadRecord", (("type", "u8"), ("reserved", "u8"), ("reserved2", "u16"),
                                     ("length", "u32")))
@@ -78,11 +81,14 @@ CHUNK_HEADER = Layout("MtChunkHeader", (("tid", "u32"), ("length", "u32")))
 FLAG_LIVE, FLAG_SAMPLED, FLAG_TRUNCATED = 1, 2, 4
 NO_STACK = 0xFFFFFFFF          # the record has no stack (below the stack threshold)
 DROPPED_STACK = 0xFFFFFFFE     # it had one, but the stack table or the ring was full
+NESTED_STACK = 0xFFFFFFFD      # made inside another hooked call (a signal handler): counted, stack skipped
+# Pseudo stacks get aggregate rows after the stack table's own: NO_STACK, DROPPED_STACK, NESTED_STACK.
+PSEUDO_STACKS = (NO_STACK, DROPPED_STACK, NESTED_STACK)
 
 # Call kinds: the record's `kind` byte and the index into the per-kind counters.
 KINDS: dict[str, int] = {
     "malloc": 0, "calloc": 1, "realloc": 2, "free": 3, "posix_memalign": 4, "memalign": 5,
-    "aligned_alloc": 6, "valloc": 7, "pvalloc": 8, "vm_allocate": 12, "vm_deallocate": 13,
+    "aligned_alloc": 6, "valloc": 7, "pvalloc": 8, "reallocarray": 9, "vm_allocate": 12, "vm_deallocate": 13,
     "mapped_file": 14,
 }
 N_KINDS = 16
@@ -108,20 +114,116 @@ N_TIERS = len(TIER_MAX_BYTES)
 C_TIER_BYTES = C_TIER_CALLS + N_TIERS
 COUNTERS: dict[str, int] = {
     "dropped_records": 44, "dropped_record_bytes": 45, "dropped_stacks": 46, "live_table_full": 47,
-    "truncated_stacks": 48, "sampled": 49, "failed_allocs": 50, "nested_calls": 51,
+    "truncated_stacks": 48, "sampled": 49, "failed_allocs": 50,
+    # Calls made while the thread was already inside a hook (a signal handler's malloc): counted by
+    # kind, bytes and tier like any other, their stack skipped.  (Before the aggregate core this
+    # counted calls that went uncounted.)
+    "nested_calls": 51,
     "tracked_frees": 52, "records": 53, "record_bytes": 54,
+    # Temporary allocations (heaptrack's definition): freed by the thread that made them with no
+    # other allocation on that thread in between.
+    "temp_calls": 55, "temp_bytes": 56,
+    "nested_bytes": 57,
+    # Calls the allocator made inside one of its own hooked entries (glibc's realloc(NULL, n) calls
+    # malloc; memalign with a small alignment calls malloc): recognised and not counted twice.
+    "nested_internal": 58,
+    # Allocations memtrace's own code made on a thread while setting it up: not the target's, not counted.
+    "own_calls": 59,
+    # Nested calls inside a compound entry that could not all be checked against it (more than
+    # NESTED_LOG of them in one call): the allocator's own among them may be counted twice.
+    "nested_unreconciled": 60,
     # Darwin's logger path: VM events left out (each counted once, never silently), and the
     # realloc race (libmalloc logs a moved realloc after the old block is free again).
-    "vm_allocator_own": 55, "vm_failed": 56, "vm_other_task": 57, "vm_untracked_frees": 58,
-    "realloc_reuse_seen": 59,
+    "vm_allocator_own": 61, "vm_failed": 62, "vm_other_task": 63, "vm_untracked_frees": 64,
+    "realloc_reuse_seen": 65,
+    # A nested logger event (a signal handler's) whose live-table bucket the interrupted call held:
+    # its release or claim was skipped (the entry stays as it was).
+    "nested_table_busy": 66,
 }
-N_COUNTERS = 64
+N_COUNTERS = 72
+# Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0
+# (capture.py pads every counters list to N_COUNTERS).
+MIN_COUNTERS = 64
 
 # ---- the CModule core's tables, sized by the agent --------------------------------------------
 
 MAX_FRAMES = 64                # frames a stack record holds at most
 LIVE_WAYS = 8                  # pointers per live-table bucket
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
+NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call
+TOP_STACKS = 8                 # stacks by live bytes in each timeline sample
+N_SITES = 256                  # call sites remembered for an entry point several names share
+
+# A call site of an aliased entry (glibc's memalign is also aligned_alloc): the agent tells which name
+# the caller used from the call instruction at `ra` and moves the site's counts to that kind.
+SITE = Layout("MtSite", (("ra", "u64"), ("calls", "u64"), ("bytes", "u64"), ("kind", "u64")))
+
+# The live table: bucket b holds LIVE_WAYS keys (block addresses, 0 = empty) in mt_live_table[b * LIVE_WAYS
+# + way], and beside each key its entry in mt_live_meta at the same index.  `tick` is the drain count when
+# the block was allocated (100 ms ticks; it wraps after 2^24 ticks), `k` the sampling multiplier (0: an
+# exact block; k >= 1: a sampled one standing for k * sample_interval bytes).
+LIVE_META = Layout("MtLiveMeta", (("size", "u64"), ("stack_id", "u32"), ("tick_k", "u32")))
+LIVE_TICK_BITS = 24
+
+# ---- aggregates: per-stack running totals kept by the core, one row per stack and lane ---------
+
+# Each interned stack (and each pseudo stack) has AGG_LANES rows of AGG_STRIDE u64 counters; a thread
+# adds to the row of its lane (slot index % lanes), so threads running at once rarely share a cache line.
+# The drain sums the lanes.  "tracked" blocks are those in the live table: every block with a stack, and
+# unstacked blocks of at least the live threshold.
+AGG_FIELDS: dict[str, int] = {
+    "allocs": 0,            # tracked allocations
+    "bytes": 1,             # their sizes
+    "frees": 2,             # tracked frees (live = allocs - frees)
+    "freed_bytes": 3,       # their sizes (live bytes = bytes - freed_bytes)
+    "temp": 4,              # temporary allocations among the tracked frees
+    "temp_bytes": 5,
+    "snap_epoch": 6,        # peak bookkeeping (not shipped in AGG records)
+    "snap_bytes": 7,
+    "snap_count": 8,
+    "untracked": 9,         # allocations on this stack the live table had no room for (gross only)
+    "untracked_bytes": 10,
+    "sampled": 11,          # Poisson-sampled allocations (a subset of allocs + untracked)
+    "sampled_bytes": 12,
+    "sampled_weight": 13,   # the bytes they stand for
+    "sampled_count_fp": 14,  # the allocations they stand for, x 256
+    "extra_weight": 15,     # weight - size of tracked sampled blocks, at allocation
+    "extra_weight_freed": 16,
+}
+AGG_STRIDE = 24
+AGG_SNAP_FIELDS = frozenset({"snap_epoch", "snap_bytes", "snap_count"})
+# An AGG record carries the fields of its mask (bit = field index), each the stack's running total.
+AGG_SHIPPED_MASK = sum(1 << i for k, i in AGG_FIELDS.items() if k not in AGG_SNAP_FIELDS)
+AGG_FP_SHIFT = 8            # sampled_count_fp's fixed point
+
+# Followed by u64 values[nvalues], in field order.
+AGG_RECORD = Layout("MtAggRecord", (("type", "u8"), ("nvalues", "u8"), ("reserved", "u16"), ("stack_id", "u32"),
+                                    ("mask", "u32"), ("reserved2", "u32")))
+# The composition at the peak: a head, then `nstacks` PEAK records (stacks with tracked bytes at the peak).
+PEAK_HEAD_RECORD = Layout("MtPeakHeadRecord", (("type", "u8"), ("reserved", "u8"), ("reserved2", "u16"),
+                                               ("nstacks", "u32"), ("epoch", "u64"), ("bytes", "u64"),
+                                               ("count", "u64"), ("t_us", "u64")))
+PEAK_RECORD = Layout("MtPeakRecord", (("type", "u8"), ("reserved", "u8"), ("reserved2", "u16"), ("stack_id", "u32"),
+                                      ("bytes", "u64"), ("count", "u64")))
+# The live table at the end of the window, one record per tracked block still live.
+LIVE_RECORD = Layout("MtLiveRecord", (("type", "u8"), ("k", "u8"), ("reserved", "u16"), ("stack_id", "u32"),
+                                      ("ptr", "u64"), ("size", "u64"), ("tick", "u32"), ("reserved2", "u32")))
+
+# What one mt_drain call tells the agent besides its bytes (C writes, core.js reads).
+DRAIN_INFO = Layout("MtDrainInfo", (
+    ("more", "u64"),             # the buffer filled up: call again
+    ("now_us", "u64"),           # the core's clock (g_get_monotonic_time) at the drain
+    ("tracked_bytes", "u64"),    # bytes in tracked blocks now
+    ("tracked_blocks", "u64"),
+    ("peak_bytes", "u64"),       # their high-water mark
+    ("peak_epoch", "u64"),
+    ("peak_t_us", "u64"),
+    ("stacks", "u64"),           # stacks interned
+    ("n_top", "u64"),            # entries in mt_top: (stack_id, live bytes) pairs, largest first
+    ("tick", "u64"),             # drains so far
+    ("live_dumped", "u64"),      # live-table entries written as LIVE records so far (final drain)
+    ("live_done", "u64"),        # 1 once the final drain has written the whole live table
+))
 
 # Written once by the agent before the hooks go in; read-only afterwards (but `enabled`).
 CONFIG = Layout("MtConfig", (
@@ -138,6 +240,11 @@ CONFIG = Layout("MtConfig", (
     ("tls_key", "u64"),
     ("gettid_nr", "u64"),          # Linux syscall number for gettid
     ("enabled", "u64"),
+    ("agg_lanes", "u64"),          # aggregate rows per stack, power of two
+    ("events", "u64"),             # 1: also stream one record per tracked event (--events)
+    ("defs_size", "u64"),          # bytes of the stack-definition buffer, power of two
+    ("track_min", "u64"),          # min(live_threshold, stack_threshold), 0 while sampling: smaller blocks are only counted
+    ("chunk_min", "u64"),          # glibc: a block whose chunk (the size word before it) is smaller is untracked; 0: unused
 ))
 
 # ---- unwinding through code without frame pointers (cmodule/unwind.c, runtime/unwind.js) --------
@@ -178,8 +285,9 @@ LOGGER_INFLIGHT_STRIDE = 16    # gints between shards
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
 
-# One candidate block: a tracked live block, sorted by address for the scan.
-LEAK_BLOCK = Layout("MtLeakBlock", (("ptr", "u64"), ("size", "u64")))
+# One candidate block: a tracked live block (its requested size and stack from the live table), sorted
+# by address for the scan.
+LEAK_BLOCK = Layout("MtLeakBlock", (("ptr", "u64"), ("size", "u64"), ("stack_id", "u32"), ("reserved", "u32")))
 # One root range; flags say how the scan treats it.
 LEAK_RANGE = Layout("MtLeakRange", (("base", "u64"), ("size", "u64"), ("flags", "u64")))
 LEAK_RANGE_STACK = 1           # shaped like a thread stack: scanned from a stopped thread's sp, else skipped
@@ -211,7 +319,7 @@ LEAK_JOB = Layout("MtLeakJob", (
     # bytes not scanned, by reason: stacks of no stopped thread (exited threads' cached stacks,
     # Frida's own), the scanning thread's stack, unreadable memory
     ("skip_stack", "u64"), ("skip_own", "u64"), ("skip_unreadable", "u64"),
-    ("unsized_blocks", "u64"),     # candidates whose size the allocator would not tell
+    ("undecided_blocks", "u64"),   # live entries the Darwin logger path holds undecided (not candidates)
 ))
 
 # ---- purgeable tracer: cmodule/purgeable.c counts, agents/purgeable.js reads -------------------
@@ -278,4 +386,15 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 
 # Every record layout and C struct the generated header defines, in order.
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
-                                 CONFIG, LOGGER_EVENT, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB, UNWIND_ROW, UNWIND_MODULE)
+                                 CONFIG, LOGGER_EVENT, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
+                                 LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB,
+                                 UNWIND_ROW, UNWIND_MODULE)
+
+# Further #defines of the generated C header (name without the MT_ prefix -> value).
+C_DEFINES: dict[str, int] = {
+    "REC_AGG": REC_AGG, "REC_PEAK_HEAD": REC_PEAK_HEAD, "REC_PEAK": REC_PEAK, "REC_LIVE": REC_LIVE,
+    "NESTED_STACK": NESTED_STACK, "N_PSEUDO_STACKS": len(PSEUDO_STACKS),
+    "NESTED_LOG": NESTED_LOG, "TOP_STACKS": TOP_STACKS, "LIVE_TICK_BITS": LIVE_TICK_BITS, "N_SITES": N_SITES,
+    "AGG_STRIDE": AGG_STRIDE, "AGG_SHIPPED_MASK": AGG_SHIPPED_MASK, "AGG_FP_SHIFT": AGG_FP_SHIFT,
+    **{f"A_{k.upper()}": v for k, v in AGG_FIELDS.items()},
+}

@@ -64,6 +64,8 @@ class CoreStats(LiveStats):
         self.counters: list[int] = [0] * 64
         self.live = 0
         self.stacks = 0
+        self.tracked: int | None = None     # bytes in tracked blocks (aggregate core)
+        self.peak: int | None = None        # their high-water mark
 
     def batch(self, body: dict[str, Any], data: bytes) -> None:
         counters = body.get("counters")
@@ -71,6 +73,11 @@ class CoreStats(LiveStats):
             self.counters = counters
         self.live = int(body.get("live") or 0)
         self.stacks = int(body.get("stacks") or 0)
+        tracked, peak = body.get("tracked"), body.get("peak")
+        if isinstance(tracked, dict):
+            self.tracked = int(tracked.get("bytes") or 0)
+        if isinstance(peak, dict):
+            self.peak = int(peak.get("bytes") or 0)
 
     def activity(self) -> int:
         # Every call, releases included: the event rate.
@@ -84,7 +91,10 @@ class CoreStats(LiveStats):
         return self.counters[names["dropped_records"]] + self.counters[names["dropped_stacks"]]
 
     def snapshot(self) -> dict[str, Any]:
-        return {"counters": self.counters, "live": self.live, "stacks": self.stacks}
+        out: dict[str, Any] = {"counters": self.counters, "live": self.live, "stacks": self.stacks}
+        if self.tracked is not None:
+            out["tracked_bytes"], out["peak_bytes"] = self.tracked, self.peak
+        return out
 
 
 def event_stats(rows: Callable[[Counter[str], LiveStats], list[Row]]) -> Callable[[], LiveStats]:

@@ -13,10 +13,20 @@ from typing import Any
 
 from memtrace.analyze.families import classify as classify_family
 from memtrace.analyze.symbols import SymbolTable
-from memtrace.capture import FLAG_SAMPLED, REC_ALLOC, REC_STACK, iter_agent_tuples
+from memtrace.capture import (
+    AGG_FIELDS,
+    FLAG_SAMPLED,
+    REC_AGG,
+    REC_ALLOC,
+    REC_STACK,
+    agg_values,
+    iter_agent_tuples,
+)
 from memtrace.symbols import HostSymbolizer
 
 Rows = list[list[Any]]
+# A stack's gross bytes from its aggregate totals: tracked + untracked + sampled weights - sampled sizes.
+_GROSS = tuple(k for k in ("bytes", "untracked_bytes", "sampled_weight") if k in AGG_FIELDS)
 
 
 class StacksSeen:
@@ -28,6 +38,8 @@ class StacksSeen:
         self.pending: list[int] = []
         self._frames: dict[Any, tuple[int, ...]] = {}
         self._bytes: dict[Any, int] = {}
+        self._totals: dict[int, dict[str, int]] = {}   # aggregate core: each stack's latest totals
+        self._aggregates = False
 
     def symbolize_on_host(self) -> None:
         self.host = HostSymbolizer(self.symtab.modules)
@@ -41,8 +53,15 @@ class StacksSeen:
             return
         frames_of, bytes_of = self._frames, self._bytes
         for r in iter_agent_tuples(data):
-            if r[0] == REC_ALLOC:
+            if r[0] == REC_AGG:
+                # The aggregate core's running totals (with --events, ALLOC records come too: not added twice).
+                self._aggregates = True
                 if self.want_families:
+                    t = self._totals.setdefault(r[3], {})
+                    t.update(agg_values(r[4], r[6]))
+                    bytes_of[r[3]] = sum(t.get(k, 0) for k in _GROSS) - t.get("sampled_bytes", 0)
+            elif r[0] == REC_ALLOC:
+                if self.want_families and not self._aggregates:
                     sid = r[3]
                     bytes_of[sid] = bytes_of.get(sid, 0) + (r[6] if r[2] & FLAG_SAMPLED else r[5])
             elif r[0] == REC_STACK:

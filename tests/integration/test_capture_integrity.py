@@ -85,7 +85,8 @@ def test_full_disk_ends_the_capture_and_the_launched_target_finishes(
     churn = compile_c("churn")
     marker = tmp_path / "finished"
     cap = small_disk / "cap"
-    r = run_memtrace("malloc", "--device", "local", "--window", "60", "--keep-running", "--quiet", "--out", cap,
+    # --events: one record per allocation, so the capture grows by megabytes a second.
+    r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--keep-running", "--quiet", "--out", cap,
                      "--", churn, "8", marker, "20", check=False)
     assert r.returncode == 2, r.stderr
     check_full_disk_capture(cap, r.stderr)
@@ -101,7 +102,7 @@ def test_full_disk_detaches_from_a_pid_that_lives_on(small_disk: Path, tmp_path:
     try:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
         cap = small_disk / "cap"
-        r = run_memtrace("malloc", "--device", "local", "--window", "60", "--quiet", "--out", cap,
+        r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--quiet", "--out", cap,
                          "--pid", str(target.pid), check=False)
         assert r.returncode == 2, r.stderr
         check_full_disk_capture(cap, r.stderr)

@@ -128,9 +128,15 @@ def test_flamegraph_page_zoom_search_tooltip(browser: Any, demo: Path, tmp_path:
     assert box["width"] > 0.95 * chart["width"]         # the zoomed subtree fills the width
     page.locator("button", has_text="reset zoom").click()
     assert page.locator(".mt-dim").count() == 0
-    # The views a capture lacks say so.
+    # The peak view: what the core saw held at the peak, the image thread's kept 8 MB frames (and at
+    # most one it is about to free) far above everything else.
     page.locator("select").select_option("peak")
-    assert "not in this capture" in page.locator(".mt-chart").inner_text()
+    page.locator(".mt-node", has_text="image_decode_frame (workload)").hover()
+    tip = page.locator(".mt-tip").inner_text()
+    assert "24.0 MB (25,165,824 B" in tip and "3 allocations" in tip
+    # The temporary view: blocks freed before their thread's next allocation.
+    page.locator("select").select_option("temporary")
+    assert "net_receive_buffer (workload)" in page.locator(".mt-node").all_inner_texts()
     page.locator("select").select_option("gross")
     if os.environ.get("MEMTRACE_UPDATE_DOCS"):
         page.locator("input[type=search]").fill("cache_insert")

@@ -34,7 +34,7 @@ def check_pattern(doc: dict, when: str) -> None:
     assert scan["when"] == when
     assert scan["complete"] and scan["world_stopped"]
     assert scan["threads_stopped"] == 2 and scan["threads_not_stopped"] == 0     # main + the sleeper
-    assert scan["unmatched"] == 0 and scan["leaked_not_listed"] == 0
+    assert scan["undecided_blocks"] == 0 and scan["leaked_not_listed"] == 0
     assert by_function(leaks["leaked"]["by_stack"]) == LEAKED
     assert (leaks["leaked"]["blocks"], leaks["leaked"]["bytes"]) == (7, 37000)
     reachable = by_function(leaks["reachable"]["by_stack"])

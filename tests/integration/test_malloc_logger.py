@@ -18,7 +18,7 @@ import pytest
 from memtrace import layout
 from memtrace.agentbuild import build_agent
 from memtrace.analyze.malloc import summarize
-from memtrace.capture import RecordType, read_records
+from memtrace.capture import AllocRecord, RecordType, decode_agent_records, read_records
 from memtrace.capture_loop import CaptureOptions, run_capture
 from memtrace.target import TargetSpec
 from memtrace.ui import SilentUI
@@ -37,6 +37,7 @@ KIB, MIB = 1024, 1024 * 1024
 # TinyCC ("internal") is the compiler an iPhone has; Linux defaults to the external gcc toolchain.
 @pytest.fixture(params=["external", "internal"])
 def agent(compile_c, request):
+    toolchain = request.param
     device = frida.get_local_device()
     pid = device.spawn([str(compile_c("steady"))], stdio="pipe")
     session = device.attach(pid)
@@ -48,9 +49,9 @@ def agent(compile_c, request):
     script.load()
     api = script.exports_sync
     init = api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
-              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": request.param,
+              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": toolchain,
               "backend": "auto"}, agent.c_sources)
-    assert init["info"]["toolchain"] == request.param
+    assert init["info"]["toolchain"] == toolchain
     yield api, batches
     try:
         api.stop()
@@ -104,23 +105,33 @@ REALLOC_CALLS, REALLOC_BYTES = 8, 100000 + 7 * 8192
 # Still allocated at exit and tracked: 3 x 5000, the calloc, 1 MiB, the moved 100000, seven realloc'd
 # 8192s, B's four 4096s (the two 4088s were freed) and the async-frame 20000.
 LIVE_COUNT, LIVE_BYTES = 18, 15000 + 10000 + 1048576 + 100000 + 7 * 8192 + 4 * 4096 + 20000
+# Freed (or realloc'd) with no other allocation on the thread in between: the ten 100-byte pairs, the
+# 40000 moved to 100000, and the block each race and no_reuse realloc'd.
+TEMP_CALLS, TEMP_BYTES = 10 + 1 + 7, 10 * 100 + 40000 + 5 * 4096 + 2 * 4088
+# Tracked allocations (>= 4096 B): the three 5000s, the calloc, 1 MiB, 40000 and its 100000, each race's
+# old block where it is 4096 (4) and its 8192, B's 4096s (4), no_reuse's 4096 and 8192, the 20000.
+TRACKED_ALLOCS = 3 + 1 + 1 + 2 + 4 + 6 + 4 + 2 + 1
 
 
-@pytest.mark.parametrize("toolchain", ["external", "internal"])
-def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_path: Path, toolchain: str) -> None:
+@pytest.mark.parametrize("toolchain, events", [("external", False), ("internal", False), ("external", True)])
+def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_path: Path, toolchain: str,
+                                               events: bool) -> None:
     """libmtmalloc calls malloc_logger and libmtdarwin __syscall_logger exactly as libmalloc and libsyscall do:
     libmalloc's own regions stay out, VM is apart from malloc's gross and live figures, separated by tag,
-    failures and another task's VM are left out and counted, and every realloc race ends right."""
+    failures and another task's VM are left out and counted, and every realloc race ends right -- in the
+    core's per-stack totals, its peak and temporaries, and with --events in the per-event stream too."""
     prog = standin_program(compile_c, demo_bin, "standin_malloc")
     result = run_capture("malloc", TargetSpec(device="local", argv=[str(prog)]),
                          CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c",
-                                        agent_config={"backend": "logger", "toolchain": toolchain}),
+                                        agent_config={"backend": "logger", "toolchain": toolchain, "events": events}),
                          SilentUI(passthrough=False))
     assert result.ended == "target-exited"
-    summary = summarize(read_records(tmp_path / "c"))
-    recon = next(r.body for r in read_records(tmp_path / "c") if r.type == RecordType.RECON)
+    records = list(read_records(tmp_path / "c"))
+    summary = summarize(records)
+    recon = next(r.body for r in records if r.type == RecordType.RECON)
     assert recon["info"]["backend"] == "logger" and recon["info"]["toolchain"] == toolchain
     s = summary.to_json()
+    assert s["mode"] == ("events" if events else "aggregate")
     assert {k: v for k, v in s["calls"].items() if v} == {
         "malloc": MALLOC_CALLS, "calloc": 1, "realloc": REALLOC_CALLS, "free": 12,
         "vm_allocate": 3, "vm_deallocate": 2, "mapped_file": 2}
@@ -143,6 +154,15 @@ def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_pa
     assert vm["live"] == {"count": 3, "bytes": MIB + 64 * KIB + 128 * KIB}
     # libmalloc's own: two regions (tiny, small) and four large blocks (1 MiB, 40000, 100000, 20000).
     assert vm["left_out"] == {"allocator_own": 6, "failed": 1, "other_task": 2, "untracked_frees": 0}
+    # The peak is the end's live set, reached by the last allocation (no race leaves an entry behind).
+    assert (s["peak"]["bytes"], s["peak"]["count"]) == (LIVE_BYTES, LIVE_COUNT)
+    assert (s["temporary"]["calls"], s["temporary"]["bytes"]) == (TEMP_CALLS, TEMP_BYTES)
+    # The live table at the end holds the same blocks as the rows, VM regions apart.
+    assert len(summary.live_blocks) == LIVE_COUNT and sum(b[1] for b in summary.live_blocks) == LIVE_BYTES
+    streamed = [r for rec in records if rec.type == RecordType.BATCH for r in decode_agent_records(rec.data)
+                if isinstance(r, AllocRecord) and r.kind not in layout.VM_KINDS]
+    # Events mode streams each tracked allocation; the default streams none (VM regions are records in both).
+    assert len(streamed) == (TRACKED_ALLOCS if events else 0)
     # The C walk goes on past a frame whose saved frame pointer has Swift's async bit.
     stacks = [[f.function for f in row.frames] for row in summary.stack_rows(None)]
     async_stack = next(st for st in stacks if "alloc_below" in st)
@@ -152,7 +172,7 @@ def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_pa
 
 def test_agent_thread_allocations_are_the_agents(agent) -> None:
     """Calls the agent's own JavaScript thread makes (symbolization loads CoreSymbolication on Darwin)
-    are passed through uncounted, as nested calls."""
+    are passed through uncounted (own_calls says how many)."""
     api, batches = agent
     api.start()
 
@@ -164,10 +184,11 @@ def test_agent_thread_allocations_are_the_agents(agent) -> None:
     before = counters()
     assert api.malloc_on_agent_thread(50, 10000) == {"ignored": True}
     after = counters()
-    malloc, free, nested = layout.KINDS["malloc"], layout.KINDS["free"], layout.COUNTERS["nested_calls"]
+    malloc, free, own = layout.KINDS["malloc"], layout.KINDS["free"], layout.COUNTERS["own_calls"]
     assert after[layout.C_CALLS + malloc] == before[layout.C_CALLS + malloc]
     assert after[layout.C_CALLS + free] == before[layout.C_CALLS + free]
-    assert after[nested] - before[nested] >= 100
+    assert after[layout.COUNTERS["nested_calls"]] == before[layout.COUNTERS["nested_calls"]]
+    assert after[own] - before[own] >= 100
     api.stop()
 
 
@@ -206,7 +227,7 @@ def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) ->
 
 
 def test_agent_tables_stay_untouched_until_used_and_are_reported(compile_c, demo_bin: Path, tmp_path: Path) -> None:
-    """The core's tables are fresh pages, never cleared by hand: at start ~75 MiB are reserved and next
+    """The core's tables are fresh pages, never cleared by hand: at start ~90 MiB are reserved and next
     to nothing is resident.  Calibration reports the agent's own resident bytes, and the footprint
     delta is given without them."""
     prog = standin_program(compile_c, demo_bin, "standin_malloc")

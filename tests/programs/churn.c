@@ -1,7 +1,7 @@
 /* churn SECONDS [MARKER [PER_MS]]: mallocs and frees 16 KiB blocks (above the stack threshold, so
- * every call is a record with a stack), PER_MS (default 1000) of them per millisecond, for
- * SECONDS, then writes "finished N" to MARKER (N: blocks allocated) and exits 0.  Prints "ready <pid>" once started: a capture of it
- * grows by megabytes a second, which fills a small disk quickly. */
+ * with --events every call is a record with a stack), PER_MS (default 1000) of them per millisecond, for
+ * SECONDS, then writes "finished N" to MARKER (N: blocks allocated) and exits 0.  Prints "ready <pid>" once started: an --events capture
+ * of it grows by megabytes a second, which fills a small disk quickly. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

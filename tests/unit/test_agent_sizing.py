@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from memtrace import layout
 from memtrace.capture_loop import AGENT_DEFAULTS, agent_config_for
 
-SLOT_BYTES, LIVE_WAYS = 1024, 8
+SLOT_BYTES, GLOBALS_BYTES, CORE_BYTES, DEFS_BYTES = 2048, 65536, 4096, 1 << 20   # runtime/core.js
 
 
 def reserved(config: dict) -> int:
-    """Bytes the core maps for a config (runtime/core.js: rings, slots, stack table, live table)."""
-    return (config["rings"] * config["ringKb"] * 1024 + config["threadSlots"] * SLOT_BYTES
-            + config["stackTable"] * 8 + config["liveTable"] * 8 + 2 * (config["liveTable"] // LIVE_WAYS) * 4)
+    """Bytes the core maps for a config, as runtime/core.js does (the default mode: no rings)."""
+    stacks, entries = config["stackTable"], config["liveTable"]
+    rows = stacks + len(layout.PSEUDO_STACKS)
+    lanes = config.get("aggLanes", 4)
+    rings = config["rings"] * config["ringKb"] * 1024 if config.get("events") else 0
+    return (GLOBALS_BYTES + CORE_BYTES + config["threadSlots"] * SLOT_BYTES + rings
+            + stacks * (8 + 4) + DEFS_BYTES                                          # stack table, list, definitions
+            + entries * (8 + layout.LIVE_META.size) + 2 * (entries // layout.LIVE_WAYS) * 4   # live table, meta
+            + rows * (lanes * layout.AGG_STRIDE * 8 + 1 + layout.AGG_STRIDE * 8 + 8))      # rows, dirty, shipped, live
 
 
 def test_darwin_targets_get_small_tables_and_user_options_still_win() -> None:
@@ -18,6 +25,7 @@ def test_darwin_targets_get_small_tables_and_user_options_still_win() -> None:
     assert linux == AGENT_DEFAULTS
     assert reserved(linux) > 64 << 20
     assert reserved(darwin) < 8 << 20
+    assert reserved({**darwin, "events": True}) < 12 << 20
     assert agent_config_for("darwin", {"ringKb": 1024})["ringKb"] == 1024
     assert agent_config_for("darwin", {"liveThreshold": 1})["liveThreshold"] == 1
     assert agent_config_for(None, {}) == AGENT_DEFAULTS

@@ -57,10 +57,12 @@ def test_c_sources_per_agent() -> None:
     malloc = build_agent("malloc").c_sources
     assert malloc[0] == header
     assert malloc[1].startswith('#line 1 "unwind.c"\n') and "mt_unwind_walk" in malloc[1]
-    assert malloc[2].startswith('#line 1 "core.c"\n') and "mt_drain" in malloc[2]
-    assert malloc[3].startswith('#line 1 "malloc.c"\n') and "mt_malloc_logger" in malloc[3]
-    assert malloc[4].startswith('#line 1 "leaks.c"\n') and "mt_leak_candidates" in malloc[4]
-    assert len(malloc) == 5
+    assert malloc[2].startswith('#line 1 "core.c"\n') and "mt_assign" in malloc[2]
+    assert malloc[3].startswith('#line 1 "track.c"\n') and "mt_track_alloc" in malloc[3]
+    assert malloc[4].startswith('#line 1 "drain.c"\n') and "mt_drain" in malloc[4]
+    assert malloc[5].startswith('#line 1 "malloc.c"\n') and "mt_malloc_logger" in malloc[5]
+    assert malloc[6].startswith('#line 1 "leaks.c"\n') and "mt_leak_candidates" in malloc[6]
+    assert len(malloc) == 7
     purgeable = build_agent("purgeable").c_sources
     assert purgeable[0] == header and purgeable[1].startswith('#line 1 "purgeable.c"\n')
     assert "purg_enter" in purgeable[1]
@@ -180,5 +182,5 @@ def test_an_installed_wheel_builds_every_agent(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     assert doc["from"].startswith(str(site))
     assert set(doc["agents"]) == set(AGENTS)
-    assert doc["agents"]["malloc"][1] == 5 and doc["agents"]["purgeable"][1] == 2
+    assert doc["agents"]["malloc"][1] == 7 and doc["agents"]["purgeable"][1] == 2
     assert all(size > 1000 for size, _ in doc["agents"].values())

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memtrace import capture
+from memtrace import capture, layout
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import (
     NO_END,
@@ -35,7 +35,7 @@ def write_sample(path: Path) -> list[tuple[RecordType, object]]:
     ])
     items: list[tuple[RecordType, object]] = [
         (RecordType.META, {"tracer": "malloc", "target": {"label": "t"}}),
-        (RecordType.BATCH, {"t": 1, "counters": [0] * 64}),
+        (RecordType.BATCH, {"t": 1, "counters": [0] * layout.N_COUNTERS}),
         (RecordType.END, {"ended": "completed", "reason": "done"}),
     ]
     with CaptureWriter(path) as w:
@@ -54,6 +54,20 @@ def test_round_trip(tmp_path: Path) -> None:
     assert decoded == [StackRecord(7, 1, (0x1000, 0x2000)),
                        AllocRecord(7, 0, capture.FLAG_LIVE, 1, 0xA000, 8192, 8192),
                        FreeRecord(7, 3, 0xA000, 0)]
+
+
+def test_counters_of_an_older_capture_read_as_zero_past_its_end(tmp_path: Path) -> None:
+    """Captures from before the counters grew hold MIN_COUNTERS of them: the rest read as 0."""
+    p = tmp_path / "old.mtc"
+    with CaptureWriter(p) as w:
+        w.write(RecordType.BATCH, {"counters": list(range(1, layout.MIN_COUNTERS + 1))})
+    (batch,) = read_records(p)
+    assert batch.body["counters"] == [*range(1, layout.MIN_COUNTERS + 1), *[0] * (layout.N_COUNTERS - layout.MIN_COUNTERS)]
+    short = tmp_path / "short.mtc"
+    with CaptureWriter(short) as w:
+        w.write(RecordType.BATCH, {"counters": [0] * (layout.MIN_COUNTERS - 1)})
+    info = capture.CaptureInfo(short)
+    assert list(read_records(short, info)) == [] and "BATCH record" in info.truncation
 
 
 def test_every_truncation_reads_back_the_complete_prefix(tmp_path: Path) -> None:

@@ -4,17 +4,18 @@
  * Before the world stops (Frida's APIs may take locks a stopped thread holds, so they are used
  * only here): the threads not to stop (Frida's own, cloaked), the writable ranges (Frida's
  * cloaked memory is not listed; memtrace's own tables are cut out), which ranges are shaped like
- * thread stacks, and every buffer the C needs.  While it is stopped: the candidates, a flush (so
- * every ALLOC record of a candidate reaches the host before the result), the scan in slices with
- * a progress message after each, and the result.  Then the world resumes.
+ * thread stacks, and every buffer the C needs.  While it is stopped: the candidates (each with
+ * its requested size and stack id, from the core's live table), the scan in slices with a progress
+ * message after each, and the result.  Then the world resumes.  Nothing that may take a lock runs
+ * while it is stopped: no drain (a drain's timeline sample asks the allocator for its statistics).
  *
- * The result names the leaked blocks by address; the host knows each live block's ALLOC record
- * and so its stack, and counts the reachable ones as the live blocks that were not leaked.
+ * The result gives the leaked and the still reachable blocks by stack id ([stack id, blocks,
+ * bytes]), and the leaked blocks' addresses (the first MAX_LEAKED_LISTED); the host names the
+ * stacks from the definitions every drain ships.
  */
 
 import { LEAK_BLOCK, LEAK_JOB, LEAK_RANGE, LEAK_RANGE_STACK, LEAK_REGS, LEAK_STATES, LEAK_THREAD } from './layout.js';
 import { core } from './runtime/core.js';
-import { flush } from './runtime/flush.js';
 import { IS_DARWIN, findExport, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
 
@@ -26,10 +27,10 @@ const SCRATCH = 64 * 1024;
 const LINUX_ARENA_ALIGN = 64 * 1024 * 1024;   // glibc's HEAP_MAX_SIZE: non-main arenas start aligned
 
 const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'process_vm_readv',
-  'malloc_usable_size', 'usleep'];
+  'usleep'];
 const DARWIN_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume', 'thread_get_state',
   'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite', 'mach_vm_region_recurse',
-  'malloc_size', 'usleep'];
+  'usleep'];
 
 /* The C library symbols cmodule/leaks.c calls, for the CModule. */
 export function leakSymbols() {
@@ -157,7 +158,7 @@ export function scanLeaks(config, when) {
   const t0 = now();
   const own = (core.owned || []).slice();
   const skip = cloakedTids();
-  const liveNow = Number(core.fns.live());
+  const liveNow = Number(fn('mt_live_occupied', 'uint64', [])());
   const cap = Math.max(1024, Math.ceil(liveNow * 1.5) + 4096);
 
   // Every buffer first, so the ranges listed next can leave them out (they hold block addresses).
@@ -188,7 +189,7 @@ export function scanLeaks(config, when) {
     marks: uint64(marks.toString()), worklist: uint64(worklist.toString()), n_work: 0,
     scratch: uint64(scratch.toString()), scratch_size: SCRATCH,
     phase: 0, range_index: 0, range_offset: 0, root_bytes: 0, block_bytes: 0,
-    skip_stack: 0, skip_own: 0, skip_unreadable: 0, unsized_blocks: 0,
+    skip_stack: 0, skip_own: 0, skip_unreadable: 0, undecided_blocks: 0,
   });
 
   const budgetMs = (config.leaksBudget || 30) * 1000;
@@ -208,8 +209,6 @@ export function scanLeaks(config, when) {
   let j;
   try {
     collect(job);
-    // Every record made before the stop reaches the host before the result does.
-    flush();
     const total = roots.reduce((a, r) => a + r.size, 0);
     for (;;) {
       if (step(job, SLICE_BYTES) === 1) {
@@ -225,16 +224,28 @@ export function scanLeaks(config, when) {
     }
     j = readStruct(job, LEAK_JOB);
     const n = Number(j.n_blocks);
+    const leakedBy = new Map();
+    const reachableBy = new Map();
     for (let i = 0; i < n; i++) {
-      const size = Number(blocks.add(i * LEAK_BLOCK.size + 8).readU64());
-      if (marks.add(i).readU8() !== 0) {
+      const at = blocks.add(i * LEAK_BLOCK.size);
+      const size = Number(at.add(8).readU64());
+      const sid = at.add(16).readU32();
+      const by = marks.add(i).readU8() !== 0 ? reachableBy : leakedBy;
+      const acc = by.get(sid);
+      if (acc === undefined)
+        by.set(sid, [sid, 1, size]);
+      else {
+        acc[1]++;
+        acc[2] += size;
+      }
+      if (by === reachableBy) {
         reachableCount++;
         reachableBytes += size;
       } else {
         leakedCount++;
         leakedBytes += size;
         if (leaked.length < MAX_LEAKED_LISTED)
-          leaked.push(blocks.add(i * LEAK_BLOCK.size).readU64().toString(16));
+          leaked.push([at.readPointer().toString(), size, sid]);
       }
     }
     const result = {
@@ -242,9 +253,10 @@ export function scanLeaks(config, when) {
       complete, stopped,
       threads_stopped: Number(j.n_threads), threads_not_stopped: Number(j.n_failed),
       frida_threads: skip.length,
-      candidates: n, candidates_total: Number(j.blocks_total), unsized_blocks: Number(j.unsized_blocks),
-      leaked_blocks: leakedCount, leaked_usable_bytes: leakedBytes,
-      reachable_blocks: reachableCount, reachable_usable_bytes: reachableBytes,
+      candidates: n, candidates_total: Number(j.blocks_total), undecided_blocks: Number(j.undecided_blocks),
+      leaked_blocks: leakedCount, leaked_bytes: leakedBytes,
+      reachable_blocks: reachableCount, reachable_bytes: reachableBytes,
+      leaked_by_stack: [...leakedBy.values()], reachable_by_stack: [...reachableBy.values()],
       leaked_listed: leaked.length,
       root_ranges: roots.length, root_bytes: Number(j.root_bytes), block_bytes: Number(j.block_bytes),
       skipped: {
@@ -252,7 +264,7 @@ export function scanLeaks(config, when) {
         unreadable: Number(j.skip_unreadable),
         not_scanned_budget: complete ? 0 : Math.max(0, total - (Number(j.root_bytes) + Number(j.skip_stack) +
           Number(j.skip_own) + Number(j.skip_unreadable))),
-        candidates_over_capacity: Number(j.blocks_total) - n - Number(j.unsized_blocks),
+        candidates_over_capacity: Number(j.blocks_total) - n - Number(j.undecided_blocks),
       },
       stop_ms: tStopped - t0, scan_ms: now() - tStopped, budget_ms: budgetMs,
       leaked,

@@ -1,28 +1,30 @@
 /*
- * malloc tracer.  Hot paths live in cmodule/core.c + cmodule/malloc.c; this
- * file only finds the hook points and wires them up.
+ * malloc tracer.  Hot paths live in cmodule/ (core.c, track.c, drain.c, malloc.c; leaks.c for
+ * --leaks); this file finds the hook points, wires them up, and adds to each batch what only it
+ * knows (the timeline sample, counts moved between aliased names).
  *
  * Linux:  Interceptor.replaceFast on the glibc malloc family.
  * Darwin: libmalloc's `malloc_logger` (every zone, nano included) and
  *         libsyscall's `__syscall_logger` (VM operations with their tag);
  *         the public malloc family through replaceFast where the logger
  *         cannot be set.  DEVICE-UNVERIFIED: written from libmalloc's
- *         stack_logging.h and malloc.c, exercised on Linux only through
- *         mt_logger_decode (see tests/integration/test_malloc_logger.py).
+ *         stack_logging.h and malloc.c, exercised on Linux through the
+ *         stand-in libmtmalloc (tests/integration/test_malloc_logger.py).
  */
 
-import { KINDS, LOGGER_EVENT } from './layout.js';
+import { C_BYTES, C_CALLS, KINDS, LOGGER_EVENT, N_SITES, SITE } from './layout.js';
 import { leakSymbols, scanLeaks } from './leaks.js';
 import { buildCore, core, setEnabled } from './runtime/core.js';
-import { warn } from './runtime/flush.js';
+import { setBatchHook, warn } from './runtime/flush.js';
 import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbols, loggerVariable,
   releaseThreadKey, selfTask } from './runtime/logger.js';
-import { IS_DARWIN, libcModule } from './runtime/platform.js';
+import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
+import { selfTaskVmInfo } from './runtime/taskinfo.js';
 
 /* The replaced entries; each one's call kind is KINDS[name] (layout.js), its C replacement mt_<name>. */
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
-  'aligned_alloc', 'valloc', 'pvalloc'];
+  'aligned_alloc', 'valloc', 'pvalloc', 'reallocarray'];
 
 const LOGGER_MODULE = LOGGER_MODULES.malloc_logger;
 const SYSCALL_LOGGER_MODULE = LOGGER_MODULES.__syscall_logger;
@@ -40,6 +42,10 @@ const mallocState = {
   slow: [],
   backend: null,
   leaksDone: false,
+  tStart: null,
+  sites: new Map(),        // call site (string) -> the name its caller used, or null
+  imports: new Map(),      // module base (string) -> Map(GOT slot (string) -> imported name)
+  inUse: undefined,        // the allocator's in-use reader, or null
 };
 
 /* doctor's self-test (extraExports.selfTest): compiled on first use, kept while the agent lives. */
@@ -66,6 +72,157 @@ function chooseBackend(config) {
   if (config.backend === 'symbols' || (!IS_DARWIN && config.backend !== 'logger'))
     return 'symbols';
   return loggerVariable('malloc_logger') !== null ? 'logger' : 'symbols';
+}
+
+/* ---- names that share one entry point (glibc: memalign is also aligned_alloc) ---------------- */
+
+/* The GOT slot a call at return address `ra` went through: a direct call to a PLT stub that jumps
+ * through the slot, or a call through the slot itself (-fno-plt).  null when it is neither. */
+function callSlot(ra) {
+  try {
+    if (Process.arch === 'x64') {
+      const direct = Instruction.parse(ra.sub(5));
+      if (direct.mnemonic === 'call' && direct.next.equals(ra) && direct.operands[0].type === 'imm')
+        return stubSlot(ptr(direct.operands[0].value));
+      const viaGot = Instruction.parse(ra.sub(6));
+      const op = viaGot.operands[0];
+      if (viaGot.mnemonic === 'call' && viaGot.next.equals(ra) && op.type === 'mem' && op.value.base === 'rip')
+        return ra.add(op.value.disp);
+    } else if (Process.arch === 'arm64') {
+      const bl = Instruction.parse(ra.sub(4));
+      if (bl.mnemonic === 'bl' && bl.operands[0].type === 'imm')
+        return stubSlot(ptr(bl.operands[0].value));
+    }
+  } catch (e) {
+    // not code we can read: the site stays with the hooked name
+  }
+  return null;
+}
+
+/* The slot a PLT stub jumps through: x86-64 `[endbr64;] [bnd] jmp *disp(%rip)`, arm64
+ * `adrp x16, page; ldr x17, [x16, #off]`. */
+function stubSlot(stub) {
+  let insn = Instruction.parse(stub);
+  if (Process.arch === 'x64') {
+    if (insn.mnemonic === 'endbr64')
+      insn = Instruction.parse(insn.next);
+    const op = insn.operands[0];
+    if (insn.mnemonic.endsWith('jmp') && op !== undefined && op.type === 'mem' && op.value.base === 'rip')
+      return insn.next.add(op.value.disp);
+    return null;
+  }
+  const ldr = Instruction.parse(insn.next);
+  if (insn.mnemonic === 'adrp' && ldr.mnemonic === 'ldr' && ldr.operands[1].type === 'mem')
+    return ptr(insn.operands[1].value).add(ldr.operands[1].value.disp);
+  return null;
+}
+
+/* Which of the shared names the caller at `ra` imported, or null. */
+function siteName(ra, names) {
+  const slot = callSlot(ra);
+  const m = Process.findModuleByAddress(ra);
+  if (slot === null || m === null)
+    return null;
+  let slots = mallocState.imports.get(m.base.toString());
+  if (slots === undefined) {
+    slots = new Map();
+    for (const imp of m.enumerateImports()) {
+      if (imp.slot !== undefined && names.includes(imp.name))
+        slots.set(imp.slot.toString(), imp.name);
+    }
+    mallocState.imports.set(m.base.toString(), slots);
+  }
+  return slots.get(slot.toString()) || null;
+}
+
+/* Counts to move from each hooked kind to the name its call sites used: [[from, to, calls, bytes]]. */
+function aliasMoves() {
+  const moves = [];
+  if (Object.keys(mallocState.aliases).length === 0)
+    return moves;
+  const used = Math.min(N_SITES, Number(core.fns.sitesUsed()));
+  for (let i = 0; i < used; i++) {
+    const site = readStruct(core.sites.add(i * SITE.size), SITE);
+    const hooked = Object.keys(KINDS).find(k => KINDS[k] === site.kind.toNumber());
+    const names = [hooked, ...Object.keys(mallocState.aliases).filter(a => mallocState.aliases[a] === hooked)];
+    const key = site.ra.toString();
+    if (!mallocState.sites.has(key))
+      mallocState.sites.set(key, siteName(ptr(key), names));
+    const name = mallocState.sites.get(key);
+    if (name !== null && name !== hooked)
+      moves.push([KINDS[hooked], KINDS[name], site.calls.toNumber(), site.bytes.toNumber()]);
+  }
+  return moves;
+}
+
+/* ---- the timeline: one sample per drain ---------------------------------------------------- */
+
+function allocatorInUse() {
+  if (mallocState.inUse === undefined) {
+    mallocState.inUse = null;
+    if (IS_DARWIN) {
+      const zs = findExport('malloc_zone_statistics');
+      if (zs !== null) {
+        const f = new NativeFunction(zs, 'void', ['pointer', 'pointer']);
+        const stats = Memory.alloc(32);
+        mallocState.inUse = () => {
+          f(NULL, stats);
+          return Number(stats.add(8).readU64());
+        };
+      }
+    } else {
+      const mi2 = findExport('mallinfo2');
+      if (mi2 !== null) {
+        const f = new NativeFunction(mi2, ['size_t', 'size_t', 'size_t', 'size_t', 'size_t',
+          'size_t', 'size_t', 'size_t', 'size_t', 'size_t'], []);
+        mallocState.inUse = () => {
+          const v = f();
+          return Number(v[7]) + Number(v[4]);    // uordblks + hblkhd, as the calibration reads it
+        };
+      }
+    }
+  }
+  return mallocState.inUse === null ? null : mallocState.inUse();
+}
+
+/* The footprint, where it is cheap: Linux anonymous resident memory from /proc/self/statm
+ * (resident - shared pages), Darwin's phys_footprint. */
+function footprint() {
+  try {
+    if (IS_DARWIN) {
+      const vm = selfTaskVmInfo();
+      return vm === null ? null : vm.phys_footprint;
+    }
+    const f = File.readAllText('/proc/self/statm').split(' ').map(Number);
+    return (f[1] - f[2]) * Process.pageSize;
+  } catch (e) {
+    return null;
+  }
+}
+
+/* Agent milliseconds of a core clock reading (g_get_monotonic_time, microseconds). */
+function agentMs(us, info) {
+  return now() - Math.round((info.now_us - us) / 1000);
+}
+
+function onBatch(payload, info, last) {
+  for (const [from, to, calls, bytes] of aliasMoves()) {
+    payload.counters[C_CALLS + from] -= calls;
+    payload.counters[C_CALLS + to] += calls;
+    payload.counters[C_BYTES + from] -= bytes;
+    payload.counters[C_BYTES + to] += bytes;
+  }
+  payload.t0 = mallocState.tStart;
+  payload.clock = [info.now_us, now()];
+  payload.tracked = { bytes: info.tracked_bytes, blocks: info.tracked_blocks };
+  payload.peak = { bytes: info.peak_bytes, epoch: info.peak_epoch,
+    t: info.peak_epoch === 0 ? null : agentMs(info.peak_t_us, info) };
+  if (info.live_done)
+    payload.live_done = true;
+  if (last) {
+    payload.sample = { t: payload.t, tracked_bytes: info.tracked_bytes, tracked_blocks: info.tracked_blocks,
+      peak_bytes: info.peak_bytes, in_use: allocatorInUse(), footprint: footprint(), top: info.top };
+  }
 }
 
 export const tracer = {
@@ -113,6 +270,9 @@ export const tracer = {
     const cm = core.cm;
     // The agent's JavaScript thread (rpcs, timers, symbolization) allocates for the agent only.
     mallocState.agentThreadIgnored = ignoreAgentThread(cm);
+    mallocState.tStart = now();
+    allocatorInUse();    // its NativeFunction made now, not in the first drain
+    setBatchHook(onBatch);
     if (mallocState.backend === 'logger') {
       for (const name of ['malloc_logger', '__syscall_logger']) {
         const v = loggerVariable(name);
@@ -134,9 +294,12 @@ export const tracer = {
       if (target === null)
         continue;
       const key = target.toString();
-      // glibc aliases some of the family (aligned_alloc = memalign): one hook per address.
+      // glibc aliases some of the family (aligned_alloc = memalign): one hook per address, and
+      // the hook records its call sites so that each call is counted as the name its caller used.
       if (seen.has(key)) {
         mallocState.aliases[name] = seen.get(key);
+        const kind = KINDS[seen.get(key)];
+        core.aliasKinds.writeU64(core.aliasKinds.readU64().or(uint64(1).shl(kind)));
         continue;
       }
       seen.set(key, name);

@@ -1,10 +1,9 @@
-"""malloc --leaks, offline: the agent's scan result joined with the live blocks it was run on.
+"""malloc --leaks, offline: the agent's scan result, by stack.
 
-The agent names the leaked blocks by address (a RESULT record, ``kind: "leaks"``).  At that
-record the analyzer's live map holds every tracked block the scan saw (the agent flushed every
-record made before it stopped the world), so each leaked address has its ALLOC record, hence its
-stack and size; the still reachable blocks are the other live blocks.  Sizes are the requested
-sizes of the ALLOC records, as everywhere else in memtrace.
+The agent's RESULT record (``kind: "leaks"``) gives the leaked and the still reachable blocks by
+stack id, ``[stack id, blocks, bytes]`` rows: the scan took each candidate's requested size and
+stack from the core's live table, so the result stands on its own (the stacks' frames come from
+the capture's stack definitions, as everywhere else in memtrace).
 """
 
 from __future__ import annotations
@@ -15,9 +14,6 @@ from typing import Any
 
 from memtrace.frames import Frame, stack_key
 
-# ALLOC record tuple (capture.iter_agent_tuples): type, kind, flags, stack_id, ptr, size, weight
-_SID, _SIZE = 3, 5
-
 
 @dataclass
 class LeakGroup:
@@ -25,15 +21,12 @@ class LeakGroup:
     bytes: int = 0
     by_stack: dict[int, list[int]] = field(default_factory=dict)   # stack id -> [blocks, bytes]
 
-    def add(self, sid: int, size: int) -> None:
-        self.blocks += 1
-        self.bytes += size
-        acc = self.by_stack.get(sid)
-        if acc is None:
-            self.by_stack[sid] = [1, size]
-        else:
-            acc[0] += 1
-            acc[1] += size
+    def add(self, sid: int, blocks: int, nbytes: int) -> None:
+        self.blocks += blocks
+        self.bytes += nbytes
+        acc = self.by_stack.setdefault(sid, [0, 0])
+        acc[0] += blocks
+        acc[1] += nbytes
 
     def rows(self, frames_of: Callable[[int], list[Frame]], top: int | None) -> list[dict[str, Any]]:
         """Rows keyed by the whole symbolized stack, largest first."""
@@ -61,7 +54,6 @@ class LeakScan:
     scan: dict[str, Any]
     leaked: LeakGroup = field(default_factory=LeakGroup)
     reachable: LeakGroup = field(default_factory=LeakGroup)
-    unmatched: int = 0          # leaked addresses the capture has no live ALLOC record for
 
     def to_json(self, frames_of: Callable[[int], list[Frame]], top: int | None = 10) -> dict[str, Any]:
         s = self.scan
@@ -76,9 +68,8 @@ class LeakScan:
                 "threads_stopped": s.get("threads_stopped"), "threads_not_stopped": s.get("threads_not_stopped"),
                 "candidates": s.get("candidates"), "root_ranges": s.get("root_ranges"),
                 "root_bytes": s.get("root_bytes"), "block_bytes": s.get("block_bytes"),
-                "skipped": s.get("skipped") or {}, "unsized_blocks": s.get("unsized_blocks", 0),
+                "skipped": s.get("skipped") or {}, "undecided_blocks": s.get("undecided_blocks", 0),
                 "leaked_not_listed": max(0, int(s.get("leaked_blocks") or 0) - int(s.get("leaked_listed") or 0)),
-                "unmatched": self.unmatched,
                 "stop_ms": s.get("stop_ms"), "scan_ms": s.get("scan_ms"), "budget_ms": s.get("budget_ms"),
             },
         }
@@ -88,19 +79,10 @@ def is_leak_result(body: dict[str, Any]) -> bool:
     return body.get("kind") == "leaks" and body.get("tracer") == "malloc"
 
 
-def resolve(body: dict[str, Any], live: dict[int, tuple[int, ...]]) -> LeakScan:
-    """The scan at its RESULT record; ``live`` maps each live address to its ALLOC record."""
-    out = LeakScan(scan={k: v for k, v in body.items() if k != "leaked"})
-    leaked: set[int] = set()
-    for text in body.get("leaked") or []:
-        p = int(text, 16)
-        leaked.add(p)
-        rec = live.get(p)
-        if rec is None:
-            out.unmatched += 1
-            continue
-        out.leaked.add(rec[_SID], rec[_SIZE])
-    for p, rec in live.items():
-        if p not in leaked:
-            out.reachable.add(rec[_SID], rec[_SIZE])
+def resolve(body: dict[str, Any]) -> LeakScan:
+    """The scan of a RESULT record, its blocks grouped by stack id."""
+    out = LeakScan(scan={k: v for k, v in body.items() if k not in ("leaked", "leaked_by_stack", "reachable_by_stack")})
+    for group, key in ((out.leaked, "leaked_by_stack"), (out.reachable, "reachable_by_stack")):
+        for sid, blocks, nbytes in body.get(key) or []:
+            group.add(sid, blocks, nbytes)
     return out

@@ -1,30 +1,41 @@
-"""The malloc line, offline: exact counters, live set at end, stacks, coverage.
+"""The malloc line, offline: exact counters, per-stack totals, live set, peak, temporaries, timeline.
 
-Pure: an iterator of capture records in, a :class:`MallocSummary` out.  Memory
-is bounded by distinct stacks and live blocks, never by the number of events.
+Pure: an iterator of capture records in, a :class:`MallocSummary` out.  Memory is bounded by
+distinct stacks and live blocks, never by the number of events.
+
+A capture from the aggregate core (every capture since it exists; batches say ``mode``) carries
+each stack's running totals (AGG records), the composition at the peak and the live table at the
+end: the summary is read from those.  An older capture (one record per event) is folded event by
+event (:mod:`memtrace.analyze.malloc_events`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.analyze.leaks import LeakScan, is_leak_result, resolve
+from memtrace.analyze.malloc_events import EventFold
 from memtrace.analyze.vm import VM_KINDS, VmFold
 from memtrace.capture import (
+    AGG_FIELDS,
     C_CALLS,
     C_TIER_BYTES,
     C_TIER_CALLS,
     COUNTER_NAMES,
     DROPPED_STACK,
-    FLAG_LIVE,
-    FLAG_SAMPLED,
     KIND_NAMES,
+    NESTED_STACK,
     NO_STACK,
+    REC_AGG,
     REC_ALLOC,
     REC_FREE,
+    REC_LIVE,
+    REC_PEAK,
+    REC_PEAK_HEAD,
+    REC_STACK,
     TIER_MAX_BYTES,
     Record,
     RecordType,
@@ -32,6 +43,10 @@ from memtrace.capture import (
     iter_agent_tuples,
 )
 from memtrace.frames import Frame, stack_key
+from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, N_COUNTERS, PSEUDO_STACKS
+
+_F = AGG_FIELDS
+TIMELINE_STACKS = 16    # stack series in the timeline, the largest by their highest live bytes
 
 
 @dataclass
@@ -44,6 +59,20 @@ class StackStats:
     live_count: int = 0
     live_bytes: int = 0
     live_est_bytes: float = 0.0
+    temp_count: int = 0         # temporary allocations (aggregate captures)
+    temp_bytes: int = 0
+    peak_count: int = 0         # tracked blocks at the peak (aggregate captures)
+    peak_bytes: int = 0
+
+
+# What a stack table ranks by: (bytes, count, exact bytes) of a StackStats.
+Measure = Callable[[StackStats], tuple[float, float, int]]
+MEASURES: dict[str, Measure] = {
+    "gross": lambda s: (s.est_bytes, s.est_count, s.bytes),
+    "live": lambda s: (s.live_est_bytes, s.live_count, s.live_bytes),
+    "temporary": lambda s: (s.temp_bytes, s.temp_count, s.temp_bytes),
+    "peak": lambda s: (s.peak_bytes, s.peak_count, s.peak_bytes),
+}
 
 
 @dataclass
@@ -63,11 +92,25 @@ class StackRow:
 
 
 @dataclass
+class Peak:
+    """The high-water mark of bytes in tracked blocks and what held them at that instant."""
+
+    bytes: int = 0
+    count: int = 0
+    epoch: int = 0
+    t_us: int = 0               # the core's clock when it was reached
+    t_s: float | None = None    # seconds after the hooks went in
+    exact: bool = True          # False: the target died before the composition of its last peak was shipped
+
+
+@dataclass
 class MallocSummary(CaptureContext):
-    counters: list[int] = field(default_factory=lambda: [0] * 64)
+    counters: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
     by_stack: dict[int, StackStats] = field(default_factory=dict)
+    mode: str = "events"        # "aggregate" | "events" (--events) ; older captures: "events"
+    aggregates: bool = False    # the summary comes from the core's per-stack totals
     live_count: int = 0
     live_bytes: int = 0
     live_est_bytes: float = 0.0
@@ -75,6 +118,10 @@ class MallocSummary(CaptureContext):
     sampled_est_bytes: float = 0.0
     unmatched_frees: int = 0
     batches: int = 0
+    peak: Peak | None = None
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    live_blocks: list[tuple[int, int, int, int]] = field(default_factory=list)   # (ptr, size, stack id, tick)
+    live_dump_complete: bool = False
     leaks: LeakScan | None = None      # --leaks: the scan, joined with the live blocks it ran on
     vm: VmFold = field(default_factory=VmFold)     # Darwin's VM line, apart from the malloc family
 
@@ -97,18 +144,27 @@ class MallocSummary(CaptureContext):
         return [{"max_bytes": m, "calls": self.counters[C_TIER_CALLS + i], "bytes": self.counters[C_TIER_BYTES + i]}
                 for i, m in enumerate(TIER_MAX_BYTES)]
 
+    def counter(self, name: str) -> int:
+        return self.counters[COUNTERS[name]]
+
     @property
     def dropped(self) -> dict[str, int]:
         d = {COUNTER_NAMES[i]: self.counters[i] for i in (44, 45, 46, 47)}
         d["unmatched_frees"] = self.unmatched_frees
         return d
 
+    def row(self, stack_id: int) -> StackStats:
+        """The stack's row in ``by_stack``, created empty on first use."""
+        st = self.by_stack.get(stack_id)
+        if st is None:
+            st = self.by_stack[stack_id] = StackStats(stack_id)
+        return st
+
     def stack(self, stack_id: int) -> list[Frame]:
         """A stack's frames, innermost first, inlined calls expanded."""
         frames = self.stacks.get(stack_id)
         if frames is None:
-            return [Frame(0, function="<stack dropped>" if stack_id == DROPPED_STACK
-                          else f"<stack {stack_id} not in capture>")]
+            return [Frame(0, function=_PSEUDO_NAMES.get(stack_id, f"<stack {stack_id} not in capture>"))]
         # Entries Frida redirects with a trampoline (Interceptor.replace) leave its
         # return address on top: a frame in no module, before the real caller.
         i = 0
@@ -116,12 +172,14 @@ class MallocSummary(CaptureContext):
             i += 1
         return self.symbols.stack(frames[i:])
 
-    def stack_rows(self, n: int | None = 10, live: bool = False) -> list[StackRow]:
+    def stack_rows(self, n: int | None = 10, live: bool = False, measure: str | None = None) -> list[StackRow]:
         """Rows keyed by the whole symbolized stack (several stack ids with the same frames --
-        an unrolled loop, several call sites on one source line -- are one row), largest first."""
+        an unrolled loop, several call sites on one source line -- are one row), largest first.
+        ``measure``: "gross" (the default), "live", "temporary" or "peak"."""
+        value = MEASURES[measure or ("live" if live else "gross")]
         rows: dict[tuple[Any, ...], StackRow] = {}
         for st in self.by_stack.values():
-            est = st.live_est_bytes if live else st.est_bytes
+            est, count, exact = value(st)
             if est <= 0:
                 continue
             frames = self.stack(st.stack_id) if st.stack_id != NO_STACK else []
@@ -131,8 +189,8 @@ class MallocSummary(CaptureContext):
                 row = rows[key] = StackRow(frames=frames, stack_ids=[])
             row.stack_ids.append(st.stack_id)
             row.est_bytes += est
-            row.count += st.live_count if live else st.est_count
-            row.exact_bytes += st.live_bytes if live else st.bytes
+            row.count += count
+            row.exact_bytes += exact
         out = sorted(rows.values(), key=lambda r: (-r.est_bytes, min(r.stack_ids)))
         return out if n is None else out[:n]
 
@@ -172,9 +230,52 @@ class MallocSummary(CaptureContext):
                 out["footprint"]["delta_without_agent"] = out["footprint"]["delta"] - agent_delta
         return out
 
+    def peak_json(self, top: int) -> dict[str, Any] | None:
+        p = self.peak
+        if p is None:
+            return None
+        return {"bytes": p.bytes, "count": p.count, "t": p.t_s, "exact": p.exact,
+                "by_stack": [r.to_json() for r in self.stack_rows(top, measure="peak")]}
+
+    def temporary_json(self, top: int) -> dict[str, Any] | None:
+        if not self.aggregates:
+            return None
+        rows = []
+        for r in self.stack_rows(None, measure="temporary"):
+            j = r.to_json()
+            j["calls"] = j.pop("count")
+            del j["exact_bytes"]
+            rows.append(j)
+        rows.sort(key=lambda r: (-r["calls"], -r["bytes"], r["stack_id"]))
+        return {"calls": self.counter("temp_calls"), "bytes": self.counter("temp_bytes"), "by_stack": rows[:top]}
+
+    def timeline_json(self) -> dict[str, Any] | None:
+        """Columns, one entry per drain (100 ms): time, tracked bytes and blocks, the peak so far,
+        the allocator's in-use and the footprint (null where unread), and for the stacks that were
+        among the top stacks of some sample (the TIMELINE_STACKS largest of them), their live bytes
+        (null where a sample did not list them)."""
+        if not self.timeline:
+            return None
+        samples = self.timeline
+        cols: dict[str, Any] = {k: [s.get(k) for s in samples]
+                                for k in ("t", "tracked_bytes", "tracked_blocks", "peak_bytes", "in_use", "footprint")}
+        order: list[int] = []
+        series: dict[int, list[int | None]] = {}
+        for i, s in enumerate(samples):
+            for sid, live in s.get("top") or []:
+                if sid not in series:
+                    series[sid] = [None] * len(samples)
+                    order.append(sid)
+                series[sid][i] = live
+        largest = set(sorted(order, key=lambda sid: -max(v or 0 for v in series[sid]))[:TIMELINE_STACKS])
+        cols["stacks"] = [{"stack_id": sid, "frames": [f.to_json() for f in self.stack(sid)], "live": series[sid]}
+                          for sid in order if sid in largest]
+        return cols
+
     def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
-        return {
+        out = {
             **self.header_json("malloc", capture),
+            "mode": self.mode,
             "calls": self.calls,
             "alloc_calls": self.alloc_calls,
             "gross_bytes": self.gross_bytes,
@@ -186,12 +287,20 @@ class MallocSummary(CaptureContext):
             "dropped": self.dropped,
             "sampled": self.counters[49],
             "truncated_stacks": self.counters[48],
+            "nested": {"calls": self.counter("nested_calls"), "bytes": self.counter("nested_bytes"),
+                       "allocator_internal": self.counter("nested_internal"),
+                       "unreconciled": self.counter("nested_unreconciled")},
             "missing": self.missing,
             "coverage": self.coverage(),
             "leaks": self.leaks_json(top),
             "vm": self.vm.to_json(self.counters),
             **self.timing_json(),
         }
+        if self.aggregates:
+            out["peak"] = self.peak_json(top)
+            out["temporary"] = self.temporary_json(top)
+            out["timeline"] = self.timeline_json()
+        return out
 
     def leaks_json(self, top: int | None = 10) -> dict[str, Any] | None:
         return None if self.leaks is None else self.leaks.to_json(self._frames_of, top)
@@ -200,128 +309,158 @@ class MallocSummary(CaptureContext):
         return self.stack(sid) if sid != NO_STACK else []
 
 
+_PSEUDO_NAMES = {DROPPED_STACK: "<stack dropped>", NESTED_STACK: "<nested call: stack skipped>",
+                 NO_STACK: "<no stack>"}
+
+
 def summarize(records: Iterable[Record]) -> MallocSummary:
     s = MallocSummary()
-    fold = _Fold(s.vm)
+    events = EventFold(s.vm)
+    agg = _AggFold(s.vm)
     for rec in records:
         t = rec.type
         if t == RecordType.BATCH:
             s.batches += 1
-            counters = rec.body.get("counters")
+            body = rec.body
+            counters = body.get("counters")
             if counters:
                 s.counters = counters
-            if rec.data:
-                fold.batch(rec.data, s.stacks)
+            mode = body.get("mode")
+            if mode is not None:
+                s.mode = mode
+                s.aggregates = True
+                agg.body(body)
+                if rec.data:
+                    agg.batch(rec.data, s)
+            elif rec.data:
+                events.batch(rec.data, s.stacks)
         elif t == RecordType.RESULT and is_leak_result(rec.body):
-            s.leaks = resolve(rec.body, fold.live)
+            s.leaks = resolve(rec.body)
         else:
             fold_context(s, rec)
             if t == RecordType.END and rec.body.get("counters") and sum(rec.body["counters"]) >= sum(s.counters):
                 s.counters = rec.body["counters"]
-    fold.finish(s)
+    if s.aggregates:
+        agg.finish(s)
+    else:
+        events.finish(s, s.row)
     return s
 
 
-class _Fold:
-    """The per-record hot loop, on plain dicts (this is where a report spends its time).
+class _AggFold:
+    """The aggregate stream: each stack's latest totals, the compositions at the peak, the samples."""
 
-    The agent drains thread by thread, so a free on one thread can arrive before the
-    allocation it releases (made on another).  The agent removes a block from its live
-    table before the real free, so an address is never live twice: a second allocation
-    of a live address proves the first was freed, and a free with no live block is
-    matched with the allocation still to come.
-    """
+    def __init__(self, vm: VmFold) -> None:
+        self.vm = vm                                # Darwin's VM regions: never in the malloc figures
+        self.totals: dict[int, list[int]] = {}
+        self.masks: dict[int, tuple[int, ...]] = {}
+        self.composition: dict[int, tuple[int, int]] | None = None
+        self.composition_head: tuple[int, ...] = ()
+        self.head: tuple[int, ...] | None = None      # the PEAK_HEAD being read
+        self.pending: dict[int, tuple[int, int]] = {}
+        self.peak_epoch = 0                         # the core's latest peak (batch payloads)
+        self.clock: tuple[int, int] | None = None   # (core us, agent ms) of the latest batch
+        self.t0: int | None = None                  # agent ms when the hooks went in
+        self.samples: list[dict[str, Any]] = []
+        self.live_done = False
 
-    def __init__(self, vm: VmFold | None = None) -> None:
-        self.vm = vm if vm is not None else VmFold()   # VM-kind records go there, never into the malloc figures
-        self.exact: dict[int, list[int]] = {}      # stack -> [exact allocations, their bytes]
-        self.sampled: dict[int, float] = {}        # stack -> summed sample weights
-        self.sampled_count: dict[int, float] = {}  # stack -> estimated allocations
-        self.live: dict[int, tuple[int, ...]] = {}   # ptr -> its ALLOC record (iter_agent_tuples)
-        self.replaced: dict[int, int] = {}         # ptr -> frees owed to an overwritten entry
-        self.early: dict[int, int] = {}            # ptr -> frees seen before their alloc
+    def body(self, body: dict[str, Any]) -> None:
+        peak = body.get("peak")
+        if isinstance(peak, dict):
+            self.peak_epoch = max(self.peak_epoch, int(peak.get("epoch") or 0))
+        if body.get("t0") is not None:
+            self.t0 = body["t0"]
+        clock = body.get("clock")
+        if isinstance(clock, list) and len(clock) == 2:
+            self.clock = (clock[0], clock[1])
+        sample = body.get("sample")
+        if isinstance(sample, dict):
+            self.samples.append(sample)
+        if body.get("live_done"):
+            self.live_done = True
 
-    def batch(self, data: bytes, stacks: dict[int, tuple[int, ...]]) -> None:
-        exact, live, replaced, early = self.exact, self.live, self.replaced, self.early
-        exact_get, live_pop = exact.get, live.pop
-        rec_alloc, rec_free, f_sampled, f_live, no_stack = REC_ALLOC, REC_FREE, FLAG_SAMPLED, FLAG_LIVE, NO_STACK
-        vm_kinds = VM_KINDS
+    def batch(self, data: bytes, s: MallocSummary) -> None:
+        totals, masks, vm, vm_kinds = self.totals, self.masks, self.vm, VM_KINDS
         for r in iter_agent_tuples(data):
             rtype = r[0]
-            if rtype == rec_alloc:
-                _, kind, flags, sid, p, size, weight = r
-                if kind in vm_kinds:
-                    self.vm.alloc(kind, flags, p, size)
-                    continue
-                if flags & f_sampled:
-                    if sid != no_stack:
-                        self.sampled[sid] = self.sampled.get(sid, 0.0) + weight
-                        self.sampled_count[sid] = self.sampled_count.get(sid, 0.0) + (weight / size if size else 0)
-                else:
-                    if sid != no_stack:
-                        acc = exact_get(sid)
-                        if acc is None:
-                            exact[sid] = [1, size]
-                        else:
-                            acc[0] += 1
-                            acc[1] += size
-                if flags & f_live:
-                    if early and p in early:
-                        owed = early[p]
-                        if owed == 1:
-                            del early[p]
-                        else:
-                            early[p] = owed - 1
-                        continue
-                    if p in live:
-                        replaced[p] = replaced.get(p, 0) + 1
-                    live[p] = r      # the record itself: no new object per live block
-            elif rtype == rec_free:
-                p = r[4]
-                if r[1] in vm_kinds:
-                    self.vm.free(p, r[5])
-                    continue
-                if replaced and p in replaced:
-                    owed = replaced[p]
-                    if owed == 1:
-                        del replaced[p]
-                    else:
-                        replaced[p] = owed - 1
-                elif live_pop(p, None) is None:
-                    early[p] = early.get(p, 0) + 1
-            else:
-                stacks[r[3]] = r[4]
+            if rtype == REC_AGG:
+                sid, mask, values = r[3], r[4], r[6]
+                row = totals.get(sid)
+                if row is None:
+                    row = totals[sid] = [0] * AGG_STRIDE
+                bits = masks.get(mask)
+                if bits is None:
+                    bits = masks[mask] = tuple(i for i in range(32) if mask >> i & 1)
+                for i, v in zip(bits, values, strict=True):
+                    row[i] = v
+            elif rtype == REC_STACK:
+                s.stacks[r[3]] = r[4]
+            elif rtype == REC_PEAK_HEAD:
+                self.head = r
+                self.pending = {}
+                if r[3] == 0:
+                    self._close_composition()
+            elif rtype == REC_PEAK:
+                self.pending[r[3]] = (r[4], r[5])
+                if self.head is not None and len(self.pending) == self.head[3]:
+                    self._close_composition()
+            elif rtype == REC_LIVE:
+                s.live_blocks.append((r[4], r[5], r[3], r[6]))
+            # Darwin's VM regions (every mode); the rest is events mode's per-event stream, which
+            # the totals above already hold.
+            elif rtype == REC_ALLOC and r[1] in vm_kinds:
+                vm.alloc(r[1], r[2], r[4], r[5])
+            elif rtype == REC_FREE and r[1] in vm_kinds:
+                vm.free(r[4], r[5])
+
+    def _close_composition(self) -> None:
+        """A composition whose every PEAK record arrived; the latest peak's wins."""
+        assert self.head is not None
+        if self.composition is None or self.head[4] >= self.composition_head[4]:
+            self.composition = self.pending
+            self.composition_head = self.head
+        self.head = None
+        self.pending = {}
+
+    def seconds(self, t_ms: float) -> float | None:
+        return None if self.t0 is None else round((t_ms - self.t0) / 1000, 3)
 
     def finish(self, s: MallocSummary) -> None:
         by_stack = s.by_stack
-
-        def stats(sid: int) -> StackStats:
-            st = by_stack.get(sid)
-            if st is None:
-                st = by_stack[sid] = StackStats(sid)
-            return st
-
-        for sid, (n, nbytes) in self.exact.items():
-            st = stats(sid)
-            st.count = n
-            st.bytes = nbytes
-            st.est_count += n
-            st.est_bytes += st.bytes
-            s.stacked_bytes += st.bytes
-        for sid, w in self.sampled.items():
-            st = stats(sid)
-            st.est_bytes += w
-            st.est_count += self.sampled_count[sid]
-            s.sampled_est_bytes += w
-        s.unmatched_frees = sum(self.early.values())
-        f_sampled = FLAG_SAMPLED
-        for r in self.live.values():
-            sid, size = r[3], r[5]
-            weight = r[6] if r[2] & f_sampled else size
-            s.live_count += 1
-            s.live_bytes += size
-            s.live_est_bytes += weight
-            st = stats(sid)
-            st.live_count += 1
-            st.live_bytes += size
-            st.live_est_bytes += weight
+        pseudo = set(PSEUDO_STACKS)
+        for sid, t in self.totals.items():
+            exact_count = t[_F["allocs"]] + t[_F["untracked"]] - t[_F["sampled"]]
+            exact_bytes = t[_F["bytes"]] + t[_F["untracked_bytes"]] - t[_F["sampled_bytes"]]
+            live_bytes = t[_F["bytes"]] - t[_F["freed_bytes"]]
+            st = by_stack[sid] = StackStats(
+                sid, count=exact_count, bytes=exact_bytes,
+                live_count=t[_F["allocs"]] - t[_F["frees"]], live_bytes=live_bytes,
+                live_est_bytes=live_bytes + t[_F["extra_weight"]] - t[_F["extra_weight_freed"]],
+                temp_count=t[_F["temp"]], temp_bytes=t[_F["temp_bytes"]])
+            if sid != NO_STACK:
+                # Unstacked tracked blocks (the live threshold's) belong to the live set, not to gross rows.
+                st.est_bytes = exact_bytes + t[_F["sampled_weight"]]
+                st.est_count = exact_count + t[_F["sampled_count_fp"]] / (1 << AGG_FP_SHIFT)
+                s.sampled_est_bytes += t[_F["sampled_weight"]]
+            if sid not in pseudo:
+                s.stacked_bytes += exact_bytes
+            s.live_count += st.live_count
+            s.live_bytes += st.live_bytes
+            s.live_est_bytes += st.live_est_bytes
+        for x in self.samples:
+            sample = dict(x)
+            if isinstance(x.get("t"), (int, float)):
+                sample["t"] = self.seconds(x["t"])
+            s.timeline.append(sample)
+        s.live_dump_complete = self.live_done
+        if self.composition is None:
+            return
+        head = self.composition_head
+        p = s.peak = Peak(bytes=head[5], count=head[6], epoch=head[4], t_us=head[7],
+                          exact=head[4] == self.peak_epoch)
+        if self.clock is not None:
+            us, ms = self.clock
+            p.t_s = self.seconds(ms - (us - p.t_us) / 1000)
+        for sid, (b, c) in self.composition.items():
+            st = s.row(sid)
+            st.peak_bytes, st.peak_count = b, c

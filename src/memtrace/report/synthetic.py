@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memtrace import layout
 from memtrace.capture import (
     C_BYTES,
     C_CALLS,
@@ -52,7 +53,7 @@ class SyntheticCapture:
         self.tid = tid
         self.live_threshold = live_threshold
         self.stack_threshold = stack_threshold
-        self.counters = [0] * 64
+        self.counters = [0] * layout.N_COUNTERS
         self._pending: list[AgentRecord] = []
         self._symbols: dict[str, int] = {}
         self._rows: list[list[Any]] = []

@@ -22,8 +22,11 @@ from memtrace.units import fmt_bytes, fmt_pct
 class MallocStats(CoreStats):
     def rows(self) -> list[Row]:
         calls = sum(self.counters[0:16])
-        return [("calls", f"{calls:,}"), ("bytes", fmt_bytes(self.volume())),
+        rows = [("calls", f"{calls:,}"), ("bytes", fmt_bytes(self.volume())),
                 ("live / stacks", f"{self.live:,} / {self.stacks:,}")]
+        if self.tracked is not None:
+            rows.append(("tracked live / peak", f"{fmt_bytes(self.tracked)} / {fmt_bytes(self.peak or 0)}"))
+        return rows
 
 
 def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any]) -> None:
@@ -55,10 +58,26 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
             console.print(stack_table(title, [("bytes", "right"), ("count", "right"), ("frames", "left")],
                                       [[fmt_bytes(r.est_bytes), f"{round(r.count):,}",
                                         frames_text(r.frames) if r.frames else plain("(no stack)")] for r in rows]))
+    if s.get("peak"):
+        _peak(console, s["peak"])
+    if s.get("temporary"):
+        _temporary(console, s["temporary"])
+    nested = s["nested"]
+    if nested["calls"] or nested["allocator_internal"]:
+        line(console, ("calls made inside a hook (signal handlers)",
+                       f"{nested['calls']:,} counted ({fmt_bytes(nested['bytes'])}), stacks skipped"),
+             ("allocator's own, counted once", f"{nested['allocator_internal']:,}"))
+        if nested["unreconciled"]:
+            line(console, ("nested calls not checked against their entry (may count twice)",
+                           f"{nested['unreconciled']:,}"))
     if s.get("leaks"):
         leaks_view(console, s["leaks"])
     dropped = {k: v for k, v in s["dropped"].items() if v}
     line(console, ("dropped", dropped or "nothing"))
+    if s["mode"] == "events" and s["dropped"]["dropped_records"]:
+        console.print(plain(f"events mode: {s['dropped']['dropped_records']:,} event records dropped "
+                            "(the per-event stream is incomplete; the counts and per-stack totals above "
+                            "are not affected)"), style="yellow")
     line(console, ("coverage", "; ".join(_coverage(s)) or "n/a"))
     footer(console, s)
 
@@ -92,6 +111,29 @@ def _check_backend(values: dict[str, Any]) -> None:
         require_platform(values, "darwin", "--backend logger", "malloc_logger exists only in Darwin's libmalloc")
 
 
+def _peak(console: Console, peak: dict[str, Any]) -> None:
+    when = f" at {peak['t']:.3f} s" if peak.get("t") is not None else ""
+    exact = "" if peak["exact"] else " (the target ended before its last peak was read: an earlier peak)"
+    line(console, ("peak of tracked live bytes", f"{fmt_bytes(peak['bytes'])} in {peak['count']:,} blocks"
+                   f"{when}{exact}"))
+    rows = peak["by_stack"]
+    if rows:
+        console.print(stack_table("at the peak, by stack", [("bytes", "right"), ("blocks", "right"), ("frames", "left")],
+                                  [[fmt_bytes(r["bytes"]), f"{r['count']:,}",
+                                    frames_text(r["frames"]) if r["frames"] else plain("(no stack)")] for r in rows]))
+
+
+def _temporary(console: Console, temp: dict[str, Any]) -> None:
+    line(console, ("temporary allocations (freed before the thread's next allocation)",
+                   f"{temp['calls']:,} calls, {fmt_bytes(temp['bytes'])}"))
+    rows = temp["by_stack"]
+    if rows:
+        console.print(stack_table("temporary allocations by stack", [("calls", "right"), ("bytes", "right"),
+                                                                     ("frames", "left")],
+                                  [[f"{r['calls']:,}", fmt_bytes(r["bytes"]),
+                                    frames_text(r["frames"]) if r["frames"] else plain("(no stack)")] for r in rows]))
+
+
 def _coverage(s: dict[str, Any]) -> list[str]:
     cov = s["coverage"]
     parts = []
@@ -113,11 +155,13 @@ TRACER = Tracer(
     name="malloc",
     help="Trace the malloc family of a process (launch with -- PROGRAM ARGS, or --app/--pid/--name).",
     description="How much memory a process allocates, with stacks as evidence: every call counted exactly by "
-                "kind and size tier, the live set at the end, the top stacks, coverage against the allocator.",
+                "kind and size tier, per-stack totals kept in the target, the live set at the end, the peak and "
+                "what held it, temporary allocations, a timeline, coverage against the allocator.",
     options=(
-        Option("live_threshold", int, 4096, "Allocations at least this large enter the live set.",
+        Option("live_threshold", int, 4096, "Allocations at least this large are tracked (live set, peak) even "
+               "without a stack.",
                agent_key="liveThreshold", metavar="BYTES", check=at_least(0)),
-        Option("stack_threshold", int, 8192, "Allocations at least this large get a call stack.",
+        Option("stack_threshold", int, 8192, "Allocations at least this large get a call stack (and are tracked).",
                agent_key="stackThreshold", metavar="BYTES", check=at_least(0)),
         Option("frames", click.IntRange(1, 64), 28, "Return addresses per stack.", agent_key="frames"),
         Option("sample_bytes", int, 0, "Byte-weighted Poisson sampling with mean interval N bytes (heapprofd); "
@@ -129,6 +173,9 @@ TRACER = Tracer(
                "(implies --stack-threshold <= --live-threshold).", agent_key="leaks", is_flag=True),
         Option("leaks_budget", float, DEFAULT_BUDGET_S, "Time the leak scan may take; past it the scan stops and "
                "says what it did not read.", agent_key="leaksBudget", metavar="SECONDS", check=positive),
+        Option("events", bool, False, "Also stream one record per tracked allocation and free (short windows, "
+               "offline replay); the per-stack totals stay exact even when that stream drops.",
+               agent_key="events", is_flag=True),
         Option("top", int, 10, "Stacks in the summary.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.malloc",

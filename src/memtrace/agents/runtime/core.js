@@ -1,16 +1,25 @@
 /*
- * The CModule core (cmodule/core.c + a tracer's own C): per-thread slots and rings, the stack
- * table, the live table.  The agent allocates every table (a CModule cannot have writable
- * statics), fills MtConfig and reads the counters; flush.js drains the records.
+ * The CModule core (cmodule/core.c + a tracer's own C): per-thread slots, the stack table and
+ * its definitions buffer, the live table, the per-stack aggregate rows, and in events mode the
+ * per-thread rings.  The agent allocates every table (a CModule cannot have writable statics),
+ * fills MtConfig and reads the counters; flush.js drains.
+ *
+ * The big tables are whole pages from the OS (Memory.alloc of a page multiple): zero, and only
+ * the pages the core touches become resident, so sizing them for the worst case costs nothing
+ * until it is used.
  */
 
-import { CONFIG, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS } from '../layout.js';
+import { AGG_STRIDE, CONFIG, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS, N_SITES,
+  PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
-import { writeField, writeStruct } from './structs.js';
+import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 
-const SLOT_BYTES = 1024;          // per MtSlot; mt_slot_size() must fit
+const SLOT_BYTES = 2048;          // per MtSlot; mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
+const CORE_BYTES = 4096;          // MtCore; mt_core_size() must fit
+const DEFAULT_LANES = 4;          // aggregate rows per stack (threads running at once, rarely sharing one)
+const DEFS_BYTES = 1 << 20;       // stack definitions waiting for the drain
 
 export const core = {
   tables: [],       // [{base, size}]: every table the agent mapped (calibration measures what is resident)
@@ -21,6 +30,13 @@ export const core = {
   drainBuf: null,
   drainCap: 0,
   snapshotBuf: null,
+  drainInfo: null,
+  top: null,
+  sites: null,
+  aliasKinds: null,
+  events: false,
+  enabled: false,
+  started: false,   // the hooks have been enabled at some point
   fns: {},
   owned: [],      // memtrace's own large tables {base, size}: never roots of a leak scan (agents/leaks.js)
 };
@@ -37,7 +53,7 @@ function pow2(n) {
  * used -- app extensions are jetsammed in the tens of MB. */
 function rawPages(size) {
   const ps = Process.pageSize;
-  const bytes = Math.ceil(size / ps) * ps;
+  const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
   const base = Memory.alloc(bytes);
   core.tables.push({ base, size: bytes });
   return base;
@@ -56,40 +72,69 @@ export function buildCore(config, sources, extraSymbols) {
     defines.push('#define MT_ARM64 1');
   const source = defines.join('\n') + '\n' + sources.join('\n');
 
+  // Per-event rings only in events mode; the default ships aggregates and needs none.
+  const events = !!config.events;
   const ringSize = pow2(config.ringKb * 1024);
   const nSlots = config.threadSlots;
-  const nRings = config.rings;
+  const nRings = events ? config.rings : 0;
   if (nRings > MAX_RINGS)
     throw new Error(`memtrace agent: at most ${MAX_RINGS} rings (asked for ${nRings})`);
   const stackSlots = pow2(config.stackTable);
   const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
+  const lanes = pow2(config.aggLanes || DEFAULT_LANES);
+  const rows = stackSlots + PSEUDO_STACKS.length;
 
   const cfg = Memory.alloc(CONFIG.size);
   core.tables = [];
   const globals = rawPages(GLOBALS_BYTES);
+  const coreState = rawPages(CORE_BYTES);
   const slots = rawPages(nSlots * SLOT_BYTES);
   const rings = rawPages(nRings * ringSize);
   const stackTable = rawPages(stackSlots * 8);
+  const stackList = rawPages(stackSlots * 4);
+  const defs = rawPages(DEFS_BYTES);
   const liveTable = rawPages(liveBuckets * LIVE_WAYS * 8);
+  const liveMeta = rawPages(liveBuckets * LIVE_WAYS * LIVE_META.size);
   const liveOcc = rawPages(liveBuckets * 4);
   const liveLocks = rawPages(liveBuckets * 4);
+  const agg = rawPages(rows * lanes * AGG_STRIDE * 8);
+  const aggDirty = rawPages(rows);
+  const aggShipped = rawPages(rows * AGG_STRIDE * 8);
+  const aggLive = rawPages(rows * 8);
+  const drainInfo = Memory.alloc(DRAIN_INFO.size);
+  const top = Memory.alloc(2 * TOP_STACKS * 8);
+  const sites = Memory.alloc(N_SITES * SITE.size);
   const slowKinds = Memory.alloc(8);
+  const aliasKinds = Memory.alloc(8);
   const tlsOffset = Memory.alloc(8);
 
   const symbols = Object.assign({
     mt_config: cfg,
     mt_globals: globals,
+    mt_core: coreState,
     mt_slots: slots,
     mt_ring_pool: rings,
     mt_stack_table: stackTable,
+    mt_stack_list: stackList,
+    mt_defs: defs,
     mt_live_table: liveTable,
+    mt_live_meta: liveMeta,
     mt_live_occupancy: liveOcc,
     mt_live_locks: liveLocks,
+    mt_agg: agg,
+    mt_agg_dirty: aggDirty,
+    mt_agg_shipped: aggShipped,
+    mt_agg_live: aggLive,
+    mt_drain_info: drainInfo,
+    mt_top: top,
+    mt_sites: sites,
     mt_slow_kinds: slowKinds,
+    mt_alias_kinds: aliasKinds,
     mt_tls_offset: tlsOffset,
     pthread_getspecific: findExport('pthread_getspecific'),
     pthread_setspecific: findExport('pthread_setspecific'),
     pthread_self: findExport('pthread_self'),
+    sched_yield: findExport('sched_yield'),
   }, unwindSymbols(), extraSymbols);
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');
@@ -128,6 +173,8 @@ export function buildCore(config, sources, extraSymbols) {
     throw new Error('memtrace agent: MtSlot grew past its allocation');
   if (sizeOf(cm, 'mt_globals_size') > GLOBALS_BYTES)
     throw new Error('memtrace agent: MtGlobals grew past its allocation');
+  if (sizeOf(cm, 'mt_core_size') > CORE_BYTES)
+    throw new Error('memtrace agent: MtCore grew past its allocation');
   if (sizeOf(cm, 'mt_config_size') !== CONFIG.size)
     throw new Error('memtrace agent: MtConfig in C and layout.js disagree');
 
@@ -140,6 +187,8 @@ export function buildCore(config, sources, extraSymbols) {
     ? findTlsOffset(key) : 0;
   tlsOffset.writeU64(tlsDirect);
 
+  // Blocks smaller than this are only counted (0 while sampling: any block may be sampled).
+  const trackMin = config.sampleBytes ? 0 : Math.min(config.liveThreshold, config.stackThreshold);
   writeStruct(cfg, CONFIG, {
     live_threshold: config.liveThreshold,
     stack_threshold: config.stackThreshold,
@@ -154,6 +203,13 @@ export function buildCore(config, sources, extraSymbols) {
     tls_key: key,
     gettid_nr: Process.arch === 'arm64' ? 178 : 186,   // SYS_gettid
     enabled: 0,
+    agg_lanes: lanes,
+    events: events ? 1 : 0,
+    defs_size: DEFS_BYTES,
+    track_min: trackMin,
+    // glibc keeps each block's chunk size in the word before it: a free can tell an untracked block
+    // without looking it up.  Elsewhere 0 turns the shortcut off.
+    chunk_min: (!IS_DARWIN && findExport('gnu_get_libc_version') !== null) ? trackMin : 0,
   });
 
   // Every table is fresh OS pages (rawPages): already zero, so mt_reset (which would touch them
@@ -162,28 +218,37 @@ export function buildCore(config, sources, extraSymbols) {
   core.cm = cm;
   core.cfg = cfg;
   core.slowKinds = slowKinds;
-  core.drainCap = Math.max(4 * 1024 * 1024, ringSize * 4);
+  core.aliasKinds = aliasKinds;
+  core.events = events;
+  // The definitions buffer always fits in one drain, with room for rings and rows after it.
+  core.drainCap = Math.max(4 * 1024 * 1024, 2 * DEFS_BYTES + (events ? ringSize * 4 : 0));
   core.drainBuf = Memory.alloc(core.drainCap);
   core.snapshotBuf = Memory.alloc(N_COUNTERS * 8);
-  core.owned = [[slots, nSlots * SLOT_BYTES], [rings, nRings * ringSize], [stackTable, stackSlots * 8],
-    [liveTable, liveBuckets * LIVE_WAYS * 8], [liveOcc, liveBuckets * 4], [liveLocks, liveBuckets * 4],
-    [core.drainBuf, core.drainCap], [globals, GLOBALS_BYTES]].map(([base, size]) => ({ base, size }));
+  core.drainInfo = drainInfo;
+  core.top = top;
+  core.sites = sites;
+  // Every table (slots and the live table hold block addresses) and the drain buffer (LIVE records).
+  core.owned = [...core.tables, { base: core.drainBuf, size: core.drainCap }];
   core.fns = {
-    drain: new NativeFunction(cm.mt_drain, 'uint64', ['pointer', 'uint64']),
+    drain: new NativeFunction(cm.mt_drain, 'uint64', ['pointer', 'uint64', 'uint64']),
     snapshot: new NativeFunction(cm.mt_snapshot, 'void', ['pointer']),
     lost: new NativeFunction(cm.mt_lost_calls, 'uint64', []),
     live: new NativeFunction(cm.mt_live_count, 'uint64', []),
     stacks: new NativeFunction(cm.mt_stacks_interned, 'uint64', []),
+    monotonicUs: new NativeFunction(cm.mt_monotonic_us, 'uint64', []),
+    sitesUsed: new NativeFunction(cm.mt_sites_used, 'uint64', []),
   };
   return {
     toolchain,
     toolchainError: core.toolchainError,
     tlsDirectOffset: tlsDirect,
     tlsKey: key,
-    ringSize,
+    mode: events ? 'events' : 'aggregate',
+    ringSize: events ? ringSize : 0,
     threadSlots: nSlots,
     rings: nRings,
     stackTable: stackSlots,
+    aggLanes: lanes,
     liveCapacity: liveBuckets * LIVE_WAYS,
   };
 }
@@ -221,6 +286,24 @@ function findTlsOffset(key) {
 export function setEnabled(on) {
   if (core.cfg !== null)
     writeField(core.cfg, CONFIG, 'enabled', on ? 1 : 0);
+  core.enabled = on;
+  if (on)
+    core.started = true;
+}
+
+/* One mt_drain call: the bytes written and what the core holds now (MtDrainInfo, numbers).
+ * `final`: the hooks are out; ship the peak's composition and the live table. */
+export function drainOnce(final) {
+  const n = Number(core.fns.drain(core.drainBuf, core.drainCap, final ? 1 : 0));
+  const raw = readStruct(core.drainInfo, DRAIN_INFO);
+  const info = {};
+  for (const [k, v] of Object.entries(raw))
+    info[k] = Number(v);
+  info.top = [];
+  for (let i = 0; i < info.n_top; i++) {
+    info.top.push([Number(core.top.add(16 * i).readU64()), Number(core.top.add(16 * i + 8).readU64())]);
+  }
+  return { n, info };
 }
 
 /* The counters of every thread, live and retired, summed by the C side. */

@@ -4,27 +4,43 @@
  * (events:json), or, from an agent with nothing to say, agent:alive.
  */
 
-import { core, readCounters } from './core.js';
+import { core, drainOnce, readCounters } from './core.js';
 import { now } from './platform.js';
 
 const JSON_BATCH = 512;           // events held before an early flush
 let pendingJson = [];
 
-/* One drain: every thread's records, then the counters, in one message. */
+/* A tracer with a core may add to each batch: batchHook(payload, info, last) fills in what only
+ * it knows (malloc: the timeline sample, counts moved between aliased kinds). */
+let batchHook = null;
+
+export function setBatchHook(fn) {
+  batchHook = fn;
+}
+
+/* One drain: stack definitions, changed aggregate rows (and events in events mode), then the
+ * counters, in one message; again while the drain says its buffer filled up.  Once the hooks
+ * are out (stop, or the process exiting) the drain is final: it ships the composition at the
+ * peak and the live table. */
 export function flush() {
   if (core.cm !== null) {
+    const final = core.started && !core.enabled;
     let more = true;
     while (more) {
-      const n = Number(core.fns.drain(core.drainBuf, core.drainCap));
-      more = n > core.drainCap / 2;
+      const { n, info } = drainOnce(final);
+      more = info.more !== 0;
       const payload = {
         type: 'events:batch',
         t: now(),
+        mode: core.events ? 'events' : 'aggregate',
+        final,
         counters: readCounters(),
         lost: Number(core.fns.lost()),
-        live: Number(core.fns.live()),
-        stacks: Number(core.fns.stacks()),
+        live: info.tracked_blocks,
+        stacks: info.stacks,
       };
+      if (batchHook !== null)
+        batchHook(payload, info, !more);
       send(payload, n > 0 ? core.drainBuf.readByteArray(n) : null);
     }
   }

@@ -108,7 +108,32 @@ export function releaseThreadKey(key) {
   return true;
 }
 
-/* The calling thread (the agent's JavaScript thread) counts as ours from now on. */
+/* Process-directed signals the target may use (its timers, job control, SIGCHLD ...): the kernel
+ * runs the target's handler on any thread that does not block the signal, the agent's included,
+ * where the handler's allocations would pass for the agent's.  Blocked on the agent's thread, they go
+ * to the target's own threads.  Faults and traps stay open: Frida catches its own memory errors
+ * through them.  (Darwin's numbers: DEVICE-UNVERIFIED, from xnu's sys/signal.h.) */
+const ASYNC_SIGNALS = IS_DARWIN
+  ? [1, 2, 3, 13, 14, 15, 16, 18, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31]
+  : [1, 2, 3, 10, 12, 13, 14, 15, 17, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30];
+const SIG_BLOCK = IS_DARWIN ? 1 : 0;
+const SIGSET_BYTES = IS_DARWIN ? 4 : 128;
+
+function blockAsyncSignals() {
+  const mask = Module.findGlobalExportByName('pthread_sigmask');
+  if (mask === null)
+    return false;
+  const set = Memory.alloc(SIGSET_BYTES);
+  for (const sig of ASYNC_SIGNALS) {
+    const byte = set.add((sig - 1) >> 3);
+    byte.writeU8(byte.readU8() | (1 << ((sig - 1) & 7)));
+  }
+  return new NativeFunction(mask, 'int', ['int', 'pointer', 'pointer'])(SIG_BLOCK, set, NULL) === 0;
+}
+
+/* The calling thread (the agent's JavaScript thread) counts as ours from now on, and runs none of
+ * the target's handlers of process-directed signals. */
 export function ignoreAgentThread(cm) {
+  blockAsyncSignals();
   return new NativeFunction(cm.mt_ignore_this_thread, 'int', [])() !== 0;
 }

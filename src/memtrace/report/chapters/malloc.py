@@ -1,4 +1,5 @@
-"""The malloc chapter: churn vs net, size tiers, live and top stacks; the churn and family findings."""
+"""The malloc chapter: churn vs net, size tiers, the peak and what held it, temporary allocations,
+live and top stacks; the churn and family findings."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 from memtrace.analyze.families import FamilyRules
 from memtrace.capture import NO_STACK
+from memtrace.layout import PSEUDO_STACKS
 from memtrace.report.chapters import (
     TOP,
     UNSTACKED,
@@ -30,16 +32,20 @@ class MallocChapter(BaseChapter):
         j = s.to_json(capture=rel, top=top)
         j["analyzed"] = True
         fam: dict[str, dict[str, Any]] = {}
+        # The aggregate core counts blocks without a stack (nested calls, a full stack table) outside
+        # the stacked bytes: they belong to the unstacked row, as blocks below the threshold do.
+        stackless = set(PSEUDO_STACKS) if s.aggregates else {NO_STACK}
         for sid, st in s.by_stack.items():
-            name = UNSTACKED if sid == NO_STACK else rules.classify(s.stack(sid))
+            stacked = sid not in stackless
+            name = rules.classify(s.stack(sid)) if stacked else UNSTACKED
             f = fam.get(name)
             if f is None:
                 f = fam[name] = {"bytes": 0, "count": 0, "live_bytes": 0, "live_count": 0, "stacks": 0}
-            f["bytes"] += round(st.est_bytes) if sid != NO_STACK else 0
-            f["count"] += round(st.est_count) if sid != NO_STACK else 0
+            f["bytes"] += round(st.est_bytes) if stacked else 0
+            f["count"] += round(st.est_count) if stacked else 0
             f["live_bytes"] += round(st.live_est_bytes)
             f["live_count"] += st.live_count
-            f["stacks"] += 1 if sid != NO_STACK else 0
+            f["stacks"] += 1 if stacked else 0
         # Bytes no stack covers (below the stack threshold, unsampled): their own row, so the family
         # table adds up to the gross bytes instead of silently losing them.
         unstacked = j["gross_bytes"] - j["coverage"]["estimated_bytes_with_sampling"]
@@ -48,7 +54,8 @@ class MallocChapter(BaseChapter):
             f["bytes"] += max(unstacked, 0)
             f["count"] += max(j["alloc_calls"] - sum(v["count"] for k, v in fam.items() if k != UNSTACKED), 0)
         j["families"] = family_rows(fam)
-        for row in j["top_stacks"] + j["live_by_stack"]:
+        extra = [*((j.get("peak") or {}).get("by_stack") or []), *((j.get("temporary") or {}).get("by_stack") or [])]
+        for row in j["top_stacks"] + j["live_by_stack"] + extra:
             if row["stack_id"] == NO_STACK:
                 row["unstacked"] = True
                 row["family"] = UNSTACKED
@@ -107,6 +114,12 @@ class MallocChapter(BaseChapter):
         m["families"] = family_rows(fam)
         m["top_stacks"] = merge_stacks(top)
         m["live_by_stack"] = merge_stacks(live)
+        # The run's peak (one instant) and its temporaries, as the capture has them.
+        m["peak"] = e.get("peak")
+        temp = e.get("temporary")
+        m["temporary"] = None if not temp else {
+            "calls": temp["calls"], "bytes": temp["bytes"],
+            "by_stack": merge_stacks([{**r, "count": r["calls"]} for r in temp["by_stack"]])}
         return m
 
     def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -170,6 +183,7 @@ class MallocChapter(BaseChapter):
         rows = [[run_label(t, m), *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in m["tiers"])]
                 for t, m in runs if t["measurable"]]
         lines += table(["target", *TIER_LABELS], "l" + "r" * len(TIER_LABELS), rows)
+        lines += self._peak_and_temporary(runs)
         for title, key in (("Live by stack at window end", "live_by_stack"),
                            ("Top stacks by gross bytes", "top_stacks")):
             lines += [f"### {title}", ""]
@@ -180,6 +194,43 @@ class MallocChapter(BaseChapter):
                 if rows:
                     lines += [f"**{cell(run_label(t, m))}**", ""]
                     lines += table(["bytes", "count", "family", "frames (innermost first)"], "rrll", rows)
+        return lines
+
+    def _peak_and_temporary(self, runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
+        """Sections only captures from the aggregate core have (older ones carry neither figure)."""
+        lines: list[str] = []
+        peaks = [(run_label(t, m), m) for t, m in runs if t["measurable"] and m.get("peak")]
+        if peaks:
+            lines += ["### Peak of tracked live bytes", "",
+                      "The high-water mark of the bytes in tracked blocks (at least the live threshold, or with a "
+                      "stack) and which stacks held them at that instant.", ""]
+            rows = [[label, fmt_bytes(p["bytes"]), f"{p['count']:,}",
+                     "—" if p.get("t") is None else f"{p['t']:.3f} s", "yes" if p.get("exact", True) else "no"]
+                    for label, m in peaks for p in [m["peak"]]]
+            lines += table(["target", "peak", "blocks", "at", "exact"], "lrrrl", rows)
+            for label, m in peaks:
+                rows = [[fmt_bytes(r["bytes"]), f"{r['count']:,}", r.get("family", ""),
+                         UNSTACKED if r.get("unstacked") else frames_cell(r["frames"])]
+                        for r in m["peak"]["by_stack"]]
+                if rows:
+                    lines += [f"**{cell(label)}** at its peak", ""]
+                    lines += table(["bytes", "blocks", "family", "frames (innermost first)"], "rrll", rows)
+        temps = [(run_label(t, m), m) for t, m in runs if t["measurable"] and m.get("temporary")]
+        if temps:
+            lines += ["### Temporary allocations", "",
+                      "Freed by the thread that made them before its next allocation (heaptrack's definition): "
+                      "pure churn, candidates for reuse or the stack.", ""]
+            rows = [[label, f"{tm['calls']:,}", fmt_bytes(tm["bytes"]),
+                     fmt_pct(tm["calls"] / m["alloc_calls"]) if m["alloc_calls"] else "—"]
+                    for label, m in temps for tm in [m["temporary"]]]
+            lines += table(["target", "temporary calls", "bytes", "of allocation calls"], "lrrr", rows)
+            for label, m in temps:
+                rows = [[f"{r['count']:,}", fmt_bytes(r["bytes"]), r.get("family", ""),
+                         UNSTACKED if r.get("unstacked") else frames_cell(r["frames"])]
+                        for r in m["temporary"]["by_stack"]]
+                if rows:
+                    lines += [f"**{cell(label)}** temporaries by stack", ""]
+                    lines += table(["calls", "bytes", "family", "frames (innermost first)"], "rrll", rows)
         return lines
 
     def calibration(self, e: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,538 @@
+/*
+ * memtrace agent core, the host's side: the drain the agent's JavaScript calls on a timer (stack
+ * definitions, events rings, changed aggregate rows, the peak's composition, the live table at
+ * the end), the counters' snapshot, the reset, and the sizes the agent checks.  Compiled after
+ * core.c in the same CModule (malloc: core.c, drain.c, malloc.c); everything here runs on the
+ * agent's thread, never on a hooked call.
+ */
+
+static void
+mt_retire (MtSlot * s)
+{
+  guint j;
+  for (j = 0; j != MT_N_COUNTERS; j++)
+  {
+    mt_globals.retired[j] += s->counters[j] + s->ncount[j];
+    s->ncount[j] = 0;
+  }
+  s->last_ptr = 0;
+  s->nested_seq = 0;
+  if (s->has_ring && s->ring != NULL)
+  {
+    if (mt_trylock (&mt_globals.ring_free_lock, 100000))
+    {
+      mt_globals.ring_owner_free[mt_globals.ring_free_top++] =
+          (gint) ((guint64) (s->ring - mt_ring_pool) / mt_config.ring_size);
+      mt_unlock (&mt_globals.ring_free_lock);
+    }
+  }
+  s->has_ring = 0;
+  s->ring = NULL;
+  s->state = MT_SLOT_FREE;
+  mt_barrier ();
+  s->claim = 0;
+}
+
+/* Copies [tail, head) of a ring into out; returns the bytes copied. */
+static guint64
+mt_copy_ring (guint8 * out, const guint8 * ring, guint64 size, guint64 tail, guint64 n)
+{
+  guint64 off = tail & (size - 1);
+  guint64 first = MIN (n, size - off);
+  guint64 k;
+  for (k = 0; k + 8 <= first; k += 8)
+    *(guint64 *) (out + k) = *(const guint64 *) (ring + off + k);
+  for (; k < first; k++)
+    out[k] = ring[off + k];
+  for (k = 0; k + 8 <= n - first; k += 8)
+    *(guint64 *) (out + first + k) = *(const guint64 *) (ring + k);
+  for (; k < n - first; k++)
+    out[first + k] = ring[k];
+  return n;
+}
+
+/* Every thread's pending event records (events mode), as chunks; retires exited threads. */
+static guint64
+mt_drain_rings (guint8 * out, guint64 cap, guint64 used)
+{
+  gint i, hw = mt_globals.slots_hw;
+  guint64 size = mt_config.ring_size;
+
+  for (i = 0; i < hw; i++)
+  {
+    MtSlot * s = &mt_slots[i];
+    gint state = s->state;
+    guint64 head, tail, n;
+    if (state == MT_SLOT_FREE || !s->has_ring)
+    {
+      if (state == MT_SLOT_DEAD)
+        mt_retire (s);
+      continue;
+    }
+    head = (guint64) g_atomic_pointer_add (&s->head, 0);
+    tail = s->tail;
+    n = head - tail;
+    if (n != 0)
+    {
+      MtChunkHeader * chunk = (MtChunkHeader *) (out + used);   /* written only if it fits */
+      if (used + sizeof (MtChunkHeader) + n > cap)
+      {
+        mt_drain_info.more = 1;
+        break;
+      }
+      chunk->tid = (guint32) s->tid;
+      chunk->length = (guint32) n;
+      used += sizeof (MtChunkHeader);
+      used += mt_copy_ring (out + used, s->ring, size, tail, n);
+      g_atomic_pointer_add (&s->tail, (gssize) n);
+    }
+    if (state == MT_SLOT_DEAD)
+      mt_retire (s);
+  }
+  return used;
+}
+
+/* A row's running totals: the sum of its lanes. */
+static void
+mt_row_totals (guint64 row, guint64 * out)
+{
+  guint64 lanes = mt_config.agg_lanes;
+  volatile guint64 * a = &mt_agg[row * lanes * MT_AGG_STRIDE];
+  guint64 l;
+  guint f;
+  for (f = 0; f != MT_AGG_STRIDE; f++)
+    out[f] = 0;
+  for (l = 0; l != lanes; l++)
+    for (f = 0; f != MT_AGG_STRIDE; f++)
+      out[f] += a[l * MT_AGG_STRIDE + f];
+}
+
+static inline guint64
+mt_rows (void)
+{
+  return mt_config.stack_mask + 1 + MT_N_PSEUDO_STACKS;
+}
+
+/* The row at position i of the drain's walk: interned stacks in order, then the pseudo stacks. */
+static inline guint64
+mt_walk_row (guint64 i, guint64 n_stacks)
+{
+  return i < n_stacks ? mt_stack_list[i] : mt_config.stack_mask + 1 + (i - n_stacks);
+}
+
+/* Changed rows as AGG records (their running totals, changed fields only). */
+static guint64
+mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
+{
+  guint64 n_stacks = mt_load_acquire (&mt_core.n_stacks);
+  guint64 i, total = n_stacks + MT_N_PSEUDO_STACKS;
+  guint64 start = used;
+  MtChunkHeader * chunk = (MtChunkHeader *) (out + used);
+  if (used + sizeof (MtChunkHeader) > cap)
+  {
+    mt_drain_info.more = 1;
+    return used;
+  }
+  used += sizeof (MtChunkHeader);
+  for (i = 0; i != total; i++)
+  {
+    guint64 row = mt_walk_row (i, n_stacks);
+    guint64 now[MT_AGG_STRIDE];
+    guint64 * shipped = &mt_agg_shipped[row * MT_AGG_STRIDE];
+    guint32 mask = 0;
+    guint nvalues = 0, f;
+    MtAggRecord * r;
+    guint64 * values;
+    if (mt_agg_dirty[row] == 0)
+      continue;
+    mt_agg_dirty[row] = 0;
+    mt_barrier ();
+    mt_row_totals (row, now);
+    for (f = 0; f != MT_AGG_STRIDE; f++)
+    {
+      if (((guint32) MT_AGG_SHIPPED_MASK & (1u << f)) != 0 && now[f] != shipped[f])
+      {
+        mask |= 1u << f;
+        nvalues++;
+      }
+    }
+    if (mask == 0)
+      continue;
+    if (used + sizeof (MtAggRecord) + 8 * (guint64) nvalues > cap)
+    {
+      mt_agg_dirty[row] = 1;
+      mt_drain_info.more = 1;
+      break;
+    }
+    r = (MtAggRecord *) (out + used);
+    values = (guint64 *) (out + used + sizeof (MtAggRecord));
+    r->type = MT_REC_AGG;
+    r->nvalues = (guint8) nvalues;
+    r->reserved = 0;
+    r->stack_id = mt_id_of_row (row);
+    r->mask = mask;
+    r->reserved2 = 0;
+    nvalues = 0;
+    for (f = 0; f != MT_AGG_STRIDE; f++)
+    {
+      if ((mask & (1u << f)) != 0)
+        values[nvalues++] = now[f];
+    }
+    used += sizeof (MtAggRecord) + 8 * (guint64) nvalues;
+    mt_core.live_blocks += (gint64) ((now[MT_A_ALLOCS] - now[MT_A_FREES])
+        - (shipped[MT_A_ALLOCS] - shipped[MT_A_FREES]));
+    for (f = 0; f != MT_AGG_STRIDE; f++)
+      shipped[f] = now[f];
+    mt_agg_live[row] = (gint64) (now[MT_A_BYTES] - now[MT_A_FREED_BYTES]);
+  }
+  if (used == start + sizeof (MtChunkHeader))
+    return start;
+  chunk->tid = 0;
+  chunk->length = (guint32) (used - start - sizeof (MtChunkHeader));
+  return used;
+}
+
+/* A row's (bytes, count) at the peak of epoch e: per lane, its snapshot if that was taken in
+ * epoch e, else its live value (which cannot have changed since the peak without a snapshot:
+ * the counters are read before the epoch, and a writer stores the epoch before it changes them). */
+static void
+mt_row_at_peak (guint64 row, guint64 e, gint64 * bytes, gint64 * count)
+{
+  guint64 lanes = mt_config.agg_lanes;
+  volatile guint64 * a = &mt_agg[row * lanes * MT_AGG_STRIDE];
+  guint64 l;
+  *bytes = 0;
+  *count = 0;
+  for (l = 0; l != lanes; l++, a += MT_AGG_STRIDE)
+  {
+    guint64 b = a[MT_A_BYTES] - a[MT_A_FREED_BYTES];
+    guint64 c = a[MT_A_ALLOCS] - a[MT_A_FREES];
+    if (mt_load_acquire (&a[MT_A_SNAP_EPOCH]) == e)
+    {
+      b = a[MT_A_SNAP_BYTES];
+      c = a[MT_A_SNAP_COUNT];
+    }
+    *bytes += (gint64) b;
+    *count += (gint64) c;
+  }
+}
+
+/* The composition at the peak (a PEAK_HEAD, then one PEAK per row with bytes there), when the
+ * peak moved: at most once a second while the window runs, always in the final drain. */
+static guint64
+mt_drain_peak (guint8 * out, guint64 cap, guint64 used, gboolean final)
+{
+  guint64 e = mt_load_acquire (&mt_core.peak_epoch);
+  guint64 now_us = (guint64) g_get_monotonic_time ();
+  guint attempt;
+  if (e == 0 || e == mt_core.shipped_epoch)
+    return used;
+  if (!final && now_us - mt_core.composition_us < 1000000)
+    return used;
+  for (attempt = 0; attempt != (final ? 8u : 1u); attempt++)
+  {
+    guint64 start = used, pos, n_stacks, i, total, peak_bytes, peak_t;
+    MtChunkHeader * chunk = (MtChunkHeader *) (out + start);
+    MtPeakHeadRecord * head;
+    guint32 nstacks = 0;
+    gint64 count_sum = 0;
+    e = mt_load_acquire (&mt_core.peak_epoch);
+    peak_bytes = mt_core.peak_bytes;
+    peak_t = mt_core.peak_t_us;
+    n_stacks = mt_load_acquire (&mt_core.n_stacks);
+    total = n_stacks + MT_N_PSEUDO_STACKS;
+    pos = start + sizeof (MtChunkHeader) + sizeof (MtPeakHeadRecord);
+    if (pos > cap)
+    {
+      mt_drain_info.more = 1;
+      return used;
+    }
+    for (i = 0; i != total; i++)
+    {
+      guint64 row = mt_walk_row (i, n_stacks);
+      gint64 b, c;
+      MtPeakRecord * r;
+      mt_row_at_peak (row, e, &b, &c);
+      if (b == 0 && c == 0)
+        continue;
+      if (pos + sizeof (MtPeakRecord) > cap)
+      {
+        mt_drain_info.more = 1;
+        return used;
+      }
+      r = (MtPeakRecord *) (out + pos);
+      r->type = MT_REC_PEAK;
+      r->reserved = 0;
+      r->reserved2 = 0;
+      r->stack_id = mt_id_of_row (row);
+      r->bytes = (guint64) b;
+      r->count = (guint64) c;
+      pos += sizeof (MtPeakRecord);
+      nstacks++;
+      count_sum += c;
+    }
+    if (mt_load_acquire (&mt_core.peak_epoch) != e)
+      continue;   /* a new peak while we read: the values are of no single instant */
+    head = (MtPeakHeadRecord *) (out + start + sizeof (MtChunkHeader));
+    head->type = MT_REC_PEAK_HEAD;
+    head->reserved = 0;
+    head->reserved2 = 0;
+    head->nstacks = nstacks;
+    head->epoch = e;
+    head->bytes = peak_bytes;
+    head->count = (guint64) count_sum;
+    head->t_us = peak_t;
+    chunk->tid = 0;
+    chunk->length = (guint32) (pos - start - sizeof (MtChunkHeader));
+    mt_core.shipped_epoch = e;
+    mt_core.composition_us = now_us;
+    return pos;
+  }
+  return used;
+}
+
+/* The final drain: every block still in the live table, as LIVE records. */
+static guint64
+mt_drain_live (guint8 * out, guint64 cap, guint64 used)
+{
+  guint64 start = used;
+  guint64 n = (mt_config.live_mask + 1) * MT_LIVE_WAYS;
+  guint64 i;
+  MtChunkHeader * chunk = (MtChunkHeader *) (out + used);
+  if (used + sizeof (MtChunkHeader) > cap)
+  {
+    mt_drain_info.more = 1;
+    return used;
+  }
+  used += sizeof (MtChunkHeader);
+  for (i = mt_core.live_cursor; i != n; i++)
+  {
+    guint64 p = mt_live_table[i];
+    MtLiveMeta * m;
+    MtLiveRecord * r;
+    /* The logger path's VM regions are not malloc blocks; its owed and suspect entries are (their
+     * rows count them live), at their address (malloc.c, "the logger path's live-table entries"). */
+    if (p == 0 || (p & MT_LIVE_VM) != 0)
+      continue;
+    p &= ~(guint64) (MT_LIVE_SUSPECT | MT_LIVE_OWED);
+    if (used + sizeof (MtLiveRecord) > cap)
+    {
+      mt_drain_info.more = 1;
+      break;
+    }
+    m = &mt_live_meta[i];
+    r = (MtLiveRecord *) (out + used);
+    r->type = MT_REC_LIVE;
+    r->k = (guint8) (m->tick_k >> MT_LIVE_TICK_BITS);
+    r->reserved = 0;
+    r->stack_id = m->stack_id;
+    r->ptr = p;
+    r->size = m->size;
+    r->tick = m->tick_k & ((1u << MT_LIVE_TICK_BITS) - 1);
+    r->reserved2 = 0;
+    used += sizeof (MtLiveRecord);
+    mt_core.live_dumped++;
+  }
+  mt_core.live_cursor = i;
+  if (i == n)
+    mt_core.live_done = 1;
+  if (used == start + sizeof (MtChunkHeader))
+    return start;
+  chunk->tid = 0;
+  chunk->length = (guint32) (used - start - sizeof (MtChunkHeader));
+  return used;
+}
+
+/* The TOP_STACKS rows with the most live bytes, from the shipped totals (a compact array: the
+ * walk reads 12 bytes per stack, however many stacks there are). */
+static void
+mt_top_rows (void)
+{
+  guint64 n_stacks = mt_load_acquire (&mt_core.n_stacks);
+  guint64 i, total = n_stacks + MT_N_PSEUDO_STACKS, n = 0;
+  for (i = 0; i != total; i++)
+  {
+    guint64 row = mt_walk_row (i, n_stacks);
+    gint64 live = mt_agg_live[row];
+    guint64 j;
+    if (live <= 0)
+      continue;
+    if (n == MT_TOP_STACKS && live <= (gint64) mt_top[2 * (n - 1) + 1])
+      continue;
+    j = n < MT_TOP_STACKS ? n++ : n - 1;
+    while (j > 0 && (gint64) mt_top[2 * (j - 1) + 1] < live)
+    {
+      mt_top[2 * j] = mt_top[2 * (j - 1)];
+      mt_top[2 * j + 1] = mt_top[2 * (j - 1) + 1];
+      j--;
+    }
+    mt_top[2 * j] = mt_id_of_row (row);
+    mt_top[2 * j + 1] = (guint64) live;
+  }
+  mt_drain_info.n_top = n;
+}
+
+/* One drain into out (at most cap bytes): stack definitions, events (events mode), changed rows,
+ * the peak's composition when it moved, and with `final` the live table.  mt_drain_info says
+ * whether to call again (the buffer filled up) and what the core holds now.  Returns the bytes
+ * written. */
+guint64
+mt_drain (guint8 * out, guint64 cap, guint64 final)
+{
+  guint64 used = 0;
+  guint64 head = mt_load_acquire (&mt_core.defs_head);
+  guint64 tail = mt_core.defs_tail;
+  MtDrainInfo * info = &mt_drain_info;
+
+  info->more = 0;
+  mt_core.tick++;
+
+  if (head != tail && sizeof (MtChunkHeader) + (head - tail) <= cap)
+  {
+    MtChunkHeader * chunk = (MtChunkHeader *) out;
+    chunk->tid = 0;
+    chunk->length = (guint32) (head - tail);
+    used = sizeof (MtChunkHeader);
+    used += mt_copy_ring (out + used, mt_defs, mt_config.defs_size, tail, head - tail);
+    mt_store_release (&mt_core.defs_tail, head);
+  }
+  else if (head != tail)
+  {
+    info->more = 1;
+  }
+
+  used = mt_drain_rings (out, cap, used);
+  used = mt_drain_rows (out, cap, used);
+  used = mt_drain_peak (out, cap, used, final != 0);
+  if (final && !mt_core.live_done && !info->more)
+    used = mt_drain_live (out, cap, used);
+
+  mt_top_rows ();
+  info->now_us = (guint64) g_get_monotonic_time ();
+  info->tracked_bytes = (guint64) mt_core.tracked_bytes;
+  info->tracked_blocks = (guint64) mt_core.live_blocks;
+  info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
+  info->peak_bytes = mt_core.peak_bytes;
+  info->peak_t_us = mt_core.peak_t_us;
+  info->stacks = mt_core.n_stacks;
+  info->tick = mt_core.tick;
+  info->live_dumped = mt_core.live_dumped;
+  info->live_done = mt_core.live_done;
+  return used;
+}
+
+/* Sums every slot's counters (plus retired threads) into out[MT_N_COUNTERS].
+ * Slots are read without locks: each counter is an aligned 64-bit word
+ * written by one thread, so a snapshot is at worst a few calls behind. */
+void
+mt_snapshot (guint64 * out)
+{
+  gint i, hw = mt_globals.slots_hw;
+  guint j;
+  for (j = 0; j != MT_N_COUNTERS; j++)
+    out[j] = mt_globals.retired[j];
+  for (i = 0; i < hw; i++)
+  {
+    MtSlot * s = &mt_slots[i];
+    if (s->state == MT_SLOT_FREE)
+      continue;
+    for (j = 0; j != MT_N_COUNTERS; j++)
+      out[j] += s->counters[j] + s->ncount[j];
+  }
+}
+
+/* Zeroes every table the agent did not get fresh from the OS; called once before the hooks go in. */
+void
+mt_reset (void)
+{
+  guint64 i;
+  guint8 * g = (guint8 *) &mt_globals;
+  for (i = 0; i != sizeof (MtGlobals); i++)
+    g[i] = 0;
+  g = (guint8 *) &mt_core;
+  for (i = 0; i != sizeof (MtCore); i++)
+    g[i] = 0;
+  g = (guint8 *) &mt_drain_info;
+  for (i = 0; i != sizeof (MtDrainInfo); i++)
+    g[i] = 0;
+  g = (guint8 *) mt_sites;
+  for (i = 0; i != MT_N_SITES * sizeof (MtSite); i++)
+    g[i] = 0;
+  for (i = 0; i != 2 * MT_TOP_STACKS; i++)
+    mt_top[i] = 0;
+  for (i = 0; i != mt_config.n_slots * sizeof (MtSlot); i++)
+    ((guint8 *) mt_slots)[i] = 0;
+  for (i = 0; i <= mt_config.stack_mask; i++)
+    mt_stack_table[i] = 0;
+  for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
+    mt_live_table[i] = 0;
+  for (i = 0; i <= mt_config.live_mask; i++)
+  {
+    mt_live_occupancy[i] = 0;
+    mt_live_locks[i] = 0;
+  }
+}
+
+guint64
+mt_slot_size (void)
+{
+  return sizeof (MtSlot);
+}
+
+guint64
+mt_globals_size (void)
+{
+  return sizeof (MtGlobals);
+}
+
+guint64
+mt_core_size (void)
+{
+  return sizeof (MtCore);
+}
+
+guint64
+mt_config_size (void)
+{
+  return sizeof (MtConfig);
+}
+
+guint64
+mt_lost_calls (void)
+{
+  return (guint64) mt_globals.lost_calls;
+}
+
+guint64
+mt_live_count (void)
+{
+  return (guint64) mt_core.live_blocks;
+}
+
+/* Entries in the live table now (the logger path's VM regions included), for sizing a leak scan. */
+guint64
+mt_live_occupied (void)
+{
+  guint64 b, n = 0;
+  for (b = 0; b <= mt_config.live_mask; b++)
+    n += (guint64) mt_live_occupancy[b];
+  return n;
+}
+
+guint64
+mt_stacks_interned (void)
+{
+  return (guint64) mt_globals.stacks_interned;
+}
+
+guint64
+mt_sites_used (void)
+{
+  return mt_load_acquire (&mt_core.n_sites);
+}
+
+guint64
+mt_monotonic_us (void)
+{
+  return (guint64) g_get_monotonic_time ();
+}

@@ -1,0 +1,544 @@
+/*
+ * memtrace agent core, what a hooked call does with a block: per-stack aggregate rows and the peak,
+ * counting every call, tracking a block (its stack, its live-table entry, its row, its event
+ * record), its release and temporaries, nested calls (signal handlers, the allocator inside its
+ * own entries) and the call sites of aliased entries.  Compiled after core.c in the same CModule
+ * (malloc: core.c, track.c, drain.c, malloc.c); docs/agents.md ("The malloc core") tells the
+ * whole story.
+ */
+
+/* ---- aggregates -------------------------------------------------------- */
+
+/* Stack ids and pseudo ids (NO_STACK, DROPPED_STACK, NESTED_STACK) to aggregate rows and back. */
+static inline guint64
+mt_row_of (guint32 stack_id)
+{
+  if (stack_id <= mt_config.stack_mask)
+    return stack_id;
+  return mt_config.stack_mask + 1 + (0xFFFFFFFFu - stack_id);
+}
+
+static inline guint32
+mt_id_of_row (guint64 row)
+{
+  if (row <= mt_config.stack_mask)
+    return (guint32) row;
+  return 0xFFFFFFFFu - (guint32) (row - mt_config.stack_mask - 1);
+}
+
+static inline volatile guint64 *
+mt_agg_lane (MtSlot * s, guint64 row)
+{
+  guint64 lanes = mt_config.agg_lanes;
+  return &mt_agg[(row * lanes + (mt_slot_index (s) & (lanes - 1))) * MT_AGG_STRIDE];
+}
+
+/* The peak.  mt_core.peak_epoch counts the times tracked bytes reached a new high.  Before a lane
+ * of a row changes, if its snapshot belongs to an older epoch, the lane saves its live value as
+ * the value at the current peak (the epoch has not moved since that peak, so nothing in the lane
+ * changed since).  A row's value at the peak is then its snapshot where the snapshot's epoch is
+ * the current one, and its live value elsewhere: raising the peak costs O(1), however many
+ * stacks there are.
+ *
+ * What is exact: everything one thread does (its changes and the peaks they cause are in
+ * program order), so a single-threaded burst is exact to the byte.  With several threads, a
+ * change another thread makes between one thread's add to tracked_bytes and its bump of the
+ * epoch is counted at the peak although it came just after it (or is missed, for a change
+ * whose row was touched before the add and committed after the bump): the composition is off
+ * by at most the blocks that were in flight on other threads at that instant, and the peak
+ * bytes themselves are a true high-water mark of tracked_bytes. */
+static inline void
+mt_agg_touch (volatile guint64 * a)
+{
+  guint64 e = mt_core.peak_epoch;
+  if (G_UNLIKELY (a[MT_A_SNAP_EPOCH] != e))
+  {
+    a[MT_A_SNAP_BYTES] = a[MT_A_BYTES] - a[MT_A_FREED_BYTES];
+    a[MT_A_SNAP_COUNT] = a[MT_A_ALLOCS] - a[MT_A_FREES];
+    mt_store_release (&a[MT_A_SNAP_EPOCH], e);
+  }
+}
+
+/* After the row's counters changed: the drain clears the flag before it reads the row. */
+static inline void
+mt_agg_dirty_row (guint64 row)
+{
+  if (mt_agg_dirty[row] == 0)
+    mt_agg_dirty[row] = 1;
+}
+
+static void
+mt_raise_peak (guint64 bytes)
+{
+  guint spins;
+  for (spins = 0; spins != 4096; spins++)
+  {
+    if (bytes <= mt_core.peak_bytes)
+      return;
+    if (MT_ADD32 (&mt_core.peak_lock, 1) == 0)
+    {
+      if (bytes > mt_core.peak_bytes)
+      {
+        mt_core.peak_bytes = bytes;
+        mt_core.peak_t_us = (guint64) g_get_monotonic_time ();
+        mt_store_release (&mt_core.peak_epoch, mt_core.peak_epoch + 1);
+      }
+      MT_ADD32 (&mt_core.peak_lock, -1);
+      return;
+    }
+    MT_ADD32 (&mt_core.peak_lock, -1);
+  }
+}
+
+static inline void
+mt_tracked_add (gint64 delta)
+{
+  gint64 now = (gint64) MT_ADD64 (&mt_core.tracked_bytes, delta) + delta;
+  if (delta > 0 && (guint64) now > mt_core.peak_bytes)
+    mt_raise_peak ((guint64) now);
+}
+
+/* ---- events ----------------------------------------------------------- */
+
+static inline guint64
+mt_next_random (MtSlot * s)
+{
+  guint64 x = s->rng;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  s->rng = x;
+  return x;
+}
+
+/* Natural logarithm without libm: x = m * 2^e, ln x = e ln 2 + 2 atanh((m-1)/(m+1)). */
+static gdouble
+mt_ln (gdouble x)
+{
+  union { gdouble d; guint64 u; } v;
+  gint e;
+  gdouble m, t, t2, sum;
+  v.d = x;
+  e = (gint) ((v.u >> 52) & 0x7ff) - 1023;
+  v.u = (v.u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;
+  m = v.d;
+  if (m > 1.41421356237)
+  {
+    m *= 0.5;
+    e++;
+  }
+  t = (m - 1.0) / (m + 1.0);
+  t2 = t * t;
+  sum = t * (1.0 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 * (1.0 / 9 + t2 * (1.0 / 11))))));
+  return e * 0.69314718055994530942 + 2.0 * sum;
+}
+
+/* Exponentially distributed gap (mean = interval) between sampled bytes. */
+static gint64
+mt_next_gap (MtSlot * s)
+{
+  gdouble u = ((gdouble) (gint64) (mt_next_random (s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  gint64 gap = (gint64) (-mt_ln (u) * (gdouble) (gint64) mt_config.sample_interval);
+  return gap > 0 ? gap : 1;
+}
+
+/* The stack of the call being hooked: frames[0] is the caller's return address. */
+static guint
+mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags)
+{
+  gboolean truncated;
+  guint n = mt_walk (s, fp, frames, (guint) mt_config.max_frames, &truncated);
+  if (n > 0 && kind < 64 && (mt_slow_kinds & (1ULL << kind)) != 0)
+  {
+    GumInvocationContext * ic = gum_interceptor_get_current_invocation ();
+    if (ic != NULL)
+      frames[0] = (guint64) (gsize) gum_invocation_context_get_return_address (ic) & mt_config.code_mask;
+  }
+  if (truncated)
+  {
+    *flags |= MT_FLAG_TRUNCATED;
+    s->counters[MT_C_TRUNCATED_STACKS]++;
+  }
+  return n;
+}
+
+#ifdef __TINYC__
+# define MT_NOINLINE
+#else
+# define MT_NOINLINE __attribute__ ((noinline))
+#endif
+
+/* A block of a tracked size was allocated: its stack, its live-table entry, its row. */
+static MT_NOINLINE void
+mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
+{
+  guint16 flags = 0;
+  guint64 weight = size;
+  guint k = 0;
+  gboolean want_stack, want_live, tracked;
+  guint32 stack_id = MT_NO_STACK;
+  guint64 row;
+  volatile guint64 * a;
+
+  want_stack = size >= mt_config.stack_threshold;
+  want_live = size >= mt_config.live_threshold;
+
+  /* Byte-weighted Poisson sampling (heapprofd) over the bytes the stack layer
+   * does not already capture exactly. */
+  if (!want_stack && mt_config.sample_interval != 0)
+  {
+    if (size >= mt_config.sample_interval)
+    {
+      want_stack = TRUE;
+      flags |= MT_FLAG_SAMPLED;   /* sampled with certainty: its weight is its size */
+    }
+    else
+    {
+      s->countdown -= (gint64) size;
+      if (s->countdown <= 0)
+      {
+        guint64 n = 0;
+        while (s->countdown <= 0)
+        {
+          s->countdown += mt_next_gap (s);
+          n++;
+        }
+        k = n > 255 ? 255 : (guint) n;
+        weight = (guint64) k * mt_config.sample_interval;
+        want_stack = TRUE;
+        flags |= MT_FLAG_SAMPLED;
+      }
+    }
+    if (flags & MT_FLAG_SAMPLED)
+      s->counters[MT_C_SAMPLED]++;
+  }
+
+  if (!want_stack && !want_live)
+    return;
+
+  if (want_stack)
+  {
+    guint64 frames[MT_MAX_FRAMES];
+    guint n = mt_call_stack (s, kind, fp, frames, &flags);
+    stack_id = mt_intern (s, frames, n);
+  }
+
+  /* Every block with a stack is tracked, whatever its size: its free must find its row. */
+  tracked = mt_live_insert (p, size, stack_id, k, 4096);
+  row = mt_row_of (stack_id);
+  a = mt_agg_lane (s, row);
+  if (tracked)
+  {
+    flags |= MT_FLAG_LIVE;
+    mt_agg_touch (a);
+    MT_ADD64 (&a[MT_A_ALLOCS], 1);
+    MT_ADD64 (&a[MT_A_BYTES], size);
+    if (k != 0)
+      MT_ADD64 (&a[MT_A_EXTRA_WEIGHT], weight - size);
+  }
+  else
+  {
+    s->counters[MT_C_LIVE_TABLE_FULL]++;
+    MT_ADD64 (&a[MT_A_UNTRACKED], 1);
+    MT_ADD64 (&a[MT_A_UNTRACKED_BYTES], size);
+  }
+  if (k != 0)
+  {
+    MT_ADD64 (&a[MT_A_SAMPLED], 1);
+    MT_ADD64 (&a[MT_A_SAMPLED_BYTES], size);
+    MT_ADD64 (&a[MT_A_SAMPLED_WEIGHT], weight);
+    MT_ADD64 (&a[MT_A_SAMPLED_COUNT_FP], (weight << MT_AGG_FP_SHIFT) / (size != 0 ? size : 1));
+  }
+  mt_agg_dirty_row (row);
+  if (tracked)
+    mt_tracked_add ((gint64) size);
+
+  if (mt_config.events)
+  {
+    MtAllocRecord * rec = (MtAllocRecord *) mt_ring_reserve (s, sizeof (MtAllocRecord));
+    if (rec != NULL)
+    {
+      rec->type = MT_REC_ALLOC;
+      rec->kind = (guint8) kind;
+      rec->flags = flags;
+      rec->stack_id = stack_id;
+      rec->ptr = p;
+      rec->size = size;
+      rec->weight = weight;
+      mt_ring_commit (s, sizeof (MtAllocRecord));
+    }
+  }
+}
+
+/* Every allocation of every kind goes through here: exact counts first. */
+static inline void
+mt_count_call (MtSlot * s, guint kind, guint64 size)
+{
+  guint t = mt_tier (size);
+  mt_bump (&s->counters[MT_C_CALLS + kind], 1);
+  mt_bump (&s->counters[MT_C_BYTES + kind], size);
+  mt_bump (&s->counters[MT_C_TIER_CALLS + t], 1);
+  mt_bump (&s->counters[MT_C_TIER_BYTES + t], size);
+}
+
+/* After an allocation whose call is counted already. */
+static inline void
+mt_on_allocated (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
+{
+  if (G_UNLIKELY (p == NULL))
+  {
+    mt_bump (&s->counters[MT_C_FAILED_ALLOCS], 1);
+    s->last_ptr = 0;
+    return;
+  }
+  /* (With MT_LIGHT_HOOKS a signal handler's allocation could land between these two stores and
+   * leave its size with this block: a temporary's bytes would be off, never its count.) */
+  s->last_size = size;
+  s->last_ptr = (guint64) p;
+  /* track_min: the smallest size anything is kept for (0 while sampling). */
+  if (G_UNLIKELY (size >= mt_config.track_min))
+  {
+    gint prev = mt_guard (s);
+    mt_track_alloc (s, kind, (guint64) p, size, fp);
+    mt_set_busy (s, prev);
+  }
+}
+
+static inline void
+mt_on_alloc (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
+{
+  mt_count_call (s, kind, size);
+  mt_on_allocated (s, kind, p, size, fp);
+}
+
+/* A tracked block went away: its row's frees (and temporaries), tracked bytes. */
+static void
+mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary)
+{
+  guint64 row = mt_row_of (m->stack_id);
+  volatile guint64 * a = mt_agg_lane (s, row);
+  guint k = m->tick_k >> MT_LIVE_TICK_BITS;
+  mt_agg_touch (a);
+  MT_ADD64 (&a[MT_A_FREES], 1);
+  MT_ADD64 (&a[MT_A_FREED_BYTES], m->size);
+  if (k != 0)
+    MT_ADD64 (&a[MT_A_EXTRA_WEIGHT_FREED], (guint64) k * mt_config.sample_interval - m->size);
+  if (temporary)
+  {
+    MT_ADD64 (&a[MT_A_TEMP], 1);
+    MT_ADD64 (&a[MT_A_TEMP_BYTES], m->size);
+  }
+  mt_agg_dirty_row (row);
+  mt_tracked_add (-(gint64) m->size);
+}
+
+/* A tracked block leaves the live table: its row, and the event record in events mode. */
+static MT_NOINLINE void
+mt_release_live (MtSlot * s, guint kind, guint64 p, guint64 size, gboolean temporary)
+{
+  MtLiveMeta m;
+  if (!mt_live_remove (p, &m))
+    return;
+  s->counters[MT_C_TRACKED_FREES]++;
+  mt_release_tracked (s, &m, temporary);
+  if (mt_config.events)
+  {
+    MtFreeRecord * rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
+    if (rec != NULL)
+    {
+      rec->type = MT_REC_FREE;
+      rec->kind = (guint8) kind;
+      rec->flags = 0;
+      rec->reserved = 0;
+      rec->ptr = p;
+      rec->size = size;
+      mt_ring_commit (s, sizeof (MtFreeRecord));
+    }
+  }
+}
+
+/* A block goes away (free, or the old half of a realloc); counting the call is the caller's job.
+ * `from_hook`: p comes from a hooked entry of the C library itself (so, on glibc, it has a chunk
+ * header), not from a logger event. */
+static inline gboolean
+mt_check_temporary (MtSlot * s, guint64 p)
+{
+  if (p == 0 || p != s->last_ptr)
+    return FALSE;
+  /* No other allocation on this thread since this one: a temporary allocation. */
+  mt_bump (&s->counters[MT_C_TEMP_CALLS], 1);
+  mt_bump (&s->counters[MT_C_TEMP_BYTES], s->last_size);
+  /* last_ptr stays: p is gone, and only an allocation can give this address out again. */
+  return TRUE;
+}
+
+static inline void
+mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_hook)
+{
+  gboolean temporary;
+  guint64 chunk_min;
+  if (p == NULL)
+    return;
+  temporary = mt_check_temporary (s, (guint64) p);
+  /* glibc: the chunk size sits in the word before the block (its free reads it next), and a
+   * tracked block's chunk is larger than track_min: most frees end here without a table lookup. */
+  chunk_min = mt_config.chunk_min;
+  if (from_hook && chunk_min != 0 && (((const guint64 *) p)[-1] & ~(guint64) 7) < chunk_min)
+    return;
+  if (mt_live_occupancy[mt_live_bucket ((guint64) p)] != 0)
+  {
+    gint prev = mt_guard (s);
+    mt_release_live (s, kind, (guint64) p, size, temporary);
+    mt_set_busy (s, prev);
+  }
+}
+
+/* ---- nested calls ----------------------------------------------------- */
+
+static inline void
+mt_ncount (MtSlot * s, guint index, guint64 v)
+{
+  MT_ADD64 (&s->ncount[index], v);
+}
+
+static void
+mt_nested_count (MtSlot * s, guint kind, guint64 size, gboolean alloc, gint sign)
+{
+  guint64 one = sign > 0 ? 1 : (guint64) -1;
+  guint64 bytes = sign > 0 ? size : (guint64) 0 - size;
+  mt_ncount (s, MT_C_CALLS + kind, one);
+  mt_ncount (s, MT_C_NESTED_CALLS, one);
+  if (alloc)
+  {
+    guint t = mt_tier (size);
+    mt_ncount (s, MT_C_BYTES + kind, bytes);
+    mt_ncount (s, MT_C_TIER_CALLS + t, one);
+    mt_ncount (s, MT_C_TIER_BYTES + t, bytes);
+    mt_ncount (s, MT_C_NESTED_BYTES, bytes);
+  }
+}
+
+/* A call made while the thread's slot was busy.  Inside memtrace's own set-up it is ours and not
+ * counted.  Otherwise it is the target's (a signal handler, or the allocator itself inside a
+ * compound entry, told apart in mt_reconcile): counted by kind, bytes and tier like any call,
+ * its release applied to the live table, its block tracked without a stack (walking it, interning
+ * it and the events ring are what the interrupted call may be in the middle of). */
+static MT_NOINLINE void
+mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolean alloc)
+{
+  gint busy = s->busy;
+  MtLiveMeta m;
+  if (busy == MT_BUSY_OWN)
+  {
+    mt_ncount (s, MT_C_OWN_CALLS, 1);
+    return;
+  }
+  mt_nested_count (s, kind, size, alloc, 1);
+  s->last_ptr = 0;
+  if (old != 0 && mt_live_remove (old, &m))
+  {
+    mt_ncount (s, MT_C_TRACKED_FREES, 1);
+    mt_release_tracked (s, &m, FALSE);
+  }
+  if (busy == MT_BUSY_COMPOUND)
+  {
+    gssize i = (gssize) MT_ADD64 (&s->nested_seq, 1);
+    MtNested * e = &s->nested[i & (MT_NESTED_LOG - 1)];
+    e->kind = alloc ? kind : kind | 0x100;
+    e->ptr = p;
+    e->old_ptr = old;
+    e->size = size;
+    return;
+  }
+  if (alloc && p != 0 && (size >= mt_config.live_threshold || size >= mt_config.stack_threshold))
+  {
+    guint64 row = mt_row_of (MT_NESTED_STACK);
+    volatile guint64 * a = mt_agg_lane (s, row);
+    if (mt_live_insert (p, size, MT_NESTED_STACK, 0, 16))
+    {
+      mt_agg_touch (a);
+      MT_ADD64 (&a[MT_A_ALLOCS], 1);
+      MT_ADD64 (&a[MT_A_BYTES], size);
+      mt_agg_dirty_row (row);
+      mt_tracked_add ((gint64) size);
+    }
+    else
+    {
+      mt_ncount (s, MT_C_LIVE_TABLE_FULL, 1);
+      MT_ADD64 (&a[MT_A_UNTRACKED], 1);
+      MT_ADD64 (&a[MT_A_UNTRACKED_BYTES], size);
+      mt_agg_dirty_row (row);
+    }
+  }
+}
+
+/* After a compound entry's real call returned: the nested calls it made itself (the block it
+ * returns, or the block it was given) are the allocator's own and leave the counts again. */
+static void
+mt_reconcile (MtSlot * s, gssize seq0, guint64 result, guint64 old)
+{
+  gssize end = s->nested_seq;
+  gssize i;
+  if (end == seq0)
+    return;
+  if (end - seq0 > MT_NESTED_LOG)
+  {
+    mt_ncount (s, MT_C_NESTED_UNRECONCILED, (guint64) (end - seq0 - MT_NESTED_LOG));
+    seq0 = end - MT_NESTED_LOG;
+  }
+  for (i = seq0; i != end; i++)
+  {
+    MtNested * e = &s->nested[i & (MT_NESTED_LOG - 1)];
+    if ((e->ptr != 0 && e->ptr == result) || (e->old_ptr != 0 && e->old_ptr == old))
+    {
+      mt_nested_count (s, (guint) (e->kind & 0xff), e->size, (e->kind & 0x100) == 0, -1);
+      mt_ncount (s, MT_C_NESTED_INTERNAL, 1);
+    }
+  }
+}
+
+/* ---- call sites of aliased entries ------------------------------------- */
+
+/* Counts a call of an aliased entry by its call site (the return address); the agent reads the
+ * sites, tells from each site's call instruction which name it called, and moves the counts.
+ * Sites are few and these calls rare: a short array in order of first sight (the agent reads
+ * mt_core.n_sites entries), searched linearly. */
+static void
+mt_note_site (guint kind, gpointer fp, guint64 size)
+{
+  guint64 ra = ((guint64 *) fp)[1] & mt_config.code_mask;
+  guint64 i, n;
+  if ((mt_slow_kinds & (1ULL << kind)) != 0)
+  {
+    GumInvocationContext * ic = gum_interceptor_get_current_invocation ();
+    if (ic != NULL)
+      ra = (guint64) (gsize) gum_invocation_context_get_return_address (ic) & mt_config.code_mask;
+  }
+  if (ra == 0)
+    return;
+  for (;;)
+  {
+    n = mt_load_acquire (&mt_core.n_sites);
+    for (i = 0; i != n; i++)
+    {
+      MtSite * site = &mt_sites[i];
+      if (site->ra == ra && site->kind == kind)
+      {
+        MT_ADD64 (&site->calls, 1);
+        MT_ADD64 (&site->bytes, size);
+        return;
+      }
+    }
+    if (n == MT_N_SITES || !mt_trylock (&mt_core.sites_lock, 4096))
+      return;   /* the agent leaves such calls with the hooked name */
+    if (mt_core.n_sites == n)
+    {
+      mt_sites[n].ra = ra;
+      mt_sites[n].kind = kind;
+      mt_sites[n].calls = 0;
+      mt_sites[n].bytes = 0;
+      mt_store_release (&mt_core.n_sites, n + 1);
+    }
+    mt_unlock (&mt_core.sites_lock);
+  }
+}

@@ -1,0 +1,104 @@
+"""The aggregate stream offline: its records round-trip, and the analyzer reads per-stack totals (the
+latest wins), the composition of the latest peak, temporaries, sampled weights, pseudo stacks and the
+timeline from them.  (The real core writing them: tests/integration/test_malloc_aggregate.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memtrace import layout
+from memtrace.analyze.malloc import summarize
+from memtrace.capture import (
+    AggRecord,
+    CaptureWriter,
+    LiveRecord,
+    PeakHeadRecord,
+    PeakRecord,
+    RecordType,
+    StackRecord,
+    decode_agent_records,
+    encode_agent_records,
+    read_records,
+)
+
+COUNTERS = [0] * layout.N_COUNTERS
+
+
+def counters(**values: int) -> list[int]:
+    out = list(COUNTERS)
+    for name, v in values.items():
+        out[layout.COUNTERS[name]] = v
+    return out
+
+
+def body(t: int, **extra: object) -> dict[str, object]:
+    return {"t": t, "mode": "aggregate", "counters": COUNTERS, "t0": 100, "clock": [5_000_000 + t * 1000, t],
+            **extra}
+
+
+def test_aggregate_records_round_trip() -> None:
+    records = [StackRecord(0, 3, (0x10, 0x20)),
+               AggRecord(3, {"allocs": 5, "bytes": 5000, "temp": 2, "sampled_weight": 1 << 40}),
+               PeakHeadRecord(2, 9, 12345, 3, 777), PeakRecord(3, 12000, 2), PeakRecord(layout.NO_STACK, 345, 1),
+               LiveRecord(3, 0xABC0, 4096, 17, 0)]
+    assert list(decode_agent_records(encode_agent_records(0, records))) == records
+
+
+def test_summary_from_totals_peak_and_samples(tmp_path: Path) -> None:
+    p = tmp_path / "c.mtc"
+    with CaptureWriter(p) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        w.write(RecordType.BATCH, body(200, peak={"bytes": 30000, "epoch": 4},
+                                       sample={"t": 200, "tracked_bytes": 30000, "tracked_blocks": 3,
+                                               "peak_bytes": 30000, "in_use": 1, "footprint": 2,
+                                               "top": [[1, 20000], [2, 10000]]}),
+                encode_agent_records(0, [
+                    StackRecord(0, 1, (0x10,)), StackRecord(0, 2, (0x20,)),
+                    AggRecord(1, {"allocs": 2, "bytes": 20000}),
+                    AggRecord(2, {"allocs": 1, "bytes": 10000}),
+                    PeakHeadRecord(2, 4, 30000, 3, 5_150_000), PeakRecord(1, 20000, 2), PeakRecord(2, 10000, 1)]))
+        # Later: stack 1 frees both its blocks (one a temporary), stack 2 only changes its sampled figures,
+        # a nested call's block is tracked without a stack; the peak did not move.
+        w.write(RecordType.BATCH, {**body(300, peak={"bytes": 30000, "epoch": 4}, live_done=True),
+                                   "counters": counters(temp_calls=7, temp_bytes=700, nested_calls=1,
+                                                        nested_bytes=5000)},
+                encode_agent_records(0, [
+                    AggRecord(1, {"frees": 2, "freed_bytes": 20000, "temp": 1, "temp_bytes": 10000}),
+                    AggRecord(2, {"sampled": 1, "sampled_bytes": 100, "sampled_weight": 4096, "allocs": 2,
+                                  "bytes": 10100, "sampled_count_fp": 4096 * 256 // 100,
+                                  "extra_weight": 3996}),
+                    AggRecord(layout.NESTED_STACK, {"allocs": 1, "bytes": 5000}),
+                    LiveRecord(2, 0xA000, 10000, 1, 0), LiveRecord(2, 0xB000, 100, 2, 1),
+                    LiveRecord(layout.NESTED_STACK, 0xC000, 5000, 2, 0)]))
+    s = summarize(read_records(p))
+    assert s.aggregates and s.mode == "aggregate"
+    one, two, nested = s.by_stack[1], s.by_stack[2], s.by_stack[layout.NESTED_STACK]
+    assert (one.count, one.bytes, one.live_count, one.live_bytes, one.temp_count) == (2, 20000, 0, 0, 1)
+    assert (two.count, two.bytes, two.live_count, two.live_bytes) == (1, 10000, 2, 10100)
+    assert two.est_bytes == 10000 + 4096 and round(two.est_count, 2) == round(1 + 4096 / 100, 2)
+    assert two.live_est_bytes == 10100 + 3996
+    assert (nested.count, nested.live_bytes) == (1, 5000)
+    # Bytes on real stacks only: the nested call's block has none.
+    assert s.stacked_bytes == 20000 + 10000 and (s.live_count, s.live_bytes) == (3, 15100)
+    j = s.to_json()
+    assert j["peak"]["bytes"] == 30000 and j["peak"]["exact"] is True and j["peak"]["t"] == 0.05
+    assert [(r["stack_id"], r["bytes"], r["count"]) for r in j["peak"]["by_stack"]] == [(1, 20000, 2), (2, 10000, 1)]
+    assert j["temporary"]["calls"] == 7 and j["temporary"]["by_stack"][0]["stack_id"] == 1
+    assert j["nested"] == {"calls": 1, "bytes": 5000, "allocator_internal": 0, "unreconciled": 0}
+    assert [r["frames"][0]["function"] for r in j["live_by_stack"] if r["stack_id"] == layout.NESTED_STACK] == [
+        "<nested call: stack skipped>"]
+    assert j["timeline"]["t"] == [0.1] and j["timeline"]["stacks"][0]["live"] == [20000]
+    assert s.live_dump_complete and sorted(b[1] for b in s.live_blocks) == [100, 5000, 10000]
+
+
+def test_a_composition_older_than_the_last_peak_is_marked_inexact(tmp_path: Path) -> None:
+    p = tmp_path / "c.mtc"
+    with CaptureWriter(p) as w:
+        w.write(RecordType.BATCH, body(200, peak={"bytes": 100, "epoch": 1}),
+                encode_agent_records(0, [AggRecord(1, {"allocs": 1, "bytes": 100}),
+                                         PeakHeadRecord(1, 1, 100, 1, 5_100_000), PeakRecord(1, 100, 1)]))
+        # The target died: its last peak (epoch 2) was never composed.
+        w.write(RecordType.BATCH, body(300, peak={"bytes": 300, "epoch": 2}),
+                encode_agent_records(0, [AggRecord(1, {"allocs": 2, "bytes": 300})]))
+    s = summarize(read_records(p))
+    assert s.peak is not None and (s.peak.bytes, s.peak.exact) == (100, False)

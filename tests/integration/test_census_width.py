@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 from tests.conftest import run_memtrace
@@ -12,6 +14,19 @@ from memtrace.commands.census import fit_columns
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="local census")
 
 
+@pytest.fixture
+def twelve_sleepers() -> Iterator[None]:
+    """At least ten processes to list, however bare the machine (a CI container may run only a handful)."""
+    procs = [subprocess.Popen(["sleep", "120"]) for _ in range(12)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.usefixtures("twelve_sleepers")
 def test_census_fits_80_columns() -> None:
     out = run_memtrace("census", "--device", "local", "--top", "10", env={"COLUMNS": "80"}).stdout
     lines = out.splitlines()

@@ -15,13 +15,14 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from memtrace import __version__
 from memtrace.capture import FILE_NAME, CaptureWriter, RecordType
+from memtrace.children import CHILD_WAIT_S, Child, ChildUI, Family
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.live import LiveStats
@@ -38,6 +39,8 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "backend": "auto",
 }
 
+MAX_CHILD_LINES = 3       # child processes named on screen (every one is in the capture)
+
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
            "the first instruction).", metavar="SECONDS", check=finite_non_negative),
@@ -46,6 +49,9 @@ CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("out", Path, None, "Capture folder (default: a new folder under ./captures/).", metavar="DIR",
            in_plans=False, show_default=False),
     Option("keep_running", bool, False, "Leave a program memtrace launched running after the window.",
+           is_flag=True),
+    Option("follow_children", bool, False, "Trace the processes the target forks, spawns or execs, each in a "
+           "capture of its own in the same folder (without it they run untraced, and the capture says so).",
            is_flag=True),
     Option("rpc_timeout", float, DeathThresholds.rpc_timeout, "An agent that does not answer within this is "
            "reported as anti-debug.", metavar="SECONDS", check=positive),
@@ -66,7 +72,9 @@ class CaptureOptions:
     out: Path | None = None
     agent_config: dict[str, Any] = field(default_factory=dict)
     keep_running: bool = False
+    follow_children: bool = False
     thresholds: DeathThresholds = field(default_factory=DeathThresholds)
+    capture_name: str = FILE_NAME        # a followed child's capture: child-<pid>.mtc in the same folder
 
     def validate(self) -> None:
         if not (0 < self.window < float("inf")):
@@ -81,6 +89,7 @@ def capture_options(tracer: str, values: dict[str, Any], agent_config: dict[str,
     return CaptureOptions(
         tracer=tracer, window=float(values.get("window", 60.0)), attach_delay=float(values.get("attach_delay", 0.0)),
         out=values.get("out"), agent_config=agent_config, keep_running=bool(values.get("keep_running", False)),
+        follow_children=bool(values.get("follow_children", False)),
         thresholds=DeathThresholds(rpc_timeout=float(values.get("rpc_timeout", t.rpc_timeout)),
                                    storm_seconds=float(values.get("storm_seconds", t.storm_seconds)),
                                    storm_rate=float(values.get("storm_rate", t.storm_rate)),
@@ -117,9 +126,12 @@ class AgentHost(Protocol):
     def load(self, agent: str) -> None: ...
     def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any: ...
     def c_sources(self, agent: str) -> list[str]: ...
+    def process_sources(self, agent: str) -> list[str]: ...
     def detach(self) -> None: ...
     def kill(self) -> None: ...
     def exit_status(self, timeout: float) -> dict[str, Any] | None: ...
+    def ack_exec(self) -> None: ...
+    def child_host(self, pid: int) -> AgentHost: ...
     def close(self) -> None: ...
 
 
@@ -142,6 +154,11 @@ class Ending:
     exit_info: dict[str, Any] | None = None
     crash_info: dict[str, Any] | None = None
     timeout_info: dict[str, Any] | None = None
+    exec_info: dict[str, Any] | None = None      # the target said it is about to exec
+
+    @property
+    def replaced(self) -> bool:
+        return self.detach_reason == "process-replaced"
 
     def target_gone(self, reason: str, clock: Clock) -> None:
         self.gone = True
@@ -160,15 +177,15 @@ def default_out_dir(target: TargetSpec, tracer: str) -> Path:
     return path
 
 
-def prepare_out_dir(out: Path) -> Path:
+def prepare_out_dir(out: Path, name: str = FILE_NAME) -> Path:
     """Create the capture folder up front: an unwritable --out fails before anything is launched."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"--out {out}: cannot create folder: {e.strerror}") from None
-    path = out / FILE_NAME
+    path = out / name
     if path.exists():
-        raise InputError(f"--out {out}: already holds a capture ({FILE_NAME}); choose a new folder")
+        raise InputError(f"--out {out}: already holds a capture ({name}); choose a new folder")
     import os
 
     if not os.access(out, os.W_OK):
@@ -180,9 +197,15 @@ class CaptureLoop:
     """Launch or attach through the host, load the tracer's agent, stream a window into a capture."""
 
     def __init__(self, host: AgentHost, tracer: Tracer, target: TargetSpec, options: CaptureOptions,
-                 ui: UI | None = None) -> None:
+                 ui: UI | None = None, family: Family | None = None, child: Child | None = None,
+                 release: str | None = None, parent_capture: str | None = None) -> None:
         target.validate()
         options.validate()
+        self.family = family           # set for a followed process; the root makes its own in run()
+        self.child = child             # this capture follows a process the target made
+        self.release = release         # a fork child's entry: its new agent lets it run on
+        self.parent_capture = parent_capture
+        self.children: list[Child] = []    # processes this target made (reported by its agent)
         self.host = host
         self.tracer = tracer
         self.target = target
@@ -194,6 +217,7 @@ class CaptureLoop:
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
         self.writer: CaptureWriter | None = None
         self.missing: list[str] = []
+        self.process_info: dict[str, Any] = {}     # fork/exec handling in the target (init, start)
         self.rates: list[dict[str, float]] = []
         self.batches = 0
         self._last_tick = (0.0, 0, 0)
@@ -203,7 +227,10 @@ class CaptureLoop:
 
     def run(self) -> CaptureResult:
         out = self.options.out or default_out_dir(self.target, self.options.tracer)
-        self.writer = CaptureWriter(prepare_out_dir(out))
+        self.writer = CaptureWriter(prepare_out_dir(out, self.options.capture_name))
+        if self.family is None:
+            self.family = Family(folder=out, label=self.target.slug(), deadline=float("inf"),
+                                 follow=self.options.follow_children)
         interrupted = False
         previous = signal.getsignal(signal.SIGTERM)
         on_main = threading.current_thread() is threading.main_thread()
@@ -233,8 +260,13 @@ class CaptureLoop:
                 self.ending.target_gone(f"lost: {e}", self.clock)
             try:
                 self._finish()
+                self._linger()
             except KeyboardInterrupt:
                 interrupted = True
+            if interrupted:
+                self.family.stopped.set()
+            if self.child is None:
+                self._join_children()
             result = self._end(interrupted)
         finally:
             if on_main:
@@ -260,6 +292,10 @@ class CaptureLoop:
             self.stacks.symbolize_on_host()
         launched = self.host.launch()
         self.clock.launch = getattr(launched, "t_launch", None)
+        if self.child is not None:
+            # A followed process "launched" when the host learned of it: what it ran before the
+            # attach went untraced (an exec'd image; a fork child waits for its agent).
+            self.clock.launch = self.child.seen
         self.launch_how = getattr(launched, "how", None)
         if self.options.attach_delay > 0:
             self.host.resume()
@@ -282,26 +318,35 @@ class CaptureLoop:
         agent = self.tracer.agent_name
         self.host.load(agent)
         hello = self.host.rpc("hello", "hello")
-        init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent))
+        init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent),
+                             self.host.process_sources(agent))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
+        self.process_info = dict(init.get("process") or {})
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
-                                       "device": self.device_info})
+                                       "device": self.device_info, "process": self.process_info})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
         self._write(RecordType.CALIBRATION, {"phase": "before", **self.host.rpc("calibrate", "calibrate")})
-        self.host.rpc("start", "start")
+        started = self.host.rpc("start", "start") or {}
+        self.process_info.update(started.get("process") or {})
         self.clock.start = time.monotonic()
+        assert self.family is not None
+        if self.child is None:
+            self.family.deadline = self.clock.start + self.options.window
+        if self.release is not None and self.child is not None:
+            # A fork child waits in its atfork handler until its own agent is in.
+            self.host.rpc("release", "releaseFork", self.release, self.child.pid)
         self.host.resume()
 
     def _window(self) -> None:
         self.ui.phase("capturing")
         self._last_message = time.monotonic()
-        assert self.clock.start is not None
-        deadline = self.clock.start + self.options.window
+        assert self.clock.start is not None and self.family is not None
+        deadline = self.family.deadline
         while not self.ending.gone:
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or self.family.stopped.is_set():
                 break
             try:
                 event = self.host.events.get(timeout=min(0.1, deadline - now))
@@ -348,7 +393,40 @@ class CaptureLoop:
         time.sleep(0.05)
         self._drain()
 
+    def _linger(self) -> None:
+        """The target exec'd and is not followed: pass its output through until it exits or the
+        window ends (then it is stopped like any program memtrace launched)."""
+        info = self.ending.exec_info
+        if not self.ending.replaced or info is None or info.get("followed"):
+            return
+        assert self.family is not None
+        self.ui.phase("passing output through")
+        while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.host.alive():
+            time.sleep(0.05)
+            self._drain(wait=0.0)
+        if self.host.alive():
+            info["outlived_window"] = True
+            if self.host.spawned and not self.options.keep_running:
+                self.host.kill()
+
+    def _join_children(self) -> None:
+        assert self.family is not None
+        if self.family.threads:
+            self.ui.phase("waiting for followed children")
+        self.family.join()
+
+    def child_loop(self, child: Child, entry: str | None) -> CaptureLoop:
+        """The capture of a process this target made (``--follow-children``), same tracer and folder."""
+        assert self.family is not None and self.writer is not None and child.capture is not None
+        options = replace(self.options, out=self.family.folder, capture_name=child.capture, attach_delay=0.0,
+                          keep_running=True, window=max(0.1, self.family.deadline - time.monotonic()))
+        target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
+        ui = ChildUI(self.ui, child.pid)
+        return CaptureLoop(self.host.child_host(child.pid), self.tracer, target, options, ui, family=self.family,
+                           child=child, release=entry, parent_capture=self.writer.path.name)
+
     def _end(self, interrupted: bool) -> CaptureResult:
+        self._crash_frames()
         now = time.monotonic()
         e, c = self.ending, self.clock
         end_body = classify_end(
@@ -359,10 +437,15 @@ class CaptureLoop:
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
             exit_status=self.host.exit_status(1.0) if e.gone else None,
+            exec_info=e.exec_info if e.replaced else None,
         )
         end_body["ended_at"] = _iso_now()
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
+        end_body["process_guard"] = self.process_info
+        end_body["children"] = [c.to_json() for c in self.children]
+        if self.child is not None:
+            end_body["origin"] = {**self.child.to_json(), "parent_capture": self.parent_capture}
         end_body["pid"] = self.host.pid
         end_body["launch"] = {"how": getattr(self, "launch_how", None), "launcher": self.target.launch}
         end_body["timing"] = {
@@ -390,7 +473,13 @@ class CaptureLoop:
         if kind == "detached":
             if a == "application-requested":
                 return      # our own detach at the end of the window
+            if self.ending.exec_info is not None and a in ("process-terminated", "process-replaced"):
+                # The agent said it is about to exec and did not say it failed: the process
+                # image was replaced (Frida without child gating calls that a termination).
+                a = "process-replaced"
             self.ending.target_gone(a, self.clock)
+            if a == "process-replaced":
+                self._replaced()
             if b is not None and self.ending.crash_info is None:
                 self.ending.crash_info = {"summary": getattr(b, "summary", str(b)),
                                           "report": getattr(b, "report", "")[:4000]}
@@ -432,9 +521,78 @@ class CaptureLoop:
             if payload.get("calibration"):
                 self._write(RecordType.CALIBRATION, {"phase": "at-exit", **payload["calibration"]})
         elif ptype == "agent:crash":
-            self.ending.crash_info = {k: payload.get(k) for k in ("kind", "address", "module", "t")}
+            self._crash(payload)
+        elif ptype == "process:child":
+            self._on_child(payload)
+        elif ptype == "process:exec":
+            self._on_exec(payload)
+        elif ptype == "process:exec-failed":
+            info = self.ending.exec_info or {}
+            message = f"exec of {info.get('path')} failed (errno {payload.get('errno')}); the target goes on"
+            self.ending.exec_info = None
+            self._write(RecordType.WARNING, {"message": message, "process": "exec-failed", **payload})
+            self.ui.warning(message)
         elif ptype == "result":
             self._write(RecordType.RESULT, payload)
+
+    # -- processes the target makes ------------------------------------------
+
+    def _on_child(self, payload: dict[str, Any]) -> None:
+        assert self.family is not None
+        child = Child(pid=int(payload["pid"]), ppid=payload.get("ppid"), origin=str(payload.get("origin")),
+                      path=payload.get("path"))
+        self.children.append(child)
+        what = f"child pid {child.pid} ({child.origin}" + (f" + exec of {child.path})" if child.path else ")")
+        if self.options.follow_children:
+            self.family.follow_process(self, child, payload.get("entry") if child.origin == "fork" else None)
+            message = f"the target made {what}: following it into {child.capture}"
+        else:
+            message = f"the target made {what}: not followed, it runs untraced (--follow-children traces it)"
+        self._write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
+                                         "lost": payload.get("lost", 0)})
+        n = len(self.children)
+        if n <= MAX_CHILD_LINES:
+            self.ui.warning(message)
+        elif n == MAX_CHILD_LINES + 1:
+            self.ui.warning("more children follow; every one is listed in the capture (END evidence)")
+
+    def _on_exec(self, payload: dict[str, Any]) -> None:
+        self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}
+        self._write(RecordType.WARNING, {"message": f"the target is about to exec {payload.get('path')}",
+                                         "process": "exec", "path": payload.get("path"),
+                                         "argv": payload.get("argv")})
+        # Everything the agent flushed before the exec is written: let the exec go on.
+        self.host.ack_exec()
+
+    def _replaced(self) -> None:
+        assert self.family is not None and self.host.pid is not None
+        info = self.ending.exec_info or {}
+        path = info.get("path")
+        if self.options.follow_children:
+            child = Child(pid=self.host.pid, ppid=None, origin="exec", path=path)
+            self.family.follow_process(self, child, None)
+            info["followed"] = child.capture
+            message = f"the target replaced itself (exec of {path}): following it into {child.capture}"
+        else:
+            message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "
+                       f"its output still passes through")
+        self._write(RecordType.WARNING, {"message": message, "process": "process-replaced", "exec": info})
+        self.ui.warning(message)
+
+    def _crash(self, payload: dict[str, Any]) -> None:
+        """The agent's exception handler: signal, faulting address, the crashing thread's stack."""
+        self.ending.crash_info = {k: payload.get(k) for k in ("kind", "signal", "address", "module", "memory",
+                                                              "thread", "stack", "t")}
+        self.stacks.events([{"frames": payload.get("stack") or []}])
+
+    def _crash_frames(self) -> None:
+        """The crash stack, symbolized now that every address has been (evidence and the reason)."""
+        crash = self.ending.crash_info
+        if not crash or not crash.get("stack"):
+            return
+        frames = self.stacks.symtab.stack(int(a, 16) for a in crash["stack"])
+        crash["frames"] = [f.to_json() for f in frames]
+        crash["top"] = [f.name() for f in frames[:3]]
 
     # -- helpers --------------------------------------------------------------
 
@@ -471,7 +629,8 @@ class CaptureLoop:
                                   batches=self.batches, families=self.stacks.families()))
 
     def _agent_config(self) -> dict[str, Any]:
-        return {**AGENT_DEFAULTS, **self.options.agent_config}
+        return {**AGENT_DEFAULTS, **self.options.agent_config,
+                "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
 
     def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         assert self.writer is not None
@@ -483,7 +642,10 @@ class CaptureLoop:
         self._write(RecordType.META, {
             "tool": "memtrace", "tool_version": __version__, "tracer": self.options.tracer,
             "target": {"device": self.target.device, "app": self.target.app, "pid": self.target.pid,
-                       "name": self.target.name, "argv": self.target.argv, "label": self.target.slug()},
+                       "name": self.target.name, "argv": self.target.argv,
+                       # A followed child is reported with the target that made it.
+                       "label": self.family.label if self.family is not None else self.target.slug()},
+            **({"origin": {**self.child.to_json(), "parent_capture": self.parent_capture}} if self.child else {}),
             "options": {"window": self.options.window, "attach_delay": self.options.attach_delay,
                         "agent": self._agent_config()},
             "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "frida": frida.__version__},

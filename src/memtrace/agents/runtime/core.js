@@ -6,6 +6,7 @@
 
 import { CONFIG, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
+import { leakedStub, proc } from './process.js';
 import { writeField, writeStruct } from './structs.js';
 
 const SLOT_BYTES = 1024;          // per MtSlot; mt_slot_size() must fit
@@ -20,6 +21,7 @@ export const core = {
   drainCap: 0,
   snapshotBuf: null,
   fns: {},
+  tlsKey: null,
 };
 
 function pow2(n) {
@@ -116,11 +118,15 @@ export function buildCore(config, sources, extraSymbols) {
   if (sizeOf(cm, 'mt_config_size') !== CONFIG.size)
     throw new Error('memtrace agent: MtConfig in C and layout.js disagree');
 
+  // The destructor outlives us in the C library's key table: it is handed over as a stub in
+  // leaked memory that returns at once after teardown (process.js), and the key is deleted
+  // at teardown too (releaseCore).
   const keyBuf = Memory.alloc(8);
   const keyCreate = libcFunction('pthread_key_create', 'int', ['pointer', 'pointer']);
-  if (keyCreate(keyBuf, cm.mt_thread_exit) !== 0)
+  if (keyCreate(keyBuf, leakedStub(cm.mt_thread_exit)) !== 0)
     throw new Error('memtrace agent: pthread_key_create failed');
   const key = keyBuf.readU32();
+  core.tlsKey = key;
   const tlsDirect = (NATIVE_PLATFORM === 'linux' && Process.arch === 'x64' && toolchain === 'external')
     ? findTlsOffset(key) : 0;
   tlsOffset.writeU64(tlsDirect);
@@ -156,6 +162,8 @@ export function buildCore(config, sources, extraSymbols) {
     live: new NativeFunction(cm.mt_live_count, 'uint64', []),
     stacks: new NativeFunction(cm.mt_stacks_interned, 'uint64', []),
   };
+  const busy = new NativeFunction(cm.mt_busy_slots, 'uint64', []);
+  proc.busyProbe = () => Number(busy());
   return {
     toolchain,
     toolchainError: core.toolchainError,
@@ -211,4 +219,15 @@ export function readCounters() {
   for (let i = 0; i < N_COUNTERS; i++)
     out.push(Number(core.snapshotBuf.add(i * 8).readU64()));
   return out;
+}
+
+/* Teardown (any path: window end, process exit, the host gone): the key is deleted so the C
+ * library calls no destructor of ours again, whatever becomes of the stub. */
+export function releaseCore() {
+  if (core.tlsKey === null)
+    return;
+  const keyDelete = libcFunction('pthread_key_delete', 'int', ['uint']);
+  if (keyDelete !== null)
+    keyDelete(core.tlsKey);
+  core.tlsKey = null;
 }

@@ -130,7 +130,7 @@ class AgentHost(Protocol):
     def detach(self) -> None: ...
     def kill(self) -> None: ...
     def exit_status(self, timeout: float) -> dict[str, Any] | None: ...
-    def ack_exec(self) -> None: ...
+    def ack(self) -> None: ...
     def child_host(self, pid: int) -> AgentHost: ...
     def close(self) -> None: ...
 
@@ -562,7 +562,7 @@ class CaptureLoop:
                                          "process": "exec", "path": payload.get("path"),
                                          "argv": payload.get("argv")})
         # Everything the agent flushed before the exec is written: let the exec go on.
-        self.host.ack_exec()
+        self.host.ack()
 
     def _replaced(self) -> None:
         assert self.family is not None and self.host.pid is not None
@@ -584,6 +584,7 @@ class CaptureLoop:
         self.ending.crash_info = {k: payload.get(k) for k in ("kind", "signal", "address", "module", "memory",
                                                               "thread", "stack", "t")}
         self.stacks.events([{"frames": payload.get("stack") or []}])
+        self.host.ack()     # the crashing thread waits for this before the process dies
 
     def _crash_frames(self) -> None:
         """The crash stack, symbolized now that every address has been (evidence and the reason)."""

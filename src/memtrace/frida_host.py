@@ -147,11 +147,11 @@ class FridaHost:
                 time.sleep(0.1)
         raise AssertionError("unreachable")
 
-    def ack_exec(self) -> None:
-        """The agent waits before letting an exec happen until the host has what it flushed."""
+    def ack(self) -> None:
+        """The agent holds an exec (or a crashing thread) until the host has what it sent."""
         if self.script is not None:
             with contextlib.suppress(*GONE_ERRORS):
-                self.script.post({"type": "memtrace:exec-ack"})
+                self.script.post({"type": "memtrace:ack"})
 
     def child_host(self, pid: int) -> FridaHost:
         """The host of a process this target made: same device, its own session and agent."""

@@ -19,7 +19,7 @@ import { writeField, writeStruct } from './structs.js';
 
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
-const EXEC_ACK_TIMEOUT_MS = 2000;   // an exec waits this long at most for the host to have its data
+const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
 const BUSY_WAIT_MS = 200;           // teardown waits this long at most for threads inside a hook
 
 const ORIGIN_NAMES = Object.fromEntries(Object.entries(FORK_ORIGINS).map(([k, v]) => [v, k]));
@@ -32,9 +32,10 @@ export const proc = {
   stubs: [],          // {slot, target} armed stubs
   execTarget: null,
   execHooked: false,
-  execAcks: 0,
+  acks: 0,
   forksReported: 0,
   torn: false,
+  pristine: null,     // libc's executable segments from its file (readPristine)
   busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
   onExec: null,       // (path, argv) before the traced process execs (rpc.js)
 };
@@ -129,6 +130,7 @@ export function buildProcess(config, sources) {
     realExecve: Memory.alloc(Process.pointerSize),
     takeOut: Memory.alloc(16),
     takePath: Memory.alloc(256),
+    diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
     forks,
   };
   mem.onExec = new NativeCallback((path, argv) => {
@@ -184,6 +186,7 @@ export function buildProcess(config, sources) {
   });
   proc.cm = cm;
   proc.mem = mem;
+  proc.pristine = readPristine();
   mem.take = new NativeFunction(cm.mt_fork_take, 'int', ['pointer', 'pointer', 'int']);
   mem.entry = new NativeFunction(cm.mt_fork_entry, 'pointer', ['int']);
   mem.lost = new NativeFunction(cm.mt_fork_lost, 'int', []);
@@ -248,46 +251,60 @@ export function unhookExec() {
   proc.execHooked = false;
 }
 
-/* The agent waits here (the exec'ing thread) until the host says it has what was flushed. */
-export function awaitExecAck(before) {
-  const deadline = Date.now() + EXEC_ACK_TIMEOUT_MS;
-  while (proc.execAcks <= before && Date.now() < deadline)
+/* The process is about to lose its image (exec) or its life (a crash): the thread waits here
+ * until the host says it has what was sent (messages still queued when the process goes are
+ * lost), or ACK_TIMEOUT_MS, whichever comes first. */
+export function awaitAck(before) {
+  const deadline = Date.now() + ACK_TIMEOUT_MS;
+  while (proc.acks <= before && Date.now() < deadline)
     Thread.sleep(0.005);
-  return proc.execAcks > before;
+  return proc.acks > before;
 }
 
 export function listenForAcks() {
-  recv('memtrace:exec-ack', () => {
-    proc.execAcks++;
+  recv('memtrace:ack', () => {
+    proc.acks++;
     listenForAcks();
   });
 }
 
 /* ---- what a fork child must have back: libc's patched bytes -------------------------- */
 
-/* Every range of libc's executable code that differs from libc's file: the hooks of Frida
- * (exit, _exit, abort, ...) and ours.  A fork child gets the file's bytes back. */
-export function recordPatches() {
-  if (proc.cm === null)
-    return { patches: 0 };
+/* libc's executable segments as its file has them, read before any hook is in (reading a file
+ * from here makes the C library allocate, which the window must not count). */
+function readPristine() {
   const m = libcModule();
   if (m === null)
-    return { patches: 0, why: 'no libc module' };
+    return { why: 'no libc module' };
   let file;
   try {
     file = File.readAllBytes(m.path);
   } catch (e) {
-    return { patches: 0, why: `cannot read ${m.path}: ${e.message}` };
+    return { why: `cannot read ${m.path}: ${e.message}` };
   }
   const segs = execSegments(m);
-  const out = Memory.alloc((MAX_PATCHES + 1) * 16);
-  const diff = new NativeFunction(proc.cm.mt_diff, 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'int']);
-  const patches = [];
   for (const s of segs) {
     if (s.offset + s.size > file.byteLength)
-      return { patches: 0, why: `${m.path} on disk is shorter than the mapped library` };
-    const copy = Memory.alloc(s.size);
-    copy.writeByteArray(file.slice(s.offset, s.offset + s.size));
+      return { why: `${m.path} on disk is shorter than the mapped library` };
+    s.copy = Memory.alloc(s.size);
+    s.copy.writeByteArray(file.slice(s.offset, s.offset + s.size));
+  }
+  return { segs };
+}
+
+/* Every range of libc's executable code that differs from libc's file: the hooks of Frida
+ * (exit, _exit, abort, signal, sigaction) and ours.  A fork child gets the file's bytes back.
+ * Only C runs here (the hooks are in). */
+export function recordPatches() {
+  if (proc.cm === null)
+    return { patches: 0 };
+  if (proc.pristine.why)
+    return { patches: 0, why: proc.pristine.why };
+  const out = proc.mem.diffOut;
+  const diff = new NativeFunction(proc.cm.mt_diff, 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'int']);
+  const patches = [];
+  for (const s of proc.pristine.segs) {
+    const copy = s.copy;
     const n = diff(s.address, copy, s.size, out, MAX_PATCHES);
     if (n > MAX_PATCHES)
       return { patches: 0, why: `${m.path} on disk does not match the mapped library` };
@@ -311,12 +328,7 @@ export function recordPatches() {
     mem.patchBytes.add(i * PATCH_BYTES).writeByteArray(p.bytes);
   });
   writeField(mem.proc, PROC, 'n_patches', patches.length);
-  return { patches: patches.length, at: patches.map(p => describe(p.address)) };
-}
-
-function describe(address) {
-  const s = DebugSymbol.fromAddress(address);
-  return s.name !== null ? s.name : address.toString();
+  return { patches: patches.length, at: patches.map(p => p.address.toString()) };
 }
 
 /* The module's executable PT_LOAD segments, read from its ELF header in memory. */

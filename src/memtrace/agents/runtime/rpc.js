@@ -11,7 +11,7 @@ import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize } from './modules.js';
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import {
-  awaitExecAck, buildProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
+  awaitAck, buildProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
   tearDownProcess, unhookExec,
 } from './process.js';
 import { recon } from './recon.js';
@@ -36,18 +36,30 @@ const SIGNALS = {
   'arithmetic': 'SIGFPE', 'breakpoint': 'SIGTRAP', 'system': 'SIGSYS',
 };
 
-/* The crashing thread's stack, walked from the exception context: the faulting pc, then the
- * frame-pointer chain (the host symbolizes it). */
+/* The crashing thread's stack from the exception context: the faulting pc, then its callers
+ * (DWARF unwinding, which gets through a frameless leaf function; the frame-pointer chain when
+ * that finds nothing).  The host symbolizes it. */
 function crashStack(context) {
+  const pc = context.pc.strip().toString();
+  try {
+    const accurate = Thread.backtrace(context, Backtracer.ACCURATE).slice(0, CRASH_FRAMES - 1)
+      .map(p => p.strip().toString());
+    // Unwinding from a signal context repeats the first caller once.
+    if (accurate.length > 1 && accurate[0] === accurate[1])
+      accurate.shift();
+    if (accurate.length > 1)
+      return [pc].concat(accurate);
+  } catch (e) {
+    // fall back to the frame pointers
+  }
   try {
     if (Process.arch === 'x64')
       return walkFrames(context.pc, context.rbp, CRASH_FRAMES, context.sp);
     if (Process.arch === 'arm64')
       return walkFrames(context.pc, context.fp, CRASH_FRAMES, context.sp);
-    return [context.pc.toString()].concat(
-      Thread.backtrace(context, Backtracer.FUZZY).slice(0, CRASH_FRAMES - 1).map(p => p.toString()));
+    return [pc].concat(Thread.backtrace(context, Backtracer.FUZZY).slice(0, CRASH_FRAMES - 1).map(p => p.toString()));
   } catch (e) {
-    return [];
+    return [pc];
   }
 }
 
@@ -58,6 +70,7 @@ function crashStack(context) {
 function watchCrash() {
   Process.setExceptionHandler(details => {
     if (!life.finished) {
+      const before = proc.acks;
       try {
         flush();
       } catch (e) {
@@ -71,6 +84,7 @@ function watchCrash() {
         thread: Process.getCurrentThreadId(),
         stack: crashStack(details.context),
       });
+      awaitAck(before);
     }
     return false;
   });
@@ -82,10 +96,10 @@ function watchCrash() {
 function beforeExec(path, argv) {
   if (life.finished)
     return;
-  const before = proc.execAcks;
+  const before = proc.acks;
   flush();
   send({ type: 'process:exec', t: now(), path, argv });
-  awaitExecAck(before);
+  awaitAck(before);
 }
 
 export function serve(tracer) {

@@ -1,8 +1,8 @@
-/* host_victim SECONDS RESULT_FILE: prints "ready <pid>", then for SECONDS creates a thread every
- * 5 ms that fills a malloc'd block, checks it and frees it (threads exit: their thread-specific
- * data destructors run), while main does the same.  Writes "ok <threads> <checks>" to
- * RESULT_FILE and exits 0 when every check held; "bad ..." and exit 1 otherwise.  SIGPIPE is
- * ignored: its output may have no reader once memtrace is gone. */
+/* host_victim STOP_FILE RESULT_FILE: prints "ready <pid>", then until STOP_FILE exists (60 s at
+ * most) creates a thread every 5 ms that fills a malloc'd block, checks it and frees it (threads
+ * exit: their thread-specific data destructors run), while main does the same.  Writes
+ * "ok <threads> <checks>" to RESULT_FILE and exits 0 when every check held; "bad ..." and exit 1
+ * otherwise.  SIGPIPE is ignored: its output may have no reader once memtrace is gone. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,7 +28,7 @@ static void *victim_thread(void *arg) {
 }
 
 int main(int argc, char **argv) {
-  double seconds = argc > 1 ? atof(argv[1]) : 5.0;
+  const char *stop = argc > 1 ? argv[1] : "/nonexistent";
   const char *result = argc > 2 ? argv[2] : "/dev/null";
   signal(SIGPIPE, SIG_IGN);
   printf("ready %d\n", (int)getpid());
@@ -42,7 +42,7 @@ int main(int argc, char **argv) {
     fill_and_check(5000, (int)threads);
     usleep(5000);
     clock_gettime(CLOCK_MONOTONIC, &now);
-  } while ((now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) / 1e9 < seconds);
+  } while (access(stop, F_OK) != 0 && (now.tv_sec - t0.tv_sec) < 60);
   FILE *f = fopen(result, "w");
   if (f == NULL) return 2;
   fprintf(f, "%s %ld %ld\n", bad == 0 ? "ok" : "bad", threads, checks);

@@ -110,6 +110,21 @@ class ChildExitWatcher:
         return self.result
 
 
+def reaped_status_readable() -> bool:
+    """Whether this kernel keeps a reaped process's status for its pidfds (Linux 6.15+)."""
+    if not hasattr(os, "pidfd_open") or not hasattr(os, "fork"):
+        return False
+    pid = os.fork()
+    if pid == 0:
+        os._exit(5)
+    fd = os.pidfd_open(pid)
+    try:
+        os.waitpid(pid, 0)
+        return _pidfd_exit_code(fd) == 5 << 8
+    finally:
+        os.close(fd)
+
+
 def decode_status(code: int) -> dict[str, Any]:
     """A wait status (waitpid's int) as the capture records it."""
     if os.WIFSIGNALED(code):

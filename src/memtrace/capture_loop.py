@@ -15,14 +15,14 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
 from memtrace import __version__
 from memtrace.capture import FILE_NAME, CaptureWriter, RecordType
-from memtrace.children import CHILD_WAIT_S, Child, ChildUI, Family
+from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.live import LiveStats
@@ -38,8 +38,6 @@ AGENT_DEFAULTS: dict[str, Any] = {
     "threadSlots": 1024, "rings": 64, "stackTable": 1 << 16, "liveTable": 1 << 20, "toolchain": "auto",
     "backend": "auto",
 }
-
-MAX_CHILD_LINES = 3       # child processes named on screen (every one is in the capture)
 
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
@@ -193,7 +191,7 @@ def prepare_out_dir(out: Path, name: str = FILE_NAME) -> Path:
     return path
 
 
-class CaptureLoop:
+class CaptureLoop(ProcessEvents):
     """Launch or attach through the host, load the tracer's agent, stream a window into a capture."""
 
     def __init__(self, host: AgentHost, tracer: Tracer, target: TargetSpec, options: CaptureOptions,
@@ -323,6 +321,9 @@ class CaptureLoop:
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
         self.process_info = dict(init.get("process") or {})
+        if not self.process_info.get("guard") and (self.options.follow_children or hello.get("platform") != "darwin"):
+            self.ui.warning(f"fork children and exec are not handled in this target: "
+                            f"{self.process_info.get('why', 'an agent without it')}")
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
                                        "device": self.device_info, "process": self.process_info})
         for name in self.missing:
@@ -392,38 +393,6 @@ class CaptureLoop:
             self.host.kill()
         time.sleep(0.05)
         self._drain()
-
-    def _linger(self) -> None:
-        """The target exec'd and is not followed: pass its output through until it exits or the
-        window ends (then it is stopped like any program memtrace launched)."""
-        info = self.ending.exec_info
-        if not self.ending.replaced or info is None or info.get("followed"):
-            return
-        assert self.family is not None
-        self.ui.phase("passing output through")
-        while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.host.alive():
-            time.sleep(0.05)
-            self._drain(wait=0.0)
-        if self.host.alive():
-            info["outlived_window"] = True
-            if self.host.spawned and not self.options.keep_running:
-                self.host.kill()
-
-    def _join_children(self) -> None:
-        assert self.family is not None
-        if self.family.threads:
-            self.ui.phase("waiting for followed children")
-        self.family.join()
-
-    def child_loop(self, child: Child, entry: str | None) -> CaptureLoop:
-        """The capture of a process this target made (``--follow-children``), same tracer and folder."""
-        assert self.family is not None and self.writer is not None and child.capture is not None
-        options = replace(self.options, out=self.family.folder, capture_name=child.capture, attach_delay=0.0,
-                          keep_running=True, window=max(0.1, self.family.deadline - time.monotonic()))
-        target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
-        ui = ChildUI(self.ui, child.pid)
-        return CaptureLoop(self.host.child_host(child.pid), self.tracer, target, options, ui, family=self.family,
-                           child=child, release=entry, parent_capture=self.writer.path.name)
 
     def _end(self, interrupted: bool) -> CaptureResult:
         self._crash_frames()
@@ -527,57 +496,9 @@ class CaptureLoop:
         elif ptype == "process:exec":
             self._on_exec(payload)
         elif ptype == "process:exec-failed":
-            info = self.ending.exec_info or {}
-            message = f"exec of {info.get('path')} failed (errno {payload.get('errno')}); the target goes on"
-            self.ending.exec_info = None
-            self._write(RecordType.WARNING, {"message": message, "process": "exec-failed", **payload})
-            self.ui.warning(message)
+            self._on_exec_failed(payload)
         elif ptype == "result":
             self._write(RecordType.RESULT, payload)
-
-    # -- processes the target makes ------------------------------------------
-
-    def _on_child(self, payload: dict[str, Any]) -> None:
-        assert self.family is not None
-        child = Child(pid=int(payload["pid"]), ppid=payload.get("ppid"), origin=str(payload.get("origin")),
-                      path=payload.get("path"))
-        self.children.append(child)
-        what = f"child pid {child.pid} ({child.origin}" + (f" + exec of {child.path})" if child.path else ")")
-        if self.options.follow_children:
-            self.family.follow_process(self, child, payload.get("entry") if child.origin == "fork" else None)
-            message = f"the target made {what}: following it into {child.capture}"
-        else:
-            message = f"the target made {what}: not followed, it runs untraced (--follow-children traces it)"
-        self._write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
-                                         "lost": payload.get("lost", 0)})
-        n = len(self.children)
-        if n <= MAX_CHILD_LINES:
-            self.ui.warning(message)
-        elif n == MAX_CHILD_LINES + 1:
-            self.ui.warning("more children follow; every one is listed in the capture (END evidence)")
-
-    def _on_exec(self, payload: dict[str, Any]) -> None:
-        self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}
-        self._write(RecordType.WARNING, {"message": f"the target is about to exec {payload.get('path')}",
-                                         "process": "exec", "path": payload.get("path"),
-                                         "argv": payload.get("argv")})
-        # Everything the agent flushed before the exec is written: let the exec go on.
-        self.host.ack()
-
-    def _replaced(self) -> None:
-        assert self.family is not None and self.host.pid is not None
-        info = self.ending.exec_info or {}
-        path = info.get("path")
-        if self.options.follow_children:
-            child = Child(pid=self.host.pid, ppid=None, origin="exec", path=path)
-            self.family.follow_process(self, child, None)
-            info["followed"] = child.capture
-            message = f"the target replaced itself (exec of {path}): following it into {child.capture}"
-        else:
-            message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "
-                       f"its output still passes through")
-        self._write(RecordType.WARNING, {"message": message, "process": "process-replaced", "exec": info})
-        self.ui.warning(message)
 
     def _crash(self, payload: dict[str, Any]) -> None:
         """The agent's exception handler: signal, faulting address, the crashing thread's stack."""

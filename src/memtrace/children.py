@@ -20,16 +20,21 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memtrace.capture import RecordType
 from memtrace.errors import MemtraceError
+from memtrace.target import TargetSpec
 
 if TYPE_CHECKING:
     from memtrace.capture_loop import CaptureLoop
 
 CHILD_WAIT_S = 10.0          # a fork child waits this long at most for its agent (--follow-children)
 EXEC_SETTLE_S = 2.0          # a vfork/posix_spawn child is attached to once it has exec'd (local)
+JOIN_GRACE_S = 60.0          # a followed capture's teardown after the window, at most
+MAX_CHILD_LINES = 3          # child processes named on screen (every one is in the capture)
 
 
 @dataclass
@@ -70,7 +75,7 @@ class Family:
             self.names.add(name)
             return name
 
-    def follow_process(self, parent: CaptureLoop, child: Child, entry: str | None) -> None:
+    def follow_process(self, parent: ProcessEvents, child: Child, entry: str | None) -> None:
         """A capture of ``child`` with the parent's tracer, on a thread of its own."""
         child.capture = self.claim_name(child.origin, child.pid)
         t = threading.Thread(target=self._run, args=(parent, child, entry), daemon=True,
@@ -79,7 +84,7 @@ class Family:
             self.threads.append(t)
         t.start()
 
-    def _run(self, parent: CaptureLoop, child: Child, entry: str | None) -> None:
+    def _run(self, parent: ProcessEvents, child: Child, entry: str | None) -> None:
         try:
             if child.origin == "spawn":
                 _settle_exec(child.pid, parent.host.pid)
@@ -94,14 +99,15 @@ class Family:
             parent.ui.warning(f"child pid {child.pid}: could not follow: {e}")
 
     def join(self) -> None:
-        """Wait for every followed capture (each ends by the deadline, plus its own teardown)."""
+        """Wait for every followed capture: each ends by the deadline, plus its own teardown (rpcs
+        with deadlines of their own); past JOIN_GRACE_S after the deadline they are left behind."""
+        give_up = self.deadline + JOIN_GRACE_S
         while True:
             with self.lock:
                 alive = [t for t in self.threads if t.is_alive()]
-            if not alive:
+            if not alive or time.monotonic() >= give_up:
                 return
-            for t in alive:
-                t.join(timeout=max(0.1, self.deadline - time.monotonic() + 30.0))
+            alive[0].join(timeout=max(0.1, give_up - time.monotonic()))
 
 
 class ChildUI:
@@ -146,3 +152,105 @@ def _settle_exec(pid: int, parent_pid: int | None) -> None:
             if os.readlink(f"/proc/{pid}/exe") != parent_exe:
                 return
         time.sleep(0.01)
+
+
+class ProcessEvents:
+    """The capture loop's side of it (``CaptureLoop`` inherits this): what the agent reports of the
+    processes its target makes, and the captures of the followed ones."""
+
+    if TYPE_CHECKING:
+        host: Any
+        ui: Any
+        options: Any
+        ending: Any
+        writer: Any
+        target: TargetSpec
+        tracer: Any
+        family: Family | None
+        children: list[Child]
+
+        def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None: ...
+        def _drain(self, wait: float = 0.05) -> None: ...
+
+    def _on_child(self, payload: dict[str, Any]) -> None:
+        assert self.family is not None
+        child = Child(pid=int(payload["pid"]), ppid=payload.get("ppid"), origin=str(payload.get("origin")),
+                      path=payload.get("path"))
+        self.children.append(child)
+        what = f"child pid {child.pid} ({child.origin}" + (f" + exec of {child.path})" if child.path else ")")
+        if self.options.follow_children:
+            self.family.follow_process(self, child, payload.get("entry") if child.origin == "fork" else None)
+            message = f"the target made {what}: following it into {child.capture}"
+        else:
+            message = f"the target made {what}: not followed, it runs untraced (--follow-children traces it)"
+        self._write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
+                                         "lost": payload.get("lost", 0)})
+        n = len(self.children)
+        if n <= MAX_CHILD_LINES:
+            self.ui.warning(message)
+        elif n == MAX_CHILD_LINES + 1:
+            self.ui.warning("more children follow; every one is listed in the capture (END evidence)")
+
+    def _on_exec(self, payload: dict[str, Any]) -> None:
+        self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}
+        self._write(RecordType.WARNING, {"message": f"the target is about to exec {payload.get('path')}",
+                                         "process": "exec", "path": payload.get("path"),
+                                         "argv": payload.get("argv")})
+        # Everything the agent flushed before the exec is written: let the exec go on.
+        self.host.ack()
+
+    def _on_exec_failed(self, payload: dict[str, Any]) -> None:
+        info = self.ending.exec_info or {}
+        message = f"exec of {info.get('path')} failed (errno {payload.get('errno')}); the target goes on"
+        self.ending.exec_info = None
+        self._write(RecordType.WARNING, {"message": message, "process": "exec-failed", **payload})
+        self.ui.warning(message)
+
+    def _replaced(self) -> None:
+        """The session ended with the exec: follow the new image, or say it is not followed."""
+        assert self.family is not None and self.host.pid is not None
+        info = self.ending.exec_info or {}
+        path = info.get("path")
+        if self.options.follow_children:
+            child = Child(pid=self.host.pid, ppid=None, origin="exec", path=path)
+            self.family.follow_process(self, child, None)
+            info["followed"] = child.capture
+            message = f"the target replaced itself (exec of {path}): following it into {child.capture}"
+        else:
+            message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "
+                       f"its output still passes through")
+        self._write(RecordType.WARNING, {"message": message, "process": "process-replaced", "exec": info})
+        self.ui.warning(message)
+
+    def _linger(self) -> None:
+        """The target exec'd and is not followed: pass its output through until it exits or the
+        window ends (then it is stopped like any program memtrace launched)."""
+        info = self.ending.exec_info
+        if not self.ending.replaced or info is None or info.get("followed"):
+            return
+        assert self.family is not None
+        self.ui.phase("passing output through")
+        while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.host.alive():
+            time.sleep(0.05)
+            self._drain(wait=0.0)
+        if self.host.alive():
+            info["outlived_window"] = True
+            if self.host.spawned and not self.options.keep_running:
+                self.host.kill()
+
+    def _join_children(self) -> None:
+        assert self.family is not None
+        if self.family.threads:
+            self.ui.phase("waiting for followed children")
+        self.family.join()
+
+    def child_loop(self, child: Child, entry: str | None) -> CaptureLoop:
+        """The capture of a process this target made (``--follow-children``), same tracer and folder."""
+        assert self.family is not None and self.writer is not None and child.capture is not None
+        options = replace_fields(self.options, out=self.family.folder, capture_name=child.capture,
+                                 attach_delay=0.0, keep_running=True,
+                                 window=max(0.1, self.family.deadline - time.monotonic()))
+        target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
+        return type(self)(self.host.child_host(child.pid), self.tracer, target, options,  # type: ignore[call-arg]
+                          ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,
+                          parent_capture=self.writer.path.name)

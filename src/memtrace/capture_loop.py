@@ -263,6 +263,8 @@ class CaptureLoop(ProcessEvents):
                 interrupted = True
             if interrupted:
                 self.family.stopped.set()
+            elif self.child is not None and self.family.stopped.is_set():
+                interrupted = True      # the run was interrupted: every followed capture ends with it
             if self.child is None:
                 self._join_children()
             result = self._end(interrupted)

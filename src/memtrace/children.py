@@ -249,7 +249,7 @@ class ProcessEvents:
         assert self.family is not None and self.writer is not None and child.capture is not None
         options = replace_fields(self.options, out=self.family.folder, capture_name=child.capture,
                                  attach_delay=0.0, keep_running=True,
-                                 window=max(0.1, self.family.deadline - time.monotonic()))
+                                 window=max(0.1, round(self.family.deadline - time.monotonic(), 3)))
         target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
         return type(self)(self.host.child_host(child.pid), self.tracer, target, options,  # type: ignore[call-arg]
                           ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,

@@ -20,6 +20,8 @@
  * Every pointer the host gives the C library here is called through a stub in leaked memory
  * (process.js), so the atfork handler stays harmless after the agent is gone.
  */
+#include <gum/gummemory.h>
+
 #define MT_FORK_FREE 0
 #define MT_FORK_WRITING 1
 #define MT_FORK_POSTED 2
@@ -91,7 +93,8 @@ mt_restore (void)
       ((volatile guint8 *) address)[k] = mt_patch_bytes[i * MT_PATCH_BYTES + k];
     mprotect ((gpointer) start, end - start, MT_PROT_READ | MT_PROT_EXEC);
 #ifdef MT_ARM64
-    __builtin___clear_cache ((gchar *) start, (gchar *) end);
+    /* Untested here (x86-64 only): arm64 needs the instruction cache told. */
+    gum_clear_cache ((gpointer) start, end - start);
 #endif
   }
 }

@@ -148,3 +148,14 @@ def test_posix_spawn_is_told_or_followed(compile_c, tmp_path: Path, follow: bool
         assert n > 0 and nbytes == n * 20480
     else:
         assert "capture" not in child and sorted(p.name for p in out.iterdir()) == ["capture.mtc"]
+
+
+def test_a_failed_exec_is_not_a_replacement(compile_c, tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--window", "30", "--out", out, "--",
+                 compile_c("exec_into"), "/nonexistent/program", timeout=120)
+    end = _end(out)
+    assert end["reason"] == "the target exited on its own (exit status 127)"
+    assert "exec" not in end["evidence"]
+    (failed,) = _warnings(out, "exec-failed")
+    assert failed["message"] == "exec of /nonexistent/program failed (errno 2); the target goes on"

@@ -21,6 +21,10 @@ const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
 const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
 const BUSY_WAIT_MS = 200;           // teardown waits this long at most for threads inside a hook
+// After the hooks are out, a thread may still be inside a replacement that was called just
+// before (in the real allocator, waiting on its lock, say), and will return into our code:
+// when Frida is about to free that code (the process lives on), give such threads this long.
+const UNLOAD_GRACE_MS = 150;
 
 const ORIGIN_NAMES = Object.fromEntries(Object.entries(FORK_ORIGINS).map(([k, v]) => [v, k]));
 
@@ -384,8 +388,9 @@ export function releaseFork(entry, pid) {
 /* ---- teardown ------------------------------------------------------------------------- */
 
 /* Before Frida frees our code: exec unhooked, every stub returns at once, fork children no
- * longer wait, and threads still inside a hook get a moment to leave it. */
-export function tearDownProcess() {
+ * longer wait, and threads still inside a hook get a moment to leave it.  unloading: Frida
+ * frees our code next while the process lives on (not so at process exit). */
+export function tearDownProcess(unloading) {
   if (proc.torn)
     return;
   proc.torn = true;
@@ -399,6 +404,8 @@ export function tearDownProcess() {
     writeField(proc.mem.proc, PROC, 'n_patches', 0);
   }
   disarmStubs();
+  if (unloading)
+    Thread.sleep(UNLOAD_GRACE_MS / 1000);
   if (proc.busyProbe !== null) {
     const deadline = Date.now() + BUSY_WAIT_MS;
     while (proc.busyProbe() > 0 && Date.now() < deadline)

@@ -207,7 +207,7 @@ export function serve(tracer) {
           calibration,
         });
       }
-      tearDownProcess();
+      tearDownProcess(reason === 'unload');
       releaseCore();
     },
     /* A followed fork child waits in its atfork handler until its new agent says go. */

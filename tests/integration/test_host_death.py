@@ -98,3 +98,36 @@ def test_targets_outlive_a_sigkilled_memtrace(compile_c, tmp_path: Path) -> None
         records = list(read_records(out, CaptureInfo(out)))
         assert records[0].type == RecordType.META and not any(r.type == RecordType.END for r in records)
     assert survivors == list(range(KILLS)), f"{len(survivors)}/{KILLS} targets survived: {failures}"
+
+
+BROKEN_UI = """
+import sys
+from pathlib import Path
+from memtrace.capture_loop import CaptureOptions, run_capture
+from memtrace.target import TargetSpec
+from memtrace.ui import SilentUI
+
+class BrokenUI(SilentUI):
+    def progress(self, p):
+        if p.elapsed > 0.5:
+            raise RuntimeError("a bug in memtrace")
+
+run_capture("malloc", TargetSpec(device="local", pid=int(sys.argv[1])),
+            CaptureOptions(tracer="malloc", window=60, out=Path(sys.argv[2])), BrokenUI())
+"""
+
+
+def test_targets_outlive_memtrace_dying_of_an_exception(compile_c, tmp_path: Path) -> None:
+    victim = compile_c("host_victim")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for i in range(3):
+        stop, result = tmp_path / f"stop{i}", tmp_path / f"result{i}"
+        target = subprocess.Popen([str(victim), str(stop), str(result)], stdout=subprocess.PIPE, text=True)
+        assert target.stdout is not None and target.stdout.readline().startswith("ready ")
+        mt = subprocess.run([sys.executable, "-c", BROKEN_UI, str(target.pid), str(tmp_path / f"c{i}")],
+                            capture_output=True, text=True, env=env, timeout=120)
+        assert mt.returncode == 1 and "RuntimeError: a bug in memtrace" in mt.stderr
+        time.sleep(AFTERLIFE_S)
+        stop.touch()
+        assert target.wait(timeout=30) == 0, f"run {i}: the target died with memtrace"
+        assert result.read_text().startswith("ok ")

@@ -92,6 +92,32 @@ def test_a_followed_fork_child_is_traced_from_its_first_line(compile_c, tmp_path
     assert target["target"] == "forker" and sorted(target["captures"]) == ["capture.mtc", child["capture"]]
 
 
+def test_a_followed_fork_child_gets_the_whole_agent(compile_c, tmp_path: Path) -> None:
+    """A followed child's capture runs the tracer's current agent as the target's does: unwind tables
+    for its modules without frame pointers (a local child), and --leaks scanning as the child exits."""
+    out = tmp_path / "c"
+    proc = run_memtrace("malloc", "--device", "local", "--quiet", "--window", "60", "--follow-children", "--leaks",
+                        "--out", out, "--", compile_c("fork_leaker"), timeout=300)
+    assert "child status 0" in proc.stderr
+    (child,) = _end(out / "capture.mtc")["children"]
+    assert child["reason"] == "the target exited on its own (exit status 0)"
+    child_path = out / child["capture"]
+    for path in (out / "capture.mtc", child_path):
+        recon = next(r for r in _records(path) if r.type == RecordType.RECON).body
+        assert "libc.so.6" in recon["unwind"]["tables"], path
+        assert recon["process"]["guard"] is True
+    leaks = summarize(read_records(child_path)).leaks_json(None)
+    assert leaks is not None and leaks["scan"]["when"] == "exit" and leaks["scan"]["complete"]
+    leaked = {r["frames"][0]["function"]: (r["blocks"], r["bytes"]) for r in leaks["leaked"]["by_stack"]}
+    assert leaked == {"child_leak": (3, 27000)}
+    reachable = {r["frames"][0]["function"]: (r["blocks"], r["bytes"]) for r in leaks["reachable"]["by_stack"]}
+    assert reachable.get("child_keep") == (2, 14000)
+    # The parent allocated nothing of its own under the hooks: its scan found nothing of the child's.
+    parent = summarize(read_records(out / "capture.mtc")).leaks_json(None)
+    assert parent is not None and parent["scan"]["when"] == "exit"
+    assert "child_leak" not in {r["frames"][0]["function"] for r in parent["leaked"]["by_stack"] if r["frames"]}
+
+
 def test_an_exec_is_told_and_its_program_output_passes_through(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "c"
     proc = run_memtrace("malloc", "--device", "local", "--quiet", "--window", "30", "--out", out, "--",

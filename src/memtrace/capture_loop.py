@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from memtrace import __version__
 from memtrace.agentbuild import default_cache_dir
 from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
-from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents
+from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents, children_evidence
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.leakscan import leak_progress
@@ -460,7 +460,7 @@ class CaptureLoop(ProcessEvents):
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
         end_body["process_guard"] = self.process_info
-        end_body["children"] = [c.to_json() for c in self.children]
+        end_body.update(children_evidence(self.children))
         if self.child is not None:
             end_body["origin"] = {**self.child.to_json(), "parent_capture": self.parent_capture}
         end_body["pid"] = self.host.pid

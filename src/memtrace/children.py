@@ -24,7 +24,7 @@ from dataclasses import replace as replace_fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtrace.capture import RecordType
+from memtrace.capture import CaptureWriteError, RecordType
 from memtrace.errors import MemtraceError
 from memtrace.target import TargetSpec
 
@@ -35,6 +35,9 @@ CHILD_WAIT_S = 10.0          # a fork child waits this long at most for its agen
 EXEC_SETTLE_S = 2.0          # a vfork/posix_spawn child is attached to once it has exec'd (local)
 JOIN_GRACE_S = 60.0          # a followed capture's teardown after the window, at most
 MAX_CHILD_LINES = 3          # child processes named on screen (every one is in the capture)
+# Children listed in the END record (each has its WARNING record anyway): the END is written into
+# disk space set aside at the start (capture.END_RESERVE), so its size must stay bounded.
+END_CHILDREN = 64
 
 
 @dataclass
@@ -91,12 +94,21 @@ class Family:
             loop = parent.child_loop(child, entry)
             result = loop.run()
             child.ended, child.reason = result.ended, result.reason
+        except CaptureWriteError as e:
+            # The child's capture holds what was written before the disk filled; its END says why.
+            child.ended, child.reason = "write-failed", str(e)
+            parent.ui.warning(f"child pid {child.pid}: {e}")
         except MemtraceError as e:
-            child.ended, child.reason = "not-followed", f"could not follow: {e}"
-            parent.ui.warning(f"child pid {child.pid}: could not follow: {e}")
+            self._not_followed(parent, child, str(e))
         except Exception as e:  # noqa: BLE001 -- a child's failure must never end the parent's capture
-            child.ended, child.reason = "not-followed", f"could not follow: {type(e).__name__}: {e}"
-            parent.ui.warning(f"child pid {child.pid}: could not follow: {e}")
+            self._not_followed(parent, child, f"{type(e).__name__}: {e}")
+
+    def _not_followed(self, parent: ProcessEvents, child: Child, why: str) -> None:
+        child.ended, child.reason = "not-followed", f"could not follow: {why}"
+        # A capture that never attached is discarded (capture_loop): the END names no file.
+        if child.capture is not None and not (self.folder / child.capture).exists():
+            child.capture = None
+        parent.ui.warning(f"child pid {child.pid}: could not follow: {why}")
 
     def join(self) -> None:
         """Wait for every followed capture: each ends by the deadline, plus its own teardown (rpcs
@@ -108,6 +120,15 @@ class Family:
             if not alive or time.monotonic() >= give_up:
                 return
             alive[0].join(timeout=max(0.1, give_up - time.monotonic()))
+
+
+def children_evidence(children: list[Child]) -> dict[str, Any]:
+    """The END record's account of the processes the target made: the first END_CHILDREN, and how
+    many more there were."""
+    out: dict[str, Any] = {"children": [c.to_json() for c in children[:END_CHILDREN]]}
+    if len(children) > END_CHILDREN:
+        out["children_not_listed"] = len(children) - END_CHILDREN
+    return out
 
 
 class ChildUI:
@@ -189,7 +210,7 @@ class ProcessEvents:
         if n <= MAX_CHILD_LINES:
             self.ui.warning(message)
         elif n == MAX_CHILD_LINES + 1:
-            self.ui.warning("more children follow; every one is listed in the capture (END evidence)")
+            self.ui.warning("more children follow; every one has a WARNING record in the capture")
 
     def _on_exec(self, payload: dict[str, Any]) -> None:
         self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}

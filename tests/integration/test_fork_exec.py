@@ -176,6 +176,22 @@ def test_posix_spawn_is_told_or_followed(compile_c, tmp_path: Path, follow: bool
         assert "capture" not in child and sorted(p.name for p in out.iterdir()) == ["capture.mtc"]
 
 
+def test_a_child_gone_before_it_could_be_followed_is_said_so(compile_c, tmp_path: Path) -> None:
+    """posix_spawn of a program that is over at once: by the time the host learns of it (the parent's
+    next flush) there is nothing to attach to; the parent's capture says so and names no file."""
+    out = tmp_path / "c"
+    proc = run_memtrace("malloc", "--device", "local", "--window", "30", "--follow-children",
+                        "--out", out, "--", compile_c("spawner"), "/bin/true", timeout=120)
+    assert "status 0" in proc.stdout
+    end = _end(out / "capture.mtc")
+    assert end["reason"] == "the target exited on its own (exit status 0)"
+    (child,) = end["children"]
+    assert (child["origin"], child["path"], child["ended"]) == ("spawn", "/bin/true", "not-followed")
+    assert child["reason"].startswith("could not follow: ")
+    assert "capture" not in child and sorted(p.name for p in out.iterdir()) == ["capture.mtc"]
+    assert f"child pid {child['pid']}: could not follow: " in proc.stderr
+
+
 def test_a_failed_exec_is_not_a_replacement(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "c"
     run_memtrace("malloc", "--device", "local", "--quiet", "--window", "30", "--out", out, "--",

@@ -380,7 +380,7 @@ static MtSlot *
 mt_assign (void)
 {
   guint64 here = (guint64) &here;
-  guint i, marker = 64;
+  guint i, tries, marker = 64;
   MtSlot * s = NULL;
   gint ring;
 
@@ -390,8 +390,10 @@ mt_assign (void)
     if (a != 0 && here <= a && a - here < 65536)
       return NULL;
   }
-  /* 64 threads assigning at once is rare: spin until a marker frees up. */
-  while (marker == 64)
+  /* 64 threads assigning at once is rare: retry a bounded number of times (a marker
+   * left claimed by a thread that does not exist, in a fork child, must not hang us),
+   * then give up on this call and count it lost. */
+  for (tries = 0; marker == 64 && tries != 4096; tries++)
   {
     for (i = 0; i != 64; i++)
     {
@@ -403,6 +405,11 @@ mt_assign (void)
       }
       g_atomic_int_add (&mt_globals.assigning_claim[i], -1);
     }
+  }
+  if (marker == 64)
+  {
+    g_atomic_pointer_add (&mt_globals.lost_calls, 1);
+    return NULL;
   }
   mt_barrier ();
 
@@ -456,7 +463,9 @@ mt_assign (void)
 }
 
 /* pthread key destructor: the thread is going away.  The drain retires the
- * slot once its ring is empty. */
+ * slot once its ring is empty.  The C library calls it through a stub in leaked
+ * memory (agents/runtime/process.js): after the agent is torn down the stub
+ * returns at once, so a thread exiting then never jumps into freed code. */
 void
 mt_thread_exit (gpointer value)
 {
@@ -465,6 +474,22 @@ mt_thread_exit (gpointer value)
     return;
   mt_barrier ();
   s->state = MT_SLOT_DEAD;
+}
+
+/* Threads inside a hook right now (not the agent's own thread, marked memtrace's for good):
+ * teardown waits for them to leave our code before Frida frees it. */
+guint64
+mt_busy_slots (void)
+{
+  gint i, hw = mt_globals.slots_hw;
+  guint64 n = 0;
+  for (i = 0; i < hw; i++)
+  {
+    gint busy = mt_slots[i].busy;
+    if (mt_slots[i].state == MT_SLOT_LIVE && (busy == MT_BUSY_HOOK || busy == MT_BUSY_COMPOUND))
+      n++;
+  }
+  return n;
 }
 
 /* The calling thread's slot (assigned on its first call), or NULL when no slot can be had or

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from memtrace import __version__
 from memtrace.agentbuild import default_cache_dir
 from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
+from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents, children_evidence
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.leakscan import leak_progress
@@ -66,6 +67,9 @@ CAPTURE_OPTIONS: tuple[Option, ...] = (
            in_plans=False, show_default=False),
     Option("keep_running", bool, False, "Leave a program memtrace launched running after the window.",
            is_flag=True),
+    Option("follow_children", bool, False, "Trace the processes the target forks, spawns or execs, each in a "
+           "capture of its own in the same folder (without it they run untraced, and the capture says so).",
+           is_flag=True),
     Option("rpc_timeout", float, DeathThresholds.rpc_timeout, "An agent that does not answer within this is "
            "reported as anti-debug.", metavar="SECONDS", check=positive),
     Option("storm_seconds", float, DeathThresholds.storm_seconds, "Death classification: a kill this soon after "
@@ -85,7 +89,9 @@ class CaptureOptions:
     out: Path | None = None
     agent_config: dict[str, Any] = field(default_factory=dict)
     keep_running: bool = False
+    follow_children: bool = False
     thresholds: DeathThresholds = field(default_factory=DeathThresholds)
+    capture_name: str = FILE_NAME        # a followed child's capture: child-<pid>.mtc in the same folder
 
     def validate(self) -> None:
         if not (0 < self.window < float("inf")):
@@ -100,6 +106,7 @@ def capture_options(tracer: str, values: dict[str, Any], agent_config: dict[str,
     return CaptureOptions(
         tracer=tracer, window=float(values.get("window", 60.0)), attach_delay=float(values.get("attach_delay", 0.0)),
         out=values.get("out"), agent_config=agent_config, keep_running=bool(values.get("keep_running", False)),
+        follow_children=bool(values.get("follow_children", False)),
         thresholds=DeathThresholds(rpc_timeout=float(values.get("rpc_timeout", t.rpc_timeout)),
                                    storm_seconds=float(values.get("storm_seconds", t.storm_seconds)),
                                    storm_rate=float(values.get("storm_rate", t.storm_rate)),
@@ -136,9 +143,12 @@ class AgentHost(Protocol):
     def load(self, agent: str) -> None: ...
     def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any: ...
     def c_sources(self, agent: str) -> list[str]: ...
+    def process_sources(self, agent: str) -> list[str]: ...
     def detach(self) -> None: ...
     def kill(self) -> None: ...
     def exit_status(self, timeout: float) -> dict[str, Any] | None: ...
+    def ack(self) -> None: ...
+    def child_host(self, pid: int) -> AgentHost: ...
     def close(self) -> None: ...
 
 
@@ -161,6 +171,11 @@ class Ending:
     exit_info: dict[str, Any] | None = None
     crash_info: dict[str, Any] | None = None
     timeout_info: dict[str, Any] | None = None
+    exec_info: dict[str, Any] | None = None      # the target said it is about to exec
+
+    @property
+    def replaced(self) -> bool:
+        return self.detach_reason == "process-replaced"
 
     def target_gone(self, reason: str, clock: Clock) -> None:
         self.gone = True
@@ -179,15 +194,15 @@ def default_out_dir(target: TargetSpec, tracer: str) -> Path:
     return path
 
 
-def prepare_out_dir(out: Path) -> Path:
+def prepare_out_dir(out: Path, name: str = FILE_NAME) -> Path:
     """Create the capture folder up front: an unwritable --out fails before anything is launched."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise InputError(f"--out {out}: cannot create folder: {e.strerror}") from None
-    path = out / FILE_NAME
+    path = out / name
     if path.exists():
-        raise InputError(f"--out {out}: already holds a capture ({FILE_NAME}); choose a new folder")
+        raise InputError(f"--out {out}: already holds a capture ({name}); choose a new folder")
     import os
 
     if not os.access(out, os.W_OK):
@@ -195,13 +210,19 @@ def prepare_out_dir(out: Path) -> Path:
     return path
 
 
-class CaptureLoop:
+class CaptureLoop(ProcessEvents):
     """Launch or attach through the host, load the tracer's agent, stream a window into a capture."""
 
     def __init__(self, host: AgentHost, tracer: Tracer, target: TargetSpec, options: CaptureOptions,
-                 ui: UI | None = None) -> None:
+                 ui: UI | None = None, family: Family | None = None, child: Child | None = None,
+                 release: str | None = None, parent_capture: str | None = None) -> None:
         target.validate()
         options.validate()
+        self.family = family           # set for a followed process; the root makes its own in run()
+        self.child = child             # this capture follows a process the target made
+        self.release = release         # a fork child's entry: its new agent lets it run on
+        self.parent_capture = parent_capture
+        self.children: list[Child] = []    # processes this target made (reported by its agent)
         self.host = host
         self.tracer = tracer
         self.target = target
@@ -215,6 +236,7 @@ class CaptureLoop:
         self.writer: CaptureWriter | None = None
         self.write_error: CaptureWriteError | None = None
         self.missing: list[str] = []
+        self.process_info: dict[str, Any] = {}     # fork/exec handling in the target (init, start)
         self.rates: list[dict[str, float]] = []
         self.batches = 0
         self._last_tick = (0.0, 0, 0)
@@ -226,12 +248,15 @@ class CaptureLoop:
         out = self.options.out or default_out_dir(self.target, self.options.tracer)
         made = not out.exists()
         try:
-            self.writer = CaptureWriter(prepare_out_dir(out))
+            self.writer = CaptureWriter(prepare_out_dir(out, self.options.capture_name))
         except CaptureWriteError:
             if made:        # the disk is full already: leave nothing behind, only the error
                 with contextlib.suppress(OSError):
                     out.rmdir()
             raise
+        if self.family is None:
+            self.family = Family(folder=out, label=self.target.slug(), deadline=float("inf"),
+                                 follow=self.options.follow_children)
         interrupted = False
         previous = signal.getsignal(signal.SIGTERM)
         on_main = threading.current_thread() is threading.main_thread()
@@ -268,8 +293,15 @@ class CaptureLoop:
                 self.ending.target_gone(f"lost: {e}", self.clock)
             try:
                 self._finish()
+                self._linger()
             except KeyboardInterrupt:
                 interrupted = True
+            if interrupted:
+                self.family.stopped.set()
+            elif self.child is not None and self.family.stopped.is_set():
+                interrupted = True      # the run was interrupted: every followed capture ends with it
+            if self.child is None:
+                self._join_children()
             result = self._end(interrupted)
         finally:
             if on_main:
@@ -298,6 +330,10 @@ class CaptureLoop:
             self.stacks.symbolize_on_host()
         launched = self.host.launch()
         self.clock.launch = getattr(launched, "t_launch", None)
+        if self.child is not None:
+            # A followed process "launched" when the host learned of it: what it ran before the
+            # attach went untraced (an exec'd image; a fork child waits for its agent).
+            self.clock.launch = self.child.seen
         self.launch_how = getattr(launched, "how", None)
         if self.options.attach_delay > 0:
             self.host.resume()
@@ -321,30 +357,43 @@ class CaptureLoop:
         self.host.load(agent)
         hello = self.host.rpc("hello", "hello")
         self._platform = hello.get("platform") if isinstance(hello, dict) else None
-        init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent))
+        init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent),
+                             self.host.process_sources(agent))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
+        self.process_info = dict(init.get("process") or {})
+        if not self.process_info.get("guard") and (self.options.follow_children or self._platform != "darwin"):
+            self.ui.warning(f"fork children and exec are not handled in this target: "
+                            f"{self.process_info.get('why', 'an agent without it')}")
+        # Local targets (followed children too): unwind tables for modules without frame pointers.
         if self.host.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
             self.unwind = UnwindFeed(TableCache(default_cache_dir()))
             self._feed_unwind(during_window=False)
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
-                                       "device": self.device_info,
+                                       "device": self.device_info, "process": self.process_info,
                                        "unwind": self.unwind.info() if self.unwind else None})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
         self._write(RecordType.CALIBRATION, {"phase": "before", **self.host.rpc("calibrate", "calibrate")})
-        self.host.rpc("start", "start")
+        started = self.host.rpc("start", "start") or {}
+        self.process_info.update(started.get("process") or {})
         self.clock.start = time.monotonic()
+        assert self.family is not None
+        if self.child is None:
+            self.family.deadline = self.clock.start + self.options.window
+        if self.release is not None and self.child is not None:
+            # A fork child waits in its atfork handler until its own agent is in.
+            self.host.rpc("release", "releaseFork", self.release, self.child.pid)
         self.host.resume()
 
     def _window(self) -> None:
         self.ui.phase("capturing")
         self._last_message = time.monotonic()
-        assert self.clock.start is not None
-        deadline = self.clock.start + self.options.window
+        assert self.clock.start is not None and self.family is not None
+        deadline = self.family.deadline
         while not self.ending.gone and self.write_error is None:
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or self.family.stopped.is_set():
                 break
             try:
                 event = self.host.events.get(timeout=min(0.1, deadline - now))
@@ -394,6 +443,7 @@ class CaptureLoop:
         self._drain()
 
     def _end(self, interrupted: bool) -> CaptureResult:
+        self._crash_frames()
         now = time.monotonic()
         e, c = self.ending, self.clock
         end_body = classify_end(
@@ -404,10 +454,15 @@ class CaptureLoop:
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
             exit_status=self.host.exit_status(1.0) if e.gone else None,
+            exec_info=e.exec_info if e.replaced else None,
         )
         end_body["ended_at"] = _iso_now()
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
+        end_body["process_guard"] = self.process_info
+        end_body.update(children_evidence(self.children))
+        if self.child is not None:
+            end_body["origin"] = {**self.child.to_json(), "parent_capture": self.parent_capture}
         end_body["pid"] = self.host.pid
         end_body["launch"] = {"how": getattr(self, "launch_how", None), "launcher": self.target.launch}
         end_body["timing"] = {
@@ -435,7 +490,13 @@ class CaptureLoop:
         if kind == "detached":
             if a == "application-requested":
                 return      # our own detach at the end of the window
+            if self.ending.exec_info is not None and a in ("process-terminated", "process-replaced"):
+                # The agent said it is about to exec and did not say it failed: the process
+                # image was replaced (Frida without child gating calls that a termination).
+                a = "process-replaced"
             self.ending.target_gone(a, self.clock)
+            if a == "process-replaced":
+                self._replaced()
             if b is not None and self.ending.crash_info is None:
                 self.ending.crash_info = {"summary": getattr(b, "summary", str(b)),
                                           "report": getattr(b, "report", "")[:4000]}
@@ -478,11 +539,33 @@ class CaptureLoop:
             if payload.get("calibration"):
                 self._write(RecordType.CALIBRATION, {"phase": "at-exit", **payload["calibration"]})
         elif ptype == "agent:crash":
-            self.ending.crash_info = {k: payload.get(k) for k in ("kind", "address", "module", "t")}
+            self._crash(payload)
+        elif ptype == "process:child":
+            self._on_child(payload)
+        elif ptype == "process:exec":
+            self._on_exec(payload)
+        elif ptype == "process:exec-failed":
+            self._on_exec_failed(payload)
         elif ptype == "result":
             self._write(RecordType.RESULT, payload)
         elif ptype == "leaks:progress":
             self.ui.phase(leak_progress(payload))
+
+    def _crash(self, payload: dict[str, Any]) -> None:
+        """The agent's exception handler: signal, faulting address, the crashing thread's stack."""
+        self.ending.crash_info = {k: payload.get(k) for k in ("kind", "signal", "address", "module", "memory",
+                                                              "thread", "stack", "t")}
+        self.stacks.events([{"frames": payload.get("stack") or []}])
+        self.host.ack()     # the crashing thread waits for this before the process dies
+
+    def _crash_frames(self) -> None:
+        """The crash stack, symbolized now that every address has been (evidence and the reason)."""
+        crash = self.ending.crash_info
+        if not crash or not crash.get("stack"):
+            return
+        frames = self.stacks.symtab.stack(int(a, 16) for a in crash["stack"])
+        crash["frames"] = [f.to_json() for f in frames]
+        crash["top"] = [f.name() for f in frames[:3]]
 
     # -- helpers --------------------------------------------------------------
 
@@ -539,7 +622,8 @@ class CaptureLoop:
                                   batches=self.batches, families=self.stacks.families()))
 
     def _agent_config(self) -> dict[str, Any]:
-        return agent_config_for(getattr(self, "_platform", None), self.options.agent_config)
+        return {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),
+                "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
 
     def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         assert self.writer is not None
@@ -556,7 +640,10 @@ class CaptureLoop:
         self._write(RecordType.META, {
             "tool": "memtrace", "tool_version": __version__, "tracer": self.options.tracer,
             "target": {"device": self.target.device, "app": self.target.app, "pid": self.target.pid,
-                       "name": self.target.name, "argv": self.target.argv, "label": self.target.slug()},
+                       "name": self.target.name, "argv": self.target.argv,
+                       # A followed child is reported with the target that made it.
+                       "label": self.family.label if self.family is not None else self.target.slug()},
+            **({"origin": {**self.child.to_json(), "parent_capture": self.parent_capture}} if self.child else {}),
             "options": {"window": self.options.window, "attach_delay": self.options.attach_delay,
                         "agent": self._agent_config()},
             "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "frida": frida.__version__},

@@ -4,6 +4,10 @@ Pure: the session hands over timings, the agent's last words and the rate
 history; this module names the death and says why.  Thresholds are options.
 Classes: completed, interrupted, target-exited, launch-storm, perpetual-stream,
 slow-start, anti-debug, detached.
+
+Every death names what is known of it: the exit status or the signal (read by the host,
+``exitwatch``), the crash the agent's exception handler saw (signal, faulting address, the
+crashing thread's top frames), an exec that replaced the process, or a kill during injection.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def classify_end(
     thresholds: DeathThresholds,
     calls_total: int | None = None,
     exit_status: dict[str, Any] | None = None,
+    exec_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     alive = None
     if t_start is not None:
@@ -64,7 +69,9 @@ def classify_end(
     if crash_info:
         evidence["crash"] = crash_info
     if exit_status:
-        evidence["exit_status"] = exit_status      # read by the host (a local child), see exitwatch
+        evidence["exit_status"] = exit_status      # read by the host (a local process), see exitwatch
+    if exec_info:
+        evidence["exec"] = exec_info
 
     def out(ended: str, reason: str) -> dict[str, Any]:
         return {"ended": ended, "reason": reason, "evidence": evidence}
@@ -82,23 +89,24 @@ def classify_end(
             return out("slow-start", f"no traced activity in the {window:g} s window "
                                      f"(still starting, or idle); try a longer --attach-delay")
         return out("completed", f"the {window:g} s window completed")
+    if exec_info is not None and detach_reason == "process-replaced":
+        return out("target-exited", _replaced(exec_info, alive, exit_status))
     code = (exit_status or {}).get("exit_status")
-    if exit_info is not None or code is not None:
-        status = (exit_info or {}).get("status")
-        status = code if status is None else status
-        said = f"exit status {status}" if status is not None else "normal process exit"
+    signalled = bool((exit_status or {}).get("signal_name"))
+    if code is not None or (exit_info is not None and not signalled):
+        status = code if code is not None else (exit_info or {}).get("status")
+        said = f"exit status {status}" if status is not None else "normal process exit; status unknown"
         return out("target-exited", f"the target exited on its own ({said})")
-    if t_attach is None:
-        return out("target-exited", "the target ended before memtrace attached (during --attach-delay)")
+    how = death_how(exit_status, crash_info)
+    if t_start is None:
+        if t_attach is None:
+            return out("target-exited", f"the target {how} before memtrace attached")
+        # Attached, but the agent never started: nothing ran under our hooks, so no storm.
+        return out("target-exited", f"the target {how} during injection, before the agent started "
+                                    f"(not a launch storm: nothing ran under the hooks)")
     rate_at_death = max(mean_rate, recent[-1]["calls_per_s"] if recent else 0.0)
-    if exit_status and exit_status.get("signal_name"):
-        how = f"was killed by {exit_status['signal_name']}" + (" (core dumped)" if exit_status.get("core_dumped")
-                                                               else "")
-    else:
-        how = "crashed" if crash_info else "was killed (no exit() seen: a signal such as SIGKILL, or a watchdog)"
-    if t_start is None or (alive is not None and alive <= thresholds.storm_seconds
-                           and max(rate_at_death, peak) >= thresholds.storm_rate):
-        return out("launch-storm", f"the target {how} {alive if alive is not None else 0:g} s after "
+    if alive is not None and alive <= thresholds.storm_seconds and max(rate_at_death, peak) >= thresholds.storm_rate:
+        return out("launch-storm", f"the target {how} {alive:g} s after "
                                    f"instrumentation under {max(rate_at_death, peak):,.0f} calls/s")
     settled = bool(recent) and recent[-1]["calls_per_s"] < thresholds.settle_fraction * peak
     if not settled and rate_at_death >= thresholds.stream_rate:
@@ -107,3 +115,57 @@ def classify_end(
                                        f"never settled ({rate_at_death:,.0f} calls/s); a second attempt at "
                                        f"another --attach-delay confirms it")
     return out("target-exited", f"the target {how} after {alive:g} s")
+
+
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP", "SIGSYS"})
+
+
+def death_how(exit_status: dict[str, Any] | None, crash_info: dict[str, Any] | None) -> str:
+    """How a process that did not exit on its own died: "was killed by SIGKILL", "crashed with
+    SIGSEGV at 0x0 in f (m) <- g (m) (core dumped)", or that the signal is unknown."""
+    name = (exit_status or {}).get("signal_name")
+    crash = crash_info or {}
+    if name is None and crash.get("signal"):
+        name = crash["signal"]          # the agent's exception handler saw it (no host status)
+    dumped = " (core dumped)" if (exit_status or {}).get("core_dumped") else ""
+    if name is None:
+        if crash:
+            return f"crashed{_crash_where(crash)}"
+        return "was killed (no exit() seen; the signal is unknown: SIGKILL or a watchdog, say)"
+    if name in CRASH_SIGNALS or (crash and not exit_status):
+        return f"crashed with {name}{_crash_where(crash)}{dumped}"
+    return f"was killed by {name}{dumped}"
+
+
+def _crash_where(crash: dict[str, Any]) -> str:
+    if not crash:
+        return ""
+    text = ""
+    memory = crash.get("memory") or {}
+    if memory.get("address"):
+        text += f" ({memory.get('operation') or 'access'} of {memory['address']})"
+    frames = crash.get("top") or []
+    if frames:
+        text += " in " + " <- ".join(frames)
+    elif crash.get("address"):
+        text += f" at {crash['address']}" + (f" ({crash['module']})" if crash.get("module") else "")
+    return text
+
+
+def _replaced(exec_info: dict[str, Any], alive: float | None, exit_status: dict[str, Any] | None) -> str:
+    path = exec_info.get("path") or "?"
+    text = f"the target replaced itself: exec of {path}"
+    if alive is not None:
+        text += f" after {alive:g} s"
+    text += " (process-replaced)"
+    if exec_info.get("followed"):
+        return text + f"; traced on in {exec_info['followed']}"
+    text += "; not followed (--follow-children traces it), its output passed through"
+    if exit_status and exec_info.get("outlived_window") is not True:
+        if "exit_status" in exit_status:
+            text += f"; it then exited with exit status {exit_status['exit_status']}"
+        else:
+            text += f"; it then {death_how(exit_status, None)}"
+    elif exec_info.get("outlived_window"):
+        text += "; it was still running at the end of the window"
+    return text

@@ -26,6 +26,7 @@ from memtrace.target import TargetSpec
 Event = tuple[str, Any, Any]
 
 REMOTE_ALIVE_INTERVAL = 1.0     # seconds between liveness queries of a remote device
+ATTACH_TRIES = 3
 
 # Frida exceptions that mean "the target or its connection is gone", during or after attach.
 GONE_ERRORS = (frida.ProcessNotFoundError, frida.ProcessNotRespondingError, frida.TransportError,
@@ -36,12 +37,12 @@ class FridaHost:
     """One target on one Frida device, with one agent loaded into it."""
 
     def __init__(self, target: TargetSpec, rpc_timeout: float,
-                 output: Callable[[int, bytes], None] | None = None) -> None:
+                 output: Callable[[int, bytes], None] | None = None, device: Any = None) -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
         self.events: queue.Queue[Event] = queue.Queue()
         self._output = output
-        self.device: Any = None
+        self.device: Any = device       # given: a followed child's host shares its parent's device
         self.session: Any = None
         self.script: Any = None
         self.launched: launchers.Launched | None = None
@@ -66,15 +67,17 @@ class FridaHost:
 
     def open(self) -> dict[str, Any]:
         """Resolve ``--device``; returns its description for the capture."""
-        self.device = devices.resolve(self.target.device)
-        self.device.on("output", self._on_output)
+        if self.device is None:
+            self.device = devices.resolve(self.target.device)
+            self.device.on("output", self._on_output)
         self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
         return devices.describe(self.device)
 
     def launch(self) -> launchers.Launched:
         launcher = launchers.choose(self.target.launch, self.target)
         self.launched = launcher.launch(self.device, self.target, stdio_pipe=True)
-        if self.launched.spawned and self.is_local:
+        if self.is_local:
+            # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
             self.exit_watch = ChildExitWatcher(self.launched.pid)
         return self.launched
 
@@ -107,7 +110,7 @@ class FridaHost:
 
     def attach(self) -> None:
         try:
-            self.session = self.device.attach(self.pid)
+            self.session = self._attach_retrying()
         except frida.ProcessNotFoundError:
             if self.spawned:
                 raise TargetGone() from None
@@ -150,8 +153,33 @@ class FridaHost:
         except GONE_ERRORS as e:
             raise TargetLost(f"{what}: {e}") from None
 
+    def _attach_retrying(self) -> Any:
+        """A process that has just exec'd may not take an agent yet: a few tries, 0.1 s apart."""
+        for attempt in range(ATTACH_TRIES):
+            try:
+                return self.device.attach(self.pid)
+            except (frida.NotSupportedError, frida.ProcessNotRespondingError, frida.TransportError):
+                if attempt == ATTACH_TRIES - 1 or not self.alive():
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
+
+    def ack(self) -> None:
+        """The agent holds an exec (or a crashing thread) until the host has what it sent."""
+        if self.script is not None:
+            with contextlib.suppress(*GONE_ERRORS):
+                self.script.post({"type": "memtrace:ack"})
+
+    def child_host(self, pid: int) -> FridaHost:
+        """The host of a process this target made: same device, its own session and agent."""
+        return FridaHost(TargetSpec(device=self.target.device, pid=pid, launch="none"), self.rpc_timeout,
+                         output=None, device=self.device)
+
     def c_sources(self, agent: str) -> list[str]:
         return build_agent(agent).c_sources
+
+    def process_sources(self, agent: str) -> list[str]:
+        return build_agent(agent).process_sources
 
     def detach(self) -> None:
         if self.session is not None:

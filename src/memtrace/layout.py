@@ -359,6 +359,24 @@ MADVISE_NAMES: dict[str, dict[int, str]] = {
     "linux": {4: "MADV_DONTNEED", 8: "MADV_FREE", 20: "MADV_COLD", 21: "MADV_PAGEOUT"},
 }
 
+# ---- process lifecycle: cmodule/process.c (fork, exec), written by agents/runtime/process.js ----
+
+FORK_ENTRIES = 64              # children posted in the page the parent shares with its fork children
+FORK_PATH = 256                # bytes of an exec'd path kept per posted child
+PATCH_BYTES = 48               # original bytes put back per patched range in a fork child
+MAX_PATCHES = 64               # patched ranges at most (more: libc's file does not match memory)
+FORK_ORIGINS: dict[str, int] = {"fork": 1, "spawn": 2}
+PROC = Layout("MtProc", (
+    ("agent_pid", "s32"),          # the traced process (a vfork child runs our code under another pid)
+    ("follow", "s32"),             # 1: a forked child waits until the host's new agent releases it
+    ("wait_ms", "s32"),            # ... for at most this long
+    ("n_patches", "s32"),
+    ("page_size", "s32"),
+    ("exec_notify", "s32"),        # 1: the agent is told before the traced process execs
+    ("forks", "s32"),              # fork children this copy has been (counted in the child)
+    ("reserved", "s32"),
+))
+
 # ---- Darwin: task_info(TASK_VM_INFO) ----------------------------------------------------------
 
 # struct task_vm_info (xnu osfmk/mach/task_info.h, #pragma pack(4)): the fields memtrace reads,
@@ -388,7 +406,7 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
                                  CONFIG, LOGGER_EVENT, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
                                  LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB,
-                                 UNWIND_ROW, UNWIND_MODULE)
+                                 UNWIND_ROW, UNWIND_MODULE, PROC)
 
 # Further #defines of the generated C header (name without the MT_ prefix -> value).
 C_DEFINES: dict[str, int] = {

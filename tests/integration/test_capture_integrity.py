@@ -143,6 +143,27 @@ def test_a_disk_full_before_the_start_is_one_line_and_nothing_runs(small_disk: P
     assert target.wait(timeout=60) == 0 and marker.read_text().startswith("finished ")
 
 
+def test_a_full_disk_and_the_target_s_death_are_both_in_the_end(small_disk: Path,
+                                                                  compile_c: Callable[..., Path]) -> None:
+    """The target fills the disk, then allocates and exits 3: what memtrace writes after that fails,
+    and the END (written into its reserve) keeps the death as the host read it (the exit status,
+    from a pidfd) beside the write failure."""
+    cap = small_disk / "cap"
+    r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--quiet", "--out", cap,
+                     "--", compile_c("disk_filler"), small_disk / "filler", check=False)
+    assert r.returncode == 2, r.stderr
+    assert "disk full" in r.stderr
+    assert r.stderr.endswith("tracing stopped there and memtrace detached from the target\n")
+    records = list(read_records(cap))
+    end = records[-1]
+    assert end.type == RecordType.END
+    assert end.body["ended"] == "target-exited"
+    assert end.body["reason"] == "the target exited on its own (exit status 3)"
+    assert end.body["evidence"]["exit_status"] == {"exit_status": 3}
+    assert end.body["capture_error"]["error"] == "No space left on device (ENOSPC)"
+    assert end.body["capture_error"]["lost_records"] >= 1
+
+
 @pytest.fixture(scope="module")
 def real_captures(tmp_path_factory: pytest.TempPathFactory, compile_c: Callable[..., Path]) -> list[Path]:
     """Small real captures (format 2) of three tracers on one short program."""

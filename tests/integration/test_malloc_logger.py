@@ -195,7 +195,9 @@ def test_agent_thread_allocations_are_the_agents(agent) -> None:
 def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) -> None:
     """Restoring malloc_logger and unloading the script at once could leave a thread inside the freed
     callback: uninstall waits for in-flight calls to drain.  Four threads allocate through the logger
-    while the agent is loaded, started, stopped and unloaded again and again; the target lives on."""
+    while the agent is loaded, started, stopped and unloaded again and again; the target lives on.
+    Each session's pthread key is retired by keeping it (its destructor stub turned into a return):
+    no later session is given an index whose values are an earlier session's slot pointers."""
     prog = standin_program(compile_c, demo_bin, "standin_malloc")
     device = frida.get_local_device()
     pid = device.spawn([str(prog), "--hammer", "4"], stdio="pipe")
@@ -204,6 +206,7 @@ def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) ->
     config = {"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
               "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": "external",
               "backend": "logger"}
+    keys: list[int] = []
     try:
         time.sleep(0.3)
         for _ in range(8):
@@ -211,16 +214,20 @@ def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) ->
             script = session.create_script(agent.source)
             script.load()
             api = script.exports_sync
-            assert api.init(config, agent.c_sources)["info"]["backend"] == "logger"
+            info = api.init(config, agent.c_sources, agent.process_sources)["info"]
+            assert info["backend"] == "logger"
             api.start()
             time.sleep(0.05)
             api.stop()
             drain = api.logger_drain()
             assert drain["drained"] is True and drain["inflight"] == 0
+            assert api.thread_key() == {"key": info["tlsKey"], "retired": "kept"}
+            keys.append(info["tlsKey"])
             script.unload()
             session.detach()
         time.sleep(0.2)
         assert any(p.pid == pid for p in device.enumerate_processes())
+        assert len(set(keys)) == len(keys), keys
     finally:
         with contextlib.suppress(frida.ProcessNotFoundError):
             device.kill(pid)

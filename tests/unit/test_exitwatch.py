@@ -1,16 +1,17 @@
-"""The exit watcher reads a child's status without reaping it."""
+"""The exit watcher reads a process's status from a pidfd: our child or not, reaped or not."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 
 import pytest
 
-from memtrace.exitwatch import ChildExitWatcher
+from memtrace.exitwatch import ChildExitWatcher, decode_status, reaped_status_readable
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and pidfds")
 
 
 @pytest.mark.parametrize("script, status, returncode", [
@@ -24,9 +25,40 @@ def test_status_is_read_and_the_child_is_still_reapable(script: str, status: dic
     p.stdin.write(b"go\n")
     p.stdin.close()
     assert w.wait(5) == status
-    assert p.wait(5) == returncode         # WNOWAIT read the status and left the child to reap
+    assert p.wait(5) == returncode         # the watcher never reaps: the parent still can
 
 
-def test_not_our_child_is_not_watched() -> None:
-    w = ChildExitWatcher(1)
-    assert w.wait(0.1) is None
+@pytest.mark.parametrize("reaper_first", [
+    pytest.param(True, marks=pytest.mark.skipif(not reaped_status_readable(), reason="needs Linux 6.15+")),
+    False])
+def test_status_survives_someone_else_reaping_first(reaper_first: bool) -> None:
+    """Frida reaps the programs it spawns and throws the status away: the pidfd still has it."""
+    p = subprocess.Popen(["sh", "-c", "read x; exit 42"], stdin=subprocess.PIPE)
+    w = ChildExitWatcher(p.pid)
+    assert p.stdin is not None
+    p.stdin.write(b"go\n")
+    p.stdin.close()
+    if reaper_first:
+        assert p.wait(5) == 42             # reaped before the watcher looked
+    assert w.wait(5) == {"exit_status": 42}
+    p.wait(5)
+
+
+def test_a_process_that_is_not_our_child_is_watched_too() -> None:
+    """--pid targets: a grandchild here (sh's child), killed by a signal."""
+    sh = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    assert sh.stdout is not None
+    pid = int(sh.stdout.readline())
+    w = ChildExitWatcher(pid)
+    os.kill(pid, signal.SIGTERM)
+    assert w.wait(5) == {"signal": signal.SIGTERM, "signal_name": "SIGTERM", "core_dumped": False}
+    sh.wait(5)
+
+
+def test_a_live_process_has_no_status_yet() -> None:
+    assert ChildExitWatcher(1).wait(0.1) is None
+
+
+def test_wait_statuses_decode() -> None:
+    assert decode_status(3 << 8) == {"exit_status": 3}
+    assert decode_status(signal.SIGSEGV | 0x80) == {"signal": 11, "signal_name": "SIGSEGV", "core_dumped": True}

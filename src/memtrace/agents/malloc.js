@@ -14,10 +14,10 @@
 
 import { C_BYTES, C_CALLS, KINDS, LOGGER_EVENT, N_SITES, SITE } from './layout.js';
 import { leakSymbols, scanLeaks } from './leaks.js';
-import { buildCore, core, setEnabled } from './runtime/core.js';
+import { buildCore, core, retireThreadKey, setEnabled } from './runtime/core.js';
 import { setBatchHook, warn } from './runtime/flush.js';
 import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbols, loggerVariable,
-  releaseThreadKey, selfTask } from './runtime/logger.js';
+  selfTask } from './runtime/logger.js';
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
 import { selfTaskVmInfo } from './runtime/taskinfo.js';
@@ -33,6 +33,7 @@ const DRAIN_TIMEOUT_MS = 1000;
 const mallocState = {
   drain: null,
   tlsKey: null,
+  keyRetired: null,        // how the core's pthread key ended (retireThreadKey): 'kept', 'replaced', ...
   agentThreadIgnored: false,
   replaced: [],
   loggerSlots: [],
@@ -345,8 +346,8 @@ export const tracer = {
       Interceptor.revert(target);
     mallocState.replaced = [];
     Interceptor.flush();
-    if (mallocState.tlsKey !== null && releaseThreadKey(mallocState.tlsKey))
-      mallocState.tlsKey = null;
+    // No more destructor calls into the CModule, and the key's index never reused (core.js).
+    mallocState.keyRetired = retireThreadKey();
   },
 
   /* --leaks: the scan as the process exits (rpc.js dispose), while its hooks are still in. */
@@ -377,6 +378,10 @@ export const tracer = {
     /* How the last uninstall drained the logger: {drained, waited_ms, inflight} (null: no logger). */
     loggerDrain() {
       return mallocState.drain || null;
+    },
+    /* The core's pthread key and how it was retired at uninstall (null: not yet). */
+    threadKey() {
+      return { key: mallocState.tlsKey, retired: mallocState.keyRetired };
     },
     /* Calls the target's malloc/free from the agent's own thread (tests: they must not count). */
     mallocOnAgentThread(n, size) {

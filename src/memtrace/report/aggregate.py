@@ -9,6 +9,7 @@ and builds the panorama across the lines.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from memtrace import tracers
@@ -26,10 +27,12 @@ def _ended(entries: list[dict[str, Any]]) -> dict[str, Any]:
     if deaths:
         d = deaths[0]
         return {"ended": d["ended"], "reason": d.get("reason"), "tracer": d.get("tracer")}
-    # A target that was killed or crashed outside the death taxonomy is not "completed".
+    # A target that was killed, crashed or failed (a non-zero exit status) outside the death
+    # taxonomy is not "completed".
     for e in entries:
         reason = str(e.get("reason") or "")
-        if e.get("ended") == "target-exited" and ("killed" in reason or "crashed" in reason):
+        if e.get("ended") == "target-exited" and ("killed" in reason or "crashed" in reason
+                                                  or re.search(r"exit status [1-9]", reason)):
             return {"ended": "target-exited", "reason": reason, "tracer": e.get("tracer")}
     if any(e.get("ended") == "interrupted" for e in entries):
         return {"ended": "interrupted", "reason": "stopped by the user (Ctrl-C)", "tracer": None}

@@ -12,6 +12,7 @@
 import { AGG_STRIDE, CONFIG, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS, N_SITES,
   PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
+import { disarmStub, leakedStub, proc } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 
@@ -39,6 +40,8 @@ export const core = {
   started: false,   // the hooks have been enabled at some point
   fns: {},
   owned: [],      // memtrace's own large tables {base, size}: never roots of a leak scan (agents/leaks.js)
+  tlsKey: null,     // the core's pthread key until it is retired (retireThreadKey)
+  keyStub: null,    // its destructor's leaked stub (null where none can be made)
 };
 
 function pow2(n) {
@@ -178,11 +181,7 @@ export function buildCore(config, sources, extraSymbols) {
   if (sizeOf(cm, 'mt_config_size') !== CONFIG.size)
     throw new Error('memtrace agent: MtConfig in C and layout.js disagree');
 
-  const keyBuf = Memory.alloc(8);
-  const keyCreate = libcFunction('pthread_key_create', 'int', ['pointer', 'pointer']);
-  if (keyCreate(keyBuf, cm.mt_thread_exit) !== 0)
-    throw new Error('memtrace agent: pthread_key_create failed');
-  const key = keyBuf.readU32();
+  const key = createThreadKey(cm);
   const tlsDirect = (NATIVE_PLATFORM === 'linux' && Process.arch === 'x64' && toolchain === 'external')
     ? findTlsOffset(key) : 0;
   tlsOffset.writeU64(tlsDirect);
@@ -238,6 +237,8 @@ export function buildCore(config, sources, extraSymbols) {
     monotonicUs: new NativeFunction(cm.mt_monotonic_us, 'uint64', []),
     sitesUsed: new NativeFunction(cm.mt_sites_used, 'uint64', []),
   };
+  const busy = new NativeFunction(cm.mt_busy_slots, 'uint64', []);
+  proc.busyProbe = () => Number(busy());
   return {
     toolchain,
     toolchainError: core.toolchainError,
@@ -313,4 +314,74 @@ export function readCounters() {
   for (let i = 0; i < N_COUNTERS; i++)
     out.push(Number(core.snapshotBuf.add(i * 8).readU64()));
   return out;
+}
+
+/* ---- the core's pthread key: one life for every way a session ends -----------------------
+ *
+ * The key's value on each thread is that thread's MtSlot, and its destructor (mt_thread_exit)
+ * marks the slot dead.  Two things outlive the agent: the C library keeps the destructor for as
+ * long as the key exists, and the threads keep their values at the key's index (the core reads
+ * its value straight from the thread, with no check that the value is its own).  So:
+ *   - the destructor is handed over as a stub in a page that is never freed (process.js);
+ *   - retireThreadKey -- at the end of the window (the tracer's uninstall) and again on every way
+ *     out (rpc.js dispose: process exit, our detach, the host gone) -- turns the stub into a bare
+ *     return and KEEPS the key: a thread exiting at any time later, even one that had already
+ *     read the destructor when we retired it, only returns, and no later session's key (a
+ *     re-attach) can be given this index with our stale slot pointers in it.  One key per session
+ *     is the cost (glibc has 1024, Darwin 512).
+ *   - Where no stub can be made (Darwin: no page of our own code may be left behind; other
+ *     architectures), the key is deleted, so the C library calls the destructor no more, and its
+ *     index is taken for good by a key without a destructor (a placeholder), for the same reason.
+ *     DEVICE-UNVERIFIED on Darwin: a thread already inside its exit's destructor loop when the key
+ *     is deleted after the host went away may still call freed code.
+ */
+function createThreadKey(cm) {
+  const destructor = leakedStub(cm.mt_thread_exit);
+  const keyBuf = Memory.alloc(8);
+  const keyCreate = libcFunction('pthread_key_create', 'int', ['pointer', 'pointer']);
+  if (keyCreate(keyBuf, destructor) !== 0)
+    throw new Error('memtrace agent: pthread_key_create failed');
+  core.tlsKey = keyBuf.readU32();
+  core.keyStub = destructor.equals(cm.mt_thread_exit) ? null : destructor;
+  return core.tlsKey;
+}
+
+/* Idempotent; returns how the key ended ('kept', 'replaced', 'deleted' or null: nothing to do). */
+export function retireThreadKey() {
+  if (core.tlsKey === null)
+    return null;
+  const key = core.tlsKey;
+  core.tlsKey = null;
+  if (core.keyStub !== null) {
+    disarmStub(core.keyStub);
+    return 'kept';
+  }
+  return replaceThreadKey(key);
+}
+
+const PLACEHOLDER_TRIES = 8;
+
+/* Deletes `key` and takes its index with a destructor-less key.  pthread_key_create hands out the
+ * lowest free index, which need not be ours: placeholders are made until one lands on it (bounded),
+ * and the ones that landed elsewhere are freed again (never used: no values behind them). */
+function replaceThreadKey(key) {
+  const del = libcFunction('pthread_key_delete', 'int', ['uint']);
+  const create = libcFunction('pthread_key_create', 'int', ['pointer', 'pointer']);
+  if (del === null || create === null || del(key) !== 0)
+    return null;
+  const buf = Memory.alloc(8);
+  const strays = [];
+  let landed = false;
+  for (let i = 0; i < PLACEHOLDER_TRIES && !landed; i++) {
+    if (create(buf, NULL) !== 0)
+      break;
+    const got = buf.readU32();
+    if (got === key)
+      landed = true;
+    else
+      strays.push(got);
+  }
+  for (const k of strays)
+    del(k);
+  return landed ? 'replaced' : 'deleted';
 }

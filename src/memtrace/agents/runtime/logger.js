@@ -91,23 +91,6 @@ export function drainLogger(cm, timeoutMs) {
   return { drained: left === 0, waited_ms: Date.now() - t0, inflight: left };
 }
 
-/* The core's pthread key goes once the hooks are out: its destructor (mt_thread_exit) is the
- * CModule's code, and a thread exiting after the script unloaded -- an app thread, or the agent's
- * own JavaScript thread when Frida tears the session down -- would otherwise call freed code.
- * Its index is then taken by a key without a destructor, kept for good: threads still hold the
- * old slot pointers there, and a later session's key must not get that index (the core reads its
- * key's value straight from the thread, with no check that the value is its own). */
-export function releaseThreadKey(key) {
-  const del = Module.findGlobalExportByName('pthread_key_delete');
-  const create = Module.findGlobalExportByName('pthread_key_create');
-  if (del === null || create === null || key === null || key === undefined)
-    return false;
-  if (new NativeFunction(del, 'int', ['uint'])(key) !== 0)
-    return false;
-  new NativeFunction(create, 'int', ['pointer', 'pointer'])(Memory.alloc(8), NULL);
-  return true;
-}
-
 /* Process-directed signals the target may use (its timers, job control, SIGCHLD ...): the kernel
  * runs the target's handler on any thread that does not block the signal, the agent's included,
  * where the handler's allocations would pass for the agent's.  Blocked on the agent's thread, they go

@@ -6,11 +6,16 @@
  */
 
 import { calibrate } from './calibrate.js';
-import { setEnabled } from './core.js';
+import { retireThreadKey, setEnabled } from './core.js';
 import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize } from './modules.js';
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
+import {
+  awaitAck, buildProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
+  tearDownProcess, unhookExec,
+} from './process.js';
 import { recon } from './recon.js';
+import { walkFrames } from './stacks.js';
 import { unwindLoad, unwindModules } from './unwind.js';
 
 const DRAIN_INTERVAL_MS = 100;
@@ -21,24 +26,81 @@ const life = {
   timer: null,
   finished: false,
   tick: 0,
+  process: null,
 };
 
-/* Crashes come through the exception handler: what was recorded is flushed first. */
+const CRASH_FRAMES = 48;
+
+// Frida's exception types and the signal each comes from on Linux and Darwin.
+const SIGNALS = {
+  'access-violation': 'SIGSEGV', 'guard-page': 'SIGSEGV', 'abort': 'SIGABRT', 'illegal-instruction': 'SIGILL',
+  'arithmetic': 'SIGFPE', 'breakpoint': 'SIGTRAP', 'system': 'SIGSYS',
+};
+
+/* The crashing thread's stack from the exception context: the faulting pc, then its callers
+ * (DWARF unwinding, which gets through a frameless leaf function; the frame-pointer chain when
+ * that finds nothing).  The host symbolizes it. */
+function crashStack(context) {
+  const pc = context.pc.strip().toString();
+  try {
+    const accurate = Thread.backtrace(context, Backtracer.ACCURATE).slice(0, CRASH_FRAMES - 1)
+      .map(p => p.strip().toString());
+    // Unwinding from a signal context repeats the first caller once.
+    if (accurate.length > 1 && accurate[0] === accurate[1])
+      accurate.shift();
+    if (accurate.length > 1)
+      return [pc].concat(accurate);
+  } catch (e) {
+    // fall back to the frame pointers
+  }
+  try {
+    if (Process.arch === 'x64')
+      return walkFrames(context.pc, context.rbp, CRASH_FRAMES, context.sp);
+    if (Process.arch === 'arm64')
+      return walkFrames(context.pc, context.fp, CRASH_FRAMES, context.sp);
+    return [pc].concat(Thread.backtrace(context, Backtracer.FUZZY).slice(0, CRASH_FRAMES - 1).map(p => p.toString()));
+  } catch (e) {
+    return [pc];
+  }
+}
+
+/* Crashes come through the exception handler: what was recorded is flushed first, then the
+ * signal, the faulting address and the crashing thread's stack.  The target's own handler (if
+ * any) still runs: a recovered exception is not a death, the host only uses this when the
+ * process then dies. */
 function watchCrash() {
   Process.setExceptionHandler(details => {
     if (!life.finished) {
+      const before = proc.acks;
       try {
         flush();
       } catch (e) {
         // keep going: reporting the crash matters more
       }
+      const memory = details.memory || null;
       send({
-        type: 'agent:crash', t: now(), kind: details.type,
+        type: 'agent:crash', t: now(), kind: details.type, signal: SIGNALS[details.type] || null,
         address: details.address.toString(), module: moduleOf(details.address),
+        memory: memory === null ? null : { operation: memory.operation, address: memory.address.toString() },
+        thread: Process.getCurrentThreadId(),
+        stack: crashStack(details.context),
       });
+      awaitAck(before);
     }
     return false;
   });
+}
+
+/* The traced process is about to exec (called on the exec'ing thread): flush, tell the host,
+ * and wait (bounded) until it has everything, for the process image and our agent with it are
+ * gone the moment execve succeeds. */
+function beforeExec(path, argv) {
+  if (life.finished)
+    return;
+  const before = proc.acks;
+  flush();
+  send({ type: 'process:exec', t: now(), path, argv });
+  awaitAck(before);
 }
 
 export function serve(tracer) {
@@ -51,24 +113,32 @@ export function serve(tracer) {
         mainModule: describeModule(Process.mainModule),
       };
     },
-    init(config, sources) {
+    /* processSources: cmodule/process.c behind the layout header (fork and exec handling). */
+    init(config, sources, processSources) {
       life.config = config;
       const found = recon(tracer.symbols(config));
       const info = tracer.init ? tracer.init(config, sources) : {};
-      return { recon: found, info };
+      life.process = buildProcess(config, processSources);
+      return { recon: found, info, process: life.process };
     },
     start() {
       announceModules();
       if (tracer.install)
         tracer.install(life.config);
+      proc.onExec = beforeExec;
+      listenForAcks();
+      hookExec();
       watchCrash();
+      // After every hook is in (Frida's, the tracer's, ours): what a fork child must undo.
+      const patches = recordPatches();
       life.tick = 1;
       life.timer = setInterval(() => {
         flush();
+        reportChildren();
         if (life.tick++ % MODULE_SCAN_TICKS === 0)
           announceModules();
       }, DRAIN_INTERVAL_MS);
-      return { t: now() };
+      return { t: now(), process: patches };
     },
     flush() {
       flush();
@@ -81,54 +151,81 @@ export function serve(tracer) {
       if (life.timer !== null)
         clearInterval(life.timer);
       setEnabled(false);
+      unhookExec();
       if (tracer.uninstall)
         tracer.uninstall(life.config);
       flush();
+      reportChildren();
       announceModules();
       return { t: now() };
     },
-    /* Process exit is seen here: Frida runs dispose (and flushes what it sends) from its own
-     * exit monitor; a JavaScript listener on exit() deadlocks against that monitor. */
-    dispose() {
-      if (life.finished)
-        return;
+    /* Frida calls dispose on every way out (frida-core's ScriptEngine, TerminationReason):
+     *   'exit'   the process exits (from Frida's exit monitor: a JavaScript listener on exit()
+     *            deadlocks against it);
+     *   'unload' the script is unloaded: after our own detach, or because the host went away
+     *            (memtrace killed, cable unplugged) -- then the process lives on without us;
+     *   'exec'   with Frida's child gating only (memtrace does not use it: see process.js).
+     * Whatever the reason, nothing of ours may stay reachable from the process afterwards. */
+    dispose(reason) {
+      const first = !life.finished;
       life.finished = true;
-      try {
-        // A tracer's last look at the process, hooks still in (malloc --leaks scans here).
-        if (tracer.beforeExit)
-          tracer.beforeExit(life.config);
-      } catch (e) {
-        send({ type: 'agent:warning', message: `at exit: ${e.message || e}` });
+      if (life.timer !== null)
+        clearInterval(life.timer);
+      if (first && reason !== 'unload') {
+        try {
+          // A tracer's last look at the exiting process, hooks still in (malloc --leaks scans
+          // here); not when the host is gone (nobody would read it) or after our own stop.
+          if (tracer.beforeExit)
+            tracer.beforeExit(life.config);
+        } catch (e) {
+          send({ type: 'agent:warning', message: `at exit: ${e.message || e}` });
+        }
       }
-      try {
-        flush();
-      } catch (e) {
-        // the process is going away; nothing more to save
+      if (first) {
+        try {
+          flush();
+        } catch (e) {
+          // the process (or the host) is going away; nothing more to save
+        }
       }
-      // Take our hooks out before Frida tears the agent down: its teardown with
-      // replaced allocator entries still in place hangs the exiting process.
+      // Take our hooks out before Frida tears the agent down: its teardown with replaced
+      // allocator entries still in place hangs the exiting process.
       setEnabled(false);
       try {
-        if (tracer.uninstall)
+        unhookExec();
+        if (first && tracer.uninstall)
           tracer.uninstall(life.config);
         Interceptor.detachAll();
         Interceptor.flush();
-        flush();   // what uninstall itself reported (the fd tracer's end census)
+        if (first) {
+          flush();   // what uninstall itself reported (the fd tracer's end census)
+          reportChildren();
+        }
       } catch (e) {
-        // keep going: the goodbye message matters more
+        // keep going: the goodbye message and the teardown matter more
       }
-      let calibration = null;
-      try {
-        calibration = calibrate();
-      } catch (e) {
-        calibration = null;
+      if (first && reason !== 'unload') {
+        let calibration = null;
+        try {
+          calibration = calibrate();
+        } catch (e) {
+          calibration = null;
+        }
+        send({
+          type: 'agent:exit', t: now(), exiting: true,
+          status: null,
+          how: reason === 'exec' ? 'process exec' : 'process exit',
+          calibration,
+        });
       }
-      send({
-        type: 'agent:exit', t: now(), exiting: true,
-        status: null,
-        how: 'process exit',
-        calibration,
-      });
+      // The key first (its stub turns into a return), then every other stub, and the wait for
+      // threads still inside a hook.
+      retireThreadKey();
+      tearDownProcess(reason === 'unload');
+    },
+    /* A followed fork child waits in its atfork handler until its new agent says go. */
+    releaseFork(entry, pid) {
+      return releaseFork(entry, pid);
     },
     symbolize(addresses) {
       return symbolize(addresses);

@@ -1,0 +1,273 @@
+/*
+ * memtrace's process lifecycle in the target: fork and exec.  Its own small CModule, compiled
+ * by every tracer agent (agents/runtime/process.js), Linux only.
+ *
+ * fork: the agent lives on in the child as a copy nobody serves (Frida's threads, our flush
+ * timer and the host connection are the parent's).  Hooks left in place there hang the child:
+ * Frida's own exit()/_exit() listeners allocate from Frida's heap, whose lock may have been
+ * held by one of the parent's Frida threads at the instant of the fork.  So the atfork child
+ * handler puts back the original bytes of every libc function memtrace or Frida patched (taken
+ * from libc's file by the agent, mt_patch_*) before the child runs a line of its own: an
+ * unfollowed child runs natively.  It then posts its pid in a page shared with the parent
+ * (MAP_SHARED, mt_forks), which the parent's agent reports to the host; when the host follows
+ * children the child waits (at most mt_proc.wait_ms) for the host's new agent to release it,
+ * so the child is traced from its first line.
+ *
+ * exec: execve is replaced.  In the traced process the agent is told first (it flushes and
+ * tells the host, mt_on_exec); in a vfork or posix_spawn child, which shares our memory under
+ * another pid, the exec is only posted in the shared page (it must never enter the agent).
+ *
+ * Every pointer the host gives the C library here is called through a stub in leaked memory
+ * (process.js), so the atfork handler stays harmless after the agent is gone.
+ */
+#include <gum/gummemory.h>
+
+#define MT_FORK_FREE 0
+#define MT_FORK_WRITING 1
+#define MT_FORK_POSTED 2
+#define MT_FORK_TAKEN 3
+#define MT_FORK_RELEASED 4
+
+typedef struct _MtForkEntry MtForkEntry;
+typedef struct _MtForkShared MtForkShared;
+
+/* Written by a child, read by the parent's C (mt_fork_take): never by JavaScript or Python. */
+struct _MtForkEntry
+{
+  volatile gint state;
+  gint pid;
+  gint ppid;
+  gint origin;
+  gchar path[MT_FORK_PATH];
+};
+
+struct _MtForkShared
+{
+  volatile gint next;
+  volatile gint lost;               /* entries overwritten before the parent read them */
+  volatile gint fence;
+  gint reserved;
+  MtForkEntry e[MT_FORK_ENTRIES];
+};
+
+extern MtProc mt_proc;
+extern guint64 mt_patch_address[];
+extern guint64 mt_patch_length[];
+extern guint8 mt_patch_bytes[];         /* MT_PATCH_BYTES per patch */
+extern MtForkShared mt_forks;           /* a MAP_SHARED page: the parent and its fork children */
+extern gpointer mt_real_execve;
+extern void mt_on_exec (const gchar * path, gchar * const * argv);
+extern void mt_on_exec_failed (gint error);
+
+extern gint mprotect (gpointer address, gsize length, gint prot);
+extern gint getpid (void);
+extern gint getppid (void);
+extern gint usleep (guint usec);
+extern gint * __errno_location (void);
+
+#define MT_PROT_READ 1
+#define MT_PROT_WRITE 2
+#define MT_PROT_EXEC 4
+
+static inline void
+mt_proc_barrier (void)
+{
+  g_atomic_int_add (&mt_forks.fence, 0);
+}
+
+/* Original bytes back into every patched function (the child is single-threaded here). */
+static void
+mt_restore (void)
+{
+  gint i;
+  guint64 page = (guint64) mt_proc.page_size;
+  for (i = 0; i < mt_proc.n_patches; i++)
+  {
+    guint64 address = mt_patch_address[i], length = mt_patch_length[i];
+    guint64 start = address & ~(page - 1);
+    guint64 end = (address + length + page - 1) & ~(page - 1);
+    guint64 k;
+    if (mprotect ((gpointer) start, end - start, MT_PROT_READ | MT_PROT_WRITE | MT_PROT_EXEC) != 0)
+      continue;
+    for (k = 0; k != length; k++)
+      ((volatile guint8 *) address)[k] = mt_patch_bytes[i * MT_PATCH_BYTES + k];
+    mprotect ((gpointer) start, end - start, MT_PROT_READ | MT_PROT_EXEC);
+#ifdef MT_ARM64
+    /* Untested here (x86-64 only): arm64 needs the instruction cache told. */
+    gum_clear_cache ((gpointer) start, end - start);
+#endif
+  }
+}
+
+/* Posts this process in the shared page; returns its entry (or -1). */
+static gint
+mt_post (gint origin, const gchar * path)
+{
+  gint idx = g_atomic_int_add (&mt_forks.next, 1) & (MT_FORK_ENTRIES - 1);
+  MtForkEntry * e = &mt_forks.e[idx];
+  gint k = 0;
+  if (e->state == MT_FORK_POSTED || e->state == MT_FORK_WRITING)
+    g_atomic_int_add (&mt_forks.lost, 1);
+  e->state = MT_FORK_WRITING;
+  mt_proc_barrier ();
+  e->pid = getpid ();
+  e->ppid = getppid ();
+  e->origin = origin;
+  if (path != NULL)
+  {
+    for (; k < MT_FORK_PATH - 1 && path[k] != 0; k++)
+      e->path[k] = path[k];
+  }
+  e->path[k] = 0;
+  mt_proc_barrier ();
+  e->state = MT_FORK_POSTED;
+  return idx;
+}
+
+/* pthread atfork child handler (through a leaked stub, see process.js). */
+void
+mt_fork_child (void)
+{
+  gint idx, me, waited;
+  /* A copy inherited by a child is not the traced process: its own forks are not ours to
+   * report (a followed child has a new agent of its own for that). */
+  if (mt_proc.agent_pid == 0)
+    return;
+  mt_proc.agent_pid = 0;
+  mt_proc.exec_notify = 0;
+  mt_restore ();
+  mt_proc.forks++;
+  idx = mt_post (MT_ORIGIN_FORK, NULL);
+  if (!mt_proc.follow)
+    return;
+  me = getpid ();
+  /* Bounded: a host that never comes (gone, or too slow) costs the child wait_ms, never a hang. */
+  for (waited = 0; waited < mt_proc.wait_ms; waited++)
+  {
+    MtForkEntry * e = &mt_forks.e[idx];
+    if (e->pid == me && e->state == MT_FORK_RELEASED)
+      return;
+    if (e->pid != me)
+      return;     /* overwritten by a later child: nobody will release this one */
+    usleep (1000);
+  }
+}
+
+/* The parent's agent takes the next posted entry: out[0..2] = pid, ppid, origin, path copied.
+ * Returns the entry index, or -1 when nothing is posted. */
+gint
+mt_fork_take (gint * out, gchar * path, gint path_max)
+{
+  gint i, k;
+  for (i = 0; i != MT_FORK_ENTRIES; i++)
+  {
+    MtForkEntry * e = &mt_forks.e[i];
+    if (e->state != MT_FORK_POSTED)
+      continue;
+    out[0] = e->pid;
+    out[1] = e->ppid;
+    out[2] = e->origin;
+    for (k = 0; k < path_max - 1 && k < MT_FORK_PATH - 1 && e->path[k] != 0; k++)
+      path[k] = e->path[k];
+    path[k] = 0;
+    mt_proc_barrier ();
+    e->state = MT_FORK_TAKEN;
+    return i;
+  }
+  return -1;
+}
+
+/* Where entry idx lives: the child's new agent finds it at the same address (the page is
+ * inherited) and releases the child there. */
+gpointer
+mt_fork_entry (gint idx)
+{
+  return &mt_forks.e[idx & (MT_FORK_ENTRIES - 1)];
+}
+
+/* The child's own (new) agent lets the child run: the entry as the parent posted it. */
+gint
+mt_fork_release (MtForkEntry * e, gint pid)
+{
+  if (e->pid != pid || e->state != MT_FORK_TAKEN)
+    return 0;
+  mt_proc_barrier ();
+  e->state = MT_FORK_RELEASED;
+  return 1;
+}
+
+gint
+mt_fork_lost (void)
+{
+  return mt_forks.lost;
+}
+
+typedef gint (* MtExecveFunc) (const gchar * path, gchar * const * argv, gchar * const * envp);
+
+gint
+mt_execve (const gchar * path, gchar * const * argv, gchar * const * envp)
+{
+  gint r;
+  if (getpid () != mt_proc.agent_pid)
+  {
+    /* vfork/posix_spawn child: our memory, another process.  Never enter the agent. */
+    mt_post (MT_ORIGIN_SPAWN, path);
+    return ((MtExecveFunc) mt_real_execve) (path, argv, envp);
+  }
+  if (mt_proc.exec_notify)
+    mt_on_exec (path, argv);
+  r = ((MtExecveFunc) mt_real_execve) (path, argv, envp);
+  if (mt_proc.exec_notify)
+    mt_on_exec_failed (*__errno_location ());
+  return r;
+}
+
+/* Ranges where a (executable mapping) and b (the same bytes from the file) differ, as
+ * [offset, length] pairs in out (at most max pairs; returns how many, or max + 1 when there
+ * are more).  A range ends after 32 equal bytes. */
+gint
+mt_diff (const guint8 * a, const guint8 * b, guint64 len, guint64 * out, gint max)
+{
+  guint64 i = 0;
+  gint n = 0;
+  while (i < len)
+  {
+    guint64 start, last, same;
+    if (a[i] == b[i])
+    {
+      i++;
+      continue;
+    }
+    start = i;
+    last = i;
+    same = 0;
+    for (i++; i < len && same < 32; i++)
+    {
+      if (a[i] == b[i])
+        same++;
+      else
+      {
+        last = i;
+        same = 0;
+      }
+    }
+    if (n == max)
+      return max + 1;
+    out[2 * n] = start;
+    out[2 * n + 1] = last + 1 - start;
+    n++;
+  }
+  return n;
+}
+
+guint64
+mt_proc_size (void)
+{
+  return sizeof (MtProc);
+}
+
+guint64
+mt_forks_size (void)
+{
+  return sizeof (MtForkShared);
+}

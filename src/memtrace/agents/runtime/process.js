@@ -1,0 +1,421 @@
+/*
+ * The target process's lifecycle, as it touches the agent: leaked stubs for every function
+ * pointer handed to the C library, fork children (cmodule/process.c), exec, and teardown.
+ *
+ * Why stubs: the C library keeps a pthread key's destructor and an atfork handler for the
+ * process's lifetime, but Frida unloads our code when the host goes away (SIGKILLed memtrace,
+ * unplugged cable).  A thread exiting afterwards would jump into unmapped memory.  So the C
+ * library is given a 16-byte stub in a page that is never freed, which jumps to our function
+ * while the agent lives and to a `ret` once it is torn down (the key's whole life: core.js,
+ * retireThreadKey).
+ *
+ * Linux only for stubs, fork and exec (an iOS app cannot fork, and execs by replacing itself with
+ * posix_spawn's SETEXEC only; DEVICE-UNVERIFIED there: nothing is installed on Darwin but the
+ * key's destructor, which is retired by deleting the key, see core.js).
+ */
+
+import { FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
+import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
+import { writeField, writeStruct } from './structs.js';
+
+const STUB_PAGE = 4096;
+const STUB_SIZE = 16;
+const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
+const BUSY_WAIT_MS = 200;           // teardown waits this long at most for threads inside a hook
+// After the hooks are out, a thread may still be inside a replacement that was called just
+// before (in the real allocator, waiting on its lock, say), and will return into our code:
+// when Frida is about to free that code (the process lives on), give such threads this long.
+const UNLOAD_GRACE_MS = 150;
+
+const ORIGIN_NAMES = Object.fromEntries(Object.entries(FORK_ORIGINS).map(([k, v]) => [v, k]));
+
+export const proc = {
+  cm: null,
+  mem: null,
+  stubPage: null,
+  stubsUsed: 0,
+  stubs: [],          // {stub, slot, target}: armed stubs
+  execTarget: null,
+  execHooked: false,
+  acks: 0,
+  forksReported: 0,
+  torn: false,
+  pristine: null,     // libc's executable segments from its file (readPristine)
+  busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
+  onExec: null,       // (path, argv) before the traced process execs (rpc.js)
+};
+
+function nf(name, ret, args) {
+  const p = libcExport(name);
+  return p === null ? null : new NativeFunction(p, ret, args);
+}
+
+/* ---- stubs in leaked memory ------------------------------------------------------------ */
+
+function stubArch() {
+  return (Process.arch === 'x64' || Process.arch === 'arm64') && !IS_DARWIN;
+}
+
+function stubPage() {
+  if (proc.stubPage !== null)
+    return proc.stubPage;
+  const mmap = nf('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'long']);
+  if (mmap === null)
+    return null;
+  // PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS: never unmapped, on purpose.
+  const page = mmap(NULL, STUB_PAGE, 5, 0x22, -1, 0);
+  if (page.equals(ptr('-1')))
+    return null;
+  Memory.patchCode(page, STUB_SIZE, code => {
+    if (Process.arch === 'x64')
+      code.writeU8(0xc3);                      // ret
+    else
+      code.writeU32(0xd65f03c0);               // ret
+  });
+  proc.stubPage = page;
+  proc.stubsUsed = 1;                          // stub 0 is the ret
+  return page;
+}
+
+/* A stub jumping to `target`, or `target` itself where stubs are not made (then teardown
+ * relies on pthread_key_delete alone). */
+export function leakedStub(target) {
+  if (!stubArch())
+    return target;
+  const page = stubPage();
+  if (page === null || proc.stubsUsed * STUB_SIZE >= STUB_PAGE)
+    return target;
+  const stub = page.add(proc.stubsUsed++ * STUB_SIZE);
+  Memory.patchCode(stub, STUB_SIZE, code => {
+    if (Process.arch === 'x64') {
+      code.writeByteArray([0xff, 0x25, 0x02, 0x00, 0x00, 0x00, 0x90, 0x90]);   // jmp [rip+2]
+      code.add(8).writePointer(target);
+    } else {
+      code.writeU32(0x58000050);                 // ldr x16, #8
+      code.add(4).writeU32(0xd61f0200);          // br x16
+      code.add(8).writePointer(target);
+    }
+  });
+  proc.stubs.push({ stub, slot: stub.add(8), target });
+  return stub;
+}
+
+/* `stub` (from leakedStub) returns at once from now on; false when it is no armed stub. */
+export function disarmStub(stub) {
+  const i = proc.stubs.findIndex(s => s.stub.equals(stub));
+  if (i < 0)
+    return false;
+  Memory.patchCode(proc.stubs[i].slot, 8, code => code.writePointer(proc.stubPage));
+  proc.stubs.splice(i, 1);
+  return true;
+}
+
+/* Every stub now returns at once: called before Frida frees the code they pointed at. */
+function disarmStubs() {
+  while (proc.stubs.length > 0)
+    disarmStub(proc.stubs[0].stub);
+}
+
+/* ---- the process CModule (fork, exec) ------------------------------------------------- */
+
+/* Compiles cmodule/process.c (sources: the layout header, then process.c) and registers the
+ * fork handler.  Returns what the host records (or why fork children are not guarded). */
+export function buildProcess(config, sources) {
+  if (IS_DARWIN || !sources || sources.length === 0)
+    return { guard: false, why: IS_DARWIN ? 'not on Darwin (iOS apps cannot fork)' : 'no sources' };
+  const mmap = nf('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'long']);
+  const registerAtfork = nf('__register_atfork', 'int', ['pointer', 'pointer', 'pointer', 'pointer']);
+  if (mmap === null || registerAtfork === null)
+    return { guard: false, why: 'mmap or __register_atfork not found' };
+
+  const sharedBytes = 64 * 1024;
+  // PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS: the page the fork children post in.
+  const forks = mmap(NULL, sharedBytes, 3, 0x21, -1, 0);
+  if (forks.equals(ptr('-1')))
+    return { guard: false, why: 'mmap of the shared page failed' };
+  const mem = {
+    proc: Memory.alloc(PROC.size),
+    patchAddress: Memory.alloc(MAX_PATCHES * 8),
+    patchLength: Memory.alloc(MAX_PATCHES * 8),
+    patchBytes: Memory.alloc(MAX_PATCHES * PATCH_BYTES),
+    realExecve: Memory.alloc(Process.pointerSize),
+    takeOut: Memory.alloc(16),
+    takePath: Memory.alloc(256),
+    diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
+    forks,
+  };
+  mem.onExec = new NativeCallback((path, argv) => {
+    try {
+      if (proc.onExec !== null)
+        proc.onExec(readCString(path), readArgv(argv));
+    } catch (e) {
+      // never stand between the target and its exec
+    }
+  }, 'void', ['pointer', 'pointer']);
+  mem.onExecFailed = new NativeCallback(error => {
+    try {
+      send({ type: 'process:exec-failed', t: now(), errno: error });
+    } catch (e) {
+      // nothing to do
+    }
+  }, 'void', ['int']);
+
+  const symbols = {
+    mt_proc: mem.proc,
+    mt_patch_address: mem.patchAddress,
+    mt_patch_length: mem.patchLength,
+    mt_patch_bytes: mem.patchBytes,
+    mt_forks: forks,
+    mt_real_execve: mem.realExecve,
+    mt_on_exec: mem.onExec,
+    mt_on_exec_failed: mem.onExecFailed,
+    mprotect: libcExport('mprotect'),
+    getpid: libcExport('getpid'),
+    getppid: libcExport('getppid'),
+    usleep: libcExport('usleep'),
+    __errno_location: libcExport('__errno_location'),
+  };
+  for (const [k, v] of Object.entries(symbols)) {
+    if (v === null)
+      return { guard: false, why: `${k} not found` };
+  }
+  const defines = Process.arch === 'arm64' ? '#define MT_ARM64 1\n' : '';
+  const cm = new CModule(defines + sources.join('\n'), symbols);
+  if (Number(new NativeFunction(cm.mt_forks_size, 'uint64', [])()) > sharedBytes)
+    throw new Error('memtrace agent: the fork page outgrew its mapping');
+  if (Number(new NativeFunction(cm.mt_proc_size, 'uint64', [])()) !== PROC.size)
+    throw new Error('memtrace agent: MtProc in C and layout.js disagree');
+  writeStruct(mem.proc, PROC, {
+    agent_pid: Process.id,
+    follow: config.followChildren ? 1 : 0,
+    wait_ms: Math.max(0, Math.round(config.childWaitMs || 0)),
+    n_patches: 0,
+    page_size: Process.pageSize,
+    exec_notify: 0,
+    forks: 0,
+    reserved: 0,
+  });
+  proc.cm = cm;
+  proc.mem = mem;
+  proc.pristine = readPristine();
+  mem.take = new NativeFunction(cm.mt_fork_take, 'int', ['pointer', 'pointer', 'int']);
+  mem.entry = new NativeFunction(cm.mt_fork_entry, 'pointer', ['int']);
+  mem.lost = new NativeFunction(cm.mt_fork_lost, 'int', []);
+  const child = leakedStub(cm.mt_fork_child);
+  if (child.equals(cm.mt_fork_child))
+    return { guard: false, why: 'no leaked stub for the fork handler on this architecture' };
+  if (registerAtfork(NULL, NULL, child, NULL) !== 0)
+    return { guard: false, why: '__register_atfork failed' };
+  return { guard: true, follow: !!config.followChildren, waitMs: config.childWaitMs || 0 };
+}
+
+function readCString(p) {
+  try {
+    return p.isNull() ? null : p.readUtf8String();
+  } catch (e) {
+    return null;
+  }
+}
+
+function readArgv(argv) {
+  const out = [];
+  try {
+    for (let i = 0; i < 256 && !argv.isNull(); i++) {
+      const a = argv.add(i * Process.pointerSize).readPointer();
+      if (a.isNull())
+        break;
+      out.push(readCString(a));
+    }
+  } catch (e) {
+    // a partial argv is still worth reporting
+  }
+  return out;
+}
+
+/* execve goes through cmodule/process.c's mt_execve while the window is open. */
+export function hookExec() {
+  if (proc.cm === null || proc.execHooked)
+    return;
+  const target = libcExport('execve');
+  if (target === null)
+    return;
+  try {
+    const original = Interceptor.replaceFast(target, proc.cm.mt_execve);
+    proc.mem.realExecve.writePointer(original);
+  } catch (e) {
+    // Too short for a fast redirect: the replacement calling `target` reaches the original.
+    proc.mem.realExecve.writePointer(target);
+    Interceptor.replace(target, proc.cm.mt_execve);
+  }
+  Interceptor.flush();
+  proc.execTarget = target;
+  proc.execHooked = true;
+  writeField(proc.mem.proc, PROC, 'exec_notify', 1);
+}
+
+export function unhookExec() {
+  if (!proc.execHooked)
+    return;
+  writeField(proc.mem.proc, PROC, 'exec_notify', 0);
+  Interceptor.revert(proc.execTarget);
+  Interceptor.flush();
+  proc.execHooked = false;
+}
+
+/* The process is about to lose its image (exec) or its life (a crash): the thread waits here
+ * until the host says it has what was sent (messages still queued when the process goes are
+ * lost), or ACK_TIMEOUT_MS, whichever comes first. */
+export function awaitAck(before) {
+  const deadline = Date.now() + ACK_TIMEOUT_MS;
+  while (proc.acks <= before && Date.now() < deadline)
+    Thread.sleep(0.005);
+  return proc.acks > before;
+}
+
+export function listenForAcks() {
+  recv('memtrace:ack', () => {
+    proc.acks++;
+    listenForAcks();
+  });
+}
+
+/* ---- what a fork child must have back: libc's patched bytes -------------------------- */
+
+/* libc's executable segments as its file has them, read before any hook is in (reading a file
+ * from here makes the C library allocate, which the window must not count). */
+function readPristine() {
+  const m = libcModule();
+  if (m === null)
+    return { why: 'no libc module' };
+  let file;
+  try {
+    file = File.readAllBytes(m.path);
+  } catch (e) {
+    return { why: `cannot read ${m.path}: ${e.message}` };
+  }
+  const segs = execSegments(m);
+  for (const s of segs) {
+    if (s.offset + s.size > file.byteLength)
+      return { why: `${m.path} on disk is shorter than the mapped library` };
+    s.copy = Memory.alloc(s.size);
+    s.copy.writeByteArray(file.slice(s.offset, s.offset + s.size));
+  }
+  return { segs };
+}
+
+/* Every range of libc's executable code that differs from libc's file: the hooks of Frida
+ * (exit, _exit, abort, signal, sigaction) and ours.  A fork child gets the file's bytes back.
+ * Only C runs here (the hooks are in). */
+export function recordPatches() {
+  if (proc.cm === null)
+    return { patches: 0 };
+  if (proc.pristine.why)
+    return { patches: 0, why: proc.pristine.why };
+  const out = proc.mem.diffOut;
+  const diff = new NativeFunction(proc.cm.mt_diff, 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'int']);
+  const patches = [];
+  for (const s of proc.pristine.segs) {
+    const copy = s.copy;
+    const n = diff(s.address, copy, s.size, out, MAX_PATCHES);
+    if (n > MAX_PATCHES)
+      return { patches: 0, why: 'libc on disk does not match the mapped library' };
+    for (let i = 0; i < n; i++) {
+      let start = Number(out.add(i * 16).readU64());
+      let len = Number(out.add(i * 16 + 8).readU64());
+      while (len > 0) {
+        const take = Math.min(len, PATCH_BYTES);
+        patches.push({ address: s.address.add(start), bytes: copy.add(start).readByteArray(take), length: take });
+        start += take;
+        len -= take;
+      }
+    }
+  }
+  if (patches.length > MAX_PATCHES)
+    return { patches: 0, why: 'too many patched ranges' };
+  const mem = proc.mem;
+  patches.forEach((p, i) => {
+    mem.patchAddress.add(i * 8).writePointer(p.address);
+    mem.patchLength.add(i * 8).writeU64(p.length);
+    mem.patchBytes.add(i * PATCH_BYTES).writeByteArray(p.bytes);
+  });
+  writeField(mem.proc, PROC, 'n_patches', patches.length);
+  return { patches: patches.length, at: patches.map(p => p.address.toString()) };
+}
+
+/* The module's executable PT_LOAD segments, read from its ELF header in memory. */
+function execSegments(m) {
+  const base = m.base;
+  const phoff = base.add(0x20).readU64().toNumber();
+  const phentsize = base.add(0x36).readU16();
+  const phnum = base.add(0x38).readU16();
+  const loads = [];
+  for (let i = 0; i < phnum; i++) {
+    const ph = base.add(phoff + i * phentsize);
+    if (ph.readU32() !== 1)          // PT_LOAD
+      continue;
+    loads.push({ flags: ph.add(4).readU32(), offset: ph.add(8).readU64().toNumber(),
+      vaddr: ph.add(16).readU64().toNumber(), filesz: ph.add(32).readU64().toNumber() });
+  }
+  const bias = base.sub(Math.min(...loads.map(l => l.vaddr)) & ~(Process.pageSize - 1));
+  return loads.filter(l => (l.flags & 1) !== 0)
+    .map(l => ({ address: bias.add(l.vaddr), offset: l.offset, size: l.filesz }));
+}
+
+/* ---- children the parent learns of (called on every flush) --------------------------- */
+
+export function reportChildren() {
+  if (proc.cm === null)
+    return;
+  const mem = proc.mem;
+  for (;;) {
+    const idx = mem.take(mem.takeOut, mem.takePath, 256);
+    if (idx < 0)
+      break;
+    proc.forksReported++;
+    const path = mem.takePath.readUtf8String();
+    send({
+      type: 'process:child', t: now(),
+      pid: mem.takeOut.readS32(), ppid: mem.takeOut.add(4).readS32(),
+      origin: ORIGIN_NAMES[mem.takeOut.add(8).readS32()] || 'unknown',
+      path: path === '' ? null : path,
+      entry: mem.entry(idx).toString(),
+      lost: mem.lost(),
+    });
+  }
+}
+
+/* The host followed this (forked) process: let it run on.  Called on the child's new agent. */
+export function releaseFork(entry, pid) {
+  if (proc.cm === null)
+    return false;
+  const release = new NativeFunction(proc.cm.mt_fork_release, 'int', ['pointer', 'int']);
+  return release(ptr(entry), pid) === 1;
+}
+
+/* ---- teardown ------------------------------------------------------------------------- */
+
+/* Before Frida frees our code: exec unhooked, every stub returns at once, fork children no
+ * longer wait, and threads still inside a hook get a moment to leave it.  unloading: Frida
+ * frees our code next while the process lives on (not so at process exit). */
+export function tearDownProcess(unloading) {
+  if (proc.torn)
+    return;
+  proc.torn = true;
+  try {
+    unhookExec();
+  } catch (e) {
+    // keep going: the stubs matter more
+  }
+  if (proc.mem !== null) {
+    writeField(proc.mem.proc, PROC, 'follow', 0);
+    writeField(proc.mem.proc, PROC, 'n_patches', 0);
+  }
+  disarmStubs();
+  if (unloading)
+    Thread.sleep(UNLOAD_GRACE_MS / 1000);
+  if (proc.busyProbe !== null) {
+    const deadline = Date.now() + BUSY_WAIT_MS;
+    while (proc.busyProbe() > 0 && Date.now() < deadline)
+      Thread.sleep(0.002);
+  }
+}

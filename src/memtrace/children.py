@@ -1,0 +1,277 @@
+"""The processes a target makes: fork children, vfork/posix_spawn execs, and its own exec.
+
+The agent reports each one (``process:child``, ``process:exec``; agents/runtime/process.js).
+Without ``--follow-children`` the capture says so: a WARNING record, the END evidence and a line
+on screen.  With it, each process gets a capture of its own with the same tracer, in the same
+folder (``child-<pid>.mtc``, ``exec-<pid>.mtc``), whose META names the parent's target label and
+the parent capture, so ``memtrace report`` groups them with the target.  A fork child waits in
+its atfork handler (at most ``CHILD_WAIT_S``) until its own agent has started, so it is traced
+from its first line; an exec'd image is attached to just after the exec (its first moments go
+untraced: ``timing.launch_to_attach_s`` in its END says how long).
+
+Every followed capture ends with the parent's window; the parent's capture ends only after its
+followed children's have (``Family.join``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from dataclasses import replace as replace_fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memtrace.capture import CaptureWriteError, RecordType
+from memtrace.errors import MemtraceError
+from memtrace.target import TargetSpec
+
+if TYPE_CHECKING:
+    from memtrace.capture_loop import CaptureLoop
+
+CHILD_WAIT_S = 10.0          # a fork child waits this long at most for its agent (--follow-children)
+EXEC_SETTLE_S = 2.0          # a vfork/posix_spawn child is attached to once it has exec'd (local)
+JOIN_GRACE_S = 60.0          # a followed capture's teardown after the window, at most
+MAX_CHILD_LINES = 3          # child processes named on screen (every one is in the capture)
+# Children listed in the END record (each has its WARNING record anyway): the END is written into
+# disk space set aside at the start (capture.END_RESERVE), so its size must stay bounded.
+END_CHILDREN = 64
+
+
+@dataclass
+class Child:
+    pid: int
+    ppid: int | None
+    origin: str                  # fork | spawn (vfork or posix_spawn, then exec) | exec (the target itself)
+    path: str | None = None
+    capture: str | None = None   # the followed capture's file name
+    ended: str | None = None
+    reason: str | None = None
+    seen: float = field(default_factory=time.monotonic)     # when the host learned of it
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v is not None and k != "seen"}
+
+
+@dataclass
+class Family:
+    """What every capture of one run shares: the folder, the window's end, who is followed."""
+
+    folder: Path
+    label: str
+    deadline: float                          # monotonic end of the window, for every capture
+    follow: bool
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    names: set[str] = field(default_factory=set)
+    threads: list[threading.Thread] = field(default_factory=list)
+    stopped: threading.Event = field(default_factory=threading.Event)   # Ctrl-C: every capture ends now
+
+    def claim_name(self, origin: str, pid: int) -> str:
+        base = f"{'exec' if origin == 'exec' else 'child'}-{pid}"
+        with self.lock:
+            name, n = f"{base}.mtc", 1
+            while name in self.names or (self.folder / name).exists():
+                n += 1
+                name = f"{base}-{n}.mtc"
+            self.names.add(name)
+            return name
+
+    def follow_process(self, parent: ProcessEvents, child: Child, entry: str | None) -> None:
+        """A capture of ``child`` with the parent's tracer, on a thread of its own."""
+        child.capture = self.claim_name(child.origin, child.pid)
+        t = threading.Thread(target=self._run, args=(parent, child, entry), daemon=True,
+                             name=f"memtrace-child-{child.pid}")
+        with self.lock:
+            self.threads.append(t)
+        t.start()
+
+    def _run(self, parent: ProcessEvents, child: Child, entry: str | None) -> None:
+        try:
+            if child.origin == "spawn":
+                _settle_exec(child.pid, parent.host.pid)
+            loop = parent.child_loop(child, entry)
+            result = loop.run()
+            child.ended, child.reason = result.ended, result.reason
+        except CaptureWriteError as e:
+            # The child's capture holds what was written before the disk filled; its END says why.
+            child.ended, child.reason = "write-failed", str(e)
+            parent.ui.warning(f"child pid {child.pid}: {e}")
+        except MemtraceError as e:
+            self._not_followed(parent, child, str(e))
+        except Exception as e:  # noqa: BLE001 -- a child's failure must never end the parent's capture
+            self._not_followed(parent, child, f"{type(e).__name__}: {e}")
+
+    def _not_followed(self, parent: ProcessEvents, child: Child, why: str) -> None:
+        child.ended, child.reason = "not-followed", f"could not follow: {why}"
+        # A capture that never attached is discarded (capture_loop): the END names no file.
+        if child.capture is not None and not (self.folder / child.capture).exists():
+            child.capture = None
+        parent.ui.warning(f"child pid {child.pid}: could not follow: {why}")
+
+    def join(self) -> None:
+        """Wait for every followed capture: each ends by the deadline, plus its own teardown (rpcs
+        with deadlines of their own); past JOIN_GRACE_S after the deadline they are left behind."""
+        give_up = self.deadline + JOIN_GRACE_S
+        while True:
+            with self.lock:
+                alive = [t for t in self.threads if t.is_alive()]
+            if not alive or time.monotonic() >= give_up:
+                return
+            alive[0].join(timeout=max(0.1, give_up - time.monotonic()))
+
+
+def children_evidence(children: list[Child]) -> dict[str, Any]:
+    """The END record's account of the processes the target made: the first END_CHILDREN, and how
+    many more there were."""
+    out: dict[str, Any] = {"children": [c.to_json() for c in children[:END_CHILDREN]]}
+    if len(children) > END_CHILDREN:
+        out["children_not_listed"] = len(children) - END_CHILDREN
+    return out
+
+
+class ChildUI:
+    """A followed capture's view: its warnings go to the run's screen, named by pid; its phases
+    and progress stay quiet; its output is already the parent's (one pipe)."""
+
+    wants_families = False
+
+    def __init__(self, parent: Any, pid: int) -> None:
+        self.parent = parent
+        self.pid = pid
+        self.phases: list[str] = []
+        self.warnings: list[str] = []
+
+    def phase(self, name: str) -> None:
+        self.phases.append(name)
+
+    def progress(self, p: Any) -> None:
+        pass
+
+    def warning(self, message: str) -> None:
+        self.warnings.append(message)
+        self.parent.warning(f"child pid {self.pid}: {message}")
+
+    def output(self, fd: int, data: bytes) -> None:
+        pass
+
+
+def _settle_exec(pid: int, parent_pid: int | None) -> None:
+    """A vfork/posix_spawn child is posted just before its exec: attach once the new image is in
+    (on this machine /proc says so; elsewhere a short pause)."""
+    if not Path(f"/proc/{pid}").exists():
+        time.sleep(0.2)
+        return
+    try:
+        parent_exe = os.readlink(f"/proc/{parent_pid}/exe") if parent_pid else None
+    except OSError:
+        parent_exe = None
+    end = time.monotonic() + EXEC_SETTLE_S
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/exe") != parent_exe:
+                return
+        time.sleep(0.01)
+
+
+class ProcessEvents:
+    """The capture loop's side of it (``CaptureLoop`` inherits this): what the agent reports of the
+    processes its target makes, and the captures of the followed ones."""
+
+    if TYPE_CHECKING:
+        host: Any
+        ui: Any
+        options: Any
+        ending: Any
+        writer: Any
+        target: TargetSpec
+        tracer: Any
+        family: Family | None
+        children: list[Child]
+
+        def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None: ...
+        def _drain(self, wait: float = 0.05) -> None: ...
+
+    def _on_child(self, payload: dict[str, Any]) -> None:
+        assert self.family is not None
+        child = Child(pid=int(payload["pid"]), ppid=payload.get("ppid"), origin=str(payload.get("origin")),
+                      path=payload.get("path"))
+        self.children.append(child)
+        what = f"child pid {child.pid} ({child.origin}" + (f" + exec of {child.path})" if child.path else ")")
+        if self.options.follow_children:
+            self.family.follow_process(self, child, payload.get("entry") if child.origin == "fork" else None)
+            message = f"the target made {what}: following it into {child.capture}"
+        else:
+            message = f"the target made {what}: not followed, it runs untraced (--follow-children traces it)"
+        self._write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
+                                         "lost": payload.get("lost", 0)})
+        n = len(self.children)
+        if n <= MAX_CHILD_LINES:
+            self.ui.warning(message)
+        elif n == MAX_CHILD_LINES + 1:
+            self.ui.warning("more children follow; every one has a WARNING record in the capture")
+
+    def _on_exec(self, payload: dict[str, Any]) -> None:
+        self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}
+        self._write(RecordType.WARNING, {"message": f"the target is about to exec {payload.get('path')}",
+                                         "process": "exec", "path": payload.get("path"),
+                                         "argv": payload.get("argv")})
+        # Everything the agent flushed before the exec is written: let the exec go on.
+        self.host.ack()
+
+    def _on_exec_failed(self, payload: dict[str, Any]) -> None:
+        info = self.ending.exec_info or {}
+        message = f"exec of {info.get('path')} failed (errno {payload.get('errno')}); the target goes on"
+        self.ending.exec_info = None
+        self._write(RecordType.WARNING, {"message": message, "process": "exec-failed", **payload})
+        self.ui.warning(message)
+
+    def _replaced(self) -> None:
+        """The session ended with the exec: follow the new image, or say it is not followed."""
+        assert self.family is not None and self.host.pid is not None
+        info = self.ending.exec_info or {}
+        path = info.get("path")
+        if self.options.follow_children:
+            child = Child(pid=self.host.pid, ppid=None, origin="exec", path=path)
+            self.family.follow_process(self, child, None)
+            info["followed"] = child.capture
+            message = f"the target replaced itself (exec of {path}): following it into {child.capture}"
+        else:
+            message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "
+                       f"its output still passes through")
+        self._write(RecordType.WARNING, {"message": message, "process": "process-replaced", "exec": info})
+        self.ui.warning(message)
+
+    def _linger(self) -> None:
+        """The target exec'd and is not followed: pass its output through until it exits or the
+        window ends (then it is stopped like any program memtrace launched)."""
+        info = self.ending.exec_info
+        if not self.ending.replaced or info is None or info.get("followed"):
+            return
+        assert self.family is not None
+        self.ui.phase("passing output through")
+        while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.host.alive():
+            time.sleep(0.05)
+            self._drain(wait=0.0)
+        if self.host.alive():
+            info["outlived_window"] = True
+            if self.host.spawned and not self.options.keep_running:
+                self.host.kill()
+
+    def _join_children(self) -> None:
+        assert self.family is not None
+        if self.family.threads:
+            self.ui.phase("waiting for followed children")
+        self.family.join()
+
+    def child_loop(self, child: Child, entry: str | None) -> CaptureLoop:
+        """The capture of a process this target made (``--follow-children``), same tracer and folder."""
+        assert self.family is not None and self.writer is not None and child.capture is not None
+        options = replace_fields(self.options, out=self.family.folder, capture_name=child.capture,
+                                 attach_delay=0.0, keep_running=True,
+                                 window=max(0.1, round(self.family.deadline - time.monotonic(), 3)))
+        target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
+        return type(self)(self.host.child_host(child.pid), self.tracer, target, options,  # type: ignore[call-arg]
+                          ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,
+                          parent_capture=self.writer.path.name)

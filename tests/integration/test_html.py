@@ -109,6 +109,15 @@ def test_flamegraph_page_zoom_search_tooltip(browser: Any, demo: Path, tmp_path:
     assert texts[0] == "all" and texts[-2:] == ["cache_thread (workload)", "cache_insert_entry (workload)"]
     assert "start_thread (libc.so.6)" in texts and all(t.endswith("(libc.so.6)") for t in texts[1:-2])
     libc_roots = texts[1:-2]
+    # The memory timeline above: from the window's start (nothing tracked yet: the line starts on
+    # the floor) to the end, byte series on one scale.
+    legend = page.locator(".mt-legend").inner_text()
+    assert "tracked live (max 24.1 MB)" in legend and "allocator in use" in legend and "footprint" in legend
+    assert "scale 0 to " in legend
+    lines = page.locator("svg polyline")
+    assert lines.count() == 3
+    tracked = lines.nth(0).get_attribute("points").split()
+    assert len(tracked) >= 2 and tracked[0] == "0.0,98.0" and tracked[-1].startswith("1000.0,")
     leak = page.locator(".mt-node", has_text="cache_insert_entry (workload)")
     leak.hover()
     tip = page.locator(".mt-tip").inner_text()
@@ -138,6 +147,7 @@ def test_flamegraph_page_zoom_search_tooltip(browser: Any, demo: Path, tmp_path:
     page.locator("select").select_option("temporary")
     assert "net_receive_buffer (workload)" in page.locator(".mt-node").all_inner_texts()
     page.locator("select").select_option("gross")
+    assert not page.locator(".mt-tip").is_visible(), "a tooltip outlived the view it described"
     if os.environ.get("MEMTRACE_UPDATE_DOCS"):
         page.locator("input[type=search]").fill("cache_insert")
         page.screenshot(path=str(ROOT / "docs" / "flamegraph.png"), full_page=True)

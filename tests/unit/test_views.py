@@ -43,8 +43,16 @@ def test_peak_and_temporary_views_from_the_documented_shapes() -> None:
     t = profile(loaded(s), "temporary")
     assert t.total_count == 500 and t.total_bytes == 1 << 20
     tl = timeline(loaded(s))
-    assert tl == {"t": [0.0, 1.0], "series": {"footprint": [1 << 20, 3 << 20], "in_use": [1000, 5000]},
-                  "source": "summary"}
+    assert tl == {"t": [0.0, 1.0], "series": {"allocator in use": [1000, 5000], "footprint": [1 << 20, 3 << 20]},
+                  "unit": "bytes", "source": "summary"}
+    # A capture whose first drain came after the start begins at the window's start, from the
+    # "before" calibration: nothing tracked yet, the allocator and footprint as they were read.
+    s.timeline = [{"t": 0.05, "tracked_bytes": 4096, "tracked_blocks": 1, "in_use": 9000, "footprint": 3 << 20}]
+    s.calibration = {"before": {"allocator": {"in_use": 1000}, "footprint": {"footprint": 1 << 20}}}
+    assert timeline(loaded(s)) == {"t": [0.0, 0.05], "series": {"tracked live": [0, 4096],
+                                                              "allocator in use": [1000, 9000],
+                                                              "footprint": [1 << 20, 3 << 20]},
+                                   "unit": "bytes", "source": "summary"}
     data = flame_data(loaded(s), "peak")
     assert data["views"]["peak"]["samples"][0]["frames"][-1] == {"name": "decode_tile (app)", "where": "tile.c:42"}
 

@@ -115,19 +115,33 @@ def _generic(p: Profile, s: Any, view: str) -> Profile:
     return p
 
 
-def timeline(loaded: Any) -> dict[str, Any]:
-    """The memory timeline above a flame graph: ``{"t": [...] seconds, "series": {name: [...]}}``.
+# The summary timeline's byte columns the page draws, and their names on it (tracked_blocks is a
+# count and peak_bytes only repeats the high-water mark: the peak view shows what made it).
+TIMELINE_SERIES = {"tracked_bytes": "tracked live", "in_use": "allocator in use", "footprint": "footprint"}
 
-    From the summary's own timeline when it has one (a list of samples with ``t`` and numeric
-    fields), else from the capture's once-a-second SNAPSHOT records (gross bytes so far, tracked
-    live blocks) and its CALIBRATION footprints.
+
+def timeline(loaded: Any) -> dict[str, Any]:
+    """The memory timeline above a flame graph: ``{"t": [...] seconds, "series": {name: [...]},
+    "unit": "bytes" | None, "source"}``.
+
+    From the summary's own timeline when it has one (samples with ``t`` and byte columns, one per
+    drain), starting from the window's start where the capture calibrated it (nothing tracked yet;
+    the allocator's in-use and the footprint as read before the window), so that a target that
+    lives for less than a drain still shows how it grew. Else from the capture's once-a-second
+    SNAPSHOT records (gross bytes so far, tracked live blocks).
     """
     own = getattr(loaded.summary, "timeline", None)
     if isinstance(own, list) and own and isinstance(own[0], dict):
-        t = [float(x.get("t", 0)) for x in own]
-        keys = [k for k, v in own[0].items() if k != "t" and isinstance(v, int | float)]
-        return {"t": t, "series": {k: [x.get(k) for x in own] for k in keys}, "source": "summary"}
-    t: list[float] = []
+        samples = [dict(x) for x in own]
+        start = _start_sample(getattr(loaded.summary, "calibration", None))
+        if start is not None and float(samples[0].get("t") or 0) > 0:
+            samples.insert(0, start)
+        t = [float(x.get("t") or 0) for x in samples]
+        keys = [k for k in TIMELINE_SERIES if any(isinstance(x.get(k), int | float) for x in samples)]
+        if keys:
+            return {"t": t, "series": {TIMELINE_SERIES[k]: [x.get(k) for x in samples] for k in keys},
+                    "unit": "bytes", "source": "summary"}
+    t = []
     gross: list[int] = []
     live: list[int] = []
     for rec in read_records(loaded.path):
@@ -140,4 +154,14 @@ def timeline(loaded: Any) -> dict[str, Any]:
         series["gross bytes allocated"] = gross
     if any(live):
         series["tracked live blocks"] = live
-    return {"t": t, "series": series, "source": "snapshots"}
+    return {"t": t, "series": series, "unit": None, "source": "snapshots"}
+
+
+def _start_sample(calibration: Any) -> dict[str, Any] | None:
+    """The window's start as a timeline sample, from the "before" calibration (None without one)."""
+    before = calibration.get("before") if isinstance(calibration, dict) else None
+    if not isinstance(before, dict):
+        return None
+    allocator = before.get("allocator") if isinstance(before.get("allocator"), dict) else {}
+    footprint = before.get("footprint") if isinstance(before.get("footprint"), dict) else {}
+    return {"t": 0.0, "tracked_bytes": 0, "in_use": allocator.get("in_use"), "footprint": footprint.get("footprint")}

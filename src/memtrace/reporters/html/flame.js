@@ -4,7 +4,7 @@
  * page with textContent, never as markup, so a symbol such as "<script>" stays text.
  *
  *   MT.flame(container, data)  data: {title, views: {name: {samples: [{frames, bytes, count}],
- *                              missing}}, view, timeline: {t, series}}; frames root first, each
+ *                              missing}}, view, timeline: {t, series, unit}}; frames root first, each
  *                              {name, where}.
  */
 (function () {
@@ -66,25 +66,34 @@
     svg.setAttribute('viewBox', '0 0 1000 100');
     svg.setAttribute('preserveAspectRatio', 'none');
     var t0 = tl.t[0], t1 = tl.t[tl.t.length - 1] || 1;
+    var bytes = tl.unit === 'bytes';
+    function top(ys) { return Math.max.apply(null, ys.map(function (v) { return v || 0; })) || 1; }
+    // Byte series share one scale from zero, so their lines compare; other series each fill the height.
+    var shared = bytes ? Math.max.apply(null, names.map(function (n) { return top(tl.series[n]); })) : 0;
     var legend = el('div', 'mt-legend');
     names.forEach(function (name, k) {
-      var ys = tl.series[name], max = Math.max.apply(null, ys.map(function (v) { return v || 0; })) || 1;
-      var pts = ys.map(function (v, i) {
-        return (1000 * (tl.t[i] - t0) / ((t1 - t0) || 1)).toFixed(1) + ',' + (98 - 96 * (v || 0) / max).toFixed(1);
-      }).join(' ');
+      var ys = tl.series[name], max = bytes ? shared : top(ys);
+      var pts = [];
+      ys.forEach(function (v, i) {
+        if (v === null || v === undefined) return;    // not read at this sample
+        pts.push((1000 * (tl.t[i] - t0) / ((t1 - t0) || 1)).toFixed(1) + ',' + (98 - 96 * v / max).toFixed(1));
+      });
       var line = document.createElementNS(ns, 'polyline');
-      line.setAttribute('points', pts);
+      line.setAttribute('points', pts.join(' '));
       line.setAttribute('fill', 'none');
       line.setAttribute('stroke', COLORS[(k * 3) % COLORS.length].replace('#f', '#a'));
       line.setAttribute('stroke-width', '2');
       line.setAttribute('vector-effect', 'non-scaling-stroke');
       svg.appendChild(line);
-      var item = el('span', null, '\u25a0 ' + name + ' (max ' + (/bytes/.test(name) ? fmtBytes(max) : max) + ')');
+      var peak = top(ys);
+      var item = el('span', null, '\u25a0 ' + name + ' (max ' + (bytes || /bytes/.test(name) ? fmtBytes(peak) : peak.toLocaleString()) + ')');
       item.style.color = COLORS[(k * 3) % COLORS.length].replace('#f', '#a');
       legend.appendChild(item);
     });
     box.appendChild(svg);
-    legend.appendChild(el('span', 'mt-note', 'over ' + (t1 - t0).toFixed(1) + ' s'));
+    var span = t1 - t0;
+    legend.appendChild(el('span', 'mt-note', (bytes ? 'scale 0 to ' + fmtBytes(shared) + ', ' : '') + 'over ' +
+      (span < 1 ? (span * 1000).toFixed(0) + ' ms' : span.toFixed(1) + ' s')));
     box.appendChild(legend);
   }
 
@@ -120,6 +129,7 @@
 
     function render() {
       chart.textContent = '';
+      tip.style.display = 'none';     // its node is gone, and with it the mouseleave that would hide it
       var view = data.views[select.value];
       if (view.missing) {
         chart.style.height = 'auto';

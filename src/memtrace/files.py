@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from memtrace.errors import InputError
 
@@ -31,6 +33,34 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+@contextmanager
+def open_text_atomic(path: Path, option: str) -> Iterator[IO[str]]:
+    """A text file streamed to a temporary beside ``path`` and renamed over it when the block ends
+    without an exception (for output too large to hold in memory, such as every record of a
+    capture as JSON lines). A folder that cannot be written is one InputError line naming ``option``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise InputError(f"{option} {path}: cannot write: {_why(path, e)}") from None
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"{option} {path}: cannot write: {_why(path, e)}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _why(path: Path, e: OSError) -> str:
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    return f"{blocker} is a file, not a folder" if blocker is not None else e.strerror or str(e)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
@@ -41,12 +71,15 @@ def write_json_atomic(path: Path, doc: Any) -> None:
 
 def save_text(path: Path, text: str, option: str) -> None:
     """``write_text_atomic`` for a file named by ``option``: failures are one InputError line."""
+    save_bytes(path, text.encode("utf-8"), option)
+
+
+def save_bytes(path: Path, data: bytes, option: str) -> None:
+    """``write_bytes_atomic`` for a file named by ``option``: failures are one InputError line."""
     try:
-        write_text_atomic(path, text)
+        write_bytes_atomic(path, data)
     except OSError as e:
-        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-        why = f"{blocker} is a file, not a folder" if blocker is not None else e.strerror or str(e)
-        raise InputError(f"{option} {path}: cannot write: {why}") from None
+        raise InputError(f"{option} {path}: cannot write: {_why(path, e)}") from None
 
 
 def save_json(path: Path, doc: Any, option: str) -> None:

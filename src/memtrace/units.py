@@ -52,3 +52,8 @@ def fmt_seconds(x: float | None) -> str:
 
 def fmt_count(n: int | None) -> str:
     return MISSING if n is None else f"{n:,}"
+
+
+def plural(n: int, word: str) -> str:
+    """``1 thread``, ``2 threads``, ``1,024 threads`` (regular plurals only)."""
+    return f"{n:,} {word}" + ("" if n == 1 else "s")

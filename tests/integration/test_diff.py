@@ -75,3 +75,20 @@ def test_diff_refuses_captures_of_different_tracers(two_runs: tuple[Path, Path],
     proc = run_memtrace("diff", a / "workload-malloc", ROOT / "raw-data" / "camera_surfaces-iosurface", check=False)
     assert proc.returncode == 2
     assert "a iosurface capture cannot be compared with" in proc.stderr
+
+
+def test_a_view_one_side_lacks_is_said_not_counted_from_zero() -> None:
+    """memtrace 0.1's capture of the demo against today's: peak, leaks and temporaries exist on one side only."""
+    from tests.conftest import ROOT
+
+    old = ROOT / "tests" / "data" / "captures-v1" / "workload-malloc"
+    new = ROOT / "raw-data" / "workload-malloc"
+    doc = json.loads(run_memtrace("diff", old, new, "--json").stdout)
+    (pair,) = doc["pairs"]
+    for view in ("peak", "leaked", "temporary"):
+        v = pair["views"][view]
+        assert "base_missing" in v and "new_missing" not in v and v["rows"] == [], view
+    assert pair["views"]["gross"]["rows"], "both sides have the gross view: its stacks are compared"
+    text = run_memtrace("diff", old, new).stdout
+    assert "leaked: 64.0 KB in new (16); not in base: no leak scan in this capture" in " ".join(text.split())
+    assert "(0 B →" not in text

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.conftest import frame_names, memtrace_json
+from tests.conftest import frame_names, memtrace_json, run_memtrace
 
 from memtrace.analyze.fds import summarize
 from memtrace.capture import RecordType, read_records
@@ -56,6 +56,9 @@ def test_every_descriptor_with_its_stack(compile_c: Callable[..., Path], tmp_pat
     assert stdio["paths"] == [str(work / f"data-{i}") for i in range(6, 10)]
     assert "write_with_stdio (fd_leaker)" in frame_names(stdio["frames"])
     assert at_end["by_kind"] == {"file": 23, "pipe": 4, "dup": 2, "dup2": 1}
+    # The console says the same in words, not as a Python dict.
+    text = " ".join(run_memtrace("show", tmp_path / "c").stdout.split())
+    assert "opened in the window and still open: 30 (file 23, pipe 4, dup 2, dup2 1)" in text
 
     baseline = s["baseline"]["count"]
     assert s["baseline"]["closed_in_window"] == 0

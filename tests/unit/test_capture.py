@@ -108,7 +108,7 @@ def test_newer_version_is_refused_with_a_clear_message(tmp_path: Path) -> None:
 def test_version_1_captures_still_read_in_full() -> None:
     """The captures memtrace 0.1 wrote (no checksums) read record for record, END included."""
     root = Path(__file__).resolve().parents[2]
-    folders = sorted((root / "raw-data").glob("*/")) + sorted((root / "tests/data/report/captures").glob("*/"))
+    folders = sorted((root / "tests/data/captures-v1").glob("*/")) + sorted((root / "tests/data/report/captures").glob("*/"))
     assert len(folders) == 15
     for folder in folders:
         info = CaptureInfo(folder)

@@ -17,6 +17,7 @@ from tests.conftest import ROOT, run_memtrace
 WORKLOAD = ROOT / "raw-data" / "workload-malloc"
 SURFACES = ROOT / "raw-data" / "camera_surfaces-iosurface"
 PURGEABLE = ROOT / "raw-data" / "camera_surfaces-purgeable"
+WORKLOAD_V1 = ROOT / "tests" / "data" / "captures-v1" / "workload-malloc"     # memtrace 0.1: no peak, no leak scan
 
 
 def summary(capture: Path) -> dict:
@@ -67,7 +68,13 @@ def test_speedscope_has_one_profile_per_view_with_the_summarys_totals() -> None:
     doc = json.loads(export(WORKLOAD, "speedscope"))
     check_speedscope_schema(doc)
     by_view = {p["name"].rsplit("— ", 1)[1]: sum(p["weights"]) for p in doc["profiles"]}
-    assert by_view == {"gross bytes": s["gross_bytes"], "live bytes": s["live"]["estimated_bytes"]}
+    assert by_view == {"gross bytes": s["gross_bytes"], "live bytes": s["live"]["estimated_bytes"],
+                       "leaked bytes": s["leaks"]["leaked"]["bytes"], "peak bytes": s["peak"]["bytes"],
+                       "temporary bytes": s["temporary"]["bytes"]}
+    # A capture of memtrace 0.1 has the first two views only.
+    doc = json.loads(export(WORKLOAD_V1, "speedscope"))
+    check_speedscope_schema(doc)
+    assert {p["name"].rsplit("— ", 1)[1] for p in doc["profiles"]} == {"gross bytes", "live bytes"}
 
 
 def pprof_classes() -> dict:
@@ -132,12 +139,12 @@ def test_chrome_trace_has_counter_tracks_and_one_instant_per_event() -> None:
 
 
 def test_views_a_capture_lacks_are_refused_in_one_line() -> None:
-    proc = run_memtrace("export", WORKLOAD, "--format", "collapsed", "--view", "peak", check=False)
+    proc = run_memtrace("export", WORKLOAD_V1, "--format", "collapsed", "--view", "peak", check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"memtrace: error: {WORKLOAD / 'capture.mtc'}: the peak view is not in this capture "
-        "(recorded by a newer memtrace)"]
-    proc = run_memtrace("export", WORKLOAD, "--format", "collapsed", "--view", "leaked", check=False)
+        f"memtrace: error: {WORKLOAD_V1 / 'capture.mtc'}: the peak view is not in this capture "
+        "(recorded by a memtrace that did not keep it yet)"]
+    proc = run_memtrace("export", WORKLOAD_V1, "--format", "collapsed", "--view", "leaked", check=False)
     assert "no leak scan in this capture" in proc.stderr
 
 
@@ -156,3 +163,18 @@ def test_show_refuses_what_is_not_a_capture(tmp_path: Path) -> None:
     proc = run_memtrace("show", bad, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"memtrace: error: {bad}: not a memtrace capture (bad magic)"
+
+
+def test_jsonl_goes_to_the_file_named_by_o(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "records.jsonl"
+    proc = run_memtrace("export", WORKLOAD, "--format", "jsonl", "-o", out)
+    assert proc.stdout == ""
+    lines = out.read_text().splitlines()
+    assert lines == run_memtrace("export", WORKLOAD).stdout.splitlines()
+    assert json.loads(lines[0])["record"] == "meta" and json.loads(lines[-1])["record"] == "end"
+    assert [p.name for p in out.parent.iterdir()] == ["records.jsonl"]      # no temporary left behind
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    proc = run_memtrace("export", WORKLOAD, "-o", blocked / "x.jsonl", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"memtrace: error: -o {blocked / 'x.jsonl'}: cannot write: {blocked} is a file, not a folder"

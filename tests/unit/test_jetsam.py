@@ -399,3 +399,12 @@ def test_cli_pull_parses_pulled_reports(tmp_path: Path, monkeypatch: pytest.Monk
 def test_cli_pull_refuses_local_device() -> None:
     res = _invoke(["--pull", "--device", "local"])
     assert isinstance(res.exception, J.InputError) and "--pull needs an iOS device" in str(res.exception)
+
+
+def test_a_folder_without_reports_is_named(tmp_path: Path) -> None:
+    from tests.conftest import run_memtrace
+
+    (tmp_path / "notes.txt").write_text("not a report")
+    proc = run_memtrace("jetsam", tmp_path, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"memtrace: error: no JetsamEvent reports (JetsamEvent*.ips) in {tmp_path}"

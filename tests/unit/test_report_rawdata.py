@@ -1,4 +1,7 @@
-"""`memtrace report raw-data/`: numbers in REPORT.md/report.json = the analyzers' own = demo/README.md."""
+"""`memtrace report raw-data/`: numbers in REPORT.md/report.json = the analyzers' own = demo/README.md.
+
+The same holds for the version-1 captures memtrace 0.1 wrote of the same programs (tests/data/captures-v1).
+"""
 
 from __future__ import annotations
 
@@ -14,13 +17,18 @@ from memtrace.capture import read_records
 from memtrace.report import build_report
 from memtrace.report.aggregate import fmt_bytes
 
-RAW = Path(__file__).resolve().parents[2] / "raw-data"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", params=["raw-data", "tests/data/captures-v1"])
+def raw(request: pytest.FixtureRequest) -> Path:
+    return ROOT / request.param
 
 
 @pytest.fixture(scope="module")
-def doc(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+def doc(raw: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("rawreport")
-    result = build_report(RAW, out=out)
+    result = build_report(raw, out=out)
     assert result.exit_code == 0, result.skipped
     return json.loads((out / "report.json").read_text()), (out / "REPORT.md").read_text()
 
@@ -30,9 +38,9 @@ def target(d: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", ["json_service", "image_decoder", "gpu_serializer", "workload", "camera_surfaces"])
-def test_malloc_numbers_equal_the_analyzer(doc: tuple[dict[str, Any], str], name: str) -> None:
+def test_malloc_numbers_equal_the_analyzer(raw: Path, doc: tuple[dict[str, Any], str], name: str) -> None:
     d, md = doc
-    s = summarize(read_records(RAW / f"{name}-malloc")).to_json()
+    s = summarize(read_records(raw / f"{name}-malloc")).to_json()
     m = target(d, name)["malloc"]
     assert m["gross_bytes"] == s["gross_bytes"]
     assert m["alloc_calls"] == s["alloc_calls"]
@@ -67,9 +75,9 @@ def test_documented_fingerprints(doc: tuple[dict[str, Any], str]) -> None:
     assert "json_service: gzip/compression" in md
 
 
-def test_iosurface_numbers(doc: tuple[dict[str, Any], str]) -> None:
+def test_iosurface_numbers(raw: Path, doc: tuple[dict[str, Any], str]) -> None:
     d, md = doc
-    s = ios_summarize(read_records(RAW / "camera_surfaces-iosurface")).to_json()
+    s = ios_summarize(read_records(raw / "camera_surfaces-iosurface")).to_json()
     t = target(d, "camera_surfaces")["iosurface"]
     # demo/README.md: 6 x 933888 + 2 x 8306688 = 22216704 B in 8 surfaces.
     assert t["bytes"] == s["bytes"] == 22216704 and t["surfaces"] == s["surfaces"] == 8

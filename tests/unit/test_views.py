@@ -58,7 +58,7 @@ def test_peak_and_temporary_views_from_the_documented_shapes() -> None:
 
 
 def test_a_capture_without_them_says_not_in_this_capture() -> None:
-    real = load(ROOT / "raw-data" / "workload-malloc")
+    real = load(ROOT / "tests" / "data" / "captures-v1" / "workload-malloc")
     for view in ("peak", "temporary"):
         p = profile(real, view)
         assert p.samples == [] and "not in this capture" in (p.missing or "")
@@ -77,3 +77,14 @@ def test_markdown_html_escapes_and_keeps_escaped_pipes_in_their_cell() -> None:
     md = "| a | b |\n|---|---:|\n| `x\\\\|y` | <img src=x> |\n"
     out = markdown_html(md)
     assert "<td><code>x|y</code></td>" in out and '<td class="r">&lt;img src=x&gt;</td>' in out
+
+
+def test_the_leak_scans_unread_memory_in_words() -> None:
+    from memtrace.analyze.leaks import skipped_text
+    from memtrace.units import fmt_bytes, plural
+
+    assert [plural(1, "thread"), plural(2, "thread"), plural(1024, "block")] == ["1 thread", "2 threads", "1,024 blocks"]
+    assert skipped_text({"stacks_of_no_stopped_thread": 3 << 20, "unreadable": 0, "candidates_over_capacity": 12,
+                         "scanning_thread_stack": 4096}, fmt_bytes) == [
+        "stacks of threads that were not running (exited threads' cached stacks, Frida's own) 3.0 MB",
+        "12 blocks over the table's capacity", "the scanning thread's own stack 4.0 KB"]

@@ -14,6 +14,28 @@ from typing import Any
 
 from memtrace.frames import Frame, stack_key
 
+# What the scan did not read, by the agent's reason key, in words (console and report).
+SKIP_REASONS = {
+    "stacks_of_no_stopped_thread": "stacks of threads that were not running (exited threads' cached stacks, "
+                                   "Frida's own)",
+    "scanning_thread_stack": "the scanning thread's own stack",
+    "unreadable": "unreadable memory",
+    "not_scanned_budget": "not reached in the time budget",
+}
+
+
+def skipped_text(skipped: dict[str, int], fmt: Callable[[int], str]) -> list[str]:
+    """The scan's unread memory as phrases (``fmt`` formats bytes); blocks over capacity as a count."""
+    out = []
+    for key, value in skipped.items():
+        if not value:
+            continue
+        if key == "candidates_over_capacity":
+            out.append(f"{value:,} blocks over the table's capacity")
+        else:
+            out.append(f"{SKIP_REASONS.get(key, key.replace('_', ' '))} {fmt(value)}")
+    return out
+
 
 @dataclass
 class LeakGroup:

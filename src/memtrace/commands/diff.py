@@ -34,8 +34,14 @@ def render(console: Console, doc: dict[str, Any]) -> None:
             if "missing" in v:
                 line(console, (view, v["missing"]))
                 continue
-            line(console, (view, f"{fmt_bytes(v['total']['delta'], signed=True)} ({_bytes(v['total'])}); "
-                                 f"count {_count(v['count'])}"))
+            for side, other in (("base", "new"), ("new", "base")):
+                if f"{side}_missing" in v:
+                    line(console, (view, f"{fmt_bytes(v['total'][other])} in {other} ({v['count'][other]:,}); "
+                                         f"not in {side}: {v[side + '_missing']}"))
+                    break
+            else:
+                line(console, (view, f"{fmt_bytes(v['total']['delta'], signed=True)} ({_bytes(v['total'])}); "
+                                     f"count {_count(v['count'])}"))
         if pair["families"]:
             t = Table(title="by family (largest change first)", show_edge=False)
             for col, just in (("change", "right"), ("bytes", "right"), ("count", "right"), ("family", "left")):

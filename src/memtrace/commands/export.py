@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import IO
 
 import click
 
 from memtrace.capture import CaptureError, CaptureInfo, damage_at, read_records, record_to_json
 from memtrace.exports import BINARY, FORMATS
-from memtrace.files import write_bytes_atomic
+from memtrace.files import open_text_atomic, save_bytes
 from memtrace.views import load
 from memtrace.views.profile import VIEWS
 
@@ -36,7 +37,19 @@ def export(capture: Path, jsonl: bool, fmt: str, view: str, output: Path | None)
     if fmt != "jsonl" and not jsonl:
         return export_for_tool(capture, fmt, view, output)
     info = CaptureInfo(capture)
-    out = sys.stdout
+    if output is None:
+        problem = write_jsonl(capture, info, sys.stdout)
+    else:
+        with open_text_atomic(output, "-o") as out:
+            problem = write_jsonl(capture, info, out)
+    if problem is not None:
+        click.echo(f"memtrace: warning: {info.path}: {problem}", err=True)
+        return 1
+    return 0
+
+
+def write_jsonl(capture: Path, info: CaptureInfo, out: IO[str]) -> str | None:
+    """Every record as JSON lines; what made the capture incomplete, or None."""
     damaged = None
     for record in read_records(capture, info):
         try:
@@ -47,18 +60,16 @@ def export(capture: Path, jsonl: bool, fmt: str, view: str, output: Path | None)
             break
     problem = damaged or info.problem
     if problem is not None:
-        # Everything readable was printed; the last line and the status tell scripts what is missing.
+        # Everything readable was written; the last line and the status tell scripts what is missing.
         out.write(json.dumps({"record": "truncated", "detail": problem}) + "\n")
-        click.echo(f"memtrace: warning: {info.path}: {problem}", err=True)
-        return 1
-    return 0
+    return problem
 
 
 def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None) -> int:
     loaded = load(capture)
     data = FORMATS[fmt](loaded, view)
     if output is not None:
-        write_bytes_atomic(output, data)
+        save_bytes(output, data, "-o")
     elif fmt in BINARY and sys.stdout.isatty():
         raise click.UsageError(f"--format {fmt} is binary: give -o FILE or redirect standard output")
     else:

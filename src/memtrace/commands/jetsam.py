@@ -137,6 +137,8 @@ def jetsam(paths: tuple[str, ...], pull: bool, device: str, out_dir: str, as_jso
             click.echo(f"pulled {len(pulled)} JetsamEvent report(s) into {inert(out_dir)}", err=True)
         files.extend(pulled)
     if not files:
+        if paths:
+            raise InputError(f"no JetsamEvent reports (JetsamEvent*.ips) in {', '.join(paths)}")
         raise InputError("no JetsamEvent reports given (pass files or folders, or --pull)")
 
     reports, skipped = read_reports(files)

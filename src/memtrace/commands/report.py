@@ -1,4 +1,4 @@
-"""memtrace report: every capture under a folder -> REPORT.md and report.json."""
+"""memtrace report: every capture under a folder -> REPORT.md, report.json and report.html."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from memtrace.reporters.console import inert
 @click.command("report")
 @click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
-              help="Write REPORT.md and report.json here (default: into FOLDER).")
+              help="Write REPORT.md, report.json and report.html here (default: into FOLDER).")
 @click.option("--families", "families", type=click.Path(path_type=Path, dir_okay=False), metavar="RULES.yaml",
               help="Stack family rules added to (and overriding) the built-in ones.")
 @click.option("--json", "as_json", is_flag=True, help="Also print report.json on stdout.")
 def report(folder: Path, out: Path | None, families: Path | None, as_json: bool) -> int:
-    """Aggregate every capture under FOLDER (any tracers, targets and runs) into REPORT.md + report.json.
+    """Aggregate every capture under FOLDER (any tracers, targets and runs) into REPORT.md, report.json
+    and report.html (the same chapters with a flame graph per target).
 
     Exit status 0 when every capture was read in full, 1 when any file was skipped or only partly
     read (listed in the report's "Captures skipped" section), 2 on a usage error.

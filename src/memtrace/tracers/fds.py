@@ -51,7 +51,7 @@ def console_view(console: Console, summary: FdsSummary, opts: dict[str, Any]) ->
                                f"({s['baseline']['closed_in_window']:,} closed in it)"),
          ("peak open", f"{s['peak']['count']:,}"))
     at_end = s["open_at_end"]
-    line(console, ("opened in the window and still open", f"{at_end['count']:,} {at_end['by_kind'] or ''}"))
+    line(console, ("opened in the window and still open", f"{at_end['count']:,}{_kinds(at_end['by_kind'])}"))
     if at_end["by_stack"]:
         rows = []
         for r in at_end["by_stack"]:
@@ -66,7 +66,7 @@ def console_view(console: Console, summary: FdsSummary, opts: dict[str, Any]) ->
                                   [[r["call"], r["error"], f"{r['count']:,}", str(r["caller"])]
                                    for r in s["failures_by_stack"]]))
     for c in s["censuses"]:
-        line(console, ("census", f"({c['trigger']}, t={c['t']} ms): {c['count']:,} open {c['by_kind']}"))
+        line(console, ("census", f"({c['trigger']}, t={c['t']} ms): {c['count']:,} open{_kinds(c['by_kind'])}"))
     rec = s["reconciliation"]
     if rec and rec["opened_out_of_sight"]:
         console.print(plain("opened out of sight (no hooked entry saw them): "
@@ -93,3 +93,8 @@ TRACER = Tracer(
     live=FdsStats,
     chapter=FdsChapter,
 )
+
+
+def _kinds(by_kind: dict[str, int] | None) -> str:
+    """`` (file 11, socketpair 2)``, or nothing."""
+    return f" ({', '.join(f'{k} {v:,}' for k, v in by_kind.items())})" if by_kind else ""

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from memtrace.analyze.leaks import skipped_text
 from memtrace.analyze.malloc import MallocSummary
 from memtrace.frames import Frame
 from memtrace.leakscan import DEFAULT_BUDGET_S, at_window_end
@@ -16,7 +17,7 @@ from memtrace.report.chapters.malloc import MallocChapter
 from memtrace.reporters.console import footer, frames_text, header, line, plain, stack_table
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, at_least, positive
-from memtrace.units import fmt_bytes, fmt_pct
+from memtrace.units import fmt_bytes, fmt_pct, plural
 
 
 class MallocStats(CoreStats):
@@ -94,13 +95,12 @@ def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
                                         frames_text([Frame.from_json(f) for f in r["frames"]]) if r["frames"]
                                         else plain("(no stack)")] for r in g["by_stack"]]))
     notes = [f"at {scan['when']}", "complete" if scan["complete"] else "INCOMPLETE (time budget spent)",
-             f"{scan['threads_stopped']} threads stopped" if scan["world_stopped"] else "world NOT stopped"]
+             plural(scan["threads_stopped"] or 0, "thread") + " stopped" if scan["world_stopped"] else "world NOT stopped"]
     if scan.get("threads_not_stopped"):
         notes.append(f"{scan['threads_not_stopped']} threads could not be stopped")
-    skipped = {k: v for k, v in (scan.get("skipped") or {}).items() if v}
+    skipped = skipped_text(scan.get("skipped") or {}, fmt_bytes)
     if skipped:
-        notes.append("not scanned: " + ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" if k != "candidates_over_capacity"
-                                                  else f"{v:,} blocks over capacity" for k, v in skipped.items()))
+        notes.append("not scanned: " + ", ".join(skipped))
     line(console, ("leak scan", "; ".join(notes)))
 
 

@@ -93,7 +93,9 @@ def _stacks(a: Side, b: Side, view: str, top: int | None) -> dict[str, Any]:
             row[f"{side}_count"] += s.count
     rows = [{"bytes": _change(r["base"], r["new"]), "count": _change(r["base_count"], r["new_count"]),
              "frames": [f.to_json() for f in r["frames"]]} for r in merged.values()]
-    rows = [r for r in rows if r["bytes"]["delta"] or r["count"]["delta"]]
+    # Against a side that lacks the view every stack would read as new or gone: no rows, the totals
+    # and which side lacks it (its reason) only.
+    rows = [r for r in rows if (r["bytes"]["delta"] or r["count"]["delta"]) and not (pa.missing or pb.missing)]
     rows.sort(key=lambda r: (-abs(r["bytes"]["delta"]), -abs(r["count"]["delta"])))
     out: dict[str, Any] = {"total": _change(pa.total_bytes, pb.total_bytes),
                            "count": _change(pa.total_count, pb.total_count),

@@ -94,9 +94,15 @@ def profile(loaded: Any, view: str = "gross") -> Profile:
     if view in ("peak", "temporary"):
         sec = _section(s.to_json(top=_ALL), view)
         if sec is None or not isinstance(sec.get("by_stack"), list):
-            p.missing = f"the {view} view is not in this capture (recorded by a newer memtrace)"
+            p.missing = f"the {view} view is not in this capture ({_why_no_aggregates(loaded)})"
         else:
             p.samples = _rows(sec["by_stack"])
+            # As in the gross view, what no stack covers is one sample, so the total is the summary's.
+            rest = int(sec.get("bytes") or 0) - sum(x.bytes for x in p.samples)
+            calls = sec.get("calls", sec.get("count", sec.get("blocks")))
+            if rest > 0:
+                rest_count = int(calls) - sum(x.count for x in p.samples) if isinstance(calls, int) else 0
+                p.samples.append(Sample([UNSTACKED], rest, max(0, rest_count)))
         return p
     raise ValueError(f"unknown view {view!r} (one of {', '.join(VIEWS)})")
 
@@ -118,6 +124,14 @@ def _generic(p: Profile, s: Any, view: str) -> Profile:
 # The summary timeline's byte columns the page draws, and their names on it (tracked_blocks is a
 # count and peak_bytes only repeats the high-water mark: the peak view shows what made it).
 TIMELINE_SERIES = {"tracked_bytes": "tracked live", "in_use": "allocator in use", "footprint": "footprint"}
+
+
+def _why_no_aggregates(loaded: Any) -> str:
+    """Why a malloc capture has no peak or temporary section: only the in-target aggregates keep them."""
+    info = getattr(loaded, "info", None)
+    if getattr(info, "version", None) == 1 or getattr(loaded.summary, "mode", None) != "events":
+        return "recorded by a memtrace that did not keep it yet"
+    return "an --events capture: the in-target aggregates that keep it were off"
 
 
 def timeline(loaded: Any) -> dict[str, Any]:

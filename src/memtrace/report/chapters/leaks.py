@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from memtrace.analyze.leaks import skipped_text
 from memtrace.report.chapters import frames_cell
 from memtrace.reporters.markdown import cell, table
 from memtrace.reporters.markdown import lines as cell_lines
-from memtrace.units import fmt_bytes
+from memtrace.units import fmt_bytes, plural
 
 SHOWN = 5
 
@@ -103,12 +104,12 @@ def markdown(targets: list[dict[str, Any]]) -> list[str]:
                                [[fmt_bytes(r["bytes"]), f"{r['blocks']:,}", frames_cell(r["frames"])]
                                 for r in lk["leaked"]["by_stack"][:SHOWN]])
             scan = lk["scan"]
-            skipped = {k: v for k, v in (scan.get("skipped") or {}).items() if v}
-            note = (f"Scan at {scan['when']}: {scan['threads_stopped']} threads stopped"
+            skipped = skipped_text({k: v for k, v in (scan.get("skipped") or {}).items()
+                                    if k != "candidates_over_capacity"}, fmt_bytes)
+            note = (f"Scan at {scan['when']}: {plural(scan['threads_stopped'] or 0, 'thread')} stopped"
                     + (f", {scan['threads_not_stopped']} could not be" if scan.get("threads_not_stopped") else "")
                     + f"; {fmt_bytes(scan['root_bytes'])} of roots and {fmt_bytes(scan['block_bytes'])} of blocks read"
                     + ("" if scan["complete"] else "; INCOMPLETE: the time budget ran out, leaked means possibly leaked")
-                    + ("; not read: " + ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in skipped.items()
-                                                   if k != "candidates_over_capacity") if skipped else "") + ".")
+                    + ("; not read: " + ", ".join(skipped) if skipped else "") + ".")
             lines += [f"{cell(label)}: {note}", ""]
     return lines

@@ -41,6 +41,17 @@ def test_truth_table(demo_bin: Path, tmp_path: Path) -> None:
     text = md.read_text()
     assert "| `SET_STATE EMPTY` | **yes** | 0 NONVOLATILE → 2 EMPTY | −16,777,216 B | 0 B | −16,777,216 B | 0 B |" in text
     assert "| `madvise(MADV_FREE_REUSABLE=7)` | no | 0 NONVOLATILE → 0 NONVOLATILE | 0 B | 0 B | 0 B | +16,777,216 B |" in text
+    # On an 80-column terminal: every line fits, no number is cut, each entry is there whole (folded).
+    out = run_memtrace("show", tmp_path / "c", env={"COLUMNS": "80"}).stdout
+    assert all(len(x) <= 80 for x in out.splitlines()), out
+    header = next(x for x in out.splitlines() if x.split()[:1] == ["entry"])
+    assert header.split() == ["entry", "drives?", "state", "footprint", "volatile", "nonvol", "reusable"]
+    volatile = next(x for x in out.splitlines() if x.split()[:1] == ["SET_STATE"])     # SET_STATE VOLATILE
+    assert volatile.split()[1:] == ["yes", "NONVOL", "→", "VOL", "−16.0", "MB", "+16.0", "MB", "−16.0", "MB", "±0", "B"]
+    lines = out.splitlines()
+    first = lines.index(header) + 1
+    entry_column = "".join(x[:header.index("drives?")].strip() for x in lines[first:first + 40])
+    assert "madvise(MADV_FREE_REUSABLE=7)madvise(MADV_FREE_REUSE=8)" in entry_column
 
 
 def test_without_standin_reports_missing_and_error(demo_bin: Path, tmp_path: Path) -> None:

@@ -6,15 +6,17 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markdown import Markdown
+from rich.table import Table
 
-from memtrace.analyze.probe import ProbeSummary, render_markdown
+from memtrace.analyze.probe import LEDGER_KEYS, ProbeSummary, render_markdown
 from memtrace.errors import InputError
 from memtrace.files import save_text
 from memtrace.live import LiveStats
 from memtrace.report.chapters.probe import ProbeChapter
+from memtrace.reporters.console import line, plain
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option
+from memtrace.units import fmt_bytes
 
 
 def _check_markdown(opts: dict[str, Any]) -> None:
@@ -24,11 +26,47 @@ def _check_markdown(opts: dict[str, Any]) -> None:
 
 
 def console_view(console: Console, summary: ProbeSummary, opts: dict[str, Any]) -> None:
-    text = render_markdown(summary.to_json(capture=opts.get("capture")))
+    doc = summary.to_json(capture=opts.get("capture"))
     if opts.get("markdown") is not None:
-        write_markdown(Path(opts["markdown"]), text)
+        write_markdown(Path(opts["markdown"]), render_markdown(doc))
     if not opts.get("quiet"):
-        console.print(Markdown(text))
+        print_truth_table(console, doc)
+
+
+# Short state names for the terminal (the Markdown file keeps the numbers and the full names).
+SHORT_STATES = {0: "NONVOL", 1: "VOL", 2: "EMPTY", 3: "DENY"}
+
+
+def print_truth_table(console: Console, doc: dict[str, Any]) -> None:
+    """The probe's truth table for a terminal: the entry whole, ledger moves in KB/MB (the
+    Markdown written with --markdown keeps exact bytes)."""
+    console.rule(plain(f"Purgeable routing probe — {doc.get('target') or ''}"))
+    if doc.get("bytes"):
+        line(console, ("mapping", f"{fmt_bytes(doc['bytes'])} purgeable (mach_vm_allocate ANYWHERE|PURGABLE)"),
+             ("madvise entry", doc.get("madvise_entry") or "—"), ("platform", doc.get("platform") or "—"))
+    for e in doc.get("errors", []):
+        line(console, ("error", e))
+    if doc.get("missing"):
+        line(console, ("MISSING", ", ".join(map(str, doc["missing"]))))
+    if not doc.get("rows"):
+        return
+    # The byte columns never wrap (a cut number is a wrong number); the entry and state wrap by word.
+    t = Table(show_edge=False, box=None, padding=(0, 1), show_lines=False,
+              caption="ledger moves per entry (Δ bytes): footprint, purgeable volatile / nonvolatile, reusable")
+    t.add_column("entry", ratio=1, min_width=12, overflow="fold")
+    t.add_column("drives?", no_wrap=True)
+    t.add_column("state", min_width=8)
+    for head in ("footprint", "volatile", "nonvol", "reusable"):
+        t.add_column(head, justify="right", no_wrap=True, min_width=8)
+    for row in doc["rows"]:
+        drives = row.get("drives_state_machine")
+        d = row.get("ledger_delta") or {}
+        states = " → ".join("—" if v is None else SHORT_STATES.get(v, str(v))
+                            for v in (row.get("state_before"), row.get("state_after")))
+        t.add_row(plain(row.get("entry") or ""),
+                  plain(row["error"]) if row.get("error") else ("—" if drives is None else "yes" if drives else "no"),
+                  states, *(fmt_bytes(d[k], signed=True) if isinstance(d.get(k), int) else "—" for k in LEDGER_KEYS))
+    console.print(t)
 
 
 def write_markdown(path: Path, text: str) -> None:

@@ -250,3 +250,14 @@ def test_atomic_write_leaves_no_temp(tmp_path: Path) -> None:
 def test_header_constant_layout() -> None:
     # The robustness test forges headers through capture.py's own struct: same size as a real one.
     assert HEADER.size == struct.calcsize("<8sHHI")
+
+
+def test_leaks_row_says_not_traced_or_not_scanned() -> None:
+    from memtrace.report.chapters.leaks import markdown
+
+    targets = [{"target": "server", "fds": [{"open_at_end": {"count": 3}}]},
+               {"target": "app", "malloc": {"captures": 1, "runs": [{"path": "a", "leaks": None}]},
+                "threads": [{"leaked": {"count": 2}}]}]
+    rows = {line.split(" | ")[0].strip("| "): line for line in markdown(targets) if line.startswith("| ")}
+    assert rows["server"] == "| server | not traced | — | 3 | not traced |"
+    assert rows["app"] == "| app | not scanned (no --leaks) | — | not traced | 2 |"

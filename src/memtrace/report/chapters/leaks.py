@@ -82,7 +82,8 @@ def markdown(targets: list[dict[str, Any]]) -> list[str]:
             continue
         malloc_cell = cell_lines(
             f"{lk['leaked']['blocks']:,} blocks, {fmt_bytes(lk['leaked']['bytes'])}"
-            + ("" if lk["scan"]["complete"] else " (scan incomplete)") for _, lk in mallocs) or "not scanned"
+            + ("" if lk["scan"]["complete"] else " (scan incomplete)") for _, lk in mallocs) or (
+            "not scanned (no --leaks)" if t.get("malloc") else "not traced")
         reach = cell_lines(f"{lk['reachable']['blocks']:,} blocks, {fmt_bytes(lk['reachable']['bytes'])}"
                            for _, lk in mallocs) or "—"
         rows.append([t["target"], malloc_cell, reach, " / ".join(f"{n:,}" for n in fds) or "not traced",

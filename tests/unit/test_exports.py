@@ -131,6 +131,9 @@ def test_chrome_trace_has_counter_tracks_and_one_instant_per_event() -> None:
     assert all({"ph", "pid"} <= e.keys() and (e["ph"] == "M" or isinstance(e["ts"], int | float)) for e in ev)
     counters = {e["name"] for e in ev if e["ph"] == "C"}
     assert {"footprint", "allocator in-use", "tracked live blocks", "gross bytes allocated"} <= counters
+    # The in-target timeline joins the same tracks: one name per quantity.
+    assert counters == {"footprint", "allocator in-use", "tracked live blocks", "gross bytes allocated",
+                        "tracked live bytes", "peak tracked bytes"}
     surfaces = json.loads(export(SURFACES, "chrome-trace"))["traceEvents"]
     assert sum(1 for e in surfaces if e["ph"] == "i" and e["name"] == "surface") == summary(SURFACES)["surfaces"]
     purg = json.loads(export(PURGEABLE, "chrome-trace"))["traceEvents"]

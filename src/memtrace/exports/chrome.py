@@ -21,6 +21,12 @@ PID = 1
 EVENT_TID = 0
 
 
+# The summary timeline's columns as the counter tracks the calibrations and snapshots already use
+# (one track per quantity, whichever record a value came from).
+TIMELINE_COUNTERS = {"tracked_bytes": "tracked live bytes", "tracked_blocks": "tracked live blocks",
+                     "peak_bytes": "peak tracked bytes", "in_use": "allocator in-use", "footprint": "footprint"}
+
+
 def _name(ev: dict[str, Any]) -> str:
     for key in ("type", "event", "op", "kind"):
         if isinstance(ev.get(key), str):
@@ -86,7 +92,7 @@ def document(loaded: Any) -> dict[str, Any]:
                 continue
             for k, v in sample.items():
                 if k != "t" and isinstance(v, int | float):
-                    events.append(counter(k, float(sample["t"]) * 1e6, v))
+                    events.append(counter(TIMELINE_COUNTERS.get(k, k), float(sample["t"]) * 1e6, v))
     events.sort(key=lambda e: (e.get("ts", -1), e["ph"] != "M"))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"exporter": "memtrace", "capture": str(loaded.path), "tracer": loaded.tracer.name}}

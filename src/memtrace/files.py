@@ -19,18 +19,26 @@ from typing import IO, Any
 from memtrace.errors import InputError
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """A reader sees the old file or the new one, never half of one (raises OSError)."""
+@contextmanager
+def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
+    """A file opened on a temporary beside ``path`` and renamed over it when the block ends without
+    an exception; on any exception the temporary is removed (raises OSError)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """A reader sees the old file or the new one, never half of one (raises OSError)."""
+    with _replacing(path, "wb") as f:
+        f.write(data)
 
 
 @contextmanager
@@ -39,21 +47,10 @@ def open_text_atomic(path: Path, option: str) -> Iterator[IO[str]]:
     without an exception (for output too large to hold in memory, such as every record of a
     capture as JSON lines). A folder that cannot be written is one InputError line naming ``option``."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise InputError(f"{option} {path}: cannot write: {_why(path, e)}") from None
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with _replacing(path, "w") as f:
             yield f
-        os.replace(tmp, path)
     except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
         raise InputError(f"{option} {path}: cannot write: {_why(path, e)}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _why(path: Path, e: OSError) -> str:

@@ -120,6 +120,32 @@ mt_walk_row (guint64 i, guint64 n_stacks)
   return i < n_stacks ? mt_stack_list[i] : mt_config.stack_mask + 1 + (i - n_stacks);
 }
 
+/* A chunk of records the drain writes at out[*used]: its header's room taken (FALSE, and another
+ * drain asked for, when there is none), then closed over what was written after it — or given
+ * back when nothing was. */
+static gboolean
+mt_chunk_open (guint64 cap, guint64 * used)
+{
+  if (*used + sizeof (MtChunkHeader) > cap)
+  {
+    mt_drain_info.more = 1;
+    return FALSE;
+  }
+  *used += sizeof (MtChunkHeader);
+  return TRUE;
+}
+
+static guint64
+mt_chunk_close (guint8 * out, guint64 start, guint64 used)
+{
+  MtChunkHeader * chunk = (MtChunkHeader *) (out + start);
+  if (used == start + sizeof (MtChunkHeader))
+    return start;
+  chunk->tid = 0;
+  chunk->length = (guint32) (used - start - sizeof (MtChunkHeader));
+  return used;
+}
+
 /* Changed rows as AGG records (their running totals, changed fields only). */
 static guint64
 mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
@@ -127,13 +153,8 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
   guint64 n_stacks = mt_load_acquire (&mt_core.n_stacks);
   guint64 i, total = n_stacks + MT_N_PSEUDO_STACKS;
   guint64 start = used;
-  MtChunkHeader * chunk = (MtChunkHeader *) (out + used);
-  if (used + sizeof (MtChunkHeader) > cap)
-  {
-    mt_drain_info.more = 1;
-    return used;
-  }
-  used += sizeof (MtChunkHeader);
+  if (!mt_chunk_open (cap, &used))
+    return start;
   for (i = 0; i != total; i++)
   {
     guint64 row = mt_walk_row (i, n_stacks);
@@ -185,11 +206,7 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
       shipped[f] = now[f];
     mt_agg_live[row] = (gint64) (now[MT_A_BYTES] - now[MT_A_FREED_BYTES]);
   }
-  if (used == start + sizeof (MtChunkHeader))
-    return start;
-  chunk->tid = 0;
-  chunk->length = (guint32) (used - start - sizeof (MtChunkHeader));
-  return used;
+  return mt_chunk_close (out, start, used);
 }
 
 /* A row's (bytes, count) at the peak of epoch e: per lane, its snapshot if that was taken in
@@ -298,13 +315,8 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
   guint64 start = used;
   guint64 n = (mt_config.live_mask + 1) * MT_LIVE_WAYS;
   guint64 i;
-  MtChunkHeader * chunk = (MtChunkHeader *) (out + used);
-  if (used + sizeof (MtChunkHeader) > cap)
-  {
-    mt_drain_info.more = 1;
-    return used;
-  }
-  used += sizeof (MtChunkHeader);
+  if (!mt_chunk_open (cap, &used))
+    return start;
   for (i = mt_core.live_cursor; i != n; i++)
   {
     guint64 p = mt_live_table[i];
@@ -336,11 +348,7 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
   mt_core.live_cursor = i;
   if (i == n)
     mt_core.live_done = 1;
-  if (used == start + sizeof (MtChunkHeader))
-    return start;
-  chunk->tid = 0;
-  chunk->length = (guint32) (used - start - sizeof (MtChunkHeader));
-  return used;
+  return mt_chunk_close (out, start, used);
 }
 
 /* The TOP_STACKS rows with the most live bytes, from the shipped totals (a compact array: the

@@ -210,20 +210,8 @@ mt_logger_released (MtSlot * s, guint kind, guint64 p, const MtLiveMeta * m, gbo
 {
   mt_logger_count (s, MT_C_TRACKED_FREES, nested);
   mt_release_tracked (s, m, temporary);
-  if (mt_config.events && !nested)
-  {
-    MtFreeRecord * rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
-    if (rec != NULL)
-    {
-      rec->type = MT_REC_FREE;
-      rec->kind = (guint8) kind;
-      rec->flags = 0;
-      rec->reserved = 0;
-      rec->ptr = p;
-      rec->size = 0;
-      mt_ring_commit (s, sizeof (MtFreeRecord));
-    }
-  }
+  if (!nested)
+    mt_emit_free (s, kind, p, 0);
 }
 
 /* An allocation at p, before it is tracked: what is still listed at p was freed unlogged. */

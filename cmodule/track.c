@@ -332,6 +332,25 @@ mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary)
   mt_tracked_add (-(gint64) m->size);
 }
 
+/* In events mode, the FREE record of a tracked block (a full ring drops it and counts the drop). */
+static void
+mt_emit_free (MtSlot * s, guint kind, guint64 p, guint64 size)
+{
+  MtFreeRecord * rec;
+  if (!mt_config.events)
+    return;
+  rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
+  if (rec == NULL)
+    return;
+  rec->type = MT_REC_FREE;
+  rec->kind = (guint8) kind;
+  rec->flags = 0;
+  rec->reserved = 0;
+  rec->ptr = p;
+  rec->size = size;
+  mt_ring_commit (s, sizeof (MtFreeRecord));
+}
+
 /* A tracked block leaves the live table: its row, and the event record in events mode. */
 static MT_NOINLINE void
 mt_release_live (MtSlot * s, guint kind, guint64 p, guint64 size, gboolean temporary)
@@ -341,20 +360,7 @@ mt_release_live (MtSlot * s, guint kind, guint64 p, guint64 size, gboolean tempo
     return;
   s->counters[MT_C_TRACKED_FREES]++;
   mt_release_tracked (s, &m, temporary);
-  if (mt_config.events)
-  {
-    MtFreeRecord * rec = (MtFreeRecord *) mt_ring_reserve (s, sizeof (MtFreeRecord));
-    if (rec != NULL)
-    {
-      rec->type = MT_REC_FREE;
-      rec->kind = (guint8) kind;
-      rec->flags = 0;
-      rec->reserved = 0;
-      rec->ptr = p;
-      rec->size = size;
-      mt_ring_commit (s, sizeof (MtFreeRecord));
-    }
-  }
+  mt_emit_free (s, kind, p, size);
 }
 
 /* A block goes away (free, or the old half of a realloc); counting the call is the caller's job.

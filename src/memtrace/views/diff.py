@@ -83,7 +83,9 @@ def _stacks(a: Side, b: Side, view: str, top: int | None) -> dict[str, Any]:
     if pa.missing and pb.missing:
         return {"missing": pa.missing}
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for side, p in (("base", pa), ("new", pb)):
+    # Against a side that lacks the view every stack would read as new or gone: no rows, the totals
+    # and which side lacks it (its reason) only.
+    for side, p in (("base", pa), ("new", pb)) if not (pa.missing or pb.missing) else ():
         for s in p.samples:
             key = tuple(diff_key(f) for f in s.frames)
             row = merged.get(key)
@@ -93,9 +95,7 @@ def _stacks(a: Side, b: Side, view: str, top: int | None) -> dict[str, Any]:
             row[f"{side}_count"] += s.count
     rows = [{"bytes": _change(r["base"], r["new"]), "count": _change(r["base_count"], r["new_count"]),
              "frames": [f.to_json() for f in r["frames"]]} for r in merged.values()]
-    # Against a side that lacks the view every stack would read as new or gone: no rows, the totals
-    # and which side lacks it (its reason) only.
-    rows = [r for r in rows if (r["bytes"]["delta"] or r["count"]["delta"]) and not (pa.missing or pb.missing)]
+    rows = [r for r in rows if r["bytes"]["delta"] or r["count"]["delta"]]
     rows.sort(key=lambda r: (-abs(r["bytes"]["delta"]), -abs(r["count"]["delta"])))
     out: dict[str, Any] = {"total": _change(pa.total_bytes, pb.total_bytes),
                            "count": _change(pa.total_count, pb.total_count),

@@ -37,6 +37,7 @@ from pymobiledevice3.services.dvt.instruments.allocations import (
 from pymobiledevice3.services.dvt.instruments.dvt_provider import DvtProvider
 from pymobiledevice3.services.dvt.instruments.leaks import Leaks, MemoryGraph
 from pymobiledevice3.services.dvt.instruments.process_control import ProcessControl
+from pymobiledevice3.services.dvt.instruments.sysmontap import Sysmontap
 from pymobiledevice3.services.dvt.instruments.vm_tracking import VMRegion, VMSnapshot, VMTracking
 from pymobiledevice3.services.mobile_image_mounter import auto_mount
 from pymobiledevice3.tunneld.api import get_tunneld_device_by_udid
@@ -54,7 +55,18 @@ REAL = {
     "Allocations": Allocations.__init__, "launch_environment": Allocations.launch_environment,
     "attach": Allocations.attach, "Leaks": Leaks.__init__, "memory_graph": Leaks.memory_graph,
     "VMTracking": VMTracking.__init__, "snapshot": VMTracking.snapshot,
+    "Sysmontap.create": Sysmontap.create, "iter_processes": Sysmontap.iter_processes,
 }
+# One Sysmontap sample as pymobiledevice3 decodes it: attribute name -> value, per process.
+SYSMON = [
+    {"pid": 0, "name": "kernel_task", "physFootprint": 52_428_800, "memCompressed": 0, "memPurgeable": 0,
+     "memResidentSize": 60_000_000, "ppid": 0},
+    {"pid": 4711, "name": "Example", "physFootprint": 314_572_800, "memCompressed": 41_943_040,
+     "memPurgeable": 8_388_608, "memResidentSize": 280_000_000, "ppid": 1},
+    {"pid": 88, "name": "SpringBoard", "physFootprint": 104_857_600, "memCompressed": 10_485_760,
+     "memPurgeable": 0, "memResidentSize": 120_000_000, "ppid": 1},
+    {"pid": 99, "name": "zombie", "physFootprint": None, "ppid": 1},
+]
 APP = "/private/var/containers/Bundle/Application/0F0F/Example.app/Example"
 APP_TEXT = (0x100000, 0x80000)              # S1's and S2's frames are in the app's __TEXT
 FOUNDATION = "/System/Library/Frameworks/Foundation.framework/Foundation"
@@ -230,6 +242,19 @@ class Device:
                                            region(0x280000000, 0x100000, None, None)],
                                   total_size=0x600000, mach_absolute_time=1)
 
+        class FakeSysmontap(Context):
+            name = "Sysmontap"
+
+            @classmethod
+            async def create(cls, *args: Any, **kwargs: Any) -> FakeSysmontap:
+                dev.call("Sysmontap.create", *args, **kwargs)
+                return cls.__new__(cls)
+
+            async def iter_processes(self, *args: Any, **kwargs: Any) -> Any:
+                dev.call("iter_processes", self, *args, **kwargs)
+                yield []                                   # a system-only row first, as the device sends
+                yield [dict(e) for e in SYSMON]
+
         class FakeLeaks(Context):
             name = "Leaks"
 
@@ -240,8 +265,8 @@ class Device:
         return SimpleNamespace(
             create_using_usbmux=usbmux, get_tunneld_device_by_udid=tunneld, auto_mount=mount,
             DvtProvider=FakeDvt, ProcessControl=FakeProcessControl, Allocations=FakeAllocations, Leaks=FakeLeaks,
-            VMTracking=FakeVMTracking,
-            Sysmontap=None, DeviceInfo=None, MALLOC_EVENTS_MASK=MALLOC_EVENTS_MASK, VM_EVENTS_MASK=VM_EVENTS_MASK,
+            VMTracking=FakeVMTracking, Sysmontap=FakeSysmontap,
+            DeviceInfo=None, MALLOC_EVENTS_MASK=MALLOC_EVENTS_MASK, VM_EVENTS_MASK=VM_EVENTS_MASK,
             AlreadyMountedError=AlreadyMountedError, DeveloperDiskImageNotFoundError=DeveloperDiskImageNotFoundError,
             PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError)
 
@@ -397,3 +422,49 @@ def test_the_registry_entry_offers_dvt() -> None:
     assert tracer is not None and tracer.host is not None
     backend = next(o for o in tracer.options if o.name == "backend")
     assert "dvt" in backend.type.choices
+
+
+# ---- census on a stock device --------------------------------------------------------------------------
+
+def test_census_on_a_stock_device_reads_every_footprint_from_sysmontap(device: Device) -> None:
+    r = run(["census", "--device", "usb", "--source", "dvt", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    rows = {row["pid"]: row for row in doc["rows"]}
+    assert rows[4711]["footprint"] == 314_572_800 and rows[4711]["compressed"] == 41_943_040
+    assert rows[4711]["purgeable_volatile"] == 8_388_608 and rows[4711]["rss"] == 280_000_000
+    assert rows[4711]["band"] is None and rows[4711]["limit"] is None
+    assert rows[99]["status"] == "partial" and rows[99]["footprint"] is None
+    assert [row["pid"] for row in doc["rows"]][:3] == [4711, 88, 0]       # sorted by footprint
+    assert doc["totals"]["footprint"] == 52_428_800 + 314_572_800 + 104_857_600
+    assert doc["device"]["source"] == "sysmontap"
+    assert "no jetsam bands or limits" in doc["notes"][0]
+    device.assert_real_signatures()
+
+
+def test_census_table_on_a_stock_device_says_what_is_missing(device: Device) -> None:
+    r = run(["census", "--device", "usb", "--source", "dvt"])
+    assert r.exit_code == 0, r.output
+    assert "Example" in r.output and "compressed" in r.output
+    assert "no jetsam bands or limits" in " ".join(r.output.split())
+
+
+def test_census_auto_falls_back_to_instruments_when_no_frida_server_answers(
+        device: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtrace import census as census_module
+    from memtrace import devices
+
+    monkeypatch.setattr(devices, "resolve", lambda spec, timeout=5.0: SimpleNamespace(id="00008110-FAKE", type="usb"))
+
+    def no_server(*args: Any) -> None:
+        raise RuntimeError("unable to connect to remote frida-server: closed")
+
+    monkeypatch.setattr(census_module, "census_device", no_server)
+    r = run(["census", "--device", "usb", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert {row["pid"] for row in doc["rows"]} == {0, 4711, 88, 99}
+    assert any("frida-server did not answer (unable to connect to remote frida-server: closed)" in n
+               for n in doc["notes"])
+    # The UDID Frida saw is the one Instruments is asked about: no second device lookup.
+    assert device.calls[0] == ("create_using_usbmux", (), {"serial": "00008110-FAKE"})

@@ -15,7 +15,6 @@ from memtrace.analyze import census as analysis
 from memtrace.files import save_json
 from memtrace.reporters.console import cells, plain
 
-
 SOURCES = ("auto", "frida", "dvt")
 
 

@@ -40,6 +40,7 @@ from pymobiledevice3.services.dvt.instruments.process_control import ProcessCont
 from pymobiledevice3.services.dvt.instruments.sysmontap import Sysmontap
 from pymobiledevice3.services.dvt.instruments.vm_tracking import VMRegion, VMSnapshot, VMTracking
 from pymobiledevice3.services.mobile_image_mounter import auto_mount
+from pymobiledevice3.services.os_trace import OsTraceService
 from pymobiledevice3.tunneld.api import get_tunneld_device_by_udid
 
 from memtrace.capture import RecordType, read_records
@@ -56,6 +57,7 @@ REAL = {
     "attach": Allocations.attach, "Leaks": Leaks.__init__, "memory_graph": Leaks.memory_graph,
     "VMTracking": VMTracking.__init__, "snapshot": VMTracking.snapshot,
     "Sysmontap.create": Sysmontap.create, "iter_processes": Sysmontap.iter_processes,
+    "OsTraceService": OsTraceService.__init__, "syslog": OsTraceService.syslog,
 }
 # One Sysmontap sample as pymobiledevice3 decodes it: attribute name -> value, per process.
 SYSMON = [
@@ -132,7 +134,9 @@ def chunks(data: bytes, size: int = 1000) -> list[bytes]:
 
 class Device:
     def __init__(self, version: str = "16.7", stream: bytes = b"", ends: bool = False, pid: int = 4711,
-                 leaked: list[int] | None = None, debuggable: bool = True) -> None:
+                 leaked: list[int] | None = None, debuggable: bool = True,
+                 footprints: tuple[int, ...] = (), log: tuple[tuple[int, str], ...] = ()) -> None:
+        self.footprints, self.log = footprints, log
         self.version, self.stream, self.ends, self.pid = version, stream, ends, pid
         self.leaked = leaked or []
         self.debuggable = debuggable
@@ -253,7 +257,24 @@ class Device:
             async def iter_processes(self, *args: Any, **kwargs: Any) -> Any:
                 dev.call("iter_processes", self, *args, **kwargs)
                 yield []                                   # a system-only row first, as the device sends
-                yield [dict(e) for e in SYSMON]
+                if not dev.footprints:
+                    yield [dict(e) for e in SYSMON]
+                    return
+                for fp in dev.footprints:                  # the app growing, a sample every 50 ms
+                    yield [dict(SYSMON[0]), {**SYSMON[1], "physFootprint": fp}]
+                    await asyncio.sleep(0.05)
+                while True:                                # then it is gone (jetsammed)
+                    yield [dict(SYSMON[0])]
+                    await asyncio.sleep(0.05)
+
+        class FakeOsTrace(Context):
+            name = "OsTraceService"
+
+            async def syslog(self, *args: Any, **kwargs: Any) -> Any:
+                dev.call("syslog", self, *args, **kwargs)
+                for pid, message in dev.log:
+                    yield SimpleNamespace(pid=pid, message=message)
+                await asyncio.Event().wait()
 
         class FakeLeaks(Context):
             name = "Leaks"
@@ -265,7 +286,7 @@ class Device:
         return SimpleNamespace(
             create_using_usbmux=usbmux, get_tunneld_device_by_udid=tunneld, auto_mount=mount,
             DvtProvider=FakeDvt, ProcessControl=FakeProcessControl, Allocations=FakeAllocations, Leaks=FakeLeaks,
-            VMTracking=FakeVMTracking, Sysmontap=FakeSysmontap,
+            VMTracking=FakeVMTracking, Sysmontap=FakeSysmontap, OsTraceService=FakeOsTrace,
             DeviceInfo=None, MALLOC_EVENTS_MASK=MALLOC_EVENTS_MASK, VM_EVENTS_MASK=VM_EVENTS_MASK,
             AlreadyMountedError=AlreadyMountedError, DeveloperDiskImageNotFoundError=DeveloperDiskImageNotFoundError,
             PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError)
@@ -468,3 +489,84 @@ def test_census_auto_falls_back_to_instruments_when_no_frida_server_answers(
                for n in doc["notes"])
     # The UDID Frida saw is the one Instruments is asked about: no second device lookup.
     assert device.calls[0] == ("create_using_usbmux", (), {"serial": "00008110-FAKE"})
+
+
+# ---- limit on a stock device ---------------------------------------------------------------------------
+
+JETSAM_HISTORY = {
+    # Two per-process-limit kills on this model (footprints 2800 and 3000 MiB in 16 KiB pages), one on another.
+    "JetsamEvent-2026-11-30-101010.ips": ("iPhone14,2", [("Example", 179200), ("Other", 192000)]),
+    "JetsamEvent-2026-11-29-090909.ips": ("iPhone12,1", [("Old", 120000)]),
+}
+
+
+def jetsam_report(product: str, kills: list[tuple[str, int]]) -> str:
+    header = {"bug_type": "298", "timestamp": "2026-11-30 10:10:10.00 +0000", "os_version": "iPhone OS 17.5 (21F79)",
+              "incident_id": "0"}
+    body = {"product": product, "memoryStatus": {"pageSize": 16384},
+            "processes": [{"pid": 100 + i, "name": n, "rpages": pages, "reason": "per-process-limit"}
+                          for i, (n, pages) in enumerate(kills)]}
+    return json.dumps(header) + "\n" + json.dumps(body)
+
+
+@pytest.fixture
+def crash_reports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device's crash-report folder (ios.py's factories), holding JETSAM_HISTORY."""
+    from memtrace import ios
+
+    class Lockdown:
+        async def __aenter__(self) -> Lockdown:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    class Manager:
+        async def __aenter__(self) -> Manager:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        async def flush(self) -> None:
+            return None
+
+        async def ls(self, path: str, depth: int) -> list[str]:
+            return [f"/{name}" for name in JETSAM_HISTORY]
+
+        async def pull(self, out: str, entry: str, erase: bool, progress_bar: bool) -> None:
+            name = entry.rsplit("/", 1)[-1]
+            Path(out, name).write_text(jetsam_report(*JETSAM_HISTORY[name]))
+
+    async def lockdown(target: Any) -> Lockdown:
+        return Lockdown()
+
+    monkeypatch.setattr(ios, "_default_lockdown", lockdown)
+    monkeypatch.setattr(ios, "_default_manager", lambda lockdown: Manager())
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("device", [{
+    "footprints": tuple(i * 100 * MIB for i in range(20, 31)),
+    "log": ((4711, "Received memory warning."), (0, "memorystatus: killing_specific_process pid 4711 [Example] "
+                                                    "(per-process-limit 100)"), (88, "unrelated line"))}],
+    indirect=True)
+def test_limit_on_a_stock_device_footprint_pressure_and_the_limit_from_history(
+        device: Device, crash_reports: None) -> None:
+    r = run(["limit", "--device", "usb", "--source", "dvt", "--pid", "4711", "--watch", "5", "--interval", "0.05",
+             "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["platform"] == "darwin" and doc["source"] == "sysmontap" and doc["name"] == "Example"
+    # The smallest per-process-limit kill on this model: 179200 pages of 16 KiB = 2800 MiB.
+    assert doc["limit"] == 179200 * 16384 and "2 per-process-limit kill(s) on iPhone14,2" in doc["limit_source"]
+    footprints = [s["footprint"] for s in doc["series"]]
+    assert footprints == sorted(footprints) and set(footprints) <= {i * 100 * MIB for i in range(20, 31)}
+    assert footprints[-1] >= 2500 * MIB          # it grew until it left the samples
+    assert all(s["limit"] - s["footprint"] == s["available"] for s in doc["series"])
+    assert "no longer in Sysmontap's samples" in doc["stopped"]
+    events = [(e["event"], e["via"]) for e in doc["pressure_events"]]
+    assert events == [("warning", "syslog"), ("jetsam", "syslog")]
+    device.assert_real_signatures()

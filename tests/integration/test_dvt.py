@@ -27,7 +27,7 @@ from pymobiledevice3.exceptions import (
     PasswordRequiredError,
     TunneldConnectionError,
 )
-from pymobiledevice3.lockdown import create_using_usbmux
+from pymobiledevice3.lockdown import LockdownClient, create_using_usbmux
 from pymobiledevice3.services.dvt.instruments.allocations import (
     MALLOC_EVENTS_MASK,
     VM_EVENTS_MASK,
@@ -39,7 +39,7 @@ from pymobiledevice3.services.dvt.instruments.leaks import Leaks, MemoryGraph
 from pymobiledevice3.services.dvt.instruments.process_control import ProcessControl
 from pymobiledevice3.services.dvt.instruments.sysmontap import Sysmontap
 from pymobiledevice3.services.dvt.instruments.vm_tracking import VMRegion, VMSnapshot, VMTracking
-from pymobiledevice3.services.mobile_image_mounter import auto_mount
+from pymobiledevice3.services.mobile_image_mounter import MobileImageMounterService, auto_mount
 from pymobiledevice3.services.os_trace import OsTraceService
 from pymobiledevice3.tunneld.api import get_tunneld_device_by_udid
 
@@ -58,6 +58,11 @@ REAL = {
     "VMTracking": VMTracking.__init__, "snapshot": VMTracking.snapshot,
     "Sysmontap.create": Sysmontap.create, "iter_processes": Sysmontap.iter_processes,
     "OsTraceService": OsTraceService.__init__, "syslog": OsTraceService.syslog,
+    "get_value": LockdownClient.get_value,
+    "process_identifier_for_bundle_identifier": ProcessControl.process_identifier_for_bundle_identifier,
+    "is_debuggable": ProcessControl.is_debuggable,
+    "MobileImageMounterService": MobileImageMounterService.__init__,
+    "is_image_mounted": MobileImageMounterService.is_image_mounted,
 }
 # One Sysmontap sample as pymobiledevice3 decodes it: attribute name -> value, per process.
 SYSMON = [
@@ -135,8 +140,11 @@ def chunks(data: bytes, size: int = 1000) -> list[bytes]:
 class Device:
     def __init__(self, version: str = "16.7", stream: bytes = b"", ends: bool = False, pid: int = 4711,
                  leaked: list[int] | None = None, debuggable: bool = True,
-                 footprints: tuple[int, ...] = (), log: tuple[tuple[int, str], ...] = ()) -> None:
+                 footprints: tuple[int, ...] = (), log: tuple[tuple[int, str], ...] = (),
+                 developer_mode: bool = True, tunneld: str = "up", mounted: bool = True,
+                 app_pid: int = 4711) -> None:
         self.footprints, self.log = footprints, log
+        self.developer_mode, self.tunneld, self.mounted, self.app_pid = developer_mode, tunneld, mounted, app_pid
         self.version, self.stream, self.ends, self.pid = version, stream, ends, pid
         self.leaked = leaked or []
         self.debuggable = debuggable
@@ -173,13 +181,19 @@ class Device:
             async def close(self) -> None:
                 dev.closed.append(self.kind)
 
+            async def get_value(self, *args: Any, **kwargs: Any) -> Any:
+                dev.call("get_value", self, *args, **kwargs)
+                return dev.developer_mode if kwargs.get("key") == "DeveloperModeStatus" else None
+
         async def usbmux(*args: Any, **kwargs: Any) -> Client:
             dev.call("create_using_usbmux", *args, **kwargs)
             return Client("lockdown")
 
-        async def tunneld(*args: Any, **kwargs: Any) -> Client:
+        async def tunneld(*args: Any, **kwargs: Any) -> Client | None:
             dev.call("get_tunneld_device_by_udid", *args, **kwargs)
-            return Client("rsd")
+            if dev.tunneld == "down":
+                raise TunneldConnectionError()
+            return None if dev.tunneld == "no-tunnel" else Client("rsd")
 
         async def mount(*args: Any, **kwargs: Any) -> None:
             dev.call("auto_mount", *args, **kwargs)
@@ -212,6 +226,21 @@ class Device:
 
             async def kill(self, *args: Any, **kwargs: Any) -> None:
                 dev.call("kill", self, *args, **kwargs)
+
+            async def process_identifier_for_bundle_identifier(self, *args: Any, **kwargs: Any) -> int:
+                dev.call("process_identifier_for_bundle_identifier", self, *args, **kwargs)
+                return dev.app_pid
+
+            async def is_debuggable(self, *args: Any, **kwargs: Any) -> bool:
+                dev.call("is_debuggable", self, *args, **kwargs)
+                return dev.debuggable
+
+        class FakeMounter(Context):
+            name = "MobileImageMounterService"
+
+            async def is_image_mounted(self, *args: Any, **kwargs: Any) -> bool:
+                dev.call("is_image_mounted", self, *args, **kwargs)
+                return dev.mounted
 
         class FakeAllocations(Context):
             name = "Allocations"
@@ -287,6 +316,7 @@ class Device:
             create_using_usbmux=usbmux, get_tunneld_device_by_udid=tunneld, auto_mount=mount,
             DvtProvider=FakeDvt, ProcessControl=FakeProcessControl, Allocations=FakeAllocations, Leaks=FakeLeaks,
             VMTracking=FakeVMTracking, Sysmontap=FakeSysmontap, OsTraceService=FakeOsTrace,
+            MobileImageMounterService=FakeMounter,
             DeviceInfo=None, MALLOC_EVENTS_MASK=MALLOC_EVENTS_MASK, VM_EVENTS_MASK=VM_EVENTS_MASK,
             AlreadyMountedError=AlreadyMountedError, DeveloperDiskImageNotFoundError=DeveloperDiskImageNotFoundError,
             PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError)
@@ -570,3 +600,67 @@ def test_limit_on_a_stock_device_footprint_pressure_and_the_limit_from_history(
     events = [(e["event"], e["via"]) for e in doc["pressure_events"]]
     assert events == [("warning", "syslog"), ("jetsam", "syslog")]
     device.assert_real_signatures()
+
+
+# ---- doctor on a stock device ---------------------------------------------------------------------------
+
+def doctor_rows(report: Any) -> dict[str, tuple[str, str]]:
+    return {c.name: (c.status, c.detail) for c in report.checks if c.section == "stock iPhone"}
+
+
+@pytest.mark.parametrize("device", [{"version": "17.5"}], indirect=True)
+def test_doctor_on_a_ready_stock_device(device: Device) -> None:
+    from memtrace import doctor
+    from memtrace.dvt.doctor import stock_checks
+
+    report = doctor.Report()
+    stock_checks(report, "00008110-FAKE", "com.example.app", api_factory=device.api)
+    rows = doctor_rows(report)
+    assert [status for status, _ in rows.values()] == ["ok"] * len(rows), rows
+    assert rows["memtrace malloc --backend dvt --app"] == ("ok", "ready")
+    assert "debuggable" in rows["app"][1] and rows["tunnel"][0] == "ok"
+    # iOS 17: the image asked about is the personalized one, through the tunnel's RSD.
+    mounted = next(c for c in device.calls if c[0] == "is_image_mounted")
+    assert mounted[1][1] == "Personalized"
+    mounter = next(c for c in device.calls if c[0] == "MobileImageMounterService")
+    assert mounter[1][1].kind == "rsd"
+    assert device.closed.count("rsd") == 1 and device.closed.count("lockdown") == 1
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device, expect", [
+    ({"version": "17.4", "tunneld": "down"}, {"tunnel": "sudo python3 -m pymobiledevice3 remote tunneld"}),
+    ({"version": "16.6", "developer_mode": False}, {"developer mode": "Settings > Privacy & Security"}),
+    ({"version": "16.6", "debuggable": False}, {"app": "development-signed"}),
+], indirect=["device"])
+def test_doctor_names_the_fix_for_each_missing_piece(device: Device, expect: dict[str, str]) -> None:
+    from memtrace import doctor
+    from memtrace.dvt.doctor import stock_checks
+
+    report = doctor.Report()
+    stock_checks(report, "00008110-FAKE", "com.example.app", api_factory=device.api)
+    rows = doctor_rows(report)
+    for name, fix in expect.items():
+        assert rows[name][0] == "warn" and fix in rows[name][1], rows[name]
+        assert name in rows["memtrace malloc --backend dvt --app"][1]
+    if "app" in expect:     # the device itself is fine: census and limit work, malloc waits for the app
+        assert rows["memtrace census --source dvt"] == ("ok", "ready")
+    device.assert_real_signatures()
+
+
+def test_doctor_run_on_a_usb_device_without_frida_server(device: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtrace import devices, doctor
+
+    class NoServer:
+        type, id, name = "usb", "00008110-FAKE", "iPhone"
+
+        def query_system_parameters(self) -> dict[str, Any]:
+            raise RuntimeError("unable to connect to remote frida-server")
+
+    monkeypatch.setattr(devices, "resolve", lambda spec, timeout=5.0: NoServer())
+    monkeypatch.setattr(doctor, "_lockdown_checks", lambda *a: None)
+    report = doctor.run(None, "usb")
+    rows = doctor_rows(report)
+    assert rows["memtrace census --source dvt"] == ("ok", "ready")
+    assert rows["memtrace malloc --backend dvt --app"][0] == "skip"
+    assert report.ok and not any(c.section == "target" for c in report.checks)

@@ -21,11 +21,13 @@ def dvt_api() -> SimpleNamespace:
     from pymobiledevice3.services.dvt.instruments.leaks import Leaks
     from pymobiledevice3.services.dvt.instruments.sysmontap import Sysmontap
     from pymobiledevice3.services.dvt.instruments.vm_tracking import VMTracking
+    from pymobiledevice3.services.mobile_image_mounter import MobileImageMounterService
     from pymobiledevice3.services.os_trace import OsTraceService
 
     from memtrace import launchers
 
     base = launchers.pmd3_api()
     return SimpleNamespace(**vars(base), Allocations=Allocations, Leaks=Leaks, Sysmontap=Sysmontap,
-                           DeviceInfo=DeviceInfo, VMTracking=VMTracking, OsTraceService=OsTraceService, MALLOC_EVENTS_MASK=MALLOC_EVENTS_MASK,
+                           DeviceInfo=DeviceInfo, VMTracking=VMTracking, OsTraceService=OsTraceService,
+                           MobileImageMounterService=MobileImageMounterService, MALLOC_EVENTS_MASK=MALLOC_EVENTS_MASK,
                            VM_EVENTS_MASK=VM_EVENTS_MASK)

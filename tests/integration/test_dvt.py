@@ -369,6 +369,7 @@ def test_malloc_backend_dvt_gives_the_same_summary_as_a_frida_capture(device: De
              "--out", str(out), "--json", "--top", "5"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
+    assert "launch-time recording through Instruments' Allocations service" in doc["recorded_by"]
     _, expect = workload()
     assert doc["calls"]["malloc"] == expect["malloc_calls"]
     assert doc["calls"]["realloc"] == 1 and doc["calls"]["free"] == 500
@@ -476,6 +477,15 @@ def test_the_registry_entry_offers_dvt() -> None:
 
 
 # ---- census on a stock device --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", [{"stream": workload()[0]}], indirect=True)
+def test_the_console_summary_says_what_the_recording_covers(device: Device, tmp_path: Path) -> None:
+    r = run(["malloc", "--backend", "dvt", "--app", "com.example.app", "--window", "1", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "recorded by: launch-time recording through Instruments' Allocations service" in text
+    assert "1,010" in text                      # malloc calls by kind
+
 
 def test_census_on_a_stock_device_reads_every_footprint_from_sysmontap(device: Device) -> None:
     r = run(["census", "--device", "usb", "--source", "dvt", "--json"])

@@ -35,7 +35,7 @@ from memtrace.errors import MemtraceError
 from memtrace.target import TargetSpec
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-SECTIONS = ("host", "device", "target")
+SECTIONS = ("host", "device", "stock iPhone", "target")
 # Tracers whose entry points exist only on Darwin: missing elsewhere is expected, not a failure.
 DARWIN_TRACERS = ("iosurface", "purgeable", "probe")
 SELF_TEST_CALLS = 1000
@@ -152,7 +152,12 @@ def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | 
     try:
         params = device.query_system_parameters()
     except Exception as e:  # noqa: BLE001 -- any Frida error here is the finding itself
-        report.add("device", "system", FAIL, f"cannot query the device: {_first_line(e)}")
+        if device.type == "usb":
+            # A stock iPhone has no frida-server: the jailbroken path is out, the stock one is checked next.
+            report.add("device", "frida-server", WARN, f"no frida-server answers ({_first_line(e)}): not jailbroken? "
+                                                       "the stock-iPhone commands are checked below")
+        else:
+            report.add("device", "system", FAIL, f"cannot query the device: {_first_line(e)}")
         return None
     os_info = params.get("os") or {}
     hardware = params.get("hardware") or {}
@@ -498,6 +503,12 @@ def run(target: TargetSpec | None, device_spec: str, lockdown: Callable[[str], A
         return report
     host_checks(report, local=devices.is_local(device))
     platform = device_checks(report, device, lockdown)
+    if device.type == "usb":
+        from memtrace.dvt.doctor import stock_checks
+
+        stock_checks(report, device.id, target.app if target is not None else None)
+        if platform is None:
+            return report       # no frida-server: nothing to check inside a target through Frida
     chosen = target or default_target(device)
     if chosen is None:
         report.add("target", "inside a target", SKIP, "name one (--app BUNDLE_ID, --pid N or --name NAME) to check "

@@ -150,12 +150,22 @@ def test_device_only_checks_inside_an_app_are_wired_and_warn_when_they_fail() ->
     assert report.ok        # a part MISSING on the device is a warning: the tracers still run
 
 
-def test_a_device_that_cannot_be_queried_fails() -> None:
-    class Broken(FakeDevice):
-        def query_system_parameters(self) -> dict[str, Any]:
-            raise RuntimeError("connection closed")
+class Broken(FakeDevice):
+    def query_system_parameters(self) -> dict[str, Any]:
+        raise RuntimeError("connection closed")
 
+
+def test_a_device_that_cannot_be_queried_fails() -> None:
     report = doctor.Report()
-    assert doctor.device_checks(report, Broken(IOS), factory(None, [])) is None
+    assert doctor.device_checks(report, Broken(IOS, "remote"), factory(None, [])) is None
     assert rows(report)["system"] == ("fail", "cannot query the device: connection closed")
     assert not report.ok
+
+
+def test_a_usb_device_without_frida_server_is_a_stock_iphone_not_a_failure() -> None:
+    # No frida-server over USB: the jailbroken path is out; doctor goes on to the stock-iPhone checks.
+    report = doctor.Report()
+    assert doctor.device_checks(report, Broken(IOS), factory(None, [])) is None
+    status, detail = rows(report)["frida-server"]
+    assert status == "warn" and "no frida-server answers (connection closed)" in detail
+    assert report.ok

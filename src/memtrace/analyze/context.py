@@ -67,8 +67,12 @@ class CaptureContext:
 
     def header_json(self, tracer: str, capture: str | None) -> dict[str, Any]:
         """What every summary's JSON opens with: which capture, which target, how it ended."""
-        return {"schema_version": SCHEMA_VERSION, "capture": capture, "tracer": tracer, "target": self.meta.get("target", {}).get("label"),
-                "ended": self.end.get("ended", "truncated"), "reason": self.end.get("reason", NO_END)}
+        out = {"schema_version": SCHEMA_VERSION, "capture": capture, "tracer": tracer,
+               "target": self.meta.get("target", {}).get("label"),
+               "ended": self.end.get("ended", "truncated"), "reason": self.end.get("reason", NO_END)}
+        if self.info.get("covers"):
+            out["recorded_by"] = self.info["covers"]      # --backend dvt: what the device's service recorded
+        return out
 
     def timing_json(self) -> dict[str, Any]:
         return {"window_s": self.meta.get("options", {}).get("window"),

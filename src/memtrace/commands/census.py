@@ -15,17 +15,49 @@ from memtrace.analyze import census as analysis
 from memtrace.files import save_json
 from memtrace.reporters.console import cells, plain
 
+SOURCES = ("auto", "frida", "dvt")
 
-def collect(device_spec: str, host_process: str) -> dict[str, Any]:
+
+def collect(device_spec: str, host_process: str, source: str = "auto") -> dict[str, Any]:
+    """The census document: /proc locally; on an iPhone frida-server's census agent (jailbroken:
+    bands and limits too) or Instruments' Sysmontap (a stock device: footprints, no bands).
+    ``auto`` tries Frida first and falls back to Sysmontap when no frida-server answers."""
     from memtrace import census
+    from memtrace.errors import InputError, MemtraceError
 
     spec = devices.parse_device_spec(device_spec)
+    if source == "dvt":
+        if spec.kind in ("local", "remote"):
+            raise InputError(f"--source dvt: --device {device_spec}: Instruments' services are reached over USB")
+        from memtrace.dvt.census import census_stock
+
+        return census_stock(spec.udid)
     if spec.kind == "local":
         return census.census_linux()
     device = devices.resolve(spec)
     if devices.is_local(device):
         return census.census_linux()
-    return census.census_device(device, host_process)
+    if source == "frida":
+        return census.census_device(device, host_process)
+    try:
+        return census.census_device(device, host_process)
+    except Exception as frida_error:  # noqa: BLE001 -- no frida-server (a stock device): try Instruments
+        if spec.kind == "remote":
+            raise
+        from memtrace.dvt.census import census_stock
+
+        try:
+            doc = census_stock(spec.udid or getattr(device, "id", None))
+        except MemtraceError as dvt_error:
+            raise MemtraceError(f"census: frida-server did not answer ({_first_line(frida_error)}) and neither "
+                                f"did Instruments ({dvt_error})") from None
+        doc["notes"].append(f"frida-server did not answer ({_first_line(frida_error)}): measured through "
+                            "Instruments' Sysmontap instead")
+        return doc
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0]
 
 
 # Columns by how much they matter: a narrow terminal drops the last ones (named below the table)
@@ -37,6 +69,9 @@ EXTRA_COLUMNS = {
                ("reusable", "reusable"), ("graphics", "graphics")),
     "linux": (("lifetime_max", "max"), ("band", "band"), ("limit", "limit"), ("status", "status"),
               ("pss", "pss"), ("swap", "swap"), ("reusable", "lazyfree")),
+    # A stock iPhone (Sysmontap): no bands or limits, compressed and resident instead.
+    "darwin-stock": (("purgeable_volatile", "purgeable"), ("compressed", "compressed"), ("rss", "resident"),
+                     ("status", "status")),
 }
 TEXT_COLUMNS = ("name", "band", "status")
 NAME_WIDTH = (8, 24)        # the process column folds long names within these bounds
@@ -52,7 +87,7 @@ def fit_columns(platform: str, rows: list[dict[str, Any]], width: int) -> tuple[
     cols = list(BASE_COLUMNS)
     used = sum(need(*c) for c in cols) + GAP * (len(cols) - 1)
     dropped: list[str] = []
-    for col in EXTRA_COLUMNS["darwin" if platform == "darwin" else "linux"]:
+    for col in EXTRA_COLUMNS[platform if platform in EXTRA_COLUMNS else "linux"]:
         extra = need(*col) + GAP
         if not dropped and used + extra <= width:
             cols.append(col)
@@ -84,7 +119,8 @@ def _render_rich(doc: dict[str, Any], rows: list[dict[str, Any]], limit: int | N
     darwin = doc["platform"] == "darwin"
     console = Console()
     shown = rows if limit is None else rows[:limit]
-    cols, dropped = fit_columns(doc["platform"], shown, console.width)
+    stock = darwin and doc["device"].get("source") == "sysmontap"
+    cols, dropped = fit_columns("darwin-stock" if stock else doc["platform"], shown, console.width)
     table = Table(title=plain(f"census of {doc['device']['name']} ({doc['platform']}, {doc['time']})"),
                   title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1))
@@ -108,6 +144,9 @@ def _render_rich(doc: dict[str, Any], rows: list[dict[str, Any]], limit: int | N
     if dropped:
         console.print(f"(not shown at {console.width} columns: {', '.join(dropped)}; widen the terminal or "
                       f"use --json)", style="dim", markup=False)
+    if stock:
+        for note in doc.get("notes", [])[:1]:
+            console.print(note, style="dim", markup=False)
     for source, message in doc.get("errors", {}).items():
         console.print(Text.assemble(("warning", "yellow"), ": ", plain(source), ": ", plain(message)))
 
@@ -118,6 +157,9 @@ def _render_rich(doc: dict[str, Any], rows: list[dict[str, Any]], limit: int | N
 @click.option("--host-process", default="0", show_default=True,
               help="iOS: pid or name of the one process the census agent runs in (0 = frida-server's "
                    "system session; e.g. launchd or SpringBoard).")
+@click.option("--source", type=click.Choice(SOURCES), default="auto", show_default=True,
+              help="iPhone: frida (a jailbroken device's frida-server: bands and limits too), dvt (a stock "
+                   "device through Instruments' Sysmontap), auto (frida, else dvt).")
 @click.option("--sort", "sort_key", type=click.Choice(analysis.SORT_KEYS), default="footprint", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the census document as JSON on stdout.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False),
@@ -125,10 +167,10 @@ def _render_rich(doc: dict[str, Any], rows: list[dict[str, Any]], limit: int | N
 @click.option("--top", type=click.IntRange(min=1), default=40, show_default=True, help="Rows in the table.")
 @click.option("--all", "show_all", is_flag=True, help="Show every process in the table.")
 @click.option("--quiet", "-q", is_flag=True, help="No table (useful with --out).")
-def census(device: str, host_process: str, sort_key: str, as_json: bool, out_file: str | None, top: int,
+def census(device: str, host_process: str, source: str, sort_key: str, as_json: bool, out_file: str | None, top: int,
            show_all: bool, quiet: bool) -> int:
     """List every process with its footprint, lifetime max, purgeable/reusable memory, band and limit."""
-    doc = collect(device, host_process)
+    doc = collect(device, host_process, source)
     doc["rows"] = analysis.sort_rows(doc["rows"], sort_key)
     if out_file:
         save_json(Path(out_file), doc, "--out")

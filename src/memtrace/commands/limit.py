@@ -83,17 +83,33 @@ def _render(doc: dict[str, Any]) -> None:
               help="Sample for this many seconds (a footprint-over-time series; iOS: also memory warnings).")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
               help="Seconds between samples with --watch.")
+@click.option("--source", type=click.Choice(("auto", "frida", "dvt")), default="auto", show_default=True,
+              help="iPhone: frida (agents in the process and in frida-server: the memorystatus limit), dvt (a "
+                   "stock device: Sysmontap footprints, the live log's pressure messages, the limit from "
+                   "JetsamEvent history), auto (frida, else dvt).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No output but errors (with --json: JSON only).")
-def limit(pid: int | None, name: str | None, device: str, watch: float | None, interval: float,
+def limit(pid: int | None, name: str | None, device: str, watch: float | None, interval: float, source: str,
           as_json: bool, quiet: bool) -> int:
     """Footprint, memory still available, and the limit that binds (no injection on Linux)."""
     if (pid is None) == (name is None):
         raise InputError("give exactly one of --pid or --name")
     spec = devices.parse_device_spec(device)
-    frida_device = None if spec.kind == "local" else devices.resolve(spec)
+    if source == "dvt" and spec.kind in ("local", "remote"):
+        raise InputError(f"--source dvt: --device {device}: Instruments' services are reached over USB")
+    frida_device = None if spec.kind == "local" or source == "dvt" else devices.resolve(spec)
     events: list[dict[str, Any]] = []
-    if frida_device is None or devices.is_local(frida_device):
+    probe: Any
+    if source == "dvt" or (frida_device is not None and not devices.is_local(frida_device) and source == "auto"
+                           and _stock(frida_device)):
+        from memtrace.dvt.limit import StockLimitProbe
+
+        udid = spec.udid or getattr(frida_device, "id", None)
+        target = pid if pid is not None else _stock_pid_by_name(udid, name or "")
+        probe = StockLimitProbe(udid, target)
+        platform = "darwin"
+        sample = probe.sample
+    elif frida_device is None or devices.is_local(frida_device):
         target = pid if pid is not None else _local_pid_by_name(name or "")
         first = linux_sample(target)
         platform = "linux"
@@ -124,6 +140,24 @@ def limit(pid: int | None, name: str | None, device: str, watch: float | None, i
     elif not quiet:
         _render(doc)
     return 0
+
+
+def _stock_pid_by_name(udid: str | None, name: str) -> int:
+    from memtrace.dvt.census import census_stock
+
+    matches = [r["pid"] for r in census_stock(udid)["rows"] if r.get("name") == name]
+    if len(matches) != 1:
+        raise InputError(f"{len(matches) or 'no'} process(es) named {name!r} on the device; use --pid")
+    return int(matches[0])
+
+
+def _stock(frida_device: Any) -> bool:
+    """No frida-server answers on this device (a stock iPhone): Instruments it is."""
+    try:
+        frida_device.query_system_parameters()
+    except Exception:  # noqa: BLE001 -- any failure to reach frida-server
+        return True
+    return False
 
 
 command = limit

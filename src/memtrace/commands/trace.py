@@ -55,8 +55,9 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
     if tracer.before_launch is not None:
         tracer.before_launch(values)
     ui = make_ui(values["json"], values["quiet"])
+    host = tracer.host(values, target, options) if tracer.host is not None else None
     try:
-        result = run_capture(tracer, target, options, ui)
+        result = run_capture(tracer, target, options, ui, host=host)
     finally:
         if isinstance(ui, RichUI):
             ui.close()

@@ -50,6 +50,9 @@ def header(console: Console, tracer: str, s: dict[str, Any]) -> None:
     console.rule(plain(f"memtrace {tracer} · {s.get('target') or ''}"))
     style = ENDED_STYLE.get(s["ended"], "red")
     console.print(Text.assemble(("ended: ", "bold"), (s["ended"], style), " — ", plain(s["reason"])))
+    if s.get("recorded_by"):
+        # Not memtrace's own agent (a stock device's Instruments service): what that recording covers.
+        console.print(Text.assemble(("recorded by: ", "bold"), plain(s["recorded_by"])))
 
 
 def footer(console: Console, s: dict[str, Any]) -> None:

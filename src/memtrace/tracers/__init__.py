@@ -41,6 +41,9 @@ class Tracer:
     json_top_option: str = "top"                      # the option that bounds JSON rows
     before_launch: Callable[[dict[str, Any]], None] | None = None   # host checks, e.g. an output file
     window_end: Callable[[Any], None] | None = None   # (capture loop) before the hooks come out: malloc --leaks
+    # (option values, target, capture options) -> the AgentHost to capture through, or None for
+    # Frida's: malloc --backend dvt records through a stock device's Instruments services.
+    host: Callable[[dict[str, Any], Any, Any], Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from memtrace.analyze.leaks import skipped_text
 from memtrace.analyze.malloc import MallocSummary
+from memtrace.errors import InputError
 from memtrace.frames import Frame
 from memtrace.leakscan import DEFAULT_BUDGET_S, at_window_end
 from memtrace.live import CoreStats, Row
@@ -104,7 +105,22 @@ def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
     line(console, ("leak scan", "; ".join(notes)))
 
 
+def _host_for(values: dict[str, Any], target: Any, options: Any) -> Any:
+    """--backend dvt: no agent; Instruments' services on a stock device are the "agent"."""
+    if values.get("backend") != "dvt":
+        return None
+    from memtrace.dvt.host import DvtHost
+
+    return DvtHost(target, options.thresholds.rpc_timeout)
+
+
 def _check_backend(values: dict[str, Any]) -> None:
+    if values.get("backend") == "dvt":
+        for name in ("events", "sample_bytes"):
+            if values.get(name):
+                raise InputError(f"--backend dvt: --{name.replace('_', '-')} does not apply (the device's "
+                                 "recording sends every event, unsampled)")
+        return
     if values.get("backend") == "logger":
         from memtrace.target import require_platform
 
@@ -166,8 +182,10 @@ TRACER = Tracer(
         Option("frames", click.IntRange(1, 64), 28, "Return addresses per stack.", agent_key="frames"),
         Option("sample_bytes", int, 0, "Byte-weighted Poisson sampling with mean interval N bytes (heapprofd); "
                "0 = off.", agent_key="sampleBytes", metavar="N", check=at_least(0)),
-        Option("backend", click.Choice(["auto", "logger", "symbols"]), "auto",
-               "Darwin: malloc_logger (every zone) or the public malloc symbols.", agent_key="backend"),
+        Option("backend", click.Choice(["auto", "logger", "symbols", "dvt"]), "auto",
+               "Darwin: malloc_logger (every zone) or the public malloc symbols; dvt: a stock (not "
+               "jailbroken) iPhone through Instruments' Allocations service, nothing injected (--app, a "
+               "development-signed app; recording from its launch).", agent_key="backend"),
         Option("leaks", bool, False, "Leak detection: at the window's end (or the target's exit) a conservative "
                "reachability scan in the target sorts the tracked live blocks into leaked and still reachable "
                "(implies --stack-threshold <= --live-threshold).", agent_key="leaks", is_flag=True),
@@ -185,4 +203,5 @@ TRACER = Tracer(
     chapter=MallocChapter,
     window_end=at_window_end,
     before_launch=_check_backend,
+    host=_host_for,
 )

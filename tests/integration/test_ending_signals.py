@@ -78,3 +78,39 @@ def test_a_signal_ends_the_capture_with_its_end_record_and_the_target_gone(
     doc = summarize(read_records(out / "capture.mtc")).to_json(capture=None, top=5)
     rows = [r for r in doc["top_stacks"] if any(f.get("function") == "steady_tick" for f in r["frames"])]
     assert rows and rows[0]["count"] >= 4 and rows[0]["bytes"] == 16384 * rows[0]["count"]
+
+
+def test_ctrl_c_stops_a_batch_and_says_which_runs_were_not_started(compile_c, tmp_path: Path) -> None:
+    steady = compile_c("steady")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+defaults: {{device: local, window: 60, retries: 2}}
+runs:
+  - {{label: first, program: [{steady}]}}
+  - {{label: second, program: [{steady}]}}
+  - {{label: third, program: [{steady}]}}
+""")
+    out = tmp_path / "batch"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "batch", str(plan), "--out", str(out), "--quiet"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True)
+    try:
+        capture = out / "first-malloc" / "attempt-1" / "capture.mtc"
+        _streaming(capture)
+        mt.send_signal(signal.SIGINT)       # what a terminal's Ctrl-C sends
+        rc = mt.wait(timeout=60)
+    finally:
+        if mt.poll() is None:
+            mt.kill()
+    assert rc == 130, mt.stderr.read() if mt.stderr else ""
+    import json
+
+    doc = json.loads((out / "batch.json").read_text())
+    assert doc["interrupted"] == "SIGINT"
+    assert [r["outcome"] for r in doc["runs"]] == ["interrupted"]
+    assert len(doc["runs"][0]["attempts"]) == 1             # no retry of an interrupted run
+    assert doc["not_run"] == [{"label": "second", "tracer": "malloc"}, {"label": "third", "tracer": "malloc"}]
+    assert not (out / "second-malloc").exists()
+    end = [r.body for r in read_records(out / "first-malloc" / "capture.mtc") if r.type == RecordType.END]
+    assert end[0]["ended"] == "interrupted"

@@ -21,6 +21,7 @@ import { writeField, writeStruct } from './structs.js';
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
 const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
+const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
 const BUSY_WAIT_MS = 200;           // teardown waits this long at most for threads inside a hook
 // After the hooks are out, a thread may still be inside a replacement that was called just
 // before (in the real allocator, waiting on its lock, say), and will return into our code:
@@ -33,6 +34,7 @@ export const proc = {
   cm: null,
   mem: null,
   stubPage: null,
+  maskPrepare: null,  // the atfork prepare stub that blocks signals across fork
   stubsUsed: 0,
   stubs: [],          // {stub, slot, target}: armed stubs
   execTarget: null,
@@ -139,6 +141,7 @@ export function buildProcess(config, sources) {
     patchLength: Memory.alloc(MAX_PATCHES * 8),
     patchBytes: Memory.alloc(MAX_PATCHES * PATCH_BYTES),
     realExecve: Memory.alloc(Process.pointerSize),
+    forkMasks: Memory.alloc(FORK_MASKS_BYTES),
     takeOut: Memory.alloc(16),
     takePath: Memory.alloc(256),
     diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
@@ -161,6 +164,9 @@ export function buildProcess(config, sources) {
   }, 'void', ['int']);
 
   const symbols = {
+    mt_fork_masks: mem.forkMasks,
+    pthread_sigmask: libcExport('pthread_sigmask'),
+    pthread_self: libcExport('pthread_self'),
     mt_proc: mem.proc,
     mt_patch_address: mem.patchAddress,
     mt_patch_length: mem.patchLength,
@@ -206,6 +212,15 @@ export function buildProcess(config, sources) {
     return { guard: false, why: 'no leaked stub for the fork handler on this architecture' };
   if (registerAtfork(NULL, NULL, child, NULL) !== 0)
     return { guard: false, why: '__register_atfork failed' };
+  // Signals held across fork's arena-locked window (process.c): registered after the child
+  // handler above, so in a child the mask comes back once that handler is done.
+  if (new NativeFunction(cm.mt_fork_masks_size, 'int', [])() > FORK_MASKS_BYTES)
+    return { guard: false, why: 'the fork signal-mask table outgrew its allocation' };
+  proc.maskPrepare = leakedStub(cm.mt_fork_prepare);
+  mem.masksBusy = new NativeFunction(cm.mt_fork_masks_busy, 'int', []);
+  if (registerAtfork(proc.maskPrepare, leakedStub(cm.mt_fork_parent), leakedStub(cm.mt_fork_child_unmask),
+                     NULL) !== 0)
+    return { guard: false, why: '__register_atfork failed (signal masks)' };
   return { guard: true, follow: !!config.followChildren, waitMs: config.childWaitMs || 0 };
 }
 
@@ -409,6 +424,14 @@ export function tearDownProcess(unloading) {
   if (proc.mem !== null) {
     writeField(proc.mem.proc, PROC, 'follow', 0);
     writeField(proc.mem.proc, PROC, 'n_patches', 0);
+  }
+  if (proc.maskPrepare !== null && proc.mem !== null && proc.mem.masksBusy) {
+    // No new fork blocks its signals; one already past prepare gets its mask back before the
+    // parent and child handlers go quiet.
+    disarmStub(proc.maskPrepare);
+    const deadline = Date.now() + BUSY_WAIT_MS;
+    while (proc.mem.masksBusy() > 0 && Date.now() < deadline)
+      Thread.sleep(0.001);
   }
   disarmStubs();
   if (unloading)

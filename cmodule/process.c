@@ -264,6 +264,107 @@ mt_fork_masks_busy (void)
   return n;
 }
 
+/* ---- Frida's descriptors kept open -----------------------------------------------------------
+ *
+ * Daemons close every descriptor above 2 at start (a close() loop to the limit, close_range,
+ * closefrom).  Among them are Frida's own -- the socket to the host, its event fds -- and with
+ * them went the whole capture: 99.96 % of a run lost, and Frida's agent thread left spinning at
+ * full CPU in a process memtrace no longer reached.  While the window is open, close, close_range
+ * and closefrom are redirected here: a descriptor Frida cloaks (mt_fd_guard, a bitmap the agent
+ * refreshes from Cloak.hasFileDescriptor) is kept open and the call reports success for it, as if
+ * it had been closed -- unless the caller is Frida's own code (mt_fd_state ranges), which may
+ * close what it opened.  Counted, and said in the capture.  Not covered: a raw close syscall
+ * (syscall(2) or an inline instruction), dup2 over one of them. */
+
+#define MT_FD_GUARD_MAX 65536
+#define MT_FD_RANGES 6
+#define MT_CLOSE_RANGE_MAX_FD ~0U
+
+/* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs. */
+extern volatile guint64 mt_fd_guard[];
+extern volatile guint64 mt_fd_state[];
+extern gpointer mt_real_close;
+extern gpointer mt_real_close_range;
+
+typedef gint (* MtCloseFunc) (gint fd);
+typedef gint (* MtCloseRangeFunc) (guint lo, guint hi, gint flags);
+
+#ifdef __TINYC__
+/* TinyCC keeps a frame pointer in every function: the caller's return address sits above it. */
+# define MT_CALLER() (((guint64 *) __builtin_frame_address (0))[1])
+#else
+# define MT_CALLER() ((guint64) __builtin_return_address (0))
+#endif
+
+static gboolean
+mt_fd_kept (guint64 fd, guint64 caller)
+{
+  guint64 i, n;
+  if (fd >= MT_FD_GUARD_MAX || ((mt_fd_guard[fd >> 6] >> (fd & 63)) & 1) == 0)
+    return FALSE;
+  n = mt_fd_state[1];
+  for (i = 0; i < n && i < MT_FD_RANGES; i++)
+  {
+    if (caller >= mt_fd_state[2 + 2 * i] && caller < mt_fd_state[3 + 2 * i])
+      return FALSE;
+  }
+  g_atomic_pointer_add ((volatile gsize *) &mt_fd_state[0], 1);
+  return TRUE;
+}
+
+gint
+mt_close (gint fd)
+{
+  if (fd >= 0 && mt_fd_kept ((guint64) fd, MT_CALLER ()))
+    return 0;
+  return ((MtCloseFunc) mt_real_close) (fd);
+}
+
+/* [lo, hi] less the kept descriptors, as the runs between them. */
+static gint
+mt_close_range_kept (guint lo, guint hi, gint flags, guint64 caller)
+{
+  guint64 a = lo, fd, top = hi;
+  gint r = 0;
+  if (top > MT_FD_GUARD_MAX - 1)
+    top = MT_FD_GUARD_MAX - 1;
+  for (fd = lo; fd <= top; fd++)
+  {
+    if (!mt_fd_kept (fd, caller))
+      continue;
+    if (fd > a && ((MtCloseRangeFunc) mt_real_close_range) ((guint) a, (guint) (fd - 1), flags) != 0)
+      r = -1;
+    a = fd + 1;
+  }
+  if (a <= (guint64) hi && ((MtCloseRangeFunc) mt_real_close_range) ((guint) a, hi, flags) != 0)
+    r = -1;
+  return r;
+}
+
+gint
+mt_close_range (guint lo, guint hi, gint flags)
+{
+  return mt_close_range_kept (lo, hi, flags, MT_CALLER ());
+}
+
+void
+mt_closefrom (gint lo)
+{
+  guint64 caller = MT_CALLER ();
+  if (lo < 0)
+    lo = 0;
+  if (mt_close_range_kept ((guint) lo, MT_CLOSE_RANGE_MAX_FD, 0, caller) != 0)
+  {
+    /* No close_range (an old kernel): one by one, as glibc's own fallback does. */
+    guint64 fd;
+    for (fd = (guint64) lo; fd < MT_FD_GUARD_MAX; fd++)
+    {
+      if (!mt_fd_kept (fd, caller))
+        ((MtCloseFunc) mt_real_close) ((gint) fd);
+    }
+  }
+}
+
 /* The parent's agent takes the next posted entry: out[0..2] = pid, ppid, origin, path copied.
  * Returns the entry index, or -1 when nothing is posted. */
 gint

@@ -153,6 +153,218 @@ mt_fork_child (void)
   }
 }
 
+/* ---- signals held across fork -------------------------------------------------------------
+ *
+ * glibc's fork() locks every malloc arena (after the prepare handlers run) and unlocks them once
+ * the fork syscall returns (before the parent and child handlers run).  A signal whose handler
+ * calls malloc -- common, though not async-signal-safe -- landing in that window deadlocks on the
+ * arena lock its own thread holds.  Natively the window is a short syscall; with an agent in the
+ * process the fork copies far more page tables and the window widens enough that such a program
+ * hung 5 times in 5 under memtrace (0 in 8 natively).  So the forking thread blocks every signal
+ * in our prepare handler and restores its mask in the parent and child handlers: a signal that
+ * arrives meanwhile is delivered right after fork returns, when the arenas are free again.  The
+ * saved masks are kept by pthread_self() (the same value in the child for the forking thread). */
+
+#define MT_FORK_MASKS 64
+#define MT_SIG_BLOCK 0
+#define MT_SIG_SETMASK 2
+
+typedef struct _MtForkMask MtForkMask;
+struct _MtForkMask
+{
+  volatile gint claim;              /* taken by g_atomic_int_add (TinyCC has no compare-and-swap) */
+  gint reserved;
+  volatile gsize owner;             /* pthread_self() of the forking thread, 0 = free */
+  guint64 mask[16];                 /* its sigset_t (128 bytes on glibc) before the fork */
+};
+
+extern MtForkMask mt_fork_masks[];     /* MT_FORK_MASKS entries, zeroed by the agent (process.js) */
+
+extern gint pthread_sigmask (gint how, const gpointer set, gpointer old);
+extern gpointer pthread_self (void);
+
+void
+mt_fork_prepare (void)
+{
+  guint64 all[16];
+  gsize me = (gsize) pthread_self ();
+  gint i;
+  for (i = 0; i != 16; i++)
+    all[i] = ~(guint64) 0;
+  for (i = 0; i != MT_FORK_MASKS; i++)
+  {
+    MtForkMask * m = &mt_fork_masks[i];
+    if (m->claim != 0)
+      continue;
+    if (g_atomic_int_add (&m->claim, 1) == 0)
+    {
+      /* glibc keeps its own internal signals unblockable; SIGKILL/SIGSTOP cannot be blocked. */
+      pthread_sigmask (MT_SIG_BLOCK, all, m->mask);
+      mt_proc_barrier ();
+      m->owner = me;
+      return;
+    }
+    g_atomic_int_add (&m->claim, -1);
+  }
+  /* 64 threads forking at once: this fork goes unprotected, as without memtrace. */
+}
+
+static void
+mt_fork_unmask (void)
+{
+  gsize me = (gsize) pthread_self ();
+  gint i;
+  for (i = 0; i != MT_FORK_MASKS; i++)
+  {
+    MtForkMask * m = &mt_fork_masks[i];
+    if (m->owner == me)
+    {
+      pthread_sigmask (MT_SIG_SETMASK, m->mask, NULL);
+      m->owner = 0;
+      mt_proc_barrier ();
+      g_atomic_int_add (&m->claim, -1);
+      return;
+    }
+  }
+}
+
+void
+mt_fork_parent (void)
+{
+  mt_fork_unmask ();
+}
+
+void
+mt_fork_child_unmask (void)
+{
+  gint i;
+  mt_fork_unmask ();
+  /* Entries of other threads that were forking at that instant: they do not exist here. */
+  for (i = 0; i != MT_FORK_MASKS; i++)
+  {
+    mt_fork_masks[i].owner = 0;
+    mt_fork_masks[i].claim = 0;
+  }
+}
+
+/* Forks between prepare and parent/child right now (teardown waits for them before the parent
+ * and child handlers stop restoring masks). */
+gint
+mt_fork_masks_size (void)
+{
+  return (gint) (sizeof (MtForkMask) * MT_FORK_MASKS);
+}
+
+gint
+mt_fork_masks_busy (void)
+{
+  gint i, n = 0;
+  for (i = 0; i != MT_FORK_MASKS; i++)
+    n += mt_fork_masks[i].claim != 0;
+  return n;
+}
+
+/* ---- Frida's descriptors kept open -----------------------------------------------------------
+ *
+ * Daemons close every descriptor above 2 at start (a close() loop to the limit, close_range,
+ * closefrom).  Among them are Frida's own -- the socket to the host, its event fds -- and with
+ * them went the whole capture: 99.96 % of a run lost, and Frida's agent thread left spinning at
+ * full CPU in a process memtrace no longer reached.  While the window is open, close, close_range
+ * and closefrom are redirected here: a descriptor Frida cloaks (mt_fd_guard, a bitmap the agent
+ * refreshes from Cloak.hasFileDescriptor) is kept open and the call reports success for it, as if
+ * it had been closed -- unless the caller is Frida's own code (mt_fd_state ranges), which may
+ * close what it opened.  Counted, and said in the capture.  Not covered: a raw close syscall
+ * (syscall(2) or an inline instruction), dup2 over one of them. */
+
+#define MT_FD_GUARD_MAX 65536
+#define MT_FD_RANGES 6
+#define MT_CLOSE_RANGE_MAX_FD ~0U
+
+/* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs. */
+extern volatile guint64 mt_fd_guard[];
+extern volatile guint64 mt_fd_state[];
+extern gpointer mt_real_close;
+extern gpointer mt_real_close_range;
+
+typedef gint (* MtCloseFunc) (gint fd);
+typedef gint (* MtCloseRangeFunc) (guint lo, guint hi, gint flags);
+
+#ifdef __TINYC__
+/* TinyCC keeps a frame pointer in every function: the caller's return address sits above it. */
+# define MT_CALLER() (((guint64 *) __builtin_frame_address (0))[1])
+#else
+# define MT_CALLER() ((guint64) __builtin_return_address (0))
+#endif
+
+static gboolean
+mt_fd_kept (guint64 fd, guint64 caller)
+{
+  guint64 i, n;
+  if (fd >= MT_FD_GUARD_MAX || ((mt_fd_guard[fd >> 6] >> (fd & 63)) & 1) == 0)
+    return FALSE;
+  n = mt_fd_state[1];
+  for (i = 0; i < n && i < MT_FD_RANGES; i++)
+  {
+    if (caller >= mt_fd_state[2 + 2 * i] && caller < mt_fd_state[3 + 2 * i])
+      return FALSE;
+  }
+  g_atomic_pointer_add ((volatile gsize *) &mt_fd_state[0], 1);
+  return TRUE;
+}
+
+gint
+mt_close (gint fd)
+{
+  if (fd >= 0 && mt_fd_kept ((guint64) fd, MT_CALLER ()))
+    return 0;
+  return ((MtCloseFunc) mt_real_close) (fd);
+}
+
+/* [lo, hi] less the kept descriptors, as the runs between them. */
+static gint
+mt_close_range_kept (guint lo, guint hi, gint flags, guint64 caller)
+{
+  guint64 a = lo, fd, top = hi;
+  gint r = 0;
+  if (top > MT_FD_GUARD_MAX - 1)
+    top = MT_FD_GUARD_MAX - 1;
+  for (fd = lo; fd <= top; fd++)
+  {
+    if (!mt_fd_kept (fd, caller))
+      continue;
+    if (fd > a && ((MtCloseRangeFunc) mt_real_close_range) ((guint) a, (guint) (fd - 1), flags) != 0)
+      r = -1;
+    a = fd + 1;
+  }
+  if (a <= (guint64) hi && ((MtCloseRangeFunc) mt_real_close_range) ((guint) a, hi, flags) != 0)
+    r = -1;
+  return r;
+}
+
+gint
+mt_close_range (guint lo, guint hi, gint flags)
+{
+  return mt_close_range_kept (lo, hi, flags, MT_CALLER ());
+}
+
+void
+mt_closefrom (gint lo)
+{
+  guint64 caller = MT_CALLER ();
+  if (lo < 0)
+    lo = 0;
+  if (mt_close_range_kept ((guint) lo, MT_CLOSE_RANGE_MAX_FD, 0, caller) != 0)
+  {
+    /* No close_range (an old kernel): one by one, as glibc's own fallback does. */
+    guint64 fd;
+    for (fd = (guint64) lo; fd < MT_FD_GUARD_MAX; fd++)
+    {
+      if (!mt_fd_kept (fd, caller))
+        ((MtCloseFunc) mt_real_close) ((gint) fd);
+    }
+  }
+}
+
 /* The parent's agent takes the next posted entry: out[0..2] = pid, ppid, origin, path copied.
  * Returns the entry index, or -1 when nothing is posted. */
 gint

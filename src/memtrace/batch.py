@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -99,6 +100,7 @@ class RunOutcome:
     capture: str | None = None
     skipped: bool = False
     note: str = ""
+    interrupted: int | None = None     # Ctrl-C (2), SIGTERM or SIGHUP ended this run: the batch stops here
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "tracer": self.tracer, "outcome": self.outcome, "events": self.events,
@@ -202,12 +204,22 @@ def run_batch(runs: list[Run], out: Path, force: bool, ui_factory: Callable[[], 
               on_outcome: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
     out.mkdir(parents=True, exist_ok=True)
     outcomes = []
+    stopped: int | None = None
     for run in runs:
         result = _run_one(run, out / run.key, force, ui_factory)
         outcomes.append(result)
         if on_outcome is not None:
             on_outcome(result)
-    write_json_atomic(out / "batch.json", {"kind": "batch", "runs": [o.to_json() for o in outcomes]})
+        if result.interrupted is not None:
+            # The user stopped it: the run in progress kept its capture (END says so); the rest of
+            # the plan is not started, and batch.json says which runs those are.
+            stopped = result.interrupted
+            break
+    doc: dict[str, Any] = {"kind": "batch", "runs": [o.to_json() for o in outcomes]}
+    if stopped is not None:
+        doc["interrupted"] = signal.Signals(stopped).name
+        doc["not_run"] = [{"label": r.label, "tracer": r.tracer} for r in runs[len(outcomes):]]
+    write_json_atomic(out / "batch.json", doc)
     return outcomes
 
 
@@ -232,6 +244,7 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
     folder.mkdir(parents=True)
     attempts: list[dict[str, Any]] = []
     results: list[CaptureResult] = []
+    interrupted: int | None = None
     delay = float(run.values.get("attach_delay", 0.0))
     for n in range(1, run.retries + 2):
         options = run.capture_options(folder / f"attempt-{n}", delay)
@@ -248,10 +261,14 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
         results.append(r)
         attempts.append({"attempt": n, "attach_delay": delay, "ended": r.ended, "reason": r.reason,
                          "alive_after_start_s": r.evidence.get("alive_after_start_s")})
-        if r.ended not in EARLY_DEATHS or r.interrupted:
+        if r.interrupted:
+            interrupted = r.signal or signal.SIGINT
+            break
+        if r.ended not in EARLY_DEATHS:
             break
         delay += run.retry_delay_step
-    outcome = RunOutcome(run.label, run.tracer, attempts[-1]["ended"] if attempts else "failed", attempts)
+    outcome = RunOutcome(run.label, run.tracer, attempts[-1]["ended"] if attempts else "failed", attempts,
+                         interrupted=interrupted)
     if attempts and attempts[-1]["ended"] == "failed":
         outcome.note = attempts[-1]["reason"]
     if results:

@@ -122,6 +122,7 @@ class CaptureResult:
     pid: int | None
     missing: list[str]
     interrupted: bool = False
+    signal: int | None = None       # SIGTERM or SIGHUP when one ended it (None: Ctrl-C or no interruption)
 
 
 class AgentHost(Protocol):
@@ -258,10 +259,14 @@ class CaptureLoop(ProcessEvents):
             self.family = Family(folder=out, label=self.target.slug(), deadline=float("inf"),
                                  follow=self.options.follow_children)
         interrupted = False
-        previous = signal.getsignal(signal.SIGTERM)
         on_main = threading.current_thread() is threading.main_thread()
+        # SIGTERM, and SIGHUP (the terminal closed): end the capture as Ctrl-C does -- detach, kill
+        # what memtrace launched, write END -- instead of dying with the target left behind.
+        previous = {sig: signal.getsignal(sig) for sig in ENDING_SIGNALS} if on_main else {}
         if on_main:
-            signal.signal(signal.SIGTERM, _raise_interrupt)
+            _ending_signal.clear()
+        for sig in previous:
+            signal.signal(sig, _raise_interrupt)
         try:
             self._write_meta()
             if self.write_error is not None:        # nothing launched yet: no capture, one error
@@ -304,8 +309,8 @@ class CaptureLoop(ProcessEvents):
                 self._join_children()
             result = self._end(interrupted)
         finally:
-            if on_main:
-                signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self.writer.close()
             self.host.close()
         if self.write_error is not None:
@@ -456,6 +461,11 @@ class CaptureLoop(ProcessEvents):
             exit_status=self.host.exit_status(1.0) if e.gone else None,
             exec_info=e.exec_info if e.replaced else None,
         )
+        if interrupted and _ending_signal:
+            name = signal.Signals(_ending_signal[0]).name
+            why = " (the terminal closed)" if _ending_signal[0] == signal.SIGHUP else ""
+            end_body["reason"] = f"ended early by {name}{why}; data up to then is kept"
+            end_body.setdefault("evidence", {})["signal"] = name
         end_body["ended_at"] = _iso_now()
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
@@ -474,7 +484,8 @@ class CaptureLoop(ProcessEvents):
         self.ui.phase("done")
         return CaptureResult(path=self.writer.path, ended=end_body["ended"], reason=end_body["reason"],
                              evidence=end_body.get("evidence", {}), pid=self.host.pid, missing=self.missing,
-                             interrupted=interrupted)
+                             interrupted=interrupted,
+                             signal=_ending_signal[0] if interrupted and _ending_signal else None)
 
     # -- messages -------------------------------------------------------------
 
@@ -651,7 +662,21 @@ class CaptureLoop(ProcessEvents):
         })
 
 
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_ending_signal: list[int] = []       # the signal that ended the capture, if one did
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
+    if not _ending_signal:
+        _ending_signal.append(signum)
+    if signum == signal.SIGHUP:
+        # The terminal is gone: a write to it would fail (EIO) halfway through detaching.  What
+        # memtrace still has to say goes nowhere; the capture and its END are what count.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.close(devnull)
     raise KeyboardInterrupt
 
 

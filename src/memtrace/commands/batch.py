@@ -48,6 +48,11 @@ def batch(plan: Path, out: Path | None, force: bool, as_json: bool, quiet: bool)
             table.add_row(*cells([o.label, o.tracer, Text.assemble((o.outcome, style), " (skipped)" if o.skipped else ""),
                                   len(o.attempts), f"{o.events:,}", fmt_bytes(o.bytes)]))
         Console().print(table)
+    stopped = next((o.interrupted for o in outcomes if o.interrupted is not None), None)
+    if stopped is not None:
+        console.print(Text.assemble(("interrupted", "yellow"), f": {len(runs) - len(outcomes)} run(s) of the plan "
+                                                               "not started (batch.json lists them)"))
+        return 128 + stopped
     return 0 if all(o.outcome != "failed" for o in outcomes) else 1
 
 

@@ -78,6 +78,8 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
 
 
 def exit_code(result: CaptureResult) -> int:
+    if result.signal is not None:
+        return 128 + result.signal      # as a shell reports a command a signal ended
     return 130 if result.interrupted else 0
 
 

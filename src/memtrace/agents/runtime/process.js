@@ -21,6 +21,11 @@ import { writeField, writeStruct } from './structs.js';
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
 const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
+const FD_GUARD_MAX = 65536;           // process.c's MT_FD_GUARD_MAX: descriptors the bitmap covers
+const FD_GUARD_SCAN = 4096;           // descriptors asked of Cloak at each refresh
+const FD_GUARD_REFRESH_MS = 1000;
+const FD_RANGES = 6;                  // process.c's MT_FD_RANGES
+const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
 const BUSY_WAIT_MS = 200;           // teardown waits this long at most for threads inside a hook
 // After the hooks are out, a thread may still be inside a replacement that was called just
 // before (in the real allocator, waiting on its lock, say), and will return into our code:
@@ -33,6 +38,8 @@ export const proc = {
   cm: null,
   mem: null,
   stubPage: null,
+  fdGuard: null,      // {hooked: [targets], timer}: close/close_range/closefrom redirected
+  maskPrepare: null,  // the atfork prepare stub that blocks signals across fork
   stubsUsed: 0,
   stubs: [],          // {stub, slot, target}: armed stubs
   execTarget: null,
@@ -139,6 +146,11 @@ export function buildProcess(config, sources) {
     patchLength: Memory.alloc(MAX_PATCHES * 8),
     patchBytes: Memory.alloc(MAX_PATCHES * PATCH_BYTES),
     realExecve: Memory.alloc(Process.pointerSize),
+    forkMasks: Memory.alloc(FORK_MASKS_BYTES),
+    fdGuard: Memory.alloc(FD_GUARD_MAX / 8),
+    fdState: Memory.alloc(16 * 8),
+    realClose: Memory.alloc(Process.pointerSize),
+    realCloseRange: Memory.alloc(Process.pointerSize),
     takeOut: Memory.alloc(16),
     takePath: Memory.alloc(256),
     diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
@@ -161,6 +173,13 @@ export function buildProcess(config, sources) {
   }, 'void', ['int']);
 
   const symbols = {
+    mt_fork_masks: mem.forkMasks,
+    mt_fd_guard: mem.fdGuard,
+    mt_fd_state: mem.fdState,
+    mt_real_close: mem.realClose,
+    mt_real_close_range: mem.realCloseRange,
+    pthread_sigmask: libcExport('pthread_sigmask'),
+    pthread_self: libcExport('pthread_self'),
     mt_proc: mem.proc,
     mt_patch_address: mem.patchAddress,
     mt_patch_length: mem.patchLength,
@@ -206,6 +225,15 @@ export function buildProcess(config, sources) {
     return { guard: false, why: 'no leaked stub for the fork handler on this architecture' };
   if (registerAtfork(NULL, NULL, child, NULL) !== 0)
     return { guard: false, why: '__register_atfork failed' };
+  // Signals held across fork's arena-locked window (process.c): registered after the child
+  // handler above, so in a child the mask comes back once that handler is done.
+  if (new NativeFunction(cm.mt_fork_masks_size, 'int', [])() > FORK_MASKS_BYTES)
+    return { guard: false, why: 'the fork signal-mask table outgrew its allocation' };
+  proc.maskPrepare = leakedStub(cm.mt_fork_prepare);
+  mem.masksBusy = new NativeFunction(cm.mt_fork_masks_busy, 'int', []);
+  if (registerAtfork(proc.maskPrepare, leakedStub(cm.mt_fork_parent), leakedStub(cm.mt_fork_child_unmask),
+                     NULL) !== 0)
+    return { guard: false, why: '__register_atfork failed (signal masks)' };
   return { guard: true, follow: !!config.followChildren, waitMs: config.childWaitMs || 0 };
 }
 
@@ -251,9 +279,107 @@ export function hookExec() {
   proc.execTarget = target;
   proc.execHooked = true;
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
+  hookFdGuard();
+}
+
+/* ---- Frida's descriptors kept open (cmodule/process.c, mt_close) ------------------------ */
+
+function refreshFdGuard() {
+  const bits = proc.mem.fdGuard;
+  const words = new Array(FD_GUARD_SCAN / 64).fill(0n);
+  for (let fd = 0; fd < FD_GUARD_SCAN; fd++) {
+    if (Cloak.hasFileDescriptor(fd))
+      words[fd >> 6] |= 1n << BigInt(fd & 63);
+  }
+  words.forEach((w, i) => bits.add(i * 8).writeU64(uint64(w.toString())));
+}
+
+/* Where Frida's agent code is mapped: its own close() of its own descriptors goes through. */
+function fridaCodeRanges() {
+  const spans = new Map();
+  let text = '';
+  try {
+    text = File.readAllText('/proc/self/maps');
+  } catch (e) {
+    return [];
+  }
+  for (const line of text.split('\n')) {
+    if (!line.includes('frida-'))
+      continue;
+    const fields = line.split(/\s+/);
+    const [lo, hi] = fields[0].split('-').map(h => uint64('0x' + h));
+    const name = fields.slice(5).join(' ');
+    const span = spans.get(name);
+    if (span === undefined)
+      spans.set(name, [lo, hi]);
+    else
+      spans.set(name, [lo.compare(span[0]) < 0 ? lo : span[0], hi.compare(span[1]) > 0 ? hi : span[1]]);
+  }
+  return [...spans.values()].slice(0, FD_RANGES);
+}
+
+function hookFdGuard() {
+  if (proc.cm === null || proc.fdGuard !== null || IS_DARWIN)
+    return;
+  const state = proc.mem.fdState;
+  const ranges = fridaCodeRanges();
+  state.writeU64(0);
+  state.add(8).writeU64(ranges.length);
+  ranges.forEach(([lo, hi], i) => {
+    state.add(16 + 16 * i).writeU64(lo);
+    state.add(24 + 16 * i).writeU64(hi);
+  });
+  refreshFdGuard();
+  const hooked = [];
+  const redirect = (name, replacement, realSlot) => {
+    const target = libcExport(name);
+    if (target === null)
+      return;
+    try {
+      const original = Interceptor.replaceFast(target, replacement);
+      if (realSlot !== null)
+        realSlot.writePointer(original);
+    } catch (e) {
+      if (realSlot !== null)
+        realSlot.writePointer(target);
+      Interceptor.replace(target, replacement);
+    }
+    hooked.push(target);
+  };
+  redirect('close', proc.cm.mt_close, proc.mem.realClose);
+  const closeRange = libcExport('close_range');
+  if (closeRange !== null) {
+    redirect('close_range', proc.cm.mt_close_range, proc.mem.realCloseRange);
+    // closefrom closes through close_range in glibc: ours calls the real one, run by run.
+    redirect('closefrom', proc.cm.mt_closefrom, null);
+  }
+  Interceptor.flush();
+  proc.fdGuard = { hooked, timer: setInterval(refreshFdGuard, FD_GUARD_REFRESH_MS) };
+}
+
+function unhookFdGuard() {
+  const guard = proc.fdGuard;
+  if (guard === null)
+    return;
+  proc.fdGuard = null;
+  clearInterval(guard.timer);
+  for (const target of guard.hooked)
+    Interceptor.revert(target);
+  Interceptor.flush();
+  const kept = Number(proc.mem.fdState.readU64());
+  if (kept > 0) {
+    try {
+      send({ type: 'agent:warning', message: `the target closed memtrace's own descriptors ${kept} time(s) ` +
+        '(closing every descriptor, as daemons do): they were kept open so the capture goes on, and the ' +
+        "target's close reported success" });
+    } catch (e) {
+      // going away
+    }
+  }
 }
 
 export function unhookExec() {
+  unhookFdGuard();
   if (!proc.execHooked)
     return;
   writeField(proc.mem.proc, PROC, 'exec_notify', 0);
@@ -409,6 +535,14 @@ export function tearDownProcess(unloading) {
   if (proc.mem !== null) {
     writeField(proc.mem.proc, PROC, 'follow', 0);
     writeField(proc.mem.proc, PROC, 'n_patches', 0);
+  }
+  if (proc.maskPrepare !== null && proc.mem !== null && proc.mem.masksBusy) {
+    // No new fork blocks its signals; one already past prepare gets its mask back before the
+    // parent and child handlers go quiet.
+    disarmStub(proc.maskPrepare);
+    const deadline = Date.now() + BUSY_WAIT_MS;
+    while (proc.mem.masksBusy() > 0 && Date.now() < deadline)
+      Thread.sleep(0.001);
   }
   disarmStubs();
   if (unloading)

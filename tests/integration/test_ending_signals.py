@@ -1,0 +1,116 @@
+"""SIGHUP (the terminal closed) and SIGTERM end a capture as Ctrl-C does.
+
+Before: SIGHUP killed memtrace outright -- the target it had launched ran on with memtrace's hooks
+in it, and the capture had no END ("truncated").  Now memtrace detaches, kills what it launched,
+writes END naming the signal, and exits 128 + the signal, as a shell reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memtrace.capture import CaptureError, CaptureInfo, RecordType, read_records
+
+from ..conftest import ROOT  # noqa: TID252
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
+
+
+def _streaming(capture: Path, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if any(r.type == RecordType.BATCH for r in read_records(capture, CaptureInfo(capture))):
+                return
+        except (OSError, CaptureError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no batch in {capture} after {timeout} s")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig, reason", [(signal.SIGHUP, "ended early by SIGHUP (the terminal closed)"),
+                                         (signal.SIGTERM, "ended early by SIGTERM")])
+def test_a_signal_ends_the_capture_with_its_end_record_and_the_target_gone(
+        compile_c, tmp_path: Path, sig: signal.Signals, reason: str) -> None:
+    steady = compile_c("steady")
+    out = tmp_path / "cap"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    # Its own session, as a terminal's job would be: the signal reaches memtrace alone.
+    mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--window", "60",
+                           "--out", str(out), "--", str(steady)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env, start_new_session=True)
+    try:
+        _streaming(out / "capture.mtc")
+        assert mt.stdout is not None
+        target = int(mt.stdout.readline().split()[1])
+        assert _alive(target)
+        mt.send_signal(sig)
+        rc = mt.wait(timeout=60)
+    finally:
+        if mt.poll() is None:
+            mt.kill()
+    assert rc == 128 + sig, mt.stderr.read() if mt.stderr else ""
+    end = [r.body for r in read_records(out / "capture.mtc") if r.type == RecordType.END]
+    assert len(end) == 1 and end[0]["ended"] == "interrupted"
+    assert end[0]["reason"].startswith(reason) and end[0]["evidence"]["signal"] == sig.name
+    deadline = time.monotonic() + 10
+    while _alive(target) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(target), "memtrace left the target it launched running"
+    # Everything up to the signal is in the capture: steady_tick's 16 KiB blocks, with their stack.
+    from memtrace.analyze.malloc import summarize
+
+    doc = summarize(read_records(out / "capture.mtc")).to_json(capture=None, top=5)
+    rows = [r for r in doc["top_stacks"] if any(f.get("function") == "steady_tick" for f in r["frames"])]
+    assert rows and rows[0]["count"] >= 4 and rows[0]["bytes"] == 16384 * rows[0]["count"]
+
+
+def test_ctrl_c_stops_a_batch_and_says_which_runs_were_not_started(compile_c, tmp_path: Path) -> None:
+    steady = compile_c("steady")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"""
+defaults: {{device: local, window: 60, retries: 2}}
+runs:
+  - {{label: first, program: [{steady}]}}
+  - {{label: second, program: [{steady}]}}
+  - {{label: third, program: [{steady}]}}
+""")
+    out = tmp_path / "batch"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "batch", str(plan), "--out", str(out), "--quiet"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True)
+    try:
+        capture = out / "first-malloc" / "attempt-1" / "capture.mtc"
+        _streaming(capture)
+        mt.send_signal(signal.SIGINT)       # what a terminal's Ctrl-C sends
+        rc = mt.wait(timeout=60)
+    finally:
+        if mt.poll() is None:
+            mt.kill()
+    assert rc == 130, mt.stderr.read() if mt.stderr else ""
+    import json
+
+    doc = json.loads((out / "batch.json").read_text())
+    assert doc["interrupted"] == "SIGINT"
+    assert [r["outcome"] for r in doc["runs"]] == ["interrupted"]
+    assert len(doc["runs"][0]["attempts"]) == 1             # no retry of an interrupted run
+    assert doc["not_run"] == [{"label": "second", "tracer": "malloc"}, {"label": "third", "tracer": "malloc"}]
+    assert not (out / "second-malloc").exists()
+    end = [r.body for r in read_records(out / "first-malloc" / "capture.mtc") if r.type == RecordType.END]
+    assert end[0]["ended"] == "interrupted"

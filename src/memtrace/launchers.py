@@ -34,7 +34,9 @@ class Launched:
     suspended: bool             # still suspended: the engine resumes it after instrumenting
     spawned: bool               # memtrace started it (and so may kill it at the end)
     how: str
-    resume: Callable[[], None] | None = None    # how to resume it when Frida did not spawn it
+    # How to resume it when Frida did not spawn it, before Frida attaches (once attached, Frida's
+    # resume is the one that releases it).
+    resume: Callable[[], None] | None = None
 
 
 class Launcher(Protocol):
@@ -153,10 +155,12 @@ class AttachLauncher:
 class Pmd3Launcher:
     """Launch through Instruments' process control, as Xcode does.  DEVICE-UNVERIFIED.
 
-    The app starts suspended (nothing runs before memtrace decides: with ``--attach-delay 0`` the
-    agent is in before the first instruction) and is resumed through process control when the
-    capture loop resumes it.  DEVICE-UNVERIFIED: that Frida attaches to a task DVT started
-    suspended (frida-server injects a thread, which runs once the task is resumed)."""
+    The app starts suspended (nothing runs before memtrace decides).  With ``--attach-delay`` > 0
+    it is resumed through process control before the wait.  With ``--attach-delay 0`` Frida
+    attaches to the suspended task: frida-core (darwin/frida-helper-backend.vala, ``_inject``)
+    makes it a spawn instance, runs it to dyld's breakpoint and holds its main thread there until
+    Frida's own ``resume(pid)`` -- so the capture resumes it through Frida once the agent is in,
+    and process control's resume is not used (FridaHost.resume).  DEVICE-UNVERIFIED."""
 
     name = "pmd3"
 

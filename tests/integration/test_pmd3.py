@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,6 +129,8 @@ class Device:
 
     def assert_real_signatures(self) -> None:
         for name, args, kwargs in self.calls:
+            if name.split(".")[0] in ("frida", "agent"):
+                continue        # the order log's own entries (Frida and the agent), not pymobiledevice3
             inspect.signature(REAL[name]).bind(*args, **kwargs)
 
     def names(self) -> list[str]:
@@ -208,30 +209,87 @@ def test_frida_spawn_precheck_only_stops_for_a_locked_device(device: Device) -> 
 
 @pytest.mark.parametrize("delay", [0.0, 0.3])
 @pytest.mark.parametrize("device", [{"version": "16.7"}], indirect=True)
-def test_capture_launched_by_pmd3_is_resumed_through_process_control(
-        device: Device, delay: float, compile_c, tmp_path: Path) -> None:
-    """The DVT launch returns a pid (here a real local program); the capture attaches, instruments and
-    resumes the app through process control: before the agent when --attach-delay waits, after it at 0."""
-    steady = subprocess.Popen([str(compile_c("steady"))], stdout=subprocess.PIPE, text=True)
-    assert steady.stdout is not None and steady.stdout.readline().startswith("ready ")
-    device.pid = steady.pid
-    try:
-        result = run_capture("malloc", TargetSpec(device="local", app="com.example.steady", launch="pmd3"),
-                             CaptureOptions(tracer="malloc", window=1.0, attach_delay=delay, out=tmp_path / "c"),
-                             SilentUI())
-    finally:
-        steady.kill()
-        steady.wait()
-    assert result.ended == "completed" and result.pid == steady.pid
-    resumes = [c for c in device.calls if c[0] == "resume"]
-    assert len(resumes) == 1 and resumes[0][1][1:] == (steady.pid,)
+def test_capture_launched_by_pmd3_is_resumed_in_the_order_a_device_needs(
+        device: Device, delay: float, compile_c, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake DVT launch really starts the program suspended (a Frida spawn stands for
+    posix_spawn's START_SUSPENDED) and its resume really resumes it.  At --attach-delay 0 a device's
+    Frida holds the attached task at dyld's breakpoint until Frida's own resume: the order must be
+    launch, attach, agent started, Frida resume -- and no DVT resume.  With a delay, DVT resumes it
+    before the attach and Frida resumes nothing."""
+    import frida
+
+    from memtrace.frida_host import FridaHost
+
+    local = frida.get_local_device()
+    frida_resume = frida.core.Device.resume
+    steady = str(compile_c("steady"))
+    dev_api = device.api
+
+    def api_spawning() -> SimpleNamespace:
+        api = dev_api()
+        fake_pc = api.ProcessControl
+
+        class SpawningProcessControl(fake_pc):  # type: ignore[misc, valid-type]
+            async def launch(self, *args: Any, **kwargs: Any) -> int:
+                await super().launch(*args, **kwargs)
+                device.pid = local.spawn([steady])
+                return device.pid
+
+            async def resume(self, *args: Any, **kwargs: Any) -> None:
+                await super().resume(*args, **kwargs)
+                frida_resume(local, args[0])
+
+        api.ProcessControl = SpawningProcessControl
+        return api
+
+    monkeypatch.setattr(launchers, "pmd3_api", api_spawning)
+
+    def frida_resume_logged(self: Any, pid: int, *args: Any) -> None:
+        device.calls.append(("frida.resume", (pid,), {}))
+        frida_resume(self, pid, *args)
+
+    host_attach, host_rpc = FridaHost.attach, FridaHost.rpc
+
+    def attach_logged(self: FridaHost) -> None:
+        device.calls.append(("frida.attach", (self.pid,), {}))
+        host_attach(self)
+
+    def rpc_logged(self: FridaHost, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "start":
+            device.calls.append(("agent.start", (), {}))
+        return host_rpc(self, what, method, *args, **kwargs)
+
+    monkeypatch.setattr(frida.core.Device, "resume", frida_resume_logged)
+    monkeypatch.setattr(FridaHost, "attach", attach_logged)
+    monkeypatch.setattr(FridaHost, "rpc", rpc_logged)
+    result = run_capture("malloc", TargetSpec(device="local", app="com.example.steady", launch="pmd3"),
+                         CaptureOptions(tracer="malloc", window=1.0, attach_delay=delay, out=tmp_path / "c"),
+                         SilentUI())
+    assert result.ended == "completed" and result.pid == device.pid
+    order = [c[0] for c in device.calls if c[0] in ("launch", "resume", "frida.attach", "agent.start",
+                                                     "frida.resume")]
+    if delay == 0:
+        assert order == ["launch", "frida.attach", "agent.start", "frida.resume"]
+    else:
+        assert order == ["launch", "resume", "frida.attach", "agent.start"]
+    assert [c[1][-1] for c in device.calls if c[0] in ("resume", "frida.resume")] == [device.pid]
     launch = next(c for c in device.calls if c[0] == "launch")
     assert launch[2]["start_suspended"] is True
-    end = next(r.body for r in read_records(tmp_path / "c") if r.type == RecordType.END)
+    # It ran once resumed: steady_tick's 16 KiB blocks were traced in the window.
+    records = list(read_records(tmp_path / "c"))
+    end = next(r.body for r in records if r.type == RecordType.END)
     assert end["launch"]["how"].startswith("pymobiledevice3")
-    # Every lockdown client memtrace opened (the launch's and the resume's) was closed.
-    assert device.names().count("create_using_usbmux") == device.closed.count("lockdown") == 2
+    assert _steady_tick_mallocs(records) > 0
+    # Every lockdown client memtrace opened was closed.
+    assert device.names().count("create_using_usbmux") == device.closed.count("lockdown") == (1 if delay == 0 else 2)
     device.assert_real_signatures()
+
+
+def _steady_tick_mallocs(records: list[Any]) -> int:
+    from memtrace.analyze.malloc import summarize
+
+    return sum(r.count for r in summarize(records).stack_rows(None)
+               if any(f.function == "steady_tick" for f in r.frames))
 
 
 @pytest.mark.parametrize("device", [{"version": "17.5", "mounted": True}], indirect=True)

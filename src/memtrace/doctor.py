@@ -141,7 +141,9 @@ def lockdown_api() -> Callable[[str], Any]:
     """pymobiledevice3's lockdown client factory (the boundary the tests replace)."""
     from pymobiledevice3.lockdown import create_using_usbmux
 
-    return lambda udid: create_using_usbmux(serial=udid)
+    from memtrace.launchers import NO_AUTOPAIR
+
+    return lambda udid: create_using_usbmux(serial=udid, **NO_AUTOPAIR)
 
 
 def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | None = None,
@@ -182,15 +184,27 @@ def _lockdown_checks(report: Report, udid: str, factory: Callable[[str], Any]) -
     DEVICE-UNVERIFIED: written against pymobiledevice3's lockdown API, tested with a fake."""
     import asyncio
 
+    from memtrace.launchers import PMD3_TIMEOUTS, _close, bounded
+
+    wait = PMD3_TIMEOUTS["lockdown"]
+
     async def ask() -> dict[str, Any]:
-        client = await factory(udid)
-        product = await client.get_value(key="ProductType")
-        version = await client.get_value(key="ProductVersion")
+        client = await bounded(factory(udid), f"lockdown on {udid}", wait)
         try:
-            dev_mode = await client.get_value(domain="com.apple.security.mac.amfi", key="DeveloperModeStatus")
+            return await values(client)
+        finally:
+            await _close(client)
+
+    async def values(client: Any) -> dict[str, Any]:
+        paired = getattr(client, "paired", None)
+        product = await bounded(client.get_value(key="ProductType"), "lockdown", wait)
+        version = await bounded(client.get_value(key="ProductVersion"), "lockdown", wait)
+        try:
+            dev_mode = await bounded(client.get_value(domain="com.apple.security.mac.amfi",
+                                                      key="DeveloperModeStatus"), "lockdown", wait)
         except Exception:  # noqa: BLE001 -- older iOS has no developer mode
             dev_mode = None
-        return {"product": product, "version": version, "developer_mode": dev_mode}
+        return {"product": product, "version": version, "developer_mode": dev_mode, "paired": paired}
 
     try:
         got = asyncio.run(ask())
@@ -199,6 +213,10 @@ def _lockdown_checks(report: Report, udid: str, factory: Callable[[str], Any]) -
                                                f"(--launch pmd3, jetsam --pull and the locked-device check need it)")
         return
     report.add("device", "lockdown", OK, f"reachable: {got['product']}, iOS {got['version']}", **got)
+    if got["paired"] is False:
+        from memtrace.launchers import NOT_PAIRED_MESSAGE
+
+        report.add("device", "pairing", WARN, NOT_PAIRED_MESSAGE)
     if got["developer_mode"] is None:
         report.add("device", "developer mode", SKIP, "not reported (iOS before 16 has none)")
     else:

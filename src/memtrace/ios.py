@@ -47,11 +47,16 @@ class DeviceTarget:
 
 
 async def _default_lockdown(target: DeviceTarget) -> Any:
+    """Bounded, and never pairing implicitly (launchers.NO_AUTOPAIR says why)."""
     from pymobiledevice3.lockdown import create_using_tcp, create_using_usbmux
 
+    from memtrace.launchers import NO_AUTOPAIR, PMD3_TIMEOUTS, bounded
+
     if target.host:
-        return await create_using_tcp(hostname=target.host, port=target.port or LOCKDOWN_PORT)
-    return await create_using_usbmux(serial=target.udid)
+        connect = create_using_tcp(hostname=target.host, port=target.port or LOCKDOWN_PORT, **NO_AUTOPAIR)
+    else:
+        connect = create_using_usbmux(serial=target.udid, **NO_AUTOPAIR)
+    return await bounded(connect, f"lockdown on {target!r}", PMD3_TIMEOUTS["lockdown"])
 
 
 def _default_manager(lockdown: Any) -> Any:
@@ -192,10 +197,12 @@ def check_pmd3(udid: str) -> DeviceCheck:
         api = launchers.pmd3_api()
         async with launchers._Pmd3Session(api, udid) as provider:
             try:
-                async with api.DvtProvider(provider):
+                async with launchers._within(api.DvtProvider(provider), "DVT", launchers.PMD3_TIMEOUTS["dvt"]):
                     pass
             except api.PasswordRequiredError:
                 raise TargetError(launchers.LOCKED_MESSAGE) from None
+            except api.NotPairedError:
+                raise TargetError(launchers.NOT_PAIRED_MESSAGE) from None
             via = "tunnel" if launchers._major(provider.product_version) >= launchers.TUNNEL_SINCE_IOS else "lockdown"
             return f"iOS {provider.product_version}: DVT process control reachable over {via}"
 

@@ -19,6 +19,8 @@ import pytest
 from pymobiledevice3.exceptions import (
     AlreadyMountedError,
     DeveloperDiskImageNotFoundError,
+    DvtException,
+    NotPairedError,
     PasswordRequiredError,
     TunneldConnectionError,
 )
@@ -51,9 +53,11 @@ class Device:
     """The device the fakes stand for, and every call memtrace made into pymobiledevice3."""
 
     def __init__(self, version: str, *, tunneld: str = "up", mounted: bool = False, locked: bool = False,
-                 image: bool = True, pid: int = 4242) -> None:
+                 image: bool = True, pid: int = 4242, paired: bool = True, mount_error: Exception | None = None,
+                 launch: str = "ok") -> None:
         self.version, self.tunneld, self.mounted, self.locked, self.image, self.pid = (
             version, tunneld, mounted, locked, image, pid)
+        self.paired, self.mount_error, self.launch = paired, mount_error, launch
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.closed: list[str] = []
 
@@ -67,6 +71,7 @@ class Device:
             def __init__(self, kind: str) -> None:
                 self.kind = kind
                 self.product_version = dev.version
+                self.paired = dev.paired
 
             async def close(self) -> None:
                 dev.call(f"{self.kind}.close", self)
@@ -80,10 +85,16 @@ class Device:
             dev.call("get_tunneld_device_by_udid", *args, **kwargs)
             if dev.tunneld == "down":
                 raise TunneldConnectionError()
+            if dev.tunneld == "undialable":
+                # What pymobiledevice3 11.x does when no tunnel of the listed device connects.
+                rsds: list[Client] = []
+                return rsds[0]
             return None if dev.tunneld == "no-tunnel" else Client("rsd")
 
         async def fake_mount(*args: Any, **kwargs: Any) -> None:
             dev.call("auto_mount", *args, **kwargs)
+            if dev.mount_error is not None:
+                raise dev.mount_error
             if not dev.image:
                 raise DeveloperDiskImageNotFoundError()
             if dev.mounted:
@@ -96,6 +107,8 @@ class Device:
                 self.provider = args[0]
 
             async def __aenter__(self) -> FakeDvt:
+                if not dev.paired:
+                    raise NotPairedError()
                 if dev.locked:
                     raise PasswordRequiredError("Device is password protected. Please unlock and retry")
                 assert dev.mounted, "DVT needs the developer disk image"
@@ -116,6 +129,13 @@ class Device:
 
             async def launch(self, *args: Any, **kwargs: Any) -> int:
                 dev.call("launch", self, *args, **kwargs)
+                if dev.launch == "hangs":
+                    await asyncio.sleep(3600)
+                if dev.launch == "not-dev-signed":
+                    raise DvtException("Failed to get task for pid: the app lacks the get-task-allow entitlement")
+                if dev.launch == "zero":
+                    result = 0
+                    assert result          # ProcessControl.launch asserts the pid it got
                 return dev.pid
 
             async def resume(self, *args: Any, **kwargs: Any) -> None:
@@ -125,7 +145,8 @@ class Device:
             create_using_usbmux=fake_usbmux, get_tunneld_device_by_udid=fake_tunneld, auto_mount=fake_mount,
             DvtProvider=FakeDvt, ProcessControl=FakeProcessControl, AlreadyMountedError=AlreadyMountedError,
             DeveloperDiskImageNotFoundError=DeveloperDiskImageNotFoundError,
-            PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError)
+            PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError,
+            NotPairedError=NotPairedError, DvtException=DvtException)
 
     def assert_real_signatures(self) -> None:
         for name, args, kwargs in self.calls:
@@ -152,7 +173,8 @@ def test_ios16_lockdown_image_and_a_suspended_launch(device: Device) -> None:
                               "lockdown.close"]
     _, args, kwargs = device.calls[4]
     assert args[1:] == ("com.example.app",) and kwargs == {"kill_existing": True, "start_suspended": True}
-    assert device.calls[0][2] == {"serial": "UDID"}
+    # Never pairs implicitly (pymobiledevice3's default would block on the Trust dialog forever).
+    assert device.calls[0][2] == {"serial": "UDID", "autopair": False, "pair_timeout": 15.0}
     assert device.calls[2][1][1].kind == "lockdown"          # DVT over lockdown
     assert device.closed == ["dvt", "lockdown"]
     device.assert_real_signatures()
@@ -310,3 +332,73 @@ def test_doctor_check_reaches_dvt_and_mounts_nothing(device: Device) -> None:
 def test_doctor_check_without_the_image(device: Device) -> None:
     check = ios.check_pmd3("UDID")
     assert not check.ok and "is the developer disk image mounted?" in check.detail
+
+
+@pytest.mark.parametrize("device", [{"version": "16.4", "paired": False}], indirect=True)
+def test_an_unpaired_host_is_told_how_to_pair_and_nothing_pairs(device: Device) -> None:
+    with pytest.raises(TargetError, match=r"this host is not paired with the device: pair it once"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert device.calls[0][2]["autopair"] is False and device.closed == ["lockdown"]
+    assert ios.check_pmd3("UDID").detail == launchers.NOT_PAIRED_MESSAGE
+    device.assert_real_signatures()
+
+
+@pytest.mark.parametrize("device", [{"version": "16.4", "launch": "hangs"}], indirect=True)
+def test_a_launch_that_never_answers_ends_in_one_line(device: Device, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(launchers.PMD3_TIMEOUTS, "launch", 0.2)
+    with pytest.raises(TargetError, match=r"DVT launching com.example.app did not answer within 0.2 s"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert device.closed == ["dvt", "lockdown"]
+
+
+@pytest.mark.parametrize("device", [{"version": "17.4", "tunneld": "undialable"}], indirect=True)
+def test_a_listed_tunnel_that_cannot_be_dialled_is_not_list_index_out_of_range(device: Device) -> None:
+    with pytest.raises(TargetError, match=r"tunneld lists UDID but its tunnel cannot be reached: restart tunneld"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert device.closed == ["lockdown"]
+
+
+@pytest.mark.parametrize("device", [{"version": "17.2", "mount_error": None}], indirect=True)
+def test_ios17_mount_without_apples_signing_server(device: Device) -> None:
+    import requests
+
+    device.mount_error = requests.exceptions.ConnectionError("HTTPConnectionPool(host='gs.apple.com', port=80)")
+    with pytest.raises(TargetError, match=r"this host cannot reach Apple's signing server to mount the developer "
+                                          r"disk image .*gs.apple.com"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert "launch" not in device.names() and sorted(device.closed) == ["lockdown", "rsd"]
+
+
+@pytest.mark.parametrize("device", [{"version": "16.6", "launch": "not-dev-signed"},
+                                    {"version": "16.6", "launch": "zero"}], indirect=True)
+def test_dvt_refusing_an_app_says_it_must_be_development_signed(device: Device) -> None:
+    with pytest.raises(TargetError, match=r"DVT refused to launch com.example.app.* -- the app must be "
+                                          r"development-signed \(get-task-allow\) for DVT"):
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert device.closed == ["dvt", "lockdown"]
+
+
+def test_jetsam_pull_and_doctor_lockdown_never_pair_implicitly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ios.py's and doctor.py's lockdown clients: autopair off, pair timeout set, bound to the real
+    factories' signatures (usbmux and TCP)."""
+    import pymobiledevice3.lockdown as lockdown
+
+    from memtrace import doctor
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+    real = {"create_using_usbmux": create_using_usbmux, "create_using_tcp": lockdown.create_using_tcp}
+
+    def fake(name: str) -> Any:
+        async def create(**kwargs: Any) -> str:
+            inspect.signature(real[name]).bind(**kwargs)
+            calls.append((name, kwargs))
+            return "client"
+        return create
+
+    monkeypatch.setattr(lockdown, "create_using_usbmux", fake("create_using_usbmux"))
+    monkeypatch.setattr(lockdown, "create_using_tcp", fake("create_using_tcp"))
+    asyncio.run(ios._default_lockdown(ios.DeviceTarget(udid="UDID")))
+    asyncio.run(ios._default_lockdown(ios.DeviceTarget(host="10.0.0.2")))
+    asyncio.run(doctor.lockdown_api()("UDID"))
+    assert [(n, k["autopair"], k["pair_timeout"]) for n, k in calls] == [
+        ("create_using_usbmux", False, 15.0), ("create_using_tcp", False, 15.0), ("create_using_usbmux", False, 15.0)]

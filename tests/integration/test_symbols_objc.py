@@ -1,0 +1,109 @@
+"""Objective-C methods named on a stripped Mach-O from its own metadata (symbols/objc.py).
+
+The binary is built here (clang + ld64.lld, arm64 iOS) and stripped as an App Store build is;
+the oracle is llvm-nm on the unstripped binary, whose symbol table clang wrote with the same
+``-[Class selector]`` names.  The capture's module lives "on the device": only its name, load
+address and UUID reach the host, and ``--symbols`` holds the binary pulled from the device.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from memtrace.frames import Frame
+from memtrace.symbols import Symbolizer
+from memtrace.symbols.objc import ObjcNames, parse
+
+from ..conftest import PROGRAMS  # noqa: TID252
+from .test_symbols import NO_SYSTEM_DIRS
+from .test_symbols_macho import TOOLS, device_modules, run, text_vmaddr, uuid_of
+
+SRC = PROGRAMS / "symbols_objc.m"
+DEVICE_APP = "/private/var/containers/Bundle/Application/0C5A/Demo.app/Demo"
+BASE = 0x104A30000
+METHODS = ["+[MTRoot makeShared:]", "-[MTRoot decode:]", "-[MTImageCoder decodeFrame:]",
+           "-[MTRoot(Caching) purgeCache:]"]
+
+
+@dataclass(frozen=True)
+class Built:
+    full: Path              # with its symbol table (the oracle)
+    symbols: Path           # a folder holding Demo.app/Demo, stripped
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    strip = shutil.which("llvm-strip") or next(iter(sorted(Path("/usr/lib").glob("llvm-*/bin/llvm-strip"))), None)
+    missing = [n for n in ("clang", "ld64.lld", "llvm-nm", "llvm-objdump") if TOOLS[n] is None]
+    if missing or strip is None:
+        pytest.skip(f"Objective-C Mach-O fixtures need {', '.join(missing) or 'llvm-strip'} "
+                    f"(Debian: clang, lld, llvm; .ci/run installs them)")
+    out = tmp_path_factory.mktemp("objc")
+    obj = out / "symbols_objc.o"
+    run(TOOLS["clang"], "-target", "arm64-apple-ios15.0", "-O1", "-c", SRC, "-o", obj)
+    full = out / "Demo"
+    run(TOOLS["ld64.lld"], "-arch", "arm64", "-platform_version", "ios", "15.0", "15.0", "-execute",
+        "-undefined", "dynamic_lookup", "-o", full, obj)
+    symbols = out / "symbols"
+    (symbols / "Demo.app").mkdir(parents=True)
+    run(strip, full, "-o", symbols / "Demo.app" / "Demo")
+    return Built(full, symbols)
+
+
+def nm_addresses(binary: Path) -> dict[str, int]:
+    out = {}
+    for line in run(TOOLS["llvm-nm"], "--defined-only", binary).splitlines():
+        addr, _kind, name = line.split(" ", 2)
+        out[name] = int(addr, 16)
+    return out
+
+
+def test_the_stripped_binary_has_no_method_symbols(built: Built) -> None:
+    stripped = nm_addresses(built.symbols / "Demo.app" / "Demo")
+    assert not any(n.startswith(("-[", "+[")) for n in stripped)
+    assert set(METHODS) <= set(nm_addresses(built.full))
+
+
+def test_methods_read_from_the_metadata_match_the_symbol_table(built: Built) -> None:
+    names = ObjcNames(built.symbols / "Demo.app" / "Demo", "arm64")
+    nm = nm_addresses(built.full)
+    assert names.names == {nm[m]: m for m in METHODS}
+    assert names.macho.uuid == uuid_of(built.full)
+    # Every method starts a function (LC_FUNCTION_STARTS survives strip).
+    assert set(names.names) <= set(names.starts)
+
+
+def test_frames_in_a_stripped_app_are_named_by_their_methods(built: Built) -> None:
+    nm = nm_addresses(built.full)
+    text = text_vmaddr(built.full)
+    sym = Symbolizer(device_modules("Demo", DEVICE_APP, BASE), [built.symbols], arch="arm64",
+                     ids={"Demo": (uuid_of(built.full),)}, system_dirs=NO_SYSTEM_DIRS)
+    for method in METHODS:
+        # A return address four bytes into the method (looked up one byte back).
+        ra = BASE + nm[method] - text + 4
+        assert sym.row(ra) == [hex(ra), "Demo", ra - BASE, method, None, None], method
+    # A plain C function is never given a method's name (the nearest method before it).
+    c_ra = BASE + nm["_plain_c_function"] - text + 4
+    assert not str(sym.row(c_ra)[3]).startswith(("-[", "+["))
+    (image,) = sym.usage()
+    assert image["how"] == "uuid" and image["named"] >= len(METHODS)
+
+
+def test_two_call_sites_in_one_method_without_lines_are_one_row(built: Built) -> None:
+    """No line information: frames merge by function, not by raw offset."""
+    a = Frame(address=BASE + 0x4004, function="-[MTRoot decode:]", module="Demo", offset=0x4004)
+    b = Frame(address=BASE + 0x4006, function="-[MTRoot decode:]", module="Demo", offset=0x4006)
+    unnamed = [Frame(address=BASE + o, function=None, module="Demo", offset=o) for o in (0x5000, 0x5004)]
+    assert a.key() == b.key()
+    assert unnamed[0].key() != unnamed[1].key()
+
+
+def test_a_dsym_is_refused_as_a_metadata_source(built: Built, tmp_path: Path) -> None:
+    data = bytearray(built.full.read_bytes())
+    data[12:16] = (0xA).to_bytes(4, "little")            # MH_DSYM
+    with pytest.raises(ValueError, match="dSYM"):
+        parse(bytes(data))

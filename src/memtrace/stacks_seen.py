@@ -95,8 +95,11 @@ class StacksSeen:
         """Resolve the queue; returns (rows, by) pairs to write as SYMBOLS records.
 
         ``by_agent`` is None when the agent cannot be asked (gone, or a host-symbolized target).
-        The agent is asked for one chunk per call during the window (it runs in the target),
-        for everything at the end."""
+        The agent is asked only once the window has closed (``final``, after the last calibration):
+        symbolizing inside the target (CoreSymbolication on a device, rebuilt after every dlopen)
+        puts its heap into the very figures being measured and can stall the target past the
+        host's rpc timeout.  Until then its addresses wait; ``memtrace symbolize`` can do better
+        on the host later (the modules carry their UUIDs)."""
         out: list[tuple[Rows, str]] = []
         if not self.pending:
             return out
@@ -105,7 +108,7 @@ class StacksSeen:
             self.symtab.add_rows(rows)
             self.pending.clear()
             return [(rows, "host")]
-        if by_agent is None:
+        if by_agent is None or not final:
             return out
         while self.pending:
             chunk = self.pending[:2000]
@@ -115,8 +118,6 @@ class StacksSeen:
             self.symtab.add_rows(rows)
             out.append((rows, "agent"))
             del self.pending[:len(chunk)]
-            if not final:
-                break
         return out
 
     def families(self, top: int = 200) -> list[tuple[str, int]]:

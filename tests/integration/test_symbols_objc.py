@@ -107,3 +107,35 @@ def test_a_dsym_is_refused_as_a_metadata_source(built: Built, tmp_path: Path) ->
     data[12:16] = (0xA).to_bytes(4, "little")            # MH_DSYM
     with pytest.raises(ValueError, match="dSYM"):
         parse(bytes(data))
+
+
+def test_the_agent_reads_lc_uuid_from_an_image_in_memory(built: Built) -> None:
+    """runtime/modules.js's machoUuid, run by Frida's JavaScript runtime over the binary's bytes
+    copied into memory, gives the UUID llvm-dwarfdump reads from the file."""
+    import frida
+
+    from memtrace import agentbuild
+
+    agents = Path(agentbuild.__file__).parent / "agents"
+    files = {str(p.relative_to(agents)): p.read_bytes() for p in agents.rglob("*.js")}
+    files["layout.js"] = agentbuild.js_layout_module().encode()
+    files["uuid_probe.js"] = b"""
+import { machoUuid } from './runtime/modules.js';
+rpc.exports = {
+  uuid(bytes) {
+    const buf = Memory.alloc(bytes.length);
+    buf.writeByteArray(bytes);
+    return [machoUuid(buf), machoUuid(buf.add(8))];
+  },
+};
+"""
+    source = agentbuild._compile(files, "uuid_probe.js")
+    session = frida.get_local_device().attach(0)
+    try:
+        script = session.create_script(source, name="memtrace-uuid-probe")
+        script.load()
+        head = list((built.symbols / "Demo.app" / "Demo").read_bytes()[:16384])
+        assert script.exports_sync.uuid(head) == [uuid_of(built.full), None]
+        script.unload()
+    finally:
+        session.detach()

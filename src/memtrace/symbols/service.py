@@ -23,6 +23,7 @@ from memtrace.symbols.objects import Location, SymbolFiles
 
 if TYPE_CHECKING:
     from memtrace.analyze.symbols import ModuleMap
+    from memtrace.symbols.device import DeviceSymbols
 
 
 @dataclass(slots=True)
@@ -43,7 +44,7 @@ class Symbolizer:
 
     def __init__(self, modules: ModuleMap, symbol_dirs: Sequence[Path | str] = (), arch: str | None = None,
                  ids: dict[str, tuple[str, ...]] | None = None,
-                 system_dirs: Sequence[Path] = SYSTEM_DEBUG_DIRS) -> None:
+                 system_dirs: Sequence[Path] = SYSTEM_DEBUG_DIRS, device_symbols: DeviceSymbols | None = None) -> None:
         self.modules = modules
         self.files = SymbolFiles()
         self.locator = Locator(self.files, symbol_dirs, system_dirs, arch)
@@ -51,6 +52,7 @@ class Symbolizer:
         self._usage: dict[tuple[str, str], Usage] = {}
         self._rows: dict[int, list[Any]] = {}
         self._objc: dict[str, ObjcNames | None] = {}      # Mach-O path -> its Objective-C method names
+        self.device_symbols = device_symbols                # an iOS device's shared-cache symbols, by UUID
 
     def symbolize(self, addresses: Iterable[int]) -> list[list[Any]]:
         """Rows for ``addresses`` (return addresses: each is looked up one byte back)."""
@@ -75,6 +77,9 @@ class Symbolizer:
         src = usage.source
         rel = offset - 1 - src.slide                 # a return address points after its call
         if src.symbols is None or rel < 0:
+            if self.device_symbols is not None and self.ids.get(module):
+                row[3] = self.device_symbols.name(self.ids[module], offset)
+                usage.named += row[3] is not None
             return row
         locs = src.symbols.lookup(rel)
         method = self._objc_method(src, rel, locs)

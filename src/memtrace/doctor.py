@@ -250,11 +250,13 @@ def default_target(device: Any) -> TargetSpec | None:
 def darwin_target_checks(report: Report, device: Any, pid: int, checks: tuple[Callable[..., Any], ...] | None = None
                          ) -> None:
     """What only an iPhone can confirm, asked of the app itself (memtrace.ios): Core Animation's
-    hooks, the memory-pressure source, IOSurface's client layer.  A failed one is a warning: the
+    hooks, the memory-pressure source, IOSurface's client layer, the runtime facts (UUID, fence,
+    task_info count).  A failed one is a warning: the
     tracer still runs, with that part MISSING.  DEVICE-UNVERIFIED: tested with fakes here."""
     from memtrace import ios
 
-    for check in checks or (ios.check_ca_hooks, ios.check_pressure_source, ios.check_iosurface_hooks):
+    for check in checks or (ios.check_ca_hooks, ios.check_pressure_source, ios.check_iosurface_hooks,
+                            ios.check_runtime_facts):
         try:
             c = check(device, pid)
         except Exception as e:  # noqa: BLE001 -- a check that cannot run is its own finding

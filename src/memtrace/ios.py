@@ -174,17 +174,60 @@ def check_pressure_source(device: Any, pid: int) -> DeviceCheck:
 
 
 def check_iosurface_hooks(device: Any, pid: int) -> DeviceCheck:
-    """Issue 15 item 14: IOSurface.framework's client layer is exported (IOSurfaceClientCreateChild for
-    child surfaces, IOSurfaceClientRelease + IOSurfaceClientGetID for releases)."""
+    """Issue 15 item 14 / issue 23: IOSurface.framework's client layer is exported
+    (IOSurfaceClientCreateChild for surfaces made without IOSurfaceCreate, the client accessors for
+    their geometry, Lookup/Retain/Release + GetID for the reference count that decides a release)."""
     try:
         info = _init_recon(device, pid, "iosurface", {})
     except MemtraceError as e:
         return DeviceCheck("iosurface: client layer", False, str(e))
     found = _found(info.get("recon", []))
-    wanted = ("IOSurfaceCreate", "IOSurfaceClientCreateChild", "IOSurfaceClientRelease", "IOSurfaceClientGetID")
+    wanted = ("IOSurfaceCreate", "IOSurfaceClientCreateChild", "IOSurfaceClientLookup", "IOSurfaceClientRetain",
+              "IOSurfaceClientRelease", "IOSurfaceClientGetID", "IOSurfaceClientGetWidth", "IOSurfaceClientGetHeight",
+              "IOSurfaceClientGetBytesPerRow", "IOSurfaceClientGetPixelFormat")
     missing = [n for n in wanted if n not in found]
     return DeviceCheck("iosurface: client layer", not missing,
                        "all found" if not missing else "missing: " + ", ".join(missing))
+
+
+def check_runtime_facts(device: Any, pid: int) -> DeviceCheck:
+    """Issue 23: the app's main image carries an LC_UUID readable in memory (host symbolization,
+    dSYMs and the device's shared-cache symbols key on it), libSystem exports OSMemoryBarrier (the
+    C core's full fence under TinyCC on arm64), and task_info(TASK_VM_INFO) accepts memtrace's
+    exact count (the words filled say which revision the kernel has)."""
+    from memtrace.frida_host import load_agent
+
+    try:
+        session, script = load_agent(device, pid, "iosurface")
+    except MemtraceError as e:
+        return DeviceCheck("runtime: UUID, fence, task_info", False, str(e))
+    try:
+        facts = dict(script.exports_sync.darwin_facts())
+    finally:
+        try:
+            script.unload()
+            session.detach()
+        except Exception:  # noqa: BLE001 - the answer is already in hand
+            pass
+    parts, ok = [], True
+    uuid = facts.get("uuid")
+    parts.append(f"LC_UUID of {facts.get('main')}: {uuid}" if uuid else
+                 f"{facts.get('main')}: no LC_UUID in memory (not a Mach-O image?)")
+    ok &= bool(uuid)
+    parts.append("OSMemoryBarrier: found" if facts.get("fence") else
+                 "OSMemoryBarrier: missing (the C core's barriers on arm64 need it under TinyCC)")
+    ok &= bool(facts.get("fence"))
+    ti = facts.get("task_info")
+    if not ti:
+        parts.append("task_info: missing")
+        ok = False
+    elif ti["kr"] != 0:
+        parts.append(f"task_info(TASK_VM_INFO, {ti['asked']}): kern_return {ti['kr']}")
+        ok = False
+    else:
+        older = " (an older revision)" if ti["filled"] < ti["asked"] else ""
+        parts.append(f"task_info(TASK_VM_INFO, {ti['asked']}): {ti['filled']} words filled{older}")
+    return DeviceCheck("runtime: UUID, fence, task_info", ok, "; ".join(parts))
 
 
 def check_pmd3(udid: str) -> DeviceCheck:

@@ -402,3 +402,33 @@ def test_jetsam_pull_and_doctor_lockdown_never_pair_implicitly(monkeypatch: pyte
     asyncio.run(doctor.lockdown_api()("UDID"))
     assert [(n, k["autopair"], k["pair_timeout"]) for n, k in calls] == [
         ("create_using_usbmux", False, 15.0), ("create_using_tcp", False, 15.0), ("create_using_usbmux", False, 15.0)]
+
+
+def test_attached_resume_falls_back_to_the_launching_tool_when_frida_holds_nothing() -> None:
+    """Once attached, Frida's resume first; if Frida holds no spawn instance for the pid (the task
+    had booted before the attach), the launching tool's resume releases it."""
+    import frida
+
+    from memtrace.frida_host import FridaHost
+
+    order: list[str] = []
+
+    class FakeFridaDevice:
+        def __init__(self, holds: bool) -> None:
+            self.holds = holds
+
+        def resume(self, pid: int) -> None:
+            order.append(f"frida.resume {pid}")
+            if not self.holds:
+                raise frida.InvalidArgumentError("invalid PID")
+
+    for holds in (True, False):
+        order.clear()
+        host = FridaHost(TargetSpec(device="usb", app="com.example.app", launch="pmd3"), 5.0,
+                         device=FakeFridaDevice(holds))
+        host.launched = launchers.Launched(77, 0.0, suspended=True, spawned=True, how="pmd3",
+                                           resume=lambda: order.append("dvt.resume"))
+        host.session = object()
+        host.resume()
+        assert order == (["frida.resume 77"] if holds else ["frida.resume 77", "dvt.resume"])
+        assert host.launched.suspended is False

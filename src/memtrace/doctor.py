@@ -147,7 +147,8 @@ def lockdown_api() -> Callable[[str], Any]:
 
 
 def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | None = None,
-                  dvt: Callable[[str], Any] | None = None) -> str | None:
+                  dvt: Callable[[str], Any] | None = None, symbols: Callable[[str], Any] | None = None
+                  ) -> str | None:
     """Who the device is and what it allows; returns its platform (darwin, linux, ...)."""
     report.add("device", "device", OK, f"{device.name} ({device.type}, id {device.id})",
                id=device.id, type=device.type, name=device.name)
@@ -176,6 +177,8 @@ def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | 
 
         launch = (dvt or ios.check_pmd3)(device.id)
         report.add("device", launch.name, OK if launch.ok else WARN, launch.detail)
+        shared = (symbols or ios.check_device_symbols)(device.id)
+        report.add("device", shared.name, OK if shared.ok else WARN, shared.detail)
     return platform
 
 

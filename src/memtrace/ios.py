@@ -230,6 +230,32 @@ def check_runtime_facts(device: Any, pid: int) -> DeviceCheck:
     return DeviceCheck("runtime: UUID, fence, task_info", ok, "; ".join(parts))
 
 
+def check_device_symbols(udid: str) -> DeviceCheck:
+    """Issue 23: this device's shared-cache symbols are on this machine (its Xcode DeviceSupport
+    folder for the model, version and build), so ``memtrace symbolize --device-symbols`` can name
+    system frames.  Fetches nothing."""
+    from memtrace import launchers
+    from memtrace.symbols import device as device_symbols
+
+    async def probe() -> str | None:
+        api = launchers.pmd3_api()
+        async with launchers._Pmd3Session(api, udid) as provider:
+            found = device_symbols.pmd3_symbols_api().find_device_support_symbols(provider)
+        return None if found is None else str(found)
+
+    name = "shared-cache symbols"
+    try:
+        found = asyncio.run(probe())
+    except TargetError as e:
+        return DeviceCheck(name, False, str(e))
+    except Exception as e:  # noqa: BLE001 - pymobiledevice3 raises many types; one line for the user
+        return DeviceCheck(name, False, (str(e).splitlines() or [""])[0] or type(e).__name__)
+    if found is None:
+        return DeviceCheck(name, False, f"not on this machine: memtrace symbolize CAPTURE --fetch-device-symbols {udid} "
+                                        f"fetches them once for this OS build")
+    return DeviceCheck(name, True, found)
+
+
 def check_pmd3(udid: str) -> DeviceCheck:
     """Issue 15 item 8: pymobiledevice3 reaches DVT process control on this device (the RemoteXPC
     tunnel of a running tunneld on iOS 17+, lockdown below; the developer image mounted; unlocked).

@@ -118,3 +118,25 @@ def test_memtrace_symbolize_with_device_symbols_names_a_frame_the_agent_never_na
     run_memtrace("symbolize", cap.parent, "--device-symbols", root, "--json")
     rows = [r for rec in read_records(cap) if rec.type == RecordType.SYMBOLS for r in rec.body["rows"]]
     assert rows == [[hex(ra), "libmt.dylib", ra - LOADED, "mt_caller", None, None]]
+
+
+def test_doctor_says_whether_the_devices_symbols_are_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtrace import ios
+
+    dev = Device("16.7", mounted=True)
+    monkeypatch.setattr(launchers, "pmd3_api", dev.api)
+    where = tmp_path / "iPhone14,5 16.7 (20H19)" / "Symbols"
+
+    def fake_find(*args: Any, **kwargs: Any) -> Path | None:
+        inspect.signature(find_device_support_symbols).bind(*args, **kwargs)
+        return where if where.is_dir() else None
+
+    monkeypatch.setattr(device, "pmd3_symbols_api", lambda: SimpleNamespace(
+        fetch_symbols_download_task=None, find_device_support_symbols=fake_find))
+    check = ios.check_device_symbols("UDID")
+    assert not check.ok and check.detail == ("not on this machine: memtrace symbolize CAPTURE --fetch-device-symbols "
+                                             "UDID fetches them once for this OS build")
+    where.mkdir(parents=True)
+    assert ios.check_device_symbols("UDID") == ios.DeviceCheck("shared-cache symbols", True, str(where))
+    assert dev.closed == ["lockdown", "lockdown"]
+    dev.assert_real_signatures()

@@ -85,3 +85,43 @@ def test_nested_creates_recorded_once_with_geometry_and_releases_at_zero_referen
     assert s["released"] == {"count": 4, "bytes": parent + 2 * child + direct, "ids": [1, 3, 4, 6],
                              "visible": True, "untracked": 0}
     assert s["held_at_end"]["ids"] == [2, 5]
+
+
+def test_references_dropped_on_surfaces_from_before_the_window_are_not_releases(
+        compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    """Attached to a running program whose surface 1 (two client references) was made before the
+    window: its two reference drops are 'untracked', never a release; surface 2, made and released
+    in the window, is the one release."""
+    import os
+    import signal
+    import subprocess
+
+    from memtrace.capture_loop import CaptureOptions, run_capture
+    from memtrace.target import TargetSpec
+    from memtrace.ui import SilentUI
+
+    darwin = Path(__file__).resolve().parents[2] / "demo" / "darwin"
+    prog = compile_c("standin_surfaces_early", "-I", str(darwin), "-L", str(demo_bin), "-lmtdarwin",
+                     f"-Wl,-rpath,{demo_bin}")
+    proc = subprocess.Popen([str(prog)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
+
+    class GoWhenCapturing(SilentUI):
+        def phase(self, name: str) -> None:
+            super().phase(name)
+            if name == "capturing":
+                os.kill(proc.pid, signal.SIGUSR1)
+
+    try:
+        result = run_capture("iosurface", TargetSpec(device="local", pid=proc.pid, launch="none"),
+                             CaptureOptions(tracer="iosurface", window=30.0, out=tmp_path / "c"), GoWhenCapturing())
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert result.ended == "target-exited"
+    from memtrace.analyze.iosurface import summarize
+    from memtrace.capture import read_records
+
+    s = summarize(read_records(tmp_path / "c")).to_json()
+    assert [x["id"] for x in s["surface_list"]] == [2]
+    assert s["released"] == {"count": 1, "bytes": 262144, "ids": [2], "visible": True, "untracked": 2}

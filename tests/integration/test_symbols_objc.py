@@ -139,3 +139,86 @@ rpc.exports = {
         script.unload()
     finally:
         session.detach()
+
+
+# ---- hand-built image: what ld64.lld 14 does not emit (relative method lists, chained fixups) ----
+
+TEXT = 0x100000000
+
+
+def _uleb(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def hand_built_image(path: Path) -> None:
+    """A thin arm64 image as a current App Store build lays it out: chained-fixup pointers
+    (DYLD_CHAINED_PTR_64_OFFSET: a target offset with a `next` field above it), relative method
+    lists pointing at selector references, a Swift class's mangled runtime name with its data
+    pointer's Swift bit set, and a plain function after the methods."""
+    import struct
+
+    img = bytearray(0x8000)
+
+    def put(off: int, fmt: str, *v: int) -> None:
+        struct.pack_into(fmt, img, off, *v)
+
+    def ptr(at: int, target: int) -> None:            # chained rebase: offset, next = 1
+        put(at, "<Q", target | (1 << 51))
+
+    for off, s in ((0x2000, b"_TtC4Demo5Coder\0"), (0x2020, b"decode:\0"), (0x2030, b"shared\0"),
+                   (0x2040, b"v16@0:8\0")):
+        img[off:off + len(s)] = s
+    ptr(0x4000, 0x4100)                                # __objc_classlist
+    ptr(0x4010, 0x2020)                                # __objc_selrefs: decode:
+    ptr(0x4018, 0x2030)                                # shared
+    ptr(0x4100, 0x4140)                                # class_t.isa -> metaclass
+    put(0x4120, "<Q", (0x4200 | 2) | (1 << 51))        # class_t.data (Swift stable bit set)
+    ptr(0x4160, 0x4280)                                # metaclass data
+    ptr(0x4218, 0x2000)                                # class_ro_t.name
+    ptr(0x4220, 0x4300)                                # baseMethods
+    put(0x4280, "<I", 1)                               # RO_META
+    ptr(0x4298, 0x2000)
+    ptr(0x42A0, 0x4340)
+    for lst, selref, imp in ((0x4300, 0x4010, 0x1000), (0x4340, 0x4018, 0x1010)):
+        put(lst, "<II", 0x8000000C, 1)                 # relative, entsize 12, one method
+        e = lst + 8
+        put(e, "<iii", selref - e, 0x2040 - (e + 4), imp - (e + 8))
+    starts = _uleb(0x1000) + _uleb(0x10) + _uleb(0x10) + b"\0"
+    img[0x6000:0x6000 + len(starts)] = starts
+    # Load commands: __TEXT (__text), __DATA_CONST (__objc_classlist), __DATA (__objc_selrefs),
+    # LC_UUID, LC_FUNCTION_STARTS, LC_DYLD_CHAINED_FIXUPS.
+    cmds = bytearray()
+
+    def segment(name: bytes, vm: int, size: int, sections: list[tuple[bytes, int, int]]) -> None:
+        body = struct.pack("<II16sQQQQiiII", 0x19, 72 + 80 * len(sections), name, TEXT + vm, size, vm, size,
+                           5, 5, len(sections), 0)
+        for sect, addr, sz in sections:
+            body += struct.pack("<16s16sQQIIIIIIII", sect, name, TEXT + addr, sz, addr, 3, 0, 0, 0, 0, 0, 0)
+        cmds.extend(body)
+
+    segment(b"__TEXT", 0, 0x4000, [(b"__text", 0x1000, 0x30)])
+    segment(b"__DATA_CONST", 0x4000, 0x10, [(b"__objc_classlist", 0x4000, 8)])
+    segment(b"__DATA", 0x4010, 0x3FF0, [(b"__objc_selrefs", 0x4010, 16)])
+    cmds.extend(struct.pack("<II16s", 0x1B, 24, bytes(range(16))))
+    cmds.extend(struct.pack("<IIII", 0x26, 16, 0x6000, len(starts)))
+    cmds.extend(struct.pack("<IIII", 0x80000034, 16, 0x7000, 0))
+    put(0, "<IiiIIIII", 0xFEEDFACF, 0x0100000C, 0, 2, 6, len(cmds), 0x200000, 0)
+    img[32:32 + len(cmds)] = cmds
+    path.write_bytes(bytes(img))
+
+
+def test_relative_method_lists_and_chained_fixups(tmp_path: Path) -> None:
+    image = tmp_path / "Coder"
+    hand_built_image(image)
+    names = ObjcNames(image, "arm64")
+    assert names.macho.chained and names.macho.uuid == "00010203-0405-0607-0809-0A0B0C0D0E0F"
+    assert names.names == {TEXT + 0x1000: "-[Demo.Coder decode:]", TEXT + 0x1010: "+[Demo.Coder shared]"}
+    assert names.lookup(0x1004) == ("-[Demo.Coder decode:]", 0x1000)
+    assert names.lookup(0x1013) == ("+[Demo.Coder shared]", 0x1010)
+    assert names.lookup(0x1024) is None                 # the plain function after them
+    assert names.lookup(0x0800) is None                 # before the first function

@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pydemumble
+
 from memtrace.symbols.demangle import demangle
 
 MH_MAGIC_64 = 0xFEEDFACF
@@ -254,6 +256,9 @@ def _methods(m: MachO, list_addr: int) -> Iterator[tuple[str, int]]:
 def _class_name(m: MachO, cls: int) -> str | None:
     ro = m.pointer(cls + 32) & FAST_DATA_MASK
     name = m.cstring(m.pointer(ro + 24)) if ro else None
+    if name and name.startswith("_Tt"):
+        # A Swift class's Objective-C runtime name (_TtC4Demo9ViewModel -> Demo.ViewModel).
+        return str(pydemumble.demangle(name) or name)
     return demangle(name) if name else None
 
 

@@ -65,21 +65,29 @@ def _default_manager(lockdown: Any) -> Any:
     return CrashReportsManager(lockdown)
 
 
+# One crash report (a few hundred KB) or the mover's flush: bounded, generously.
+PULL_TIMEOUT_S = 120.0
+
+
 async def _pull(target: DeviceTarget, out: Path, lockdown_factory: LockdownFactory,
                 manager_factory: ManagerFactory) -> list[Path]:
+    from memtrace.launchers import PMD3_TIMEOUTS, bounded
+
+    wait = PMD3_TIMEOUTS["lockdown"]
     lockdown = await lockdown_factory(target)
     pulled: list[Path] = []
     async with lockdown, manager_factory(lockdown) as manager:
         # Reports still pending (a kill moments ago) are moved into the folder first, as the
         # crash report mover does for Xcode.
-        await manager.flush()
-        entries = await manager.ls("/", LIST_DEPTH)
+        await bounded(manager.flush(), "the crash report mover", PULL_TIMEOUT_S)
+        entries = await bounded(manager.ls("/", LIST_DEPTH), "listing crash reports", wait)
         for entry in sorted(entries):
             name = posixpath.basename(entry)
             if not JETSAM_NAME.match(name):
                 continue
             # pull() of a single file into an existing directory writes <out>/<basename>.
-            await manager.pull(str(out), entry=entry, erase=False, progress_bar=False)
+            await bounded(manager.pull(str(out), entry=entry, erase=False, progress_bar=False),
+                          f"pulling {name}", PULL_TIMEOUT_S)
             local = out / name
             if local.is_file():
                 pulled.append(local)

@@ -365,6 +365,8 @@ async def pmd3_launch(udid: str, bundle_id: str, suspended: bool = True) -> int:
         except (api.DvtException, AssertionError) as e:
             # ProcessControl.launch asserts a non-zero pid: a refused launch returns 0.
             text = str(e)
+            if "locked" in text.lower():
+                raise TargetError(f"DVT could not launch {bundle_id}: {_locked_hint(text)}") from None
             if isinstance(e, AssertionError) or any(k in text.lower() for k in _NOT_DEV_SIGNED):
                 raise TargetError(f"DVT refused to launch {bundle_id}{': ' + _first(e) if text else ''} -- "
                                   f"{DEV_SIGNED_MESSAGE}") from None

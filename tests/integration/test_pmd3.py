@@ -131,6 +131,9 @@ class Device:
                 dev.call("launch", self, *args, **kwargs)
                 if dev.launch == "hangs":
                     await asyncio.sleep(3600)
+                if dev.launch == "locked-launch":
+                    raise DvtException("RequestDenied: the request was denied by service delegate (SBMainWorkspace) "
+                                       "for reason: Locked")
                 if dev.launch == "not-dev-signed":
                     raise DvtException("Failed to get task for pid: the app lacks the get-task-allow entitlement")
                 if dev.launch == "zero":
@@ -432,3 +435,10 @@ def test_attached_resume_falls_back_to_the_launching_tool_when_frida_holds_nothi
         host.resume()
         assert order == (["frida.resume 77"] if holds else ["frida.resume 77", "dvt.resume"])
         assert host.launched.suspended is False
+
+
+@pytest.mark.parametrize("device", [{"version": "16.6", "launch": "locked-launch"}], indirect=True)
+def test_a_launch_refused_because_the_device_locked_says_so_not_signing(device: Device) -> None:
+    with pytest.raises(TargetError, match=r"the device is locked; unlock it") as info:
+        asyncio.run(launchers.pmd3_launch("UDID", "com.example.app"))
+    assert "development-signed" not in str(info.value)

@@ -140,3 +140,44 @@ def test_doctor_says_whether_the_devices_symbols_are_here(tmp_path: Path, monkey
     assert ios.check_device_symbols("UDID") == ios.DeviceCheck("shared-cache symbols", True, str(where))
     assert dev.closed == ["lockdown", "lockdown"]
     dev.assert_real_signatures()
+
+
+def test_at_the_end_of_a_capture_the_host_names_what_it_can_and_the_agent_only_the_rest(
+        tree: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote iOS capture whose device's symbols are on this machine already (found by model,
+    version and build, as Xcode keeps them): nothing is symbolized before the window closes; then
+    the host names the system frame by its module's UUID and the agent is asked only for the app's."""
+    import shutil as sh
+
+    from memtrace.stacks_seen import StacksSeen
+
+    root, lib = tree
+    monkeypatch.setenv("HOME", str(tmp_path))
+    info = {"os": {"id": "ios", "version": "16.5", "build": "20F66"}, "hardware": {"product": "iPhone13,2"}}
+    assert device.local_tree(info) is None
+    here = tmp_path / "Library/Developer/Xcode/iOS DeviceSupport/iPhone13,2 16.5 (20F66)/Symbols"
+    sh.copytree(root, here)
+    assert device.local_tree(info) == here
+    assert device.local_tree({**info, "os": {"id": "linux", "version": "6.1", "build": "x"}}) is None
+
+    stacks = StacksSeen(want_families=False)
+    stacks.device_tree = device.local_tree(info)
+    app_base = 0x104A30000
+    stacks.modules([{"name": "libmt.dylib", "path": "/usr/lib/libmt.dylib", "base": hex(LOADED), "size": 0x10000,
+                     "uuid": uuid_of(lib)},
+                    {"name": "Demo", "path": "/var/containers/Bundle/Application/X/Demo.app/Demo",
+                     "base": hex(app_base), "size": 0x10000}])
+    ra_sys = LOADED + return_address(lib, "mt_caller", "mt_leaf") - text_vmaddr(lib)
+    ra_app = app_base + 0x1234
+    stacks.pending = [ra_sys, ra_app]
+    asked: list[list[int]] = []
+
+    def agent(chunk: list[int]) -> list[list[Any]]:
+        asked.append(list(chunk))
+        return [[hex(a), "Demo", a - app_base, "app_function", None, None] for a in chunk]
+
+    assert stacks.symbolize(agent, final=False) == [] and asked == []      # the window is open
+    out = stacks.symbolize(agent, final=True)
+    assert [by for _, by in out] == ["host: device symbols", "agent"]
+    assert out[0][0] == [[hex(ra_sys), "libmt.dylib", ra_sys - LOADED, "mt_caller", None, None]]
+    assert asked == [[ra_app]] and stacks.pending == []

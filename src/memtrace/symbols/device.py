@@ -55,6 +55,22 @@ class DeviceSymbols:
         return None
 
 
+def local_tree(device_info: dict[str, Any]) -> Path | None:
+    """This device's DeviceSupport ``Symbols`` folder, when it is already on this machine (fetched
+    before, by ``memtrace symbolize --fetch-device-symbols`` or Xcode), from what Frida says the
+    device is (model, iOS version and build); None otherwise.  Fetches nothing.  DEVICE-UNVERIFIED:
+    that Frida's system parameters carry ``os.build`` and ``hardware.product`` on every iOS."""
+    os_info = device_info.get("os") or {}
+    product = (device_info.get("hardware") or {}).get("product")
+    version, build = os_info.get("version"), os_info.get("build")
+    if os_info.get("id") != "ios" or not (product and version and build):
+        return None
+    from ipsw_parser.dsc import get_device_support_path
+
+    tree = get_device_support_path(str(product), str(version), str(build)) / "Symbols"
+    return tree if tree.is_dir() else None
+
+
 def _dashed(uuid: str) -> str:
     """pymobiledevice3 keys images by ``str(uuid.UUID(...))``: lower-case, dashed."""
     h = uuid.replace("-", "").lower()

@@ -234,10 +234,25 @@ static gint64 mt_next_gap (MtSlot * s);
 #define MT_CFG (&mt_config)
 #define MT_G (&mt_globals)
 
+/* A full fence, ordering plain loads and stores on both sides (the drain's snapshot protocol).
+ * glib's atomic add is an acquire-release read-modify-write: on x86 a locked instruction, a full
+ * fence; on arm64 it orders only around its own location.  TinyCC's arm64 backend has no inline
+ * assembler, so there the agent passes a function that is one `dmb ish` (libSystem's
+ * OSMemoryBarrier on Darwin; runtime/core.js).  DEVICE-UNVERIFIED on arm64. */
+#if defined (__TINYC__) && defined (MT_ARM64)
+extern void mt_full_fence (void);
+#endif
+
 static inline void
 mt_barrier (void)
 {
+#if !defined (__TINYC__)
+  __atomic_thread_fence (__ATOMIC_SEQ_CST);
+#elif defined (MT_ARM64)
+  mt_full_fence ();
+#else
   g_atomic_int_add (&mt_globals.fence, 0);
+#endif
 }
 
 /* A store that earlier loads and stores may not pass (a row's snapshot before its epoch). */

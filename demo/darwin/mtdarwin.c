@@ -91,11 +91,14 @@
  *   CFRetain: retain count + 1.  CFRelease: retain count - 1; at 0 calls
  *   mtdarwin_surface_destroy(s) (exported, noinline), which calls IOSurfaceClientRelease(client):
  *   munmap and the slot freed.
- *   Client layer (IOSurface.framework's private IOSurfaceClient*): IOSurfaceCreate(props) =
- *   IOSurfaceClientCreate(props) wrapped; IOSurfaceClientCreateChild(parent_client, props) makes
- *   a child surface (its own memory, parent_id set) and is reached by mtdarwin_surface_create_child
- *   (a framework path that never calls IOSurfaceCreate); IOSurfaceClientGetID,
- *   IOSurfaceClientGetAllocSize read a client; IOSurfaceClientRelease(client) destroys it.
+ *   Client layer (IOSurface.framework's private IOSurfaceClient*), nested as on a device:
+ *   IOSurfaceCreate(props) = IOSurfaceClientCreateChild(NULL, props) wrapped (IOSurfaceClientCreate
+ *   is the same); IOSurfaceClientCreateChild(parent_client, props) with a parent makes a child
+ *   surface (its own memory, parent_id set) and is reached by mtdarwin_surface_create_child (a
+ *   framework path that never calls IOSurfaceCreate).  Clients are reference counted: created with
+ *   one reference (the surface object's); IOSurfaceClientLookup(id) and IOSurfaceClientRetain(c)
+ *   add one; IOSurfaceClientRelease(c) drops one and destroys the surface only on the last.
+ *   IOSurfaceClientGetID/AllocSize/Width/Height/BytesPerRow/PixelFormat read a client.
  *   CFRetain/CFRelease on anything that is not a live surface are no-ops.
  *
  * CORE ANIMATION
@@ -514,6 +517,7 @@ static struct surface *as_surface(const void *p)
 struct surface_client {
     uint32_t magic;
     uint32_t index;
+    int32_t refs;           /* IOSurfaceClientLookup/Retain add one; Release destroys at zero */
 };
 #define CLIENT_MAGIC 0x494f5343u /* 'IOSC' */
 static struct surface_client g_clients[MAX_SURFACES];
@@ -576,24 +580,58 @@ static struct surface_client *client_create(const struct mtdarwin_surface_props 
     struct surface_client *c = client_of(s);
     c->magic = CLIENT_MAGIC;
     c->index = (uint32_t)(s - g_surfaces);
+    c->refs = 1;
     pthread_mutex_unlock(&g_lock);
     return c;
 }
 
-/* IOSurface.framework's private client layer: IOSurfaceCreate goes through IOSurfaceClientCreate;
- * child surfaces (planes, sub-allocations) come from IOSurfaceClientCreateChild, reached by
- * framework paths that never call IOSurfaceCreate (here: mtdarwin_surface_create_child). */
-EXPORT NOINLINE void *IOSurfaceClientCreate(void *properties)
-{
-    return client_create((const struct mtdarwin_surface_props *)properties, 0);
-}
-
+/* IOSurface.framework's private client layer, as on a device: IOSurfaceCreate builds its client
+ * with IOSurfaceClientCreateChild(NULL, props) (a top-level surface), so that hook fires nested
+ * inside IOSurfaceCreate; child surfaces (planes, sub-allocations) come from
+ * IOSurfaceClientCreateChild(parent, props), reached by framework paths that never call
+ * IOSurfaceCreate (here: mtdarwin_surface_create_child). */
 EXPORT NOINLINE void *IOSurfaceClientCreateChild(void *parent_client, void *properties)
 {
+    if (!parent_client)
+        return client_create((const struct mtdarwin_surface_props *)properties, 0);
+    pthread_mutex_lock(&g_lock);
     struct surface_client *parent = as_client(parent_client);
+    uint32_t parent_id = parent ? surface_of(parent)->id : 0;
+    pthread_mutex_unlock(&g_lock);
     if (!parent)
         return NULL;
-    return client_create((const struct mtdarwin_surface_props *)properties, surface_of(parent)->id);
+    return client_create((const struct mtdarwin_surface_props *)properties, parent_id);
+}
+
+EXPORT NOINLINE void *IOSurfaceClientCreate(void *properties)
+{
+    return IOSurfaceClientCreateChild(NULL, properties);
+}
+
+/* Another reference to the client of a live surface, found by IOSurface ID (what IOSurfaceLookup
+ * and XPC-received surfaces go through); NULL when no live surface has that ID. */
+EXPORT NOINLINE void *IOSurfaceClientLookup(uint32_t id)
+{
+    pthread_mutex_lock(&g_lock);
+    struct surface_client *found = NULL;
+    for (int i = 0; i < MAX_SURFACES && id; i++)
+        if (g_surfaces[i].magic == SURFACE_MAGIC && g_surfaces[i].id == id) {
+            found = client_of(&g_surfaces[i]);
+            found->refs++;
+            break;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
+EXPORT NOINLINE void *IOSurfaceClientRetain(void *client)
+{
+    pthread_mutex_lock(&g_lock);
+    struct surface_client *c = as_client(client);
+    if (c)
+        c->refs++;
+    pthread_mutex_unlock(&g_lock);
+    return client;
 }
 
 EXPORT NOINLINE uint32_t IOSurfaceClientGetID(void *client)
@@ -602,18 +640,22 @@ EXPORT NOINLINE uint32_t IOSurfaceClientGetID(void *client)
     return c ? surface_of(c)->id : 0;
 }
 
-EXPORT NOINLINE size_t IOSurfaceClientGetAllocSize(void *client)
-{
-    struct surface_client *c = as_client(client);
-    return c ? surface_of(c)->alloc_size : 0;
-}
+#define CLIENT_GETTER(ret, fn, field) \
+    EXPORT NOINLINE ret fn(void *client) { struct surface_client *c = as_client(client); \
+                                           return c ? (ret)surface_of(c)->field : (ret)0; }
+
+CLIENT_GETTER(size_t, IOSurfaceClientGetAllocSize, alloc_size)
+CLIENT_GETTER(size_t, IOSurfaceClientGetWidth, width)
+CLIENT_GETTER(size_t, IOSurfaceClientGetHeight, height)
+CLIENT_GETTER(size_t, IOSurfaceClientGetBytesPerRow, bytes_per_row)
+CLIENT_GETTER(uint32_t, IOSurfaceClientGetPixelFormat, pixel_format)
 
 EXPORT NOINLINE void *IOSurfaceCreate(void *properties)
 {
     const struct mtdarwin_surface_props *pr = (const struct mtdarwin_surface_props *)properties;
     if (!pr || !pr->width || !pr->height || !pr->bytes_per_element)
         return NULL;
-    return surface_of(IOSurfaceClientCreate(properties));
+    return surface_of(IOSurfaceClientCreateChild(NULL, properties));
 }
 
 EXPORT NOINLINE void *mtdarwin_surface_create_child(void *parent_surface, void *properties)
@@ -624,12 +666,12 @@ EXPORT NOINLINE void *mtdarwin_surface_create_child(void *parent_surface, void *
     return surface_of(IOSurfaceClientCreateChild(client_of(parent), properties));
 }
 
-/* The last reference to a surface goes: its client is released and the memory unmapped. */
+/* One reference to a client goes; on the last one the surface is destroyed and its memory unmapped. */
 EXPORT NOINLINE void IOSurfaceClientRelease(void *client)
 {
     pthread_mutex_lock(&g_lock);
     struct surface_client *c = as_client(client);
-    if (!c) {
+    if (!c || --c->refs > 0) {
         pthread_mutex_unlock(&g_lock);
         return;
     }

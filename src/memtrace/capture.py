@@ -170,8 +170,9 @@ EVENT_SHAPES: dict[str, Check] = {
     # iosurface
     "surface": obj({"surface": opt(STR), "client": opt(STR), "via": opt(STR), "id": opt(INT), "alloc_size": opt(UINT), "width": opt(UINT),
                     "height": opt(UINT), "bytes_per_row": opt(UINT), "pixel_format": opt(INT),
-                    "format": opt(STR), "name": opt(STR)}),
+                    "format": opt(STR), "name": opt(STR), "parent_id": opt(INT)}),
     "release": obj({"surface": opt(STR), "via": opt(STR), "id": opt(INT)}),
+    "release-unknown": obj({"via": opt(STR), "id": opt(INT)}),
     "use": obj({"surface": STR, "op": STR, "id": opt(INT)}),
     # purgeable
     "set": obj({"entry": STR, "control": opt(one_of(STR, INT)), "addr": ADDR, "new_state": opt(INT),

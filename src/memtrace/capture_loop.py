@@ -333,6 +333,10 @@ class CaptureLoop(ProcessEvents):
         self.device_info = self.host.open()
         if self.host.is_local:
             self.stacks.symbolize_on_host()
+        else:
+            from memtrace.symbols.device import local_tree
+
+            self.stacks.device_tree = local_tree(self.device_info)
         launched = self.host.launch()
         self.clock.launch = getattr(launched, "t_launch", None)
         if self.child is not None:

@@ -152,6 +152,8 @@ def describe(device: Any) -> dict[str, Any]:
         info["os"] = params.get("os", {})
         info["platform"] = params.get("platform")
         info["arch"] = params.get("arch")
+        if params.get("hardware"):
+            info["hardware"] = params["hardware"]       # an iPhone's model: which DeviceSupport folder
         info["hostname"] = params.get("name") or socket.gethostname()
     except (frida.NotSupportedError, frida.InvalidOperationError):
         pass

@@ -141,11 +141,14 @@ def lockdown_api() -> Callable[[str], Any]:
     """pymobiledevice3's lockdown client factory (the boundary the tests replace)."""
     from pymobiledevice3.lockdown import create_using_usbmux
 
-    return lambda udid: create_using_usbmux(serial=udid)
+    from memtrace.launchers import NO_AUTOPAIR
+
+    return lambda udid: create_using_usbmux(serial=udid, **NO_AUTOPAIR)
 
 
 def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | None = None,
-                  dvt: Callable[[str], Any] | None = None) -> str | None:
+                  dvt: Callable[[str], Any] | None = None, symbols: Callable[[str], Any] | None = None
+                  ) -> str | None:
     """Who the device is and what it allows; returns its platform (darwin, linux, ...)."""
     report.add("device", "device", OK, f"{device.name} ({device.type}, id {device.id})",
                id=device.id, type=device.type, name=device.name)
@@ -179,6 +182,8 @@ def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | 
 
         launch = (dvt or ios.check_pmd3)(device.id)
         report.add("device", launch.name, OK if launch.ok else WARN, launch.detail)
+        shared = (symbols or ios.check_device_symbols)(device.id)
+        report.add("device", shared.name, OK if shared.ok else WARN, shared.detail)
     return platform
 
 
@@ -187,15 +192,27 @@ def _lockdown_checks(report: Report, udid: str, factory: Callable[[str], Any]) -
     DEVICE-UNVERIFIED: written against pymobiledevice3's lockdown API, tested with a fake."""
     import asyncio
 
+    from memtrace.launchers import PMD3_TIMEOUTS, _close, bounded
+
+    wait = PMD3_TIMEOUTS["lockdown"]
+
     async def ask() -> dict[str, Any]:
-        client = await factory(udid)
-        product = await client.get_value(key="ProductType")
-        version = await client.get_value(key="ProductVersion")
+        client = await bounded(factory(udid), f"lockdown on {udid}", wait)
         try:
-            dev_mode = await client.get_value(domain="com.apple.security.mac.amfi", key="DeveloperModeStatus")
+            return await values(client)
+        finally:
+            await _close(client)
+
+    async def values(client: Any) -> dict[str, Any]:
+        paired = getattr(client, "paired", None)
+        product = await bounded(client.get_value(key="ProductType"), "lockdown", wait)
+        version = await bounded(client.get_value(key="ProductVersion"), "lockdown", wait)
+        try:
+            dev_mode = await bounded(client.get_value(domain="com.apple.security.mac.amfi",
+                                                      key="DeveloperModeStatus"), "lockdown", wait)
         except Exception:  # noqa: BLE001 -- older iOS has no developer mode
             dev_mode = None
-        return {"product": product, "version": version, "developer_mode": dev_mode}
+        return {"product": product, "version": version, "developer_mode": dev_mode, "paired": paired}
 
     try:
         got = asyncio.run(ask())
@@ -204,6 +221,10 @@ def _lockdown_checks(report: Report, udid: str, factory: Callable[[str], Any]) -
                                                f"(--launch pmd3, jetsam --pull and the locked-device check need it)")
         return
     report.add("device", "lockdown", OK, f"reachable: {got['product']}, iOS {got['version']}", **got)
+    if got["paired"] is False:
+        from memtrace.launchers import NOT_PAIRED_MESSAGE
+
+        report.add("device", "pairing", WARN, NOT_PAIRED_MESSAGE)
     if got["developer_mode"] is None:
         report.add("device", "developer mode", SKIP, "not reported (iOS before 16 has none)")
     else:
@@ -237,11 +258,13 @@ def default_target(device: Any) -> TargetSpec | None:
 def darwin_target_checks(report: Report, device: Any, pid: int, checks: tuple[Callable[..., Any], ...] | None = None
                          ) -> None:
     """What only an iPhone can confirm, asked of the app itself (memtrace.ios): Core Animation's
-    hooks, the memory-pressure source, IOSurface's client layer.  A failed one is a warning: the
+    hooks, the memory-pressure source, IOSurface's client layer, the runtime facts (UUID, fence,
+    task_info count).  A failed one is a warning: the
     tracer still runs, with that part MISSING.  DEVICE-UNVERIFIED: tested with fakes here."""
     from memtrace import ios
 
-    for check in checks or (ios.check_ca_hooks, ios.check_pressure_source, ios.check_iosurface_hooks):
+    for check in checks or (ios.check_ca_hooks, ios.check_pressure_source, ios.check_iosurface_hooks,
+                            ios.check_runtime_facts):
         try:
             c = check(device, pid)
         except Exception as e:  # noqa: BLE001 -- a check that cannot run is its own finding

@@ -72,10 +72,13 @@ class Frame:
 
     def key(self) -> tuple[Any, ...]:
         """What makes two frames the same row: function and source line when the line is known
-        (several call sites on one line, an unrolled loop, merge), else the exact code offset
-        (two call sites stay two rows when nothing says they are one line)."""
+        (several call sites on one line, an unrolled loop, merge); the function alone when it is
+        named but no line is known (a stripped App Store binary: one function reached from five
+        offsets is one row, not five); else the exact code offset."""
         if self.function is not None and self.line is not None:
             return (self.function, self.module, self.file, self.line, self.inlined)
+        if self.function is not None:
+            return (self.function, self.module, None, None, self.inlined)
         if self.module is not None and self.offset is not None:
             return (self.function, self.module, self.offset, self.inlined)
         return (self.function, None, self.address, self.inlined)

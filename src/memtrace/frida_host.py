@@ -84,13 +84,30 @@ class FridaHost:
     def resume(self) -> None:
         if self.launched is not None and self.launched.suspended:
             try:
-                if self.launched.resume is not None:
-                    self.launched.resume()      # launched by another tool (pymobiledevice3): its resume
+                if self.launched.resume is not None and self.session is None:
+                    # Launched suspended by another tool (pymobiledevice3) and not attached yet:
+                    # only that tool's resume releases it.
+                    self.launched.resume()
                 else:
-                    self.device.resume(self.launched.pid)
+                    # Attached: Frida, injecting into a suspended task that has not booted, runs it
+                    # to dyld's breakpoint and holds its main thread there until Frida's own
+                    # resume (frida-core darwin/frida-helper-backend.vala, the spawn instance);
+                    # another tool's resume cannot release it.  DEVICE-UNVERIFIED for DVT.
+                    self._resume_through_frida()
             except GONE_ERRORS as e:
                 raise TargetLost(f"resume: {e}") from None
             self.launched.suspended = False
+
+    def _resume_through_frida(self) -> None:
+        assert self.launched is not None
+        try:
+            self.device.resume(self.launched.pid)
+        except frida.InvalidArgumentError:
+            # Frida holds nothing for this pid (the task had booted before the attach): it is still
+            # suspended the way the launching tool left it.
+            if self.launched.resume is None:
+                raise
+            self.launched.resume()
 
     def alive(self) -> bool:
         pid = self.pid

@@ -47,11 +47,16 @@ class DeviceTarget:
 
 
 async def _default_lockdown(target: DeviceTarget) -> Any:
+    """Bounded, and never pairing implicitly (launchers.NO_AUTOPAIR says why)."""
     from pymobiledevice3.lockdown import create_using_tcp, create_using_usbmux
 
+    from memtrace.launchers import NO_AUTOPAIR, PMD3_TIMEOUTS, bounded
+
     if target.host:
-        return await create_using_tcp(hostname=target.host, port=target.port or LOCKDOWN_PORT)
-    return await create_using_usbmux(serial=target.udid)
+        connect = create_using_tcp(hostname=target.host, port=target.port or LOCKDOWN_PORT, **NO_AUTOPAIR)
+    else:
+        connect = create_using_usbmux(serial=target.udid, **NO_AUTOPAIR)
+    return await bounded(connect, f"lockdown on {target!r}", PMD3_TIMEOUTS["lockdown"])
 
 
 def _default_manager(lockdown: Any) -> Any:
@@ -60,21 +65,29 @@ def _default_manager(lockdown: Any) -> Any:
     return CrashReportsManager(lockdown)
 
 
+# One crash report (a few hundred KB) or the mover's flush: bounded, generously.
+PULL_TIMEOUT_S = 120.0
+
+
 async def _pull(target: DeviceTarget, out: Path, lockdown_factory: LockdownFactory,
                 manager_factory: ManagerFactory) -> list[Path]:
+    from memtrace.launchers import PMD3_TIMEOUTS, bounded
+
+    wait = PMD3_TIMEOUTS["lockdown"]
     lockdown = await lockdown_factory(target)
     pulled: list[Path] = []
     async with lockdown, manager_factory(lockdown) as manager:
         # Reports still pending (a kill moments ago) are moved into the folder first, as the
         # crash report mover does for Xcode.
-        await manager.flush()
-        entries = await manager.ls("/", LIST_DEPTH)
+        await bounded(manager.flush(), "the crash report mover", PULL_TIMEOUT_S)
+        entries = await bounded(manager.ls("/", LIST_DEPTH), "listing crash reports", wait)
         for entry in sorted(entries):
             name = posixpath.basename(entry)
             if not JETSAM_NAME.match(name):
                 continue
             # pull() of a single file into an existing directory writes <out>/<basename>.
-            await manager.pull(str(out), entry=entry, erase=False, progress_bar=False)
+            await bounded(manager.pull(str(out), entry=entry, erase=False, progress_bar=False),
+                          f"pulling {name}", PULL_TIMEOUT_S)
             local = out / name
             if local.is_file():
                 pulled.append(local)
@@ -169,17 +182,86 @@ def check_pressure_source(device: Any, pid: int) -> DeviceCheck:
 
 
 def check_iosurface_hooks(device: Any, pid: int) -> DeviceCheck:
-    """Issue 15 item 14: IOSurface.framework's client layer is exported (IOSurfaceClientCreateChild for
-    child surfaces, IOSurfaceClientRelease + IOSurfaceClientGetID for releases)."""
+    """Issue 15 item 14 / issue 23: IOSurface.framework's client layer is exported
+    (IOSurfaceClientCreateChild for surfaces made without IOSurfaceCreate, the client accessors for
+    their geometry, Lookup/Retain/Release + GetID for the reference count that decides a release)."""
     try:
         info = _init_recon(device, pid, "iosurface", {})
     except MemtraceError as e:
         return DeviceCheck("iosurface: client layer", False, str(e))
     found = _found(info.get("recon", []))
-    wanted = ("IOSurfaceCreate", "IOSurfaceClientCreateChild", "IOSurfaceClientRelease", "IOSurfaceClientGetID")
+    wanted = ("IOSurfaceCreate", "IOSurfaceClientCreateChild", "IOSurfaceClientLookup", "IOSurfaceClientRetain",
+              "IOSurfaceClientRelease", "IOSurfaceClientGetID", "IOSurfaceClientGetWidth", "IOSurfaceClientGetHeight",
+              "IOSurfaceClientGetBytesPerRow", "IOSurfaceClientGetPixelFormat")
     missing = [n for n in wanted if n not in found]
     return DeviceCheck("iosurface: client layer", not missing,
                        "all found" if not missing else "missing: " + ", ".join(missing))
+
+
+def check_runtime_facts(device: Any, pid: int) -> DeviceCheck:
+    """Issue 23: the app's main image carries an LC_UUID readable in memory (host symbolization,
+    dSYMs and the device's shared-cache symbols key on it), libSystem exports OSMemoryBarrier (the
+    C core's full fence under TinyCC on arm64), and task_info(TASK_VM_INFO) accepts memtrace's
+    exact count (the words filled say which revision the kernel has)."""
+    from memtrace.frida_host import load_agent
+
+    try:
+        session, script = load_agent(device, pid, "iosurface")
+    except MemtraceError as e:
+        return DeviceCheck("runtime: UUID, fence, task_info", False, str(e))
+    try:
+        facts = dict(script.exports_sync.darwin_facts())
+    finally:
+        try:
+            script.unload()
+            session.detach()
+        except Exception:  # noqa: BLE001 - the answer is already in hand
+            pass
+    parts, ok = [], True
+    uuid = facts.get("uuid")
+    parts.append(f"LC_UUID of {facts.get('main')}: {uuid}" if uuid else
+                 f"{facts.get('main')}: no LC_UUID in memory (not a Mach-O image?)")
+    ok &= bool(uuid)
+    parts.append("OSMemoryBarrier: found" if facts.get("fence") else
+                 "OSMemoryBarrier: missing (the C core's barriers on arm64 need it under TinyCC)")
+    ok &= bool(facts.get("fence"))
+    ti = facts.get("task_info")
+    if not ti:
+        parts.append("task_info: missing")
+        ok = False
+    elif ti["kr"] != 0:
+        parts.append(f"task_info(TASK_VM_INFO, {ti['asked']}): kern_return {ti['kr']}")
+        ok = False
+    else:
+        older = " (an older revision)" if ti["filled"] < ti["asked"] else ""
+        parts.append(f"task_info(TASK_VM_INFO, {ti['asked']}): {ti['filled']} words filled{older}")
+    return DeviceCheck("runtime: UUID, fence, task_info", ok, "; ".join(parts))
+
+
+def check_device_symbols(udid: str) -> DeviceCheck:
+    """Issue 23: this device's shared-cache symbols are on this machine (its Xcode DeviceSupport
+    folder for the model, version and build), so ``memtrace symbolize --device-symbols`` can name
+    system frames.  Fetches nothing."""
+    from memtrace import launchers
+    from memtrace.symbols import device as device_symbols
+
+    async def probe() -> str | None:
+        api = launchers.pmd3_api()
+        async with launchers._Pmd3Session(api, udid) as provider:
+            found = device_symbols.pmd3_symbols_api().find_device_support_symbols(provider)
+        return None if found is None else str(found)
+
+    name = "shared-cache symbols"
+    try:
+        found = asyncio.run(probe())
+    except TargetError as e:
+        return DeviceCheck(name, False, str(e))
+    except Exception as e:  # noqa: BLE001 - pymobiledevice3 raises many types; one line for the user
+        return DeviceCheck(name, False, (str(e).splitlines() or [""])[0] or type(e).__name__)
+    if found is None:
+        return DeviceCheck(name, False, f"not on this machine: memtrace symbolize CAPTURE --fetch-device-symbols {udid} "
+                                        f"fetches them once for this OS build")
+    return DeviceCheck(name, True, found)
 
 
 def check_pmd3(udid: str) -> DeviceCheck:
@@ -192,10 +274,12 @@ def check_pmd3(udid: str) -> DeviceCheck:
         api = launchers.pmd3_api()
         async with launchers._Pmd3Session(api, udid) as provider:
             try:
-                async with api.DvtProvider(provider):
+                async with launchers._within(api.DvtProvider(provider), "DVT", launchers.PMD3_TIMEOUTS["dvt"]):
                     pass
             except api.PasswordRequiredError:
                 raise TargetError(launchers.LOCKED_MESSAGE) from None
+            except api.NotPairedError:
+                raise TargetError(launchers.NOT_PAIRED_MESSAGE) from None
             via = "tunnel" if launchers._major(provider.product_version) >= launchers.TUNNEL_SINCE_IOS else "lockdown"
             return f"iOS {provider.product_version}: DVT process control reachable over {via}"
 

@@ -34,7 +34,9 @@ class Launched:
     suspended: bool             # still suspended: the engine resumes it after instrumenting
     spawned: bool               # memtrace started it (and so may kill it at the end)
     how: str
-    resume: Callable[[], None] | None = None    # how to resume it when Frida did not spawn it
+    # How to resume it when Frida did not spawn it, before Frida attaches (once attached, Frida's
+    # resume is the one that releases it).
+    resume: Callable[[], None] | None = None
 
 
 class Launcher(Protocol):
@@ -153,10 +155,12 @@ class AttachLauncher:
 class Pmd3Launcher:
     """Launch through Instruments' process control, as Xcode does.  DEVICE-UNVERIFIED.
 
-    The app starts suspended (nothing runs before memtrace decides: with ``--attach-delay 0`` the
-    agent is in before the first instruction) and is resumed through process control when the
-    capture loop resumes it.  DEVICE-UNVERIFIED: that Frida attaches to a task DVT started
-    suspended (frida-server injects a thread, which runs once the task is resumed)."""
+    The app starts suspended (nothing runs before memtrace decides).  With ``--attach-delay`` > 0
+    it is resumed through process control before the wait.  With ``--attach-delay 0`` Frida
+    attaches to the suspended task: frida-core (darwin/frida-helper-backend.vala, ``_inject``)
+    makes it a spawn instance, runs it to dyld's breakpoint and holds its main thread there until
+    Frida's own ``resume(pid)`` -- so the capture resumes it through Frida once the agent is in,
+    and process control's resume is not used (FridaHost.resume).  DEVICE-UNVERIFIED."""
 
     name = "pmd3"
 
@@ -184,12 +188,51 @@ class Pmd3Launcher:
 # iOS 17 moved developer services behind the RemoteXPC tunnel (RSD).
 TUNNEL_SINCE_IOS = 17
 
+# Every pymobiledevice3 call that can wait is bounded (seconds): a device that stops answering, a
+# half-open tunnel or a Trust dialog nobody taps must end in one line, never a hang.
+PMD3_TIMEOUTS = {"lockdown": 15.0, "tunnel": 15.0, "mount": 180.0, "dvt": 20.0, "launch": 30.0, "close": 5.0}
+# Never pair implicitly: pymobiledevice3's default (autopair=True, no pair timeout) blocks forever on
+# an unpaired host waiting for the device's Trust dialog.  Pairing is the user's explicit step.
+NO_AUTOPAIR: dict[str, Any] = {"autopair": False, "pair_timeout": PMD3_TIMEOUTS["lockdown"]}
+NOT_PAIRED_MESSAGE = ("this host is not paired with the device: pair it once (python3 -m pymobiledevice3 lockdown "
+                      "pair, then tap Trust on the device) and retry")
+SIGNING_SERVER_MESSAGE = ("this host cannot reach Apple's signing server to mount the developer disk image "
+                          "(iOS 17+ personalizes it online, from gs.apple.com): connect this host to the internet, "
+                          "or mount it once where it can (python3 -m pymobiledevice3 mounter auto-mount)")
+DEV_SIGNED_MESSAGE = ("the app must be development-signed (get-task-allow) for DVT to launch it; for an App Store "
+                      "build use --launch frida on a jailbroken device")
+START_TUNNELD = "start one (sudo python3 -m pymobiledevice3 remote tunneld) and retry"
+
+
+async def bounded(awaitable: Any, what: str, seconds: float) -> Any:
+    """``awaitable``, or a TargetError naming what did not answer."""
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except asyncio.TimeoutError:
+        raise TargetError(f"pymobiledevice3: {what} did not answer within {seconds:g} s "
+                          f"(is the device connected, unlocked and trusted?)") from None
+
+
+@contextlib.asynccontextmanager
+async def _within(cm: Any, what: str, seconds: float) -> Any:
+    """``async with cm`` with its entry bounded (and its exit, which closes a connection)."""
+    entered = await bounded(cm.__aenter__(), what, seconds)
+    try:
+        yield entered
+    except BaseException as e:
+        if not await bounded(cm.__aexit__(type(e), e, e.__traceback__), f"closing {what}", PMD3_TIMEOUTS["close"]):
+            raise
+    else:
+        await bounded(cm.__aexit__(None, None, None), f"closing {what}", PMD3_TIMEOUTS["close"])
+
 
 def pmd3_api() -> SimpleNamespace:
     """The pymobiledevice3 entry points used (the boundary tests replace), from its 11.x source."""
     from pymobiledevice3.exceptions import (
         AlreadyMountedError,
         DeveloperDiskImageNotFoundError,
+        DvtException,
+        NotPairedError,
         PasswordRequiredError,
         TunneldConnectionError,
     )
@@ -202,7 +245,8 @@ def pmd3_api() -> SimpleNamespace:
         create_using_usbmux=create_using_usbmux, get_tunneld_device_by_udid=get_tunneld_device_by_udid,
         auto_mount=auto_mount, DvtProvider=DvtProvider, ProcessControl=ProcessControl,
         AlreadyMountedError=AlreadyMountedError, DeveloperDiskImageNotFoundError=DeveloperDiskImageNotFoundError,
-        PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError)
+        PasswordRequiredError=PasswordRequiredError, TunneldConnectionError=TunneldConnectionError,
+        NotPairedError=NotPairedError, DvtException=DvtException)
 
 
 def _major(version: str | None) -> int:
@@ -211,10 +255,10 @@ def _major(version: str | None) -> int:
 
 
 async def _close(client: Any) -> None:
-    # Closing a connection the device may already have dropped.
+    # Closing a connection the device may already have dropped (or that no longer answers).
     if client is not None:
         with contextlib.suppress(Exception):
-            await client.close()
+            await asyncio.wait_for(client.close(), PMD3_TIMEOUTS["close"])
 
 
 class _Pmd3Session:
@@ -230,18 +274,33 @@ class _Pmd3Session:
     async def __aenter__(self) -> Any:
         api = self.api
         try:
-            self.lockdown = await api.create_using_usbmux(serial=self.udid)
+            self.lockdown = await bounded(api.create_using_usbmux(serial=self.udid, **NO_AUTOPAIR),
+                                          f"lockdown on {self.udid}", PMD3_TIMEOUTS["lockdown"])
         except api.PasswordRequiredError:
             raise TargetError(LOCKED_MESSAGE) from None
         version = self.lockdown.product_version
         if _major(version) < TUNNEL_SINCE_IOS:
+            if getattr(self.lockdown, "paired", True) is False:
+                await _close(self.lockdown)
+                raise TargetError(NOT_PAIRED_MESSAGE)
             return self.lockdown
         try:
-            self.rsd = await api.get_tunneld_device_by_udid(self.udid)
+            self.rsd = await bounded(api.get_tunneld_device_by_udid(self.udid), f"the tunnel to {self.udid}",
+                                     PMD3_TIMEOUTS["tunnel"])
         except api.TunneldConnectionError:
             await _close(self.lockdown)
             raise TargetError(f"iOS {version} is reached through a RemoteXPC tunnel and no tunneld answers: "
-                              "start one (sudo python3 -m pymobiledevice3 remote tunneld) and retry") from None
+                              f"{START_TUNNELD}") from None
+        except IndexError:
+            # pymobiledevice3 11.x: tunneld lists the device, but none of its tunnels could be dialled
+            # (get_tunneld_device_by_udid indexes an empty list: "list index out of range").
+            await _close(self.lockdown)
+            raise TargetError(f"tunneld lists {self.udid} but its tunnel cannot be reached: restart tunneld "
+                              f"(sudo python3 -m pymobiledevice3 remote tunneld), reconnect the device and "
+                              f"retry") from None
+        except TargetError:
+            await _close(self.lockdown)
+            raise
         if self.rsd is None:
             await _close(self.lockdown)
             raise TargetError(f"tunneld is running but has no tunnel to {self.udid} (iOS {version}): "
@@ -254,14 +313,39 @@ class _Pmd3Session:
 
 
 async def _mount_developer_image(api: SimpleNamespace, provider: Any) -> None:
-    """The developer disk image DVT needs (personalized on iOS 17+); already mounted is fine."""
+    """The developer disk image DVT needs (personalized on iOS 17+); already mounted is fine.
+    DEVICE-UNVERIFIED: which exception a refused signing request raises (mapped by type and text)."""
     try:
-        await api.auto_mount(provider)
+        await bounded(api.auto_mount(provider), "mounting the developer disk image", PMD3_TIMEOUTS["mount"])
     except api.AlreadyMountedError:
         return
     except api.DeveloperDiskImageNotFoundError:
         raise TargetError(f"no developer disk image for iOS {provider.product_version} "
                           "(pymobiledevice3 could not find or download one)") from None
+    except TargetError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the network part of a personalized mount, or the mount itself
+        if _major(provider.product_version) >= TUNNEL_SINCE_IOS and _network_failure(e):
+            raise TargetError(f"{SIGNING_SERVER_MESSAGE} ({_first(e)})") from None
+        raise TargetError(f"cannot mount the developer disk image on iOS {provider.product_version}: "
+                          f"{_first(e)}") from None
+
+
+def _network_failure(e: BaseException) -> bool:
+    """A failure to reach a server (Apple's TSS signing server, the image's download): requests'
+    errors, socket errors, pymobiledevice3's TSSError."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return isinstance(e, OSError) or bool(names & {"RequestException", "ConnectionError", "TSSError", "Timeout"})
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0] or type(e).__name__
+
+
+# What DVT's launch says when the app is not development-signed (no get-task-allow) or its profile
+# is not trusted.  DEVICE-UNVERIFIED: the exact NSError text differs across iOS releases.
+_NOT_DEV_SIGNED = ("get-task-allow", "task_for_pid", "entitlement", "code signature", "explicitly trusted",
+                   "security policy", "not permitted", "denied")
 
 
 async def pmd3_launch(udid: str, bundle_id: str, suspended: bool = True) -> int:
@@ -270,18 +354,32 @@ async def pmd3_launch(udid: str, bundle_id: str, suspended: bool = True) -> int:
     async with _Pmd3Session(api, udid) as provider:
         await _mount_developer_image(api, provider)
         try:
-            async with api.DvtProvider(provider) as dvt, api.ProcessControl(dvt) as pc:
-                return int(await pc.launch(bundle_id, kill_existing=True, start_suspended=suspended))
+            async with _within(api.DvtProvider(provider), "DVT", PMD3_TIMEOUTS["dvt"]) as dvt, \
+                    _within(api.ProcessControl(dvt), "DVT process control", PMD3_TIMEOUTS["dvt"]) as pc:
+                return int(await bounded(pc.launch(bundle_id, kill_existing=True, start_suspended=suspended),
+                                         f"DVT launching {bundle_id}", PMD3_TIMEOUTS["launch"]))
         except api.PasswordRequiredError:
             raise TargetError(LOCKED_MESSAGE) from None
+        except api.NotPairedError:
+            raise TargetError(NOT_PAIRED_MESSAGE) from None
+        except (api.DvtException, AssertionError) as e:
+            # ProcessControl.launch asserts a non-zero pid: a refused launch returns 0.
+            text = str(e)
+            if "locked" in text.lower():
+                raise TargetError(f"DVT could not launch {bundle_id}: {_locked_hint(text)}") from None
+            if isinstance(e, AssertionError) or any(k in text.lower() for k in _NOT_DEV_SIGNED):
+                raise TargetError(f"DVT refused to launch {bundle_id}{': ' + _first(e) if text else ''} -- "
+                                  f"{DEV_SIGNED_MESSAGE}") from None
+            raise TargetError(f"DVT could not launch {bundle_id}: {_first(e)}") from None
 
 
 async def pmd3_resume(udid: str, pid: int) -> None:
     """Resume a process DVT launched suspended."""
     api = pmd3_api()
-    async with _Pmd3Session(api, udid) as provider, api.DvtProvider(provider) as dvt, \
-            api.ProcessControl(dvt) as pc:
-        await pc.resume(pid)
+    async with _Pmd3Session(api, udid) as provider, \
+            _within(api.DvtProvider(provider), "DVT", PMD3_TIMEOUTS["dvt"]) as dvt, \
+            _within(api.ProcessControl(dvt), "DVT process control", PMD3_TIMEOUTS["dvt"]) as pc:
+        await bounded(pc.resume(pid), f"DVT resuming pid {pid}", PMD3_TIMEOUTS["launch"])
 
 
 LOCKED_MESSAGE = "the device is locked: unlock it (and keep it unlocked) before launching apps"
@@ -306,7 +404,7 @@ async def check_unlocked(api: SimpleNamespace, provider: Any) -> None:
     signal, which ``_locked_hint`` turns into the same message.  DEVICE-UNVERIFIED: which services
     lockdownd refuses on a device locked after its first unlock (the DVT service is asked here)."""
     try:
-        async with api.DvtProvider(provider):
+        async with _within(api.DvtProvider(provider), "DVT", PMD3_TIMEOUTS["dvt"]):
             pass
     except api.PasswordRequiredError:
         raise TargetError(LOCKED_MESSAGE) from None

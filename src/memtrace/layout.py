@@ -386,6 +386,11 @@ PROC = Layout("MtProc", (
 # DEVICE-UNVERIFIED: written from xnu's headers.
 TASK_VM_INFO_FLAVOR = 22
 TASK_VM_INFO_BUFFER = 512      # bytes: larger than any revision so far
+# The count passed in: exactly TASK_VM_INFO_REV7_COUNT, the newest revision memtrace knows (rev3
+# ends at limit_bytes_remaining's offset 336 = 84 words; rev4 +2, rev5 decompressions +1, rev6
+# ledger_swapins +2, rev7 the two neural totals +4).  A larger count makes xnu log "possibly
+# invalid task_info_count" on every call; an older kernel fills less and says so in the count.
+TASK_VM_INFO_COUNT = 93
 TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
     "resident_size": (16, "u64"),
     "internal": (48, "u64"),

@@ -111,13 +111,18 @@ def linux_sample(pid: int, proc_root: Path = Path("/proc"), reader: Any = None,
 # --- iOS --------------------------------------------------------------------------------------
 
 
+# xnu bsd/sys/kern_memorystatus.h: the priority entry's state bit of a process in the foreground.
+MEMORYSTATUS_ACTIVE = 0x080
+
+
 def combine(target: dict[str, Any], root: dict[str, Any] | None) -> dict[str, Any]:
     """One iOS sample from the target's own figures and what root read for it (pure).
 
     ``available`` is os_proc_available_memory() only where it means something: a managed process's
     0 is "at or over its limit"; an unmanaged one's (a daemon's) 0 is "no answer".  The limit is the
-    memorystatus one (the active limit, else the priority list's) when root could read it, else
-    footprint + available.
+    memorystatus one when root could read it -- the inactive limit for a process in the background
+    (its priority entry's state lacks kMemorystatusActive: xnu applies the inactive limit then), the
+    active one otherwise, else the priority list's -- or else footprint + available.
     """
     root = root or {}
     footprint = target.get("footprint")
@@ -125,7 +130,9 @@ def combine(target: dict[str, Any], root: dict[str, Any] | None) -> dict[str, An
     managed = root.get("managed")
     errors = dict(target.get("errors") or {})
     errors.update({f"root:{k}": v for k, v in (root.get("errors") or {}).items()})
-    memlimit = root.get("active") or root.get("limit")
+    state = root.get("state")
+    background = isinstance(state, int) and not state & MEMORYSTATUS_ACTIVE
+    memlimit = (root.get("inactive") if background else None) or root.get("active") or root.get("limit")
     available: int | None = raw
     available_source: str | None = "os_proc_available_memory" if raw is not None else None
     if raw == 0 and managed is not True:
@@ -146,6 +153,7 @@ def combine(target: dict[str, Any], root: dict[str, Any] | None) -> dict[str, An
         "memlimit": {k: root.get(k) for k in ("active", "active_fatal", "inactive", "inactive_fatal")}
         if root else None,
         "priority": root.get("priority"), "errors": errors,
+        "limit_kind": None if not memlimit else "inactive" if background and root.get("inactive") else "active",
     }
     return out
 

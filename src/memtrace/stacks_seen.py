@@ -9,6 +9,7 @@ the SYMBOLS rows to write.  When the UI shows families, bytes are kept per stack
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from memtrace.analyze.families import classify as classify_family
@@ -40,12 +41,17 @@ class StacksSeen:
         self._bytes: dict[Any, int] = {}
         self._totals: dict[int, dict[str, int]] = {}   # aggregate core: each stack's latest totals
         self._aggregates = False
+        self.uuids: dict[str, tuple[str, ...]] = {}      # module name -> the Mach-O UUID the agent read
+        self.device_tree: Path | None = None             # a remote device's shared-cache symbols, if here
 
     def symbolize_on_host(self) -> None:
         self.host = HostSymbolizer(self.symtab.modules)
 
     def modules(self, modules: list[dict[str, Any]]) -> None:
         self.symtab.add_modules(modules)
+        for m in modules:
+            if m.get("uuid"):
+                self.uuids[m["name"]] = (m["uuid"],)
 
     def batch(self, data: bytes) -> None:
         """An agent batch from a C core: its STACK records, and bytes per stack for families."""
@@ -95,8 +101,11 @@ class StacksSeen:
         """Resolve the queue; returns (rows, by) pairs to write as SYMBOLS records.
 
         ``by_agent`` is None when the agent cannot be asked (gone, or a host-symbolized target).
-        The agent is asked for one chunk per call during the window (it runs in the target),
-        for everything at the end."""
+        The agent is asked only once the window has closed (``final``, after the last calibration):
+        symbolizing inside the target (CoreSymbolication on a device, rebuilt after every dlopen)
+        puts its heap into the very figures being measured and can stall the target past the
+        host's rpc timeout.  Until then its addresses wait; ``memtrace symbolize`` can do better
+        on the host later (the modules carry their UUIDs)."""
         out: list[tuple[Rows, str]] = []
         if not self.pending:
             return out
@@ -105,6 +114,10 @@ class StacksSeen:
             self.symtab.add_rows(rows)
             self.pending.clear()
             return [(rows, "host")]
+        if not final:
+            return out
+        if self.device_tree is not None:
+            out += self._by_device_symbols()
         if by_agent is None:
             return out
         while self.pending:
@@ -115,9 +128,28 @@ class StacksSeen:
             self.symtab.add_rows(rows)
             out.append((rows, "agent"))
             del self.pending[:len(chunk)]
-            if not final:
-                break
         return out
+
+    def _by_device_symbols(self) -> list[tuple[Rows, str]]:
+        """The host names what it can first, from the device's shared-cache symbols on this machine
+        (by the modules' UUIDs); only the rest is left to the agent."""
+        from memtrace.errors import MemtraceError
+        from memtrace.symbols.device import DeviceSymbols
+        from memtrace.symbols.service import Symbolizer
+
+        assert self.device_tree is not None
+        try:
+            tree = DeviceSymbols(self.device_tree)
+        except (MemtraceError, OSError):
+            return []
+        sym = Symbolizer(self.symtab.modules, [], ids=self.uuids, system_dirs=(), device_symbols=tree)
+        rows = [row for row in sym.symbolize(self.pending) if row[3] is not None]
+        if not rows:
+            return []
+        named = {int(row[0], 16) for row in rows}
+        self.symtab.add_rows(rows)
+        self.pending = [a for a in self.pending if a not in named]
+        return [(rows, "host: device symbols")]
 
     def families(self, top: int = 200) -> list[tuple[str, int]]:
         """Top stack families so far, from the biggest stacks (cheap enough for a 1 s tick)."""

@@ -60,8 +60,23 @@ def test_iosurface_hooks(demo_bin: Path, compile_c) -> None:
     with spawned(compile_c("steady")) as pid:
         check = ios.check_iosurface_hooks(device, pid)
     assert not check.ok
-    assert check.detail == ("missing: IOSurfaceCreate, IOSurfaceClientCreateChild, IOSurfaceClientRelease, "
-                            "IOSurfaceClientGetID")
+    assert check.detail == ("missing: IOSurfaceCreate, IOSurfaceClientCreateChild, IOSurfaceClientLookup, "
+                            "IOSurfaceClientRetain, IOSurfaceClientRelease, IOSurfaceClientGetID, "
+                            "IOSurfaceClientGetWidth, IOSurfaceClientGetHeight, IOSurfaceClientGetBytesPerRow, "
+                            "IOSurfaceClientGetPixelFormat")
+
+
+def test_runtime_facts(demo_bin: Path, compile_c) -> None:
+    """On the stand-in: task_info answers memtrace's exact count (93 words asked, the stand-in's 89
+    filled: an older revision, as an older kernel says); an ELF image has no LC_UUID and Linux no
+    OSMemoryBarrier, and the check says both, one line."""
+    device = frida.get_local_device()
+    with spawned(demo_bin / "scn_camera") as pid:
+        check = ios.check_runtime_facts(device, pid)
+    assert not check.ok
+    assert check.detail == ("scn_camera: no LC_UUID in memory (not a Mach-O image?); OSMemoryBarrier: missing "
+                            "(the C core's barriers on arm64 need it under TinyCC); "
+                            "task_info(TASK_VM_INFO, 93): 89 words filled (an older revision)")
 
 
 def test_an_unreachable_target_is_a_failed_check_not_a_crash() -> None:

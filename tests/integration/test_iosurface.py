@@ -54,23 +54,74 @@ def test_plain_glibc_program_lists_iosurface_missing(demo_bin: Path, tmp_path: P
     assert sorted(s["missing"]) == sorted([
         "IOSurfaceCreate", "IOSurfaceGetAllocSize", "IOSurfaceGetWidth", "IOSurfaceGetHeight",
         "IOSurfaceGetBytesPerRow", "IOSurfaceGetPixelFormat", "IOSurfaceGetID", "IOSurfaceIncrementUseCount",
-        "IOSurfaceDecrementUseCount", "IOSurfaceClientCreateChild", "IOSurfaceClientRelease",
-        "IOSurfaceClientGetID", "IOSurfaceClientGetAllocSize", "mtdarwin_surface_name"])
+        "IOSurfaceDecrementUseCount", "IOSurfaceClientCreateChild", "IOSurfaceClientLookup",
+        "IOSurfaceClientRetain", "IOSurfaceClientRelease", "IOSurfaceClientGetID", "IOSurfaceClientGetAllocSize",
+        "IOSurfaceClientGetWidth", "IOSurfaceClientGetHeight", "IOSurfaceClientGetBytesPerRow",
+        "IOSurfaceClientGetPixelFormat", "mtdarwin_surface_name"])
     assert s["released"]["visible"] is False
 
 
-def test_child_surfaces_and_releases_by_id(compile_c, demo_bin: Path, tmp_path: Path) -> None:
-    """Child surfaces made through IOSurfaceClientCreateChild without IOSurfaceCreate are traced, and
-    releases are seen at IOSurfaceClientRelease, matched by IOSurface ID, whichever path made them."""
+def test_nested_creates_recorded_once_with_geometry_and_releases_at_zero_references(
+        compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    """As on a device, IOSurfaceCreate builds its client with IOSurfaceClientCreateChild(NULL): each
+    surface is recorded once, from the outermost entry, with its geometry (through the client
+    accessors where IOSurfaceCreate was not the entry); children keep their parent; six
+    IOSurfaceClientRelease calls destroy four surfaces and exactly those four are released."""
     darwin = Path(__file__).resolve().parents[2] / "demo" / "darwin"
     prog = compile_c("standin_surfaces", "-I", str(darwin), "-L", str(demo_bin), "-lmtdarwin",
                      f"-Wl,-rpath,{demo_bin}")
     s = memtrace_json("iosurface", "--device", "local", "--window", "30", "--out", tmp_path / "c", "--", prog)
     assert s["ended"] == "target-exited" and s["missing"] == []
-    parent, child = 8306688, 1048576       # round_up(7680 * 1080, 16384); round_up(2048 * 512, 16384)
-    assert s["surfaces"] == 5 and s["bytes"] == 2 * parent + 3 * child
-    assert s["created_via"] == {"IOSurfaceCreate": 2, "IOSurfaceClientCreateChild": 3}
-    assert {r["caller"]: r["count"] for r in s["by_stack"]} == {"make_parents": 2, "mtdarwin_surface_create_child": 3}
-    assert s["released"] == {"count": 3, "bytes": parent + 2 * child, "ids": [1, 3, 4], "visible": True,
-                             "untracked": 0}
+    parent, child, direct = 8306688, 1048576, 1228800   # round_up(7680 * 1080, 16 KiB); 2048 * 512; 2560 * 480
+    assert s["surfaces"] == 6 and s["bytes"] == 2 * parent + 3 * child + direct
+    assert s["created_via"] == {"IOSurfaceCreate": 2, "IOSurfaceClientCreateChild": 4}
+    assert {r["caller"]: r["count"] for r in s["by_stack"]} == {
+        "make_parents": 2, "mtdarwin_surface_create_child": 3, "make_direct": 1}
+    rows = [(x["id"], x["width"], x["height"], x["bytes_per_row"], x["format"], x["parent_id"])
+            for x in s["surface_list"]]
+    assert rows == [(1, 1920, 1080, 7680, "BGRA", None), (2, 1920, 1080, 7680, "BGRA", None),
+                    (3, 2048, 512, 2048, "420v", 2), (4, 2048, 512, 2048, "420v", 2),
+                    (5, 2048, 512, 2048, "420v", 2), (6, 640, 480, 2560, "BGRA", None)]
+    assert s["released"] == {"count": 4, "bytes": parent + 2 * child + direct, "ids": [1, 3, 4, 6],
+                             "visible": True, "untracked": 0}
     assert s["held_at_end"]["ids"] == [2, 5]
+
+
+def test_references_dropped_on_surfaces_from_before_the_window_are_not_releases(
+        compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    """Attached to a running program whose surface 1 (two client references) was made before the
+    window: its two reference drops are 'untracked', never a release; surface 2, made and released
+    in the window, is the one release."""
+    import os
+    import signal
+    import subprocess
+
+    from memtrace.capture_loop import CaptureOptions, run_capture
+    from memtrace.target import TargetSpec
+    from memtrace.ui import SilentUI
+
+    darwin = Path(__file__).resolve().parents[2] / "demo" / "darwin"
+    prog = compile_c("standin_surfaces_early", "-I", str(darwin), "-L", str(demo_bin), "-lmtdarwin",
+                     f"-Wl,-rpath,{demo_bin}")
+    proc = subprocess.Popen([str(prog)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("ready ")
+
+    class GoWhenCapturing(SilentUI):
+        def phase(self, name: str) -> None:
+            super().phase(name)
+            if name == "capturing":
+                os.kill(proc.pid, signal.SIGUSR1)
+
+    try:
+        result = run_capture("iosurface", TargetSpec(device="local", pid=proc.pid, launch="none"),
+                             CaptureOptions(tracer="iosurface", window=30.0, out=tmp_path / "c"), GoWhenCapturing())
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    assert result.ended == "target-exited"
+    from memtrace.analyze.iosurface import summarize
+    from memtrace.capture import read_records
+
+    s = summarize(read_records(tmp_path / "c")).to_json()
+    assert [x["id"] for x in s["surface_list"]] == [2]
+    assert s["released"] == {"count": 1, "bytes": 262144, "ids": [2], "visible": True, "untracked": 2}

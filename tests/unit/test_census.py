@@ -144,6 +144,10 @@ def test_bands_on_both_scales() -> None:
         "IDLE", "AGING_BAND1", "BACKGROUND", "FREEZER", "FOREGROUND", "DRIVER_APPLE", "HOME", "CRITICAL", "MAX"]
     assert A.darwin_band(21) == "BAND_21"
     assert A.darwin_band(None) is None
+    # Every band xnu names: 15 on both scales, the entitled bands 1-9 and INTERNAL on the new one.
+    assert A.darwin_band(15, legacy) == "DRIVER_APPLE" and A.darwin_band(15) == "AGING_BAND1_STUCK"
+    assert {A.darwin_band(p) for p in range(1, 10)} == {"ENTITLED"} and A.darwin_band(999) == "INTERNAL"
+    assert [p for p in range(0, 22) if A.darwin_band(p, legacy).startswith("BAND_")] == [6, 7, 11, 14, 20]
 
 
 @pytest.mark.parametrize("version, priorities, scaled", [

@@ -54,3 +54,16 @@ def test_releases_by_id_whichever_path_created_the_surface(tmp_path: Path) -> No
     assert s["created_via"] == {"IOSurfaceCreate": 1, "IOSurfaceClientCreateChild": 1}
     assert s["released"] == {"count": 1, "bytes": 16384, "ids": [7], "visible": True, "untracked": 1}
     assert s["held_at_end"]["ids"] == [1]
+
+
+def test_reference_drops_on_surfaces_from_before_the_window_are_counted_apart(tmp_path: Path) -> None:
+    """The agent reports a release only at zero references; a drop on a surface it never saw created
+    (its count unknown) is counted as untracked, never as a release, and children keep their parent."""
+    child = {**surface(3, 16384, "420v", []), "via": "IOSurfaceClientCreateChild", "parent_id": 1}
+    events = [surface(1, 100, "BGRA", []), child,
+              {"type": "release-unknown", "via": "IOSurfaceClientRelease", "id": 42},
+              {"type": "release-unknown", "via": "IOSurfaceClientRelease", "id": 42},
+              {"type": "release", "via": "IOSurfaceClientRelease", "id": 3}]
+    s = summarize(read_records(write(tmp_path / "c.mtc", events, "IOSurfaceClientRelease"))).to_json()
+    assert s["released"] == {"count": 1, "bytes": 16384, "ids": [3], "visible": True, "untracked": 2}
+    assert [(x["id"], x["parent_id"]) for x in s["surface_list"]] == [(1, None), (3, 1)]

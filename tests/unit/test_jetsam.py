@@ -408,3 +408,25 @@ def test_a_folder_without_reports_is_named(tmp_path: Path) -> None:
     proc = run_memtrace("jetsam", tmp_path, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"memtrace: error: no JetsamEvent reports (JetsamEvent*.ips) in {tmp_path}"
+
+
+def test_a_device_that_stops_answering_mid_pull_ends_in_one_line(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every crash-report call is bounded: a listing that never answers is a one-line error."""
+    import asyncio
+
+    class Hanging(FakeCrashReportsManager):
+        async def ls(self, *args: object, **kwargs: object) -> list[str]:
+            await asyncio.sleep(3600)
+            return []
+
+    async def lockdown_factory(target: ios.DeviceTarget) -> FakeLockdown:
+        return FakeLockdown()
+
+    from memtrace import launchers
+
+    monkeypatch.setitem(launchers.PMD3_TIMEOUTS, "lockdown", 0.2)
+    with pytest.raises(ios.TargetError, match=r"^pymobiledevice3: listing crash reports did not answer "
+                                              r"within 0.2 s"):
+        ios.pull_jetsam_reports(ios.DeviceTarget(), tmp_path, lockdown_factory=lockdown_factory,
+                                manager_factory=Hanging)

@@ -146,3 +146,14 @@ def test_the_darwin_stand_in_writes_task_vm_info_at_the_layout_offsets() -> None
 def test_the_purgeable_analyzer_names_madvise_values_as_the_agent_does() -> None:
     assert purgeable_analyzer.MADVISE_NAMES == layout.MADVISE_NAMES
     assert set(purgeable_analyzer.STATE_MACHINE_ENTRIES) <= set(layout.PURGEABLE_ENTRIES)
+
+
+def test_task_info_count_is_the_newest_revisions_exact_count() -> None:
+    """xnu's revisions: rev3 ends where limit_bytes_remaining (rev4, 8 bytes) starts; then rev5
+    decompressions (4), rev6 ledger_swapins (8), rev7 two neural ledgers (16), packed to 4 bytes.
+    Not the buffer's 128 words, which xnu logs as "possibly invalid task_info_count"."""
+    rev3_words = layout.TASK_VM_INFO_FIELDS["limit_bytes_remaining"][0] // 4
+    assert layout.TASK_VM_INFO_COUNT == rev3_words + 2 + 1 + 2 + 4 == 93
+    assert layout.TASK_VM_INFO_COUNT * 4 <= layout.TASK_VM_INFO_BUFFER
+    js = (ROOT / "src" / "memtrace" / "agents" / "runtime" / "taskinfo.js").read_text()
+    assert "count.writeU32(TASK_VM_INFO_COUNT)" in js and "TASK_VM_INFO_BUFFER / 4" not in js

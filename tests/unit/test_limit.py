@@ -117,6 +117,12 @@ def test_watch_series_with_fake_clock() -> None:
     # Root could not read anything: 0 stays unknown, and so does the limit.
     ({"footprint": 300, "available": 0}, {"errors": {"attach": "denied"}},
      {"available": None, "available_source": None, "limit": None, "limit_source": None}),
+    # In the background (state without kMemorystatusActive) xnu applies the inactive limit ...
+    ({"footprint": 300, "available": 0}, {"managed": True, "active": 1000, "inactive": 600, "state": 0x008},
+     {"available": 0, "limit": 600, "limit_source": "memorystatus", "limit_kind": "inactive"}),
+    # ... in the foreground the active one.
+    ({"footprint": 300, "available": 700}, {"managed": True, "active": 1000, "inactive": 600, "state": 0x088},
+     {"available": 700, "limit": 1000, "limit_source": "memorystatus", "limit_kind": "active"}),
     # ... but a non-zero answer is the iOS 13+ identity.
     ({"footprint": 300, "available": 200}, None,
      {"available": 200, "limit": 500, "limit_source": "footprint + os_proc_available_memory"}),

@@ -120,20 +120,35 @@ export function matchCxxOverloads(symbols, qualified, member) {
   return out;
 }
 
+/* The debug-symbol search walks every symbol of every image (CoreSymbolication: seconds and tens
+ * of MB in an app), so it is bounded: one search per process for the class's functions, shared by
+ * every entry, at most DEBUG_MATCHES_MAX names read back; more than that is a pattern too loose to
+ * trust, and the entries stay MISSING. */
+const DEBUG_MATCHES_MAX = 64;
+let debugMatches;     // undefined until searched; then the class's functions' addresses
+
+function classFunctionsByDebugSymbols(qualified) {
+  if (debugMatches === undefined) {
+    const parts = qualified.split('::');
+    try {
+      debugMatches = DebugSymbol.findFunctionsMatching('*' + parts[parts.length - 2] + '*');
+    } catch (e) {
+      debugMatches = [];
+    }
+    if (debugMatches.length > DEBUG_MATCHES_MAX)
+      debugMatches = [];
+  }
+  return debugMatches;
+}
+
 /* Where the symbol table has no entry (a stripped build), the debug-symbol search: names come
  * back demangled or mangled, and are checked against the qualified name. */
 function findByDebugSymbols(qualified, member) {
   const last = qualified.split('::').pop();
-  let addresses = [];
-  try {
-    addresses = DebugSymbol.findFunctionsMatching('*' + last + '*');
-  } catch (e) {
-    return [];
-  }
   const symbols = [];
-  for (const a of addresses) {
+  for (const a of classFunctionsByDebugSymbols(qualified)) {
     const name = DebugSymbol.fromAddress(a).name;
-    if (name === null)
+    if (name === null || name.indexOf(last) < 0)
       continue;
     if (name.indexOf(qualified + '(') >= 0) {
       const inner = name.slice(name.indexOf('(') + 1, name.lastIndexOf(')'));
@@ -170,9 +185,9 @@ function findCxx(qualified, member) {
       return found;
   }
   // DEVICE-UNVERIFIED: whether QuartzCore's symbols in the shared cache reach enumerateSymbols
-  // on a given iOS build; the debug-symbol search (CoreSymbolication, before the window opens)
-  // is the fallback.
-  return findByDebugSymbols(qualified, member);
+  // on a given iOS build; the debug-symbol search (CoreSymbolication, before the window opens,
+  // bounded) is the fallback -- only where QuartzCore is loaded, the only place they can be.
+  return IS_DARWIN && modules.length > 0 ? findByDebugSymbols(qualified, member) : [];
 }
 
 function resolveOnce(name, how) {

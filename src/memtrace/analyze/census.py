@@ -40,14 +40,17 @@ SORT_KEYS = ("footprint", "purgeable", "lifetime_max", "name", "pid", "priority"
 DARWIN_BANDS_LEGACY = {
     -1: "DEFAULT", 0: "IDLE", 1: "AGING_BAND1", 2: "AGING_BAND2", 3: "BACKGROUND", 4: "MAIL", 5: "PHONE",
     8: "UI_SUPPORT", 9: "FOREGROUND_SUPPORT", 10: "FOREGROUND", 12: "AUDIO_AND_ACCESSORY",
-    13: "CONDUCTOR", 16: "HOME", 17: "EXECUTIVE", 18: "IMPORTANT", 19: "CRITICAL", 21: "MAX",
+    13: "CONDUCTOR", 15: "DRIVER_APPLE", 16: "HOME", 17: "EXECUTIVE", 18: "IMPORTANT", 19: "CRITICAL", 21: "MAX",
 }
-# ... and since xnu-8792 (iOS 16), ten times larger, with FREEZER and DRIVER_APPLE between.
+# ... and since xnu-8792 (iOS 16), ten times larger, with FREEZER between, bands 1-9 for entitled
+# processes (JETSAM_PRIORITY_ENTITLED_MAX), 15 for system processes stuck in aging, and INTERNAL
+# (launchd, kernel_task: never jetsammed).
 DARWIN_BANDS = {
-    -1: "DEFAULT", 0: "IDLE", 10: "AGING_BAND1", 20: "AGING_BAND2", 30: "BACKGROUND", 40: "MAIL", 50: "PHONE",
+    -1: "DEFAULT", 0: "IDLE", **{n: "ENTITLED" for n in range(1, 10)}, 10: "AGING_BAND1",
+    15: "AGING_BAND1_STUCK", 20: "AGING_BAND2", 30: "BACKGROUND", 40: "MAIL", 50: "PHONE",
     75: "FREEZER", 80: "UI_SUPPORT", 90: "FOREGROUND_SUPPORT", 100: "FOREGROUND", 120: "AUDIO_AND_ACCESSORY",
     130: "CONDUCTOR", 150: "DRIVER_APPLE", 160: "HOME", 170: "EXECUTIVE", 180: "IMPORTANT", 190: "CRITICAL",
-    210: "MAX",
+    210: "MAX", 999: "INTERNAL",
 }
 SCALED_BANDS_SINCE_IOS = 16
 LEGACY_MAX_PRIORITY = 21

@@ -2,10 +2,12 @@
 
 Pure: capture records in, an :class:`IOSurfaceSummary` out.  Surfaces are matched by their
 IOSurface ID (a surface pointer where no ID was read), whichever path created them
-(``IOSurfaceCreate``, or ``IOSurfaceClientCreateChild`` for child surfaces).  A surface is "held at
-end" when the capture saw it created and never saw it released (``IOSurfaceClientRelease``, when
-the target has it: DEVICE-UNVERIFIED on iOS); without a release hook "held" means "still
-referenced by the app as far as we saw".
+(``IOSurfaceCreate``, or ``IOSurfaceClientCreateChild`` reached without it), each recorded once by
+the agent from the outermost entry.  A surface is "held at end" when the capture saw it created and
+never saw its last client reference go (the agent counts ``IOSurfaceClientLookup``/``Retain``/
+``Release`` and reports a release only at zero: DEVICE-UNVERIFIED on iOS); without a release hook
+"held" means "still referenced by the app as far as we saw".  Reference drops on surfaces created
+before the window (their count unknown) are counted apart, as ``untracked``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Surface:
     frames: tuple[int, ...]
     t: int | None = None
     via: str = "IOSurfaceCreate"
+    parent_id: int | None = None        # a child surface's parent (IOSurfaceClientCreateChild)
     released: bool = False
     use_inc: int = 0
     use_dec: int = 0
@@ -40,7 +43,7 @@ class Surface:
 class IOSurfaceSummary(CaptureContext):
     surfaces: list[Surface] = field(default_factory=list)
     failed: int = 0
-    releases_untracked: int = 0     # destroyed surfaces created before the capture
+    releases_untracked: int = 0     # references dropped on surfaces created before the capture
 
     @property
     def release_visible(self) -> bool:
@@ -82,7 +85,7 @@ class IOSurfaceSummary(CaptureContext):
                                 "decrement": sum(s.use_dec for s in self.surfaces)},
             "surface_list": [{"id": s.id, "alloc_size": s.alloc_size, "width": s.width, "height": s.height,
                               "bytes_per_row": s.bytes_per_row, "format": s.format, "name": s.name,
-                              "released": s.released} for s in self.surfaces],
+                              "parent_id": s.parent_id, "released": s.released} for s in self.surfaces],
             "failed_creates": self.failed,
             "missing": self.missing,
             **self.timing_json(),
@@ -137,7 +140,7 @@ def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
                         alloc_size=int(ev.get("alloc_size") or 0),
                         width=ev.get("width"), height=ev.get("height"), bytes_per_row=ev.get("bytes_per_row"),
                         format=ev.get("format"), name=ev.get("name"), frames=event_frames(ev), t=ev.get("t"),
-                        via=ev.get("via") or "IOSurfaceCreate")
+                        via=ev.get("via") or "IOSurfaceCreate", parent_id=ev.get("parent_id"))
                     s.surfaces.append(surface)
                     live.add(surface)
                 elif kind == "release":
@@ -146,6 +149,8 @@ def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
                         s.releases_untracked += 1
                     else:
                         found.released = True
+                elif kind == "release-unknown":
+                    s.releases_untracked += 1
                 elif kind == "use":
                     u = live.get(ev)
                     if u is not None:

@@ -16,13 +16,24 @@ from memtrace.symbols.resymbolize import Outcome, resymbolize
 @click.option("--symbols", "symbol_dirs", multiple=True, type=click.Path(path_type=Path), metavar="DIR",
               help="Where to look for symbol files: dSYM bundles, .app bundles, separate debug files, "
                    ".build-id trees (repeatable; searched recursively).")
+@click.option("--device-symbols", type=click.Path(path_type=Path), metavar="DIR",
+              help="An iOS device's shared-cache symbols split per image (an Xcode DeviceSupport "
+                   "'Symbols' folder): names system frames by their modules' UUIDs.")
+@click.option("--fetch-device-symbols", "fetch_udid", metavar="UDID",
+              help="Fetch that USB device's shared-cache symbols through pymobiledevice3 first (once per "
+                   "OS build, kept in its DeviceSupport folder) and use them as --device-symbols.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
-def symbolize(capture: Path, symbol_dirs: tuple[Path, ...], as_json: bool) -> int:
+def symbolize(capture: Path, symbol_dirs: tuple[Path, ...], device_symbols: Path | None, fetch_udid: str | None,
+              as_json: bool) -> int:
     """Re-symbolize CAPTURE (a capture file or folder): function names, file:line and inlined calls
     for every address it references, from the modules' files on this machine, their separate debug
     files (build-id, .gnu_debuglink) and the --symbols folders.  The capture's symbol table is
     replaced atomically; names the capture had that nothing here can redo are kept."""
-    out = resymbolize(capture, symbol_dirs)
+    if fetch_udid:
+        from memtrace.symbols import device
+
+        device_symbols = device.fetch(fetch_udid)
+    out = resymbolize(capture, symbol_dirs, device_symbols)
     if as_json:
         sys.stdout.write(json.dumps(out.to_json(), indent=1) + "\n")
     else:

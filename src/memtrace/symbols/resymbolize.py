@@ -119,7 +119,9 @@ def check_symbol_dirs(dirs: Iterable[Path]) -> list[Path]:
     return out
 
 
-def resymbolize(capture: Path, symbol_dirs: Iterable[Path] = ()) -> Outcome:
+def resymbolize(capture: Path, symbol_dirs: Iterable[Path] = (), device_symbols: Path | None = None) -> Outcome:
+    """``device_symbols``: a DeviceSupport ``Symbols`` folder (symbols/device.py) naming an iOS
+    capture's system frames by their modules' UUIDs."""
     t0 = time.perf_counter()
     dirs = check_symbol_dirs(symbol_dirs)
     info = CaptureInfo(capture)
@@ -128,7 +130,12 @@ def resymbolize(capture: Path, symbol_dirs: Iterable[Path] = ()) -> Outcome:
         refs.fold(rec)
     t_read = time.perf_counter()
     out = Outcome(info.path, truncated=info.truncation or None)
-    sym = Symbolizer(refs.modules, dirs, arch=refs.arch, ids=refs.ids)
+    device = None
+    if device_symbols is not None:
+        from memtrace.symbols.device import DeviceSymbols
+
+        device = DeviceSymbols(device_symbols)
+    sym = Symbolizer(refs.modules, dirs, arch=refs.arch, ids=refs.ids, device_symbols=device)
     rows = []
     for a in refs.addresses:
         old = refs.old_rows.get(a)

@@ -11,16 +11,19 @@ symbolized again later from the files alone.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memtrace.symbols.locate import SYSTEM_DEBUG_DIRS, Locator, ModuleRef, Source
+from memtrace.symbols.objc import ObjcNames
 from memtrace.symbols.objects import Location, SymbolFiles
 
 if TYPE_CHECKING:
     from memtrace.analyze.symbols import ModuleMap
+    from memtrace.symbols.device import DeviceSymbols
 
 
 @dataclass(slots=True)
@@ -41,13 +44,15 @@ class Symbolizer:
 
     def __init__(self, modules: ModuleMap, symbol_dirs: Sequence[Path | str] = (), arch: str | None = None,
                  ids: dict[str, tuple[str, ...]] | None = None,
-                 system_dirs: Sequence[Path] = SYSTEM_DEBUG_DIRS) -> None:
+                 system_dirs: Sequence[Path] = SYSTEM_DEBUG_DIRS, device_symbols: DeviceSymbols | None = None) -> None:
         self.modules = modules
         self.files = SymbolFiles()
         self.locator = Locator(self.files, symbol_dirs, system_dirs, arch)
         self.ids = ids or {}                    # module name -> build-ids / UUIDs the capture recorded
         self._usage: dict[tuple[str, str], Usage] = {}
         self._rows: dict[int, list[Any]] = {}
+        self._objc: dict[str, ObjcNames | None] = {}      # Mach-O path -> its Objective-C method names
+        self.device_symbols = device_symbols                # an iOS device's shared-cache symbols, by UUID
 
     def symbolize(self, addresses: Iterable[int]) -> list[list[Any]]:
         """Rows for ``addresses`` (return addresses: each is looked up one byte back)."""
@@ -72,8 +77,16 @@ class Symbolizer:
         src = usage.source
         rel = offset - 1 - src.slide                 # a return address points after its call
         if src.symbols is None or rel < 0:
+            if self.device_symbols is not None and self.ids.get(module):
+                row[3] = self.device_symbols.name(self.ids[module], offset)
+                usage.named += row[3] is not None
             return row
         locs = src.symbols.lookup(rel)
+        method = self._objc_method(src, rel, locs)
+        if method is not None:
+            row[3] = method
+            usage.named += 1
+            return row
         if not locs:
             return row
         outer = locs[-1]
@@ -117,6 +130,32 @@ class Symbolizer:
                 source = Source(None, "none", note=f"{path or module}: unreadable ({type(e).__name__}: {e})")
             u = self._usage[key] = Usage(module, source)
         return u
+
+    def _objc_method(self, src: Source, rel: int, locs: list[Location]) -> str | None:
+        """``-[Class selector]`` for an address in a stripped Mach-O's Objective-C method: where the
+        symbol files say nothing, or name a function that does not start where this one does (the
+        nearest export of a stripped binary).  Symbols with lines (a dSYM) are trusted as they are."""
+        if locs and (locs[-1].line is not None or src.symbols is None):
+            return None
+        names = self._objc_names(src)
+        hit = names.lookup(rel) if names is not None else None
+        if hit is None or (locs and locs[-1].sym_addr == hit[1]):
+            return None
+        return hit[0]
+
+    def _objc_names(self, src: Source) -> ObjcNames | None:
+        for f in (src.exports, src.symbols):
+            if f is None or f.file_format != "macho":
+                continue
+            if f.path not in self._objc:
+                try:
+                    names: ObjcNames | None = ObjcNames(f.path, f.arch)
+                except (OSError, ValueError, struct.error):
+                    names = None
+                self._objc[f.path] = names if names else None
+            if self._objc[f.path] is not None:
+                return self._objc[f.path]
+        return None
 
     @staticmethod
     def _name(outer: Location, src: Source, rel: int) -> str | None:

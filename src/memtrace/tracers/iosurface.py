@@ -38,7 +38,9 @@ def console_view(console: Console, summary: IOSurfaceSummary, opts: dict[str, An
                                    for r in s["by_stack"]]))
     rel, held = s["released"], s["held_at_end"]
     line(console, ("released", f"{rel['count']:,} ({fmt_bytes(rel['bytes'])})"
-                   + ("" if rel["visible"] else " — no destruction entry visible on this platform")))
+                   + ("" if rel["visible"] else " — no destruction entry visible on this platform")
+                   + (f"; {rel['untracked']:,} references dropped on surfaces made before the window"
+                      if rel.get("untracked") else "")))
     line(console, ("held at end", f"{held['count']:,} ({fmt_bytes(held['bytes'])}): {held['meaning']}"))
     footer(console, s)
 

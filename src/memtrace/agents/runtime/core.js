@@ -66,6 +66,22 @@ function sizeOf(cm, fn) {
   return Number(new NativeFunction(cm[fn], 'uint64', [])());
 }
 
+/* A function that is one `dmb ish`: libSystem's OSMemoryBarrier on Darwin (libsystem_platform,
+ * exactly that), else one written here.  DEVICE-UNVERIFIED: arm64 is not run by the tests. */
+function fullFence() {
+  const exported = IS_DARWIN ? findExport('OSMemoryBarrier') : null;
+  if (exported !== null)
+    return exported;
+  const code = Memory.alloc(Process.pageSize);
+  Memory.patchCode(code, 8, (p) => {
+    const w = new Arm64Writer(p, { pc: code });
+    w.putInstruction(0xd5033bbf);     // dmb ish
+    w.putRet();
+    w.flush();
+  });
+  return code;
+}
+
 /* Compiles `sources` (cmodule/ files, the generated layout header first) with the core's tables
  * as symbols, plus the tracer's extraSymbols.  config: the host's agent config. */
 export function buildCore(config, sources, extraSymbols) {
@@ -139,6 +155,8 @@ export function buildCore(config, sources, extraSymbols) {
     pthread_self: findExport('pthread_self'),
     sched_yield: findExport('sched_yield'),
   }, unwindSymbols(), extraSymbols);
+  if (Process.arch === 'arm64')
+    symbols.mt_full_fence = fullFence();      // core.c's mt_barrier under TinyCC
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');
     symbols.pthread_get_stacksize_np = findExport('pthread_get_stacksize_np');

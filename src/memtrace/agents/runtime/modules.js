@@ -3,12 +3,48 @@
  * symbolization of return addresses, each asked for once by the host.
  */
 
-import { now } from './platform.js';
+import { IS_DARWIN, now } from './platform.js';
 
 const knownModules = new Set();
 
+const MH_MAGIC_64 = 0xfeedfacf;
+const LC_UUID = 0x1b;
+
+/* The LC_UUID of the Mach-O image whose header is at `base` (as dwarfdump prints it:
+ * upper-case hex, 8-4-4-4-12), read from memory; null when it has none or is unreadable.  The host
+ * finds the image's dSYM and the device's shared-cache symbols by it. */
+export function machoUuid(base) {
+  try {
+    if (base.readU32() !== MH_MAGIC_64)
+      return null;
+    const ncmds = base.add(16).readU32();
+    let cmd = base.add(32);
+    for (let i = 0; i < ncmds && i < 4096; i++) {
+      const kind = cmd.readU32();
+      const size = cmd.add(4).readU32();
+      if (kind === LC_UUID) {
+        const hex = Array.from(new Uint8Array(cmd.add(8).readByteArray(16)),
+          b => b.toString(16).padStart(2, '0')).join('').toUpperCase();
+        return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+      }
+      if (size < 8)
+        return null;
+      cmd = cmd.add(size);
+    }
+  } catch (e) {
+    return null;
+  }
+  return null;
+}
+
 export function describeModule(m) {
-  return { name: m.name, path: m.path, base: m.base.toString(), size: m.size };
+  const out = { name: m.name, path: m.path, base: m.base.toString(), size: m.size };
+  if (IS_DARWIN) {
+    const uuid = machoUuid(m.base);
+    if (uuid !== null)
+      out.uuid = uuid;
+  }
+  return out;
 }
 
 /* modules:update with every module not announced before. */
@@ -25,7 +61,8 @@ export function announceModules() {
     send({ type: 'modules:update', t: now(), modules: fresh });
 }
 
-/* [address, module, offset, symbol, file, line] per address (null where unknown). */
+/* [address, module, offset, symbol, file, line] per address (null where unknown).  Asked only after
+ * the window (stacks_seen.py says why). */
 export function symbolize(addresses) {
   return addresses.map(a => {
     const p = ptr(a);

@@ -6,6 +6,7 @@
  */
 
 import { calibrate } from './calibrate.js';
+import { darwinFacts } from './facts.js';
 import { retireThreadKey, setEnabled } from './core.js';
 import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize } from './modules.js';
@@ -229,6 +230,10 @@ export function serve(tracer) {
     },
     symbolize(addresses) {
       return symbolize(addresses);
+    },
+    /* memtrace doctor's runtime facts (runtime/facts.js). */
+    darwinFacts() {
+      return darwinFacts();
     },
     calibrate() {
       return calibrate();

@@ -4,7 +4,7 @@
  * osfmk/mach/task_info.h; on Linux the stand-in libmtdarwin exports task_info.
  */
 
-import { TASK_VM_INFO_BUFFER, TASK_VM_INFO_FIELDS, TASK_VM_INFO_FLAVOR } from '../layout.js';
+import { TASK_VM_INFO_BUFFER, TASK_VM_INFO_COUNT, TASK_VM_INFO_FIELDS, TASK_VM_INFO_FLAVOR } from '../layout.js';
 
 let taskInfo = null;     // looked up until found (the stand-in may load late)
 let buf = null;
@@ -29,7 +29,7 @@ export function readTaskVmInfo(task) {
   }
   if (task === null)
     return null;
-  count.writeU32(TASK_VM_INFO_BUFFER / 4);
+  count.writeU32(TASK_VM_INFO_COUNT);     // the newest revision's exact count (layout.py says why)
   if (taskInfo(task, TASK_VM_INFO_FLAVOR, buf, count) !== 0)
     return null;
   const filled = count.readU32() * 4;

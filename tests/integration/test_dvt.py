@@ -142,7 +142,8 @@ class Device:
                  leaked: list[int] | None = None, debuggable: bool = True,
                  footprints: tuple[int, ...] = (), log: tuple[tuple[int, str], ...] = (),
                  developer_mode: bool = True, tunneld: str = "up", mounted: bool = True,
-                 app_pid: int = 4711) -> None:
+                 app_pid: int = 4711, paired: bool = True) -> None:
+        self.paired = paired
         self.footprints, self.log = footprints, log
         self.developer_mode, self.tunneld, self.mounted, self.app_pid = developer_mode, tunneld, mounted, app_pid
         self.version, self.stream, self.ends, self.pid = version, stream, ends, pid
@@ -177,6 +178,7 @@ class Device:
                 self.kind = kind
                 self.product_version = dev.version
                 self.product_type = "iPhone14,2"
+                self.paired = dev.paired
 
             async def close(self) -> None:
                 dev.closed.append(self.kind)
@@ -193,6 +195,8 @@ class Device:
             dev.call("get_tunneld_device_by_udid", *args, **kwargs)
             if dev.tunneld == "down":
                 raise TunneldConnectionError()
+            if dev.tunneld == "broken":
+                raise IndexError("list index out of range")
             return None if dev.tunneld == "no-tunnel" else Client("rsd")
 
         async def mount(*args: Any, **kwargs: Any) -> None:
@@ -388,6 +392,7 @@ def test_malloc_backend_dvt_gives_the_same_summary_as_a_frida_capture(device: De
     assert names[:7] == ["create_using_usbmux", "create_using_usbmux", "auto_mount", "DvtProvider", "ProcessControl",
                          "Allocations", "launch_environment"]
     assert device.calls[0][2]["serial"] is None and device.calls[1][2]["serial"] == "00008110-FAKE"
+    assert all(c[2]["autopair"] is False for c in device.calls if c[0] == "create_using_usbmux")
     assert names.index("launch") < names.index("attach") < names.index("resume") < names.index("kill")
     launch = next(c for c in device.calls if c[0] == "launch")
     assert launch[1][1] == "com.example.app" and launch[2]["start_suspended"] is True
@@ -528,7 +533,9 @@ def test_census_auto_falls_back_to_instruments_when_no_frida_server_answers(
     assert any("frida-server did not answer (unable to connect to remote frida-server: closed)" in n
                for n in doc["notes"])
     # The UDID Frida saw is the one Instruments is asked about: no second device lookup.
-    assert device.calls[0] == ("create_using_usbmux", (), {"serial": "00008110-FAKE"})
+    # Never paired implicitly (pymobiledevice3's default would wait on a Trust dialog for ever).
+    assert device.calls[0] == ("create_using_usbmux", (), {"serial": "00008110-FAKE", "autopair": False,
+                                                            "pair_timeout": 15.0})
 
 
 # ---- limit on a stock device ---------------------------------------------------------------------------
@@ -642,6 +649,8 @@ def test_doctor_on_a_ready_stock_device(device: Device) -> None:
     ({"version": "17.4", "tunneld": "down"}, {"tunnel": "sudo python3 -m pymobiledevice3 remote tunneld"}),
     ({"version": "16.6", "developer_mode": False}, {"developer mode": "Settings > Privacy & Security"}),
     ({"version": "16.6", "debuggable": False}, {"app": "development-signed"}),
+    ({"version": "17.2", "tunneld": "broken"}, {"tunnel": "its tunnel cannot be reached"}),
+    ({"version": "16.6", "paired": False}, {"lockdown": "pymobiledevice3 lockdown pair"}),
 ], indirect=["device"])
 def test_doctor_names_the_fix_for_each_missing_piece(device: Device, expect: dict[str, str]) -> None:
     from memtrace import doctor

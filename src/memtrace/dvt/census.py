@@ -59,7 +59,7 @@ async def sample(api: SimpleNamespace, udid: str | None, interval_ms: int = INTE
     from memtrace import launchers
 
     if udid is None:
-        probe = await api.create_using_usbmux(serial=None)
+        probe = await api.create_using_usbmux(serial=None, **launchers.NO_AUTOPAIR)
         udid = str(probe.udid)
         await launchers._close(probe)
     async with launchers._Pmd3Session(api, udid) as provider:

@@ -42,12 +42,15 @@ async def _probe(api: SimpleNamespace, udid: str, app: str | None) -> list[tuple
     rows: list[tuple[str, str, str]] = []
     rsd: Any = None
     try:
-        lockdown = await api.create_using_usbmux(serial=udid)
+        lockdown = await api.create_using_usbmux(serial=udid, **launchers.NO_AUTOPAIR)
     except api.PasswordRequiredError:
         return [("lockdown", "FAIL", "the device is locked: unlock it")]
     except Exception as e:  # noqa: BLE001 -- the finding itself
         return [("lockdown", "FAIL", f"not reachable: {_first_line(e)} (connect it by USB, tap Trust, or pair: "
                                      "python3 -m pymobiledevice3 lockdown pair)")]
+    if getattr(lockdown, "paired", True) is False:
+        await launchers._close(lockdown)
+        return [("lockdown", "FAIL", launchers.NOT_PAIRED_MESSAGE)]
     try:
         version = str(getattr(lockdown, "product_version", "") or "")
         major = launchers._major(version)
@@ -67,6 +70,11 @@ async def _probe(api: SimpleNamespace, udid: str, app: str | None) -> list[tuple
         if major >= launchers.TUNNEL_SINCE_IOS:
             try:
                 rsd = await api.get_tunneld_device_by_udid(udid)
+            except IndexError:
+                # pymobiledevice3 11.x: tunneld lists the device but none of its tunnels can be dialled.
+                rows.append(("tunnel", "FAIL", "tunneld lists the device but its tunnel cannot be reached: restart "
+                                               "tunneld (sudo python3 -m pymobiledevice3 remote tunneld)"))
+                return rows
             except Exception as e:  # noqa: BLE001 -- TunneldConnectionError and friends
                 rows.append(("tunnel", "FAIL", f"no tunneld answers ({_first_line(e)}): start one -- "
                                                "sudo python3 -m pymobiledevice3 remote tunneld"))

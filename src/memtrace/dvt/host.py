@@ -136,7 +136,7 @@ class DvtHost:
         if self.udid is None:
             # The first USB device, as `--device usb` means everywhere: its UDID names the tunnel.
             try:
-                probe = await api.create_using_usbmux(serial=None)
+                probe = await api.create_using_usbmux(serial=None, **launchers.NO_AUTOPAIR)
             except api.PasswordRequiredError:
                 raise TargetError(launchers.LOCKED_MESSAGE) from None
             except Exception as e:  # noqa: BLE001 -- usbmux missing, no device: one line

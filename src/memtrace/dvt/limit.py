@@ -102,7 +102,7 @@ class StockLimitProbe:
 
         api = self.api
         if self.udid is None:
-            probe = await api.create_using_usbmux(serial=None)
+            probe = await api.create_using_usbmux(serial=None, **launchers.NO_AUTOPAIR)
             self.udid = str(probe.udid)
             await launchers._close(probe)
         provider = await self._stack.enter_async_context(launchers._Pmd3Session(api, str(self.udid)))

@@ -155,8 +155,8 @@ def _stock(frida_device: Any) -> bool:
     """No frida-server answers on this device (a stock iPhone): Instruments it is."""
     try:
         frida_device.query_system_parameters()
-    except Exception:  # noqa: BLE001 -- any failure to reach frida-server
-        return True
+    except Exception as e:  # noqa: BLE001 -- Frida's own errors: no frida-server to reach
+        return type(e).__module__.split(".")[0] in ("frida", "_frida")
     return False
 
 

@@ -359,9 +359,24 @@ def test_the_real_parser_and_the_translator_give_exact_counts() -> None:
     assert t.other_events == 1
     # S1 and S2 interned once each; S2 rebuilt from S1's key frame by the parser.
     assert set(t.stacks) == {S1, (S2_INNER, *S1[1:])}
-    payload, batch = t.take(0.1) or ({}, b"")
-    assert payload["counters"] == c and len(batch) > 0
-    assert t.take(0.2) is None
+    payload, batch = t.take(100.0)
+    assert payload["counters"] == c and payload["mode"] == "aggregate"
+    # The peak: the 1000 blocks of 4096 B before any was freed, all under S1.
+    assert payload["peak"]["bytes"] == 4096 * 1000 and payload["tracked"]["bytes"] == expect["live_bytes"]
+    from memtrace.capture import AggRecord, PeakHeadRecord, PeakRecord, decode_agent_records
+
+    records = list(decode_agent_records(batch))
+    s1, s2 = t.stacks[S1], t.stacks[(S2_INNER, *S1[1:])]
+    agg = {r.stack_id: r.values for r in records if isinstance(r, AggRecord)}
+    assert agg[s1] == {"allocs": 1001, "bytes": 4096 * 1000 + 8192, "frees": 501, "freed_bytes": 4096 * 501,
+                       "temp": 0, "temp_bytes": 0}
+    assert agg[s2]["allocs"] == 10 and agg[s2]["bytes"] == 480 and agg[s2]["frees"] == 0
+    (head,) = [r for r in records if isinstance(r, PeakHeadRecord)]
+    assert (head.nstacks, head.bytes, head.count) == (1, 4096 * 1000, 1000)
+    assert [(r.stack_id, r.bytes, r.count) for r in records if isinstance(r, PeakRecord)] == [(s1, 4096000, 1000)]
+    # Nothing new: a sample for the timeline, no records.
+    again, data = t.take(200.0)
+    assert data == b"" and again["sample"]["tracked_bytes"] == expect["live_bytes"]
 
 
 # ---- the whole command ------------------------------------------------------------------------------
@@ -384,6 +399,12 @@ def test_malloc_backend_dvt_gives_the_same_summary_as_a_frida_capture(device: De
     assert (top["count"], top["bytes"]) == (1001, 4096000 + 8192) and (second["count"], second["bytes"]) == (10, 480)
     assert [f["address"] for f in top["frames"]] == [hex(a) for a in S1]
     assert [f["address"] for f in second["frames"]] == [hex(S2_INNER), *(hex(a) for a in S1[1:])]
+    # The same views as a Frida capture: the exact peak with its composition, temporaries, a timeline.
+    assert doc["mode"] == "aggregate"
+    assert (doc["peak"]["bytes"], doc["peak"]["count"]) == (4096 * 1000, 1000) and doc["peak"]["exact"]
+    assert doc["peak"]["by_stack"][0]["bytes"] == 4096 * 1000
+    assert doc["temporary"] is not None and len(doc["timeline"]["t"]) >= 5
+    assert max(doc["timeline"]["tracked_bytes"]) == expect["live_bytes"]
     # Frames land in the app's image, read from the VM Tracker's __TEXT regions.
     assert {f["module"] for f in top["frames"]} == {"Example"} and top["frames"][0]["offset"] == S1[0] - APP_TEXT[0]
     # Launch with the recording environment, suspended; attach; resume; kill at the end.

@@ -81,6 +81,8 @@ class DvtHost:
         self._announced: set[int] = set()
         self._tasks: list[asyncio.Task[Any]] = []
         self._resumed = False
+        self._attached = False
+        self._final_sent = False     # the last batch (live blocks, final totals) went out
         self._mask = 0
         self._t0 = time.monotonic()
 
@@ -197,6 +199,8 @@ class DvtHost:
         except Exception as e:  # noqa: BLE001 -- ProcessInspectionError: not debuggable, gone
             raise TargetError(f"Instruments could not record pid {pid}: {_first_line(e)} "
                               "(the app must be development-signed: get-task-allow)") from None
+        self._t0 = time.monotonic()      # the recording's time zero (the timeline's, the peak's)
+        self._attached = True
         self._tasks.append(asyncio.ensure_future(self._pump()))
         self._tasks.append(asyncio.ensure_future(self._flusher()))
 
@@ -228,14 +232,16 @@ class DvtHost:
         await self._modules(pid)
 
     async def _pump(self) -> None:
+        translator, clock, t0 = self.translator, time.monotonic, self._t0
         try:
             async for event in self._alloc:
-                self.translator.feed(event)
+                translator.now_ms = (clock() - t0) * 1000
+                translator.feed(event)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 -- the channel broke: the recording ends, and says why
             self._send({"type": "agent:warning", "message": f"the Allocations stream broke: {_first_line(e)}"})
-        self._flush()
+        self._flush(final=True)
         if self.gone is None:
             # The service closes its stream when the recorded process goes away.
             self.gone = "process-terminated"
@@ -246,12 +252,11 @@ class DvtHost:
             await asyncio.sleep(FLUSH_S)
             self._flush()
 
-    def _flush(self) -> None:
-        batch = self.translator.take(round(time.monotonic() - self._t0, 3))
-        if batch is None:
-            self._send({"type": "agent:alive"})
-        else:
-            self._send(*batch)
+    def _flush(self, final: bool = False) -> None:
+        if self._final_sent:
+            return
+        self._final_sent = final
+        self._send(*self.translator.take(round((time.monotonic() - self._t0) * 1000, 1), final))
 
     def _send(self, payload: dict[str, Any], data: bytes | None = None) -> None:
         self.events.put(("message", {"type": "send", "payload": payload}, data))
@@ -282,6 +287,7 @@ class DvtHost:
     async def _live_bytes(self) -> int:
         return sum(size for size, _ in self.translator.live.values())
 
+
     def _rpc_start(self) -> dict[str, Any]:
         return {}
 
@@ -299,7 +305,8 @@ class DvtHost:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
-        self._flush()
+        if self._attached:
+            self._flush(final=True)
 
     def _rpc_symbolize(self, *_: Any) -> None:
         raise MemtraceError("no agent to symbolize in: stacks are symbolized on the host")

@@ -85,13 +85,17 @@ def test_an_idle_target_is_not_anti_debug(tracer: str, compile_c, tmp_path: Path
 
 def test_perpetual_stream_suspected_then_confirmed_by_batch(demo_bin: Path, tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
+    # Load-proof: die_perpetual dies 3 s after launch but never sooner than 2 s after its malloc is
+    # hooked (a second attempt attaching 1.5 s in could otherwise be killed mid-injection on a busy
+    # machine), and only the anti-debug run has a short rpc timeout (a slow CModule compile is not
+    # a frozen process).
     plan.write_text(f"""
-defaults: {{device: local, window: 8, retries: 1, retry_delay_step: 1.5, rpc_timeout: 3}}
+defaults: {{device: local, window: 8, retries: 1, retry_delay_step: 1.5, rpc_timeout: 60}}
 runs:
   - {{label: json, program: [{demo_bin / 'json_service'}]}}
-  - {{label: perpetual, program: [{demo_bin / 'die_perpetual'}, --lifetime, "3"]}}
+  - {{label: perpetual, program: [{demo_bin / 'die_perpetual'}, --lifetime, "3", --min-hooked, "2"]}}
   - {{label: slow, program: [{demo_bin / 'slow_start'}, "30"], window: 3, retries: 0}}
-  - {{label: antidebug, program: [{demo_bin / 'anti_debug'}], retries: 0}}
+  - {{label: antidebug, program: [{demo_bin / 'anti_debug'}], retries: 0, rpc_timeout: 3}}
   - {{label: missing, program: [/nonexistent/program]}}
 """)
     out = tmp_path / "batch"

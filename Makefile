@@ -1,6 +1,7 @@
 # memtrace: two commands do all set-up on a fresh clone.
 #   make demo   virtualenv + install + build the demo workload + capture it on this machine + report
-#   make test   virtualenv + install + the whole test suite
+#   make test   virtualenv + install + lint + type check + the whole test suite (CI runs this)
+#   make test-fast   unit tests and the fast integration tests (no `slow` marker): ~1-2 min
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEMO_OUT := build/demo
 DEMO_CAPTURE := demo-out/workload-malloc
 
-.PHONY: all demo test bench lint programs clean
+.PHONY: all demo test test-fast bench lint typecheck programs clean
 
 all: test
 
@@ -30,11 +31,19 @@ demo: $(STAMP) programs
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The tier to run while editing: every test not marked slow (see CONTRIBUTING.md), each cut off
+# after 120 s so a hang shows up as a failure.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" --timeout 120
+
 bench: $(STAMP) programs
 	$(BIN)/python bench/malloc_bench.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 clean:
 	rm -rf build demo-out captures .pytest_cache

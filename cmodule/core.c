@@ -491,12 +491,22 @@ mt_thread_exit (gpointer value)
   s->state = MT_SLOT_DEAD;
 }
 
+/* Slots handed out so far, for a walk over them.  slots_hw is raised with add-only atomics (all
+ * TinyCC has): two threads raising it at once each add their own difference and overshoot, so
+ * every walk clamps it to the slot array. */
+static inline gint
+mt_slots_used (void)
+{
+  gint hw = mt_globals.slots_hw;
+  return hw < (gint) mt_config.n_slots ? hw : (gint) mt_config.n_slots;
+}
+
 /* Threads inside a hook right now (not the agent's own thread, marked memtrace's for good):
  * teardown waits for them to leave our code before Frida frees it. */
 guint64
 mt_busy_slots (void)
 {
-  gint i, hw = mt_globals.slots_hw;
+  gint i, hw = mt_slots_used ();
   guint64 n = 0;
   for (i = 0; i < hw; i++)
   {
@@ -561,7 +571,9 @@ mt_ring_reserve (MtSlot * s, guint64 len)
 {
   guint64 size = mt_config.ring_size;
   guint64 off;
-  if (!s->has_ring || s->head - s->tail + len > size)
+  /* Acquire: pairs with the drain's tail update, so the bytes it copied are not overwritten early. */
+  guint64 tail = s->has_ring ? mt_load_acquire (&s->tail) : 0;
+  if (!s->has_ring || s->head - tail + len > size)
   {
     s->counters[MT_C_DROPPED_RECORDS]++;
     s->counters[MT_C_DROPPED_RECORD_BYTES] += len;
@@ -572,7 +584,7 @@ mt_ring_reserve (MtSlot * s, guint64 len)
   {
     guint64 pad = size - off;
     MtPadRecord * r = (MtPadRecord *) (s->ring + off);
-    if (s->head - s->tail + pad + len > size)
+    if (s->head - tail + pad + len > size)
     {
       s->counters[MT_C_DROPPED_RECORDS]++;
       s->counters[MT_C_DROPPED_RECORD_BYTES] += len;
@@ -693,7 +705,8 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
   for (probe = 0; probe != 64; probe++)
   {
     i = (h + probe) & mask;
-    guint64 v = mt_stack_table[i];
+    /* Acquire: pairs with the release below, so the definition is out before the id is used. */
+    guint64 v = mt_load_acquire (&mt_stack_table[i]);
     if (v == h)
       return (guint32) i;
     if (v == 0)
@@ -732,7 +745,9 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
         mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
         mt_stack_list[mt_core.n_stacks] = (guint32) i;
         mt_store_release (&mt_core.n_stacks, mt_core.n_stacks + 1);
-        mt_stack_table[i] = h;
+        /* Published last, with release: a thread that finds h here without the lock also sees
+         * the definition (and the list entry) written above. */
+        mt_store_release (&mt_stack_table[i], h);
         g_atomic_pointer_add (&mt_globals.stacks_interned, 1);
         result = (guint32) i;
       }

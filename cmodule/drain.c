@@ -29,8 +29,9 @@ mt_retire (MtSlot * s)
   s->has_ring = 0;
   s->ring = NULL;
   s->state = MT_SLOT_FREE;
-  mt_barrier ();
-  s->claim = 0;
+  /* The dead owner's claim given back with an atomic add (a release): storing 0 would wipe the +1
+   * of a thread trying the slot right now, whose -1 then left the claim at -1, the slot lost. */
+  g_atomic_int_add (&s->claim, -1);
 }
 
 /* Copies [tail, head) of a ring into out; returns the bytes copied. */
@@ -55,7 +56,7 @@ mt_copy_ring (guint8 * out, const guint8 * ring, guint64 size, guint64 tail, gui
 static guint64
 mt_drain_rings (guint8 * out, guint64 cap, guint64 used)
 {
-  gint i, hw = mt_globals.slots_hw;
+  gint i, hw = mt_slots_used ();
   guint64 size = mt_config.ring_size;
 
   for (i = 0; i < hw; i++)
@@ -63,6 +64,9 @@ mt_drain_rings (guint8 * out, guint64 cap, guint64 used)
     MtSlot * s = &mt_slots[i];
     gint state = s->state;
     guint64 head, tail, n;
+    /* Pairs with the barrier before mt_assign's and mt_thread_exit's state store: the slot's
+     * ring and final counts are seen as of that state (a relaxed load alone allows older ones). */
+    mt_barrier ();
     if (state == MT_SLOT_FREE || !s->has_ring)
     {
       if (state == MT_SLOT_DEAD)
@@ -435,7 +439,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
 void
 mt_snapshot (guint64 * out)
 {
-  gint i, hw = mt_globals.slots_hw;
+  gint i, hw = mt_slots_used ();
   guint j;
   for (j = 0; j != MT_N_COUNTERS; j++)
     out[j] = mt_globals.retired[j];

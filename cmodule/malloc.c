@@ -166,8 +166,22 @@ mt_bucket_lock (MtSlot * s, guint64 b, gboolean nested)
     mt_ncount (s, MT_C_NESTED_TABLE_BUSY, 1);
     return FALSE;
   }
-  while (!mt_lock_patiently (&mt_live_locks[b]))
-    ;
+  /* Bounded: a holder that never lets go (a thread that does not exist in a fork child) must not
+   * hang the target.  After a second of patient tries the event is skipped, and counted. */
+  {
+    gint64 give_up = 0;
+    while (!mt_lock_patiently (&mt_live_locks[b]))
+    {
+      gint64 now = g_get_monotonic_time ();
+      if (give_up == 0)
+        give_up = now + 1000000;
+      else if (now > give_up)
+      {
+        s->counters[MT_C_TABLE_BUSY]++;
+        return FALSE;
+      }
+    }
+  }
   return TRUE;
 }
 
@@ -346,7 +360,8 @@ mt_vm_unlist (MtSlot * s, guint64 p)
   guint64 b = mt_live_bucket (p | MT_LIVE_VM);
   MtLiveMeta m;
   gint i;
-  mt_bucket_lock (s, b, FALSE);
+  if (!mt_bucket_lock (s, b, FALSE))
+    return;
   if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
     mt_bucket_take (b, i, &m);
   mt_unlock (&mt_live_locks[b]);
@@ -706,12 +721,12 @@ mt_reallocarray (gpointer old, gsize n, gsize size)
   return p;
 }
 
-/* free's uncommon cases, out of its way: hooks off, no slot, or nested. */
+/* free's uncommon cases, out of its way: hooks off (s NULL), no slot (NULL: mt_slot counted the
+ * call lost; asking again would count it twice), or nested. */
 static MT_NOINLINE void
-mt_free_aside (gpointer p)
+mt_free_aside (MtSlot * s, gpointer p)
 {
-  MtSlot * s;
-  if (mt_config.enabled && (s = mt_slot ()) != NULL && s->busy != 0)
+  if (s != NULL && s->busy != 0)
     mt_nested (s, MT_K_FREE, 0, 0, (guint64) p, FALSE);
   real_free (p);
 }
@@ -719,10 +734,10 @@ mt_free_aside (gpointer p)
 void
 mt_free (gpointer p)
 {
-  MtSlot * s;
+  MtSlot * s = NULL;
   if (G_UNLIKELY (!mt_config.enabled) || G_UNLIKELY ((s = mt_slot ()) == NULL) || G_UNLIKELY (s->busy != 0))
   {
-    mt_free_aside (p);
+    mt_free_aside (s, p);
     return;
   }
   if (!MT_LIGHT_HOOKS)

@@ -67,10 +67,32 @@ mt_agg_dirty_row (guint64 row)
     mt_agg_dirty[row] = 1;
 }
 
+/* Raises the peak to `bytes`.  With gcc, lock-free: a compare-and-swap loop never gives up and
+ * never waits for another thread (one preempted, or the very thread a signal handler
+ * interrupted).  TinyCC has no compare-and-swap: a lock whose holder may be the interrupted
+ * thread itself can only be tried for a while; a raise that gives up is counted (peak_missed)
+ * so the peak is never left low silently. */
+#ifdef __TINYC__
+static inline void mt_ncount (MtSlot * s, guint index, guint64 v);
+#endif
 static void
 mt_raise_peak (guint64 bytes)
 {
+#ifndef __TINYC__
+  guint64 cur = __atomic_load_n (&mt_core.peak_bytes, __ATOMIC_ACQUIRE);
+  while (bytes > cur)
+  {
+    if (__atomic_compare_exchange_n (&mt_core.peak_bytes, &cur, bytes, FALSE, __ATOMIC_SEQ_CST,
+        __ATOMIC_ACQUIRE))
+    {
+      mt_core.peak_t_us = (guint64) g_get_monotonic_time ();
+      MT_ADD64 (&mt_core.peak_epoch, 1);
+      return;
+    }
+  }
+#else
   guint spins;
+  MtSlot * s;
   for (spins = 0; spins != 4096; spins++)
   {
     if (bytes <= mt_core.peak_bytes)
@@ -88,6 +110,9 @@ mt_raise_peak (guint64 bytes)
     }
     MT_ADD32 (&mt_core.peak_lock, -1);
   }
+  if (bytes > mt_core.peak_bytes && (s = mt_slot ()) != NULL)
+    mt_ncount (s, MT_C_PEAK_MISSED, 1);
+#endif
 }
 
 static inline void

@@ -6,6 +6,10 @@
  *                 (default 3; 0 = never: the stream runs forever)
  *   --rate R      allocations per second of the stream (default 50000)
  *   --signal SIG  KILL (default) or ABRT
+ *   --min-hooked T  the watchdog also waits until malloc has been hooked (its first bytes
+ *                 rewritten, as Frida's Interceptor does) for T seconds (default 0: it does not
+ *                 look).  A test knob: on a loaded machine attaching can take longer than the
+ *                 lifetime, and a process killed during injection is not the death shown here.
  *
  * Thread "prefetch" runs content_prefetch_loop(): every 1 ms tick (absolute deadlines) it calls
  * prefetch_fetch_item(k) R/1000 times (50 per tick by default); each call does one malloc of
@@ -27,6 +31,7 @@
 #include <stdatomic.h>
 
 static int g_per_tick = 50;
+static unsigned char g_malloc_head[16];   /* malloc's first bytes at start, before any hook */
 static atomic_ulong g_items;
 
 NOINLINE void prefetch_fetch_item(unsigned long k)
@@ -63,12 +68,31 @@ static void *prefetch_thread(void *arg)
     return NULL;
 }
 
+/* Whether an Interceptor patch is on malloc's entry: its bytes changed since start (an attach
+ * to the running process), or it already began with a jump at start (spawned, hooked before
+ * main: Frida redirects x86-64 entries with jmp rel32 or jmp [rip+d]; glibc's starts otherwise). */
+static int malloc_hooked(void)
+{
+    void *(*volatile entry)(size_t) = malloc;
+    const unsigned char *head = (const unsigned char *)entry;
+    if (memcmp(head, g_malloc_head, sizeof g_malloc_head) != 0)
+        return 1;
+#if defined(__x86_64__)
+    return head[0] == 0xe9 || (head[0] == 0xff && head[1] == 0x25);
+#else
+    return 1;      /* cannot tell here: do not wait */
+#endif
+}
+
 int main(int argc, char **argv)
 {
     double t0 = mtdemo_now();
     double lifetime = mtdemo_opt_double(argc, argv, "--lifetime", 3);
     double rate = mtdemo_opt_double(argc, argv, "--rate", 50000);
     const char *sig = mtdemo_opt(argc, argv, "--signal");
+    double min_hooked = mtdemo_opt_double(argc, argv, "--min-hooked", 0);
+    void *(*volatile entry)(size_t) = malloc;
+    memcpy(g_malloc_head, (const void *)entry, sizeof g_malloc_head);
     int signo = (sig && strcmp(sig, "ABRT") == 0) ? SIGABRT : SIGKILL;
     g_per_tick = (int)(rate / 1000.0);
     if (g_per_tick < 1)
@@ -82,6 +106,11 @@ int main(int argc, char **argv)
             pause();
     double remaining = lifetime - (mtdemo_now() - t0);
     mtdemo_sleep(remaining);
+    if (min_hooked > 0) {
+        while (!malloc_hooked())
+            mtdemo_sleep(0.01);
+        mtdemo_sleep(min_hooked);
+    }
     fprintf(stderr, "die_perpetual: watchdog: lifetime %.1f s reached, still streaming (%lu items), raising SIG%s\n",
             lifetime, (unsigned long)atomic_load(&g_items), signo == SIGKILL ? "KILL" : "ABRT");
     fflush(stderr);

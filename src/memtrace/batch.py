@@ -39,7 +39,15 @@ from typing import Any
 import yaml
 
 from memtrace import tracers
-from memtrace.capture import FILE_NAME, CaptureError, RecordType, alloc_totals, append_record, read_records
+from memtrace.capture import (
+    FILE_NAME,
+    CaptureError,
+    RecordType,
+    alloc_totals,
+    append_record,
+    calls_total,
+    read_records,
+)
 from memtrace.capture_loop import CAPTURE_OPTIONS, CaptureOptions, CaptureResult, capture_options, run_capture
 from memtrace.errors import InputError, MemtraceError
 from memtrace.files import write_json_atomic
@@ -333,6 +341,6 @@ def _events_and_bytes(path: Path) -> tuple[int, int]:
                         nbytes += size
     except CaptureError:
         pass
-    if counters and any(counters[:16]):
+    if counters and calls_total(counters):
         return alloc_totals(counters)
     return events, nbytes

@@ -53,7 +53,7 @@ import stat
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -123,6 +123,11 @@ C_CALLS, C_BYTES, C_TIER_CALLS, C_TIER_BYTES = layout.C_CALLS, layout.C_BYTES, l
 COUNTER_NAMES = {index: name for name, index in layout.COUNTERS.items()}
 
 RELEASE_KINDS = layout.RELEASE_KINDS     # free, vm_deallocate: calls that give memory back
+
+
+def calls_total(counters: list[int]) -> int:
+    """Every call the core counted, releases and Darwin's VM line included: the event rate's count."""
+    return sum(counters[C_CALLS + k] for k in KIND_NAMES)
 
 
 def alloc_totals(counters: list[int]) -> tuple[int, int]:
@@ -713,7 +718,7 @@ class _Damaged(Exception):
     """A record that is not what the format says; the message says what."""
 
 
-def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[Record]:
+def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator[Record, None, None]:
     """Yield every complete, intact record; reading stops at the first torn, damaged or malformed
     one, and ``info`` says where and why.  Unknown record types of a newer writer are skipped and
     counted in ``info.unknown``."""

@@ -139,6 +139,12 @@ COUNTERS: dict[str, int] = {
     # A nested logger event (a signal handler's) whose live-table bucket the interrupted call held:
     # its release or claim was skipped (the entry stays as it was).
     "nested_table_busy": 66,
+    # An outermost logger event whose live-table bucket stayed locked for ~a second (its holder
+    # gone: a thread that did not survive a fork): skipped like a nested one, instead of hanging.
+    "table_busy": 67,
+    # Tracked bytes that reached a new high while the peak's lock could not be had (TinyCC builds
+    # only; gcc builds raise the peak lock-free): the peak may be below the true high-water mark.
+    "peak_missed": 68,
 }
 N_COUNTERS = 72
 # Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from memtrace.capture import COUNTER_NAMES, alloc_totals
+from memtrace.capture import COUNTER_NAMES, alloc_totals, calls_total
 from memtrace.units import fmt_bytes
 
 Row = tuple[str, str]
@@ -81,7 +81,7 @@ class CoreStats(LiveStats):
 
     def activity(self) -> int:
         # Every call, releases included: the event rate.
-        return sum(self.counters[0:16]) + self.activity_events
+        return calls_total(self.counters) + self.activity_events
 
     def volume(self) -> int:
         return alloc_totals(self.counters)[1]

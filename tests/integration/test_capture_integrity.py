@@ -80,6 +80,7 @@ def check_full_disk_capture(cap: Path, stderr: str) -> None:
     assert result.skipped[0].reason.startswith("the capture stopped early at byte")
 
 
+@pytest.mark.slow
 def test_full_disk_ends_the_capture_and_the_launched_target_finishes(
         small_disk: Path, tmp_path: Path, compile_c: Callable[..., Path]) -> None:
     churn = compile_c("churn")
@@ -95,6 +96,7 @@ def test_full_disk_ends_the_capture_and_the_launched_target_finishes(
     assert end["ended"] == "write-failed"
 
 
+@pytest.mark.slow
 def test_full_disk_detaches_from_a_pid_that_lives_on(small_disk: Path, tmp_path: Path,
                                                      compile_c: Callable[..., Path]) -> None:
     marker = tmp_path / "finished"
@@ -176,6 +178,7 @@ def real_captures(tmp_path_factory: pytest.TempPathFactory, compile_c: Callable[
     return caps
 
 
+@pytest.mark.slow
 def test_every_flip_of_a_real_capture_is_detected_with_its_offset(real_captures: list[Path], tmp_path: Path) -> None:
     with scratch_dir(tmp_path) as scratch:
         flip_every_byte(real_captures, scratch)
@@ -219,6 +222,7 @@ def test_a_real_capture_cut_anywhere_never_tracebacks(real_captures: list[Path],
         assert whole > 3
 
 
+@pytest.mark.slow
 def test_export_and_report_of_a_capture_killed_before_its_end(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     """memtrace SIGKILLed in the window: no END record; export and report say so and exit 1."""
     out = tmp_path / "killed"

@@ -102,6 +102,7 @@ def test_c_toucher_footprint_is_64_mib(heavy: list[subprocess.Popen[str]]) -> No
     assert deviation <= 0.05
 
 
+@pytest.mark.slow
 def test_census_survives_processes_exiting_during_the_scan(heavy: list[subprocess.Popen[str]]) -> None:
     stop = threading.Event()
     spawned = 0

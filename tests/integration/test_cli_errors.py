@@ -171,6 +171,7 @@ def test_backend_logger_off_darwin_is_refused_before_launch(tmp_path: Path) -> N
     assert not marker.exists() and not (tmp_path / "captures").exists()
 
 
+@pytest.mark.slow
 def test_two_captures_started_at_once_get_two_folders(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     exe = compile_c("exit_code")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -188,6 +189,7 @@ def test_two_captures_started_at_once_get_two_folders(compile_c: Callable[..., P
 # ---- outputs --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_outputs_into_a_place_that_cannot_be_written_are_one_line(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -208,6 +210,7 @@ def test_outputs_into_a_place_that_cannot_be_written_are_one_line(tmp_path: Path
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+@pytest.mark.slow
 def test_reports_respect_the_umask(tmp_path: Path, umask: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = tmp_path / "r"

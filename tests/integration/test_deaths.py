@@ -24,6 +24,7 @@ from ..conftest import ROOT, memtrace_json, run_memtrace  # noqa: TID252
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
 
+@pytest.mark.slow
 def test_launch_storm(demo_bin: Path, tmp_path: Path) -> None:
     # The test is about classifying a death that lands in the storm, not about our overhead, so
     # the watchdog fires unconditionally after five windows (0.5 s of storm). A threshold near
@@ -45,6 +46,7 @@ def test_launch_storm(demo_bin: Path, tmp_path: Path) -> None:
     assert s["reason"].startswith("the target was killed by SIGKILL ")
 
 
+@pytest.mark.slow
 def test_exit_status_is_read_by_the_host(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--window", "10", "--out", tmp_path / "c", "--",
                       compile_c("exit_code"), "3")
@@ -58,6 +60,7 @@ def test_exit_status_is_read_by_the_host(compile_c, tmp_path: Path) -> None:
     assert s["ended"] == "target-exited"
 
 
+@pytest.mark.slow
 def test_slow_start(demo_bin: Path, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--window", "3", "--out", tmp_path / "c", "--",
                       demo_bin / "slow_start", "30")
@@ -66,6 +69,7 @@ def test_slow_start(demo_bin: Path, tmp_path: Path) -> None:
     assert ev["calls"] == 0 and ev["window_s"] == 3
 
 
+@pytest.mark.slow
 def test_anti_debug(demo_bin: Path, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--window", "10", "--rpc-timeout", "3",
                       "--out", tmp_path / "c", "--", demo_bin / "anti_debug")
@@ -75,6 +79,7 @@ def test_anti_debug(demo_bin: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("tracer", ["iosurface", "threads"])
+@pytest.mark.slow
 def test_an_idle_target_is_not_anti_debug(tracer: str, compile_c, tmp_path: Path) -> None:
     # A JSON-event tracer on a live target with nothing to report: the agent's heartbeat keeps
     # the silence detector quiet, and the window ends as a slow start (no traced activity).
@@ -83,15 +88,20 @@ def test_an_idle_target_is_not_anti_debug(tracer: str, compile_c, tmp_path: Path
     assert s["ended"] == "slow-start", s["reason"]
 
 
+@pytest.mark.slow
 def test_perpetual_stream_suspected_then_confirmed_by_batch(demo_bin: Path, tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
+    # Load-proof: die_perpetual dies 3 s after launch but never sooner than 2 s after its malloc is
+    # hooked (a second attempt attaching 1.5 s in could otherwise be killed mid-injection on a busy
+    # machine), and only the anti-debug run has a short rpc timeout (a slow CModule compile is not
+    # a frozen process).
     plan.write_text(f"""
-defaults: {{device: local, window: 8, retries: 1, retry_delay_step: 1.5, rpc_timeout: 3}}
+defaults: {{device: local, window: 8, retries: 1, retry_delay_step: 1.5, rpc_timeout: 60}}
 runs:
   - {{label: json, program: [{demo_bin / 'json_service'}]}}
-  - {{label: perpetual, program: [{demo_bin / 'die_perpetual'}, --lifetime, "3"]}}
+  - {{label: perpetual, program: [{demo_bin / 'die_perpetual'}, --lifetime, "3", --min-hooked, "2"]}}
   - {{label: slow, program: [{demo_bin / 'slow_start'}, "30"], window: 3, retries: 0}}
-  - {{label: antidebug, program: [{demo_bin / 'anti_debug'}], retries: 0}}
+  - {{label: antidebug, program: [{demo_bin / 'anti_debug'}], retries: 0, rpc_timeout: 3}}
   - {{label: missing, program: [/nonexistent/program]}}
 """)
     out = tmp_path / "batch"
@@ -119,6 +129,7 @@ runs:
     assert skipped == {"json": True, "perpetual": True, "slow": True, "antidebug": True, "missing": False}
 
 
+@pytest.mark.slow
 def test_random_kills_always_leave_readable_captures(compile_c, tmp_path: Path) -> None:
     exe = compile_c("steady")
     rng = random.Random(1234)
@@ -174,6 +185,7 @@ class RecordingUI(SilentUI):
         self.progress_seen.append(p)
 
 
+@pytest.mark.slow
 def test_live_view_sees_phases_rates_and_top_families(demo_bin: Path, tmp_path: Path) -> None:
     ui = RecordingUI()
     # Rings big enough that a drain starved of CPU on a loaded machine drops nothing (the exact

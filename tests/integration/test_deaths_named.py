@@ -38,6 +38,7 @@ def _capture(argv: list[str], out: Path, window: float = 20.0) -> tuple[str, str
     return r.ended, r.reason, r.evidence
 
 
+@pytest.mark.slow
 def test_a_segfault_is_named_with_its_faulting_stack(compile_c, tmp_path: Path) -> None:
     exe = str(compile_c("crasher"))
     for i in range(REPEAT):
@@ -51,6 +52,7 @@ def test_a_segfault_is_named_with_its_faulting_stack(compile_c, tmp_path: Path) 
         assert [f["function"] for f in crash["frames"][:3]] == ["crash_here", "crash_caller", "main"]
 
 
+@pytest.mark.slow
 def test_a_sigkill_is_named(compile_c, tmp_path: Path) -> None:
     exe = str(compile_c("steady"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -70,6 +72,7 @@ def test_a_sigkill_is_named(compile_c, tmp_path: Path) -> None:
         assert end["evidence"]["exit_status"] == {"signal": 9, "signal_name": "SIGKILL", "core_dumped": False}
 
 
+@pytest.mark.slow
 def test_an_exit_status_is_named(tmp_path: Path) -> None:
     for i in range(REPEAT):
         ended, reason, ev = _capture(["sh", "-c", "exit 3"], tmp_path / f"c{i}")
@@ -86,6 +89,7 @@ class KillDuringInjection(FridaHost):
         super().load(agent)
 
 
+@pytest.mark.slow
 def test_a_kill_during_injection_is_named_as_such(compile_c, tmp_path: Path) -> None:
     exe = str(compile_c("steady"))
     tracer = get_tracer("malloc")
@@ -100,6 +104,7 @@ def test_a_kill_during_injection_is_named_as_such(compile_c, tmp_path: Path) -> 
                             "(not a launch storm: nothing ran under the hooks)")
 
 
+@pytest.mark.slow
 def test_the_report_names_each_death(compile_c, tmp_path: Path) -> None:
     folder = tmp_path / "runs"
     _capture([str(compile_c("crasher")), "0.2"], folder / "crash")

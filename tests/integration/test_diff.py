@@ -31,6 +31,7 @@ def leaf(row: dict) -> str | None:
     return row["frames"][0]["function"] if row["frames"] else None
 
 
+@pytest.mark.slow
 def test_diff_names_every_change_largest_first(two_runs: tuple[Path, Path]) -> None:
     a, b = two_runs
     doc = json.loads(run_memtrace("diff", a / "workload-malloc", b / "workload-malloc", "--json", "--top", "50").stdout)

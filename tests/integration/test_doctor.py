@@ -19,6 +19,7 @@ def checks(doc: dict) -> dict[str, dict]:
     return {c["name"]: c for c in doc["checks"]}
 
 
+@pytest.mark.slow
 def test_default_target_every_check(tmp_path: Path) -> None:
     proc = run_memtrace("doctor", "--device", "local", "--json")
     doc = json.loads(proc.stdout)
@@ -51,12 +52,14 @@ def test_default_target_every_check(tmp_path: Path) -> None:
     assert "mach_vm_allocate" in c["purgeable routing probe"]["detail"]
 
 
+@pytest.mark.slow
 def test_table_output_and_exit_status() -> None:
     proc = run_memtrace("doctor", "--device", "local", env={"COLUMNS": "120"})
     assert proc.returncode == 0
     assert "self-test" in proc.stdout and "ready: every tracer that applies here can work" in proc.stdout
 
 
+@pytest.mark.slow
 def test_target_with_the_darwin_stand_in_runs_the_probe(demo_bin: Path) -> None:
     doc = json.loads(run_memtrace("doctor", "--device", "local", "--json", "--",
                                   demo_bin / "camera_surfaces", "--linger", "60").stdout)
@@ -80,6 +83,7 @@ def test_a_target_no_tracer_can_work_in_exits_1(tmp_path: Path) -> None:
     assert doc["ok"] is False and attach["status"] == "fail" and "statically linked" in attach["detail"]
 
 
+@pytest.mark.slow
 def test_a_target_that_exits_during_the_checks_is_named(demo_bin: Path) -> None:
     proc = run_memtrace("doctor", "--device", "local", "--json", "--", demo_bin / "scn_sqlite_cache", check=False)
     assert proc.returncode == 1

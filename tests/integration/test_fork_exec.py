@@ -45,6 +45,7 @@ def _by_top_function(path: Path) -> dict[str | None, tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_fork_storm_under_threads_leaves_no_child_hanging(compile_c, tmp_path: Path) -> None:
     """4 threads allocate while main forks 20 children, 5 times: every child finishes (before,
     a child often hung in Frida's allocator lock, held at the fork by a thread it does not have)."""
@@ -68,6 +69,7 @@ def test_a_fork_storm_under_threads_leaves_no_child_hanging(compile_c, tmp_path:
     assert finished == STORMS * 20
 
 
+@pytest.mark.slow
 def test_a_followed_fork_child_is_traced_from_its_first_line(compile_c, tmp_path: Path) -> None:
     exe = compile_c("forker")
     out = tmp_path / "c"
@@ -92,6 +94,7 @@ def test_a_followed_fork_child_is_traced_from_its_first_line(compile_c, tmp_path
     assert target["target"] == "forker" and sorted(target["captures"]) == ["capture.mtc", child["capture"]]
 
 
+@pytest.mark.slow
 def test_a_followed_fork_child_gets_the_whole_agent(compile_c, tmp_path: Path) -> None:
     """A followed child's capture runs the tracer's current agent as the target's does: unwind tables
     for its modules without frame pointers (a local child), and --leaks scanning as the child exits."""
@@ -118,6 +121,7 @@ def test_a_followed_fork_child_gets_the_whole_agent(compile_c, tmp_path: Path) -
     assert "child_leak" not in {r["frames"][0]["function"] for r in parent["leaked"]["by_stack"] if r["frames"]}
 
 
+@pytest.mark.slow
 def test_an_exec_is_told_and_its_program_output_passes_through(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "c"
     proc = run_memtrace("malloc", "--device", "local", "--quiet", "--window", "30", "--out", out, "--",
@@ -136,6 +140,7 @@ def test_an_exec_is_told_and_its_program_output_passes_through(compile_c, tmp_pa
     assert _by_top_function(out / "capture.mtc")["before_exec"] == (40, 40 * 12288)
 
 
+@pytest.mark.slow
 def test_a_followed_exec_is_a_capture_of_its_own(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "c"
     proc = run_memtrace("malloc", "--device", "local", "--quiet", "--window", "30", "--follow-children",
@@ -155,6 +160,7 @@ def test_a_followed_exec_is_a_capture_of_its_own(compile_c, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("follow", [False, True])
+@pytest.mark.slow
 def test_posix_spawn_is_told_or_followed(compile_c, tmp_path: Path, follow: bool) -> None:
     out = tmp_path / "c"
     target = str(compile_c("exec_target"))
@@ -176,6 +182,7 @@ def test_posix_spawn_is_told_or_followed(compile_c, tmp_path: Path, follow: bool
         assert "capture" not in child and sorted(p.name for p in out.iterdir()) == ["capture.mtc"]
 
 
+@pytest.mark.slow
 def test_a_child_gone_before_it_could_be_followed_is_said_so(compile_c, tmp_path: Path) -> None:
     """posix_spawn of a program that is over at once: by the time the host learns of it (the parent's
     next flush) there is nothing to attach to; the parent's capture says so and names no file."""
@@ -192,6 +199,7 @@ def test_a_child_gone_before_it_could_be_followed_is_said_so(compile_c, tmp_path
     assert f"child pid {child['pid']}: could not follow: " in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_failed_exec_is_not_a_replacement(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "c"
     run_memtrace("malloc", "--device", "local", "--quiet", "--window", "30", "--out", out, "--",

@@ -62,6 +62,7 @@ def _gone(pid: int, timeout: float) -> bool:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_targets_outlive_a_sigkilled_memtrace(compile_c, tmp_path: Path) -> None:
     victim = compile_c("host_victim")
     survivors: list[int] = []
@@ -117,6 +118,7 @@ run_capture("malloc", TargetSpec(device="local", pid=int(sys.argv[1])),
 """
 
 
+@pytest.mark.slow
 def test_targets_outlive_memtrace_dying_of_an_exception(compile_c, tmp_path: Path) -> None:
     victim = compile_c("host_victim")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}

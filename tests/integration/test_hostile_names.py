@@ -34,6 +34,7 @@ def hostile(compile_c) -> Path:
     return compile_c("hostile_names")
 
 
+@pytest.mark.slow
 def test_malloc_prints_hostile_function_names_as_text(hostile: Path, tmp_path: Path) -> None:
     proc = run_memtrace("malloc", "--device", "local", "--window", "20", "--out", tmp_path / "c", "--", hostile)
     out = proc.stdout + proc.stderr
@@ -43,6 +44,7 @@ def test_malloc_prints_hostile_function_names_as_text(hostile: Path, tmp_path: P
     assert "\x1b" not in proc.stdout and "\x1b" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_report_of_the_capture_is_inert(hostile: Path, tmp_path: Path) -> None:
     from tests.unit.test_markdown_safety import assert_inert, render
 
@@ -81,6 +83,7 @@ def _run_in_pty(args: list[str], timeout: float = 120) -> tuple[int, str]:
     return os.waitstatus_to_exitcode(status), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_live_view_shows_the_targets_own_escape_sequences(hostile: Path, tmp_path: Path) -> None:
     rc, screen = _run_in_pty(["malloc", "--device", "local", "--window", "20", "--out", str(tmp_path / "c"),
                               "--", str(hostile), "print"])
@@ -100,6 +103,7 @@ def renamed(hostile: Path):
     proc.wait()
 
 
+@pytest.mark.slow
 def test_census_and_limit_show_a_hostile_process_name(renamed: int) -> None:
     census = run_memtrace("census", "--device", "local", "--all", "--sort", "pid", env={"COLUMNS": "120"})
     line = next(ln for ln in census.stdout.splitlines() if ln.strip().startswith(f"{renamed} "))

@@ -76,6 +76,7 @@ def demo(demo_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_demo_report_names_the_cache_leak_with_its_stack(demo: Path) -> None:
     md = (demo / "REPORT.md").read_text()
     leaks = md.split("## Leaks", 1)[1].split("\n## ", 1)[0]
@@ -164,6 +165,7 @@ def hostile_capture(path: Path) -> None:
     c.end(captured_s=1.0)
 
 
+@pytest.mark.slow
 def test_hostile_symbol_names_stay_text(browser: Any, tmp_path: Path) -> None:
     folder = tmp_path / "hostile"
     (folder / "hostile-malloc").mkdir(parents=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tests.conftest import frame_names, memtrace_json
 
 FRAME_1080 = 2080768        # round_up(1920 * 1080, 16384)
 FRAME_4K = 33177600         # 15360 * 2160
 
 
+@pytest.mark.slow
 def test_camera_pool(demo_bin: Path, tmp_path: Path) -> None:
     s = memtrace_json("iosurface", "--device", "local", "--window", "30", "--out", tmp_path / "c",
                       "--", demo_bin / "scn_camera")

@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from tests.conftest import memtrace_json, run_memtrace
 
 LEAKED = {"leak_dropped": (5, 25000), "leak_cycle": (2, 12000)}
@@ -46,6 +47,7 @@ def check_pattern(doc: dict, when: str) -> None:
     assert leaks["leaked"]["bytes"] + leaks["reachable"]["bytes"] == doc["live"]["bytes"]
 
 
+@pytest.mark.slow
 def test_leak_scan_at_the_window_end_sorts_the_known_pattern(compile_c, tmp_path: Path) -> None:
     exe = compile_c("leak_pattern")
     doc = memtrace_json("malloc", "--device", "local", "--window", "3", "--leaks", "--quiet",
@@ -64,6 +66,7 @@ def test_leak_scan_at_the_window_end_sorts_the_known_pattern(compile_c, tmp_path
     assert dict(leaves) == {k: v[1] for k, v in LEAKED.items()}
 
 
+@pytest.mark.slow
 def test_leak_scan_as_the_target_exits(compile_c, tmp_path: Path) -> None:
     exe = compile_c("leak_pattern")
     doc = memtrace_json("malloc", "--device", "local", "--window", "30", "--leaks", "--quiet",
@@ -72,6 +75,7 @@ def test_leak_scan_as_the_target_exits(compile_c, tmp_path: Path) -> None:
     check_pattern(doc, "exit")
 
 
+@pytest.mark.slow
 def test_without_leaks_there_is_no_scan(compile_c, tmp_path: Path) -> None:
     exe = compile_c("leak_pattern")
     doc = memtrace_json("malloc", "--device", "local", "--window", "30", "--quiet",
@@ -79,6 +83,7 @@ def test_without_leaks_there_is_no_scan(compile_c, tmp_path: Path) -> None:
     assert doc["leaks"] is None
 
 
+@pytest.mark.slow
 def test_a_spent_budget_stops_the_scan_and_says_what_it_did_not_read(compile_c, tmp_path: Path) -> None:
     exe = compile_c("leak_pattern")
     # 1 GB of untouched anonymous memory: a root far larger than one slice of the scan.

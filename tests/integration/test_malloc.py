@@ -24,6 +24,7 @@ def stack_by_function(summary: dict, function: str) -> list[dict]:
     return [s for s in summary["top_stacks"] if s["frames"] and s["frames"][0]["function"] == function]
 
 
+@pytest.mark.slow
 def test_exact_counts_tiers_live_and_own_function_on_stack(compile_c, tmp_path: Path) -> None:
     exe = compile_c("pattern")
     s = memtrace_json("malloc", "--device", "local", "--window", "30", "--stack-threshold", "4096",
@@ -62,6 +63,7 @@ def test_exact_counts_tiers_live_and_own_function_on_stack(compile_c, tmp_path: 
     assert 0.95 <= cov["live_coverage"] <= 1.05
 
 
+@pytest.mark.slow
 def test_default_thresholds_leave_4k_unstacked_but_live(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("pattern"))
     assert stack_by_function(s, "alloc_4k_batch") == []
@@ -69,6 +71,7 @@ def test_default_thresholds_leave_4k_unstacked_but_live(compile_c, tmp_path: Pat
     assert s["coverage"]["stacked_bytes"] == 10 * 100000 + 20 * 16384 + 16384 + 65536 + 5 * 8192
 
 
+@pytest.mark.slow
 def test_four_threads_a_million_calls_each(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--window", "120", "--out", tmp_path / "cap", "--",
                       compile_c("threads"), "1000000", timeout=300)
@@ -82,6 +85,7 @@ def test_four_threads_a_million_calls_each(compile_c, tmp_path: Path) -> None:
     assert s["dropped"]["dropped_records"] == 0
 
 
+@pytest.mark.slow
 def test_target_that_forks_survives(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("forker"))
     # The parent's exit status is 0 only if the child (running our hooks, unattended) exited cleanly.
@@ -100,6 +104,7 @@ def _start_steady(exe: Path) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.slow
 def test_attach_to_running_pid_with_delay(compile_c, tmp_path: Path) -> None:
     proc = _start_steady(compile_c("steady"))
     try:
@@ -133,6 +138,7 @@ def _wait_for_ready_pid(proc: subprocess.Popen[str]) -> int:
     raise AssertionError("the target never said it was ready")
 
 
+@pytest.mark.slow
 def test_target_killed_mid_window_leaves_readable_capture(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "cap"
     mt = _spawn_memtrace("malloc", "--device", "local", "--json", "--window", "60", "--out", out, "--",
@@ -152,6 +158,7 @@ def test_target_killed_mid_window_leaves_readable_capture(compile_c, tmp_path: P
     assert records[-1].body["evidence"]["alive_after_start_s"] >= 1.0
 
 
+@pytest.mark.slow
 def test_sigint_flushes_and_exits_130(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "cap"
     mt = _spawn_memtrace("malloc", "--device", "local", "--json", "--window", "60", "--out", out, "--",
@@ -173,6 +180,7 @@ def test_sigint_flushes_and_exits_130(compile_c, tmp_path: Path) -> None:
         os.kill(pid, 0)   # the program memtrace launched is gone too
 
 
+@pytest.mark.slow
 def test_poisson_sampling_estimates_within_tolerance(compile_c, tmp_path: Path) -> None:
     # Stacks and the live set come from sampling alone (thresholds out of reach).
     s = memtrace_json("malloc", "--device", "local", "--sample-bytes", "4096", "--stack-threshold", "100000000",
@@ -197,6 +205,7 @@ def test_poisson_sampling_estimates_within_tolerance(compile_c, tmp_path: Path) 
     (["--out", "/proc/1/forbidden/cap", "--", "/bin/true"], "/proc/1/forbidden/cap"),
     ([], "no target"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     proc = run_memtrace("malloc", "--device", "local", *args, check=False, timeout=60)
     assert proc.returncode != 0
@@ -205,6 +214,7 @@ def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("memtrace: error:") and needle in lines[0], proc.stderr
 
 
+@pytest.mark.slow
 def test_entries_redirected_through_a_trampoline_keep_their_caller(demo_bin: Path, tmp_path: Path) -> None:
     """glibc's memalign (aliased by aligned_alloc) cannot take a fast redirect; its stacks must still
     start at the calling function, not at Frida's trampoline or the caller's caller.  And although

@@ -32,6 +32,7 @@ def by_function(rows: list[dict], key: str = "bytes") -> dict[str, tuple[int, in
     return {name: (counts[name], out[name]) for name in out}
 
 
+@pytest.mark.slow
 def test_peak_of_a_burst_freed_at_once_and_the_live_set_by_stack(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "cap"
     s = memtrace_json("malloc", "--device", "local", "--top", "20", "--out", out, "--", compile_c("burst"), "150")
@@ -55,6 +56,7 @@ def test_peak_of_a_burst_freed_at_once_and_the_live_set_by_stack(compile_c, tmp_
     assert dumped == {"keep_early": 4 * MIB, "keep_late": 512 * 1024}
 
 
+@pytest.mark.slow
 def test_timeline_samples_the_tracked_bytes_at_every_drain(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("burst"), "400")
     tl = s["timeline"]
@@ -72,6 +74,7 @@ def test_timeline_samples_the_tracked_bytes_at_every_drain(compile_c, tmp_path: 
     assert series["keep_early"][-1] == 4 * MIB
 
 
+@pytest.mark.slow
 def test_temporary_allocations_counted_by_stack(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--top", "20",
                       "--out", tmp_path / "cap", "--", compile_c("temporaries"))
@@ -81,6 +84,7 @@ def test_temporary_allocations_counted_by_stack(compile_c, tmp_path: Path) -> No
     assert (temp["calls"], temp["bytes"]) == (1003, 64000 + 600)
 
 
+@pytest.mark.slow
 def test_four_threads_every_allocation_stacked_nothing_dropped(compile_c, tmp_path: Path) -> None:
     n = 250_000
     s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--live-threshold", "0",
@@ -96,6 +100,7 @@ def test_four_threads_every_allocation_stacked_nothing_dropped(compile_c, tmp_pa
     assert not [r for r in s["live_by_stack"] if r["frames"][0]["function"] == "thread_worker"]
 
 
+@pytest.mark.slow
 def test_each_kind_as_itself(compile_c, tmp_path: Path) -> None:
     """reallocarray is hooked (and its release seen); realloc(NULL, n) and reallocarray's own realloc
     are glibc's inside the entry, not calls of the program's; aligned_alloc is memalign's address in
@@ -113,12 +118,19 @@ def test_each_kind_as_itself(compile_c, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("opts", [[], ["--stack-threshold", "0", "--live-threshold", "0"]],
                          ids=["default", "every-allocation-stacked"])
+@pytest.mark.slow
 def test_signal_handler_allocations_counted_exactly(compile_c, tmp_path: Path, opts: list[str]) -> None:
-    proc = run_memtrace("malloc", "--device", "local", "--json", *opts, "--window", "120",
+    # The counts are exact only if the capture saw the whole run: a window that ends mid-storm
+    # (memtrace detaches; the target then finishes untraced and still prints its totals) leaves
+    # them short with nothing dropped -- a load-dependent failure (10,790,398 of 20,000,001 once)
+    # that was the window, not lost calls.  So: a window and a silence limit no load reaches
+    # (~5 s of storm on 2 idle CPUs; the per-test timeout bounds a hang), and the ending checked first.
+    proc = run_memtrace("malloc", "--device", "local", "--json", *opts, "--window", "240", "--rpc-timeout", "120",
                         "--out", tmp_path / "cap", "--", compile_c("signals"), timeout=300)
     import json
 
     s = json.loads(proc.stdout)
+    assert s["ended"] == "target-exited", s["reason"]
     m = re.search(r"main_pairs (\d+) handler_calls (\d+)", proc.stderr)
     assert m, proc.stderr
     main_pairs, handler = int(m.group(1)), int(m.group(2))
@@ -135,6 +147,7 @@ def test_signal_handler_allocations_counted_exactly(compile_c, tmp_path: Path, o
         assert s["nested"]["calls"] > 0 and s["nested"]["bytes"] % 1000 == 0
 
 
+@pytest.mark.slow
 def test_events_mode_streams_every_tracked_event_and_agrees(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "cap"
     s = memtrace_json("malloc", "--device", "local", "--events", "--stack-threshold", "4096", "--top", "20",

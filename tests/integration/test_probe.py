@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from tests.conftest import memtrace_json, run_memtrace
 
 P = 16 * 1024 * 1024
@@ -54,6 +55,7 @@ def test_truth_table(demo_bin: Path, tmp_path: Path) -> None:
     assert "madvise(MADV_FREE_REUSABLE=7)madvise(MADV_FREE_REUSE=8)" in entry_column
 
 
+@pytest.mark.slow
 def test_without_standin_reports_missing_and_error(demo_bin: Path, tmp_path: Path) -> None:
     proc = run_memtrace("probe", "--device", "local", "--window", "10", "--out", tmp_path / "c", "--json",
                         "--", demo_bin / "workload", check=False)

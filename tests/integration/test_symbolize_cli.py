@@ -38,6 +38,7 @@ def non_symbol_records(cap: Path) -> list[tuple[RecordType, object, bytes]]:
     return [(r.type, r.body, r.data) for r in read_records(cap) if r.type != RecordType.SYMBOLS]
 
 
+@pytest.mark.slow
 def test_capture_of_a_stripped_program_gains_file_and_line(compile_c, tmp_path: Path) -> None:
     exe = compile_c("pattern")                 # -g -rdynamic: .dynsym keeps the function names
     bid = build_id(exe)

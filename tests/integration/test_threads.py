@@ -60,6 +60,7 @@ def test_creations_joins_detaches_and_leaks(compile_c: Callable[..., Path], tmp_
     assert "| 5 | quick_task | leak_joinable |" in md
 
 
+@pytest.mark.slow
 def test_window_verdict_counts_this_tracers_events(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     # A live target with thread activity completes its window; one with none is a slow start
     # (the threads that were already there are a snapshot, not activity).

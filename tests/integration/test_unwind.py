@@ -80,6 +80,7 @@ def libc_callers(compile_c, tmp_path_factory: pytest.TempPathFactory) -> dict[st
                          "--top", "20", "--out", out, "--", compile_c("libc_callers"))
 
 
+@pytest.mark.slow
 def test_strdup_caller_is_on_the_stack_with_its_file_and_line(libc_callers: dict[str, Any]) -> None:
     s = libc_callers
     assert s["ended"] == "target-exited"
@@ -130,6 +131,7 @@ def test_libc_start_frames_are_named_from_the_debug_file(libc_callers: dict[str,
     assert Path(tail[1].file or "").name == "libc-start.c" and tail[1].line
 
 
+@pytest.mark.slow
 def test_frame_pointers_alone_lose_the_strdup_caller(compile_c, tmp_path: Path) -> None:
     """The same program with the tables switched off: what the tables are for."""
     proc = run_memtrace("malloc", "--json", "--device", "local", "--window", "30", "--stack-threshold", "10000",
@@ -139,6 +141,7 @@ def test_frame_pointers_alone_lose_the_strdup_caller(compile_c, tmp_path: Path) 
     assert "copy_config_strings" not in functions(row)
 
 
+@pytest.mark.slow
 def test_a_program_built_without_frame_pointers_gets_whole_stacks(build_dir: Path, tmp_path: Path) -> None:
     """The compiler's default (-O2 omits frame pointers): the program's own table carries the walk."""
     exe = build_dir / "libc_callers_nofp"
@@ -187,6 +190,7 @@ def cxx_callers(build_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
                          "--out", out, "--", exe)
 
 
+@pytest.mark.slow
 def test_operator_new_caller_is_the_demangled_template_member(cxx_callers: dict[str, Any]) -> None:
     (row,) = [r for r in cxx_callers["top_stacks"] if "Pool<double>::fill(int, double)" in functions(r)]
     assert (row["count"], row["exact_bytes"]) == (4, 4 * 2000 * 8)

@@ -124,6 +124,7 @@ class Consumer:
 
 
 @pytest.mark.parametrize("name", SMALL)
+@pytest.mark.slow
 def test_flips_of_version_1_captures_never_traceback(scratch: Path, name: str) -> None:
     tmp_path = scratch
     blob = (DATA / name / "capture.mtc").read_bytes()

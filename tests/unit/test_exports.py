@@ -63,6 +63,7 @@ def check_speedscope_schema(doc: dict) -> None:
         assert p["endValue"] - p["startValue"] == sum(p["weights"])
 
 
+@pytest.mark.slow
 def test_speedscope_has_one_profile_per_view_with_the_summarys_totals() -> None:
     s = summary(WORKLOAD)
     doc = json.loads(export(WORKLOAD, "speedscope"))

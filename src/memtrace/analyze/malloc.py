@@ -24,7 +24,6 @@ from memtrace.capture import (
     C_CALLS,
     C_TIER_BYTES,
     C_TIER_CALLS,
-    COUNTER_NAMES,
     DROPPED_STACK,
     KIND_NAMES,
     NESTED_STACK,
@@ -108,7 +107,8 @@ class MallocSummary(CaptureContext):
     counters: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    by_stack: dict[int, StackStats] = field(default_factory=dict)
+    # Shadows CaptureContext.by_stack (a method) with a table: the interface break issue 24 names.
+    by_stack: dict[int, StackStats] = field(default_factory=dict)  # type: ignore[assignment]
     mode: str = "events"        # "aggregate" | "events" (--events) ; older captures: "events"
     aggregates: bool = False    # the summary comes from the core's per-stack totals
     live_count: int = 0
@@ -149,7 +149,8 @@ class MallocSummary(CaptureContext):
 
     @property
     def dropped(self) -> dict[str, int]:
-        d = {COUNTER_NAMES[i]: self.counters[i] for i in (44, 45, 46, 47)}
+        d = {name: self.counter(name)
+             for name in ("dropped_records", "dropped_record_bytes", "dropped_stacks", "live_table_full")}
         d["unmatched_frees"] = self.unmatched_frees
         return d
 
@@ -160,7 +161,7 @@ class MallocSummary(CaptureContext):
             st = self.by_stack[stack_id] = StackStats(stack_id)
         return st
 
-    def stack(self, stack_id: int) -> list[Frame]:
+    def stack(self, stack_id: int) -> list[Frame]:  # type: ignore[override]  # by id, not addresses (issue 24)
         """A stack's frames, innermost first, inlined calls expanded."""
         frames = self.stacks.get(stack_id)
         if frames is None:
@@ -234,7 +235,9 @@ class MallocSummary(CaptureContext):
         p = self.peak
         if p is None:
             return None
-        return {"bytes": p.bytes, "count": p.count, "t": p.t_s, "exact": p.exact,
+        # peak_missed: a new high the core could not record (TinyCC builds): the peak may be low.
+        return {"bytes": p.bytes, "count": p.count, "t": p.t_s,
+                "exact": p.exact and self.counter("peak_missed") == 0,
                 "by_stack": [r.to_json() for r in self.stack_rows(top, measure="peak")]}
 
     def temporary_json(self, top: int) -> dict[str, Any] | None:
@@ -285,8 +288,8 @@ class MallocSummary(CaptureContext):
             "top_stacks": [r.to_json() for r in self.stack_rows(top)],
             "live_by_stack": [r.to_json() for r in self.stack_rows(top, live=True)],
             "dropped": self.dropped,
-            "sampled": self.counters[49],
-            "truncated_stacks": self.counters[48],
+            "sampled": self.counter("sampled"),
+            "truncated_stacks": self.counter("truncated_stacks"),
             "nested": {"calls": self.counter("nested_calls"), "bytes": self.counter("nested_bytes"),
                        "allocator_internal": self.counter("nested_internal"),
                        "unreconciled": self.counter("nested_unreconciled")},

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from memtrace.analyze.leaks import skipped_text
 from memtrace.analyze.malloc import MallocSummary
+from memtrace.capture import calls_total
 from memtrace.errors import InputError
 from memtrace.frames import Frame
 from memtrace.leakscan import DEFAULT_BUDGET_S, at_window_end
@@ -23,7 +24,7 @@ from memtrace.units import fmt_bytes, fmt_pct, plural
 
 class MallocStats(CoreStats):
     def rows(self) -> list[Row]:
-        calls = sum(self.counters[0:16])
+        calls = calls_total(self.counters)
         rows = [("calls", f"{calls:,}"), ("bytes", fmt_bytes(self.volume())),
                 ("live / stacks", f"{self.live:,} / {self.stacks:,}")]
         if self.tracked is not None:

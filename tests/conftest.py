@@ -58,6 +58,23 @@ def run_memtrace(*args: str | Path, timeout: float = 120, check: bool = True,
     return proc
 
 
+def wait_streaming(capture: Path, timeout: float = 60.0) -> None:
+    """Wait until a running capture holds the agent's first batch (so its hooks are in)."""
+    import time
+
+    from memtrace.capture import CaptureError, CaptureInfo, RecordType, read_records
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if any(r.type == RecordType.BATCH for r in read_records(capture, CaptureInfo(capture))):
+                return
+        except (OSError, CaptureError):
+            pass          # not created, or its header not written yet
+        time.sleep(0.05)
+    raise AssertionError(f"no batch in {capture} after {timeout} s")
+
+
 def memtrace_json(*args: str | Path, timeout: float = 120) -> dict:
     proc = run_memtrace(args[0], "--json", *args[1:], timeout=timeout)
     return json.loads(proc.stdout)

@@ -16,23 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from memtrace.capture import CaptureError, CaptureInfo, RecordType, read_records
+from memtrace.capture import RecordType, read_records
 
-from ..conftest import ROOT  # noqa: TID252
+from ..conftest import ROOT, wait_streaming  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
-
-
-def _streaming(capture: Path, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if any(r.type == RecordType.BATCH for r in read_records(capture, CaptureInfo(capture))):
-                return
-        except (OSError, CaptureError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"no batch in {capture} after {timeout} s")
 
 
 def _alive(pid: int) -> bool:
@@ -55,7 +43,7 @@ def test_a_signal_ends_the_capture_with_its_end_record_and_the_target_gone(
                            "--out", str(out), "--", str(steady)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, start_new_session=True)
     try:
-        _streaming(out / "capture.mtc")
+        wait_streaming(out / "capture.mtc")
         assert mt.stdout is not None
         target = int(mt.stdout.readline().split()[1])
         assert _alive(target)
@@ -97,7 +85,7 @@ runs:
                           start_new_session=True)
     try:
         capture = out / "first-malloc" / "attempt-1" / "capture.mtc"
-        _streaming(capture)
+        wait_streaming(capture)
         mt.send_signal(signal.SIGINT)       # what a terminal's Ctrl-C sends
         rc = mt.wait(timeout=60)
     finally:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from memtrace.capture import CaptureError, CaptureInfo, RecordType, read_records
+from memtrace.capture import CaptureInfo, RecordType, read_records
 
-from ..conftest import ROOT  # noqa: TID252
+from ..conftest import ROOT, wait_streaming  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -33,19 +33,6 @@ def _memtrace(*args: str | Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--quiet",
                              "--window", "60", *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _streaming(capture: Path, timeout: float = 30.0) -> None:
-    """Wait until the agent has started and sent its first batch (so its hooks are in)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if any(r.type == RecordType.BATCH for r in read_records(capture, CaptureInfo(capture))):
-                return
-        except (OSError, CaptureError):
-            pass          # not created, or its header not written yet
-        time.sleep(0.05)
-    raise AssertionError(f"no batch in {capture} after {timeout} s")
 
 
 def _gone(pid: int, timeout: float) -> bool:
@@ -72,7 +59,7 @@ def test_targets_outlive_a_sigkilled_memtrace(compile_c, tmp_path: Path) -> None
         if i % 2 == 0:
             # Spawned by memtrace (kept running, as --keep-running would).
             mt = _memtrace("--keep-running", "--out", out, "--", victim, stop, result)
-            _streaming(out)
+            wait_streaming(out)
             assert mt.stdout is not None
             pid = int(mt.stdout.readline().split()[1])
             target = None
@@ -82,7 +69,7 @@ def test_targets_outlive_a_sigkilled_memtrace(compile_c, tmp_path: Path) -> None
             assert target.stdout is not None and target.stdout.readline().startswith("ready ")
             pid = target.pid
             mt = _memtrace("--pid", str(pid), "--out", out)
-            _streaming(out)
+            wait_streaming(out)
         time.sleep(0.3)           # threads run and exit under the hooks
         assert not _gone(pid, 0), f"run {i}: the target ended before memtrace was killed"
         mt.send_signal(signal.SIGKILL)

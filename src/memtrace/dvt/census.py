@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from memtrace.analyze import census as analysis
+from memtrace.dvt.loop import first_line as _first_line
 from memtrace.errors import MemtraceError, TargetError
 
 SAMPLE_TIMEOUT_S = 30.0
@@ -89,7 +90,7 @@ def census_stock(udid: str | None, api_factory: Callable[[], SimpleNamespace] | 
     except TimeoutError:
         raise TargetError(f"Sysmontap: no sample in {SAMPLE_TIMEOUT_S:g} s") from None
     except Exception as e:  # noqa: BLE001 -- the service's failure, one line
-        first = (str(e).strip() or type(e).__name__).splitlines()[0]
+        first = _first_line(e)
         raise TargetError(f"Sysmontap (Instruments) could not sample the device: {first}") from None
     rows = rows_from_sysmon(entries)
     return {

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from memtrace.dvt.loop import first_line as _first_line
+
 TIMEOUT_S = 20.0
 SECTION = "stock iPhone"
 COMMANDS = (
@@ -29,10 +31,6 @@ COMMANDS = (
     ("limit --source dvt", ("lockdown", "developer mode", "tunnel", "developer image", "instruments")),
     ("malloc --backend dvt --app", ("lockdown", "developer mode", "tunnel", "developer image", "instruments", "app")),
 )
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip() or type(e).__name__).splitlines()[0]
 
 
 async def _probe(api: SimpleNamespace, udid: str, app: str | None) -> list[tuple[str, str, str]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from types import SimpleNamespace
@@ -32,6 +31,8 @@ from typing import Any, TypeVar
 
 from memtrace import devices
 from memtrace.dvt.allocations import EventTranslator
+from memtrace.dvt.loop import ServiceLoop
+from memtrace.dvt.loop import first_line as _first_line
 from memtrace.errors import InputError, MemtraceError, TargetError
 from memtrace.launchers import Launched
 
@@ -45,10 +46,6 @@ MODULES_AFTER_S = 0.5       # after the resume, when dyld has mapped the app's i
 COVERS = ("launch-time recording through Instruments' Allocations service: every malloc, realloc and free "
           "from the app's launch, with backtraces; no attach to a running app")
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
 
 
 class DvtHost:
@@ -70,9 +67,7 @@ class DvtHost:
         self.gone: str | None = None
         self.udid: str | None = None
         self._api: SimpleNamespace | None = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="memtrace-dvt", daemon=True)
-        self._thread.start()
+        self._service = ServiceLoop("memtrace-dvt")
         self._stack = contextlib.AsyncExitStack()
         self._dvt: Any = None
         self._pc: Any = None
@@ -103,12 +98,7 @@ class DvtHost:
     # -- the event loop's side ------------------------------------------------------
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float, what: str) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout=timeout)
-        except TimeoutError:
-            future.cancel()
-            raise TargetError(f"{what}: the device did not answer in {timeout:g} s") from None
+        return self._service.run(coro, timeout, what)
 
     @property
     def api(self) -> SimpleNamespace:
@@ -184,7 +174,7 @@ class DvtHost:
         self._run(self._pc.resume(self.launched.pid), CALL_TIMEOUT_S, "resuming the app")
         self.launched.suspended = False
         pid = self.launched.pid
-        self._loop.call_soon_threadsafe(lambda: self._tasks.append(asyncio.ensure_future(self._modules_soon(pid))))
+        self._service.soon(lambda: self._tasks.append(asyncio.ensure_future(self._modules_soon(pid))))
 
     def alive(self) -> bool:
         return self.launched is not None and self.gone is None
@@ -360,10 +350,7 @@ class DvtHost:
             with contextlib.suppress(Exception):
                 await self._stack.aclose()
 
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(timeout=CALL_TIMEOUT_S)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        self._service.close(shut, CALL_TIMEOUT_S)
 
 
 Opener = Callable[[], Awaitable[Any]]

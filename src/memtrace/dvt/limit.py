@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
+from memtrace.dvt.loop import ServiceLoop, first_line
 from memtrace.errors import TargetError
 
 T = TypeVar("T")
@@ -79,9 +80,7 @@ class StockLimitProbe:
         self.limit_source: str | None = None
         self.errors: dict[str, str] = {}
         self._stack = contextlib.AsyncExitStack()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="memtrace-dvt-limit", daemon=True)
-        self._thread.start()
+        self._service = ServiceLoop("memtrace-dvt-limit")
         self._tasks: list[asyncio.Future[Any]] = []
         self._first = threading.Event()
         self._provider: Any = None
@@ -90,12 +89,7 @@ class StockLimitProbe:
             self._history()
 
     def _run(self, coro: Coroutine[Any, Any, T], what: str, timeout: float = CALL_TIMEOUT_S) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result(timeout=timeout)
-        except TimeoutError:
-            future.cancel()
-            raise TargetError(f"{what}: the device did not answer in {timeout:g} s") from None
+        return self._service.run(coro, timeout, what)
 
     async def _open(self) -> None:
         from memtrace import launchers
@@ -128,7 +122,7 @@ class StockLimitProbe:
                 elif entries:
                     self._first.set()
         except Exception as e:  # noqa: BLE001 -- the tap broke: say so in the document
-            self.detached = f"Sysmontap stopped: {(str(e) or type(e).__name__).splitlines()[0]}"
+            self.detached = f"Sysmontap stopped: {first_line(e)}"
             self._first.set()
 
     def _history(self) -> None:
@@ -141,7 +135,7 @@ class StockLimitProbe:
                 paths = ios.pull_jetsam_reports(ios.DeviceTarget(udid=self.udid), Path(tmp))
                 reports = [jetsam.parse_report(p.read_text(errors="replace"), p.name) for p in paths]
             except Exception as e:  # noqa: BLE001 -- history is a help, not a requirement
-                self.errors["limit"] = f"no JetsamEvent history: {(str(e) or type(e).__name__).splitlines()[0]}"
+                self.errors["limit"] = f"no JetsamEvent history: {first_line(e)}"
                 return
         self.limit, self.limit_source = limit_from_history(jetsam.aggregate(reports), self.product)
         if self.limit is None:
@@ -149,7 +143,7 @@ class StockLimitProbe:
                                     f"{len(reports)} JetsamEvent report(s); a stock device does not tell the limit")
 
     def watch(self) -> list[str]:
-        self._loop.call_soon_threadsafe(lambda: self._tasks.append(asyncio.ensure_future(self._syslog())))
+        self._service.soon(lambda: self._tasks.append(asyncio.ensure_future(self._syslog())))
         return ["syslog"]
 
     async def _syslog(self) -> None:
@@ -168,7 +162,7 @@ class StockLimitProbe:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 -- no pressure messages: say so
-            self.errors["pressure"] = f"no live log: {(str(e) or type(e).__name__).splitlines()[0]}"
+            self.errors["pressure"] = f"no live log: {first_line(e)}"
 
     def sample(self) -> dict[str, Any]:
         if not self._first.wait(CALL_TIMEOUT_S):
@@ -194,7 +188,4 @@ class StockLimitProbe:
             with contextlib.suppress(Exception):
                 await self._stack.aclose()
 
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(shut(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        self._service.close(shut)

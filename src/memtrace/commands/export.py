@@ -75,10 +75,12 @@ def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None) -> 
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+    for note in loaded.notes:       # a value the format cannot hold, clamped
+        click.echo(f"memtrace: warning: {loaded.path}: {note}", err=True)
     if loaded.info.problem is not None:
         click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.problem}", err=True)
         return 1
-    return 0
+    return 1 if loaded.notes else 0
 
 
 command = export

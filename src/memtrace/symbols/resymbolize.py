@@ -127,7 +127,7 @@ def resymbolize(capture: Path, symbol_dirs: Iterable[Path] = ()) -> Outcome:
     for rec in read_records(capture, info):
         refs.fold(rec)
     t_read = time.perf_counter()
-    out = Outcome(info.path, truncated=info.truncation or None)
+    out = Outcome(info.path, truncated=info.problem)
     sym = Symbolizer(refs.modules, dirs, arch=refs.arch, ids=refs.ids)
     rows = []
     for a in refs.addresses:

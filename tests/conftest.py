@@ -78,3 +78,13 @@ def frame_names(frames: list[dict]) -> list[str]:
     from memtrace.frames import Frame
 
     return [Frame.from_json(f).name() for f in frames]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked slow run only when asked (MEMTRACE_SLOW=1, or -m naming slow)."""
+    if os.environ.get("MEMTRACE_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with MEMTRACE_SLOW=1 or -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -241,6 +241,9 @@ class CaptureLoop(ProcessEvents):
         self.batches = 0
         self._last_tick = (0.0, 0, 0)
         self._last_message = time.monotonic()
+        # What memtrace was doing to the target, for the END record of a target that dies:
+        # spawn, injection, agent load, window, detach (issue 26).
+        self.stage = "start"
 
     # -- public ---------------------------------------------------------------
 
@@ -270,7 +273,11 @@ class CaptureLoop(ProcessEvents):
             try:
                 try:
                     self._launch_and_attach()
-                except MemtraceError:
+                except MemtraceError as e:
+                    if self._died_meanwhile():
+                        # The target memtrace launched died while being injected: that is what
+                        # the capture says (its END names the signal and the stage).
+                        raise TargetLost(str(e)) from None
                     # Nothing was captured: leave no stub folder behind (a report would call it
                     # truncated), and no suspended process memtrace started.
                     if self.host.spawned:
@@ -313,6 +320,18 @@ class CaptureLoop(ProcessEvents):
                                     f"from the target")
         return result
 
+    def _died_meanwhile(self) -> bool:
+        """A process memtrace launched existed and is gone now (an attach that failed because
+        the target was killed under it, not because it cannot be attached)."""
+        if not self.host.spawned or self.host.pid is None:
+            return False
+        end = time.monotonic() + 1.0        # a SIGKILL takes a moment to be final
+        while self.host.alive():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _discard_capture(self) -> None:
         """Nothing was attached: leave no capture behind, only the error."""
         assert self.writer is not None
@@ -328,6 +347,7 @@ class CaptureLoop(ProcessEvents):
         self.device_info = self.host.open()
         if self.host.is_local:
             self.stacks.symbolize_on_host()
+        self.stage = "spawn"
         launched = self.host.launch()
         self.clock.launch = getattr(launched, "t_launch", None)
         if self.child is not None:
@@ -338,8 +358,10 @@ class CaptureLoop(ProcessEvents):
         if self.options.attach_delay > 0:
             self.host.resume()
             self.ui.phase("waiting")
+            self.stage = "attach delay"
             self._sleep_watching(self.options.attach_delay)
         self.ui.phase("attaching")
+        self.stage = "injection"
         self.host.attach()
         self.clock.attach = time.monotonic()
 
@@ -353,6 +375,7 @@ class CaptureLoop(ProcessEvents):
 
     def _instrument(self) -> None:
         self.ui.phase("loading agent")
+        self.stage = "agent load"
         agent = self.tracer.agent_name
         self.host.load(agent)
         hello = self.host.rpc("hello", "hello")
@@ -388,6 +411,7 @@ class CaptureLoop(ProcessEvents):
 
     def _window(self) -> None:
         self.ui.phase("capturing")
+        self.stage = "window"
         self._last_message = time.monotonic()
         assert self.clock.start is not None and self.family is not None
         deadline = self.family.deadline
@@ -417,6 +441,8 @@ class CaptureLoop(ProcessEvents):
     def _finish(self) -> None:
         """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
         self.ui.phase("flushing")
+        if not self.ending.gone:
+            self.stage = "detach"
         loaded = self.clock.start is not None or self.clock.attach is not None
         if loaded and not self.ending.gone and self.ending.timeout_info is None:
             try:
@@ -454,7 +480,7 @@ class CaptureLoop(ProcessEvents):
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
             exit_status=self.host.exit_status(1.0) if e.gone else None,
-            exec_info=e.exec_info if e.replaced else None,
+            exec_info=e.exec_info if e.replaced else None, stage=self.stage,
         )
         end_body["ended_at"] = _iso_now()
         end_body.update(self.live.snapshot())

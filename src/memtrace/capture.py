@@ -47,7 +47,9 @@ import contextlib
 import errno as errno_names
 import json
 import math
+import mmap
 import os
+import re
 import shutil
 import stat
 import struct
@@ -807,8 +809,17 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[
                 return
             rtype, zero, head_check, length, *check = frame.unpack(rh)
             if check and (zero or head_check != _head_check(rtype, length)):
-                _stop(info, offset, "record header checksum mismatch")
-                return
+                # The length cannot be trusted: look for the next record whose header check and
+                # checksum both hold (a chance of 2^-48 per candidate to be wrong), and read on.
+                found = _next_intact_record(f, offset + 1)
+                if found is None:
+                    _stop(info, offset, "record header checksum mismatch")
+                    return
+                info.skip(offset, f"record header checksum mismatch; {found - offset} bytes skipped to the next "
+                                  f"intact record")
+                offset = found
+                f.seek(offset)
+                continue
             if length > MAX_RECORD:
                 _stop(info, offset, f"record length {length} is larger than any memtrace writes ({MAX_RECORD})")
                 return
@@ -850,6 +861,34 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[
             offset += frame.size + length
             if record is not None:
                 yield record
+
+
+_RECORD_START = re.compile(rb"[\x01-\x0b]\x00", re.DOTALL)    # a known record type, then its 0 byte
+
+
+def _next_intact_record(f: BinaryIO, start: int) -> int | None:
+    """The offset of the first version-2 record at or after ``start`` whose header check and
+    payload checksum hold, or None (a damaged header's length says nothing of where the next
+    record is)."""
+    try:
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    with view:
+        end = len(view)
+        for m in _RECORD_START.finditer(view, start):
+            at = m.start()
+            if at + RECORD_HEADER.size > end:
+                return None
+            rtype, _, head_check, length, crc = RECORD_HEADER.unpack_from(view, at)
+            if head_check != _head_check(rtype, length) or length > MAX_RECORD:
+                continue
+            stop = at + RECORD_HEADER.size + length
+            if stop > end:
+                continue
+            if zlib.crc32(view[at + RECORD_HEADER.size:stop], zlib.crc32(view[at:at + 8])) == crc:
+                return at
+    return None
 
 
 def _type_name(rtype: int) -> str:

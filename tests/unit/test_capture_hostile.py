@@ -108,3 +108,59 @@ def test_some_cases_are_named_in_their_messages(tmp_path: Path) -> None:
         "nan-in-end": "END record is not valid JSON: NaN is not a JSON number",
         "deep-nesting": "WARNING record nests too deeply to be JSON memtrace wrote",
     }
+
+
+def test_one_batch_saying_live_minus_one_costs_that_batch_only(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 27: one BATCH with ``live: -1`` (valid checksum) made 89 % of a capture unreadable.
+    Now that batch alone is skipped and named; the 99 after it and the END are read."""
+    from tests.hostile_captures import BATCH, COUNTERS, batch, chunk, frame, header
+    from tests.hostile_captures import ALLOC as ALLOC_REC
+    from tests.hostile_captures import STACK as STACK_REC
+
+    recs = base()
+    end = recs.pop()
+    good = batch({"counters": COUNTERS, "live": 1}, chunk(7, STACK_REC + ALLOC_REC))
+    batches = [good] * 100
+    batches[0] = batch({"counters": COUNTERS, "live": -1}, chunk(7, STACK_REC + ALLOC_REC))
+    p = tmp_path / "c" / "capture.mtc"
+    p.parent.mkdir()
+    blob = header() + b"".join(frame(t, pl) for t, pl in recs)
+    at = len(blob)
+    p.write_bytes(blob + b"".join(frame(BATCH, b) for b in batches) + frame(*end))
+    info = CaptureInfo(p)
+    read = list(read_records(p, info))
+    assert sum(r.type == 4 for r in read) == 100 and read[-1].type == 10     # the base's own BATCH + 99
+    assert info.problem == (f"corrupt at byte {at}: BATCH record.live: expected a non-negative integer, got -1; "
+                            f"skipped (the rest was read)")
+    rc, _, err = run_cli(capsys, "show", p)
+    assert rc == 1 and err == f"memtrace: warning: {p}: {info.problem}\n"
+
+
+def test_a_damaged_record_header_is_skipped_to_the_next_intact_record(tmp_path: Path) -> None:
+    """A flipped length cannot be trusted: the reader finds the next record whose header check and
+    checksum hold (no traceback, no misreading) and reads on from there."""
+    from tests.hostile_captures import frame, header
+
+    recs = base()
+    frames = [frame(t, pl) for t, pl in recs]
+    p = tmp_path / "c.mtc"
+    at = len(header()) + sum(map(len, frames[:2]))
+    damaged = bytearray(frames[2])
+    damaged[4] ^= 0x40                    # the MODULES record's length
+    p.write_bytes(header() + b"".join(frames[:2]) + bytes(damaged) + b"".join(frames[3:]))
+    info = CaptureInfo(p)
+    read = list(read_records(p, info))
+    assert [r.offset for r in read] == [o for o in _offsets(frames) if o != at]
+    assert info.skipped == [f"byte {at}: record header checksum mismatch; {len(frames[2])} bytes skipped to the "
+                            f"next intact record"]
+
+
+def _offsets(frames: list[bytes]) -> list[int]:
+    from tests.hostile_captures import header
+
+    out, at = [], len(header())
+    for f in frames:
+        out.append(at)
+        at += len(f)
+    return out

@@ -114,8 +114,8 @@ def test_one_batch_saying_live_minus_one_costs_that_batch_only(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 27: one BATCH with ``live: -1`` (valid checksum) made 89 % of a capture unreadable.
     Now that batch alone is skipped and named; the 99 after it and the END are read."""
-    from tests.hostile_captures import BATCH, COUNTERS, batch, chunk, frame, header
     from tests.hostile_captures import ALLOC as ALLOC_REC
+    from tests.hostile_captures import BATCH, COUNTERS, batch, chunk, frame, header
     from tests.hostile_captures import STACK as STACK_REC
 
     recs = base()

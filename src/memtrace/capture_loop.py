@@ -284,6 +284,10 @@ class CaptureLoop(ProcessEvents):
                         with contextlib.suppress(Exception):
                             self.host.kill()
                     self._discard_capture()
+                    if isinstance(e, TargetLost):
+                        # Not the window's "target lost" below: there is no capture to end now
+                        # (writing its END to the discarded file was an EBADF error).
+                        raise MemtraceError(f"{self.target.describe()}: {e}", e.exit_code) from None
                     raise
                 self._instrument()
                 self._window()

@@ -35,10 +35,14 @@ and, from the aggregate core (tid 0 chunks; ALLOC and FREE then only with ``--ev
     PEAK      (6): u8 type | u8 0 | u16 0 | u32 stack id | u64 bytes | u64 count   (nstacks of them)
     LIVE      (7): u8 type | u8 k | u16 0 | u32 stack id | u64 ptr | u64 size | u32 tick | u32 0
 
-Reading checks every record -- its checksum, its JSON, its shape (:data:`RECORD_SHAPES`), a
-BATCH's agent records' framing -- and stops at the first that fails, saying where and why
-(:class:`CaptureInfo`): analyzers only ever see well-formed records, and a damaged capture is
-reported as damaged, never turned into numbers.
+Reading checks every record -- its checksum, its JSON, its shape and the values it may hold
+(:data:`RECORD_SHAPES`), a BATCH's agent records' framing and values as they are decoded (sizes,
+totals, AGG masks against the fields and values, a PEAK_HEAD's count against the PEAK records
+after it, stack ids against the STACK records that define them).  A record that fails is skipped
+and named in :class:`CaptureInfo` (its byte, its type, what was wrong) and the next one is read;
+a damaged header is skipped to the next record whose checks hold; only a torn tail ends reading.
+Analyzers only ever see well-formed records, and a damaged capture is reported as damaged, never
+turned into numbers.
 """
 
 from __future__ import annotations
@@ -787,9 +791,10 @@ class _Damaged(Exception):
 
 
 def read_records(path: Path | str, info: CaptureInfo | None = None) -> Iterator[Record]:
-    """Yield every complete, intact record; reading stops at the first torn, damaged or malformed
-    one, and ``info`` says where and why.  Unknown record types of a newer writer are skipped and
-    counted in ``info.unknown``."""
+    """Yield every complete, intact record.  A damaged or malformed one is skipped, and ``info``
+    names it (``info.skipped``: where and why) while reading goes on; a torn tail ends reading and
+    ``info`` says where.  Unknown record types of a newer writer are skipped and counted in
+    ``info.unknown``."""
     p = resolve_capture_path(path)
     info = info if info is not None else CaptureInfo(p)
     info.path = p

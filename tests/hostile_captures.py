@@ -333,13 +333,14 @@ def absurd_cases() -> Iterator[tuple[str, list[tuple[int, bytes]]]]:
                     changed[i][key] = [v] * len(rec[key])
                     yield f"agent-{i}-{rec['record']}-{key}={v}", aggregate_base(changed)
     yield from _structural(agent)
-    for r, (rtype, payload) in enumerate(aggregate_base()):
-        body, data = _split(rtype, payload)
-        for at in _numbers(body):
-            for v in JSON_ABSURD:
-                recs = aggregate_base()
-                recs[r] = (rtype, _join(rtype, _set(body, at, v), data))
-                yield f"json-{r}-{rtype}-{'.'.join(map(str, at))}={v}", recs
+    for name, make in (("json", aggregate_base), ("events", lambda: base("purgeable"))):
+        for r, (rtype, payload) in enumerate(make()):
+            body, data = _split(rtype, payload)
+            for at in _numbers(body):
+                for v in JSON_ABSURD:
+                    recs = make()
+                    recs[r] = (rtype, _join(rtype, _set(body, at, v), data))
+                    yield f"{name}-{r}-{rtype}-{'.'.join(map(str, at))}={v}", recs
 
 
 def _structural(agent: list[dict[str, Any]]) -> Iterator[tuple[str, list[tuple[int, bytes]]]]:

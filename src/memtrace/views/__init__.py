@@ -40,6 +40,8 @@ def tracer_of(path: Path | str) -> tuple[Tracer, CaptureInfo]:
     finally:
         records.close()
     if first is None:
+        if info.truncated or info.n_skipped:
+            raise InputError(f"{info.path}: no record could be read ({info.problem})")
         raise InputError(f"{info.path}: empty capture (header only, no records)")
     if first.type != RecordType.META:
         why = f" ({info.problem})" if info.n_skipped else ": not a memtrace capture"

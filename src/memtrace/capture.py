@@ -936,7 +936,7 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
         (n,) = struct.unpack_from("<I", payload)
         if 4 + n > len(payload):
             raise _Damaged(f"BATCH JSON length {n} overruns its record ({len(payload) - 4} bytes)")
-        data = BatchData(payload[4 + n:])
+        data = BatchData(memoryview(payload)[4 + n:])     # one copy of the agent's bytes
         payload = payload[4:4 + n]
         # Version 2's checksum already vouches for the agent's bytes: only the chunk framing is
         # checked here (the decoder checks each record as it goes); version 1 gets the full walk.
@@ -1096,7 +1096,7 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     rec_alloc, rec_free = REC_ALLOC, REC_FREE
     alloc_size, free_size, chunk_size = _ALLOC.size, _FREE.size, _CHUNK.size
     head_size = _STACK_HEAD.size       # every record starts with an 8-byte head (PAD's too)
-    kinds, max_block, max_total = _KNOWN_KINDS, MAX_BLOCK, MAX_TOTAL
+    kinds, max_block = _KNOWN_KINDS, MAX_BLOCK
     try:
         while pos + chunk_size <= end:
             tid, length = _CHUNK.unpack_from(mv, pos)
@@ -1115,7 +1115,7 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
                         break
                     r: tuple[Any, ...] = alloc_from(mv, pos)
                     pos += alloc_size
-                    if r[5] > max_block or r[6] > max_total or r[1] not in kinds:
+                    if (r[5] | r[6]) > max_block or r[1] not in kinds:    # (one test for both: hot path)
                         bad(pos - alloc_size, _alloc_problem(r))
                         continue
                     if used is not None and r[3] not in used:
@@ -1127,10 +1127,9 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
                         break
                     r = free_from(mv, pos)
                     pos += free_size
-                    if r[5] > max_block or r[1] not in kinds or r[2] or r[3]:
+                    if r[5] > max_block or r[1] not in kinds:
                         bad(pos - free_size, f"FREE record: kind {r[1]} is no call memtrace hooks"
-                            if r[1] not in kinds else f"FREE record: size {r[5]} {_TOO_BIG_BLOCK}"
-                            if r[5] > max_block else _RESERVED.format("FREE"))
+                            if r[1] not in kinds else f"FREE record: size {r[5]} {_TOO_BIG_BLOCK}")
                         continue
                 elif rtype == REC_STACK:
                     head = _STACK_HEAD.unpack_from(mv, pos)
@@ -1243,7 +1242,7 @@ def _alloc_problem(r: tuple[Any, ...]) -> str:
         return f"ALLOC record: kind {r[1]} is no call memtrace hooks"
     if r[5] > MAX_BLOCK:
         return f"ALLOC record: size {r[5]} {_TOO_BIG_BLOCK}"
-    return f"ALLOC record: weight {r[6]} is larger than any total (2^63 - 1)"
+    return f"ALLOC record: weight {r[6]} is larger than any block's (2^57 bytes)"
 
 
 def _agg_problem(head: tuple[int, ...], values: tuple[int, ...]) -> str | None:

@@ -347,3 +347,53 @@ def test_every_absurd_case_through_every_command(scratch: Path) -> None:
             codes[(command, code)] = codes.get((command, code), 0) + 1
     print(sorted(codes.items()))
     assert sum(codes.values()) == len(ABSURD) * len(CLI_COMMANDS)
+
+
+# ---- writers with limits (issue 26, item 2) ----------------------------------------------------------
+
+
+def test_pprof_clamps_a_sum_past_int64_and_says_so_in_one_line(scratch: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Two stacks with the same frames, 1.5 x 2^62 bytes each (each a total the reader accepts):
+    their row's sum does not fit pprof's int64.  Clamped, one warning line, exit 1, a whole file."""
+    import gzip
+
+    from tests.hostile_captures import _aggregate_records
+    from tests.unit.test_capture_hostile import run_cli
+
+    from memtrace.exports.pprof import Profile
+
+    agent = _aggregate_records()
+    agent[1].update(nframes=2, frames=[0x1010, 0x1020])        # stack 2 symbolizes as stack 1
+    big = 3 << 61
+    agent[2]["values"] = [3, big, *agent[2]["values"][2:]]
+    agent[3]["values"] = [1, big]
+    cap = write_records(scratch / "c" / "capture.mtc", aggregate_base(agent))
+    out = scratch / "p.pb.gz"
+    rc, _, err = run_cli(capsys, "export", "--format", "pprof", "--view", "gross", "-o", out, cap)
+    assert rc == 1
+    assert err == (f"memtrace: warning: {cap}: pprof: a sample's bytes: {2 * big} does not fit a 64-bit signed "
+                   f"integer; written as {(1 << 63) - 1}\n")
+    prof = Profile()
+    prof.ParseFromString(gzip.decompress(out.read_bytes()))
+    assert max(s.value[0] for s in prof.sample) == (1 << 63) - 1
+
+
+def test_chrome_trace_clamps_a_time_beyond_its_microseconds(scratch: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.hostile_captures import CALIBRATION
+    from tests.unit.test_capture_hostile import run_cli
+
+    recs = aggregate_base()
+    i = max(i for i, (t, _) in enumerate(recs) if t == CALIBRATION)
+    recs[i] = (CALIBRATION, js({"phase": "after", "t": 1e300, "allocator": {"source": "x", "in_use": 5},
+                                "footprint": {"source": "x", "footprint": 9}}))
+    cap = write_records(scratch / "c" / "capture.mtc", recs)
+    out = scratch / "t.json"
+    rc, _, err = run_cli(capsys, "export", "--format", "chrome-trace", "-o", out, cap)
+    assert rc == 1 and err.count("\n") == 1
+    assert err.startswith(f"memtrace: warning: {cap}: chrome-trace: a timestamp (microseconds): ")
+    doc = json.loads(out.read_text())          # valid JSON: no Infinity
+    assert max(e.get("ts", 0) for e in doc["traceEvents"]) == float(1 << 53)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -172,6 +173,7 @@ class Ending:
     crash_info: dict[str, Any] | None = None
     timeout_info: dict[str, Any] | None = None
     exec_info: dict[str, Any] | None = None      # the target said it is about to exec
+    spawn_status: dict[str, Any] | None = None   # the signal Frida saw kill it while spawning or attaching
 
     @property
     def replaced(self) -> bool:
@@ -274,10 +276,11 @@ class CaptureLoop(ProcessEvents):
                 try:
                     self._launch_and_attach()
                 except MemtraceError as e:
-                    if self._died_meanwhile():
-                        # The target memtrace launched died while being injected: that is what
-                        # the capture says (its END names the signal and the stage).
-                        raise TargetLost(str(e)) from None
+                    self._note_frida_signal(e)
+                    if (self.stage == "spawn" and self.ending.spawn_status is not None) or self._died_meanwhile():
+                        # The target memtrace launched died while being spawned or injected:
+                        # that is what the capture says (its END names the signal and the stage).
+                        raise TargetGone() from None
                     # Nothing was captured: leave no stub folder behind (a report would call it
                     # truncated), and no suspended process memtrace started.
                     if self.host.spawned:
@@ -293,7 +296,8 @@ class CaptureLoop(ProcessEvents):
                 self._window()
             except KeyboardInterrupt:
                 interrupted = True
-            except TargetGone:
+            except TargetGone as e:
+                self._note_frida_signal(e)
                 self.ending.target_gone("process-terminated", self.clock)
             except AgentTimeout as e:
                 self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
@@ -323,6 +327,20 @@ class CaptureLoop(ProcessEvents):
             raise CaptureWriteError(f"{self.writer.failure()}; tracing stopped there and memtrace detached "
                                     f"from the target")
         return result
+
+    def _note_frida_signal(self, e: Exception) -> None:
+        """Frida's spawn or attach failed because the process was killed under it ("target
+        terminated with signal 9"): the signal is noted, for when no pidfd could tell it (the
+        process was gone before one was opened, or Frida never said its pid)."""
+        found = _SPAWN_DEATH.search(str(e))
+        if found is None or self.ending.spawn_status is not None:
+            return
+        number = int(found.group(1))
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        self.ending.spawn_status = {"signal": number, "signal_name": name, "source": f"frida ({self.stage})"}
 
     def _died_meanwhile(self) -> bool:
         """A process memtrace launched existed and is gone now (an attach that failed because
@@ -483,7 +501,7 @@ class CaptureLoop(ProcessEvents):
             crash_info=e.crash_info, timeout_info=e.timeout_info, rates=self.rates,
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
-            exit_status=self.host.exit_status(1.0) if e.gone else None,
+            exit_status=(self.host.exit_status(1.0) or e.spawn_status) if e.gone else None,
             exec_info=e.exec_info if e.replaced else None, stage=self.stage,
         )
         end_body["ended_at"] = _iso_now()
@@ -679,6 +697,10 @@ class CaptureLoop(ProcessEvents):
             "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "frida": frida.__version__},
             "started_at": _iso_now(),
         })
+
+
+# frida-core's words for a process that died while it was being spawned.
+_SPAWN_DEATH = re.compile(r"terminated with signal (\d+)")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

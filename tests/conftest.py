@@ -95,3 +95,4 @@ def frame_names(frames: list[dict]) -> list[str]:
     from memtrace.frames import Frame
 
     return [Frame.from_json(f).name() for f in frames]
+

@@ -50,7 +50,7 @@ from memtrace.capture import (
 )
 from memtrace.capture_loop import CAPTURE_OPTIONS, CaptureOptions, CaptureResult, capture_options, run_capture
 from memtrace.errors import InputError, MemtraceError
-from memtrace.files import write_json_atomic
+from memtrace.files import load_yaml, read_user_text, write_json_atomic
 from memtrace.target import TARGET_OPTIONS, TargetSpec
 from memtrace.tracers.options import Option, agent_config, convert_plan_values
 from memtrace.ui import UI
@@ -119,12 +119,10 @@ class RunOutcome:
 def load_plan(path: Path) -> tuple[dict[str, Any], list[Run]]:
     """The plan's runs, every key and value checked as the command line checks them."""
     try:
-        text = path.read_text(encoding="utf-8")
-        doc = yaml.safe_load(text)
+        text = read_user_text(path, "plan")
+        doc = load_yaml(text, str(path))
     except FileNotFoundError:
         raise InputError(f"{path}: no such plan") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text file (a plan is YAML)") from None
     except (OSError, yaml.YAMLError) as e:
         raise InputError(f"{path}: not a readable YAML plan: {str(e).splitlines()[0]}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list) or not doc["runs"]:

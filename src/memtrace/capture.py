@@ -35,10 +35,14 @@ and, from the aggregate core (tid 0 chunks; ALLOC and FREE then only with ``--ev
     PEAK      (6): u8 type | u8 0 | u16 0 | u32 stack id | u64 bytes | u64 count   (nstacks of them)
     LIVE      (7): u8 type | u8 k | u16 0 | u32 stack id | u64 ptr | u64 size | u32 tick | u32 0
 
-Reading checks every record -- its checksum, its JSON, its shape (:data:`RECORD_SHAPES`), a
-BATCH's agent records' framing -- and stops at the first that fails, saying where and why
-(:class:`CaptureInfo`): analyzers only ever see well-formed records, and a damaged capture is
-reported as damaged, never turned into numbers.
+Reading checks every record -- its checksum, its JSON, its shape and the values it may hold
+(:data:`RECORD_SHAPES`), a BATCH's agent records' framing and values as they are decoded (sizes,
+totals, AGG masks against the fields and values, a PEAK_HEAD's count against the PEAK records
+after it, stack ids against the STACK records that define them).  A record that fails is skipped
+and named in :class:`CaptureInfo` (its byte, its type, what was wrong) and the next one is read;
+a damaged header is skipped to the next record whose checks hold; only a torn tail ends reading.
+Analyzers only ever see well-formed records, and a damaged capture is reported as damaged, never
+turned into numbers.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ import contextlib
 import errno as errno_names
 import json
 import math
+import mmap
 import os
+import re
 import shutil
 import stat
 import struct
@@ -63,12 +69,15 @@ from memtrace import layout
 from memtrace.errors import MemtraceError
 from memtrace.shapes import (
     ADDR,
+    AMOUNT,
     ANY,
     BOOL,
     INT,
     NUM,
     STR,
-    UINT,
+    TIME,
+    TOTAL,
+    U64,
     Check,
     mapping,
     obj,
@@ -156,13 +165,22 @@ _AGG_FIELD_NAMES = {i: name for name, i in layout.AGG_FIELDS.items()}
 # Objects may carry keys not listed; listed keys that are present must have their shape.  A
 # measured float is opt(NUM): the writer turns a NaN or infinity into null (see _dumps).
 
+def _line(v: Any) -> str | None:
+    if type(v) is int and 0 <= v < 1 << 32:
+        return None
+    return f"expected a line number (0 to 2^32), got {str(v)[:40]}"
+
+
+LINE: Check = _line
+
+
 # A capture from before the counters grew holds layout.MIN_COUNTERS of them (_decode pads the list).
-COUNTERS = seq(UINT, min_len=layout.MIN_COUNTERS)
+COUNTERS = seq(TOTAL, min_len=layout.MIN_COUNTERS)
 ADDRS = seq(ADDR)
-_INLINED = row(opt(STR), opt(STR), opt(INT), min_len=1)
-SYMBOL_ROW = row(ADDR, opt(STR), opt(INT), opt(STR), opt(STR), opt(INT), opt(seq(_INLINED)), min_len=4)
-MODULE = obj({"name": STR, "path": opt(STR), "base": ADDR, "size": UINT}, required=("name", "base", "size"))
-_COUNTS = mapping(UINT)
+_INLINED = row(opt(STR), opt(STR), opt(LINE), min_len=1)
+SYMBOL_ROW = row(ADDR, opt(STR), opt(U64), opt(STR), opt(STR), opt(LINE), opt(seq(_INLINED)), min_len=4)
+MODULE = obj({"name": STR, "path": opt(STR), "base": ADDR, "size": U64}, required=("name", "base", "size"))
+_COUNTS = mapping(U64)
 
 # JSON events by their "type" (tracers sharing a type name share its fields).
 EVENT_SHAPES: dict[str, Check] = {
@@ -170,28 +188,28 @@ EVENT_SHAPES: dict[str, Check] = {
     "open": obj({"call": STR, "fds": seq(INT), "path": opt(STR), "from": opt(INT), "replaced": seq(INT)}),
     "close": obj({"call": STR, "fd": INT, "known": BOOL}),
     "open-failed": obj({"call": STR, "errno": opt(INT), "path": opt(STR), "from": opt(INT)}),
-    "census": obj({"trigger": STR, "count": UINT, "tracked": UINT, "fds": seq(row(INT, opt(STR), min_len=2)),
+    "census": obj({"trigger": STR, "count": U64, "tracked": U64, "fds": seq(row(INT, opt(STR), min_len=2)),
                    "frida": seq(INT), "activity": BOOL}),
     # iosurface
-    "surface": obj({"surface": opt(STR), "client": opt(STR), "via": opt(STR), "id": opt(INT), "alloc_size": opt(UINT), "width": opt(UINT),
-                    "height": opt(UINT), "bytes_per_row": opt(UINT), "pixel_format": opt(INT),
+    "surface": obj({"surface": opt(STR), "client": opt(STR), "via": opt(STR), "id": opt(INT), "alloc_size": opt(U64), "width": opt(U64),
+                    "height": opt(U64), "bytes_per_row": opt(U64), "pixel_format": opt(INT),
                     "format": opt(STR), "name": opt(STR), "parent_id": opt(INT)}),
     "release": obj({"surface": opt(STR), "via": opt(STR), "id": opt(INT)}),
     "release-unknown": obj({"via": opt(STR), "id": opt(INT)}),
     "use": obj({"surface": STR, "op": STR, "id": opt(INT)}),
     # purgeable
     "set": obj({"entry": STR, "control": opt(one_of(STR, INT)), "addr": ADDR, "new_state": opt(INT),
-                "old_state": opt(INT), "kr": opt(INT), "bytes": opt(UINT)}),
+                "old_state": opt(INT), "kr": opt(INT), "bytes": opt(U64)}),
     "madvise": obj({"entry": STR, "advice": INT, "advice_name": opt(STR), "platform": STR, "addr": ADDR,
-                    "len": opt(UINT)}),
+                    "len": opt(U64)}),
     "counts": obj({"controls": mapping(_COUNTS), "creation_calls": _COUNTS, "madvise_all": _COUNTS,
-                   "madvise_standin_all": _COUNTS, "madvise_allocator_internal": UINT, "madvise_platform": STR}),
-    "call": obj({"entry": STR, "store": STR, "shmem": STR, "volatile": BOOL, "size": opt(UINT)}),
+                   "madvise_standin_all": _COUNTS, "madvise_allocator_internal": U64, "madvise_platform": STR}),
+    "call": obj({"entry": STR, "store": STR, "shmem": STR, "volatile": BOOL, "size": opt(U64)}),
     # purgeable's creation entries and threads' pthread_create
-    "create": obj({"entry": STR, "addr": ADDR, "size": opt(UINT), "bytes": opt(UINT), "flags": INT, "kr": opt(INT),
-                   "routine": opt(ADDR), "detached": opt(BOOL), "stack_size": opt(UINT)}),
+    "create": obj({"entry": STR, "addr": ADDR, "size": opt(U64), "bytes": opt(U64), "flags": INT, "kr": opt(INT),
+                   "routine": opt(ADDR), "detached": opt(BOOL), "stack_size": opt(U64)}),
     # threads (and iosurface's create-failed)
-    "create-failed": obj({"errno": opt(INT), "routine": opt(ADDR), "stack_size": opt(UINT)}),
+    "create-failed": obj({"errno": opt(INT), "routine": opt(ADDR), "stack_size": opt(U64)}),
     "start": obj({"tid": opt(INT), "name": opt(STR), "routine": opt(ADDR)}),
     "existing": obj({"tid": opt(INT), "name": opt(STR)}),
     "exit": obj({"tid": opt(INT)}),
@@ -205,53 +223,53 @@ PROBE_ROW = obj({"entry": STR, "drives_state_machine": opt(BOOL), "state_before"
                  "state_after": opt(INT), "ledger_delta": opt(mapping(opt(NUM))), "error": opt(STR)})
 # A RESULT's body by the tracer that computed it.
 # malloc --leaks (agents/leaks.js): blocks by stack id as [stack id, blocks, bytes] rows.
-_BY_STACK = seq(row(UINT, UINT, UINT, min_len=3))
+_BY_STACK = seq(row(U64, TOTAL, TOTAL, min_len=3))
 RESULT_SHAPES: dict[str, Check] = {
-    "probe": obj({"platform": opt(STR), "bytes": opt(UINT), "madvise_entry": opt(STR),
+    "probe": obj({"platform": opt(STR), "bytes": opt(U64), "madvise_entry": opt(STR),
                   "ledger_available": BOOL, "rows": seq(PROBE_ROW), "errors": seq(STR)}),
-    "malloc": obj({"kind": STR, "when": opt(STR), "complete": BOOL, "stopped": BOOL, "candidates": UINT,
-                   "leaked_blocks": UINT, "leaked_bytes": UINT, "reachable_blocks": UINT, "reachable_bytes": UINT,
+    "malloc": obj({"kind": STR, "when": opt(STR), "complete": BOOL, "stopped": BOOL, "candidates": TOTAL,
+                   "leaked_blocks": TOTAL, "leaked_bytes": TOTAL, "reachable_blocks": TOTAL, "reachable_bytes": TOTAL,
                    "leaked_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
-                   "leaked": seq(row(ADDR, UINT, UINT, min_len=3)), "skipped": mapping(UINT)}),
+                   "leaked": seq(row(ADDR, TOTAL, TOTAL, min_len=3)), "skipped": mapping(U64)}),
 }
 
-PHASE_STATS = obj({"source": opt(STR), "in_use": NUM, "footprint": NUM})
+PHASE_STATS = obj({"source": opt(STR), "in_use": AMOUNT, "footprint": AMOUNT})
 
 RECORD_SHAPES: dict[RecordType, Check] = {
     RecordType.META: obj({
         "tracer": STR, "tool_version": opt(STR), "started_at": opt(STR), "host": mapping(ANY),
         "target": obj({"label": opt(STR), "device": opt(STR), "app": opt(STR), "pid": opt(INT), "name": opt(STR),
                        "argv": opt(seq(STR))}),
-        "options": obj({"window": opt(NUM), "attach_delay": opt(NUM), "agent": mapping(ANY)}),
+        "options": obj({"window": opt(TIME), "attach_delay": opt(TIME), "agent": mapping(ANY)}),
     }),
     RecordType.RECON: obj({
         "symbols": seq(obj({"name": STR, "status": STR, "module": opt(STR), "address": opt(ADDR)},
                            required=("name",))),
         "info": obj({"release_hook": opt(STR), "census_at": opt(NUM), "census_step": opt(NUM),
-                     "default_stack_size": opt(UINT), "madvise_platform": opt(STR)}),
+                     "default_stack_size": opt(U64), "madvise_platform": opt(STR)}),
         "agent": ANY, "device": ANY,
     }),
     RecordType.MODULES: obj({"modules": seq(MODULE)}),
     RecordType.BATCH: obj({
-        "counters": COUNTERS, "t": opt(NUM), "lost": UINT, "live": UINT, "stacks": UINT,
+        "counters": COUNTERS, "t": opt(TIME), "lost": TOTAL, "live": TOTAL, "stacks": U64,
         # the aggregate core's (agents/malloc.js onBatch): which stream, the clocks, tracked bytes,
         # the peak so far, and on a drain's last batch the timeline sample
-        "mode": STR, "final": BOOL, "t0": opt(NUM), "clock": row(NUM, NUM, min_len=2),
-        "tracked": obj({"bytes": UINT, "blocks": UINT}),
-        "peak": obj({"bytes": UINT, "epoch": UINT, "t": opt(NUM)}), "live_done": BOOL,
-        "sample": obj({"t": NUM, "tracked_bytes": UINT, "tracked_blocks": UINT, "peak_bytes": UINT,
-                       "in_use": opt(NUM), "footprint": opt(NUM), "top": seq(row(UINT, UINT, min_len=2))}),
+        "mode": STR, "final": BOOL, "t0": opt(TIME), "clock": row(TIME, TIME, min_len=2),
+        "tracked": obj({"bytes": TOTAL, "blocks": TOTAL}),
+        "peak": obj({"bytes": TOTAL, "epoch": U64, "t": opt(TIME)}), "live_done": BOOL,
+        "sample": obj({"t": TIME, "tracked_bytes": TOTAL, "tracked_blocks": TOTAL, "peak_bytes": TOTAL,
+                       "in_use": opt(AMOUNT), "footprint": opt(AMOUNT), "top": seq(row(U64, TOTAL, min_len=2))}),
     }),
     RecordType.SYMBOLS: obj({"rows": seq(SYMBOL_ROW), "by": opt(STR)}),
     RecordType.CALIBRATION: obj({"phase": STR, "allocator": opt(PHASE_STATS), "footprint": opt(PHASE_STATS)}),
     RecordType.EVENTS: obj({"events": seq(EVENT)}),
     RecordType.WARNING: obj({"message": opt(STR), "agent_error": opt(STR), "stack": opt(STR)}),
-    RecordType.SNAPSHOT: obj({"t": opt(NUM), "calls": opt(NUM), "bytes": opt(NUM), "calls_per_s": opt(NUM),
-                              "bytes_per_s": opt(NUM), "counters": COUNTERS}),
+    RecordType.SNAPSHOT: obj({"t": opt(TIME), "calls": opt(AMOUNT), "bytes": opt(AMOUNT), "calls_per_s": opt(AMOUNT),
+                              "bytes_per_s": opt(AMOUNT), "counters": COUNTERS}),
     RecordType.END: obj({
         "ended": STR, "reason": STR, "evidence": mapping(ANY), "ended_at": opt(STR), "counters": COUNTERS,
-        "batches": UINT, "pid": opt(INT), "launch": mapping(ANY), "capture_error": mapping(ANY),
-        "timing": obj({"launch_to_attach_s": opt(NUM), "captured_s": opt(NUM)}),
+        "batches": U64, "pid": opt(INT), "launch": mapping(ANY), "capture_error": mapping(ANY),
+        "timing": obj({"launch_to_attach_s": opt(TIME), "captured_s": opt(TIME)}),
     }),
     RecordType.RESULT: tagged("tracer", RESULT_SHAPES, obj({"tracer": STR})),
 }
@@ -354,20 +372,80 @@ class CaptureInfo:
     stopped: str = ""           # the writer stopped early; its END record says why (disk full ...)
     unknown: dict[int, int] = field(default_factory=dict)   # record types this memtrace does not know
     extra: dict[str, Any] = field(default_factory=dict)
+    # Records skipped because they say what cannot be (a checksum, a shape, a value): the reader
+    # reads on past each.  The first few are named ("byte N: why"); all are counted.
+    skipped: list[str] = field(default_factory=list)
+    n_skipped: int = 0
+    # Stack ids the records use and those STACK records define (agent records and JSON both):
+    # an id used but never defined is said, by the byte of the first record that used it.
+    stacks_used: dict[int, int] = field(default_factory=dict)
+    stacks_defined: set[int] = field(default_factory=set)
+    _skipped_at: set[tuple[int, int]] = field(default_factory=set)
+
+    def skip(self, offset: int, why: str, within: int = -1) -> None:
+        """A bad record at byte ``offset`` (agent record ``within`` its BATCH's data) was skipped."""
+        key = (offset, within)
+        if key in self._skipped_at:
+            return                  # the same BATCH decoded twice in one read: said once
+        if len(self._skipped_at) < SKIPS_REMEMBERED:
+            self._skipped_at.add(key)
+        self.n_skipped += 1
+        self.corrupt = True
+        if len(self.skipped) < SKIPS_NAMED:
+            self.skipped.append(f"byte {offset}: {why}")
+
+    def undefined_stacks(self) -> list[int]:
+        """Stack ids used by some record that no STACK record defines (pseudo stacks aside)."""
+        return sorted(sid for sid in self.stacks_used if sid not in self.stacks_defined and sid < NESTED_STACK)
 
     @property
     def problem(self) -> str | None:
         """Why the records read are not the whole capture, in one phrase; None when they are."""
+        said = []
+        if self.n_skipped:
+            more = self.n_skipped - 1
+            said.append(f"corrupt at {self.skipped[0]}; skipped"
+                        + (f", with {more} more bad record{'s' if more > 1 else ''} skipped" if more else "")
+                        + " (the rest was read)")
+        undefined = self.undefined_stacks()
+        if undefined:
+            first = min(undefined, key=lambda sid: self.stacks_used[sid])
+            said.append(f"corrupt at byte {self.stacks_used[first]}: stack id {first} is used but no STACK record "
+                        f"defines it" + (f" ({len(undefined)} such stack ids)" if len(undefined) > 1 else ""))
         if self.truncated:
-            return self.truncation
-        if not self.ended:
-            return NO_END
+            said.append(self.truncation)
+        elif not self.ended:
+            said.append(NO_END)
         if self.stopped:
-            return self.stopped
+            said.append(self.stopped)
         if self.unknown:
             kinds = ", ".join(f"{n} of type {t}" for t, n in sorted(self.unknown.items()))
-            return f"records of a type this memtrace does not know were skipped ({kinds}): upgrade memtrace"
-        return None
+            said.append(f"records of a type this memtrace does not know were skipped ({kinds}): upgrade memtrace")
+        return "; ".join(said) if said else None
+
+
+SKIPS_NAMED = 5             # bad records a CaptureInfo names (the rest are counted)
+SKIPS_REMEMBERED = 1 << 16  # (offset, agent offset) pairs remembered to say each bad record once
+
+
+class BatchData(bytes):
+    """A BATCH's agent records, knowing where they came from: a decoder that skips one of them
+    (a value no agent writes) says so to the CaptureInfo of the read, naming the BATCH's byte."""
+
+    info: CaptureInfo | None = None     # set by the reader
+    offset: int = -1
+
+    def skip(self, within: int, why: str) -> None:
+        if self.info is not None:
+            self.info.skip(self.offset, f"BATCH agent record at offset {within}: {why}", within)
+
+    def use_stack(self, sid: int) -> None:
+        if self.info is not None and sid not in self.info.stacks_used:
+            self.info.stacks_used[sid] = self.offset
+
+    def define_stack(self, sid: int) -> None:
+        if self.info is not None:
+            self.info.stacks_defined.add(sid)
 
 
 # ---- writing -----------------------------------------------------------------
@@ -719,9 +797,10 @@ class _Damaged(Exception):
 
 
 def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator[Record, None, None]:
-    """Yield every complete, intact record; reading stops at the first torn, damaged or malformed
-    one, and ``info`` says where and why.  Unknown record types of a newer writer are skipped and
-    counted in ``info.unknown``."""
+    """Yield every complete, intact record.  A damaged or malformed one is skipped, and ``info``
+    names it (``info.skipped``: where and why) while reading goes on; a torn tail ends reading and
+    ``info`` says where.  Unknown record types of a newer writer are skipped and counted in
+    ``info.unknown``."""
     p = resolve_capture_path(path)
     info = info if info is not None else CaptureInfo(p)
     info.path = p
@@ -741,8 +820,17 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
                 return
             rtype, zero, head_check, length, *check = frame.unpack(rh)
             if check and (zero or head_check != _head_check(rtype, length)):
-                _stop(info, offset, "record header checksum mismatch")
-                return
+                # The length cannot be trusted: look for the next record whose header check and
+                # checksum both hold (a chance of 2^-48 per candidate to be wrong), and read on.
+                found = _next_intact_record(f, offset + 1)
+                if found is None:
+                    _stop(info, offset, "record header checksum mismatch")
+                    return
+                info.skip(offset, f"record header checksum mismatch; {found - offset} bytes skipped to the next "
+                                  f"intact record")
+                offset = found
+                f.seek(offset)
+                continue
             if length > MAX_RECORD:
                 _stop(info, offset, f"record length {length} is larger than any memtrace writes ({MAX_RECORD})")
                 return
@@ -756,19 +844,26 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
             if len(payload) < length:
                 _stop(info, offset, f"record cut short ({len(payload)} of {length} bytes)", corrupt=False)
                 return
+            # From here the record's length is known good (its header's check held): a record
+            # that fails is skipped, said, and the next one read.
             if check and zlib.crc32(payload, zlib.crc32(rh[:8])) != check[0]:
-                _stop(info, offset, "checksum mismatch")
-                return
+                info.skip(offset, f"{_type_name(rtype)} record: checksum mismatch")
+                offset += frame.size + length
+                continue
             try:
                 record = _decode(rtype, payload, version)
             except _Damaged as e:
-                _stop(info, offset, str(e))
-                return
+                info.skip(offset, str(e))
+                offset += frame.size + length
+                continue
             if record is None:
                 info.unknown[rtype] = info.unknown.get(rtype, 0) + 1
             else:
                 record.offset = offset
                 info.records += 1
+                if isinstance(record.data, BatchData):
+                    record.data.info, record.data.offset = info, offset
+                _note_json_stacks(record, info)
                 if record.type == RecordType.END:
                     info.ended = True
                     err = record.body.get("capture_error")
@@ -777,6 +872,54 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
             offset += frame.size + length
             if record is not None:
                 yield record
+
+
+_RECORD_START = re.compile(rb"[\x01-\x0b]\x00", re.DOTALL)    # a known record type, then its 0 byte
+
+
+def _next_intact_record(f: BinaryIO, start: int) -> int | None:
+    """The offset of the first version-2 record at or after ``start`` whose header check and
+    payload checksum hold, or None (a damaged header's length says nothing of where the next
+    record is)."""
+    try:
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    with view:
+        end = len(view)
+        for m in _RECORD_START.finditer(view, start):
+            at = m.start()
+            if at + RECORD_HEADER.size > end:
+                return None
+            rtype, _, head_check, length, crc = RECORD_HEADER.unpack_from(view, at)
+            if head_check != _head_check(rtype, length) or length > MAX_RECORD:
+                continue
+            stop = at + RECORD_HEADER.size + length
+            if stop > end:
+                continue
+            if zlib.crc32(view[at + RECORD_HEADER.size:stop], zlib.crc32(view[at:at + 8])) == crc:
+                return at
+    return None
+
+
+def _type_name(rtype: int) -> str:
+    try:
+        return RecordType(rtype).name
+    except ValueError:
+        return f"type-{rtype}"
+
+
+def _note_json_stacks(record: Record, info: CaptureInfo) -> None:
+    """Stack ids a JSON record names (a leak scan's rows): used, to be defined by a STACK record."""
+    body = record.body
+    rows: list[Any] = []
+    if record.type == RecordType.RESULT and body.get("tracer") == "malloc":
+        rows = [*(body.get("leaked_by_stack") or ()), *(body.get("reachable_by_stack") or ())]
+    elif record.type == RecordType.BATCH and isinstance(body.get("sample"), dict):
+        rows = body["sample"].get("top") or []
+    for r in rows:
+        if r[0] not in info.stacks_used:
+            info.stacks_used[r[0]] = record.offset
 
 
 def _stop(info: CaptureInfo, offset: int, why: str, corrupt: bool = True) -> None:
@@ -799,7 +942,7 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
         (n,) = struct.unpack_from("<I", payload)
         if 4 + n > len(payload):
             raise _Damaged(f"BATCH JSON length {n} overruns its record ({len(payload) - 4} bytes)")
-        data = payload[4 + n:]
+        data = BatchData(memoryview(payload)[4 + n:])     # one copy of the agent's bytes
         payload = payload[4:4 + n]
         # Version 2's checksum already vouches for the agent's bytes: only the chunk framing is
         # checked here (the decoder checks each record as it goes); version 1 gets the full walk.
@@ -820,9 +963,16 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):        # 1e999: JSON's grammar allows it, no double holds it
+        raise ValueError(f"{text[:40]} is beyond any finite number")
+    return value
+
+
 def _loads(kind: RecordType, payload: bytes) -> Any:
     try:
-        return json.loads(payload.decode("utf-8"), parse_constant=_no_constant)
+        return json.loads(payload.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
     except UnicodeDecodeError as e:
         raise _Damaged(f"{kind.name} record is not UTF-8 (byte {e.start} of its JSON)") from None
     except ValueError as e:         # JSONDecodeError, or a number too long to convert
@@ -928,8 +1078,22 @@ def iter_agent_tuples(data: bytes) -> Iterator[tuple[Any, ...]]:
 def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     # Records of a version-2 capture had their chunks checked when read, but not each record
     # (checking costs as much as decoding); data straight from an agent was not checked at all.
-    # So a record that overruns its chunk, or a type no agent writes, raises CaptureError here
-    # -- never a struct.error, and never a silent misreading past a chunk.
+    # So each record's framing and values are checked here, as it is decoded: one that overruns
+    # its chunk, has a type no agent writes or a value no agent writes is skipped and said to the
+    # read's CaptureInfo (BatchData), which names it; the rest is decoded.  Without a CaptureInfo
+    # to tell (bytes from elsewhere), the first bad record raises CaptureError -- never a
+    # struct.error, and never a silent misreading.
+    sink = data if isinstance(data, BatchData) and data.info is not None else None
+    info = sink.info if sink is not None else None
+    used = info.stacks_used if info is not None else None
+    defined = info.stacks_defined if info is not None else None
+    at = sink.offset if sink is not None else -1
+
+    def bad(where: int, why: str) -> None:
+        if sink is None:
+            raise CaptureError(f"agent record at offset {where}: {why}")
+        sink.skip(where, why)
+
     mv = memoryview(data)
     end = len(data)
     pos = 0
@@ -938,52 +1102,194 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     rec_alloc, rec_free = REC_ALLOC, REC_FREE
     alloc_size, free_size, chunk_size = _ALLOC.size, _FREE.size, _CHUNK.size
     head_size = _STACK_HEAD.size       # every record starts with an 8-byte head (PAD's too)
+    kinds, max_block = _KNOWN_KINDS, MAX_BLOCK
     try:
         while pos + chunk_size <= end:
             tid, length = _CHUNK.unpack_from(mv, pos)
             pos += chunk_size
             stop = pos + length
             if stop > end:
-                raise CaptureError(f"agent record chunk at offset {pos - chunk_size} claims {length} bytes, "
-                                   f"{end - pos} remain")
+                bad(pos - chunk_size, f"chunk claims {length} bytes, {end - pos} remain")
+                return
+            peaks_owed = 0          # PEAK records still to come of the composition being read
             while pos + head_size <= stop:
                 rtype = mv[pos]
                 if rtype == rec_alloc:
+                    if pos + alloc_size > stop:
+                        bad(pos, "ALLOC record overruns its chunk")
+                        pos = stop
+                        break
                     r: tuple[Any, ...] = alloc_from(mv, pos)
                     pos += alloc_size
+                    if (r[5] | r[6]) > max_block or r[1] not in kinds:    # (one test for both: hot path)
+                        bad(pos - alloc_size, _alloc_problem(r))
+                        continue
+                    if used is not None and r[3] not in used:
+                        used[r[3]] = at
                 elif rtype == rec_free:
+                    if pos + free_size > stop:
+                        bad(pos, "FREE record overruns its chunk")
+                        pos = stop
+                        break
                     r = free_from(mv, pos)
                     pos += free_size
+                    if r[5] > max_block or r[1] not in kinds:
+                        bad(pos - free_size, f"FREE record: kind {r[1]} is no call memtrace hooks"
+                            if r[1] not in kinds else f"FREE record: size {r[5]} {_TOO_BIG_BLOCK}")
+                        continue
                 elif rtype == REC_STACK:
                     head = _STACK_HEAD.unpack_from(mv, pos)
+                    size = head_size + 8 * head[1]
+                    if pos + size > stop:
+                        bad(pos, f"STACK record of {head[1]} frames overruns its chunk")
+                        pos = stop
+                        break
+                    if head[1] > layout.MAX_FRAMES or head[3] >= NESTED_STACK or head[2]:
+                        bad(pos, f"STACK record of {head[1]} frames (at most {layout.MAX_FRAMES})"
+                            if head[1] > layout.MAX_FRAMES else f"STACK record defines pseudo stack id {head[3]:#x}"
+                            if head[2] == 0 else _RESERVED.format("STACK"))
+                        pos += size
+                        continue
                     r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
-                    pos += head_size + 8 * head[1]
+                    pos += size
+                    if defined is not None:
+                        defined.add(head[3])
                 elif rtype == REC_AGG:
                     head = _AGG_HEAD.unpack_from(mv, pos)
-                    r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + _AGG_HEAD.size))
-                    pos += _AGG_HEAD.size + 8 * head[1]
+                    size = _AGG_HEAD.size + 8 * head[1]
+                    if pos + size > stop:
+                        bad(pos, f"AGG record of {head[1]} values overruns its chunk")
+                        pos = stop
+                        break
+                    values = struct.unpack_from(f"<{head[1]}Q", mv, pos + _AGG_HEAD.size)
+                    problem = _agg_problem(head, values)
+                    if problem is not None:
+                        bad(pos, problem)
+                        pos += size
+                        continue
+                    r = (*head, values)
+                    pos += size
+                    if used is not None and head[3] not in used:
+                        used[head[3]] = at
                 elif rtype == REC_PEAK_HEAD:
+                    if pos + _PEAK_HEAD.size > stop:
+                        bad(pos, "PEAK_HEAD record overruns its chunk")
+                        pos = stop
+                        break
                     r = _PEAK_HEAD.unpack_from(mv, pos)
+                    problem = _composition_problem(r, mv, pos + _PEAK_HEAD.size, stop)
+                    if problem is not None:
+                        bad(pos, problem)       # the head and every PEAK record of its chunk
+                        pos = stop
+                        break
                     pos += _PEAK_HEAD.size
+                    peaks_owed = r[3]
                 elif rtype == REC_PEAK:
+                    if pos + _PEAK.size > stop:
+                        bad(pos, "PEAK record overruns its chunk")
+                        pos = stop
+                        break
                     r = _PEAK.unpack_from(mv, pos)
                     pos += _PEAK.size
+                    if peaks_owed == 0:
+                        bad(pos - _PEAK.size, "PEAK record with no PEAK_HEAD before it in its chunk")
+                        continue
+                    peaks_owed -= 1
+                    if used is not None and r[3] not in used:
+                        used[r[3]] = at
                 elif rtype == REC_LIVE:
+                    if pos + _LIVE.size > stop:
+                        bad(pos, "LIVE record overruns its chunk")
+                        pos = stop
+                        break
                     r = _LIVE.unpack_from(mv, pos)
                     pos += _LIVE.size
+                    if r[5] > max_block or r[2] or r[7]:
+                        bad(pos - _LIVE.size, f"LIVE record: size {r[5]} {_TOO_BIG_BLOCK}" if r[5] > max_block
+                            else _RESERVED.format("LIVE"))
+                        continue
+                    if used is not None and r[3] not in used:
+                        used[r[3]] = at
                 elif rtype == REC_PAD:
                     skip = _PAD.unpack_from(mv, pos)[3]
-                    pos += max(skip, head_size)
+                    if skip < head_size or pos + skip > stop:
+                        bad(pos, f"padding record of length {skip} (its chunk has {stop - pos} bytes left)")
+                        pos = stop
+                        break
+                    pos += skip
                     continue
                 else:
-                    raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
+                    bad(pos, f"unknown agent record type {rtype} (the rest of its chunk skipped)")
+                    pos = stop
+                    break
                 yield (tid, r) if with_tid else r
             if pos != stop:
-                raise CaptureError(f"agent record overruns its chunk (ends at offset {pos}, chunk at {stop})")
+                bad(pos, f"agent record cut short by the end of its chunk (at offset {stop})")
+                pos = stop
         if pos != end:
-            raise CaptureError(f"agent record chunk header cut short at offset {pos}")
+            bad(pos, "agent record chunk header cut short")
     except struct.error:
         raise CaptureError(f"agent record at offset {pos} overruns its batch ({end} bytes)") from None
+
+
+# What a value in an agent record may be.  A block is smaller than any address space memtrace
+# traces (2^57: x86-64 with 5-level paging; arm64 has less); a running total (bytes, calls) fits
+# an int64 -- what pprof, JSON readers and every exporter can hold -- as no real run comes near.
+MAX_BLOCK = 1 << 57
+MAX_TOTAL = (1 << 63) - 1
+_RESERVED = "{} record: a reserved field is not 0 (not a record memtrace writes)"
+_TOO_BIG_BLOCK = "is larger than any block (2^57 bytes: more than any address space)"
+_KNOWN_KINDS = frozenset(KIND_NAMES)
+_AGG_FIELD_BITS = sum(1 << i for i in layout.AGG_FIELDS.values())
+
+
+def _alloc_problem(r: tuple[Any, ...]) -> str:
+    if r[1] not in _KNOWN_KINDS:
+        return f"ALLOC record: kind {r[1]} is no call memtrace hooks"
+    if r[5] > MAX_BLOCK:
+        return f"ALLOC record: size {r[5]} {_TOO_BIG_BLOCK}"
+    return f"ALLOC record: weight {r[6]} is larger than any block's (2^57 bytes)"
+
+
+def _agg_problem(head: tuple[int, ...], values: tuple[int, ...]) -> str | None:
+    mask = head[4]
+    if head[2] or head[5]:
+        return _RESERVED.format("AGG")
+    if mask & ~_AGG_FIELD_BITS:
+        return f"AGG record: mask {mask:#x} has bits beyond the {len(layout.AGG_FIELDS)} fields ({_AGG_FIELD_BITS:#x})"
+    named = bin(mask).count("1")
+    if named != head[1]:
+        return f"AGG record: mask {mask:#x} names {named} fields, {head[1]} values follow"
+    big = next((v for v in values if v > MAX_TOTAL), None)
+    if big is not None:
+        return f"AGG record of stack {head[3]}: total {big} is larger than any total (2^63 - 1)"
+    return None
+
+
+def _composition_problem(head: tuple[int, ...], mv: memoryview, pos: int, stop: int) -> str | None:
+    """What is wrong with a PEAK_HEAD and the ``nstacks`` PEAK records that must follow it in
+    its chunk, or None."""
+    n = head[3]
+    if head[1] or head[2]:
+        return _RESERVED.format("PEAK_HEAD") + " (composition skipped)"
+    if pos + n * _PEAK.size > stop:
+        room = (stop - pos) // _PEAK.size
+        return f"PEAK_HEAD names {n} stacks, its chunk has room for {room} PEAK records (composition skipped)"
+    if head[5] > MAX_TOTAL or head[6] > MAX_TOTAL:
+        return f"PEAK_HEAD: peak of {head[5]} bytes in {head[6]} blocks is larger than any total (2^63 - 1)"
+    seen: set[int] = set()
+    for i in range(n):
+        r = _PEAK.unpack_from(mv, pos + i * _PEAK.size)
+        if r[0] != REC_PEAK:
+            return f"PEAK_HEAD names {n} stacks, but record {i} after it is of type {r[0]} (composition skipped)"
+        if r[1] or r[2]:
+            return _RESERVED.format("PEAK") + " (composition skipped)"
+        if r[4] > MAX_TOTAL or r[5] > MAX_TOTAL:
+            return f"PEAK record of stack {r[3]}: {r[4]} bytes in {r[5]} blocks is larger than any total (2^63 - 1)"
+        if r[3] in seen:
+            return f"PEAK_HEAD's composition names stack {r[3]} twice (composition skipped)"
+        seen.add(r[3])
+    return None
 
 
 def encode_agent_records(tid: int, records: list[AgentRecord]) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -173,6 +174,7 @@ class Ending:
     crash_info: dict[str, Any] | None = None
     timeout_info: dict[str, Any] | None = None
     exec_info: dict[str, Any] | None = None      # the target said it is about to exec
+    spawn_status: dict[str, Any] | None = None   # the signal Frida saw kill it while spawning or attaching
 
     @property
     def replaced(self) -> bool:
@@ -242,6 +244,9 @@ class CaptureLoop(ProcessEvents):
         self.batches = 0
         self._last_tick = (0.0, 0, 0)
         self._last_message = time.monotonic()
+        # What memtrace was doing to the target, for the END record of a target that dies:
+        # spawn, injection, agent load, window, detach (issue 26).
+        self.stage = "start"
 
     # -- public ---------------------------------------------------------------
 
@@ -275,19 +280,29 @@ class CaptureLoop(ProcessEvents):
             try:
                 try:
                     self._launch_and_attach()
-                except MemtraceError:
+                except MemtraceError as e:
+                    self._note_frida_signal(e)
+                    if (self.stage == "spawn" and self.ending.spawn_status is not None) or self._died_meanwhile():
+                        # The target memtrace launched died while being spawned or injected:
+                        # that is what the capture says (its END names the signal and the stage).
+                        raise TargetGone() from None
                     # Nothing was captured: leave no stub folder behind (a report would call it
                     # truncated), and no suspended process memtrace started.
                     if self.host.spawned:
                         with contextlib.suppress(Exception):
                             self.host.kill()
                     self._discard_capture()
+                    if isinstance(e, TargetLost):
+                        # Not the window's "target lost" below: there is no capture to end now
+                        # (writing its END to the discarded file was an EBADF error).
+                        raise MemtraceError(f"{self.target.describe()}: {e}", e.exit_code) from None
                     raise
                 self._instrument()
                 self._window()
             except KeyboardInterrupt:
                 interrupted = True
-            except TargetGone:
+            except TargetGone as e:
+                self._note_frida_signal(e)
                 self.ending.target_gone("process-terminated", self.clock)
             except AgentTimeout as e:
                 self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
@@ -318,6 +333,32 @@ class CaptureLoop(ProcessEvents):
                                     f"from the target")
         return result
 
+    def _note_frida_signal(self, e: Exception) -> None:
+        """Frida's spawn or attach failed because the process was killed under it ("target
+        terminated with signal 9"): the signal is noted, for when no pidfd could tell it (the
+        process was gone before one was opened, or Frida never said its pid)."""
+        found = _SPAWN_DEATH.search(str(e))
+        if found is None or self.ending.spawn_status is not None:
+            return
+        number = int(found.group(1))
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        self.ending.spawn_status = {"signal": number, "signal_name": name, "source": f"frida ({self.stage})"}
+
+    def _died_meanwhile(self) -> bool:
+        """A process memtrace launched existed and is gone now (an attach that failed because
+        the target was killed under it, not because it cannot be attached)."""
+        if not self.host.spawned or self.host.pid is None:
+            return False
+        end = time.monotonic() + 1.0        # a SIGKILL takes a moment to be final
+        while self.host.alive():
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _discard_capture(self) -> None:
         """Nothing was attached: leave no capture behind, only the error."""
         assert self.writer is not None
@@ -337,6 +378,7 @@ class CaptureLoop(ProcessEvents):
             from memtrace.symbols.device import local_tree
 
             self.stacks.device_tree = local_tree(self.device_info)
+        self.stage = "spawn"
         launched = self.host.launch()
         self.clock.launch = getattr(launched, "t_launch", None)
         if self.child is not None:
@@ -347,8 +389,10 @@ class CaptureLoop(ProcessEvents):
         if self.options.attach_delay > 0:
             self.host.resume()
             self.ui.phase("waiting")
+            self.stage = "attach delay"
             self._sleep_watching(self.options.attach_delay)
         self.ui.phase("attaching")
+        self.stage = "injection"
         self.host.attach()
         self.clock.attach = time.monotonic()
 
@@ -362,6 +406,7 @@ class CaptureLoop(ProcessEvents):
 
     def _instrument(self) -> None:
         self.ui.phase("loading agent")
+        self.stage = "agent load"
         agent = self.tracer.agent_name
         self.host.load(agent)
         hello = self.host.rpc("hello", "hello")
@@ -397,6 +442,7 @@ class CaptureLoop(ProcessEvents):
 
     def _window(self) -> None:
         self.ui.phase("capturing")
+        self.stage = "window"
         self._last_message = time.monotonic()
         assert self.clock.start is not None and self.family is not None
         deadline = self.family.deadline
@@ -426,6 +472,8 @@ class CaptureLoop(ProcessEvents):
     def _finish(self) -> None:
         """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
         self.ui.phase("flushing")
+        if not self.ending.gone:
+            self.stage = "detach"
         loaded = self.clock.start is not None or self.clock.attach is not None
         if loaded and not self.ending.gone and self.ending.timeout_info is None:
             try:
@@ -462,8 +510,8 @@ class CaptureLoop(ProcessEvents):
             crash_info=e.crash_info, timeout_info=e.timeout_info, rates=self.rates,
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
-            exit_status=self.host.exit_status(1.0) if e.gone else None,
-            exec_info=e.exec_info if e.replaced else None,
+            exit_status=(self.host.exit_status(1.0) or e.spawn_status) if e.gone else None,
+            exec_info=e.exec_info if e.replaced else None, stage=self.stage,
         )
         if interrupted and _ending_signal:
             name = signal.Signals(_ending_signal[0]).name
@@ -668,6 +716,8 @@ class CaptureLoop(ProcessEvents):
 
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _ending_signal: list[int] = []       # the signal that ended the capture, if one did
+# frida-core's words for a process that died while it was being spawned.
+_SPAWN_DEATH = re.compile(r"terminated with signal (\d+)")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

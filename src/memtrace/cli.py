@@ -6,7 +6,10 @@ one module each in memtrace.commands, exposing ``command``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib
+import os
 import sys
 
 import click
@@ -37,6 +40,7 @@ for _name in COMMANDS:
 def main(argv: list[str] | None = None) -> None:
     try:
         rc = cli.main(args=argv, prog_name="memtrace", standalone_mode=False)
+        sys.stdout.flush()          # a full standard output fails here, not at exit (issue 27)
     except click.exceptions.Abort:
         click.echo("memtrace: interrupted", err=True)
         sys.exit(130)
@@ -52,6 +56,18 @@ def main(argv: list[str] | None = None) -> None:
         # Messages quote file names and target data: control characters are shown, not obeyed.
         click.echo(f"memtrace: error: {inert(e)}", err=True)
         sys.exit(getattr(e, "exit_code", 2))
+    except BrokenPipeError:
+        _drop_stdout()
+        sys.exit(1)
+    except OSError as e:
+        # Every file a user names is written through memtrace.files (its failures are one
+        # InputError line): an OSError that reaches here is standard output's -- a full disk
+        # behind a redirection, /dev/full.  What was written stays; the status says it is short.
+        if e.errno not in _OUTPUT_ERRNOS:
+            raise
+        _drop_stdout()
+        click.echo(f"memtrace: error: standard output: cannot write: {e.strerror}", err=True)
+        sys.exit(1)
     except Exception as e:
         # The last net for Frida: each place that calls it maps the errors it expects with
         # context; any other Frida error is still one line, not a traceback.
@@ -59,12 +75,22 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"memtrace: error: frida: {inert(first_line(e))}", err=True)
         sys.exit(2)
-    except BrokenPipeError:
-        sys.exit(1)
     except KeyboardInterrupt:
         click.echo("memtrace: interrupted", err=True)
         sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE})
+
+
+def _drop_stdout() -> None:
+    """Point standard output at /dev/null, so what is still buffered is not written (and failed)
+    again at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def inert(value: object) -> str:

@@ -44,7 +44,10 @@ def classify_end(
     calls_total: int | None = None,
     exit_status: dict[str, Any] | None = None,
     exec_info: dict[str, Any] | None = None,
+    stage: str | None = None,
 ) -> dict[str, Any]:
+    """``stage``: what memtrace was doing to the target when it ended (spawn, attach delay,
+    injection, agent load, window, detach); a death names it."""
     alive = None
     if t_start is not None:
         alive = round((t_gone if t_gone is not None else t_now) - t_start, 3)
@@ -72,6 +75,8 @@ def classify_end(
         evidence["exit_status"] = exit_status      # read by the host (a local process), see exitwatch
     if exec_info:
         evidence["exec"] = exec_info
+    if stage and t_gone is not None:
+        evidence["stage"] = stage
 
     def out(ended: str, reason: str) -> dict[str, Any]:
         return {"ended": ended, "reason": reason, "evidence": evidence}
@@ -100,9 +105,10 @@ def classify_end(
     how = death_how(exit_status, crash_info)
     if t_start is None:
         if t_attach is None:
-            return out("target-exited", f"the target {how} before memtrace attached")
+            during = f" during {stage}" if stage in ("spawn", "injection", "attach delay") else ""
+            return out("target-exited", f"the target {how}{during} before memtrace attached")
         # Attached, but the agent never started: nothing ran under our hooks, so no storm.
-        return out("target-exited", f"the target {how} during injection, before the agent started "
+        return out("target-exited", f"the target {how} during {stage or 'injection'}, before the agent started "
                                     f"(not a launch storm: nothing ran under the hooks)")
     rate_at_death = max(mean_rate, recent[-1]["calls_per_s"] if recent else 0.0)
     if alive is not None and alive <= thresholds.storm_seconds and max(rate_at_death, peak) >= thresholds.storm_rate:
@@ -114,7 +120,8 @@ def classify_end(
         return out("perpetual-stream", f"the target {how} after {alive:g} s while its allocation rate "
                                        f"never settled ({rate_at_death:,.0f} calls/s); a second attempt at "
                                        f"another --attach-delay confirms it")
-    return out("target-exited", f"the target {how} after {alive:g} s")
+    during = " (during detach)" if stage == "detach" else ""
+    return out("target-exited", f"the target {how} after {alive:g} s{during}")
 
 
 CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP", "SIGSYS"})

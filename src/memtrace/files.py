@@ -8,8 +8,10 @@ is one line naming the option and the path, not a traceback.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +24,11 @@ from memtrace.errors import InputError
 @contextmanager
 def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
     """A file opened on a temporary beside ``path`` and renamed over it when the block ends without
-    an exception; on any exception the temporary is removed (raises OSError)."""
+    an exception; on any exception the temporary is removed (raises OSError).
+
+    Only a regular file is ever replaced: a FIFO, device node or socket at ``path`` (``-o
+    /dev/null`` as root) is refused before anything is written, never swapped for a file."""
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -33,6 +39,22 @@ def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def refuse_special(path: Path) -> None:
+    """Raise OSError when ``path`` exists and is not a regular file (symbolic links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return                      # nothing there (or nothing reachable): a new file is made
+    for test, what in _SPECIAL:
+        if test(mode):
+            raise OSError(errno.EINVAL, f"it is {what}, not a regular file (output goes only to regular "
+                                        f"files, or to standard output without -o)")
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -96,3 +118,97 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# ---- files a user hands memtrace to read ----------------------------------------------------------
+
+MAX_TEXT_INPUT = 4 << 20        # a plan or a rules file is a few KB; anything this large is not one
+MAX_YAML_NODES = 200_000        # values a YAML document may expand to, aliases followed
+
+
+def read_user_text(path: Path, what: str, max_bytes: int = MAX_TEXT_INPUT) -> str:
+    """A small UTF-8 text file the user named, refused in one InputError line when it is not a
+    regular file (a FIFO would block forever), too large, or not UTF-8 (raises FileNotFoundError
+    when it does not exist, for the caller to word)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise InputError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: not a regular file (a {what} is a file, not a FIFO, device or socket)")
+        if st.st_size > max_bytes:
+            raise InputError(f"{path}: {st.st_size} bytes is too large for a {what} (at most {max_bytes})")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputError(f"{path}: too large for a {what} (at most {max_bytes} bytes)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: the {what} is not UTF-8 text") from None
+
+
+def load_yaml(text: str, source: str, max_nodes: int = MAX_YAML_NODES) -> Any:
+    """``yaml.safe_load`` that refuses, in one InputError line, a document whose aliases expand to
+    more than ``max_nodes`` values (a "billion laughs": a few lines that would expand to 10^9) or
+    that refer to themselves; raises yaml.YAMLError for the caller to word."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise InputError(f"{source}: YAML nested too deeply") from None
+        if node is None:
+            return None
+        size = _expanded_size(node, max_nodes)
+        if size is None:
+            raise InputError(f"{source}: YAML aliases refer to themselves (a document that never ends)")
+        if size > max_nodes:
+            raise InputError(f"{source}: YAML aliases expand to more than {max_nodes} values "
+                             f"(a \"billion laughs\" document), refused")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(root: Any, limit: int) -> int | None:
+    """How many values ``root`` stands for with every alias expanded (counted once per use, as
+    a consumer walking the data would see them), stopping past ``limit``; None for a cycle."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    busy: set[int] = set()
+
+    def size(node: Any, depth: int = 0) -> int | None:
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in busy:
+            return None
+        if depth > 1000:
+            raise InputError("YAML nested more than 1000 deep")
+        busy.add(id(node))
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [x for pair in node.value for x in pair]
+        else:
+            children = []
+        for child in children:
+            n = size(child, depth + 1)
+            if n is None:
+                return None
+            total += n
+            if total > limit:
+                break
+        busy.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    return size(root)

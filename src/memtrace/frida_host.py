@@ -128,9 +128,9 @@ class FridaHost:
     def attach(self) -> None:
         try:
             self.session = self._attach_retrying()
-        except frida.ProcessNotFoundError:
+        except frida.ProcessNotFoundError as e:
             if self.spawned:
-                raise TargetGone() from None
+                raise TargetGone(_first_line(e)) from None      # its words may name the signal
             raise TargetError(f"pid {self.pid}: no such process") from None
         except frida.PermissionDeniedError as e:
             raise TargetError(f"cannot attach to pid {self.pid}: {_first_line(e)}") from None

@@ -36,6 +36,51 @@ STR = _kind("a string", lambda v: type(v) is str)
 BOOL = _kind("true or false", lambda v: type(v) is bool)
 INT = _kind("an integer", lambda v: type(v) is int)
 UINT = _kind("a non-negative integer", lambda v: type(v) is int and v >= 0)
+_U64_LIMIT = 1 << 64
+
+
+def _uint(v: Any) -> str | None:
+    # Every count the agent keeps is a u64: a larger one is not a number memtrace wrote.
+    if type(v) is int and 0 <= v < _U64_LIMIT:
+        return None
+    if type(v) is int and v >= _U64_LIMIT:
+        return f"expected a 64-bit count, got {_show(v)} (2^64 or more)"
+    return UINT(v)
+
+
+U64: Check = _uint
+_TOTAL_LIMIT = 1 << 63
+_TIME_LIMIT = float(1 << 53)
+
+
+def _total(v: Any) -> str | None:
+    # A running total (bytes, calls) fits an int64, as every exporter needs: no real run comes near.
+    if type(v) is int and 0 <= v < _TOTAL_LIMIT:
+        return None
+    if type(v) is int and v >= _TOTAL_LIMIT:
+        return f"expected a total below 2^63, got {_show(v)}"
+    return UINT(v)
+
+
+def _amount(v: Any) -> str | None:
+    # A measured amount (bytes in use, a rate): a finite number, not negative, below 2^63.
+    p = NUM(v)
+    if p is not None:
+        return p
+    return None if 0 <= v < _TOTAL_LIMIT else f"expected an amount from 0 to 2^63, got {_show(v)}"
+
+
+def _time(v: Any) -> str | None:
+    # A clock reading or a duration (seconds or milliseconds): within 2^53, where a double is exact.
+    p = NUM(v)
+    if p is not None:
+        return p
+    return None if -_TIME_LIMIT < v < _TIME_LIMIT else f"expected a time within 2^53, got {_show(v)}"
+
+
+TOTAL: Check = _total
+AMOUNT: Check = _amount
+TIME: Check = _time
 NUM = _kind("a finite number", lambda v: (type(v) is int) or (type(v) is float and math.isfinite(v)))
 # A code address as the agents write it: "0x7fb5b893c75e" (or a plain non-negative integer).
 ADDR = _kind("an address", lambda v: (type(v) is str and _HEX.fullmatch(v) is not None)

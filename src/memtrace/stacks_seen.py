@@ -8,6 +8,7 @@ the SYMBOLS rows to write.  When the UI shows families, bytes are kept per stack
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from memtrace.capture import (
     REC_AGG,
     REC_ALLOC,
     REC_STACK,
+    CaptureError,
     agg_values,
     iter_agent_tuples,
 )
@@ -57,6 +59,12 @@ class StacksSeen:
         """An agent batch from a C core: its STACK records, and bytes per stack for families."""
         if not data:
             return
+        # A record no agent should write: the live view skips the rest of this batch; the capture
+        # keeps its bytes, and reading it back names the record (issue 26).
+        with contextlib.suppress(CaptureError):
+            self._fold(data)
+
+    def _fold(self, data: bytes) -> None:
         frames_of, bytes_of = self._frames, self._bytes
         for r in iter_agent_tuples(data):
             if r[0] == REC_AGG:

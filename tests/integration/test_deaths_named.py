@@ -100,7 +100,7 @@ def test_a_kill_during_injection_is_named_as_such(compile_c, tmp_path: Path) -> 
         r = CaptureLoop(KillDuringInjection(target, options.thresholds.rpc_timeout), tracer, target, options,
                         SilentUI()).run()
         assert r.ended == "target-exited", r.reason
-        assert r.reason == ("the target was killed by SIGKILL during injection, before the agent started "
+        assert r.reason == ("the target was killed by SIGKILL during agent load, before the agent started "
                             "(not a launch storm: nothing ran under the hooks)")
 
 

@@ -67,7 +67,7 @@ def test_counters_of_an_older_capture_read_as_zero_past_its_end(tmp_path: Path) 
     with CaptureWriter(short) as w:
         w.write(RecordType.BATCH, {"counters": [0] * (layout.MIN_COUNTERS - 1)})
     info = capture.CaptureInfo(short)
-    assert list(read_records(short, info)) == [] and "BATCH record" in info.truncation
+    assert list(read_records(short, info)) == [] and "BATCH record" in (info.problem or "")
 
 
 def test_every_truncation_reads_back_the_complete_prefix(tmp_path: Path) -> None:
@@ -129,14 +129,15 @@ def test_version_1_without_checksums_and_records_of_unknown_types(tmp_path: Path
     info = CaptureInfo(v1)
     assert [r.type for r in read_records(v1, info)] == [RecordType.META]
     # Version 1 writers wrote types 1 to 11 only: anything else is damage.
-    assert info.corrupt and info.truncation == "corrupt at byte 43: unknown record type 40"
+    assert info.corrupt and info.skipped == ["byte 43: unknown record type 40"]
     v2 = tmp_path / "v2.mtc"
     v2.write_bytes(header(2) + frame(META, b'{"tracer":"malloc"}') + frame(40, b"{}") + frame(40, b"{}"))
     info = CaptureInfo(v2)
     assert [r.type for r in read_records(v2, info)] == [RecordType.META]
     # In version 2 the checksum holds, so it is a newer writer's record: skipped, counted, said.
     assert not info.truncated and info.unknown == {40: 2}
-    assert info.problem == NO_END
+    assert info.problem == f"{NO_END}; records of a type this memtrace does not know were skipped (2 of type 40): " \
+                           "upgrade memtrace"
 
 
 def test_every_record_type_has_a_shape() -> None:
@@ -232,8 +233,10 @@ def test_a_flipped_byte_is_reported_with_file_and_offset(tmp_path: Path) -> None
     p.write_bytes(blob)
     r = run_memtrace("export", p, check=False)
     assert r.returncode == 1
-    assert [json.loads(x)["record"] for x in r.stdout.splitlines()] == ["meta", "truncated"]
-    assert r.stderr == f"memtrace: warning: {p}: corrupt at byte {meta_end}: checksum mismatch\n"
+    # The damaged record is skipped and named; the records after it are read (issue 20.8).
+    assert [json.loads(x)["record"] for x in r.stdout.splitlines()] == ["meta", "end", "truncated"]
+    assert r.stderr == (f"memtrace: warning: {p}: corrupt at byte {meta_end}: BATCH record: checksum mismatch; "
+                        f"skipped (the rest was read)\n")
 
 
 def test_export_refuses_a_fifo_at_once(tmp_path: Path) -> None:

@@ -17,11 +17,22 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.hostile_captures import base, frame, header, js, scratch_dir
+from tests.hostile_captures import (
+    absurd_cases,
+    aggregate_base,
+    base,
+    frame,
+    header,
+    js,
+    random_absurd,
+    scratch_dir,
+    write_records,
+)
 
 from memtrace import tracers
 from memtrace.analyze.families import load_rules
 from memtrace.capture import CaptureError, CaptureInfo, CaptureWriter, Record, read_records, record_to_json
+from memtrace.errors import MemtraceError
 from memtrace.report.collect import analyze_capture
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "report" / "captures"
@@ -216,3 +227,174 @@ def test_real_records_with_wrong_types_never_traceback(scratch: Path) -> None:
                             w.write(r.type, replaced(r.body, at, new) if j == i else r.body, r.data)
                     consume(v)
                     v.unlink()
+
+
+# ---- absurd values through every command (issue 26) -----------------------------------------------
+
+ABSURD = dict(absurd_cases())
+STRUCTURAL = [n for n in ABSURD if not n.startswith(("agent-", "json-", "events-"))]
+SEEDS = range(40)               # random mixes: the seed names the capture, so a failure reproduces
+CLI_COMMANDS: list[list[str]] = [
+    ["show", "{cap}"], ["show", "--json", "{cap}"], ["export", "{cap}"],
+    *[["export", "--format", f, "--view", v, "-o", "{out}/x", "{cap}"]
+      for f in ("collapsed", "speedscope", "pprof", "chrome-trace") for v in ("gross", "live", "peak", "leaked")],
+    ["flamegraph", "-o", "{out}/f.html", "{cap}"], ["report", "{dir}", "--out", "{out}/r"],
+    ["diff", "{base}", "{cap}"], ["symbolize", "{cap}"],
+]
+
+
+def run_every_command(recs: list[tuple[int, bytes]], where: Path) -> list[tuple[str, int, str]]:
+    """Every command on the crafted capture, in process: (command, exit status, stderr) each; a
+    traceback fails the test where it happens, naming the command."""
+    import contextlib
+    import io
+    import shutil
+
+    from memtrace import cli
+
+    shutil.rmtree(where, ignore_errors=True)
+    cap = write_records(where / "case" / "capture.mtc", recs)
+    base_cap = write_records(where / "base" / "capture.mtc", aggregate_base())
+    out = where / "out"
+    out.mkdir()
+    done = []
+    for cmd in CLI_COMMANDS:
+        args = [a.format(cap=cap, dir=cap.parent, out=out, base=base_cap) for a in cmd]
+        err = io.StringIO()
+        stdout = io.TextIOWrapper(io.BytesIO())
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(err):
+            try:
+                cli.main(args)
+                code = 0
+            except SystemExit as e:
+                code = int(e.code or 0)
+        text = err.getvalue()
+        assert "Traceback" not in text, (args, text)
+        done.append((cmd[0], code, text))
+    return done
+
+
+def _names_the_bad_record(results: list[tuple[str, int, str]]) -> None:
+    for command, code, text in results:
+        if command in ("show", "export", "report", "flamegraph", "symbolize"):
+            # One warning or error naming where the capture went wrong, and a non-zero exit.
+            assert code != 0, (command, text)
+            assert "corrupt at byte" in text or "first record is" in text, (command, text)
+
+
+def test_the_aggregate_base_reads_clean(scratch: Path) -> None:
+    results = run_every_command(aggregate_base(), scratch / "w")
+    assert [(c, code) for c, code, _ in results if code != 0] == []
+
+
+# Structural cases that are true to the format (an AGG with no values, a stack of no frames).
+TRUE_TO_FORMAT = {"agg-no-values", "stack-0-frames"}
+
+
+@pytest.mark.parametrize("name", sorted(TRUE_TO_FORMAT))
+def test_structural_oddities_the_format_allows_read_clean(scratch: Path, name: str) -> None:
+    results = run_every_command(ABSURD[name], scratch / "w")
+    assert [(c, code) for c, code, _ in results if code != 0] == []
+
+
+@pytest.mark.parametrize("name", sorted(set(STRUCTURAL) - TRUE_TO_FORMAT))
+def test_structural_lies_through_every_command(scratch: Path, name: str) -> None:
+    """AGG masks beyond the fields or with more bits than values, PEAK_HEADs naming 2^32-1 stacks
+    that never follow, stack ids pointing nowhere ...: skipped and named, every command exits 1."""
+    _names_the_bad_record(run_every_command(ABSURD[name], scratch / "w"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_random_absurd_values_through_every_command(scratch: Path, seed: int) -> None:
+    """Several absurd values at once (seeded: ``random_absurd(seed)`` rebuilds the capture)."""
+    run_every_command(random_absurd(seed), scratch / "w")
+
+
+def test_every_absurd_value_of_every_record_never_tracebacks(scratch: Path) -> None:
+    """Each agent field and each JSON number of every record type at 0, 2^31, 2^32-1, 2^63-1,
+    2^63, 2^64-1 (and -1, 2^64, 10^30, 1e308 in JSON): the reader skips what cannot be, the
+    summary, every export format and view, the JSON-lines view and the report's collection cope."""
+    from memtrace.exports import FORMATS
+    from memtrace.views import load
+    from memtrace.views.profile import VIEWS
+
+    v = scratch / "c" / "capture.mtc"
+    refused = 0
+    for name, recs in ABSURD.items():
+        write_records(v, recs)
+        try:
+            loaded = load(v)
+        except (CaptureError, MemtraceError):
+            refused += 1
+            continue
+        loaded.summary.to_json(capture=str(v), top=10)
+        for fmt, writer in FORMATS.items():
+            for view in VIEWS:
+                try:
+                    writer(loaded, view)
+                except MemtraceError as e:
+                    assert "\n" not in str(e), (name, fmt, view)
+        consume(v)
+        refused += loaded.info.problem is not None
+    assert len(ABSURD) > 700 and refused > 300
+
+
+@pytest.mark.slow
+def test_every_absurd_case_through_every_command(scratch: Path) -> None:
+    """All of them (about 1000 captures, 21 commands each) through the real CLI: no traceback."""
+    codes: dict[tuple[str, int], int] = {}
+    for recs in ABSURD.values():
+        for command, code, _ in run_every_command(recs, scratch / "w"):
+            codes[(command, code)] = codes.get((command, code), 0) + 1
+    print(sorted(codes.items()))
+    assert sum(codes.values()) == len(ABSURD) * len(CLI_COMMANDS)
+
+
+# ---- writers with limits (issue 26, item 2) ----------------------------------------------------------
+
+
+def test_pprof_clamps_a_sum_past_int64_and_says_so_in_one_line(scratch: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Two stacks with the same frames, 1.5 x 2^62 bytes each (each a total the reader accepts):
+    their row's sum does not fit pprof's int64.  Clamped, one warning line, exit 1, a whole file."""
+    import gzip
+
+    from tests.hostile_captures import _aggregate_records
+    from tests.unit.test_capture_hostile import run_cli
+
+    from memtrace.exports.pprof import Profile
+
+    agent = _aggregate_records()
+    agent[1].update(nframes=2, frames=[0x1010, 0x1020])        # stack 2 symbolizes as stack 1
+    big = 3 << 61
+    agent[2]["values"] = [3, big, *agent[2]["values"][2:]]
+    agent[3]["values"] = [1, big]
+    cap = write_records(scratch / "c" / "capture.mtc", aggregate_base(agent))
+    out = scratch / "p.pb.gz"
+    rc, _, err = run_cli(capsys, "export", "--format", "pprof", "--view", "gross", "-o", out, cap)
+    assert rc == 1
+    assert err == (f"memtrace: warning: {cap}: pprof: a sample's bytes: {2 * big} does not fit a 64-bit signed "
+                   f"integer; written as {(1 << 63) - 1}\n")
+    prof = Profile()
+    prof.ParseFromString(gzip.decompress(out.read_bytes()))
+    assert max(s.value[0] for s in prof.sample) == (1 << 63) - 1
+
+
+def test_chrome_trace_clamps_a_time_beyond_its_microseconds(scratch: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tests.hostile_captures import CALIBRATION
+    from tests.unit.test_capture_hostile import run_cli
+
+    recs = aggregate_base()
+    i = max(i for i, (t, _) in enumerate(recs) if t == CALIBRATION)
+    recs[i] = (CALIBRATION, js({"phase": "after", "t": 1e300, "allocator": {"source": "x", "in_use": 5},
+                                "footprint": {"source": "x", "footprint": 9}}))
+    cap = write_records(scratch / "c" / "capture.mtc", recs)
+    out = scratch / "t.json"
+    rc, _, err = run_cli(capsys, "export", "--format", "chrome-trace", "-o", out, cap)
+    assert rc == 1 and err.count("\n") == 1
+    assert err.startswith(f"memtrace: warning: {cap}: chrome-trace: a timestamp (microseconds): ")
+    doc = json.loads(out.read_text())          # valid JSON: no Infinity
+    assert max(e.get("ts", 0) for e in doc["traceEvents"]) == float(1 << 53)

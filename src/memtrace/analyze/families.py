@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from memtrace.errors import InputError
+from memtrace.files import load_yaml, read_user_text
 from memtrace.frames import Frame
 
 BUILTIN_RULES = Path(__file__).with_name("families.yaml")
@@ -193,13 +194,11 @@ def parse_rules(doc: Any, source: str) -> FamilyRules:
 def load_file(path: Path | str) -> FamilyRules:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_user_text(p, "family rules file")
     except OSError as e:
         raise InputError(f"{p}: cannot read family rules: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{p}: family rules are not UTF-8 text") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text, str(p))
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""

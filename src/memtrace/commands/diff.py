@@ -78,4 +78,6 @@ def command(base: Path, new: Path, as_json: bool, top: int, families: Path | Non
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     else:
         render(Console(), doc)
-    return 0
+    for c in doc["incomplete"]:
+        click.echo(f"memtrace: warning: {c['path']}: {c['problem']}", err=True)
+    return 1 if doc["incomplete"] else 0

@@ -10,6 +10,7 @@ from typing import IO
 import click
 
 from memtrace.capture import CaptureError, CaptureInfo, damage_at, read_records, record_to_json
+from memtrace.errors import MemtraceError
 from memtrace.exports import BINARY, FORMATS
 from memtrace.files import open_text_atomic, save_bytes
 from memtrace.views import load
@@ -67,7 +68,13 @@ def write_jsonl(capture: Path, info: CaptureInfo, out: IO[str]) -> str | None:
 
 def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None) -> int:
     loaded = load(capture)
-    data = FORMATS[fmt](loaded, view)
+    try:
+        data = FORMATS[fmt](loaded, view)
+    except MemtraceError as e:
+        if loaded.info.problem is None:
+            raise
+        # A view missing because its records were skipped: the one line says both.
+        raise MemtraceError(f"{e} ({loaded.info.problem})", e.exit_code) from None
     if output is not None:
         save_bytes(output, data, "-o")
     elif fmt in BINARY and sys.stdout.isatty():
@@ -75,10 +82,12 @@ def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None) -> 
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
+    for note in loaded.notes:       # a value the format cannot hold, clamped
+        click.echo(f"memtrace: warning: {loaded.path}: {note}", err=True)
     if loaded.info.problem is not None:
         click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.problem}", err=True)
         return 1
-    return 0
+    return 1 if loaded.notes else 0
 
 
 command = export

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from memtrace.files import write_text_atomic
+from memtrace.files import save_text
 from memtrace.reporters.html import flamegraph_page
 from memtrace.views import load
 from memtrace.views.profile import VIEWS
@@ -21,6 +21,9 @@ def command(capture: Path, output: Path, view: str) -> int:
     """Write CAPTURE's flame graph to an HTML file: one file, no network, with zoom, search,
     tooltips (bytes, count, file:line) and the memory timeline above it."""
     loaded = load(capture)
-    write_text_atomic(output, flamegraph_page(loaded, view))
+    save_text(output, flamegraph_page(loaded, view), "-o")
     click.echo(f"flame graph: {output}", err=True)
+    if loaded.info.problem is not None:
+        click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.problem}", err=True)
+        return 1
     return 0

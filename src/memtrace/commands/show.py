@@ -19,7 +19,8 @@ from memtrace.views import load
 def show(capture: Path, as_json: bool, top: int | None) -> int:
     """Summarize CAPTURE (a capture file or folder) with its own tracer's analyzer and console view.
 
-    Exit status 1 when the capture is truncated (the summary covers what was read)."""
+    Exit status 1 when the capture is incomplete -- cut short, damaged (bad records are skipped and
+    the first named), or without an END record: the summary covers what was read."""
     loaded = load(capture)
     if top is None:
         top = next((o.default for o in loaded.tracer.options if o.name == loaded.tracer.json_top_option), 10)
@@ -29,8 +30,8 @@ def show(capture: Path, as_json: bool, top: int | None) -> int:
     else:
         opts = {"capture": str(loaded.path), "top": top, loaded.tracer.json_top_option: top, "quiet": False}
         loaded.tracer.console(Console(), loaded.summary, opts)
-    if loaded.info.truncated:
-        click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.truncation}", err=True)
+    if loaded.info.problem is not None:
+        click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.problem}", err=True)
         return 1
     return 0
 

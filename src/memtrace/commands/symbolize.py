@@ -39,7 +39,8 @@ def symbolize(capture: Path, symbol_dirs: tuple[Path, ...], device_symbols: Path
     else:
         _print(out)
     if out.truncated:
-        click.echo(f"memtrace: warning: {out.capture}: {out.truncated} (the torn tail is kept as it was)", err=True)
+        click.echo(f"memtrace: warning: {out.capture}: {out.truncated} (kept as it was)", err=True)
+        return 1
     return 0
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from memtrace.errors import InputError
+from memtrace.exports.limits import clamp_int64
 from memtrace.views.profile import profile
 
 _F = descriptor_pb2.FieldDescriptorProto
@@ -105,9 +106,10 @@ def build(loaded: Any, view: str) -> Any:
                                      filename=sid(f.file or ""))
                 loc = locations[key] = len(locations) + 1
                 location = out.location.add(id=loc, address=f.address)
-                location.line.add(function_id=fid, line=f.line or 0)
+                location.line.add(function_id=fid, line=clamp_int64(f.line or 0, "pprof: a line number", loaded))
             ids.append(loc)
-        out.sample.add(location_id=ids, value=[s.bytes, s.count])
+        out.sample.add(location_id=ids, value=[clamp_int64(s.bytes, "pprof: a sample's bytes", loaded),
+                                               clamp_int64(s.count, "pprof: a sample's count", loaded)])
     out.comment.append(sid(f"memtrace {loaded.tracer.name} {view}: {loaded.path}"))
     return out
 

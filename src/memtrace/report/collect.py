@@ -92,10 +92,11 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP,
     except CaptureError as e:
         return None, Skipped(rel, _strip_path(str(e), path))
     if first is None:
-        why = info.truncation if info.truncated else "empty capture (header only, no records)"
+        why = info.problem if info.truncated or info.n_skipped else "empty capture (header only, no records)"
         return None, Skipped(rel, why)
     if first.type != RecordType.META:
-        return None, Skipped(rel, f"first record is {first.type.name}, not META: not a memtrace capture")
+        why = f" ({info.problem})" if info.n_skipped else ": not a memtrace capture"
+        return None, Skipped(rel, f"first record is {first.type.name}, not META{why}")
     tracer = str(first.body.get("tracer") or "?")
     target = (first.body.get("target") or {}).get("label") or "?"
     tracer_entry = tracers.get(tracer)

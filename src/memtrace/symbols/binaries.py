@@ -64,7 +64,7 @@ def elf_identity(path: str | Path) -> ElfIdentity | None:
                         # libstdc++'s, reuse the number).
                         if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                             build_id = str(note["n_desc"]).lower()
-                elif section.name == ".gnu_debuglink":
+                elif section.name == ".gnu_debuglink" and not section.compressed:
                     data = section.data()
                     end = data.find(b"\0")
                     if end > 0:
@@ -80,6 +80,41 @@ def elf_identity(path: str | Path) -> ElfIdentity | None:
             return ElfIdentity(build_id, debuglink, crc, loads[0] if loads else 0, has_dwarf, has_symtab)
     except (OSError, ELFError, ValueError, KeyError):
         return None
+
+
+# A compressed debug section may say it holds at most this much: zlib's deflate cannot pack more
+# than 1032:1, and no debug section of a real binary nears 4 GiB.  A larger claim is a damaged or
+# hostile file; decompressing it would take the machine's memory (and abort the symbolizer).
+MAX_DEFLATE_RATIO = 1032
+MAX_DEBUG_SECTION = 4 << 30
+
+
+def compressed_section_problem(path: str | Path) -> str | None:
+    """Why ``path``'s compressed debug sections must not be opened (one phrase), or None: one
+    claims more than its compressed bytes can hold or more than MAX_DEBUG_SECTION."""
+    try:
+        with open(path, "rb") as f:
+            elf = ELFFile(f)
+            for section in elf.iter_sections():
+                if section["sh_type"] == "SHT_NOBITS":
+                    continue
+                packed = section["sh_size"]
+                if section.compressed:
+                    claimed = section.data_size
+                elif section.name.startswith(".zdebug"):
+                    f.seek(section["sh_offset"])
+                    head = f.read(12)
+                    if len(head) < 12 or head[:4] != b"ZLIB":
+                        continue
+                    claimed = int.from_bytes(head[4:], "big")
+                else:
+                    continue
+                if claimed > MAX_DEBUG_SECTION or claimed > packed * MAX_DEFLATE_RATIO + (1 << 16):
+                    return (f"compressed section {section.name} claims {claimed} bytes from {packed}: "
+                            f"more than compression can give (not opened)")
+    except (OSError, ELFError, ValueError, KeyError):
+        return None                 # not an ELF file pyelftools reads: the symbolizer says what it is
+    return None
 
 
 def file_crc32(path: str | Path) -> int:

@@ -34,6 +34,7 @@ from symbolic.exceptions import SymbolicError
 
 from memtrace.files import write_bytes_atomic
 from memtrace.layout import UNWIND_CFA_FP, UNWIND_CFA_SP, UNWIND_INDEX_SHIFT, UNWIND_NONE, UNWIND_ROW
+from memtrace.symbols.binaries import compressed_section_problem
 
 ROW = struct.Struct(UNWIND_ROW.format)
 # A module whose functions set up a frame pointer at least this often is walked by frame pointer.
@@ -191,6 +192,8 @@ def build_table(path: str | Path) -> UnwindTable | None:
     """The unwind table of one x86-64 ELF file; None when it has no call frame information or is
     not something symbolic can read."""
     t = time.perf_counter()
+    if compressed_section_problem(path) is not None:
+        return None                 # a section claiming terabytes would abort symbolic's decompression
     try:
         objects = list(symbolic.Archive.open(str(path)).iter_objects())
     except (SymbolicError, OSError):

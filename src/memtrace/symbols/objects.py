@@ -15,6 +15,8 @@ from pathlib import Path
 import symbolic
 from symbolic.exceptions import SymbolicError
 
+from memtrace.symbols.binaries import compressed_section_problem
+
 # Frida's architecture names -> symbolic's (a dSYM of an arm64e process is usually arm64).
 FRIDA_ARCH = {"arm64": ("arm64", "arm64e"), "x64": ("x86_64", "x86_64h"), "ia32": ("x86",), "arm": ("armv7",)}
 
@@ -67,7 +69,10 @@ class SymbolFiles:
         key = str(Path(path).resolve())
         if key not in self._archives:
             t = time.perf_counter()
+            bomb = compressed_section_problem(key)
             try:
+                if bomb is not None:
+                    raise OSError(bomb)
                 self._archives[key] = list(symbolic.Archive.open(key).iter_objects())
             except (SymbolicError, OSError) as e:
                 self._archives[key] = None

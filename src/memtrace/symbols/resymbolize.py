@@ -129,7 +129,7 @@ def resymbolize(capture: Path, symbol_dirs: Iterable[Path] = (), device_symbols:
     for rec in read_records(capture, info):
         refs.fold(rec)
     t_read = time.perf_counter()
-    out = Outcome(info.path, truncated=info.truncation or None)
+    out = Outcome(info.path, truncated=info.problem)
     device = None
     if device_symbols is not None:
         from memtrace.symbols.device import DeviceSymbols

@@ -7,7 +7,7 @@ capture.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ class Loaded:
     tracer: Tracer
     summary: Any
     info: CaptureInfo
+    # What a writer had to change to fit its format (a value beyond pprof's int64 ...): one line each.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -38,9 +40,12 @@ def tracer_of(path: Path | str) -> tuple[Tracer, CaptureInfo]:
     finally:
         records.close()
     if first is None:
+        if info.truncated or info.n_skipped:
+            raise InputError(f"{info.path}: no record could be read ({info.problem})")
         raise InputError(f"{info.path}: empty capture (header only, no records)")
     if first.type != RecordType.META:
-        raise InputError(f"{info.path}: first record is {first.type.name}, not META: not a memtrace capture")
+        why = f" ({info.problem})" if info.n_skipped else ": not a memtrace capture"
+        raise InputError(f"{info.path}: first record is {first.type.name}, not META{why}")
     name = str(first.body.get("tracer") or "?")
     tracer = tracers.get(name)
     if tracer is None:

@@ -121,7 +121,8 @@ def diff(base: Path, new: Path, top: int | None = 10, families: Path | None = No
         a, b = _side(a_paths[0], rules), _side(b_paths[0], rules)
         if a.key[1] != b.key[1]:
             raise InputError(f"{new}: a {b.key[1]} capture cannot be compared with {base}, a {a.key[1]} capture")
-        return {"kind": "diff", "base": str(base), "new": str(new), "pairs": [compare(a, b, top)], "unpaired": []}
+        return {"kind": "diff", "base": str(base), "new": str(new), "pairs": [compare(a, b, top)], "unpaired": [],
+                "incomplete": _incomplete([a, b])}
     sa = {}
     for p in a_paths:
         s = _side(p, rules)
@@ -137,7 +138,14 @@ def diff(base: Path, new: Path, top: int | None = 10, families: Path | None = No
                  for k in sorted(sb.keys() - sa.keys())]
     if not pairs:
         raise InputError(f"{base} and {new}: no target was captured by the same tracer in both")
-    return {"kind": "diff", "base": str(base), "new": str(new), "pairs": pairs, "unpaired": unpaired}
+    return {"kind": "diff", "base": str(base), "new": str(new), "pairs": pairs, "unpaired": unpaired,
+            "incomplete": _incomplete([*sa.values(), *sb.values()])}
+
+
+def _incomplete(sides: list[Side]) -> list[dict[str, str]]:
+    """Captures read only in part (cut short, damaged, never closed): the diff covers what was read."""
+    return [{"path": str(s.loaded.path), "problem": s.loaded.info.problem} for s in sides
+            if s.loaded.info.problem is not None]
 
 
 def frames_of(row: dict[str, Any]) -> list[Frame]:

@@ -205,7 +205,8 @@ RESULT_SHAPES: dict[str, Check] = {
                   "ledger_available": BOOL, "rows": seq(PROBE_ROW), "errors": seq(STR)}),
     "malloc": obj({"kind": STR, "when": opt(STR), "complete": BOOL, "stopped": BOOL, "candidates": UINT,
                    "leaked_blocks": UINT, "leaked_bytes": UINT, "reachable_blocks": UINT, "reachable_bytes": UINT,
-                   "leaked_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
+                   "definitely_by_stack": _BY_STACK, "indirectly_by_stack": _BY_STACK,
+                   "possibly_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
                    "leaked": seq(row(ADDR, UINT, UINT, min_len=3)), "skipped": mapping(UINT)}),
 }
 

@@ -91,7 +91,33 @@ def test_a_spent_budget_stops_the_scan_and_says_what_it_did_not_read(compile_c, 
     scan = doc["leaks"]["scan"]
     assert not scan["complete"]
     assert scan["skipped"]["not_scanned_budget"] > 0
-    assert scan["root_bytes"] + scan["skipped"]["not_scanned_budget"] >= 1 << 30
+    assert scan["root_bytes"] + scan["skipped"]["not_scanned_budget"] + scan["skipped"]["never_touched_pages"] >= 1 << 30
     assert sum(doc["leaks"][v]["blocks"] for v in ("definitely_lost", "indirectly_lost", "possibly_lost", "reachable")) \
         == scan["examined"]
     assert not scan["every_block_examined"]
+
+
+def test_the_scan_does_not_show_in_the_targets_counts(compile_c, tmp_path: Path) -> None:
+    """The scan's own work (listing threads and ranges, stopping the world) makes no malloc-family
+    call the target's counts would show: the same window counts the same calls with and without it."""
+    exe = compile_c("leak_pattern")
+    counts = []
+    for extra in ((), ("--leaks",)):
+        doc = memtrace_json("malloc", "--device", "local", "--window", "3", *extra, "--quiet",
+                            "--out", tmp_path / f"cap{len(extra)}", "--", exe, "60")
+        counts.append(doc["calls"])
+    assert counts[1] == counts[0]
+    assert counts[0]["malloc"] > 0 and counts[0]["free"] > 0
+
+
+def test_pages_never_touched_are_not_read(compile_c, tmp_path: Path) -> None:
+    """1 GB of anonymous memory mapped and never touched: the scan reads none of it (it would fault
+    every page in), says so, and still sorts the pattern exactly."""
+    exe = compile_c("leak_pattern")
+    doc = memtrace_json("malloc", "--device", "local", "--window", "3", "--leaks", "--quiet",
+                        "--out", tmp_path / "cap", "--", exe, "60", "1024")
+    scan = doc["leaks"]["scan"]
+    assert scan["complete"]
+    assert scan["skipped"]["never_touched_pages"] >= 1 << 30
+    assert scan["root_bytes"] < 64 << 20
+    assert by_function(doc["leaks"]["leaked"]["by_stack"]) == LEAKED

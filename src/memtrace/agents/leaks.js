@@ -267,17 +267,18 @@ function alloc(size, own) {
 }
 
 /* Linux: every task of the process that Frida cloaks (its own threads), listed by the C (no
- * allocation: opendir would call the allocator we are tracing). */
+ * allocation: opendir would call the allocator we are tracing).  Not Process.enumerateThreads():
+ * on Linux it starts a thread of its own to read the others' registers, and that thread's
+ * mallocs and its exit's frees (its tcache flushed) would show in the app's counts. */
 function cloakedTids() {
   if (IS_DARWIN)
     return [];    // DEVICE-UNVERIFIED: Frida's threads on Darwin are told apart the same way once listed
-  const visible = new Set(Process.enumerateThreads().map(t => t.id));
   const buf = Memory.alloc(MAX_THREADS * 8);
   const n = Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, buf, MAX_THREADS));
   const out = [];
   for (let i = 0; i < n; i++) {
     const tid = Number(buf.add(i * 8).readU64());
-    if (!visible.has(tid) && Cloak.hasThread(tid))
+    if (Cloak.hasThread(tid))
       out.push(tid);
   }
   return out;

@@ -37,6 +37,43 @@ VERDICTS = (("definitely_lost", "definitely_by_stack"), ("indirectly_lost", "ind
             ("possibly_lost", "possibly_by_stack"), ("reachable", "reachable_by_stack"))
 
 
+# The verdicts as the console and the report title them (valgrind's words; leaked = the first two).
+LEAK_GROUPS = (("definitely_lost", "LEAKED: definitely lost"), ("indirectly_lost", "LEAKED: indirectly lost"),
+               ("possibly_lost", "possibly lost (only pointers into the middle)"), ("reachable", "still reachable"))
+
+
+def leak_no_stack(row: dict[str, Any]) -> str:
+    return "(allocated before tracing: no stack)" if row.get("allocated_before_tracing") else "(no stack)"
+
+
+def examined_text(scan: dict[str, Any]) -> str:
+    """How many blocks the scan examined, and that it was every one (or which were not, and why)."""
+    n = int(scan.get("examined") or scan.get("candidates") or 0)
+    before = int(scan.get("before_tracing_blocks") or 0)
+    parts = [f"{n:,} blocks"]
+    if scan.get("tracked_blocks") is not None:
+        parts.append(f"{int(scan['tracked_blocks']):,} traced, {before:,} allocated before tracing")
+    missed = scan.get("not_examined") or {}
+    reasons = []
+    if missed.get("over_capacity"):
+        reasons.append(f"{missed['over_capacity']:,} beyond the scan's table")
+    if missed.get("undecided_darwin_logger"):
+        reasons.append(f"{missed['undecided_darwin_logger']:,} the malloc logger left undecided")
+    alloc = scan.get("allocator") or {}
+    if alloc and not alloc.get("main_arena_found"):
+        reasons.append("glibc's arenas not found: blocks allocated before tracing were not looked for")
+    if alloc.get("walk_errors"):
+        reasons.append(f"{alloc['walk_errors']} heap walk(s) stopped at an inconsistent chunk "
+                       f"({alloc.get('unwalked_bytes', 0):,} bytes not walked)")
+    if not scan.get("complete"):
+        reasons.append("the time budget ran out: unreached blocks are not proved lost")
+    if reasons:
+        parts.append("NOT every block: " + "; ".join(reasons))
+    else:
+        parts.append("every live heap block examined")
+    return "; ".join(parts)
+
+
 def skipped_text(skipped: dict[str, int], fmt: Callable[[int], str]) -> list[str]:
     """The scan's unread memory as phrases (``fmt`` formats bytes); blocks over capacity as a count."""
     out = []

@@ -52,7 +52,9 @@ def examined_text(scan: dict[str, Any]) -> str:
     before = int(scan.get("before_tracing_blocks") or 0)
     parts = [f"{n:,} blocks"]
     if scan.get("tracked_blocks") is not None:
-        parts.append(f"{int(scan['tracked_blocks']):,} traced, {before:,} allocated before tracing")
+        full = int(scan.get("live_table_full") or 0)
+        parts.append(f"{int(scan['tracked_blocks']):,} traced, {before:,} allocated before tracing"
+                     + (f" (or among the {full:,} the live table had no room for: no stack)" if full else ""))
     missed = scan.get("not_examined") or {}
     reasons = []
     if missed.get("over_capacity"):
@@ -142,7 +144,8 @@ class LeakScan:
     def reachable(self) -> LeakGroup:
         return self.groups["reachable"]
 
-    def to_json(self, frames_of: Callable[[int], list[Frame]], top: int | None = 10) -> dict[str, Any]:
+    def to_json(self, frames_of: Callable[[int], list[Frame]], top: int | None = 10,
+                live_table_full: int = 0) -> dict[str, Any]:
         s = self.scan
         skipped = s.get("skipped") or {}
         examined = int(s.get("candidates") or 0)
@@ -165,6 +168,8 @@ class LeakScan:
                 "not_examined": not_examined,
                 "tracked_blocks": s.get("tracked_blocks"),
                 "before_tracing_blocks": s.get("before_tracing_blocks", 0),
+                # of which, at most this many were traced but found no room in the live table
+                "live_table_full": live_table_full,
                 "before_tracing_bytes": s.get("before_tracing_bytes", 0),
                 "allocator": s.get("allocator"),
                 "root_ranges": s.get("root_ranges"),

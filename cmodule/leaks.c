@@ -40,7 +40,6 @@
  * before the end of the usable size).  When the main arena's state could not be found (and so is
  * not left out of the roots), such a word is not taken for a reference (job->interior_guard). */
 #define MT_LEAK_CHUNK_ALIGN 16
-#define MT_LEAK_PAGE 4096ULL
 #define MT_LEAK_MAX_ARENAS 4096
 #define MT_LEAK_MAX_LIST 100000     /* entries followed on one free list before calling it corrupt */
 
@@ -69,6 +68,13 @@ extern gint mach_vm_region_recurse (mt_port_t task, guint64 * address, guint64 *
 #  define MT_SP_INDEX 7
 # endif
 #define MT_VM_MEMORY_STACK 30
+/* vm_region_submap_info_64 is #pragma pack(4): protection, max_protection, inheritance, then the
+ * 8-byte offset in words 3-4 (no padding), so user_tag is word 5, pages_resident word 6. */
+#define MT_SUBMAP_INFO_COUNT_64 19
+#define MT_SUBMAP_USER_TAG_WORD 5
+#define MT_MINCORE_INCORE 0x1
+#define MT_MINCORE_PAGED_OUT 0x20
+extern gint mincore (gpointer addr, gsize len, gchar * vec);
 #else
 extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
 extern glong ptrace (gint request, ...);
@@ -548,11 +554,11 @@ mt_leak_region_tag (guint64 addr)
 #ifdef MT_DARWIN
   guint64 a = addr, size = 0;
   guint32 depth = 0x7fffffff;
-  gint32 info[32];                          /* vm_region_submap_info_64: user_tag at word 4 */
-  guint32 count = 19;                       /* VM_REGION_SUBMAP_INFO_COUNT_64 */
+  gint32 info[32];
+  guint32 count = MT_SUBMAP_INFO_COUNT_64;
   if (mach_vm_region_recurse (mach_task_self_, &a, &size, &depth, info, &count) != 0 || a > addr)
     return -1;
-  return (gint) info[4];
+  return (gint) info[MT_SUBMAP_USER_TAG_WORD];
 #else
   return -1;
 #endif
@@ -1039,7 +1045,7 @@ mt_leak_push (MtLeakJob * job, guint64 j)
 static inline void
 mt_leak_mark_word (MtLeakJob * job, guint64 v, gboolean definite)
 {
-  gint64 j = mt_leak_find (job, v);
+  gint64 j = mt_leak_find (job, v & job->ptr_mask);      /* arm64e: a signed pointer, stripped */
   guint8 * marks = (guint8 *) job->marks;
   guint8 via;
   if (j < 0)
@@ -1053,7 +1059,8 @@ mt_leak_mark_word (MtLeakJob * job, guint64 v, gboolean definite)
     }
     return;
   }
-  via = (definite && v == ((const MtLeakBlock *) job->blocks)[j].ptr) ? MT_LEAK_REACHABLE : MT_LEAK_POSSIBLY_LOST;
+  via = (definite && (v & job->ptr_mask) == ((const MtLeakBlock *) job->blocks)[j].ptr) ? MT_LEAK_REACHABLE
+      : MT_LEAK_POSSIBLY_LOST;
   if (via > marks[j])
   {
     marks[j] = via;
@@ -1068,9 +1075,22 @@ static gboolean
 mt_leak_resident (MtLeakJob * job, guint64 addr, guint64 len, guint64 * present)
 {
 #ifdef MT_DARWIN
-  return FALSE;
+  /* mincore: a byte per page; in core, or paged out (compressed or swapped: it holds data).  The
+   * nano region's 512 MB reservation is mostly pages never touched: not read (reading would
+   * zero-fill them into the app's footprint).  DEVICE-UNVERIFIED. */
+  guint64 page = job->page_size, first = addr / page * page, n = (addr + len - first + page - 1) / page, i;
+  gchar vec[64];
+  if (n > 64 || mincore ((gpointer) first, n * page, vec) != 0)
+    return FALSE;
+  *present = 0;
+  for (i = 0; i != n; i++)
+  {
+    if ((vec[i] & (MT_MINCORE_INCORE | MT_MINCORE_PAGED_OUT)) != 0)
+      *present |= 1ULL << i;
+  }
+  return TRUE;
 #else
-  guint64 first = addr / MT_LEAK_PAGE, last = (addr + len - 1) / MT_LEAK_PAGE, n = last - first + 1, i;
+  guint64 page = job->page_size, first = addr / page, last = (addr + len - 1) / page, n = last - first + 1, i;
   guint64 pm[64];
   if (job->pagemap_fd == ~(guint64) 0 || n > 64)
     return FALSE;
@@ -1098,19 +1118,19 @@ mt_leak_scan_words (MtLeakJob * job, guint64 addr, guint64 len, gboolean definit
   {
     guint64 at = addr + done, n = MIN (len - done, job->scratch_size), k, present = 0;
     gboolean known = mt_leak_resident (job, at, n, &present);
-    guint64 page0 = at / MT_LEAK_PAGE;
+    guint64 psz = job->page_size, page0 = at / psz;
     k = 0;
     while (k < n)
     {
       /* one run of pages that are all resident, or all not */
-      guint64 run_start = k, page = (at + k) / MT_LEAK_PAGE - page0;
+      guint64 run_start = k, page = (at + k) / psz - page0;
       gboolean in = !known || ((present >> page) & 1) != 0;
       while (k < n)
       {
-        guint64 pg = (at + k) / MT_LEAK_PAGE - page0;
+        guint64 pg = (at + k) / psz - page0;
         if (known && (((present >> pg) & 1) != 0) != in)
           break;
-        k = MIN (n, (pg + page0 + 1) * MT_LEAK_PAGE - at);
+        k = MIN (n, (pg + page0 + 1) * psz - at);
       }
       if (!in)
       {
@@ -1355,3 +1375,169 @@ mt_leak_step (MtLeakJob * job, guint64 budget)
   }
   return job->phase == 3;
 }
+
+/* ---- the whole scan in one call ---------------------------------------------------------------
+ *
+ * Stop, collect, scan within job->budget_us, resume: no JavaScript runs while the world is stopped.
+ * Darwin needs it: Frida's JavaScript and send() allocate and take locks an app thread suspended
+ * inside malloc or the message loop may hold (a deadlock that freezes the app for good).  Returns
+ * 1 when the scan completed; job->stop_us, collect_us, scan_us say how long each part took. */
+
+#ifdef MT_DARWIN
+static gint mt_leak_darwin_stop (MtLeakJob * job);
+static void mt_leak_darwin_resume (MtLeakJob * job);
+#endif
+
+gint
+mt_leak_scan_all (MtLeakJob * job)
+{
+  gint64 t0 = g_get_monotonic_time (), t1, t2, deadline;
+  gint done = 0;
+#ifdef MT_DARWIN
+  mt_leak_darwin_stop (job);
+#else
+  mt_leak_stop (job);
+#endif
+  t1 = g_get_monotonic_time ();
+  mt_leak_collect (job);
+  t2 = g_get_monotonic_time ();
+  deadline = t0 + (gint64) job->budget_us;
+  while (!(done = mt_leak_step (job, 16ULL << 20)) && g_get_monotonic_time () < deadline)
+    ;
+  job->stop_us = (guint64) (t1 - t0);
+  job->collect_us = (guint64) (t2 - t1);
+  job->scan_us = (guint64) (g_get_monotonic_time () - t2);
+#ifdef MT_DARWIN
+  mt_leak_darwin_resume (job);
+#else
+  mt_leak_resume (job);
+#endif
+  return done;
+}
+
+#ifdef MT_DARWIN
+
+/* ---- stopping the world: Darwin (DEVICE-UNVERIFIED; run in tests against the stand-in's mach
+ * calls, demo/darwin/mtmach.c) ------------------------------------------------------------------
+ *
+ * task_threads hands us a send right for every thread of the task (out-of-line memory, mapped by
+ * the kernel: no malloc).  Every thread but the scanning one and Frida's (job->skip: the ports
+ * Cloak.hasThread names, listed before the stop) is suspended and its registers read; threads
+ * started meanwhile are caught by another pass.  The rights are kept until resume. */
+
+static gboolean
+mt_leak_darwin_skipped (MtLeakJob * job, guint64 th)
+{
+  const guint64 * skip = (const guint64 *) job->skip;
+  guint64 k;
+  if (th == job->self_tid)
+    return TRUE;
+  for (k = 0; k != job->n_skip; k++)
+  {
+    if (skip[k] == th)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+static gboolean
+mt_leak_darwin_held (MtLeakJob * job, guint64 th)
+{
+  const MtLeakThread * t = (const MtLeakThread *) job->threads;
+  guint64 i;
+  for (i = 0; i != job->n_threads; i++)
+  {
+    if (t[i].tid == th)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+static gint
+mt_leak_darwin_stop (MtLeakJob * job)
+{
+  gint pass;
+  job->n_threads = 0;
+  job->n_failed = 0;
+  for (pass = 0; pass != 16; pass++)
+  {
+    mt_port_t * list = NULL;
+    guint32 count = 0, i, added = 0;
+    if (task_threads (mach_task_self_, &list, &count) != 0)
+    {
+      if (pass == 0)
+      {
+        job->state = MT_LEAK_FAILED;
+        return 0;
+      }
+      break;
+    }
+    for (i = 0; i != count; i++)
+    {
+      mt_port_t th = list[i];
+      if (mt_leak_darwin_skipped (job, th) || mt_leak_darwin_held (job, th))
+      {
+        mach_port_deallocate (mach_task_self_, th);      /* a second right to a held thread: one is kept */
+        continue;
+      }
+      if (job->n_threads < job->threads_cap && thread_suspend (th) == 0)
+      {
+        MtLeakThread * t = (MtLeakThread *) job->threads + job->n_threads;
+        guint64 * regs = (guint64 *) job->regs + job->n_threads * MT_LEAK_REGS;
+        guint32 cnt = MT_THREAD_STATE_COUNT;
+        guint r;
+        for (r = 0; r != MT_LEAK_REGS; r++)
+          regs[r] = 0;
+        t->tid = th;
+        t->sp = 0;
+        if (thread_get_state (th, MT_THREAD_STATE_FLAVOR, (guint32 *) regs, &cnt) == 0)
+          t->sp = regs[MT_SP_INDEX] & job->ptr_mask;    /* arm64e: the sp is signed */
+        job->n_threads++;
+        added++;
+        continue;
+      }
+      job->n_failed++;
+      mach_port_deallocate (mach_task_self_, th);
+    }
+    mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
+    if (added == 0)
+      break;
+  }
+  job->state = MT_LEAK_STOPPED;
+  return 1;
+}
+
+static void
+mt_leak_darwin_resume (MtLeakJob * job)
+{
+  guint64 i;
+  for (i = 0; i != job->n_threads; i++)
+  {
+    mt_port_t th = (mt_port_t) ((MtLeakThread *) job->threads)[i].tid;
+    thread_resume (th);
+    mach_port_deallocate (mach_task_self_, th);
+  }
+  job->state = MT_LEAK_RESUMED;
+}
+
+/* The task's threads (ports) into out, at most cap; their rights released.  Before the stop, for
+ * the agent to tell Frida's (Cloak.hasThread) from the app's. */
+guint64
+mt_leak_darwin_threads (guint64 * out, guint64 cap)
+{
+  mt_port_t * list = NULL;
+  guint32 count = 0, i;
+  guint64 n = 0;
+  if (task_threads (mach_task_self_, &list, &count) != 0)
+    return 0;
+  for (i = 0; i != count; i++)
+  {
+    if (n < cap)
+      out[n++] = list[i];
+    mach_port_deallocate (mach_task_self_, list[i]);
+  }
+  mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
+  return n;
+}
+
+#endif

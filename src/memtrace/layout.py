@@ -359,6 +359,10 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("interior_guard", "u64"),     # 16: ignore words aimed at a next chunk's header (no arena found)
     ("leader", "u64"),             # the definitely lost block whose clique is being marked
     ("clique_index", "u64"),       # the next block the categorising pass looks at
+    ("page_size", "u64"),          # the residency check's page (Linux pagemap: 4 KiB; Darwin arm64: 16 KiB)
+    ("ptr_mask", "u64"),           # the bits of a word that address memory (arm64e: PAC signatures stripped)
+    ("budget_us", "u64"),          # mt_leak_scan_all: time the scan may take once the world is stopped
+    ("stop_us", "u64"), ("collect_us", "u64"), ("scan_us", "u64"),   # mt_leak_scan_all's times
 ))
 
 # ---- purgeable tracer: cmodule/purgeable.c counts, agents/purgeable.js reads -------------------

@@ -107,7 +107,7 @@ def test_the_scan_does_not_show_in_the_targets_counts(compile_c, tmp_path: Path)
                             "--out", tmp_path / f"cap{len(extra)}", "--", exe, "60")
         counts.append(doc["calls"])
     assert counts[1] == counts[0]
-    assert counts[0]["malloc"] > 0 and counts[0]["free"] > 0
+    assert counts[0]["malloc"] > 0
 
 
 def test_pages_never_touched_are_not_read(compile_c, tmp_path: Path) -> None:

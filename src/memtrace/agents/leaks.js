@@ -34,7 +34,10 @@ const MAX_FREED = 1 << 20;                // tcache and fastbin entries the C ma
 export const LEAKS_LIVE_TABLE = 1 << 22;  // --leaks on Linux: live-table entries (untouched pages until used)
 const DARWIN_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume', 'thread_get_state',
   'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite', 'mach_vm_region_recurse',
-  'usleep'];
+  'usleep', 'mincore'];
+// arm64e signs pointers (PAC): the bits above the address space are a signature, stripped before a
+// word is matched against the blocks (DEVICE-UNVERIFIED: the same mask as the core's code addresses).
+const PTR_MASK = (IS_DARWIN && Process.arch === 'arm64') ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff');
 
 /* The C library symbols cmodule/leaks.c calls, for the CModule. */
 export function leakSymbols() {
@@ -185,7 +188,10 @@ function brkHeap() {
   return null;
 }
 
-/* glibc's static TLS size (ld.so's _dl_get_tls_static_info), or 0 when unknown. */
+/* The bytes of static TLS below a thread's TCB (x86-64): ld.so's static TLS size
+ * (_dl_get_tls_static_info) counts the TCB itself (sizeof (struct pthread), which libc gives
+ * libthread_db as _thread_db_sizeof_pthread); the thread's first frame starts right below the
+ * rest.  0 when unknown. */
 let staticTlsSize;
 
 function staticTls() {
@@ -193,10 +199,11 @@ function staticTls() {
     return staticTlsSize;
   staticTlsSize = 0;
   const f = findExport('_dl_get_tls_static_info');
-  if (f !== null) {
+  const tcb = findExport('_thread_db_sizeof_pthread');
+  if (f !== null && tcb !== null) {
     const out = Memory.alloc(16);
     new NativeFunction(f, 'void', ['pointer', 'pointer'])(out, out.add(8));
-    staticTlsSize = Number(out.readU64().toString());
+    staticTlsSize = Math.max(0, Number(out.readU64().toString()) - tcb.readU32());
   }
   return staticTlsSize;
 }
@@ -271,9 +278,18 @@ function alloc(size, own) {
  * on Linux it starts a thread of its own to read the others' registers, and that thread's
  * mallocs and its exit's frees (its tcache flushed) would show in the app's counts. */
 function cloakedTids() {
-  if (IS_DARWIN)
-    return [];    // DEVICE-UNVERIFIED: Frida's threads on Darwin are told apart the same way once listed
   const buf = Memory.alloc(MAX_THREADS * 8);
+  if (IS_DARWIN) {
+    // The task's thread ports (task_threads); Frida's thread ids are those ports (DEVICE-UNVERIFIED).
+    const n = Number(fn('mt_leak_darwin_threads', 'uint64', ['pointer', 'uint64'])(buf, MAX_THREADS));
+    const out = [];
+    for (let i = 0; i < n; i++) {
+      const port = Number(buf.add(i * 8).readU64());
+      if (Cloak.hasThread(port))
+        out.push(port);
+    }
+    return out;
+  }
   const n = Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, buf, MAX_THREADS));
   const out = [];
   for (let i = 0; i < n; i++) {
@@ -412,6 +428,8 @@ export function scanLeaks(config, when) {
     n_tracked: 0, n_untracked: 0, n_allocator_meta: 0, walk_errors: 0, walk_bytes_unwalked: 0,
     freed_over_capacity: 0, pagemap_fd: pagemapFd < 0 ? uint64('0xffffffffffffffff') : pagemapFd,
     skip_unresident: 0, skip_dead_frames: 0, interior_guard: 0, leader: 0, clique_index: 0,
+    page_size: Process.pageSize, ptr_mask: PTR_MASK, budget_us: Math.round((config.leaksBudget || 30) * 1e6),
+    stop_us: 0, collect_us: 0, scan_us: 0,
   });
 
   const budgetMs = (config.leaksBudget || 30) * 1000;
@@ -428,7 +446,16 @@ export function scanLeaks(config, when) {
   let tCollected = tStop;
   let tResumed;
   let j;
-  try {
+  if (IS_DARWIN) {
+    // Stop, scan and resume in one C call: no JavaScript (no allocation, no send()) while the
+    // app's threads are suspended -- one may hold a lock Frida needs (DEVICE-UNVERIFIED).
+    complete = fn('mt_leak_scan_all', 'int', ['pointer'])(job) === 1;
+    tResumed = now();
+    j = readStruct(job, LEAK_JOB);
+    stopped = Number(j.state) !== LEAK_STATES.failed;
+    tStopped = tStop + Number(j.stop_us) / 1000;
+    tCollected = tStopped + Number(j.collect_us) / 1000;
+  } else try {
     stopped = stop(job) === 1;
     tStopped = now();
     collect(job);
@@ -438,15 +465,12 @@ export function scanLeaks(config, when) {
         complete = true;
         break;
       }
-      if (!IS_DARWIN) {
-        // Linux: Frida's threads run on (only the app's are stopped).  Darwin: no send() while
-        // the world is stopped (a stopped thread may hold a lock Frida's message loop needs).
-        j = readStruct(job, LEAK_JOB);
-        const done = Number(j.root_bytes) + Number(j.skip_stack) + Number(j.skip_own) + Number(j.skip_unreadable) +
-          Number(j.skip_unresident) + Number(j.skip_dead_frames);
-        send({ type: 'leaks:progress', t: now(), when, roots_done: Math.min(done, total), roots_total: total,
-          blocks_scanned: Number(j.block_bytes), elapsed_ms: now() - t0 });
-      }
+      // Linux: Frida's threads run on (only the app's are stopped), so progress can be sent.
+      j = readStruct(job, LEAK_JOB);
+      const done = Number(j.root_bytes) + Number(j.skip_stack) + Number(j.skip_own) + Number(j.skip_unreadable) +
+        Number(j.skip_unresident) + Number(j.skip_dead_frames);
+      send({ type: 'leaks:progress', t: now(), when, roots_done: Math.min(done, total), roots_total: total,
+        blocks_scanned: Number(j.block_bytes), elapsed_ms: now() - t0 });
       if (now() - t0 > budgetMs)
         break;
     }

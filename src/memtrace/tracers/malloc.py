@@ -176,8 +176,9 @@ TRACER = Tracer(
         Option("backend", click.Choice(["auto", "logger", "symbols"]), "auto",
                "Darwin: malloc_logger (every zone) or the public malloc symbols.", agent_key="backend"),
         Option("leaks", bool, False, "Leak detection: at the window's end (or the target's exit) a conservative "
-               "reachability scan in the target sorts the tracked live blocks into leaked and still reachable "
-               "(implies --stack-threshold <= --live-threshold).", agent_key="leaks", is_flag=True),
+               "reachability scan in the target sorts every live heap block, as valgrind memcheck does, into "
+               "definitely, indirectly and possibly lost and still reachable (tracks every block with its stack: "
+               "--live-threshold and --stack-threshold 0).", agent_key="leaks", is_flag=True),
         Option("leaks_budget", float, DEFAULT_BUDGET_S, "Time the leak scan may take; past it the scan stops and "
                "says what it did not read.", agent_key="leaksBudget", metavar="SECONDS", check=positive),
         Option("events", bool, False, "Also stream one record per tracked allocation and free (short windows, "

@@ -91,7 +91,7 @@ def parity() -> int:
         doc = memtrace(tmp / "c2", "--window", "60", "--", str(exes["leak_parity"]), "0")
         rows += compare("leak_parity, exit", vg.exit, doc, pat)
         vg = oracle.run(exes["leak_before"], "0", "0", xml=tmp / "b.xml")
-        doc = memtrace(tmp / "c3", "--attach-delay", "1", "--window", "10", "--", str(exes["leak_before"]), "6", "60")
+        doc = memtrace(tmp / "c3", "--attach-delay", "1", "--window", "14", "--", str(exes["leak_before"]), "10", "60")
         rows += compare("leak_before, --attach-delay", vg.exit, doc, pat, before_prefix="pat_before")
         for i, argv in enumerate((["perl", "-e", "1"], ["sort", "/etc/passwd"])):
             exe = shutil.which(argv[0])

@@ -961,6 +961,50 @@ mt_leak_glibc_walk (MtLeakJob * job)
   }
 }
 
+/* Blocks glibc gave out by mmap (large ones) that the live table does not hold: a mapping of their
+ * own, starting with the chunk header {prev_size 0, size | IS_MMAPPED} (the exact flag bits: not
+ * in a non-main arena, no PREV_INUSE), the size a whole number of pages.  Adjacent mappings the
+ * kernel merged are followed chunk by chunk.  Read with mt_leak_read: nothing here can fault. */
+#define MT_LEAK_MMAPPED_MIN (32 * 1024)
+
+static void
+mt_leak_mmapped_chunks (MtLeakJob * job)
+{
+  const MtLeakRange * ranges = (const MtLeakRange *) job->ranges;
+  MtLeakBlock * blocks = (MtLeakBlock *) job->blocks;
+  guint64 r;
+  for (r = 0; r != job->n_ranges; r++)
+  {
+    guint64 p = ranges[r].base, end = ranges[r].base + ranges[r].size;
+    if ((p & (job->page_size - 1)) != 0)
+      continue;
+    while (p + 16 <= end)
+    {
+      guint64 head[2], csz;
+      if (!mt_leak_read (job, p, 16, (guint8 *) head))
+        break;
+      csz = head[1] & ~(guint64) 7;
+      if (head[0] != 0 || (head[1] & 7) != 2 || csz < MT_LEAK_MMAPPED_MIN || (csz & (job->page_size - 1)) != 0 ||
+          p + csz > end)
+        break;
+      if (mt_leak_tracked_at (job, p + 16) < 0)
+      {
+        job->blocks_total++;
+        job->n_untracked++;
+        if (job->n_blocks < job->blocks_cap)
+        {
+          MtLeakBlock * b = &blocks[job->n_blocks++];
+          b->ptr = p + 16;
+          b->size = csz - 16;
+          b->stack_id = MT_NO_STACK;
+          b->flags = MT_LEAK_BLOCK_UNTRACKED;
+        }
+      }
+      p += csz;
+    }
+  }
+}
+
 /* Collects the candidates (world stopped), sorted by address, none marked.  Returns how many. */
 guint64
 mt_leak_collect (MtLeakJob * job)
@@ -984,6 +1028,8 @@ mt_leak_collect (MtLeakJob * job)
   if (job->glibc != 0)
   {
     mt_leak_glibc_walk (job);
+    if (((const MtLeakGlibc *) job->glibc)->main_arena != 0)
+      mt_leak_mmapped_chunks (job);
     if (job->n_blocks != job->n_tracked)
       mt_leak_sort (blocks, job->n_blocks);
   }

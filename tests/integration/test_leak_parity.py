@@ -114,25 +114,31 @@ def test_parity_with_valgrind_on_perl(tmp_path: Path) -> None:
 
 def test_blocks_allocated_before_tracing_are_found_and_sorted(compile_c, tmp_path: Path) -> None:
     """--attach-delay: the blocks made before the hooks went in are found in glibc's heaps (freed
-    ones on the tcache and fastbin lists left out) and sorted as valgrind sorts them, without a
-    stack; the blocks made after, with theirs."""
+    ones on the tcache and fastbin lists left out) and in mappings of their own (glibc's mmapped
+    chunks), and sorted as valgrind sorts them, without a stack; the blocks made after, with theirs."""
     exe = compile_c("leak_before")
-    vg = oracle.run(exe, "0", "0", xml=tmp_path / "before.xml")
-    doc = memtrace_json("malloc", "--device", "local", "--attach-delay", "1", "--window", "10", "--leaks", "--quiet",
-                        "--top", ALL_ROWS, "--out", tmp_path / "cap", "--", exe, "6", "60")
+    vg = oracle.run(exe, "0", "0", "big", xml=tmp_path / "before.xml")
+    doc = memtrace_json("malloc", "--device", "local", "--attach-delay", "1", "--window", "14", "--leaks", "--quiet",
+                        "--top", ALL_ROWS, "--out", tmp_path / "cap", "--", exe, "10", "60", "big")
     check_scan(doc, "window-end")
     key = oracle.key_by_prefix("pat_")
     expected = vg.exit.by_key(key)
-    assert expected == {"pat_before_lost": (500, 20000), "pat_before_tree": (11, 456), "pat_after_lost": (20, 2080)}
-    before = [(b, n) for k, (b, n) in expected.items() if k.startswith("pat_before")]
+    assert expected == {"pat_before_lost": (500, 20000), "pat_before_tree": (11, 456), "pat_before_big": (2, 600000),
+                        "pat_after_lost": (20, 2080)}
     got = oracle.memtrace_by_key(doc["leaks"], key)
-    assert got == {"(allocated before tracing)": (sum(b for b, _ in before), sum(n for _, n in before)),
-                   "pat_after_lost": (20, 2080)}
+    assert got.pop("pat_after_lost") == (20, 2080)
+    ((name, (blocks, nbytes)),) = got.items()
+    assert name == "(allocated before tracing)" and blocks == 500 + 11 + 2
+    # Sizes from the walk are usable sizes: the small ones' equal what was asked for (16k + 8);
+    # an mmapped chunk's is its pages less the header.
+    big_usable = (nbytes - 20000 - 456) / 2
+    assert 300000 <= big_usable < 300000 + 4096
     # The categories, as valgrind's: the tree's root definitely lost, its 10 children indirectly.
     indirect = oracle.memtrace_by_key(doc["leaks"], key, ("indirectly_lost",))
     assert indirect == {"(allocated before tracing)": vg.exit.by_key(key, ("indirectly_lost",))["pat_before_tree"]}
-    # The kept list is reachable (50 x 24 B, among the C library's own blocks from before).
+    # The kept list and the kept big block are reachable (among the C library's own blocks from before).
     reachable = oracle.memtrace_by_key(doc["leaks"], key, ("reachable",))
-    assert reachable["(allocated before tracing)"][0] >= 50
+    assert reachable["(allocated before tracing)"][0] >= 50 + 1
+    assert reachable["(allocated before tracing)"][1] >= 50 * 24 + 300000
     scan = doc["leaks"]["scan"]
-    assert scan["tracked_blocks"] >= 20 and scan["before_tracing_blocks"] >= 500 + 11 + 50
+    assert scan["tracked_blocks"] >= 20 and scan["before_tracing_blocks"] >= 500 + 11 + 2 + 50 + 1

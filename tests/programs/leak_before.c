@@ -7,7 +7,8 @@
  *           pat_before_kept      50 x malloc(24) on a global list        reachable
  *           pat_before_freed     300 x malloc(40), freed (tcache and fastbins keep some looking in use)
  *   after:  pat_after_lost       20 x malloc(104), dropped               definitely lost
- * argv[1]: seconds to wait before the "after" part; argv[2]: seconds to wait after it.
+ * argv[1]: seconds to wait before the "after" part; argv[2]: seconds to wait after it; argv[3]
+ * "big": pat_before_big too.
  * Prints "before" and "after" as it gets there. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,17 @@ __attribute__((noinline)) void pat_before_freed(void) {
     free(p[i]);
 }
 
+/* argv[3] "big": 2 x malloc(300000) dropped, 1 kept: chunks of their own mappings (glibc's mmap). */
+void *volatile g_big;
+
+__attribute__((noinline)) void pat_before_big(void) {
+  for (int i = 0; i < 3; i++) {
+    char *p = malloc(300000);
+    memset(p, 'b', 300000);
+    g_big = p;
+  }
+}
+
 __attribute__((noinline)) void pat_after_lost(void) {
   for (int i = 0; i < 20; i++)
     g_sink = malloc(104);
@@ -77,6 +89,8 @@ int main(int argc, char **argv) {
   pat_before_tree();
   pat_before_kept();
   pat_before_freed();
+  if (argc > 3 && strcmp(argv[3], "big") == 0)
+    pat_before_big();
   scrub_stack();
   printf("before\n");
   fflush(stdout);

@@ -89,7 +89,22 @@ function stackShaped(range, guards) {
     return false;
   if (range.base.and(ptr(LINUX_ARENA_ALIGN - 1)).isNull())
     return false;
-  return guards.has(range.base.toString()) && threadControlBlock(range) !== null;
+  if (!guards.has(range.base.toString()))
+    return false;
+  const tcb = threadControlBlock(range);
+  return tcb !== null && tcbAtTheTop(range, tcb);
+}
+
+/* glibc puts a thread's struct pthread at the very top of its stack mapping (aligned down to at
+ * most 64 bytes): a TCB elsewhere in a range (the main thread's, in the mapping ld.so made for it,
+ * which the kernel may have merged with the mappings around it) does not make the range a stack. */
+function tcbAtTheTop(range, tcb) {
+  const sizeOf = findExport('_thread_db_sizeof_pthread');
+  if (sizeOf === null)
+    return true;
+  const above = Number(rangeEnd(range).sub(tcb).toString());
+  const size = sizeOf.readU32();
+  return above >= size && above < size + 128;
 }
 
 /* glibc puts a thread's struct pthread at the top of its stack mapping, and the TCB header at
@@ -261,7 +276,8 @@ function cloakedStacks() {
     if (Process.findRangeByAddress(base) !== null)
       continue;                                      // listed already
     const range = { base, size: Number(ptr('0x' + hi).sub(base).toString()) };
-    if (threadControlBlock(range) !== null)
+    const tcb = threadControlBlock(range);
+    if (tcb !== null && tcbAtTheTop(range, tcb))
       out.push(range);
   }
   return out;

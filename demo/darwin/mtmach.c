@@ -12,7 +12,9 @@
  *   mach_vm_read_overwrite  a copy that fails (KERN_INVALID_ADDRESS) instead of faulting
  *   mach_vm_region_recurse  the region at or above *address, vm_region_submap_info_64 packed(4);
  *                         user_tag VM_MEMORY_STACK for thread stacks (the main stack, and regions
- *                         holding a thread's stack pointer), pages_resident from mincore
+ *                         holding a thread's stack pointer), VM_MEMORY_MALLOC_TINY for the zone's
+ *                         own region, pages_resident from mincore
+ *   malloc_get_all_zones  one zone whose introspection enumerator lists the registered blocks
  */
 #define _GNU_SOURCE
 #include "mtmach.h"
@@ -43,6 +45,7 @@ typedef struct {
 mach_port_t mach_task_self_ = 0x203;
 
 static Entry g_threads[MAX_THREADS];
+static uint64_t g_malloc_region_lo, g_malloc_region_hi;     /* the zone's own region (below) */
 static _Atomic mach_port_t g_next_name = 0x1103;
 static _Atomic int g_handler_installed;
 
@@ -382,6 +385,8 @@ mach_vm_region_recurse (mach_port_t task, uint64_t * address, uint64_t * size, u
       int is_main_stack = eol != NULL && eol - line > 7 && memcmp (eol - 7, "[stack]", 7) == 0;
       if (p[1] == 'w' && (is_main_stack || holds_a_stack_pointer (lo, hi)))
         out.user_tag = VM_MEMORY_STACK;
+      else if (g_malloc_region_lo != 0 && g_malloc_region_lo < hi && g_malloc_region_hi > lo)
+        out.user_tag = VM_MEMORY_MALLOC_TINY;
       memcpy (info, &out, VM_REGION_SUBMAP_INFO_COUNT_64 * 4);
       *count = VM_REGION_SUBMAP_INFO_COUNT_64;
       *address = lo;
@@ -413,4 +418,79 @@ mtmach_user_refs (mach_port_t thread)
 {
   Entry * e = by_name (thread);
   return e == NULL ? 0 : atomic_load (&e->refs);
+}
+
+/* ---- malloc zone introspection (<malloc/malloc.h>), for the leak scan's blocks from before
+ * tracing: one zone whose enumerator lists the blocks registered with mtmach_zone_register, in
+ * batches, as MALLOC_PTR_IN_USE_RANGE_TYPE ranges.  malloc_zone_t's layout up to introspect (its
+ * word 12) and malloc_introspection_t's first member (enumerator) are libmalloc's. */
+
+#define ZONE_MAX_BLOCKS 4096
+#define ZONE_BATCH 16
+
+typedef struct { uint64_t address, size; } zone_range_t;
+typedef int (*zone_reader_t) (mach_port_t task, uint64_t address, uint64_t size, void ** local);
+typedef void (*zone_recorder_t) (mach_port_t task, void * context, unsigned type, zone_range_t * ranges, unsigned n);
+
+/* The zone's bookkeeping lives in a region of its own that mach_vm_region_recurse tags
+ * VM_MEMORY_MALLOC_TINY, as libmalloc's regions are: the allocator's memory, not a root. */
+static zone_range_t * g_zone_blocks;
+static unsigned g_zone_n;
+
+static int
+zone_enumerator (mach_port_t task, void * context, unsigned type_mask, uint64_t zone_address, zone_reader_t reader,
+    zone_recorder_t recorder)
+{
+  zone_range_t batch[ZONE_BATCH];
+  unsigned n = 0;
+  (void) zone_address;
+  (void) reader;                                   /* NULL: our own task, read in place */
+  if (task != mach_task_self_)
+    return KERN_INVALID_ARGUMENT;
+  if ((type_mask & 1) == 0)                        /* MALLOC_PTR_IN_USE_RANGE_TYPE */
+    return KERN_SUCCESS;
+  for (unsigned i = 0; i < g_zone_n; i++)
+  {
+    if (g_zone_blocks == NULL || g_zone_blocks[i].address == 0)
+      continue;
+    batch[n++] = g_zone_blocks[i];
+    if (n == ZONE_BATCH)
+    {
+      recorder (task, context, 1, batch, n);
+      n = 0;
+    }
+  }
+  if (n != 0)
+    recorder (task, context, 1, batch, n);
+  return KERN_SUCCESS;
+}
+
+static struct { void * enumerator; void * rest[15]; } g_introspect = { (void *) zone_enumerator, { 0 } };
+static struct { void * words[12]; void * introspect; unsigned version; } g_zone = { { 0 }, &g_introspect, 13 };
+static uint64_t g_zone_addresses[1] = { 0 };
+
+kern_return_t
+malloc_get_all_zones (mach_port_t task, void * reader, uint64_t ** addresses, unsigned * count)
+{
+  (void) reader;
+  if (task != mach_task_self_)
+    return KERN_INVALID_ARGUMENT;
+  g_zone_addresses[0] = (uint64_t) &g_zone;
+  *addresses = g_zone_addresses;
+  *count = 1;
+  return KERN_SUCCESS;
+}
+
+void
+mtmach_zone_register (void * p, uint64_t size)
+{
+  if (g_zone_blocks == NULL)
+  {
+    g_zone_blocks = mmap (NULL, ZONE_MAX_BLOCKS * sizeof (zone_range_t), PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    g_malloc_region_lo = (uint64_t) g_zone_blocks;
+    g_malloc_region_hi = g_malloc_region_lo + ZONE_MAX_BLOCKS * sizeof (zone_range_t);
+  }
+  if (g_zone_n < ZONE_MAX_BLOCKS)
+    g_zone_blocks[g_zone_n++] = (zone_range_t) { (uint64_t) p, size };
 }

@@ -20,6 +20,7 @@ typedef int kern_return_t;
 #define x86_THREAD_STATE64 4
 #define x86_THREAD_STATE64_COUNT 42      /* 21 u64: rax rbx rcx rdx rdi rsi rbp rsp r8-r15 rip rflags cs fs gs */
 #define VM_MEMORY_STACK 30
+#define VM_MEMORY_MALLOC_TINY 7
 #define VM_REGION_SUBMAP_INFO_COUNT_64 19
 
 /* vm_region_submap_info_64, #pragma pack(4) as in <mach/vm_region.h>: the 8-byte offset sits at
@@ -62,6 +63,12 @@ kern_return_t mach_vm_read_overwrite (mach_port_t task, uint64_t address, uint64
     uint64_t * out_size);
 kern_return_t mach_vm_region_recurse (mach_port_t task, uint64_t * address, uint64_t * size, uint32_t * depth,
     int32_t * info, uint32_t * count);
+
+/* libmalloc's zone list (in-process: reader NULL); each zone's introspect->enumerator lists its
+ * blocks in use. */
+kern_return_t malloc_get_all_zones (mach_port_t task, void * reader, uint64_t ** addresses, unsigned * count);
+/* The stand-in's zone holds the blocks registered here. */
+void mtmach_zone_register (void * p, uint64_t size);
 
 /* The stand-in's own: the port name of the calling thread (mach_thread_self without a new right),
  * and a thread's suspend count (for tests). */

@@ -1,7 +1,8 @@
 """The leak scan's Darwin path, run here: cmodule/leaks.c built with MT_DARWIN against the Darwin
 stand-in's Mach calls (demo/darwin/mtmach.c: task_threads, thread_suspend/resume,
 thread_get_state, mach_port_deallocate, mach_vm_read_overwrite, mach_vm_region_recurse with xnu's
-semantics and struct layouts), driven by tests/programs/leaks_darwin/standin_leaks.c.
+semantics and struct layouts, and a malloc zone whose introspection enumerator lists its blocks),
+driven by tests/programs/leaks_darwin/standin_leaks.c.
 
 On a device this is DEVICE-UNVERIFIED; what runs here is the C the agent compiles there, on the
 stand-in: the app's threads suspended (and their registers read) while "Frida's" runs on, stacks
@@ -47,5 +48,9 @@ def test_the_darwin_stop_the_world_and_scan_on_the_standin(tmp_path: Path) -> No
     assert doc["scan_all_complete"] == 1 and doc["scan_all_stopped"] == 2
     assert (doc["scan_all_lost"], doc["scan_all_on_stack"]) == ("definitely_lost", "reachable")
     assert doc["sleeper_suspended_after"] == 0
+    # Blocks from before tracing, from the zones' enumerators (libmalloc's introspection): sorted
+    # too, and a traced block the zone also lists counted once.
+    assert doc["before"] == ["definitely_lost", "definitely_lost"] and doc["kept_before"] == "reachable"
+    assert (doc["untracked"], doc["candidates"]) == (4, 8 + 4)
     # Every send right task_threads handed out was released: only libpthread's remains.
     assert doc["refs"] == [1, 1, 1]

@@ -15,7 +15,8 @@
  */
 
 import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, LEAK_JOB, LEAK_MARKS, LEAK_RANGE,
-  LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD } from './layout.js';
+  LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, VM_TAG_MALLOC_FIRST, VM_TAG_MALLOC_LAST }
+  from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
@@ -34,7 +35,7 @@ const MAX_FREED = 1 << 20;                // tcache and fastbin entries the C ma
 export const LEAKS_LIVE_TABLE = 1 << 22;  // --leaks on Linux: live-table entries (untouched pages until used)
 const DARWIN_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume', 'thread_get_state',
   'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite', 'mach_vm_region_recurse',
-  'usleep', 'mincore'];
+  'usleep', 'mincore', 'malloc_get_all_zones'];
 // arm64e signs pointers (PAC): the bits above the address space are a signature, stripped before a
 // word is matched against the blocks (DEVICE-UNVERIFIED: the same mask as the core's code addresses).
 const PTR_MASK = (IS_DARWIN && Process.arch === 'arm64') ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff');
@@ -74,6 +75,12 @@ function subtract(range, holes) {
     pieces = next;
   }
   return pieces.map(p => ({ base: p.base, size: Number(p.end.sub(p.base).toString()) }));
+}
+
+/* Darwin: a region libmalloc made (VM tags MALLOC .. MALLOC_NANO).  DEVICE-UNVERIFIED. */
+function isMallocRegion(range) {
+  const tag = fn('mt_leak_region_tag', 'int', ['uint64'])(uint64(range.base.toString()));
+  return tag >= VM_TAG_MALLOC_FIRST && tag <= VM_TAG_MALLOC_LAST;
 }
 
 /* Linux: a pthread stack is a writable mapping right above a guard page.  glibc's non-main
@@ -234,6 +241,8 @@ function rootRanges(own) {
   }
   const out = [];
   for (const r of Process.enumerateRanges({ protection: 'rw-', coalesce: false })) {
+    if (IS_DARWIN && isMallocRegion(r))
+      continue;      // libmalloc's own regions (its blocks and their free neighbours): never roots
     const stack = stackShaped(r, guards);
     const flags = stack ? LEAK_RANGE_STACK : 0;
     const from = stack ? liveFrom(r) : 0;

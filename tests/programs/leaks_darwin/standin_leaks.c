@@ -40,12 +40,14 @@ extern void * mmap (void * addr, size_t len, int prot, int flags, int fd, long o
 extern guint32 mtmach_thread_self (void);
 extern int mtmach_suspend_count (guint32 thread);
 extern int mtmach_user_refs (guint32 thread);
+extern void mtmach_zone_register (void * p, guint64 size);
 
 #define PAGE_RW 3
 #define MAP_ANON_PRIVATE 0x22
 #define N_LOST 5
 
 void * volatile g_kept;                 /* a module's data: a root */
+void * volatile g_kept_before;          /* a block from before tracing (only the zone knows it), kept */
 volatile guint64 g_signed;              /* a pointer with a signature in its top bits (arm64e's PAC) */
 static volatile long g_busy_count, g_frida_count;
 static volatile guint32 g_sleeper_port, g_busy_port, g_frida_port;
@@ -129,9 +131,13 @@ list_ranges (MtLeakRange * out, guint64 cap, const Own * own, int n_own)
       skip |= own[k].base >= lo && own[k].base < hi;
     if (skip || strstr (line, "[vvar") != NULL)
       continue;
+    /* as agents/leaks.js lists them on Darwin: malloc's own regions are not roots */
+    int tag = mt_leak_region_tag (lo);
+    if (tag >= MT_VM_TAG_MALLOC_FIRST && tag <= MT_VM_TAG_MALLOC_LAST)
+      continue;
     out[n].base = lo;
     out[n].size = hi - lo;
-    out[n].flags = mt_leak_region_tag (lo) == MT_VM_MEMORY_STACK ? MT_LEAK_RANGE_STACK : 0;
+    out[n].flags = tag == MT_VM_MEMORY_STACK ? MT_LEAK_RANGE_STACK : 0;
     out[n].live_from = 0;
     n++;
   }
@@ -174,6 +180,14 @@ main (void)
   g_signed = (guint64) signed_block | (0xa5c3ULL << 48);
   for (int i = 0; i < N_LOST; i++)
     track ((guint64) i, lost[i], 100);
+  /* Blocks from before tracing: the zone lists them, the live table does not (and a traced block
+   * the zone lists too is not counted twice). */
+  void * before[3];
+  for (int i = 0; i < 3; i++)
+    mtmach_zone_register (before[i] = calloc (1, 64), 64);
+  g_kept_before = calloc (1, 72);
+  mtmach_zone_register (g_kept_before, 72);
+  mtmach_zone_register (lost[0], 100);
   track (N_LOST, g_kept, 200);
   track (N_LOST + 1, on_stack, 300);
   track (N_LOST + 2, signed_block, 400);
@@ -250,6 +264,10 @@ main (void)
     v_lost[i] = verdict (job, lost[i]);
   const char * v_kept = verdict (job, g_kept), * v_stack = verdict (job, (void *) mt_live_table[N_LOST + 1]);
   const char * v_signed = verdict (job, signed_block);
+  const char * v_before0 = verdict (job, before[0]), * v_before2 = verdict (job, before[2]);
+  const char * v_kept_before = verdict (job, g_kept_before);
+  guint64 n_candidates = job->n_blocks, n_untracked = job->n_untracked;
+  before[0] = before[1] = before[2] = NULL;
   mt_leak_darwin_resume (job);
   usleep (50000);
   long busy2 = g_busy_count;
@@ -270,7 +288,8 @@ main (void)
           " \"lost\": [\"%s\", \"%s\", \"%s\", \"%s\", \"%s\"], \"kept\": \"%s\", \"on_stack\": \"%s\","
           " \"signed\": \"%s\", \"scan_all_complete\": %d, \"scan_all_lost\": \"%s\", \"scan_all_on_stack\": \"%s\","
           " \"scan_all_stopped\": %llu, \"sleeper_suspended_after\": %d,"
-          " \"refs\": [%d, %d, %d], \"skip_stack\": %llu, \"signed_unstripped\": \"%s\"}\n",
+          " \"refs\": [%d, %d, %d], \"skip_stack\": %llu, \"signed_unstripped\": \"%s\","
+          " \"before\": [\"%s\", \"%s\"], \"kept_before\": \"%s\", \"candidates\": %llu, \"untracked\": %llu}\n",
           tag, info[4], info[5], (unsigned long long) stopped, (unsigned long long) failed,
           busy_suspended, frida_suspended, busy1 == busy0 ? "true" : "false", frida1 > frida0 ? "true" : "false",
           busy2 > busy1 ? "true" : "false",
@@ -278,7 +297,8 @@ main (void)
           v_lost[0], v_lost[1], v_lost[2], v_lost[3], v_lost[4], v_kept, v_stack, v_signed, complete, v_lost_again,
           v_stack_again, (unsigned long long) job->n_threads, sleeper_suspended_after,
           mtmach_user_refs (g_sleeper_port), mtmach_user_refs (g_busy_port), mtmach_user_refs (g_frida_port),
-          (unsigned long long) job->skip_stack, v_signed_unstripped);
+          (unsigned long long) job->skip_stack, v_signed_unstripped, v_before0, v_before2, v_kept_before,
+          (unsigned long long) n_candidates, (unsigned long long) n_untracked);
   g_stop_threads = 1;
   pthread_join (t_sleep, NULL);
   pthread_join (t_busy, NULL);

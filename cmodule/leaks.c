@@ -5,13 +5,19 @@
  * already allocated: nothing here allocates, locks or calls the target's allocator, because
  * while the world is stopped a stopped thread may hold any lock.
  *
- *   candidates  the tracked live blocks, through ONE accessor (mt_leak_candidates below)
- *   roots       every stopped thread's registers and its stack from sp up; every range the
- *               agent lists (module data and bss, the heap, anonymous mappings) minus the
- *               candidate blocks themselves and minus memtrace's own tables
- *   marking     a block is reachable when a root word, or a word of a reachable block, points
- *               into it (interior pointers count); everything unmarked is leaked, cycles
- *               included
+ *   candidates  every live heap block: the tracked ones through ONE accessor on the core's live
+ *               table (mt_leak_candidates below), and those the table does not hold (allocated
+ *               before tracing), found by walking glibc's heaps and mmapped chunks (Linux) or by
+ *               the malloc zones' enumerators (Darwin)
+ *   roots       only live memory: every stopped thread's registers and its stack from sp up;
+ *               every range the agent lists (module data and bss, TLS, anonymous mappings) minus
+ *               the candidate blocks, minus the allocator's own memory (glibc's heaps and
+ *               main_arena; Darwin's malloc regions) and minus memtrace's own tables; exited
+ *               threads' cached stacks from their static TLS up; only resident pages
+ *   marking     valgrind memcheck's: reachable through a pointer to a block's start, possibly
+ *               lost through pointers into its middle only, then the unreached sorted into
+ *               definitely lost (a clique's leader) and indirectly lost (reached from it),
+ *               cycles included
  *
  * Stopping the world
  *   Linux:  a helper process that shares our memory (clone(CLONE_VM), not a thread, since a
@@ -22,12 +28,14 @@
  *           signal-handler stop would end it early with EINTR).  It fails where ptrace is not
  *           allowed (another tracer attached, a seccomp filter, Yama scope 3); the scan then
  *           runs with the world moving and says so (n_failed).
- *   Darwin: task_threads + thread_suspend + thread_get_state, and thread_resume after.
- *           DEVICE-UNVERIFIED: written from xnu's headers, not run on a device.
+ *   Darwin: task_threads + thread_suspend + thread_get_state, and thread_resume after, in one C
+ *           call with the scan (mt_leak_scan_all and mt_leak_darwin_stop, at the end of this
+ *           file; the Darwin branch of mt_leak_stop is no longer called).  DEVICE-UNVERIFIED:
+ *           run in tests against the stand-in's Mach calls (demo/darwin/mtmach.c).
  *
- * Every read of a root or a block goes through mt_leak_read (process_vm_readv on Linux,
- * mach_vm_read_overwrite on Darwin), which fails instead of faulting on memory unmapped since
- * the agent listed the ranges.
+ * Every read of a root, or of a block outside a heap walked while the world is stopped, goes
+ * through mt_leak_read (process_vm_readv on Linux, mach_vm_read_overwrite on Darwin), which
+ * fails instead of faulting on memory unmapped since the agent listed the ranges.
  */
 
 #define MT_LEAK_CHUNK 65536

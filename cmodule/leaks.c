@@ -1118,6 +1118,7 @@ mt_leak_collect (MtLeakJob * job)
   job->range_index = 0;
   job->range_offset = 0;
   job->clique_index = 0;
+  job->in_frida = 0;
   return job->n_blocks;
 }
 
@@ -1179,6 +1180,16 @@ mt_leak_mark_word (MtLeakJob * job, guint64 v, gboolean definite)
     if (marks[j] == MT_LEAK_DEFINITELY_LOST && (guint64) j != job->leader)
     {
       marks[j] = MT_LEAK_INDIRECTLY_LOST;
+      mt_leak_push (job, (guint64) j);
+    }
+    return;
+  }
+  if (job->in_frida)
+  {
+    /* Every root of the app's is done: what only Frida's threads reach is Frida's (their DTVs). */
+    if (marks[j] == MT_LEAK_DEFINITELY_LOST)
+    {
+      marks[j] = MT_LEAK_FRIDA_OWN;
       mt_leak_push (job, (guint64) j);
     }
     return;
@@ -1396,6 +1407,8 @@ mt_leak_step (MtLeakJob * job, guint64 budget)
     r = &ranges[job->range_index];
     base = r->base;
     end = r->base + r->size;
+    if ((r->flags & MT_LEAK_RANGE_FRIDA) != 0)
+      job->in_frida = 1;           /* listed last: the app's roots (and what they reach) are done */
     if (job->range_offset == 0)
     {
       /* Where this range starts being a root. */

@@ -294,12 +294,14 @@ LEAK_BLOCK_UNTRACKED = 1       # found by the allocator walk, not in the live ta
 LEAK_BEFORE_TRACING_KEY = 1 << 32
 LEAK_BLOCK_IN_HEAP = 2         # inside a walked heap segment: read in place (mapped while the world is stopped)
 # A block's verdict (the marks array, one byte per block), valgrind's categories.
-LEAK_MARKS: dict[str, int] = {"definitely_lost": 0, "possibly_lost": 1, "reachable": 2, "indirectly_lost": 3}
+LEAK_MARKS: dict[str, int] = {"definitely_lost": 0, "possibly_lost": 1, "reachable": 2, "indirectly_lost": 3,
+                               "frida_own": 4}   # reached only from Frida's threads' TLS: the agent's, not the app's
 # One root range; flags say how the scan treats it.  live_from: a stack-shaped range no stopped
 # thread runs on (an exited thread's cached stack) is a root only from there up (glibc's thread
 # control block and static TLS, which hold the thread's DTV); 0 = not a root at all.
 LEAK_RANGE = Layout("MtLeakRange", (("base", "u64"), ("size", "u64"), ("flags", "u64"), ("live_from", "u64")))
 LEAK_RANGE_STACK = 1           # shaped like a thread stack: scanned from a stopped thread's sp, else skipped
+LEAK_RANGE_FRIDA = 2           # a Frida thread's stack (listed last): what only it reaches is Frida's own
 # One piece of the allocator's own memory (found while the world is stopped): [base, base + size)
 # is never a root; its chunks, from `first` to `end`, are walked for candidates (first = 0: not walked,
 # e.g. glibc's main arena state in libc's data).
@@ -362,6 +364,7 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("page_size", "u64"),          # the residency check's page (Linux pagemap: 4 KiB; Darwin arm64: 16 KiB)
     ("ptr_mask", "u64"),           # the bits of a word that address memory (arm64e: PAC signatures stripped)
     ("budget_us", "u64"),          # mt_leak_scan_all: time the scan may take once the world is stopped
+    ("in_frida", "u64"),           # the roots being scanned are Frida's (LEAK_RANGE_FRIDA): the app's are done
     ("stop_us", "u64"), ("collect_us", "u64"), ("scan_us", "u64"),   # mt_leak_scan_all's times
 ))
 
@@ -458,6 +461,7 @@ C_DEFINES: dict[str, int] = {
     "NESTED_STACK": NESTED_STACK, "N_PSEUDO_STACKS": len(PSEUDO_STACKS),
     "NESTED_LOG": NESTED_LOG, "TOP_STACKS": TOP_STACKS, "LIVE_TICK_BITS": LIVE_TICK_BITS, "N_SITES": N_SITES,
     "LEAK_BLOCK_UNTRACKED": LEAK_BLOCK_UNTRACKED, "LEAK_BLOCK_IN_HEAP": LEAK_BLOCK_IN_HEAP,
+    "LEAK_RANGE_FRIDA": LEAK_RANGE_FRIDA,
     **{f"LEAK_{k.upper()}": v for k, v in LEAK_MARKS.items()},
     "AGG_STRIDE": AGG_STRIDE, "AGG_SHIPPED_MASK": AGG_SHIPPED_MASK, "AGG_FP_SHIFT": AGG_FP_SHIFT,
     **{f"A_{k.upper()}": v for k, v in AGG_FIELDS.items()},

@@ -15,8 +15,8 @@
  */
 
 import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, LEAK_JOB, LEAK_MARKS, LEAK_RANGE,
-  LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, VM_TAG_MALLOC_FIRST, VM_TAG_MALLOC_LAST }
-  from './layout.js';
+  LEAK_RANGE_FRIDA, LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, VM_TAG_MALLOC_FIRST,
+  VM_TAG_MALLOC_LAST } from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
@@ -251,8 +251,9 @@ function rootRanges(own) {
         out.push({ base: piece.base, size: piece.size, flags, live_from: from });
     }
   }
+  // Frida's threads' stacks last: what only they reach is told apart as Frida's own.
   for (const r of cloakedStacks())
-    out.push({ base: r.base, size: r.size, flags: LEAK_RANGE_STACK, live_from: liveFrom(r) });
+    out.push({ base: r.base, size: r.size, flags: LEAK_RANGE_STACK | LEAK_RANGE_FRIDA, live_from: liveFrom(r) });
   return out;
 }
 
@@ -363,7 +364,7 @@ function glibcStruct(own) {
 /* Blocks by verdict and stack: {verdict: Map(stack key -> [key, blocks, bytes])}, from the C's
  * buffers read whole (one copy, not a native call per block). */
 function tally(blocks, marks, n) {
-  const byVerdict = [new Map(), new Map(), new Map(), new Map()];    // indexed by LEAK_MARKS value
+  const byVerdict = Object.values(LEAK_MARKS).map(() => new Map());    // indexed by LEAK_MARKS value
   const listed = [];
   const bytes = n === 0 ? new ArrayBuffer(0) : blocks.readByteArray(n * LEAK_BLOCK.size);
   const words = new Uint32Array(bytes);
@@ -452,7 +453,7 @@ export function scanLeaks(config, when) {
     freed: uint64(freed.toString()), freed_cap: MAX_FREED, n_freed: 0,
     n_tracked: 0, n_untracked: 0, n_allocator_meta: 0, walk_errors: 0, walk_bytes_unwalked: 0,
     freed_over_capacity: 0, pagemap_fd: pagemapFd < 0 ? uint64('0xffffffffffffffff') : pagemapFd,
-    skip_unresident: 0, skip_dead_frames: 0, interior_guard: 0, leader: 0, clique_index: 0,
+    skip_unresident: 0, skip_dead_frames: 0, interior_guard: 0, leader: 0, clique_index: 0, in_frida: 0,
     page_size: Process.pageSize, ptr_mask: PTR_MASK, budget_us: Math.round((config.leaksBudget || 30) * 1e6),
     stop_us: 0, collect_us: 0, scan_us: 0,
   });
@@ -513,6 +514,7 @@ export function scanLeaks(config, when) {
   const indirect = t.byVerdict[LEAK_MARKS.indirectly_lost];
   const possible = t.byVerdict[LEAK_MARKS.possibly_lost];
   const reachable = t.byVerdict[LEAK_MARKS.reachable];
+  const [fBlocks, fBytes] = t.total(t.byVerdict[LEAK_MARKS.frida_own]);
   const [dBlocks, dBytes] = t.total(definite);
   const [iBlocks, iBytes] = t.total(indirect);
   const [pBlocks, pBytes] = t.total(possible);
@@ -539,6 +541,7 @@ export function scanLeaks(config, when) {
     possibly_lost_blocks: pBlocks, possibly_lost_bytes: pBytes,
     leaked_blocks: dBlocks + iBlocks, leaked_bytes: dBytes + iBytes,
     reachable_blocks: rBlocks, reachable_bytes: rBytes,
+    frida_own_blocks: fBlocks, frida_own_bytes: fBytes,
     definitely_by_stack: [...definite.values()], indirectly_by_stack: [...indirect.values()],
     possibly_by_stack: [...possible.values()], reachable_by_stack: [...reachable.values()],
     leaked_listed: t.listed.length,

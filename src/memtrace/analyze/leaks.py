@@ -51,6 +51,9 @@ def examined_text(scan: dict[str, Any]) -> str:
     n = int(scan.get("examined") or scan.get("candidates") or 0)
     before = int(scan.get("before_tracing_blocks") or 0)
     parts = [f"{n:,} blocks"]
+    if scan.get("frida_own_blocks"):
+        parts.append(f"{int(scan['frida_own_blocks']):,} of them Frida's own (reached only from its threads), "
+                     "in no verdict")
     if scan.get("tracked_blocks") is not None:
         full = int(scan.get("live_table_full") or 0)
         parts.append(f"{int(scan['tracked_blocks']):,} traced, {before:,} allocated before tracing"
@@ -171,6 +174,8 @@ class LeakScan:
                 # of which, at most this many were traced but found no room in the live table
                 "live_table_full": live_table_full,
                 "before_tracing_bytes": s.get("before_tracing_bytes", 0),
+                # examined, but reached only from Frida's threads (their DTVs): the agent's, in no verdict
+                "frida_own_blocks": s.get("frida_own_blocks", 0), "frida_own_bytes": s.get("frida_own_bytes", 0),
                 "allocator": s.get("allocator"),
                 "root_ranges": s.get("root_ranges"),
                 "root_bytes": s.get("root_bytes"), "block_bytes": s.get("block_bytes"),

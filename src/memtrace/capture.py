@@ -229,7 +229,8 @@ RESULT_SHAPES: dict[str, Check] = {
                   "ledger_available": BOOL, "rows": seq(PROBE_ROW), "errors": seq(STR)}),
     "malloc": obj({"kind": STR, "when": opt(STR), "complete": BOOL, "stopped": BOOL, "candidates": TOTAL,
                    "leaked_blocks": TOTAL, "leaked_bytes": TOTAL, "reachable_blocks": TOTAL, "reachable_bytes": TOTAL,
-                   "leaked_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
+                   "definitely_by_stack": _BY_STACK, "indirectly_by_stack": _BY_STACK,
+                   "possibly_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
                    "leaked": seq(row(ADDR, TOTAL, TOTAL, min_len=3)), "skipped": mapping(U64)}),
 }
 

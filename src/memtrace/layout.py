@@ -291,12 +291,37 @@ LOGGER_INFLIGHT_STRIDE = 16    # gints between shards
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
 
-# One candidate block: a tracked live block (its requested size and stack from the live table), sorted
-# by address for the scan.
-LEAK_BLOCK = Layout("MtLeakBlock", (("ptr", "u64"), ("size", "u64"), ("stack_id", "u32"), ("reserved", "u32")))
-# One root range; flags say how the scan treats it.
-LEAK_RANGE = Layout("MtLeakRange", (("base", "u64"), ("size", "u64"), ("flags", "u64")))
+# One candidate block, sorted by address for the scan: a tracked live block (its requested size and
+# stack from the live table), or an in-use chunk the allocator walk found that the table does not
+# hold (allocated before tracing: its usable size, no stack).
+LEAK_BLOCK = Layout("MtLeakBlock", (("ptr", "u64"), ("size", "u64"), ("stack_id", "u32"), ("flags", "u32")))
+LEAK_BLOCK_UNTRACKED = 1       # found by the allocator walk, not in the live table: allocated before tracing
+# The by-stack key the result gives blocks allocated before tracing (no stack; beyond any stack id).
+LEAK_BEFORE_TRACING_KEY = 1 << 32
+LEAK_BLOCK_IN_HEAP = 2         # inside a walked heap segment: read in place (mapped while the world is stopped)
+# A block's verdict (the marks array, one byte per block), valgrind's categories.
+LEAK_MARKS: dict[str, int] = {"definitely_lost": 0, "possibly_lost": 1, "reachable": 2, "indirectly_lost": 3,
+                               "frida_own": 4}   # reached only from Frida's threads' TLS: the agent's, not the app's
+# One root range; flags say how the scan treats it.  live_from: a stack-shaped range no stopped
+# thread runs on (an exited thread's cached stack) is a root only from there up (glibc's thread
+# control block and static TLS, which hold the thread's DTV); 0 = not a root at all.
+LEAK_RANGE = Layout("MtLeakRange", (("base", "u64"), ("size", "u64"), ("flags", "u64"), ("live_from", "u64")))
 LEAK_RANGE_STACK = 1           # shaped like a thread stack: scanned from a stopped thread's sp, else skipped
+LEAK_RANGE_FRIDA = 2           # a Frida thread's stack (listed last): what only it reaches is Frida's own
+# One piece of the allocator's own memory (found while the world is stopped): [base, base + size)
+# is never a root; its chunks, from `first` to `end`, are walked for candidates (first = 0: not walked,
+# e.g. glibc's main arena state in libc's data).
+LEAK_SEG = Layout("MtLeakSeg", (("base", "u64"), ("size", "u64"), ("first", "u64"), ("end", "u64")))
+# glibc's malloc, as the agent finds it (agents/leaks.js glibcLayout; 0 fields: not glibc or not found).
+LEAK_GLIBC = Layout("MtLeakGlibc", (
+    ("main_arena", "u64"),         # &main_arena (struct malloc_state) in libc's data
+    ("heap_start", "u64"), ("heap_end", "u64"),   # the [heap] mapping: the main arena's sbrk heap
+    ("mstate_size", "u64"),        # sizeof (struct malloc_state)
+    ("top_offset", "u64"), ("next_offset", "u64"), ("fastbins_offset", "u64"), ("n_fastbins", "u64"),
+    ("heap_max", "u64"),           # HEAP_MAX_SIZE: a non-main heap starts aligned to it
+    ("tcache_bins", "u64"),        # TCACHE_MAX_BINS (u16 counts then pointers: glibc >= 2.30); 0 = no tcache walk
+    ("safe_linking", "u64"),       # free-list pointers are PROTECT_PTR-mangled (glibc >= 2.32)
+))
 LEAK_REGS = 34                 # u64 registers kept per stopped thread (x86-64 and arm64 both fit)
 LEAK_THREAD = Layout("MtLeakThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtLeakJob.regs
 # Scan states (MtLeakJob.state), written by the scanner and by the Linux tracer process.
@@ -315,10 +340,10 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("error", "u64"),              # first errno seen while stopping
     ("ranges", "u64"), ("n_ranges", "u64"),             # MtLeakRange[]
     ("blocks", "u64"), ("blocks_cap", "u64"), ("n_blocks", "u64"), ("blocks_total", "u64"),
-    ("marks", "u64"),              # u8 per block: 1 = reachable
-    ("worklist", "u64"), ("n_work", "u64"),             # u32 block indexes to scan
+    ("marks", "u64"),              # u8 per block: its LEAK_MARKS verdict
+    ("worklist", "u64"), ("n_work", "u64"),             # u32 block indexes to scan (2 per block at most)
     ("scratch", "u64"), ("scratch_size", "u64"),
-    ("phase", "u64"),              # 0 registers, 1 roots, 2 done
+    ("phase", "u64"),              # 0 registers, 1 roots, 2 cliques of the unreached, 3 done
     ("range_index", "u64"), ("range_offset", "u64"),
     ("root_bytes", "u64"),         # root bytes read
     ("block_bytes", "u64"),        # bytes of reachable blocks read
@@ -326,6 +351,27 @@ LEAK_JOB = Layout("MtLeakJob", (
     # Frida's own), the scanning thread's stack, unreadable memory
     ("skip_stack", "u64"), ("skip_own", "u64"), ("skip_unreadable", "u64"),
     ("undecided_blocks", "u64"),   # live entries the Darwin logger path holds undecided (not candidates)
+    # ---- every block a candidate, only live memory a root (issue 18) ----
+    ("glibc", "u64"),              # MtLeakGlibc * (0: no allocator walk)
+    ("segs", "u64"), ("segs_cap", "u64"), ("n_segs", "u64"),     # MtLeakSeg[], sorted by base
+    ("freed", "u64"), ("freed_cap", "u64"), ("n_freed", "u64"),  # u64 chunk addresses on tcache/fastbin lists
+    ("n_tracked", "u64"),          # candidates from the live table (the rest: found by the walk)
+    ("n_untracked", "u64"),        # in-use chunks the live table does not hold: allocated before tracing
+    ("n_allocator_meta", "u64"),   # in-use chunks that are the allocator's own (tcache structures)
+    ("walk_errors", "u64"),        # heap walks that stopped at an inconsistent chunk header
+    ("walk_bytes_unwalked", "u64"),  # bytes of heap those walks did not reach
+    ("freed_over_capacity", "u64"),  # free-list entries beyond the freed array (their chunks may count as blocks)
+    ("pagemap_fd", "u64"),         # Linux: /proc/self/pagemap, or ~0: only resident pages are read
+    ("skip_unresident", "u64"),    # root or block bytes in pages never touched (or swapped out): not read
+    ("skip_dead_frames", "u64"),   # bytes of exited threads' cached stacks below their TLS
+    ("interior_guard", "u64"),     # 16: ignore words aimed at a next chunk's header (no arena found)
+    ("leader", "u64"),             # the definitely lost block whose clique is being marked
+    ("clique_index", "u64"),       # the next block the categorising pass looks at
+    ("page_size", "u64"),          # the residency check's page (Linux pagemap: 4 KiB; Darwin arm64: 16 KiB)
+    ("ptr_mask", "u64"),           # the bits of a word that address memory (arm64e: PAC signatures stripped)
+    ("budget_us", "u64"),          # mt_leak_scan_all: time the scan may take once the world is stopped
+    ("in_frida", "u64"),           # the roots being scanned are Frida's (LEAK_RANGE_FRIDA): the app's are done
+    ("stop_us", "u64"), ("collect_us", "u64"), ("scan_us", "u64"),   # mt_leak_scan_all's times
 ))
 
 # ---- purgeable tracer: cmodule/purgeable.c counts, agents/purgeable.js reads -------------------
@@ -416,7 +462,8 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 # Every record layout and C struct the generated header defines, in order.
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
                                  CONFIG, LOGGER_EVENT, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
-                                 LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB,
+                                 LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_SEG,
+                                 LEAK_GLIBC, LEAK_JOB,
                                  UNWIND_ROW, UNWIND_MODULE, PROC)
 
 # Further #defines of the generated C header (name without the MT_ prefix -> value).
@@ -424,6 +471,9 @@ C_DEFINES: dict[str, int] = {
     "REC_AGG": REC_AGG, "REC_PEAK_HEAD": REC_PEAK_HEAD, "REC_PEAK": REC_PEAK, "REC_LIVE": REC_LIVE,
     "NESTED_STACK": NESTED_STACK, "N_PSEUDO_STACKS": len(PSEUDO_STACKS),
     "NESTED_LOG": NESTED_LOG, "TOP_STACKS": TOP_STACKS, "LIVE_TICK_BITS": LIVE_TICK_BITS, "N_SITES": N_SITES,
+    "LEAK_BLOCK_UNTRACKED": LEAK_BLOCK_UNTRACKED, "LEAK_BLOCK_IN_HEAP": LEAK_BLOCK_IN_HEAP,
+    "LEAK_RANGE_FRIDA": LEAK_RANGE_FRIDA,
+    **{f"LEAK_{k.upper()}": v for k, v in LEAK_MARKS.items()},
     "AGG_STRIDE": AGG_STRIDE, "AGG_SHIPPED_MASK": AGG_SHIPPED_MASK, "AGG_FP_SHIFT": AGG_FP_SHIFT,
     **{f"A_{k.upper()}": v for k, v in AGG_FIELDS.items()},
 }

@@ -1,8 +1,8 @@
 """malloc --leaks on a real program with a known pattern (tests/programs/leak_pattern.c).
 
-Every block of the pattern is tracked (>= 4096 B); the scan must sort them exactly: dropped
-pointers and a two-block cycle leaked; a global array, a block held only from another tracked
-block, and a sleeping thread's local variable reachable.
+The scan must sort the pattern's blocks exactly: dropped pointers and a two-block cycle leaked; a
+global array, a block held only from another block, and a sleeping thread's local variable
+reachable.  (tests/integration/test_leak_parity.py holds memtrace against valgrind.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def by_function(rows: list[dict]) -> dict[str, tuple[int, int]]:
     blocks: Counter[str] = Counter()
     nbytes: Counter[str] = Counter()
     for r in rows:
-        name = r["frames"][0].get("function") if r["frames"] else "(no stack)"
+        name = "(before tracing)" if r.get("allocated_before_tracing") else \
+            r["frames"][0].get("function") if r["frames"] else "(no stack)"
         blocks[name] += r["blocks"]
         nbytes[name] += r["bytes"]
     return {k: (blocks[k], nbytes[k]) for k in blocks}
@@ -40,11 +41,14 @@ def check_pattern(doc: dict, when: str) -> None:
     assert (leaks["leaked"]["blocks"], leaks["leaked"]["bytes"]) == (7, 37000)
     reachable = by_function(leaks["reachable"]["by_stack"])
     assert {k: reachable.get(k) for k in REACHABLE} == REACHABLE
-    # Anything else reachable is the C library's own (stdout's buffer): never one of ours.
-    assert not set(reachable) - set(REACHABLE) - {"_IO_file_doallocate"}
-    # Every tracked live block is in exactly one of the two.
-    assert leaks["leaked"]["blocks"] + leaks["reachable"]["blocks"] == doc["live"]["count"]
-    assert leaks["leaked"]["bytes"] + leaks["reachable"]["bytes"] == doc["live"]["bytes"]
+    # Anything else reachable is the C library's own (stdout's buffer, blocks from before the hooks
+    # went in, threads' DTVs): never one of ours.
+    assert not set(reachable) - set(REACHABLE) - {"_IO_file_doallocate", "(before tracing)", "calloc"}
+    # Every block the scan examined has exactly one verdict, and every tracked live block was examined.
+    verdicts = ("definitely_lost", "indirectly_lost", "possibly_lost", "reachable")
+    assert sum(leaks[v]["blocks"] for v in verdicts) + scan["frida_own_blocks"] == scan["examined"]
+    assert scan["every_block_examined"] and scan["not_examined"] == {"over_capacity": 0, "undecided_darwin_logger": 0}
+    assert scan["examined"] - scan["before_tracing_blocks"] == scan["tracked_blocks"] == doc["live"]["count"]
 
 
 @pytest.mark.slow
@@ -92,5 +96,33 @@ def test_a_spent_budget_stops_the_scan_and_says_what_it_did_not_read(compile_c, 
     scan = doc["leaks"]["scan"]
     assert not scan["complete"]
     assert scan["skipped"]["not_scanned_budget"] > 0
-    assert scan["root_bytes"] + scan["skipped"]["not_scanned_budget"] >= 1 << 30
-    assert doc["leaks"]["leaked"]["blocks"] + doc["leaks"]["reachable"]["blocks"] == doc["live"]["count"]
+    assert scan["root_bytes"] + scan["skipped"]["not_scanned_budget"] + scan["skipped"]["never_touched_pages"] >= 1 << 30
+    assert sum(doc["leaks"][v]["blocks"] for v in ("definitely_lost", "indirectly_lost", "possibly_lost", "reachable")) \
+        + scan["frida_own_blocks"] == scan["examined"]
+    assert not scan["every_block_examined"]
+
+
+def test_the_scan_does_not_show_in_the_targets_counts(compile_c, tmp_path: Path) -> None:
+    """The scan's own work (listing threads and ranges, stopping the world) makes no malloc-family
+    call the target's counts would show: the same window counts the same calls with and without it."""
+    exe = compile_c("leak_pattern")
+    counts = []
+    for extra in ((), ("--leaks",)):
+        doc = memtrace_json("malloc", "--device", "local", "--window", "3", *extra, "--quiet",
+                            "--out", tmp_path / f"cap{len(extra)}", "--", exe, "60")
+        counts.append(doc["calls"])
+    assert counts[1] == counts[0]
+    assert counts[0]["malloc"] > 0
+
+
+def test_pages_never_touched_are_not_read(compile_c, tmp_path: Path) -> None:
+    """1 GB of anonymous memory mapped and never touched: the scan reads none of it (it would fault
+    every page in), says so, and still sorts the pattern exactly."""
+    exe = compile_c("leak_pattern")
+    doc = memtrace_json("malloc", "--device", "local", "--window", "3", "--leaks", "--quiet",
+                        "--out", tmp_path / "cap", "--", exe, "60", "1024")
+    scan = doc["leaks"]["scan"]
+    assert scan["complete"]
+    assert scan["skipped"]["never_touched_pages"] >= 1 << 30
+    assert scan["root_bytes"] < 64 << 20
+    assert by_function(doc["leaks"]["leaked"]["by_stack"]) == LEAKED

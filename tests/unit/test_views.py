@@ -86,5 +86,16 @@ def test_the_leak_scans_unread_memory_in_words() -> None:
     assert [plural(1, "thread"), plural(2, "thread"), plural(1024, "block")] == ["1 thread", "2 threads", "1,024 blocks"]
     assert skipped_text({"stacks_of_no_stopped_thread": 3 << 20, "unreadable": 0, "candidates_over_capacity": 12,
                          "scanning_thread_stack": 4096}, fmt_bytes) == [
-        "stacks of threads that were not running (exited threads' cached stacks, Frida's own) 3.0 MB",
+        "stacks below the stopped threads' stack pointers, and stacks no thread runs on (Frida's own) 3.0 MB",
         "12 blocks over the table's capacity", "the scanning thread's own stack 4.0 KB"]
+    from memtrace.analyze.leaks import examined_text
+
+    scan = {"examined": 5248, "tracked_blocks": 5220, "before_tracing_blocks": 28, "complete": True,
+            "not_examined": {"over_capacity": 0, "undecided_darwin_logger": 0},
+            "allocator": {"main_arena_found": True, "walk_errors": 0}}
+    assert examined_text(scan) == ("5,248 blocks; 5,220 traced, 28 allocated before tracing; "
+                                   "every live heap block examined")
+    scan["not_examined"]["over_capacity"] = 7
+    scan["allocator"] = {"main_arena_found": True, "walk_errors": 1, "unwalked_bytes": 4096}
+    assert examined_text(scan).endswith("NOT every block: 7 beyond the scan's table; 1 heap walk(s) stopped at an "
+                                        "inconsistent chunk (4,096 bytes not walked)")

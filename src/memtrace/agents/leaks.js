@@ -14,9 +14,11 @@
  * stacks from the definitions every drain ships.
  */
 
-import { LEAK_BLOCK, LEAK_JOB, LEAK_RANGE, LEAK_RANGE_STACK, LEAK_REGS, LEAK_STATES, LEAK_THREAD } from './layout.js';
+import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, LEAK_JOB, LEAK_MARKS, LEAK_RANGE,
+  LEAK_RANGE_FRIDA, LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, VM_TAG_MALLOC_FIRST,
+  VM_TAG_MALLOC_LAST } from './layout.js';
 import { core } from './runtime/core.js';
-import { IS_DARWIN, findExport, now } from './runtime/platform.js';
+import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
 
 const SLICE_BYTES = 64 * 1024 * 1024;    // bytes read between two progress messages
@@ -27,10 +29,16 @@ const SCRATCH = 64 * 1024;
 const LINUX_ARENA_ALIGN = 64 * 1024 * 1024;   // glibc's HEAP_MAX_SIZE: non-main arenas start aligned
 
 const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'process_vm_readv',
-  'usleep'];
+  'usleep', 'pread'];
+const MAX_SEGS = 65536;                   // allocator heaps (and its state) the C may find
+const MAX_FREED = 1 << 20;                // tcache and fastbin entries the C may remember
+export const LEAKS_LIVE_TABLE = 1 << 22;  // --leaks on Linux: live-table entries (untouched pages until used)
 const DARWIN_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume', 'thread_get_state',
   'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite', 'mach_vm_region_recurse',
-  'usleep'];
+  'usleep', 'mincore', 'malloc_get_all_zones'];
+// arm64e signs pointers (PAC): the bits above the address space are a signature, stripped before a
+// word is matched against the blocks (DEVICE-UNVERIFIED: the same mask as the core's code addresses).
+const PTR_MASK = (IS_DARWIN && Process.arch === 'arm64') ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff');
 
 /* The C library symbols cmodule/leaks.c calls, for the CModule. */
 export function leakSymbols() {
@@ -69,6 +77,12 @@ function subtract(range, holes) {
   return pieces.map(p => ({ base: p.base, size: Number(p.end.sub(p.base).toString()) }));
 }
 
+/* Darwin: a region libmalloc made (VM tags MALLOC .. MALLOC_NANO).  DEVICE-UNVERIFIED. */
+function isMallocRegion(range) {
+  const tag = fn('mt_leak_region_tag', 'int', ['uint64'])(uint64(range.base.toString()));
+  return tag >= VM_TAG_MALLOC_FIRST && tag <= VM_TAG_MALLOC_LAST;
+}
+
 /* Linux: a pthread stack is a writable mapping right above a guard page.  glibc's non-main
  * arenas also sit above an inaccessible range (the previous arena's reserve), but start on a
  * 64 MB boundary, which a stack after its guard page never does. */
@@ -82,7 +96,22 @@ function stackShaped(range, guards) {
     return false;
   if (range.base.and(ptr(LINUX_ARENA_ALIGN - 1)).isNull())
     return false;
-  return guards.has(range.base.toString()) && holdsThreadControlBlock(range);
+  if (!guards.has(range.base.toString()))
+    return false;
+  const tcb = threadControlBlock(range);
+  return tcb !== null && tcbAtTheTop(range, tcb);
+}
+
+/* glibc puts a thread's struct pthread at the very top of its stack mapping (aligned down to at
+ * most 64 bytes): a TCB elsewhere in a range (the main thread's, in the mapping ld.so made for it,
+ * which the kernel may have merged with the mappings around it) does not make the range a stack. */
+function tcbAtTheTop(range, tcb) {
+  const sizeOf = findExport('_thread_db_sizeof_pthread');
+  if (sizeOf === null)
+    return true;
+  const above = Number(rangeEnd(range).sub(tcb).toString());
+  const size = sizeOf.readU32();
+  return above >= size && above < size + 128;
 }
 
 /* glibc puts a thread's struct pthread at the top of its stack mapping, and the TCB header at
@@ -92,19 +121,113 @@ function stackShaped(range, guards) {
  * which would make what it points to look leaked. */
 const TCB_SEARCH_BYTES = 16 * 1024;
 
-function holdsThreadControlBlock(range) {
+function threadControlBlock(range) {
   const span = Math.min(range.size, TCB_SEARCH_BYTES);
   const start = range.base.add(range.size - span);
   try {
     for (let off = span - 24; off >= 0; off -= 8) {
       const at = start.add(off);
       if (at.readPointer().equals(at) && at.add(16).readPointer().equals(at))
-        return true;
+        return at;
     }
   } catch (e) {
     // unreadable: not something we can call a stack
   }
-  return false;
+  return null;
+}
+
+/* A stack no stopped thread runs on (an exited thread's, kept in glibc's stack cache) is a root
+ * from its static TLS up: the thread control block holds the thread's DTV (a malloc'd block
+ * glibc frees only when it reuses the stack), the TLS blocks what its __thread variables held.
+ * What lies below is the exited thread's dead frames.  x86-64 (TLS variant II): the TLS sits
+ * right below the TCB.  0: unknown (the whole range is then skipped, as before). */
+function liveFrom(range) {
+  if (IS_DARWIN)
+    return 0;
+  const tcb = threadControlBlock(range);
+  if (tcb === null)
+    return 0;
+  const tls = Process.arch === 'x64' ? staticTls() : 0;
+  const from = tcb.sub(Math.min(tls, Number(tcb.sub(range.base).toString())));
+  return uint64(from.toString());
+}
+
+/*
+ * glibc's malloc as the C walks it (cmodule/leaks.c mt_leak_glibc_walk): struct malloc_state's
+ * offsets (glibc >= 2.27, 64-bit: mutex, flags, have_fastchunks, fastbinsY[10], top,
+ * last_remainder, bins[254], binmap[4], next, ...), main_arena (found by its self-pointing empty
+ * bins in libc's data) and the [heap] mapping.  null: not glibc, or too old; then untracked
+ * blocks are not found and the heap is not told apart.
+ */
+let glibcCache;
+
+function glibcLayout() {
+  if (glibcCache !== undefined)
+    return glibcCache;
+  glibcCache = null;
+  if (IS_DARWIN || Process.pointerSize !== 8)
+    return null;
+  const versionFn = findExport('gnu_get_libc_version');
+  if (versionFn === null)
+    return null;
+  const version = new NativeFunction(versionFn, 'pointer', [])().readCString();
+  const [major, minor] = version.split('.').map(Number);
+  if (major !== 2 || minor < 27)
+    return null;
+  const lay = {
+    mstate_size: 0x898, top_offset: 0x60, next_offset: 0x870, fastbins_offset: 0x10, n_fastbins: 10,
+    heap_max: 64 * 1024 * 1024, tcache_bins: minor >= 30 ? 64 : 0, safe_linking: minor >= 32 ? 1 : 0,
+    heap_start: 0, heap_end: 0, main_arena: uint64(0), version,
+  };
+  const libc = libcModule();
+  const find = fn('mt_leak_find_main_arena', 'uint64', ['uint64', 'uint64', 'uint64', 'uint64', 'uint64', 'uint64']);
+  if (libc !== null) {
+    for (const r of libc.enumerateRanges('rw-')) {
+      const at = find(Process.id, uint64(r.base.toString()), r.size, 0x70, lay.mstate_size, lay.next_offset);
+      if (!at.equals(0)) {
+        lay.main_arena = at;
+        break;
+      }
+    }
+  }
+  glibcCache = lay;
+  return lay;
+}
+
+/* The [heap] mapping (the main arena's sbrk heap), read now: it grows. */
+function brkHeap() {
+  try {
+    const maps = File.readAllText('/proc/self/maps');
+    for (const line of maps.split('\n')) {
+      if (line.endsWith('[heap]')) {
+        const [lo, hi] = line.split(' ')[0].split('-');
+        return { start: uint64('0x' + lo), end: uint64('0x' + hi) };
+      }
+    }
+  } catch (e) {
+    // no /proc: no heap told apart
+  }
+  return null;
+}
+
+/* The bytes of static TLS below a thread's TCB (x86-64): ld.so's static TLS size
+ * (_dl_get_tls_static_info) counts the TCB itself (sizeof (struct pthread), which libc gives
+ * libthread_db as _thread_db_sizeof_pthread); the thread's first frame starts right below the
+ * rest.  0 when unknown. */
+let staticTlsSize;
+
+function staticTls() {
+  if (staticTlsSize !== undefined)
+    return staticTlsSize;
+  staticTlsSize = 0;
+  const f = findExport('_dl_get_tls_static_info');
+  const tcb = findExport('_thread_db_sizeof_pthread');
+  if (f !== null && tcb !== null) {
+    const out = Memory.alloc(16);
+    new NativeFunction(f, 'void', ['pointer', 'pointer'])(out, out.add(8));
+    staticTlsSize = Math.max(0, Number(out.readU64().toString()) - tcb.readU32());
+  }
+  return staticTlsSize;
 }
 
 /* The roots the agent can list before the stop. */
@@ -118,11 +241,54 @@ function rootRanges(own) {
   }
   const out = [];
   for (const r of Process.enumerateRanges({ protection: 'rw-', coalesce: false })) {
-    const flags = stackShaped(r, guards) ? LEAK_RANGE_STACK : 0;
+    if (IS_DARWIN && isMallocRegion(r))
+      continue;      // libmalloc's own regions (its blocks and their free neighbours): never roots
+    const stack = stackShaped(r, guards);
+    const flags = stack ? LEAK_RANGE_STACK : 0;
+    const from = stack ? liveFrom(r) : 0;
     for (const piece of subtract(r, own)) {
       if (piece.size > 0)
-        out.push({ base: piece.base, size: piece.size, flags });
+        out.push({ base: piece.base, size: piece.size, flags, live_from: from });
     }
+  }
+  // Frida's threads' stacks last: what only they reach is told apart as Frida's own.
+  for (const r of cloakedStacks())
+    out.push({ base: r.base, size: r.size, flags: LEAK_RANGE_STACK | LEAK_RANGE_FRIDA, live_from: liveFrom(r) });
+  return out;
+}
+
+/* Linux: the stacks Frida hides (its own threads', and a stack glibc's cache handed from one of
+ * them to a thread of the app or back).  Only their TLS and thread control block are roots (the
+ * C starts at live_from): they hold the threads' DTVs, which glibc allocates with the app's
+ * malloc.  The rest of Frida's memory is never a root (it holds the scan's own tables). */
+function cloakedStacks() {
+  if (IS_DARWIN)
+    return [];
+  let maps;
+  try {
+    maps = File.readAllText('/proc/self/maps');
+  } catch (e) {
+    return [];
+  }
+  const out = [];
+  let guardEnd = null;       // where the last inaccessible anonymous mapping ended
+  for (const line of maps.split('\n')) {
+    const f = line.trim().split(/\s+/);
+    if (f.length < 5)
+      continue;
+    const [lo, hi] = f[0].split('-');
+    const base = ptr('0x' + lo);
+    const anonymous = f.length === 5;
+    const afterGuard = guardEnd !== null && guardEnd.equals(base);
+    guardEnd = (anonymous && f[1] === '---p') ? ptr('0x' + hi) : null;
+    if (f[1] !== 'rw-p' || !anonymous || !afterGuard || base.and(ptr(LINUX_ARENA_ALIGN - 1)).isNull())
+      continue;
+    if (Process.findRangeByAddress(base) !== null)
+      continue;                                      // listed already
+    const range = { base, size: Number(ptr('0x' + hi).sub(base).toString()) };
+    const tcb = threadControlBlock(range);
+    if (tcb !== null && tcbAtTheTop(range, tcb))
+      out.push(range);
   }
   return out;
 }
@@ -134,20 +300,103 @@ function alloc(size, own) {
 }
 
 /* Linux: every task of the process that Frida cloaks (its own threads), listed by the C (no
- * allocation: opendir would call the allocator we are tracing). */
+ * allocation: opendir would call the allocator we are tracing).  Not Process.enumerateThreads():
+ * on Linux it starts a thread of its own to read the others' registers, and that thread's
+ * mallocs and its exit's frees (its tcache flushed) would show in the app's counts. */
 function cloakedTids() {
-  if (IS_DARWIN)
-    return [];    // DEVICE-UNVERIFIED: Frida's threads on Darwin are told apart the same way once listed
-  const visible = new Set(Process.enumerateThreads().map(t => t.id));
   const buf = Memory.alloc(MAX_THREADS * 8);
+  if (IS_DARWIN) {
+    // The task's thread ports (task_threads); Frida's thread ids are those ports (DEVICE-UNVERIFIED).
+    const n = Number(fn('mt_leak_darwin_threads', 'uint64', ['pointer', 'uint64'])(buf, MAX_THREADS));
+    const out = [];
+    for (let i = 0; i < n; i++) {
+      const port = Number(buf.add(i * 8).readU64());
+      if (Cloak.hasThread(port))
+        out.push(port);
+    }
+    return out;
+  }
   const n = Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, buf, MAX_THREADS));
   const out = [];
   for (let i = 0; i < n; i++) {
     const tid = Number(buf.add(i * 8).readU64());
-    if (!visible.has(tid) && Cloak.hasThread(tid))
+    if (Cloak.hasThread(tid))
       out.push(tid);
   }
   return out;
+}
+
+/* The candidates' table size: every tracked block, and room for the in-use chunks the live table
+ * does not hold (at most the heap's in-use bytes the tracked blocks do not take, 32 bytes a chunk).
+ * The buffers are fresh pages: only what the scan writes becomes resident. */
+function candidateCapacity(liveNow, glibc) {
+  let untracked = 0;
+  if (glibc !== null) {
+    const mallinfo = findExport('mallinfo2');
+    if (mallinfo !== null) {
+      const info = new NativeFunction(mallinfo, ['size_t', 'size_t', 'size_t', 'size_t', 'size_t', 'size_t',
+        'size_t', 'size_t', 'size_t', 'size_t'], [])();
+      const inUse = Number(info[7].toString());        // uordblks: bytes in use, not mmapped
+      const tracked = Number(fn('mt_leak_tracked_chunk_bytes', 'uint64', [])().toString());
+      untracked = Math.ceil(Math.max(0, inUse - tracked) / 32 * 1.25);
+    } else {
+      untracked = 1 << 20;
+    }
+  }
+  return Math.max(1024, Math.ceil(liveNow * 1.25) + untracked + 65536);
+}
+
+function glibcStruct(own) {
+  const lay = glibcLayout();
+  if (lay === null)
+    return null;
+  const heap = brkHeap();
+  const g = alloc(LEAK_GLIBC.size, own);
+  writeStruct(g, LEAK_GLIBC, {
+    main_arena: lay.main_arena, heap_start: heap === null ? 0 : heap.start, heap_end: heap === null ? 0 : heap.end,
+    mstate_size: lay.mstate_size, top_offset: lay.top_offset, next_offset: lay.next_offset,
+    fastbins_offset: lay.fastbins_offset, n_fastbins: lay.n_fastbins, heap_max: lay.heap_max,
+    tcache_bins: lay.tcache_bins, safe_linking: lay.safe_linking,
+  });
+  return g;
+}
+
+/* Blocks by verdict and stack: {verdict: Map(stack key -> [key, blocks, bytes])}, from the C's
+ * buffers read whole (one copy, not a native call per block). */
+function tally(blocks, marks, n) {
+  const byVerdict = Object.values(LEAK_MARKS).map(() => new Map());    // indexed by LEAK_MARKS value
+  const listed = [];
+  const bytes = n === 0 ? new ArrayBuffer(0) : blocks.readByteArray(n * LEAK_BLOCK.size);
+  const words = new Uint32Array(bytes);
+  const verdicts = n === 0 ? new Uint8Array(0) : new Uint8Array(marks.readByteArray(n));
+  const stride = LEAK_BLOCK.size / 4;
+  const untrackedBefore = { blocks: 0, bytes: 0 };
+  for (let i = 0; i < n; i++) {
+    const w = i * stride;
+    const size = words[w + 2] + words[w + 3] * 4294967296;
+    const untracked = (words[w + 5] & LEAK_BLOCK_UNTRACKED) !== 0;
+    const key = untracked ? LEAK_BEFORE_TRACING_KEY : words[w + 4];
+    const v = verdicts[i];
+    const by = byVerdict[v];
+    const acc = by.get(key);
+    if (acc === undefined)
+      by.set(key, [key, 1, size]);
+    else {
+      acc[1]++;
+      acc[2] += size;
+    }
+    if (untracked) {
+      untrackedBefore.blocks++;
+      untrackedBefore.bytes += size;
+    }
+    const lost = v === LEAK_MARKS.definitely_lost || v === LEAK_MARKS.indirectly_lost;
+    if (lost && listed.length < MAX_LEAKED_LISTED) {
+      const ptr = uint64(words[w + 1]).shl(32).or(words[w]);
+      listed.push(['0x' + ptr.toString(16), size, key, v === LEAK_MARKS.definitely_lost ? 'definite' : 'indirect']);
+    }
+  }
+  const total = m => [...m.values()].reduce((a, r) => [a[0] + r[1], a[1] + r[2]], [0, 0]);
+  return { byVerdict, total, listed, untrackedBefore };
 }
 
 /*
@@ -158,8 +407,9 @@ export function scanLeaks(config, when) {
   const t0 = now();
   const own = (core.owned || []).slice();
   const skip = cloakedTids();
+  const glibcBuf = glibcStruct(own);
   const liveNow = Number(fn('mt_live_occupied', 'uint64', [])());
-  const cap = Math.max(1024, Math.ceil(liveNow * 1.5) + 4096);
+  const cap = candidateCapacity(liveNow, glibcLayout());
 
   // Every buffer first, so the ranges listed next can leave them out (they hold block addresses).
   const job = alloc(LEAK_JOB.size, own);
@@ -170,13 +420,21 @@ export function scanLeaks(config, when) {
   const tracerStack = alloc(TRACER_STACK, own);
   const blocks = alloc(cap * LEAK_BLOCK.size, own);
   const marks = alloc(cap, own);
-  const worklist = alloc(cap * 4, own);
+  const worklist = alloc(cap * 2 * 4, own);     // a block is queued at most twice (possibly, then surely reachable)
   const scratch = alloc(SCRATCH, own);
+  const segs = alloc(MAX_SEGS * LEAK_SEG.size, own);
+  const freed = alloc(MAX_FREED * 8, own);
   const roots = rootRanges(own);
   // Allocated after the listing, so never inside a listed range; it holds no block address anyway.
   const rangeBuf = Memory.alloc(Math.max(1, roots.length) * LEAK_RANGE.size);
   roots.forEach((r, i) => writeStruct(rangeBuf.add(i * LEAK_RANGE.size), LEAK_RANGE,
-    { base: uint64(r.base.toString()), size: r.size, flags: r.flags }));
+    { base: uint64(r.base.toString()), size: r.size, flags: r.flags, live_from: r.live_from }));
+  // Only resident pages are read: /proc/self/pagemap says which (open before the stop: no allocation).
+  let pagemapFd = -1;
+  if (!IS_DARWIN) {
+    const path = Memory.allocUtf8String('/proc/self/pagemap');
+    pagemapFd = new NativeFunction(findExport('open'), 'int', ['pointer', 'int'])(path, 0);
+  }
 
   writeStruct(job, LEAK_JOB, {
     state: LEAK_STATES.idle, tgid: Process.id, self_tid: Process.getCurrentThreadId(),
@@ -190,6 +448,14 @@ export function scanLeaks(config, when) {
     scratch: uint64(scratch.toString()), scratch_size: SCRATCH,
     phase: 0, range_index: 0, range_offset: 0, root_bytes: 0, block_bytes: 0,
     skip_stack: 0, skip_own: 0, skip_unreadable: 0, undecided_blocks: 0,
+    glibc: glibcBuf === null ? 0 : uint64(glibcBuf.toString()),
+    segs: uint64(segs.toString()), segs_cap: MAX_SEGS, n_segs: 0,
+    freed: uint64(freed.toString()), freed_cap: MAX_FREED, n_freed: 0,
+    n_tracked: 0, n_untracked: 0, n_allocator_meta: 0, walk_errors: 0, walk_bytes_unwalked: 0,
+    freed_over_capacity: 0, pagemap_fd: pagemapFd < 0 ? uint64('0xffffffffffffffff') : pagemapFd,
+    skip_unresident: 0, skip_dead_frames: 0, interior_guard: 0, leader: 0, clique_index: 0, in_frida: 0,
+    page_size: Process.pageSize, ptr_mask: PTR_MASK, budget_us: Math.round((config.leaksBudget || 30) * 1e6),
+    stop_us: 0, collect_us: 0, scan_us: 0,
   });
 
   const budgetMs = (config.leaksBudget || 30) * 1000;
@@ -198,80 +464,99 @@ export function scanLeaks(config, when) {
   const collect = fn('mt_leak_collect', 'uint64', ['pointer']);
   const step = fn('mt_leak_step', 'int', ['pointer', 'uint64']);
 
-  const stopped = stop(job) === 1;
-  const tStopped = now();
+  const total = roots.reduce((a, r) => a + r.size, 0);
+  const tStop = now();
+  let stopped = false;
   let complete = false;
-  let leaked = [];
-  let leakedCount = 0;
-  let leakedBytes = 0;
-  let reachableCount = 0;
-  let reachableBytes = 0;
+  let tStopped = tStop;
+  let tCollected = tStop;
+  let tResumed;
   let j;
-  try {
+  if (IS_DARWIN) {
+    // Stop, scan and resume in one C call: no JavaScript (no allocation, no send()) while the
+    // app's threads are suspended -- one may hold a lock Frida needs (DEVICE-UNVERIFIED).
+    complete = fn('mt_leak_scan_all', 'int', ['pointer'])(job) === 1;
+    tResumed = now();
+    j = readStruct(job, LEAK_JOB);
+    stopped = Number(j.state) !== LEAK_STATES.failed;
+    tStopped = tStop + Number(j.stop_us) / 1000;
+    tCollected = tStopped + Number(j.collect_us) / 1000;
+  } else try {
+    stopped = stop(job) === 1;
+    tStopped = now();
     collect(job);
-    const total = roots.reduce((a, r) => a + r.size, 0);
+    tCollected = now();
     for (;;) {
       if (step(job, SLICE_BYTES) === 1) {
         complete = true;
         break;
       }
+      // Linux: Frida's threads run on (only the app's are stopped), so progress can be sent.
       j = readStruct(job, LEAK_JOB);
-      const done = Number(j.root_bytes) + Number(j.skip_stack) + Number(j.skip_own) + Number(j.skip_unreadable);
-      send({ type: 'leaks:progress', t: now(), when, roots_done: done, roots_total: total,
+      const done = Number(j.root_bytes) + Number(j.skip_stack) + Number(j.skip_own) + Number(j.skip_unreadable) +
+        Number(j.skip_unresident) + Number(j.skip_dead_frames);
+      send({ type: 'leaks:progress', t: now(), when, roots_done: Math.min(done, total), roots_total: total,
         blocks_scanned: Number(j.block_bytes), elapsed_ms: now() - t0 });
       if (now() - t0 > budgetMs)
         break;
     }
-    j = readStruct(job, LEAK_JOB);
-    const n = Number(j.n_blocks);
-    const leakedBy = new Map();
-    const reachableBy = new Map();
-    for (let i = 0; i < n; i++) {
-      const at = blocks.add(i * LEAK_BLOCK.size);
-      const size = Number(at.add(8).readU64());
-      const sid = at.add(16).readU32();
-      const by = marks.add(i).readU8() !== 0 ? reachableBy : leakedBy;
-      const acc = by.get(sid);
-      if (acc === undefined)
-        by.set(sid, [sid, 1, size]);
-      else {
-        acc[1]++;
-        acc[2] += size;
-      }
-      if (by === reachableBy) {
-        reachableCount++;
-        reachableBytes += size;
-      } else {
-        leakedCount++;
-        leakedBytes += size;
-        if (leaked.length < MAX_LEAKED_LISTED)
-          leaked.push([at.readPointer().toString(), size, sid]);
-      }
-    }
-    const result = {
-      type: 'result', tracer: 'malloc', kind: 'leaks', when, t: now(),
-      complete, stopped,
-      threads_stopped: Number(j.n_threads), threads_not_stopped: Number(j.n_failed),
-      frida_threads: skip.length,
-      candidates: n, candidates_total: Number(j.blocks_total), undecided_blocks: Number(j.undecided_blocks),
-      leaked_blocks: leakedCount, leaked_bytes: leakedBytes,
-      reachable_blocks: reachableCount, reachable_bytes: reachableBytes,
-      leaked_by_stack: [...leakedBy.values()], reachable_by_stack: [...reachableBy.values()],
-      leaked_listed: leaked.length,
-      root_ranges: roots.length, root_bytes: Number(j.root_bytes), block_bytes: Number(j.block_bytes),
-      skipped: {
-        stacks_of_no_stopped_thread: Number(j.skip_stack), scanning_thread_stack: Number(j.skip_own),
-        unreadable: Number(j.skip_unreadable),
-        not_scanned_budget: complete ? 0 : Math.max(0, total - (Number(j.root_bytes) + Number(j.skip_stack) +
-          Number(j.skip_own) + Number(j.skip_unreadable))),
-        candidates_over_capacity: Number(j.blocks_total) - n - Number(j.undecided_blocks),
-      },
-      stop_ms: tStopped - t0, scan_ms: now() - tStopped, budget_ms: budgetMs,
-      leaked,
-    };
-    send(result);
   } finally {
     resume(job);
+    tResumed = now();
+    if (pagemapFd >= 0)
+      new NativeFunction(findExport('close'), 'int', ['int'])(pagemapFd);
   }
-  return { leaked_blocks: leakedCount, reachable_blocks: reachableCount, complete, stopped };
+  // The world runs again: the buffers are ours, read at leisure.
+  j = readStruct(job, LEAK_JOB);
+  const n = Number(j.n_blocks);
+  const t = tally(blocks, marks, n);
+  const definite = t.byVerdict[LEAK_MARKS.definitely_lost];
+  const indirect = t.byVerdict[LEAK_MARKS.indirectly_lost];
+  const possible = t.byVerdict[LEAK_MARKS.possibly_lost];
+  const reachable = t.byVerdict[LEAK_MARKS.reachable];
+  const [fBlocks, fBytes] = t.total(t.byVerdict[LEAK_MARKS.frida_own]);
+  const [dBlocks, dBytes] = t.total(definite);
+  const [iBlocks, iBytes] = t.total(indirect);
+  const [pBlocks, pBytes] = t.total(possible);
+  const [rBlocks, rBytes] = t.total(reachable);
+  const read = Number(j.root_bytes) + Number(j.skip_stack) + Number(j.skip_own) + Number(j.skip_unreadable) +
+    Number(j.skip_unresident) + Number(j.skip_dead_frames);
+  const lay = glibcLayout();
+  const result = {
+    type: 'result', tracer: 'malloc', kind: 'leaks', when, t: now(),
+    complete, stopped,
+    threads_stopped: Number(j.n_threads), threads_not_stopped: Number(j.n_failed),
+    frida_threads: skip.length,
+    candidates: n, candidates_total: Number(j.blocks_total), undecided_blocks: Number(j.undecided_blocks),
+    tracked_blocks: Number(j.n_tracked), before_tracing_blocks: t.untrackedBefore.blocks,
+    before_tracing_bytes: t.untrackedBefore.bytes,
+    allocator: lay === null ? null : {
+      glibc: lay.version, main_arena_found: !lay.main_arena.equals(0), heap_segments: Number(j.n_segs),
+      allocator_own_chunks: Number(j.n_allocator_meta), free_list_chunks: Number(j.n_freed) - Number(j.n_allocator_meta),
+      walk_errors: Number(j.walk_errors), unwalked_bytes: Number(j.walk_bytes_unwalked),
+      free_list_over_capacity: Number(j.freed_over_capacity),
+    },
+    definitely_lost_blocks: dBlocks, definitely_lost_bytes: dBytes,
+    indirectly_lost_blocks: iBlocks, indirectly_lost_bytes: iBytes,
+    possibly_lost_blocks: pBlocks, possibly_lost_bytes: pBytes,
+    leaked_blocks: dBlocks + iBlocks, leaked_bytes: dBytes + iBytes,
+    reachable_blocks: rBlocks, reachable_bytes: rBytes,
+    frida_own_blocks: fBlocks, frida_own_bytes: fBytes,
+    definitely_by_stack: [...definite.values()], indirectly_by_stack: [...indirect.values()],
+    possibly_by_stack: [...possible.values()], reachable_by_stack: [...reachable.values()],
+    leaked_listed: t.listed.length,
+    root_ranges: roots.length, root_bytes: Number(j.root_bytes), block_bytes: Number(j.block_bytes),
+    skipped: {
+      stacks_of_no_stopped_thread: Number(j.skip_stack), exited_threads_dead_frames: Number(j.skip_dead_frames),
+      scanning_thread_stack: Number(j.skip_own), unreadable: Number(j.skip_unreadable),
+      never_touched_pages: Number(j.skip_unresident),
+      not_scanned_budget: complete ? 0 : Math.max(0, total - read),
+      candidates_over_capacity: Number(j.blocks_total) - n - Number(j.undecided_blocks),
+    },
+    stop_ms: tStopped - tStop, collect_ms: tCollected - tStopped, scan_ms: tResumed - tCollected,
+    world_stopped_ms: tResumed - tStop, prepare_ms: tStop - t0, budget_ms: budgetMs,
+    leaked: t.listed,
+  };
+  send(result);
+  return { leaked_blocks: dBlocks + iBlocks, reachable_blocks: rBlocks, complete, stopped };
 }

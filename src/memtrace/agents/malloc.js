@@ -13,7 +13,7 @@
  */
 
 import { C_BYTES, C_CALLS, KINDS, LOGGER_EVENT, N_SITES, SITE } from './layout.js';
-import { leakSymbols, scanLeaks } from './leaks.js';
+import { LEAKS_LIVE_TABLE, leakSymbols, scanLeaks } from './leaks.js';
 import { buildCore, core, retireThreadKey, setEnabled } from './runtime/core.js';
 import { setBatchHook, warn } from './runtime/flush.js';
 import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbols, loggerVariable,
@@ -248,8 +248,12 @@ export const tracer = {
 
   init(config, sources) {
     if (config.leaks) {
-      // A leak is reported with its stack: every tracked block needs one.
-      config.stackThreshold = Math.min(config.stackThreshold, config.liveThreshold);
+      // Every live block is a candidate, whatever its size, and is reported with its stack: the
+      // live table holds every block (and is sized for a million of them), each with its stack.
+      config.liveThreshold = 0;
+      config.stackThreshold = 0;
+      if (!IS_DARWIN)
+        config.liveTable = Math.max(config.liveTable, LEAKS_LIVE_TABLE);
     }
     const extra = {};
     for (const name of FAMILY) {

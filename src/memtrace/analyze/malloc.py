@@ -306,7 +306,11 @@ class MallocSummary(CaptureContext):
         return out
 
     def leaks_json(self, top: int | None = 10) -> dict[str, Any] | None:
-        return None if self.leaks is None else self.leaks.to_json(self._frames_of, top)
+        if self.leaks is None:
+            return None
+        # Blocks the live table had no room for are found by the allocator walk like those from
+        # before tracing (no stack): the scan's summary says how many of those there were.
+        return self.leaks.to_json(self._frames_of, top, live_table_full=self.dropped["live_table_full"])
 
     def _frames_of(self, sid: int) -> list[Frame]:
         return self.stack(sid) if sid != NO_STACK else []

@@ -57,7 +57,10 @@ def leak_result(leaked_count: int, leaked_addresses: list[int], translator: Even
         "leaked_bytes": sum(r[2] for r in leaked_by.values()),
         "reachable_blocks": sum(r[1] for r in reachable_by.values()),
         "reachable_bytes": sum(r[2] for r in reachable_by.values()),
-        "leaked_by_stack": list(leaked_by.values()), "reachable_by_stack": list(reachable_by.values()),
+        # The device's scan says leaked or not: every leaked block is reported as definitely lost
+        # (its memory graph does not split out the blocks reachable only from other leaked ones).
+        "definitely_by_stack": list(leaked_by.values()), "indirectly_by_stack": [], "possibly_by_stack": [],
+        "reachable_by_stack": list(reachable_by.values()), "verdicts": "device: leaked or reachable",
         "leaked_listed": len(listed), "leaked": listed,
         "root_ranges": None, "root_bytes": None, "block_bytes": None,
         "skipped": {}, "leaked_not_recorded": unknown, "leaked_without_address": not_addressed,

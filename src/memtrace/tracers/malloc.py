@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from memtrace.analyze.leaks import skipped_text
+from memtrace.analyze.leaks import LEAK_GROUPS, examined_text, leak_no_stack, skipped_text
 from memtrace.analyze.malloc import MallocSummary
 from memtrace.capture import calls_total
 from memtrace.errors import InputError
@@ -86,21 +86,28 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
 
 
 def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
-    """--leaks: leaked and still reachable blocks by stack, and what the scan could not see."""
+    """--leaks: blocks by valgrind's categories and by stack, and what the scan examined and could not see."""
     scan = leaks["scan"]
-    for key, title in (("leaked", "LEAKED (unreachable, cycles included)"), ("reachable", "still reachable")):
-        g = leaks[key]
+    for key, title in LEAK_GROUPS:
+        g = leaks.get(key)
+        if g is None:
+            continue
         line(console, (title, f"{g['blocks']:,} blocks, {fmt_bytes(g['bytes'])}"))
-        if g["by_stack"]:
-            console.print(stack_table(f"{key} by stack", [("bytes", "right"), ("blocks", "right"), ("frames", "left")],
+        if g["by_stack"] and key != "reachable":
+            console.print(stack_table(f"{title} by stack", [("bytes", "right"), ("blocks", "right"),
+                                                           ("frames", "left")],
                                       [[fmt_bytes(r["bytes"]), f"{r['blocks']:,}",
                                         frames_text([Frame.from_json(f) for f in r["frames"]]) if r["frames"]
-                                        else plain("(no stack)")] for r in g["by_stack"]]))
+                                        else plain(leak_no_stack(r))] for r in g["by_stack"]]))
+    line(console, ("blocks examined", examined_text(scan)))
     notes = [f"at {scan['when']}", "complete" if scan["complete"] else "INCOMPLETE (time budget spent)",
              plural(scan["threads_stopped"] or 0, "thread") + " stopped" if scan["world_stopped"] else "world NOT stopped"]
     if scan.get("threads_not_stopped"):
         notes.append(f"{scan['threads_not_stopped']} threads could not be stopped")
-    skipped = skipped_text(scan.get("skipped") or {}, fmt_bytes)
+    if scan.get("world_stopped_ms") is not None:
+        notes.append(f"world stopped {scan['world_stopped_ms']:,} ms (scanning {scan.get('scan_ms') or 0:,} ms)")
+    skipped = skipped_text({k: v for k, v in (scan.get("skipped") or {}).items() if k != "candidates_over_capacity"},
+                           fmt_bytes)
     if skipped:
         notes.append("not scanned: " + ", ".join(skipped))
     line(console, ("leak scan", "; ".join(notes)))
@@ -188,8 +195,9 @@ TRACER = Tracer(
                "jailbroken) iPhone through Instruments' Allocations service, nothing injected (--app, a "
                "development-signed app; recording from its launch).", agent_key="backend"),
         Option("leaks", bool, False, "Leak detection: at the window's end (or the target's exit) a conservative "
-               "reachability scan in the target sorts the tracked live blocks into leaked and still reachable "
-               "(implies --stack-threshold <= --live-threshold).", agent_key="leaks", is_flag=True),
+               "reachability scan in the target sorts every live heap block, as valgrind memcheck does, into "
+               "definitely, indirectly and possibly lost and still reachable (tracks every block with its stack: "
+               "--live-threshold and --stack-threshold 0).", agent_key="leaks", is_flag=True),
         Option("leaks_budget", float, DEFAULT_BUDGET_S, "Time the leak scan may take; past it the scan stops and "
                "says what it did not read.", agent_key="leaksBudget", metavar="SECONDS", check=positive),
         Option("events", bool, False, "Also stream one record per tracked allocation and free (short windows, "

@@ -22,6 +22,7 @@ from memtrace.frames import Frame
 
 VIEWS = ("gross", "live", "peak", "leaked", "temporary")
 UNSTACKED = Frame(0, function="(no stack: below the stack threshold)")
+BEFORE_TRACING = Frame(0, function="(allocated before tracing: no stack)")    # --leaks: found by the allocator walk
 _ALL = 10 ** 9      # "every row" for summaries whose to_json slices by top
 
 
@@ -52,7 +53,8 @@ class Profile:
 def _rows(rows: Iterable[dict[str, Any]]) -> list[Sample]:
     out = []
     for r in rows:
-        frames = [Frame.from_json(f) for f in r.get("frames") or []] or [UNSTACKED]
+        frames = [Frame.from_json(f) for f in r.get("frames") or []] or \
+            [BEFORE_TRACING if r.get("allocated_before_tracing") else UNSTACKED]
         count = r.get("count", r.get("blocks", r.get("calls", 1)))
         out.append(Sample(frames, int(round(r.get("bytes") or 0)), int(round(count or 0))))
     return out

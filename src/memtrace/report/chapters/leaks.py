@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrace.analyze.leaks import skipped_text
+from memtrace.analyze.leaks import examined_text, leak_no_stack, skipped_text
 from memtrace.report.chapters import frames_cell
 from memtrace.reporters.markdown import cell, table
 from memtrace.reporters.markdown import lines as cell_lines
@@ -91,9 +91,11 @@ def markdown(targets: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     lines = ["## Leaks", "",
-             "malloc: the --leaks scan (a conservative reachability scan in the target, as LeakSanitizer's): "
-             "leaked = no pointer in any thread's stack or registers, any module's data, the untracked heap or a "
-             "reachable block points into it, cycles included. fds: opened in the window, still open at its end. "
+             "malloc: the --leaks scan (a conservative reachability scan in the target, as valgrind memcheck's "
+             "and LeakSanitizer's): leaked = definitely lost (no pointer from live memory -- threads' stacks and "
+             "registers, modules' data, TLS, mappings that are not the allocator's heap -- nor from any other "
+             "block) + indirectly lost (pointed at only from lost blocks), cycles included; what valgrind "
+             "--leak-check=full counts as lost. fds: opened in the window, still open at its end. "
              "threads: exited without being joined or detached.", ""]
     lines += table(["target", "malloc leaked", "malloc still reachable", "fds still open", "threads leaked"],
                    "lrrrr", rows)
@@ -102,14 +104,24 @@ def markdown(targets: list[dict[str, Any]]) -> list[str]:
             if lk["leaked"]["by_stack"]:
                 lines += [f"### {cell(label)}: leaked malloc blocks, by allocating stack", ""]
                 lines += table(["bytes", "blocks", "frames (innermost first)"], "rrl",
-                               [[fmt_bytes(r["bytes"]), f"{r['blocks']:,}", frames_cell(r["frames"])]
+                               [[fmt_bytes(r["bytes"]), f"{r['blocks']:,}",
+                                 frames_cell(r["frames"]) if r["frames"] else leak_no_stack(r)]
                                 for r in lk["leaked"]["by_stack"][:SHOWN]])
+            if lk.get("definitely_lost") is not None:
+                lines += [f"{cell(label)}: definitely lost {lk['definitely_lost']['blocks']:,} blocks "
+                          f"({fmt_bytes(lk['definitely_lost']['bytes'])}), indirectly lost "
+                          f"{lk['indirectly_lost']['blocks']:,} ({fmt_bytes(lk['indirectly_lost']['bytes'])}), "
+                          f"possibly lost {lk['possibly_lost']['blocks']:,} "
+                          f"({fmt_bytes(lk['possibly_lost']['bytes'])}, not counted as leaked). "
+                          f"Examined: {examined_text(lk['scan'])}.", ""]
             scan = lk["scan"]
             skipped = skipped_text({k: v for k, v in (scan.get("skipped") or {}).items()
                                     if k != "candidates_over_capacity"}, fmt_bytes)
             note = (f"Scan at {scan['when']}: {plural(scan['threads_stopped'] or 0, 'thread')} stopped"
                     + (f", {scan['threads_not_stopped']} could not be" if scan.get("threads_not_stopped") else "")
                     + f"; {fmt_bytes(scan['root_bytes'])} of roots and {fmt_bytes(scan['block_bytes'])} of blocks read"
+                    + (f"; world stopped {scan['world_stopped_ms']:,} ms, scanning {scan.get('scan_ms') or 0:,} ms"
+                       if scan.get("world_stopped_ms") is not None else "")
                     + ("" if scan["complete"] else "; INCOMPLETE: the time budget ran out, leaked means possibly leaked")
                     + ("; not read: " + ", ".join(skipped) if skipped else "") + ".")
             lines += [f"{cell(label)}: {note}", ""]

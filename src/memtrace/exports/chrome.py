@@ -92,7 +92,7 @@ def document(loaded: Any) -> dict[str, Any]:
                 continue
             for k, v in sample.items():
                 if k != "t" and isinstance(v, int | float):
-                    events.append(counter(TIMELINE_COUNTERS.get(k, k), float(sample["t"]) * 1e6, v))
+                    events.append(counter(TIMELINE_COUNTERS.get(k) or str(k), float(sample["t"]) * 1e6, v))
     events.sort(key=lambda e: (e.get("ts", -1), e["ph"] != "M"))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"exporter": "memtrace", "capture": str(loaded.path), "tracer": loaded.tracer.name}}

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import symbolic
 from symbolic.cfi import CfiCache
+from symbolic.debuginfo import Archive
 from symbolic.exceptions import SymbolicError
 
 from memtrace.files import write_bytes_atomic
@@ -192,7 +192,7 @@ def build_table(path: str | Path) -> UnwindTable | None:
     not something symbolic can read."""
     t = time.perf_counter()
     try:
-        objects = list(symbolic.Archive.open(str(path)).iter_objects())
+        objects = list(Archive.open(str(path)).iter_objects())
     except (SymbolicError, OSError):
         return None
     obj = next((o for o in objects if o.arch == "x86_64"), None)

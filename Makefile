@@ -28,7 +28,8 @@ demo: $(STAMP) programs
 	$(BIN)/memtrace report demo-out
 	@echo "report: demo-out/REPORT.md and demo-out/report.html"
 
-test: $(STAMP)
+# lint and typecheck first: CI (.ci/run) is `make test`, so ruff and mypy gate it too.
+test: lint typecheck
 	$(BIN)/python -m pytest -q
 
 # The tier to run while editing: every test not marked slow (see CONTRIBUTING.md), each cut off

@@ -257,10 +257,10 @@ def _run_one(run: Run, folder: Path, force: bool, ui_factory: Callable[[], UI]) 
         try:
             if n == 1:
                 _before_launch(run)
-            target = replace(run.target, argv=list(run.target.argv))
+            spec = replace(run.target, argv=list(run.target.argv))
             found = tracers.get(run.tracer)
-            host = found.host({**run.values, **run.options}, target, options) if found and found.host else None
-            r = run_capture(run.tracer, target, options, ui_factory(), host=host)
+            host = found.host({**run.values, **run.options}, spec, options) if found and found.host else None
+            r = run_capture(run.tracer, spec, options, ui_factory(), host=host)
         except MemtraceError as e:
             attempts.append({"attempt": n, "attach_delay": delay, "ended": "failed", "reason": str(e)})
             break

@@ -272,6 +272,6 @@ class ProcessEvents:
                                  attach_delay=0.0, keep_running=True,
                                  window=max(0.1, round(self.family.deadline - time.monotonic(), 3)))
         target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
-        return type(self)(self.host.child_host(child.pid), self.tracer, target, options,  # type: ignore[call-arg]
+        return type(self)(self.host.child_host(child.pid), self.tracer, target, options,  # type: ignore[call-arg, return-value]
                           ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,
                           parent_capture=self.writer.path.name)

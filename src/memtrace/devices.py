@@ -99,7 +99,7 @@ def resolve(spec: DeviceSpec | str, timeout: float = 5.0) -> Any:
         if spec.kind == "usb":
             return frida.get_usb_device(timeout=timeout)
         if spec.kind == "id":
-            return frida.get_device(spec.udid, timeout=timeout)
+            return frida.get_device(spec.udid or "", timeout=timeout)
         if spec.kind == "remote":
             device = frida.get_device_manager().add_remote_device(f"{spec.host}:{spec.port or FRIDA_REMOTE_PORT}")
             # Adding a remote device does not connect: ask it something now, so an unreachable

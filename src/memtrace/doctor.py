@@ -288,7 +288,8 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0,
         report.add("target", "attach", FAIL, f"{target.describe()}: {e}")
         host.close()
         return
-    report.add("target", "attach", OK, f"{target.describe()} (pid {host.pid}, {host.launched.how})",
+    how = host.launched.how if host.launched is not None else "attached"
+    report.add("target", "attach", OK, f"{target.describe()} (pid {host.pid}, {how})",
                pid=host.pid)
     resumed = False
     try:
@@ -365,8 +366,8 @@ def hook_verdict(tracer: str, recon: list[dict[str, Any]], failed: list[str], pl
     points = [{"name": r.get("name"), "module": r.get("module"), "role": r.get("role"),
                "status": "fails to attach" if r.get("name") in failed else
                ("found" if r.get("status") == "found" else "missing")} for r in recon]
-    found = [p["name"] for p in points if p["status"] == "found"]
-    missing = [p["name"] for p in points if p["status"] == "missing"]
+    found = [str(p["name"]) for p in points if p["status"] == "found"]
+    missing = [str(p["name"]) for p in points if p["status"] == "missing"]
     native = platform == "darwin" or tracer not in DARWIN_TRACERS
     counts = f"{len(found)} found, {len(missing)} missing, {len(failed)} fail to attach"
     if failed:
@@ -421,7 +422,7 @@ def _self_test(report: Report, host: Any) -> None:
     fn = int(str(res.get("function")), 16)
     ids = {a.stack_id for a in allocs} if allocs else set(sized)
     in_fn = [sid for sid in ids if any(0 <= f - fn < 4096 for f in stacks.get(sid, ())[:4])]
-    data = {"expected_calls": SELF_TEST_CALLS, "counted_calls": calls, "recorded": recorded, "stacks": len(ids),
+    summary: dict[str, Any] = {"expected_calls": SELF_TEST_CALLS, "counted_calls": calls, "recorded": recorded, "stacks": len(ids),
             "stack_in_function": bool(in_fn), "rc": res.get("rc")}
     problems = []
     if res.get("rc") != 0:
@@ -433,11 +434,11 @@ def _self_test(report: Report, host: Any) -> None:
     if len(ids) != 1 or not in_fn:
         problems.append(f"{len(ids)} stack(s), {'none' if not in_fn else 'one'} through memtrace_doctor_selftest")
     if problems:
-        report.add("target", "self-test", FAIL, "; ".join(problems), **data)
+        report.add("target", "self-test", FAIL, "; ".join(problems), **summary)
     else:
         report.add("target", "self-test", OK, f"{SELF_TEST_CALLS} × malloc({SELF_TEST_SIZE}) from "
                                               f"memtrace_doctor_selftest: {calls} counted, {recorded} recorded, "
-                                              f"one stack through it", **data)
+                                              f"one stack through it", **summary)
 
 
 def _probe_result(report: Report, messages: list[tuple[str, Any, Any]]) -> None:

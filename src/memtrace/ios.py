@@ -52,6 +52,7 @@ async def _default_lockdown(target: DeviceTarget) -> Any:
 
     from memtrace.launchers import NO_AUTOPAIR, PMD3_TIMEOUTS, bounded
 
+    connect: Any
     if target.host:
         connect = create_using_tcp(hostname=target.host, port=target.port or LOCKDOWN_PORT, **NO_AUTOPAIR)
     else:

@@ -42,7 +42,7 @@ class Launched:
 class Launcher(Protocol):
     name: str
 
-    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched: ...
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched: ...
 
 
 def choose(name: str, target: Any) -> Launcher:
@@ -64,7 +64,7 @@ def choose(name: str, target: Any) -> Launcher:
 class FridaLauncher:
     name = "frida"
 
-    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched:
         if target.app and device.type == "usb":
             # A locked iPhone refuses launches without saying so; ask lockdown first when it can tell.
             try:
@@ -130,7 +130,7 @@ def check_local_program(path: str, shown: str | None = None) -> None:
 class AttachLauncher:
     name = "none"
 
-    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched:
         if target.pid is not None:
             if not any(p.pid == target.pid for p in device.enumerate_processes()):
                 raise TargetError(f"--pid {target.pid}: no such process on {device.name}")
@@ -164,7 +164,7 @@ class Pmd3Launcher:
 
     name = "pmd3"
 
-    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched:
         t = time.monotonic()
         try:
             pid = asyncio.run(pmd3_launch(device.id, target.app, suspended=True))

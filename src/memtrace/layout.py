@@ -466,14 +466,32 @@ C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RE
                                  LEAK_GLIBC, LEAK_JOB,
                                  UNWIND_ROW, UNWIND_MODULE, PROC)
 
-# Further #defines of the generated C header (name without the MT_ prefix -> value).
-C_DEFINES: dict[str, int] = {
-    "REC_AGG": REC_AGG, "REC_PEAK_HEAD": REC_PEAK_HEAD, "REC_PEAK": REC_PEAK, "REC_LIVE": REC_LIVE,
-    "NESTED_STACK": NESTED_STACK, "N_PSEUDO_STACKS": len(PSEUDO_STACKS),
-    "NESTED_LOG": NESTED_LOG, "TOP_STACKS": TOP_STACKS, "LIVE_TICK_BITS": LIVE_TICK_BITS, "N_SITES": N_SITES,
-    "LEAK_BLOCK_UNTRACKED": LEAK_BLOCK_UNTRACKED, "LEAK_BLOCK_IN_HEAP": LEAK_BLOCK_IN_HEAP,
-    "LEAK_RANGE_FRIDA": LEAK_RANGE_FRIDA,
-    **{f"LEAK_{k.upper()}": v for k, v in LEAK_MARKS.items()},
-    "AGG_STRIDE": AGG_STRIDE, "AGG_SHIPPED_MASK": AGG_SHIPPED_MASK, "AGG_FP_SHIFT": AGG_FP_SHIFT,
-    **{f"A_{k.upper()}": v for k, v in AGG_FIELDS.items()},
+# ---- the generated C header's #defines ---------------------------------------------------------
+
+# Named sets whose members C uses, and the prefix each member gets (KINDS["malloc"] -> MT_K_MALLOC;
+# a tuple's members are numbered in order: PURGEABLE_ENTRIES[0] -> MT_PF_VM_PURGABLE_CONTROL).
+C_ENUMS: dict[str, str] = {
+    "KINDS": "K", "COUNTERS": "C", "AGG_FIELDS": "A", "LOGGER_OPS": "OP", "PURGEABLE_ENTRIES": "PF",
+    "PURGABLE_CONTROLS": "PURGABLE", "LEAK_STATES": "LEAK", "LEAK_MARKS": "LEAK", "FORK_ORIGINS": "ORIGIN",
 }
+# Values C needs that are not a constant of their own here.
+C_DERIVED: dict[str, int] = {"N_PSEUDO_STACKS": len(PSEUDO_STACKS)}
+
+
+def c_defines() -> list[tuple[str, int]]:
+    """Every ``#define MT_...`` of the C header, generated: each integer constant of this module
+    (MT_ + its name), each member of the C_ENUMS sets, the size tiers' bounds (MT_TIER_MAX_i) and
+    C_DERIVED -- nothing written twice by hand.  Order: this module's."""
+    out: list[tuple[str, int]] = []
+    for name, value in globals().items():
+        if not name.isupper() or name.startswith("_"):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            out.append((f"MT_{name}", value))
+        elif name in C_ENUMS:
+            members = value.items() if isinstance(value, dict) else ((k, i) for i, k in enumerate(value))
+            out += [(f"MT_{C_ENUMS[name]}_{k.upper()}", int(v)) for k, v in members]
+        elif name == "TIER_MAX_BYTES":
+            out += [(f"MT_TIER_MAX_{i}", v) for i, v in enumerate(TIER_MAX_BYTES) if v is not None]
+    out += [(f"MT_{k}", v) for k, v in C_DERIVED.items()]
+    return out

@@ -166,6 +166,7 @@ class IOSLimitProbe:
         self.pid = pid
         self.events: list[dict[str, Any]] = []
         self.detached: str | None = None
+        self.root_error: str | None = None
         self.session, self.script = load_agent(device, pid, "limit")
         self.script.on("message", self._on_message)
         self.session.on("detached", self._on_detached)

@@ -105,7 +105,8 @@ class StacksSeen:
         """Which file served each module's symbols (host symbolization), for the SYMBOLS record."""
         return self.host.images(new_only=True) if self.host is not None else []
 
-    def symbolize(self, by_agent: Callable[[list[int]], Rows] | None, final: bool = False) -> list[tuple[Rows, str]]:
+    def symbolize(self, by_agent: Callable[[list[int]], Rows | None] | None,
+                  final: bool = False) -> list[tuple[Rows, str]]:
         """Resolve the queue; returns (rows, by) pairs to write as SYMBOLS records.
 
         ``by_agent`` is None when the agent cannot be asked (gone, or a host-symbolized target).
@@ -130,11 +131,11 @@ class StacksSeen:
             return out
         while self.pending:
             chunk = self.pending[:2000]
-            rows = by_agent(chunk)
-            if rows is None:
+            answered = by_agent(chunk)
+            if answered is None:
                 break
-            self.symtab.add_rows(rows)
-            out.append((rows, "agent"))
+            self.symtab.add_rows(answered)
+            out.append((answered, "agent"))
             del self.pending[:len(chunk)]
         return out
 

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -132,7 +132,7 @@ class RichUI(SilentUI):
         for label, value in p.rows:
             t.add_row(label, plain(value))
         t.add_row("dropped", Text(f"{p.dropped:,}", style="red" if p.dropped else ""))
-        rows = [head, bar, t]
+        rows: list[RenderableType] = [head, bar, t]
         if p.families:
             ft = Table(title="top stack families so far", box=None, show_header=False)
             for name, nbytes in p.families[:5]:

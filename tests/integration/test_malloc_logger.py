@@ -192,6 +192,7 @@ def test_agent_thread_allocations_are_the_agents(agent) -> None:
     api.stop()
 
 
+@pytest.mark.slow
 def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) -> None:
     """Restoring malloc_logger and unloading the script at once could leave a thread inside the freed
     callback: uninstall waits for in-flight calls to drain.  Four threads allocate through the logger

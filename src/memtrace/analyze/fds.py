@@ -129,14 +129,14 @@ class FdsSummary(CaptureContext):
                 "closed_out_of_sight": closed_unseen}
 
     def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
-        by_stack = [{"count": len(g), "calls": dict(Counter(o.call for o in g)),
+        by_stack: list[dict[str, Any]] = [{"count": len(g), "calls": dict(Counter(o.call for o in g)),
                      "caller": self.caller(frames, _LIBC_PREFIXES), "fds": sorted(o.fd for o in g),
                      "paths": sorted({o.path for o in g if o.path is not None})[:10],
                      "frames": frames_json(frames)}
                     for frames, g in self.by_stack((o.frames, o) for o in self.open.values())]
         by_stack.sort(key=lambda r: (-r["count"], r["caller"] or ""))
         fails: Counter[tuple[str, int, tuple[int, ...]]] = self.failure_stacks
-        failures = [{"call": call, "errno": err, "error": errno_names.errorcode.get(err, str(err)),
+        failures: list[dict[str, Any]] = [{"call": call, "errno": err, "error": errno_names.errorcode.get(err, str(err)),
                      "count": sum(fails[k] for k in keys), "caller": self.caller(frames, _LIBC_PREFIXES),
                      "frames": frames_json(frames)}
                     for (call, err), groups in _by_call(fails).items()

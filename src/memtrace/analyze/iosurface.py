@@ -53,11 +53,11 @@ class IOSurfaceSummary(CaptureContext):
         by_format: dict[str, list[Surface]] = {}
         for s in self.surfaces:
             by_format.setdefault(s.format or "?", []).append(s)
-        stacks = [{"bytes": sum(x.alloc_size for x in group), "count": len(group), "caller": self.caller(frames),
+        stacks: list[dict[str, Any]] = [{"bytes": sum(x.alloc_size for x in group), "count": len(group), "caller": self.caller(frames),
                    "frames": frames_json(frames)}
                   for frames, group in self.by_stack((s.frames, s) for s in self.surfaces)]
         stacks.sort(key=lambda r: (-r["bytes"], -r["count"]))
-        formats = [{"format": f, "count": len(g), "bytes": sum(x.alloc_size for x in g),
+        formats: list[dict[str, Any]] = [{"format": f, "count": len(g), "bytes": sum(x.alloc_size for x in g),
                     "sizes": sorted({(x.width, x.height, x.bytes_per_row, x.alloc_size) for x in g},
                                     key=lambda size: tuple(-1 if v is None else v for v in size))}
                    for f, g in by_format.items()]
@@ -120,7 +120,8 @@ class _Live:
     def pop(self, ev: dict[str, Any]) -> Surface | None:
         found = self.get(ev)
         if found is not None:
-            self.by_id.pop(found.id, None)
+            if found.id is not None:
+                self.by_id.pop(found.id, None)
             if self.by_ptr.get(found.surface) is found:
                 del self.by_ptr[found.surface]
         return found

@@ -237,10 +237,9 @@ def parse_report(text: str, source: str = "<report>") -> JetsamReport:
 
     status = body.get("memoryStatus")
     status = status if isinstance(status, dict) else {}
-    page_size = _int(status.get("pageSize"))
-    assumed = page_size is None or page_size <= 0
-    if assumed:
-        page_size = DEFAULT_PAGE_SIZE
+    reported_page_size = _int(status.get("pageSize"))
+    assumed = reported_page_size is None or reported_page_size <= 0
+    page_size = DEFAULT_PAGE_SIZE if reported_page_size is None or reported_page_size <= 0 else reported_page_size
     pages_raw = status.get("memoryPages")
     memory_pages: dict[str, int] = {}
     if isinstance(pages_raw, dict):
@@ -308,7 +307,7 @@ def aggregate(reports: Iterable[JetsamReport], skipped: Iterable[tuple[str, str]
               top: int = 10) -> dict[str, Any]:
     """Combine parsed reports (and (source, reason) pairs for skipped ones) into one document."""
     reports = list(reports)
-    skipped = [{"source": s, "reason": r} for s, r in skipped]
+    skipped_rows = [{"source": s, "reason": r} for s, r in skipped]
     by_reason: Counter[str] = Counter()
     by_process: dict[str, dict[str, Any]] = {}
     limits: dict[str, dict[str, Any]] = defaultdict(
@@ -344,10 +343,10 @@ def aggregate(reports: Iterable[JetsamReport], skipped: Iterable[tuple[str, str]
     return {
         "kind": "jetsam",
         "version": FORMAT_VERSION,
-        "totals": {"reports": len(reports), "skipped": len(skipped),
+        "totals": {"reports": len(reports), "skipped": len(skipped_rows),
                    "kills": sum(by_reason.values())},
         "reports": [r.to_dict(top) for r in reports],
-        "skipped": skipped,
+        "skipped": skipped_rows,
         "kills_by_reason": dict(by_reason.most_common()),
         "kills_by_process": process_rows,
         "limit_by_model": limit_rows,

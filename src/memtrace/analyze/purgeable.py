@@ -66,11 +66,12 @@ class PurgeableSummary(CaptureContext):
     def get_calls(self) -> int:
         return sum(c.get("get", 0) for c in self._controls().values())
 
-    def caller(self, frames: list[Frame]) -> str | None:
-        """The direct caller's function name, without its parameter list (C++ nested names)."""
-        if not frames:
-            return None
-        return frames[0].short_function() or frames[0].name()
+    def caller(self, frames: list[Frame], skip_modules: tuple[str, ...] = ()) -> str | None:
+        """The direct caller's function name (the first frame outside ``skip_modules``), without its
+        parameter list (C++ nested names)."""
+        outside = [f for f in frames if not skip_modules or f.module is None or not f.module.startswith(skip_modules)]
+        first = (outside or frames)[0] if frames else None
+        return None if first is None else first.short_function() or first.name()
 
     def to_json(self, capture: str | None = None, top: int = 50) -> dict[str, Any]:
         def group_rows(items: Iterable[tuple[tuple[Any, ...], Group]], keys: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -72,6 +72,7 @@ class ThreadsSummary(CaptureContext):
     def fold_event(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")
         t = ev.get("t")
+        r: ThreadRecord | None
         if kind == "create":
             r = self._current(str(ev.get("handle")), "created")
             r.created = True
@@ -133,7 +134,7 @@ class ThreadsSummary(CaptureContext):
         return None if address is None else self._symbol(address + 1)
 
     def _group(self, records: list[ThreadRecord], top: int) -> list[dict[str, Any]]:
-        rows = []
+        rows: list[dict[str, Any]] = []
         for frames, g in self.by_stack((r.frames, r) for r in records):
             by_routine: dict[int | None, list[ThreadRecord]] = {}
             for r in g:

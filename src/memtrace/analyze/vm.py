@@ -78,7 +78,7 @@ class VmFold:
             st = self.by_tag.setdefault(tag, TagStats())
             st.live_count += 1
             st.live_bytes += size
-        rows = [{"tag": tag, "name": TAG_NAMES.get(tag, f"VM_MEMORY_{tag}"), "calls": st.calls, "bytes": st.bytes,
+        rows: list[dict[str, Any]] = [{"tag": tag, "name": TAG_NAMES.get(tag, f"VM_MEMORY_{tag}"), "calls": st.calls, "bytes": st.bytes,
                  "kinds": sorted(st.kinds), "live_count": st.live_count, "live_bytes": st.live_bytes}
                 for tag, st in self.by_tag.items()]
         rows.sort(key=lambda r: (-r["bytes"], r["tag"]))

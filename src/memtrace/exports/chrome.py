@@ -93,14 +93,14 @@ def document(loaded: Any) -> dict[str, Any]:
                 continue
             for k, v in sample.items():
                 if k != "t" and isinstance(v, int | float):
-                    events.append(counter(TIMELINE_COUNTERS.get(k, k), float(sample["t"]) * 1e6, v))
+                    events.append(counter(TIMELINE_COUNTERS.get(k) or str(k), float(sample["t"]) * 1e6, v))
     for ev in events:           # what the format holds: finite numbers, timestamps a double keeps exact
         if "ts" in ev:
             ev["ts"] = finite(ev["ts"], "chrome-trace: a timestamp (microseconds)", loaded, 0.0, TS_US_MAX)
-        args = ev.get("args")
-        if isinstance(args, dict):
-            for k, v in args.items():
-                args[k] = finite(v, "chrome-trace: a value", loaded)
+        ev_args = ev.get("args")
+        if isinstance(ev_args, dict):
+            for k, v in ev_args.items():
+                ev_args[k] = finite(v, "chrome-trace: a value", loaded)
     events.sort(key=lambda e: (e.get("ts", -1), e["ph"] != "M"))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"exporter": "memtrace", "capture": str(loaded.path), "tracer": loaded.tracer.name}}

@@ -92,7 +92,7 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP,
     except CaptureError as e:
         return None, Skipped(rel, _strip_path(str(e), path))
     if first is None:
-        why = info.problem if info.truncated or info.n_skipped else "empty capture (header only, no records)"
+        why = (info.problem if info.truncated or info.n_skipped else None) or "empty capture (header only, no records)"
         return None, Skipped(rel, why)
     if first.type != RecordType.META:
         why = f" ({info.problem})" if info.n_skipped else ": not a memtrace capture"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection
 
 ELF_MAGIC = b"\x7fELF"
 MACHO_MAGICS = (b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",
@@ -58,7 +59,7 @@ def elf_identity(path: str | Path) -> ElfIdentity | None:
             has_dwarf = has_symtab = False
             for section in elf.iter_sections():
                 kind = section["sh_type"]
-                if kind == "SHT_NOTE":
+                if kind == "SHT_NOTE" and isinstance(section, NoteSection):
                     for note in section.iter_notes():
                         # Type 3 is the build-id only in a GNU note (SystemTap's stapsdt notes,
                         # libstdc++'s, reuse the number).

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import symbolic
 from symbolic.cfi import CfiCache
+from symbolic.debuginfo import Archive
 from symbolic.exceptions import SymbolicError
 
 from memtrace.files import write_bytes_atomic
@@ -195,7 +195,7 @@ def build_table(path: str | Path) -> UnwindTable | None:
     if compressed_section_problem(path) is not None:
         return None                 # a section claiming terabytes would abort symbolic's decompression
     try:
-        objects = list(symbolic.Archive.open(str(path)).iter_objects())
+        objects = list(Archive.open(str(path)).iter_objects())
     except (SymbolicError, OSError):
         return None
     obj = next((o for o in objects if o.arch == "x86_64"), None)

@@ -96,8 +96,8 @@ class Locator:
                 found = self._load(str(cand), want_id=build_id)
                 if found is not None:
                     return Source(found, "debuglink", own, slide)
-        for cand in self._by_name(module.name):
-            if cand != runtime and (found := self._load(cand, want_id=build_id)) is not None and found.has_lines:
+        for named in self._by_name(module.name):
+            if named != runtime and (found := self._load(named, want_id=build_id)) is not None and found.has_lines:
                 return Source(found, "build-id" if build_id else "name (unverified)", own, slide)
         if own is None:
             return Source(None, "none", note=f"{runtime}: unreadable ({self.files.error_of(runtime)})")
@@ -128,9 +128,9 @@ class Locator:
             for cand in self._build_id_paths(bid):
                 if cand.is_file() and (found := self._load(str(cand), want_id=bid)) is not None:
                     return Source(found, "build-id", slide=self._slide(str(cand)))
-        found = self._search_named(module.name, module.ids[0] if module.ids else None, exclude=exclude)
-        if found is not None:
-            return found
+        named_source = self._search_named(module.name, module.ids[0] if module.ids else None, exclude=exclude)
+        if named_source is not None:
+            return named_source
         hint = f"no file named {module.name} in --symbols" if self.search else "give --symbols DIR"
         return Source(None, "none", note=f"{why}; {hint}")
 

@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import symbolic
+from symbolic.debuginfo import Archive, Object
 from symbolic.exceptions import SymbolicError
+from symbolic.symcache import SymCache
 
 from memtrace.symbols.binaries import compressed_section_problem
 
@@ -41,7 +42,7 @@ class SymbolFile:
     code_id: str | None             # ELF build-id hex / Mach-O UUID hex
     features: frozenset[str]        # symtab, debug, unwind, sources
     file_format: str                # elf, macho, ...
-    cache: symbolic.SymCache = field(repr=False)
+    cache: SymCache = field(repr=False)
 
     @property
     def has_lines(self) -> bool:
@@ -59,12 +60,12 @@ class SymbolFiles:
     """Opens each file once and builds each object's SymCache once, for the whole run."""
 
     def __init__(self) -> None:
-        self._archives: dict[str, list[symbolic.Object] | None] = {}
+        self._archives: dict[str, list[Object] | None] = {}
         self._files: dict[tuple[str, str], SymbolFile] = {}
         self.errors: dict[str, str] = {}
         self.load_s = 0.0
 
-    def objects(self, path: str) -> list[symbolic.Object]:
+    def objects(self, path: str) -> list[Object]:
         """The objects (architectures) in ``path``; empty when it is no object file."""
         key = str(Path(path).resolve())
         if key not in self._archives:
@@ -73,7 +74,7 @@ class SymbolFiles:
             try:
                 if bomb is not None:
                     raise OSError(bomb)
-                self._archives[key] = list(symbolic.Archive.open(key).iter_objects())
+                self._archives[key] = list(Archive.open(key).iter_objects())
             except (SymbolicError, OSError) as e:
                 self._archives[key] = None
                 self.errors[key] = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -83,7 +84,7 @@ class SymbolFiles:
     def error_of(self, path: str) -> str:
         return self.errors.get(str(Path(path).resolve()), "not an object file")
 
-    def select(self, path: str, debug_id: str | None = None, arch: str | None = None) -> symbolic.Object | None:
+    def select(self, path: str, debug_id: str | None = None, arch: str | None = None) -> Object | None:
         """The object matching ``debug_id`` (none if it does not match), else the one for ``arch``,
         else the only (or first) one."""
         objs = self.objects(path)
@@ -99,7 +100,7 @@ class SymbolFiles:
                         return o
         return objs[0] if objs else None
 
-    def load(self, path: str, obj: symbolic.Object) -> SymbolFile | None:
+    def load(self, path: str, obj: Object) -> SymbolFile | None:
         key = (str(Path(path).resolve()), obj.debug_id + "/" + obj.arch)
         f = self._files.get(key)
         if f is None:

@@ -157,7 +157,7 @@ def resymbolize(capture: Path, symbol_dirs: Iterable[Path] = (), device_symbols:
     out.unresolved = out.addresses - out.named
     out.images = sym.usage()
     t_resolved = time.perf_counter()
-    bodies = [{"rows": rows[i:i + ROWS_PER_RECORD], "by": "memtrace symbolize"}
+    bodies: list[dict[str, Any]] = [{"rows": rows[i:i + ROWS_PER_RECORD], "by": "memtrace symbolize"}
               for i in range(0, len(rows), ROWS_PER_RECORD)] or [{"rows": [], "by": "memtrace symbolize"}]
     bodies[0]["images"] = sym.images()
     replace_records(info.path, RecordType.SYMBOLS, bodies)

@@ -93,7 +93,7 @@ def _stacks(a: Side, b: Side, view: str, top: int | None) -> dict[str, Any]:
                 row = merged[key] = {"frames": s.frames, "base": 0, "new": 0, "base_count": 0, "new_count": 0}
             row[side] += s.bytes
             row[f"{side}_count"] += s.count
-    rows = [{"bytes": _change(r["base"], r["new"]), "count": _change(r["base_count"], r["new_count"]),
+    rows: list[dict[str, Any]] = [{"bytes": _change(r["base"], r["new"]), "count": _change(r["base_count"], r["new_count"]),
              "frames": [f.to_json() for f in r["frames"]]} for r in merged.values()]
     rows = [r for r in rows if r["bytes"]["delta"] or r["count"]["delta"]]
     rows.sort(key=lambda r: (-abs(r["bytes"]["delta"]), -abs(r["count"]["delta"])))
@@ -123,11 +123,11 @@ def diff(base: Path, new: Path, top: int | None = 10, families: Path | None = No
             raise InputError(f"{new}: a {b.key[1]} capture cannot be compared with {base}, a {a.key[1]} capture")
         return {"kind": "diff", "base": str(base), "new": str(new), "pairs": [compare(a, b, top)], "unpaired": [],
                 "incomplete": _incomplete([a, b])}
-    sa = {}
+    sa: dict[Any, Side] = {}
     for p in a_paths:
         s = _side(p, rules)
         sa.setdefault(s.key, s)
-    sb = {}
+    sb: dict[Any, Side] = {}
     for p in b_paths:
         s = _side(p, rules)
         sb.setdefault(s.key, s)

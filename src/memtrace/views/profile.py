@@ -178,6 +178,8 @@ def _start_sample(calibration: Any) -> dict[str, Any] | None:
     before = calibration.get("before") if isinstance(calibration, dict) else None
     if not isinstance(before, dict):
         return None
-    allocator = before.get("allocator") if isinstance(before.get("allocator"), dict) else {}
-    footprint = before.get("footprint") if isinstance(before.get("footprint"), dict) else {}
+    allocator = before.get("allocator")
+    footprint = before.get("footprint")
+    allocator = allocator if isinstance(allocator, dict) else {}
+    footprint = footprint if isinstance(footprint, dict) else {}
     return {"t": 0.0, "tracked_bytes": 0, "in_use": allocator.get("in_use"), "footprint": footprint.get("footprint")}

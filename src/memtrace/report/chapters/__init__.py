@@ -138,7 +138,7 @@ def family_rows(fam: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def merge_families(dst: dict[str, dict[str, int]], rows: list[dict[str, Any]]) -> None:
+def merge_families(dst: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> None:
     for r in rows:
         f = dst.setdefault(r["family"], {})
         for k, v in r.items():

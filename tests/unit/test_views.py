@@ -110,3 +110,32 @@ def test_the_leak_scans_unread_memory_in_words() -> None:
                          "scanning_thread_stack": 4096}, fmt_bytes) == [
         "stacks of threads that were not running (exited threads' cached stacks, Frida's own) 3.0 MB",
         "12 blocks over the table's capacity", "the scanning thread's own stack 4.0 KB"]
+
+
+def test_show_sorts_the_stack_table_by_bytes_calls_or_live(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import run_memtrace
+
+    from memtrace.report.synthetic import SyntheticCapture
+
+    c = SyntheticCapture(tmp_path / "c.mtc", "app")
+    many, big = c.stack("many_small", "main"), c.stack("one_big", "main")
+    ptrs = [c.alloc(many, 8192) for _ in range(6)]       # 48 KB in 6 calls, all freed
+    for p in ptrs:
+        c.free(p, 8192)
+    c.alloc(big, 65536)                                  # 64 KB in 1 call, live
+    c.alloc(big, 65536)
+    c.end(captured_s=1.0)
+
+    def top(*sort: str) -> list[str]:
+        doc = json.loads(run_memtrace("show", tmp_path / "c.mtc", "--json", *sort).stdout)
+        return [r["frames"][0]["function"] for r in doc["top_stacks"]]
+
+    assert top() == top("--sort", "bytes") == ["one_big", "many_small"]
+    assert top("--sort", "calls") == ["many_small", "one_big"]
+    assert top("--sort", "live") == ["one_big"]
+    text = run_memtrace("show", tmp_path / "c.mtc", "--sort", "calls").stdout
+    assert text.index("top stacks by calls") < text.index("live at end, by stack")
+    bad = run_memtrace("show", ROOT / "tests/data/report/captures/camera-iosurface", "--sort", "calls", check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--sort orders malloc's stack table" in bad.stderr

@@ -30,6 +30,28 @@ class MallocStats(CoreStats):
         return rows
 
 
+SORTS = ("bytes", "calls", "live")
+
+
+def sorted_stack_rows(summary: MallocSummary, top: int | None, sort: str) -> list[Any]:
+    """The stack table ``memtrace show --sort`` asks for: by gross bytes, by calls, or by live bytes."""
+    if sort == "live":
+        return summary.stack_rows(top, live=True)
+    if sort == "calls":
+        rows = sorted(summary.stack_rows(None), key=lambda r: (-r.count, -r.est_bytes, min(r.stack_ids)))
+        return rows if top is None else rows[:top]
+    return summary.stack_rows(top)
+
+
+def sorted_tables(summary: MallocSummary, top: int, sort: str) -> list[tuple[str, list[Any]]]:
+    """The two stack tables, the one ``sort`` names first (``live``: the live table only once)."""
+    first = {"bytes": "top stacks by bytes", "calls": "top stacks by calls", "live": "live at end, by stack"}[sort]
+    tables = [(first, sorted_stack_rows(summary, top, sort))]
+    if sort != "live":
+        tables.append(("live at end, by stack", summary.stack_rows(top, live=True)))
+    return tables
+
+
 def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any]) -> None:
     s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 10))
     header(console, "malloc", s)
@@ -53,8 +75,7 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
     console.print(tiers)
     live = s["live"]
     line(console, ("live at end (tracked blocks)", f"{live['count']:,} blocks, {fmt_bytes(live['bytes'])}"))
-    for title, rows in (("top stacks by bytes", summary.stack_rows(opts.get("top", 10))),
-                        ("live at end, by stack", summary.stack_rows(opts.get("top", 10), live=True))):
+    for title, rows in sorted_tables(summary, opts.get("top", 10), opts.get("sort") or "bytes"):
         if rows:
             console.print(stack_table(title, [("bytes", "right"), ("count", "right"), ("frames", "left")],
                                       [[fmt_bytes(r.est_bytes), f"{round(r.count):,}",

@@ -307,6 +307,7 @@
         d.style.top = (depth * ROW) + 'px';
         d.style.background = n === root ? '#ddd' : n.folded ? '#e0e0e0' : COLORS[hash(n.name) % COLORS.length];
         if (ancestor) d.classList.add('mt-dim');
+        if (frac * width < 8) d.classList.add('mt-thin');     // no padding: a thin box never overlaps its neighbour
         if (n.folded) d.classList.add('mt-other');
         if (re && re.test(n.name)) d.classList.add('mt-match');
         d.addEventListener('click', function () { zoom = n; render(); });

@@ -21,7 +21,9 @@ from memtrace.views.profile import VIEWS
 @click.option("--jsonl", is_flag=True, default=False, help="Same as --format jsonl.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", *FORMATS]), default="jsonl", show_default=True,
               help="jsonl: every record; collapsed: folded stacks (flamegraph.pl); speedscope: speedscope's JSON; "
-                   "pprof: gzipped profile.proto; chrome-trace: trace events for the Perfetto UI.")
+                   "pprof: gzipped profile.proto (a Go heap profile for malloc's gross and live); chrome-trace: "
+                   "trace events for the Perfetto UI; parquet: a row per stack and view with its frames and the "
+                   "capture's identity (needs pyarrow: pip install 'memtrace[parquet]').")
 @click.option("--view", type=click.Choice(VIEWS), default="gross", show_default=True,
               help="Which bytes the stack formats weigh (malloc).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from memtrace.analyze.families import builtin_rules
 from memtrace.analyze.families import classify as classify_family
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
@@ -118,6 +119,16 @@ class StacksSeen:
             if not final:
                 break
         return out
+
+    def label(self, sid: int) -> str:
+        """A stack for the live view: its first frame outside the allocator and runtime (the
+        families' signature), ``← caller``."""
+        frames = self._frames.get(sid)
+        if not frames:
+            return f"stack {sid}"
+        labels = self.symtab.labels(frames)
+        sig = builtin_rules().signature(labels) or labels
+        return " ← ".join(str(x) for x in sig[:2])
 
     def families(self, top: int = 200) -> list[tuple[str, int]]:
         """Top stack families so far, from the biggest stacks (cheap enough for a 1 s tick)."""

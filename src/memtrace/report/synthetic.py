@@ -201,7 +201,8 @@ def write_large_capture(path: Path | str, stacks: int = 131_072, seed: int = 22,
         a = address.get((fn, line))
         if a is None:
             a = address[(fn, line)] = MODULE_BASE + 0x1000 + 0x10 * len(address)
-            rows.append([hex(a), module, a - MODULE_BASE, names[fn], f"/src/gcc/{names[fn][:4]}.cc", 100 + line])
+            stem = "".join(c for c in names[fn].split("(")[0].split("::")[-1].lower() if c.isalpha())[:16] or "rt"
+            rows.append([hex(a), module, a - MODULE_BASE, names[fn], f"/src/gcc/{stem}.cc", 100 + line])
         return a
 
     # Stacks: a shared prefix (the runtime's entry), then a random walk through the tree: every

@@ -27,6 +27,13 @@ class MallocStats(CoreStats):
                 ("live / stacks", f"{self.live:,} / {self.stacks:,}")]
         if self.tracked is not None:
             rows.append(("tracked live / peak", f"{fmt_bytes(self.tracked)} / {fmt_bytes(self.peak or 0)}"))
+        if self.in_use is not None or self.footprint is not None:
+            # Beside tracked live: what the allocator holds (small blocks, overhead) and the whole process.
+            rows.append(("allocator in use / footprint", f"{fmt_bytes(self.in_use) if self.in_use is not None else '—'}"
+                                                         f" / {fmt_bytes(self.footprint) if self.footprint else '—'}"))
+        for k, (sid, rate, live) in enumerate(self.growing()):
+            rows.append(("growing fastest" if k == 0 else "", f"+{fmt_bytes(rate)}/s ({fmt_bytes(live)} live) "
+                                                              f"{self.label(sid)}"))
         return rows
 
 

@@ -128,8 +128,13 @@ def test_flamegraph_page_zoom_search_tooltip(browser: Any, demo: Path, tmp_path:
     assert heap.locator("polyline").count() == 2 and heap.locator("line.mt-peak").count() == 1
     tracked = heap.locator("polyline").last
     assert tracked.get_attribute("data-series") == "tracked live"        # last drawn: on top
+    # A short run: the window's start, the peak at its instant, every drain; the allocator's and the
+    # footprint's lines reach the end (read at exit); a dot per point.
     points = tracked.get_attribute("points").split()
-    assert len(points) >= 2 and points[0] == "0.0,98.0" and points[-1].startswith("1000.0,")
+    assert len(points) >= 3 and points[0] == "0.0,98.0" and points[1].endswith(",2.0")      # the peak: the top
+    footprint = page.locator("svg.mt-panel").nth(1).locator("polyline").first
+    assert footprint.get_attribute("points").split()[-1].startswith("1000.0,")
+    assert heap.locator("circle").count() >= len(points)
     leak = page.locator(".mt-node", has_text="cache_insert_entry (workload)")
     leak.hover()
     tip = page.locator(".mt-tip").inner_text()

@@ -193,22 +193,31 @@ def timeline(loaded: Any) -> dict[str, Any]:
     own = getattr(loaded.summary, "timeline", None)
     if isinstance(own, list) and own and isinstance(own[0], dict):
         samples = [dict(x) for x in own]
-        start = _start_sample(getattr(loaded.summary, "calibration", None))
+        calibration = getattr(loaded.summary, "calibration", None)
+        start = _start_sample(calibration)
         if start is not None and float(samples[0].get("t") or 0) > 0:
             samples.insert(0, start)
+        # Two more points the capture knows exactly, so that a run shorter than a few drains is
+        # still a shape: the peak of tracked bytes at its instant, and the allocator and footprint
+        # as read at the end.
+        peak = getattr(loaded.summary, "peak", None)
+        if peak is not None and peak.t_s is not None and all(float(x.get("t") or 0) != peak.t_s for x in samples):
+            samples.append({"t": peak.t_s, "tracked_bytes": peak.bytes})
+        end = _end_sample(calibration)
+        if end is not None and end["t"] > max(float(x.get("t") or 0) for x in samples):
+            samples.append(end)
+        samples.sort(key=lambda x: float(x.get("t") or 0))
         t = [float(x.get("t") or 0) for x in samples]
         keys = [k for k in TIMELINE_SERIES if any(isinstance(x.get(k), int | float) for x in samples)]
         if keys:
             out: dict[str, Any] = {"t": t, "series": {TIMELINE_SERIES[k]: [x.get(k) for x in samples] for k in keys},
                                    "unit": "bytes", "source": "summary"}
-            peak = getattr(loaded.summary, "peak", None)
             if peak is not None and peak.t_s is not None:
                 out["peak"] = {"t": peak.t_s, "bytes": peak.bytes}
-            # The largest stacks' live bytes at each sample: what a time range's flame graph shows.
-            shift = len(samples) - len(own)
+            # The largest stacks' live bytes at each drain: what a time range's flame graph shows.
             stacks = []
             for sid in _timeline_stacks(own):
-                live = [None] * shift + [dict(x.get("top") or []).get(sid) for x in own]
+                live = [dict(x["top"]).get(sid) if isinstance(x.get("top"), list) else None for x in samples]
                 stacks.append({"frames": loaded.summary.stack(sid), "live": live})
             if stacks:
                 out["stacks"] = stacks
@@ -227,6 +236,23 @@ def timeline(loaded: Any) -> dict[str, Any]:
     if any(live):
         series["tracked live blocks"] = live
     return {"t": t, "series": series, "unit": None, "source": "snapshots"}
+
+
+def _end_sample(calibration: Any) -> dict[str, Any] | None:
+    """The window's end as a timeline sample (allocator in-use and footprint), placed by the agent
+    clock the "before" and the end calibrations share; None when either lacks its time."""
+    if not isinstance(calibration, dict):
+        return None
+    before = calibration.get("before")
+    after = calibration.get("after") or calibration.get("at-exit")
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return None
+    if not (isinstance(before.get("t"), int | float) and isinstance(after.get("t"), int | float)):
+        return None
+    allocator = after.get("allocator") if isinstance(after.get("allocator"), dict) else {}
+    footprint = after.get("footprint") if isinstance(after.get("footprint"), dict) else {}
+    return {"t": round((after["t"] - before["t"]) / 1000, 3), "in_use": allocator.get("in_use"),
+            "footprint": footprint.get("footprint")}
 
 
 def _timeline_stacks(samples: list[dict[str, Any]]) -> list[int]:

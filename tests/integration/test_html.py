@@ -289,7 +289,7 @@ def test_report_of_many_large_captures_is_small(browser: Any, large: tuple[Path,
     many = tmp_path / "many"
     for i in range(3):
         shutil.copytree(folder, many / f"cc1plus{i}-malloc")
-    proc = run_memtrace("report", many, "--out", tmp_path / "out", timeout=900)
+    proc = run_memtrace("report", many, "--out", tmp_path / "out", "--progress", timeout=900)
     progress = [ln for ln in proc.stderr.splitlines() if ln.startswith("report: [")]
     assert len(progress) == 3 and all(": ok (" in ln for ln in progress), proc.stderr
     html = tmp_path / "out" / "report.html"

@@ -43,7 +43,7 @@ def test_the_docs_duckdb_query_reproduces_the_reports_family_table(tmp_path: Pat
     shutil.copytree(WORKLOAD, folder / "workload-malloc")
     (folder / "captures").mkdir()
     export(folder / "workload-malloc", folder / "captures" / "workload.parquet")
-    doc = json.loads(run_memtrace("report", folder, "--json", "--quiet").stdout)
+    doc = json.loads(run_memtrace("report", folder, "--json").stdout)
     families = doc["targets"][0]["malloc"]["families"]
     docs = (ROOT / "docs" / "report.md").read_text()
     query = re.search(r"```sql\n-- memtrace-doc-query: families\n(.*?)```", docs, re.S)

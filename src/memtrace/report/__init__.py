@@ -24,7 +24,7 @@ from typing import Any
 from memtrace.analyze.families import load_rules
 from memtrace.capture import CaptureInfo
 from memtrace.errors import InputError
-from memtrace.files import save_text
+from memtrace.files import _why, save_text
 from memtrace.report.aggregate import build_document
 from memtrace.report.collect import Skipped, _rel, analyze_capture, discover, load_document
 from memtrace.report.markdown import render
@@ -126,11 +126,13 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
                          f"in this folder or below it")
     dest = Path(out) if out is not None else root
     flames = dest / FLAMES_DIR if write else None
+    option = "--out" if out is not None else "report folder"
     if flames is not None:
+        # Before any work: an output folder that cannot be made fails as writing report.json would.
         try:
             flames.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise InputError(f"{flames}: cannot create: {e.strerror or e}") from None
+            raise InputError(f"{option} {dest / 'report.json'}: cannot write: {_why(dest / 'report.json', e)}") from None
     n = len(found.captures)
     jobs = max(1, jobs or default_jobs(found.captures))
     done: list[_Done] = []
@@ -171,7 +173,7 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
         page = report_page(f"Memory report: {name}", markdown, pages)
         for fname, text in (("report.json", json.dumps(document, indent=1, ensure_ascii=False) + "\n"),
                             ("REPORT.md", markdown), (REPORT_HTML, page)):
-            save_text(dest / fname, text, "--out" if out is not None else "report folder")
+            save_text(dest / fname, text, option)
             result.paths.append(dest / fname)
         assert flames is not None
         _drop_stale(flames, {d.flame[1] for d in done if d.flame is not None})

@@ -10,6 +10,7 @@ Set MEMTRACE_UPDATE_DOCS=1 to save the flame graph's screenshot as docs/flamegra
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -327,6 +328,16 @@ def test_fds_and_threads_flame_graphs_count_objects(browser: Any, compile_c: Any
     node.hover()
     tip = page.locator(".mt-tip").inner_text()
     assert " B," not in tip and "objects" in tip             # counted, not weighed in bytes
+    # The same counts for the other tools: folded stacks (the default view) and diff's views.
+    folded = run_memtrace("export", tmp_path / "c", "--format", "collapsed").stdout.splitlines()
+    total = sum(int(ln.rsplit(" ", 1)[1]) for ln in folded)
+    summary = json.loads(run_memtrace("show", tmp_path / "c", "--json", "--top", "0").stdout)
+    rows = summary["open_at_end"]["by_stack"] if tracer == "fds" else summary["created_by_stack"]
+    assert total == sum(r["count"] for r in rows if r["frames"]) > 0
+    if tracer == "threads":
+        assert total == summary["created"]
+    pair = json.loads(run_memtrace("diff", tmp_path / "c", tmp_path / "c", "--json").stdout)["pairs"][0]
+    assert view in pair["views"] and pair["views"][view]["total"]["base"] == total
     # A view that does not apply: one line, non-zero exit, no page.
     bad = run_memtrace("flamegraph", tmp_path / "c", "-o", tmp_path / "x.html", "--view", "peak", check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "has no peak view" in bad.stderr

@@ -151,6 +151,9 @@ def _generic(p: Profile, s: Any, view: str) -> Profile:
     from memtrace.report.chapters import _named_stack_lists
 
     if p.tracer in COUNT_VIEWS:
+        if view == "gross":
+            # The default view of every tracer (export --view gross, older callers): its first.
+            view = p.view = next(iter(COUNT_VIEWS[p.tracer]))
         if view not in COUNT_VIEWS[p.tracer]:
             views = ", ".join(COUNT_VIEWS[p.tracer])
             p.missing = f"the {view} view is not a {p.tracer} view (its views: {views})"

@@ -211,7 +211,7 @@ def flame_view(samples: Iterable[Any], names: Strings, wheres: Strings, by_line:
     return tree.encode(leaves, names, wheres, min_fraction)
 
 
-def malloc_leaves(loaded: Any, tree: Tree) -> dict[str, list[tuple[int, int, int]]]:
+def malloc_leaves(loaded: Any, tree: Tree) -> dict[str, Iterable[tuple[int, int, int]]]:
     """The malloc views the per-stack totals hold (gross, live, and peak and temporary when the
     capture kept them), as leaves of one shared tree: every stack is walked once for all views.
 
@@ -229,11 +229,13 @@ def malloc_leaves(loaded: Any, tree: Tree) -> dict[str, list[tuple[int, int, int
         views.append("peak")
     if s.aggregates:
         views.append("temporary")
-    out: dict[str, list[tuple[int, int, int]]] = {v: [] for v in views}
-    measures = [(out[v], MEASURES[v]) for v in views]
+    # Three flat arrays per view (node, bytes, count): a tuple per stack and view would weigh more
+    # than the tree on a capture with a hundred thousand stacks.
+    cols = {v: (array("q"), array("q"), array("q")) for v in views}
+    measures = [(cols[v], MEASURES[v]) for v in views]
     for st in s.by_stack.values():
         node = -1
-        for leaves, measure in measures:
+        for (nodes, sizes, counts), measure in measures:
             est, cnt, _ = measure(st)
             if est <= 0:
                 continue
@@ -242,20 +244,23 @@ def malloc_leaves(loaded: Any, tree: Tree) -> dict[str, list[tuple[int, int, int
                 raw = s.stacks.get(sid)
                 node = unstacked if sid == NO_STACK else (tree.add_addresses(raw, s.symbols) if raw
                                                           else tree.add(s.stack(sid)))
-            leaves.append((node, int(round(est)), int(round(cnt))))
-
+            nodes.append(node)
+            sizes.append(int(round(est)))
+            counts.append(int(round(cnt)))
     tree.done()
 
     def rest(view: str, total: int, calls: int | None) -> None:
-        have = sum(b for _, b, _ in out[view])
+        nodes, sizes, counts = cols[view]
+        have = sum(sizes)
         if total - have > 0:
-            n = max(0, calls - sum(c for _, _, c in out[view])) if calls is not None else 0
-            out[view].append((unstacked, total - have, n))
+            nodes.append(unstacked)
+            sizes.append(total - have)
+            counts.append(max(0, calls - sum(counts)) if calls is not None else 0)
 
-    rest("gross", s.gross_bytes - s.coverage()["estimated_bytes_with_sampling"] + sum(b for _, b, _ in out["gross"]),
+    rest("gross", s.gross_bytes - s.coverage()["estimated_bytes_with_sampling"] + sum(cols["gross"][1]),
          s.alloc_calls)
-    if "peak" in out:
+    if "peak" in cols:
         rest("peak", s.peak.bytes, s.peak.count)
-    if "temporary" in out:
+    if "temporary" in cols:
         rest("temporary", s.counter("temp_bytes"), s.counter("temp_calls"))
-    return out
+    return {v: zip(*c, strict=True) for v, c in cols.items()}

@@ -1,9 +1,12 @@
 """Self-contained HTML: the flame graph page and report.html.
 
-Every page carries its own CSS and JavaScript (``flame.css`` and ``flame.js`` beside this file,
-inlined) and its data as JSON in a ``<script type="application/json">`` element; nothing is
-fetched from the network.  Text from a capture (symbol names, file names, targets) reaches the
-page only as escaped HTML or as JSON the script puts in with ``textContent``.
+Every flame graph page carries its own CSS and JavaScript (``flame.css`` and ``flame.js`` beside
+this file, inlined) and its data -- the tree :mod:`memtrace.views.flame` built, never the raw
+stacks -- as JSON in a ``<script type="application/json">`` element; nothing is fetched from the
+network.  report.html is the report's chapters and a link per capture to its own page (no script,
+no flame data: it stays small whatever the folder holds).  Text from a capture (symbol names, file
+names, targets) reaches a page only as HTML escaped once or as JSON the script puts in with
+``textContent``.
 """
 
 from __future__ import annotations

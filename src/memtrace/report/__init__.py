@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -147,7 +148,9 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
         for i, path in enumerate(found.captures):
             finished(_analyze_one(i, path, root, families, flames))
     else:
-        ctx = multiprocessing.get_context("spawn")
+        # fork on Linux: the workers start at once and see this process's tracer registry (a tracer
+        # added at run time included); spawn elsewhere (macOS frameworks do not survive a fork).
+        ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
             futures = [pool.submit(_analyze_one, i, path, root, families, flames)
                        for i, path in enumerate(found.captures)]

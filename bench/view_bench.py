@@ -17,7 +17,6 @@ the views are held to: flame page <= 5 MB and <= 5 s; report.html <= 10 MB and <
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import subprocess
 import sys
@@ -30,18 +29,19 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from memtrace.report.synthetic import write_large_capture  # noqa: E402
 
+# Runs the command in a fresh process and prints its children's CPU seconds and largest RSS: this
+# bench's own RUSAGE_CHILDREN would mix every command it ran before.
+_MEASURE = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+            "r = resource.getrusage(resource.RUSAGE_CHILDREN); print(r.ru_utime + r.ru_stime, r.ru_maxrss)")
+
 
 def run(*args: str | Path) -> tuple[float, float, float]:
-    """(wall seconds, CPU seconds, peak RSS in MB) of one memtrace command, in a child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """(wall seconds, CPU seconds, largest process's RSS in MB -- the report's workers included) of
+    one memtrace command."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "memtrace.cli", *map(str, args)], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    took = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    # ru_maxrss of RUSAGE_CHILDREN is the largest process so far (the report's workers included).
-    return took, cpu, after.ru_maxrss / 1024
+    out = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "memtrace.cli", *map(str, args)],
+                         check=True, capture_output=True, text=True).stdout.split()
+    return time.perf_counter() - t0, float(out[0]), int(out[1]) / 1024
 
 
 def du(path: Path) -> int:

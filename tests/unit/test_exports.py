@@ -150,6 +150,33 @@ def test_pprof_is_a_go_heap_profile_and_adds_up(tmp_path: Path, view: str, defau
     assert "image_decode_frame (workload)" in leaves
 
 
+def test_go_tool_pprof_reads_every_sample_type(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is not installed (.ci/run installs golang-go)")
+    s = summary(WORKLOAD)
+    export(WORKLOAD, "pprof", "--view", "live", binary=True, tmp=tmp_path)
+    env = {**os.environ, "HOME": str(tmp_path), "GOCACHE": str(tmp_path / "gocache"), "GOTOOLCHAIN": "local"}
+
+    def top(index: str) -> str:
+        return subprocess.run([go, "tool", "pprof", "-symbolize=none", "-raw", f"-sample_index={index}",
+                               str(tmp_path / "out.pprof")], capture_output=True, text=True, env=env, timeout=300,
+                              check=True).stdout
+
+    raw = top("inuse_space")
+    # -raw lists the sample types in the profile's order, then every sample's values and stack.
+    assert "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes" in raw
+    assert "image_decode_frame (workload)" in raw
+    samples = raw.split("Samples:", 1)[1].split("Locations", 1)[0].splitlines()
+    values = [[int(v) for v in ln.split(":")[0].split()] for ln in samples if ":" in ln]
+    assert values and all(len(v) == 4 for v in values)
+    assert sum(v[1] for v in values) == s["gross_bytes"] and sum(v[3] for v in values) == s["live"]["estimated_bytes"]
+
+
 @pytest.mark.parametrize("view,types", [("peak", ("peak_space", "peak_objects")),
                                         ("temporary", ("temporary_space", "temporary_objects"))])
 def test_pprof_other_views_weigh_their_own_bytes(tmp_path: Path, view: str, types: tuple[str, str]) -> None:

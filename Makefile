@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# Optional: the Parquet export and its DuckDB check (tests/unit/test_parquet.py skips without them).
+	$(BIN)/python -m pip install --quiet -e '.[parquet-test]' || echo "note: pyarrow/duckdb not installed: the Parquet tests will skip"
 	touch $(STAMP)
 
 programs:

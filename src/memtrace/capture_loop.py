@@ -29,7 +29,7 @@ from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents, childr
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.leakscan import leak_progress
-from memtrace.live import LiveStats
+from memtrace.live import CoreStats, LiveStats
 from memtrace.stacks_seen import StacksSeen
 from memtrace.symbols.cfi import TableCache, UnwindFeed
 from memtrace.target import TargetSpec
@@ -235,6 +235,8 @@ class CaptureLoop(ProcessEvents):
         self.ending = Ending()
         self.live: LiveStats = tracer.live()
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
+        if isinstance(self.live, CoreStats):
+            self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
         self.unwind: UnwindFeed | None = None
         self.writer: CaptureWriter | None = None
         self.write_error: CaptureWriteError | None = None

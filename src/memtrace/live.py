@@ -8,7 +8,7 @@ panel shows.  A tracer's registry entry picks the class and names its rows.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +56,9 @@ class LiveStats:
         return {"events": dict(self.events)}
 
 
+GROWTH_WINDOW_S = 3.0      # the live view's "growing fastest": live bytes gained over the last seconds
+
+
 class CoreStats(LiveStats):
     """A tracer with a C core: exact counters arrive with every batch."""
 
@@ -66,6 +69,11 @@ class CoreStats(LiveStats):
         self.stacks = 0
         self.tracked: int | None = None     # bytes in tracked blocks (aggregate core)
         self.peak: int | None = None        # their high-water mark
+        self.footprint: int | None = None   # the target's footprint and its allocator's in-use bytes,
+        self.in_use: int | None = None      # as the core read them at its last timeline sample
+        # (agent ms, {stack id: live bytes}) of the timeline samples: the largest stacks at each drain.
+        self.samples: deque[tuple[float, dict[int, int]]] = deque(maxlen=64)
+        self.label: Callable[[int], str] = lambda sid: f"stack {sid}"     # the capture loop names stacks
 
     def batch(self, body: dict[str, Any], data: bytes) -> None:
         counters = body.get("counters")
@@ -78,6 +86,29 @@ class CoreStats(LiveStats):
             self.tracked = int(tracked.get("bytes") or 0)
         if isinstance(peak, dict):
             self.peak = int(peak.get("bytes") or 0)
+        sample = body.get("sample")
+        if isinstance(sample, dict):
+            if isinstance(sample.get("footprint"), int | float):
+                self.footprint = int(sample["footprint"])
+            if isinstance(sample.get("in_use"), int | float):
+                self.in_use = int(sample["in_use"])
+            top = {int(r[0]): int(r[1]) for r in sample.get("top") or [] if isinstance(r, list | tuple) and len(r) >= 2}
+            if isinstance(sample.get("t"), int | float):
+                self.samples.append((float(sample["t"]), top))
+
+    def growing(self, n: int = 3) -> list[tuple[int, float, int]]:
+        """The stacks whose live bytes grew fastest over the last GROWTH_WINDOW_S seconds:
+        (stack id, bytes per second, live bytes now), fastest first, growing ones only."""
+        if len(self.samples) < 2:
+            return []
+        t_now, now = self.samples[-1]
+        t_then, then = next(((t, top) for t, top in self.samples if t_now - t <= GROWTH_WINDOW_S * 1000),
+                            self.samples[-2])
+        dt = (t_now - t_then) / 1000
+        if dt <= 0:
+            return []
+        rates = [(sid, (live - then.get(sid, 0)) / dt, live) for sid, live in now.items()]
+        return sorted((r for r in rates if r[1] > 0), key=lambda r: -r[1])[:n]
 
     def activity(self) -> int:
         # Every call, releases included: the event rate.

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from memtrace.analyze.families import builtin_rules
 from memtrace.analyze.families import classify as classify_family
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
@@ -159,6 +160,16 @@ class StacksSeen:
         self.symtab.add_rows(rows)
         self.pending = [a for a in self.pending if a not in named]
         return [(rows, "host: device symbols")]
+
+    def label(self, sid: int) -> str:
+        """A stack for the live view: its first frame outside the allocator and runtime (the
+        families' signature), ``← caller``."""
+        frames = self._frames.get(sid)
+        if not frames:
+            return f"stack {sid}"
+        labels = self.symtab.labels(frames)
+        sig = builtin_rules().signature(labels) or labels
+        return " ← ".join(str(x) for x in sig[:2])
 
     def families(self, top: int = 200) -> list[tuple[str, int]]:
         """Top stack families so far, from the biggest stacks (cheap enough for a 1 s tick)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +29,23 @@ class Progress:
     rows: list[tuple[str, str]] = field(default_factory=list)     # the tracer's own statistics
     batches: int = 0
     families: list[tuple[str, int]] = field(default_factory=list)
+
+
+# What each phase of a capture is waiting for, as the live panel says it (a first capture can sit
+# several seconds in "loading agent" while the target compiles the C core).
+PHASES = {
+    "starting": "starting…",
+    "launching": "launching the target…",
+    "waiting": "waiting for the target… (the attach delay)",
+    "attaching": "attaching to the target…",
+    "loading agent": "building the agent… (loading it and compiling its C core in the target)",
+    "capturing": "capturing",
+    "flushing": "flushing the last batches and symbols…",
+}
+
+
+def phase_text(name: str) -> str:
+    return PHASES.get(name, name)
 
 
 class UI(Protocol):
@@ -72,8 +90,10 @@ class RichUI(SilentUI):
         super().__init__(passthrough=True, stdout_to_stderr=stdout_to_stderr)
         self.console = console or Console(stderr=True)
         self._phase = "starting"
+        self._phase_at = time.monotonic()
         self._last: Progress | None = None
-        self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        # get_renderable: redrawn at every refresh, so a phase's waiting time counts up between events.
+        self._live = Live(console=self.console, refresh_per_second=4, transient=True, get_renderable=self._render)
         self._started = False
 
     def _ensure(self) -> None:
@@ -84,6 +104,7 @@ class RichUI(SilentUI):
     def phase(self, name: str) -> None:
         super().phase(name)
         self._phase = name
+        self._phase_at = time.monotonic()
         if name == "done":
             self.close()
             return
@@ -121,7 +142,9 @@ class RichUI(SilentUI):
 
     def _render(self) -> Group:
         p = self._last
-        head = Text.assemble(("memtrace ", "bold"), (self._phase, "cyan"))
+        waited = time.monotonic() - self._phase_at
+        head = Text.assemble(("memtrace ", "bold"), (phase_text(self._phase), "cyan"),
+                             ("" if self._phase == "capturing" or waited < 1 else f" {waited:.0f} s", "dim"))
         if p is None:
             return Group(head)
         bar = ProgressBar(total=p.window, completed=min(p.elapsed, p.window), width=40)

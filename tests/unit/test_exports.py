@@ -47,6 +47,17 @@ def test_collapsed_lines_add_up_to_gross_and_live_bytes() -> None:
     assert any(ln.split(";")[-1].startswith("json_parse_document (workload)") for ln in gross.splitlines())
 
 
+def test_collapsed_with_lines_names_each_frames_file_and_line() -> None:
+    plain = str(export(WORKLOAD, "collapsed")).splitlines()
+    with_lines = str(export(WORKLOAD, "collapsed", "--lines")).splitlines()
+    assert sum(int(ln.rsplit(" ", 1)[1]) for ln in with_lines) == sum(int(ln.rsplit(" ", 1)[1]) for ln in plain)
+    leaf = [ln.rsplit(" ", 1)[0].split(";")[-1] for ln in with_lines]
+    assert any(x.startswith("json_parse_document (workload) workload.c:") for x in leaf)
+    assert not any("workload.c:" in ln for ln in plain)
+    bad = run_memtrace("export", WORKLOAD, "--format", "pprof", "--lines", check=False)
+    assert bad.returncode == 2 and "--lines applies to --format collapsed" in bad.stderr
+
+
 def check_speedscope_schema(doc: dict) -> None:
     """speedscope's file-format-schema.json, the parts a sampled profile uses."""
     assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
@@ -83,16 +94,21 @@ def pprof_classes() -> dict:
     T = descriptor_pb2.FieldDescriptorProto
     fd = descriptor_pb2.FileDescriptorProto(name="test_profile.proto", package="pp", syntax="proto3")
     spec = {
-        "Profile": [("sample_type", 1, "ValueType"), ("sample", 2, "Sample"), ("location", 4, "Location"),
-                    ("function", 5, "Function"), ("string_table", 6, T.TYPE_STRING),
+        "Profile": [("sample_type", 1, "ValueType"), ("sample", 2, "Sample"), ("mapping", 3, "Mapping"),
+                    ("location", 4, "Location"), ("function", 5, "Function"), ("string_table", 6, T.TYPE_STRING),
+                    ("period_type", 11, "ValueType"), ("period", 12, T.TYPE_INT64),
                     ("default_sample_type", 14, T.TYPE_INT64)],
+        "Mapping": [("id", 1, T.TYPE_UINT64), ("memory_start", 2, T.TYPE_UINT64), ("memory_limit", 3, T.TYPE_UINT64),
+                    ("filename", 5, T.TYPE_INT64)],
         "ValueType": [("type", 1, T.TYPE_INT64), ("unit", 2, T.TYPE_INT64)],
         "Sample": [("location_id", 1, T.TYPE_UINT64), ("value", 2, T.TYPE_INT64)],
-        "Location": [("id", 1, T.TYPE_UINT64), ("address", 3, T.TYPE_UINT64), ("line", 4, "Line")],
+        "Location": [("id", 1, T.TYPE_UINT64), ("mapping_id", 2, T.TYPE_UINT64), ("address", 3, T.TYPE_UINT64),
+                     ("line", 4, "Line")],
         "Line": [("function_id", 1, T.TYPE_UINT64), ("line", 2, T.TYPE_INT64)],
         "Function": [("id", 1, T.TYPE_UINT64), ("name", 2, T.TYPE_INT64), ("filename", 4, T.TYPE_INT64)],
     }
-    repeated = {"sample_type", "sample", "location", "function", "string_table", "location_id", "value", "line"}
+    repeated = {"sample_type", "sample", "mapping", "location", "function", "string_table", "location_id", "value",
+                "line"}
     for name, fields in spec.items():
         m = fd.message_type.add(name=name)
         for fname, num, typ in fields:
@@ -107,23 +123,70 @@ def pprof_classes() -> dict:
     return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"pp.{n}")) for n in spec}
 
 
-@pytest.mark.parametrize("view,types", [("gross", ("alloc_space", "alloc_objects")),
-                                        ("live", ("inuse_space", "inuse_objects"))])
-def test_pprof_decodes_with_protobuf_and_adds_up(tmp_path: Path, view: str, types: tuple[str, str]) -> None:
+@pytest.mark.parametrize("view,default", [("gross", "alloc_space"), ("live", "inuse_space")])
+def test_pprof_is_a_go_heap_profile_and_adds_up(tmp_path: Path, view: str, default: str) -> None:
     s = summary(WORKLOAD)
     raw = gzip.decompress(export(WORKLOAD, "pprof", "--view", view, binary=True, tmp=tmp_path))
     prof = pprof_classes()["Profile"]()
     prof.ParseFromString(raw)
     st = list(prof.string_table)
     assert st[0] == ""
-    assert [(st[t.type], st[t.unit]) for t in prof.sample_type] == [(types[0], "bytes"), (types[1], "count")]
-    want = s["gross_bytes"] if view == "gross" else s["live"]["estimated_bytes"]
-    assert sum(x.value[0] for x in prof.sample) == want
+    # Go's heap profile: the four sample types in its order, the view picking the default.
+    assert [(st[t.type], st[t.unit]) for t in prof.sample_type] == [
+        ("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")]
+    assert st[prof.default_sample_type] == default
+    assert (st[prof.period_type.type], st[prof.period_type.unit]) == ("space", "bytes") and prof.period >= 1
+    assert sum(x.value[1] for x in prof.sample) == s["gross_bytes"]
+    assert sum(x.value[3] for x in prof.sample) == s["live"]["estimated_bytes"]
+    assert sum(x.value[2] for x in prof.sample) == s["live"]["count"]
+    # Mappings: the target's modules, each location in the one holding its address.
+    mappings = {m.id: m for m in prof.mapping}
+    assert any(st[m.filename].endswith("/workload") for m in mappings.values())
     locations = {loc.id: loc for loc in prof.location}
+    mapped = [loc for loc in locations.values() if loc.mapping_id]
+    assert mapped and all(mappings[loc.mapping_id].memory_start <= loc.address < mappings[loc.mapping_id].memory_limit
+                          for loc in mapped)
     functions = {f.id: st[f.name] for f in prof.function}
-    leaves = {functions[locations[x.location_id[0]].line[0].function_id] for x in prof.sample}
-    expected = "image_decode_frame (workload)" if view == "live" else "json_parse_document (workload)"
-    assert expected in leaves
+    leaves = {functions[locations[x.location_id[0]].line[0].function_id] for x in prof.sample if x.value[3]}
+    assert "image_decode_frame (workload)" in leaves
+
+
+def test_go_tool_pprof_reads_every_sample_type(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is not installed (.ci/run installs golang-go)")
+    s = summary(WORKLOAD)
+    export(WORKLOAD, "pprof", "--view", "live", binary=True, tmp=tmp_path)
+    env = {**os.environ, "HOME": str(tmp_path), "GOCACHE": str(tmp_path / "gocache"), "GOTOOLCHAIN": "local"}
+
+    def top(index: str) -> str:
+        return subprocess.run([go, "tool", "pprof", "-symbolize=none", "-raw", f"-sample_index={index}",
+                               str(tmp_path / "out.pprof")], capture_output=True, text=True, env=env, timeout=300,
+                              check=True).stdout
+
+    raw = top("inuse_space")
+    # -raw lists the sample types in the profile's order, then every sample's values and stack.
+    assert "alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes" in raw
+    assert "image_decode_frame (workload)" in raw
+    samples = raw.split("Samples:", 1)[1].split("Locations", 1)[0].splitlines()
+    values = [[int(v) for v in ln.split(":")[0].split()] for ln in samples if ":" in ln]
+    assert values and all(len(v) == 4 for v in values)
+    assert sum(v[1] for v in values) == s["gross_bytes"] and sum(v[3] for v in values) == s["live"]["estimated_bytes"]
+
+
+@pytest.mark.parametrize("view,types", [("peak", ("peak_space", "peak_objects")),
+                                        ("temporary", ("temporary_space", "temporary_objects"))])
+def test_pprof_other_views_weigh_their_own_bytes(tmp_path: Path, view: str, types: tuple[str, str]) -> None:
+    s = summary(WORKLOAD)
+    prof = pprof_classes()["Profile"]()
+    prof.ParseFromString(gzip.decompress(export(WORKLOAD, "pprof", "--view", view, binary=True, tmp=tmp_path)))
+    st = list(prof.string_table)
+    assert [(st[t.type], st[t.unit]) for t in prof.sample_type] == [(types[0], "bytes"), (types[1], "count")]
+    assert sum(x.value[0] for x in prof.sample) == s[view]["bytes"]
 
 
 def test_chrome_trace_has_counter_tracks_and_one_instant_per_event() -> None:
@@ -133,8 +196,14 @@ def test_chrome_trace_has_counter_tracks_and_one_instant_per_event() -> None:
     counters = {e["name"] for e in ev if e["ph"] == "C"}
     assert {"footprint", "allocator in-use", "tracked live blocks", "gross bytes allocated"} <= counters
     # The in-target timeline joins the same tracks: one name per quantity.
-    assert counters == {"footprint", "allocator in-use", "tracked live blocks", "gross bytes allocated",
-                        "tracked live bytes", "peak tracked bytes"}
+    stacks = {c for c in counters if c.startswith("live: ")}
+    assert counters - stacks == {"footprint", "allocator in-use", "tracked live blocks", "gross bytes allocated",
+                                 "tracked live bytes", "peak tracked bytes"}
+    # A counter per top stack: the image decoder's frames held the most, and its track says so.
+    assert "live: image_decode_frame (workload)" in stacks and len(stacks) <= 16
+    decode = [e["args"]["value"] for e in ev if e["name"] == "live: image_decode_frame (workload)"]
+    assert max(decode) == max(r["bytes"] for r in summary(WORKLOAD)["peak"]["by_stack"]
+                              if r["frames"][0]["function"] == "image_decode_frame")
     surfaces = json.loads(export(SURFACES, "chrome-trace"))["traceEvents"]
     assert sum(1 for e in surfaces if e["ph"] == "i" and e["name"] == "surface") == summary(SURFACES)["surfaces"]
     purg = json.loads(export(PURGEABLE, "chrome-trace"))["traceEvents"]

@@ -244,7 +244,9 @@ def test_atomic_write_leaves_no_temp(tmp_path: Path) -> None:
     mc.alpha(tmp_path / "a.mtc")
     build_report(tmp_path)
     build_report(tmp_path)                      # overwrite in place
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["REPORT.md", "a.mtc", "report.html", "report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["REPORT.md", "a.mtc", "report-flames", "report.html",
+                                                          "report.json"]
+    assert [p.name for p in (tmp_path / "report-flames").iterdir()] == ["000-a.mtc.html"]
 
 
 def test_header_constant_layout() -> None:

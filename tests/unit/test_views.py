@@ -10,7 +10,7 @@ from typing import Any
 from tests.conftest import ROOT
 
 from memtrace.analyze.malloc import MallocSummary
-from memtrace.reporters.html import flame_data, json_script, markdown_html
+from memtrace.reporters.html import flame_data, json_script, markdown_html, short_name
 from memtrace.tracers import get
 from memtrace.views import load
 from memtrace.views.profile import profile, timeline
@@ -54,7 +54,11 @@ def test_peak_and_temporary_views_from_the_documented_shapes() -> None:
                                                               "footprint": [1 << 20, 3 << 20]},
                                    "unit": "bytes", "source": "summary"}
     data = flame_data(loaded(s), "peak")
-    assert data["views"]["peak"]["samples"][0]["frames"][-1] == {"name": "decode_tile (app)", "where": "tile.c:42"}
+    nodes = data["views"]["peak"]["nodes"]
+    # Root, then main, then decode_tile: each row (parent, name, where, bytes, count, folded).
+    rows = [nodes[i:i + 6] for i in range(0, len(nodes), 6)]
+    assert [(data["names"][r[1]], data["wheres"][r[2]], r[0], r[3], r[4]) for r in rows] == [
+        ("all", "", -1, 3 << 20, 3), ("main (app)", "", 0, 3 << 20, 3), ("decode_tile (app)", "tile.c:42", 1, 3 << 20, 3)]
 
 
 def test_a_capture_without_them_says_not_in_this_capture() -> None:
@@ -64,7 +68,7 @@ def test_a_capture_without_them_says_not_in_this_capture() -> None:
         assert p.samples == [] and "not in this capture" in (p.missing or "")
     assert "no leak scan" in (profile(real, "leaked").missing or "")
     data = flame_data(real)
-    assert data["views"]["peak"]["missing"] and data["views"]["gross"]["samples"]
+    assert data["views"]["peak"]["missing"] and len(data["views"]["gross"]["nodes"]) > 6
 
 
 def test_embedded_json_cannot_close_its_script_element() -> None:
@@ -77,6 +81,24 @@ def test_markdown_html_escapes_and_keeps_escaped_pipes_in_their_cell() -> None:
     md = "| a | b |\n|---|---:|\n| `x\\\\|y` | <img src=x> |\n"
     out = markdown_html(md)
     assert "<td><code>x|y</code></td>" in out and '<td class="r">&lt;img src=x&gt;</td>' in out
+
+
+def test_report_html_escapes_names_exactly_once_and_shortens_long_templates() -> None:
+    from memtrace.reporters.markdown import code, table, text
+
+    name = "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >::_M_mutate"
+    md = "\n".join(table(["stack", "note"], "ll", [[code(f"{name} (app)"), text("a <b> & c_d_ **not bold** |x|")]]))
+    out = markdown_html(md)
+    short = "std::__cxx11::basic_string&lt;…&gt;::_M_mutate (app)"
+    full = name.replace("<", "&lt;").replace(">", "&gt;")
+    assert f'<code title="{full} (app)">{short}</code>' in out
+    assert "<td>a &lt;b&gt; &amp; c_d_ **not bold** |x|</td>" in out
+    assert "\\" not in out and "&amp;lt;" not in out and "&amp;amp;" not in out
+    # Short names and comparison operators are left alone.
+    assert short_name("operator<<(std::ostream&, Foo const&) (libfoo.so)") == \
+        "operator<<(std::ostream&, Foo const&) (libfoo.so)"
+    assert short_name("std::vector<int, std::allocator<int> >::_M_realloc_insert") == \
+        "std::vector<…>::_M_realloc_insert"
 
 
 def test_the_leak_scans_unread_memory_in_words() -> None:
@@ -99,3 +121,32 @@ def test_the_leak_scans_unread_memory_in_words() -> None:
     scan["allocator"] = {"main_arena_found": True, "walk_errors": 1, "unwalked_bytes": 4096}
     assert examined_text(scan).endswith("NOT every block: 7 beyond the scan's table; 1 heap walk(s) stopped at an "
                                         "inconsistent chunk (4,096 bytes not walked)")
+
+
+def test_show_sorts_the_stack_table_by_bytes_calls_or_live(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import run_memtrace
+
+    from memtrace.report.synthetic import SyntheticCapture
+
+    c = SyntheticCapture(tmp_path / "c.mtc", "app")
+    many, big = c.stack("many_small", "main"), c.stack("one_big", "main")
+    ptrs = [c.alloc(many, 8192) for _ in range(6)]       # 48 KB in 6 calls, all freed
+    for p in ptrs:
+        c.free(p, 8192)
+    c.alloc(big, 65536)                                  # 64 KB in 1 call, live
+    c.alloc(big, 65536)
+    c.end(captured_s=1.0)
+
+    def top(*sort: str) -> list[str]:
+        doc = json.loads(run_memtrace("show", tmp_path / "c.mtc", "--json", *sort).stdout)
+        return [r["frames"][0]["function"] for r in doc["top_stacks"]]
+
+    assert top() == top("--sort", "bytes") == ["one_big", "many_small"]
+    assert top("--sort", "calls") == ["many_small", "one_big"]
+    assert top("--sort", "live") == ["one_big"]
+    text = run_memtrace("show", tmp_path / "c.mtc", "--sort", "calls").stdout
+    assert text.index("top stacks by calls") < text.index("live at end, by stack")
+    bad = run_memtrace("show", ROOT / "tests/data/report/captures/camera-iosurface", "--sort", "calls", check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--sort orders malloc's stack table" in bad.stderr

@@ -4,6 +4,7 @@ The rules are data (``families.yaml`` next to this module; a user's file adds to
 matching is here.  A stack's *signature frames* are its frames from the innermost outwards once
 the allocator and the system runtime are dropped; the first signature frame (within ``depth``)
 that some family claims decides, and a stack nobody claims is ``"other: <top signature frame>"``
+(its function without the module, so a renamed or rebuilt executable keeps its family names)
 -- every stack lands in exactly one family, none is dropped.
 
 Frames are :class:`memtrace.frames.Frame` objects, their JSON form (dicts with ``function``
@@ -123,9 +124,9 @@ class FamilyRules:
             if family is not None:
                 return family
         if sig:
-            return f"{OTHER}: {_label(sig[0])}"
+            return f"{OTHER}: {_family_label(sig[0])}"
         # Only runtime frames (or unresolved addresses): still one family, named by the top frame.
-        return f"{OTHER}: {_label(frames[0])}" if frames else NO_STACK
+        return f"{OTHER}: {_family_label(frames[0])}" if frames else NO_STACK
 
     def merged(self, user: FamilyRules) -> FamilyRules:
         """``user`` first (same name replaces), skip lists added, depth overridden."""
@@ -136,6 +137,14 @@ class FamilyRules:
             skip_symbols=self.skip_symbols + user.skip_symbols,
             depth=user.depth or self.depth,
         )
+
+
+def _family_label(frame: FrameLike) -> str:
+    """An unclaimed family's name: the function alone when it has one, never its module -- the
+    executable's name changes with a rebuild or a rename, and a diff would read every family as new."""
+    sym, _ = split_label(frame if not isinstance(frame, dict | Frame) else (
+        frame.get("function") if isinstance(frame, dict) else frame.function, None))
+    return sym if sym else _label(frame)
 
 
 def _label(frame: FrameLike) -> str:

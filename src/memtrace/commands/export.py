@@ -11,7 +11,7 @@ import click
 
 from memtrace.capture import CaptureError, CaptureInfo, damage_at, read_records, record_to_json
 from memtrace.errors import MemtraceError
-from memtrace.exports import BINARY, FORMATS
+from memtrace.exports import BINARY, FORMATS, folded
 from memtrace.files import open_text_atomic, save_bytes
 from memtrace.views import load
 from memtrace.views.profile import VIEWS
@@ -22,12 +22,16 @@ from memtrace.views.profile import VIEWS
 @click.option("--jsonl", is_flag=True, default=False, help="Same as --format jsonl.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", *FORMATS]), default="jsonl", show_default=True,
               help="jsonl: every record; collapsed: folded stacks (flamegraph.pl); speedscope: speedscope's JSON; "
-                   "pprof: gzipped profile.proto; chrome-trace: trace events for the Perfetto UI.")
+                   "pprof: gzipped profile.proto (a Go heap profile for malloc's gross and live); chrome-trace: "
+                   "trace events for the Perfetto UI; parquet: a row per stack and view with its frames and the "
+                   "capture's identity (needs pyarrow: pip install 'memtrace[parquet]').")
 @click.option("--view", type=click.Choice(VIEWS), default="gross", show_default=True,
               help="Which bytes the stack formats weigh (malloc).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Write to this file (atomically) instead of standard output.")
-def export(capture: Path, jsonl: bool, fmt: str, view: str, output: Path | None) -> int:
+@click.option("--lines", "with_lines", is_flag=True,
+              help="collapsed: each frame with its file:line (function (module) file.c:42).")
+def export(capture: Path, jsonl: bool, fmt: str, view: str, output: Path | None, with_lines: bool) -> int:
     """Print every record of CAPTURE (a capture file or folder) as JSON lines, or export it for
     another tool with --format.
 
@@ -35,8 +39,10 @@ def export(capture: Path, jsonl: bool, fmt: str, view: str, output: Path | None)
     damaged (a checksum or a record's shape fails: the byte offset is named), without an END
     record, or stopped early by a full disk -- after printing everything before that point and a
     last {"record": "truncated"} line saying why; 2 when it cannot be read at all."""
+    if with_lines and fmt != "collapsed":
+        raise click.UsageError("--lines applies to --format collapsed")
     if fmt != "jsonl" and not jsonl:
-        return export_for_tool(capture, fmt, view, output)
+        return export_for_tool(capture, fmt, view, output, with_lines)
     info = CaptureInfo(capture)
     if output is None:
         problem = write_jsonl(capture, info, sys.stdout)
@@ -66,10 +72,10 @@ def write_jsonl(capture: Path, info: CaptureInfo, out: IO[str]) -> str | None:
     return problem
 
 
-def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None) -> int:
+def export_for_tool(capture: Path, fmt: str, view: str, output: Path | None, with_lines: bool = False) -> int:
     loaded = load(capture)
     try:
-        data = FORMATS[fmt](loaded, view)
+        data = folded.export(loaded, view, with_line=True) if with_lines else FORMATS[fmt](loaded, view)
     except MemtraceError as e:
         if loaded.info.problem is None:
             raise

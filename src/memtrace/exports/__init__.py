@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memtrace.exports import chrome, folded, pprof, speedscope
+from memtrace.exports import chrome, folded, parquet, pprof, speedscope
 
 Writer = Callable[[Any, str], bytes]
 
@@ -19,5 +19,6 @@ FORMATS: dict[str, Writer] = {
     "speedscope": speedscope.export,
     "pprof": pprof.export,
     "chrome-trace": chrome.export,
+    "parquet": parquet.export,          # optional: needs pyarrow (memtrace[parquet])
 }
-BINARY = frozenset({"pprof"})
+BINARY = frozenset({"pprof", "parquet"})

@@ -2,7 +2,8 @@
 
 Counter tracks: the footprint and the allocator's in-use bytes (the capture's calibrations, and
 every sample of the summary's own timeline when it has one), tracked live blocks and gross bytes
-(the once-a-second snapshots).  Instant events: every event a JSON-event tracer recorded
+(the once-a-second snapshots), and one track per top stack ("live: <function>", that stack's live
+bytes at each drain, for the stacks the in-target timeline follows).  Instant events: every event a JSON-event tracer recorded
 (IOSurface creations, purgeable transitions, thread and fd events), the leak scan, the end.
 
 Times: snapshots are seconds since the window started; agent events and calibrations are
@@ -94,6 +95,7 @@ def document(loaded: Any) -> dict[str, Any]:
             for k, v in sample.items():
                 if k != "t" and isinstance(v, int | float):
                     events.append(counter(TIMELINE_COUNTERS.get(k) or str(k), float(sample["t"]) * 1e6, v))
+    events += stack_counters(loaded, counter)
     for ev in events:           # what the format holds: finite numbers, timestamps a double keeps exact
         if "ts" in ev:
             ev["ts"] = finite(ev["ts"], "chrome-trace: a timestamp (microseconds)", loaded, 0.0, TS_US_MAX)
@@ -104,6 +106,29 @@ def document(loaded: Any) -> dict[str, Any]:
     events.sort(key=lambda e: (e.get("ts", -1), e["ph"] != "M"))
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"exporter": "memtrace", "capture": str(loaded.path), "tracer": loaded.tracer.name}}
+
+
+def stack_counters(loaded: Any, counter: Any) -> list[dict[str, Any]]:
+    """One counter track per stack the in-target timeline follows (its largest by live bytes): the
+    stack's live bytes at each drain, named "live: <innermost function>" (then its caller when two
+    stacks share it)."""
+    from memtrace.views.profile import timeline
+
+    tl = timeline(loaded) if loaded.tracer.name == "malloc" else {}
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for st in tl.get("stacks") or []:
+        frames = st["frames"]
+        name = "live: " + " ← ".join(f.name() for f in frames[:1])
+        if name in seen and len(frames) > 1:
+            name += f" ← {frames[1].name()}"
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name += f" #{seen[name]}"
+        for t, v in zip(tl["t"], st["live"], strict=True):
+            if v is not None:
+                out.append(counter(name, float(t) * 1e6, v))
+    return out
 
 
 def export(loaded: Any, view: str) -> bytes:

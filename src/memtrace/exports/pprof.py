@@ -71,46 +71,103 @@ SAMPLE_TYPES = {"gross": ("alloc_space", "alloc_objects"), "live": ("inuse_space
                 "temporary": ("temporary_space", "temporary_objects")}
 
 
+# A Go heap profile's four sample types, in Go's order: one malloc profile carries them all
+# (go tool pprof -sample_index=alloc_space|inuse_space|... picks one).
+HEAP_TYPES = (("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"),
+              ("inuse_space", "bytes"))
+
+
+U64_MAX = (1 << 64) - 1
+
+
+class _Builder:
+    """A Profile message and its tables: strings, mappings (the target's modules), functions and
+    locations, each written once."""
+
+    def __init__(self, loaded: Any) -> None:
+        self.loaded = loaded
+        self.out = Profile()
+        self.strings: dict[str, int] = {"": 0}
+        self.out.string_table.append("")
+        self.functions: dict[tuple[str, str], int] = {}
+        self.locations: dict[tuple[Any, ...], int] = {}
+        self.mappings: dict[str, int] = {}
+        symbols = getattr(loaded.summary, "symbols", None)
+        for m in getattr(symbols, "modules", None) or ():
+            if m.name in self.mappings:
+                continue
+            mid = self.mappings[m.name] = len(self.mappings) + 1
+            # uint64 fields: a crafted module past the address space ends at its top.
+            self.out.mapping.add(id=mid, memory_start=min(m.base, U64_MAX), memory_limit=min(m.base + m.size, U64_MAX),
+                                 filename=self.sid(m.path or m.name), has_functions=True)
+
+    def sid(self, text: str) -> int:
+        i = self.strings.get(text)
+        if i is None:
+            i = self.strings[text] = len(self.out.string_table)
+            self.out.string_table.append(text)
+        return i
+
+    def location(self, f: Any) -> int:
+        key = f.key()
+        loc = self.locations.get(key)
+        if loc is None:
+            fkey = (f.name(), f.file or "")
+            fid = self.functions.get(fkey)
+            if fid is None:
+                fid = self.functions[fkey] = len(self.functions) + 1
+                self.out.function.add(id=fid, name=self.sid(f.name()), system_name=self.sid(f.function or f.name()),
+                                      filename=self.sid(f.file or ""))
+            loc = self.locations[key] = len(self.locations) + 1
+            location = self.out.location.add(id=loc, address=f.address, mapping_id=self.mappings.get(f.module or "", 0))
+            location.line.add(function_id=fid, line=clamp_int64(f.line or 0, "pprof: a line number", self.loaded))
+        return loc
+
+
 def build(loaded: Any, view: str) -> Any:
+    if loaded.tracer.name == "malloc" and view in ("gross", "live"):
+        return build_heap(loaded, view)
     p = profile(loaded, view)
     if p.missing:
         raise InputError(f"{loaded.path}: {p.missing}")
-    out = Profile()
-    strings: dict[str, int] = {"": 0}
-    out.string_table.append("")
-
-    def sid(text: str) -> int:
-        i = strings.get(text)
-        if i is None:
-            i = strings[text] = len(out.string_table)
-            out.string_table.append(text)
-        return i
-
+    b = _Builder(loaded)
+    out = b.out
     space, objects = SAMPLE_TYPES[view]
-    out.sample_type.add(type=sid(space), unit=sid("bytes"))
-    out.sample_type.add(type=sid(objects), unit=sid("count"))
-    out.default_sample_type = sid(space)
-    functions: dict[tuple[str, str], int] = {}
-    locations: dict[tuple[Any, ...], int] = {}
+    out.sample_type.add(type=b.sid(space), unit=b.sid("bytes"))
+    out.sample_type.add(type=b.sid(objects), unit=b.sid("count"))
+    out.default_sample_type = b.sid(space)
     for s in p.samples:
-        ids = []
-        for f in s.frames:                        # pprof: leaf first, as memtrace keeps them
-            key = f.key()
-            loc = locations.get(key)
-            if loc is None:
-                fkey = (f.name(), f.file or "")
-                fid = functions.get(fkey)
-                if fid is None:
-                    fid = functions[fkey] = len(functions) + 1
-                    out.function.add(id=fid, name=sid(f.name()), system_name=sid(f.function or f.name()),
-                                     filename=sid(f.file or ""))
-                loc = locations[key] = len(locations) + 1
-                location = out.location.add(id=loc, address=f.address)
-                location.line.add(function_id=fid, line=clamp_int64(f.line or 0, "pprof: a line number", loaded))
-            ids.append(loc)
-        out.sample.add(location_id=ids, value=[clamp_int64(s.bytes, "pprof: a sample's bytes", loaded),
-                                               clamp_int64(s.count, "pprof: a sample's count", loaded)])
-    out.comment.append(sid(f"memtrace {loaded.tracer.name} {view}: {loaded.path}"))
+        out.sample.add(location_id=[b.location(f) for f in s.frames],   # leaf first
+                       value=[clamp_int64(s.bytes, "pprof: a sample's bytes", loaded),
+                              clamp_int64(s.count, "pprof: a sample's count", loaded)])
+    out.comment.append(b.sid(f"memtrace {loaded.tracer.name} {view}: {loaded.path}"))
+    return out
+
+
+def build_heap(loaded: Any, view: str) -> Any:
+    """A malloc capture as Go's heap profiles are: each stack with its allocations (alloc_objects,
+    alloc_space: every allocation in the window) and what it still held at the end (inuse_objects,
+    inuse_space: tracked live blocks); ``view`` picks the default sample type."""
+    from memtrace.frames import stack_key
+
+    b = _Builder(loaded)
+    out = b.out
+    for name, unit in HEAP_TYPES:
+        out.sample_type.add(type=b.sid(name), unit=b.sid(unit))
+    out.default_sample_type = b.sid("alloc_space" if view == "gross" else "inuse_space")
+    out.period_type.type, out.period_type.unit = b.sid("space"), b.sid("bytes")
+    sample_bytes = ((loaded.summary.meta.get("options") or {}).get("agent") or {}).get("sampleBytes")
+    out.period = int(sample_bytes) if isinstance(sample_bytes, int) and sample_bytes > 0 else 1
+    rows: dict[Any, list[Any]] = {}
+    for col, v in ((0, "gross"), (2, "live")):
+        for s in profile(loaded, v).samples:
+            row = rows.setdefault(stack_key(s.frames), [s.frames, 0, 0, 0, 0])
+            row[1 + col] += s.count
+            row[2 + col] += s.bytes
+    for frames, *values in rows.values():
+        out.sample.add(location_id=[b.location(f) for f in frames],
+                       value=[clamp_int64(v, "pprof: a sample value", loaded) for v in values])
+    out.comment.append(b.sid(f"memtrace malloc heap (default {view}): {loaded.path}"))
     return out
 
 

@@ -29,7 +29,36 @@ class MallocStats(CoreStats):
                 ("live / stacks", f"{self.live:,} / {self.stacks:,}")]
         if self.tracked is not None:
             rows.append(("tracked live / peak", f"{fmt_bytes(self.tracked)} / {fmt_bytes(self.peak or 0)}"))
+        if self.in_use is not None or self.footprint is not None:
+            # Beside tracked live: what the allocator holds (small blocks, overhead) and the whole process.
+            rows.append(("allocator in use / footprint", f"{fmt_bytes(self.in_use) if self.in_use is not None else '—'}"
+                                                         f" / {fmt_bytes(self.footprint) if self.footprint else '—'}"))
+        for k, (sid, rate, live) in enumerate(self.growing()):
+            rows.append(("growing fastest" if k == 0 else "", f"+{fmt_bytes(rate)}/s ({fmt_bytes(live)} live) "
+                                                              f"{self.label(sid)}"))
         return rows
+
+
+SORTS = ("bytes", "calls", "live")
+
+
+def sorted_stack_rows(summary: MallocSummary, top: int | None, sort: str) -> list[Any]:
+    """The stack table ``memtrace show --sort`` asks for: by gross bytes, by calls, or by live bytes."""
+    if sort == "live":
+        return summary.stack_rows(top, live=True)
+    if sort == "calls":
+        rows = sorted(summary.stack_rows(None), key=lambda r: (-r.count, -r.est_bytes, min(r.stack_ids)))
+        return rows if top is None else rows[:top]
+    return summary.stack_rows(top)
+
+
+def sorted_tables(summary: MallocSummary, top: int, sort: str) -> list[tuple[str, list[Any]]]:
+    """The two stack tables, the one ``sort`` names first (``live``: the live table only once)."""
+    first = {"bytes": "top stacks by bytes", "calls": "top stacks by calls", "live": "live at end, by stack"}[sort]
+    tables = [(first, sorted_stack_rows(summary, top, sort))]
+    if sort != "live":
+        tables.append(("live at end, by stack", summary.stack_rows(top, live=True)))
+    return tables
 
 
 def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any]) -> None:
@@ -55,8 +84,7 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
     console.print(tiers)
     live = s["live"]
     line(console, ("live at end (tracked blocks)", f"{live['count']:,} blocks, {fmt_bytes(live['bytes'])}"))
-    for title, rows in (("top stacks by bytes", summary.stack_rows(opts.get("top", 10))),
-                        ("live at end, by stack", summary.stack_rows(opts.get("top", 10), live=True))):
+    for title, rows in sorted_tables(summary, opts.get("top", 10), opts.get("sort") or "bytes"):
         if rows:
             console.print(stack_table(title, [("bytes", "right"), ("count", "right"), ("frames", "left")],
                                       [[fmt_bytes(r.est_bytes), f"{round(r.count):,}",

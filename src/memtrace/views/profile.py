@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtrace.analyze.malloc import TIMELINE_STACKS, MallocSummary
 from memtrace.capture import NO_STACK, RecordType, read_records
 from memtrace.frames import Frame
 
@@ -40,6 +41,7 @@ class Profile:
     target: str | None
     samples: list[Sample] = field(default_factory=list)
     missing: str | None = None   # why this view has nothing: "not in this capture"
+    unit: str = "bytes"          # what a sample's ``bytes`` weighs: "bytes", or "count" (fds, threads)
 
     @property
     def total_bytes(self) -> int:
@@ -94,7 +96,11 @@ def profile(loaded: Any, view: str = "gross") -> Profile:
             p.samples = _rows(leaks["leaked"]["by_stack"])
         return p
     if view in ("peak", "temporary"):
-        sec = _section(s.to_json(top=_ALL), view)
+        # The section alone: the whole to_json would rank every stack by every measure.
+        sec = s.peak_json(_ALL) if view == "peak" else s.temporary_json(_ALL)
+        if sec is None and type(s).to_json is not MallocSummary.to_json:
+            # A summary class that adds the section in its own to_json (a newer analyzer's shape).
+            sec = _section(s.to_json(top=_ALL), view)
         if sec is None or not isinstance(sec.get("by_stack"), list):
             p.missing = f"the {view} view is not in this capture ({_why_no_aggregates(loaded)})"
         else:
@@ -109,9 +115,52 @@ def profile(loaded: Any, view: str = "gross") -> Profile:
     raise ValueError(f"unknown view {view!r} (one of {', '.join(VIEWS)})")
 
 
+# Tracers whose stacks weigh objects, not bytes: their views, each a list of stack rows in the
+# summary's JSON (a dotted path) weighed by its rows' "count".
+COUNT_VIEWS: dict[str, dict[str, tuple[str, str]]] = {
+    "fds": {"open": ("open_at_end.by_stack", "descriptors open at the end, by the stack that opened them"),
+            "failed": ("failures_by_stack", "failed opens (EMFILE, ENFILE, ...), by stack")},
+    "threads": {"created": ("created_by_stack", "threads created, by the stack that created them"),
+                "running": ("running_at_end.by_stack", "threads still running at the end, by creating stack"),
+                "leaked": ("leaked.by_stack", "threads never joined nor detached, by creating stack")},
+}
+
+
+def views_of(tracer: str) -> tuple[str, ...]:
+    """The views a tracer's captures have, the default first."""
+    if tracer == "malloc":
+        return VIEWS
+    return tuple(COUNT_VIEWS.get(tracer, {"gross": ("", "")}))
+
+
+def _counted(p: Profile, s: Any, view: str) -> Profile:
+    path, meaning = COUNT_VIEWS[p.tracer][view]
+    node: Any = s.to_json(capture=None, top=0)
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    p.unit = "count"
+    rows = [r for r in node or [] if isinstance(r, dict) and r.get("frames")]
+    if not rows:
+        p.missing = f"no {meaning} in this capture"
+        return p
+    for r in rows:
+        n = int(r.get("count") or 0)
+        p.samples.append(Sample([Frame.from_json(f) for f in r["frames"]], n, n))
+    return p
+
+
 def _generic(p: Profile, s: Any, view: str) -> Profile:
     from memtrace.report.chapters import _named_stack_lists
 
+    if p.tracer in COUNT_VIEWS:
+        if view == "gross":
+            # The default view of every tracer (export --view gross, older callers): its first.
+            view = p.view = next(iter(COUNT_VIEWS[p.tracer]))
+        if view not in COUNT_VIEWS[p.tracer]:
+            views = ", ".join(COUNT_VIEWS[p.tracer])
+            p.missing = f"the {view} view is not a {p.tracer} view (its views: {views})"
+            return p
+        return _counted(p, s, view)
     if view != "gross":
         p.missing = f"the {view} view is malloc's; a {p.tracer} capture has its stack rows only"
         return p
@@ -149,14 +198,35 @@ def timeline(loaded: Any) -> dict[str, Any]:
     own = getattr(loaded.summary, "timeline", None)
     if isinstance(own, list) and own and isinstance(own[0], dict):
         samples = [dict(x) for x in own]
-        start = _start_sample(getattr(loaded.summary, "calibration", None))
+        calibration = getattr(loaded.summary, "calibration", None)
+        start = _start_sample(calibration)
         if start is not None and float(samples[0].get("t") or 0) > 0:
             samples.insert(0, start)
+        # Two more points the capture knows exactly, so that a run shorter than a few drains is
+        # still a shape: the peak of tracked bytes at its instant, and the allocator and footprint
+        # as read at the end.
+        peak = getattr(loaded.summary, "peak", None)
+        if peak is not None and peak.t_s is not None and all(float(x.get("t") or 0) != peak.t_s for x in samples):
+            samples.append({"t": peak.t_s, "tracked_bytes": peak.bytes})
+        end = _end_sample(calibration)
+        if end is not None and end["t"] > max(float(x.get("t") or 0) for x in samples):
+            samples.append(end)
+        samples.sort(key=lambda x: float(x.get("t") or 0))
         t = [float(x.get("t") or 0) for x in samples]
         keys = [k for k in TIMELINE_SERIES if any(isinstance(x.get(k), int | float) for x in samples)]
         if keys:
-            return {"t": t, "series": {TIMELINE_SERIES[k]: [x.get(k) for x in samples] for k in keys},
-                    "unit": "bytes", "source": "summary"}
+            out: dict[str, Any] = {"t": t, "series": {TIMELINE_SERIES[k]: [x.get(k) for x in samples] for k in keys},
+                                   "unit": "bytes", "source": "summary"}
+            if peak is not None and peak.t_s is not None:
+                out["peak"] = {"t": peak.t_s, "bytes": peak.bytes}
+            # The largest stacks' live bytes at each drain: what a time range's flame graph shows.
+            stacks = []
+            for sid in _timeline_stacks(own):
+                series = [dict(x["top"]).get(sid) if isinstance(x.get("top"), list) else None for x in samples]
+                stacks.append({"frames": loaded.summary.stack(sid), "live": series})
+            if stacks:
+                out["stacks"] = stacks
+            return out
     t = []
     gross: list[int] = []
     live: list[int] = []
@@ -171,6 +241,33 @@ def timeline(loaded: Any) -> dict[str, Any]:
     if any(live):
         series["tracked live blocks"] = live
     return {"t": t, "series": series, "unit": None, "source": "snapshots"}
+
+
+def _end_sample(calibration: Any) -> dict[str, Any] | None:
+    """The window's end as a timeline sample (allocator in-use and footprint), placed by the agent
+    clock the "before" and the end calibrations share; None when either lacks its time."""
+    if not isinstance(calibration, dict):
+        return None
+    before = calibration.get("before")
+    after = calibration.get("after") or calibration.get("at-exit")
+    if not (isinstance(before, dict) and isinstance(after, dict)):
+        return None
+    if not (isinstance(before.get("t"), int | float) and isinstance(after.get("t"), int | float)):
+        return None
+    allocator: dict[str, Any] = after["allocator"] if isinstance(after.get("allocator"), dict) else {}
+    footprint: dict[str, Any] = after["footprint"] if isinstance(after.get("footprint"), dict) else {}
+    return {"t": round((after["t"] - before["t"]) / 1000, 3), "in_use": allocator.get("in_use"),
+            "footprint": footprint.get("footprint")}
+
+
+def _timeline_stacks(samples: list[dict[str, Any]]) -> list[int]:
+    """The stacks the timeline's samples list (each sample names its largest), largest first."""
+    highest: dict[int, int] = {}
+    for x in samples:
+        for row in x.get("top") or []:
+            if isinstance(row, list | tuple) and len(row) >= 2:
+                highest[row[0]] = max(highest.get(row[0], 0), int(row[1] or 0))
+    return sorted(highest, key=lambda sid: (-highest[sid], sid))[:TIMELINE_STACKS]
 
 
 def _start_sample(calibration: Any) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ TRUTH = {
     "alpha": {
         "gross": 10 * 16384 + 2 * MiB + 100 * 64 + 3 * 8192, "calls": 115,
         "in_use_delta": 2 * MiB + 2 * 8192 + 6400, "live_bytes": 2 * MiB + 2 * 8192, "live_count": 4,
-        "families": {"image decode": 2 * MiB, "JSON parsing": 163840, "other: simd_buffer_alloc (alpha)": 24576,
+        "families": {"image decode": 2 * MiB, "JSON parsing": 163840, "other: simd_buffer_alloc": 24576,
                      "(no stack: below the stack threshold)": 6400},
         "tiers": [(100, 6400), (0, 0), (0, 0), (3, 24576), (10, 163840), (2, 2 * MiB)],
     },

@@ -222,8 +222,8 @@ def timeline(loaded: Any) -> dict[str, Any]:
             # The largest stacks' live bytes at each drain: what a time range's flame graph shows.
             stacks = []
             for sid in _timeline_stacks(own):
-                series = [dict(x["top"]).get(sid) if isinstance(x.get("top"), list) else None for x in samples]
-                stacks.append({"frames": loaded.summary.stack(sid), "live": series})
+                per_sample = [dict(x["top"]).get(sid) if isinstance(x.get("top"), list) else None for x in samples]
+                stacks.append({"frames": loaded.summary.stack(sid), "live": per_sample})
             if stacks:
                 out["stacks"] = stacks
             return out

@@ -98,20 +98,26 @@ def kill_at_random_instants(exe: Path, folder: Path, runs: int, seed: int) -> di
         end = records[-1]
         assert end.type == RecordType.END and info.problem is None, (said, info.problem)
         assert end.body["ended"] == "target-exited", (said, end.body["reason"])
-        assert "killed by SIGKILL" in end.body["reason"], (said, end.body["reason"])
+        # The signal, from the pidfd opened at launch or from Frida's own words; when the process
+        # was gone (and reaped by Frida) before memtrace could open its pidfd, the reason says the
+        # signal is unknown -- still a named death, at its stage.
+        reason = end.body["reason"]
+        assert "killed by SIGKILL" in reason or "the signal is unknown" in reason, (said, reason)
         stage = end.body["evidence"].get("stage")
-        assert stage in STAGES, (said, end.body)
+        assert stage in STAGES and (stage == "window" or f"during {stage}" in reason), (said, end.body)
         stages[stage] = stages.get(stage, 0) + 1
+        if "SIGKILL" not in reason.split("(")[0]:
+            stages["signal unknown"] = stages.get("signal unknown", 0) + 1
     return stages
 
 
 def test_a_target_killed_during_its_injection_leaves_a_named_capture(compile_c, tmp_path: Path) -> None:
     stages = kill_at_random_instants(compile_c("steady"), tmp_path, runs=6, seed=26)
-    assert sum(stages.values()) == 6
+    assert sum(n for s, n in stages.items() if s in STAGES) == 6
 
 
 @pytest.mark.slow
 def test_fifty_kills_at_random_instants_leave_fifty_named_captures(compile_c, tmp_path: Path) -> None:
     stages = kill_at_random_instants(compile_c("steady"), tmp_path, runs=50, seed=2026)
     print("deaths by stage:", stages)
-    assert sum(stages.values()) == 50
+    assert sum(n for s, n in stages.items() if s in STAGES) == 50

@@ -145,3 +145,11 @@ def test_a_debug_section_claiming_a_tebibyte_is_not_opened(tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr
     assert "compressed section .debug_info claims 1099511627776 bytes from" in r.stdout
     assert "memory allocation" not in r.stderr
+
+
+def test_a_fifo_jetsam_report_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "JetsamEvent-1.ips"
+    os.mkfifo(fifo)
+    r = run_memtrace("jetsam", fifo, check=False, timeout=30)
+    assert (r.returncode, r.stderr) == (2, f"memtrace: error: {fifo}: not a regular file (a report is a file, "
+                                           f"not a FIFO, device or socket)\n")

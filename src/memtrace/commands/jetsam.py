@@ -32,6 +32,8 @@ def collect_paths(paths: tuple[str, ...]) -> list[Path]:
             found.extend(sorted(q for q in p.rglob("JetsamEvent*.ips") if q.is_file()))
         elif p.is_file():
             found.append(p)
+        elif p.exists():        # a FIFO would block the read forever
+            raise InputError(f"{raw}: not a regular file (a report is a file, not a FIFO, device or socket)")
         else:
             raise InputError(f"{raw}: no such file or folder")
     return found

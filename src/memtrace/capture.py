@@ -231,6 +231,7 @@ RESULT_SHAPES: dict[str, Check] = {
                    "leaked_blocks": TOTAL, "leaked_bytes": TOTAL, "reachable_blocks": TOTAL, "reachable_bytes": TOTAL,
                    "definitely_by_stack": _BY_STACK, "indirectly_by_stack": _BY_STACK,
                    "possibly_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
+                   "leaked_by_stack": _BY_STACK,      # agents before the verdicts: leaked = definitely lost
                    "leaked": seq(row(ADDR, TOTAL, TOTAL, min_len=3)), "skipped": mapping(U64)}),
 }
 
@@ -910,12 +911,16 @@ def _type_name(rtype: int) -> str:
         return f"type-{rtype}"
 
 
+LEAK_ROW_KEYS = ("definitely_by_stack", "indirectly_by_stack", "possibly_by_stack", "reachable_by_stack",
+                 "leaked_by_stack")
+
+
 def _note_json_stacks(record: Record, info: CaptureInfo) -> None:
     """Stack ids a JSON record names (a leak scan's rows): used, to be defined by a STACK record."""
     body = record.body
     rows: list[Any] = []
     if record.type == RecordType.RESULT and body.get("tracer") == "malloc":
-        rows = [*(body.get("leaked_by_stack") or ()), *(body.get("reachable_by_stack") or ())]
+        rows = [r for key in LEAK_ROW_KEYS for r in body.get(key) or ()]
     elif record.type == RecordType.BATCH and isinstance(body.get("sample"), dict):
         rows = body["sample"].get("top") or []
     for r in rows:

@@ -27,6 +27,7 @@ from typing import Any
 from memtrace.analyze.families import load_rules
 from memtrace.capture import NO_STACK
 from memtrace.errors import InputError
+from memtrace.exports.limits import clamp_int64
 from memtrace.layout import PSEUDO_STACKS
 from memtrace.report.chapters import UNSTACKED
 from memtrace.views.profile import profile, views_of
@@ -124,6 +125,17 @@ def table(loaded: Any) -> Any:
     columns = {k: [v] * len(data) for k, v in ident.items()}
     for k in ("view", "unit", "stack_id", "family", "bytes", "count", "leaf", "frames"):
         columns[k] = [r[k] for r in data]
+    # int64/uint64 columns: a value a damaged capture pushed past them is clamped, and said once.
+    for k in ("stack_id", "bytes", "count"):
+        columns[k] = [None if v is None else clamp_int64(v, f"parquet: a row's {k}", loaded) for v in columns[k]]
+    columns["pid"] = [None if v is None else clamp_int64(v, "parquet: the pid", loaded) for v in columns["pid"]]
+    for frames in columns["frames"]:
+        for f in frames or ():
+            for k in ("line", "offset"):
+                if f.get(k) is not None:
+                    f[k] = clamp_int64(f[k], f"parquet: a frame's {k}", loaded)
+            if isinstance(f.get("address"), int):
+                f["address"] = min(max(f["address"], 0), (1 << 64) - 1)
     return pa.Table.from_pydict(columns, schema=schema)
 
 

@@ -166,7 +166,8 @@ def build_heap(loaded: Any, view: str) -> Any:
             row[2 + col] += s.bytes
     for frames, *values in rows.values():
         out.sample.add(location_id=[b.location(f) for f in frames],
-                       value=[clamp_int64(v, "pprof: a sample value", loaded) for v in values])
+                       value=[clamp_int64(v, f"pprof: a sample's {name}", loaded)
+                              for v, (name, _) in zip(values, HEAP_TYPES, strict=True)])
     out.comment.append(b.sid(f"memtrace malloc heap (default {view}): {loaded.path}"))
     return out
 

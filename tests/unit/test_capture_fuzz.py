@@ -380,7 +380,7 @@ def test_pprof_clamps_a_sum_past_int64_and_says_so_in_one_line(scratch: Path,
     assert all(line.startswith(f"memtrace: warning: {cap}: pprof: a sample's ") for line in lines) and len(lines) <= 2
     prof = Profile()
     prof.ParseFromString(gzip.decompress(out.read_bytes()))
-    assert max(s.value[0] for s in prof.sample) == (1 << 63) - 1
+    assert max(s.value[1] for s in prof.sample) == (1 << 63) - 1      # alloc_space
 
 
 def test_chrome_trace_clamps_a_time_beyond_its_microseconds(scratch: Path,

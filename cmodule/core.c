@@ -54,6 +54,9 @@
 # define MT_LINE_ALIGNED __attribute__ ((aligned (64)))
 #endif
 
+/* Aggregate lanes at most (the agent sizes agg_lanes, a power of two, up to this). */
+#define MT_MAX_LANES 64
+
 typedef struct _MtSlot MtSlot;
 typedef struct _MtGlobals MtGlobals;
 typedef struct _MtCore MtCore;
@@ -75,6 +78,10 @@ struct _MtSlot
   volatile gint state;
   volatile gint busy;
   gint has_ring;
+  /* The aggregate lane this thread adds to (lane-major rows, track.c): its own while lanes last
+   * (plain adds), else shared with other threads by slot index (atomic adds). */
+  gint lane;
+  gint lane_shared;
   guint64 tid;
   guint64 stack_lo;
   guint64 stack_hi;
@@ -98,6 +105,7 @@ struct _MtGlobals
   volatile gint stack_lock;
   volatile gint rings_claimed;
   volatile gint slots_hw;          /* high-water mark of slot indices used */
+  volatile gint slots_hw_lock;
   volatile gint ring_free_lock;
   volatile gssize lost_calls;      /* calls with no slot at all (thread table full) */
   volatile gssize live_count;
@@ -108,6 +116,7 @@ struct _MtGlobals
   volatile gint ring_owner_free[MT_MAX_RINGS]; /* recycled ring indices, -1 terminated stack */
   volatile gint ring_free_top;
   volatile gint fence;
+  volatile gint lane_claim[MT_MAX_LANES];   /* 1: the lane belongs to one live thread */
 };
 
 /* The aggregate core's shared state, each group on its own cache line. */
@@ -129,7 +138,7 @@ struct _MtCore
   /* stack definitions: produced under mt_globals.stack_lock, consumed by the drain */
   volatile guint64 defs_head;
   volatile guint64 defs_tail;
-  volatile guint64 n_stacks;       /* entries in mt_stack_list */
+  volatile guint64 n_stacks;       /* stacks interned: ids 0 .. n_stacks - 1 */
   volatile gint sites_lock;
   gint pad3a;
   volatile guint64 n_sites;        /* entries of mt_sites in use */
@@ -148,12 +157,12 @@ extern MtGlobals mt_globals;
 extern MtCore mt_core;
 extern MtSlot mt_slots[];
 extern guint8 mt_ring_pool[];
+/* The stack hash table: 2 * (stack_mask + 1) entries of (hash, id) u64 pairs; ids are dense, in
+ * interning order (0, 1, 2 ...), so a stack's aggregate rows are packed, whatever its hash. */
 extern volatile guint64 mt_stack_table[];
-extern volatile guint32 mt_stack_list[];      /* interned stack ids, in interning order */
 extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
 extern volatile guint64 mt_live_table[];
 extern MtLiveMeta mt_live_meta[];             /* beside each live-table key */
-extern volatile gint mt_live_occupancy[];
 extern volatile gint mt_live_locks[];
 /* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_STRIDE counters */
 extern volatile guint64 mt_agg[];
@@ -373,6 +382,39 @@ mt_claim_ring (void)
   return idx;
 }
 
+/* Raises slots_hw to at least hw, under its own lock: two threads claiming slots at once can
+ * neither lower it nor push it past the slots actually claimed (an add of a stale difference
+ * did both).  Once per thread, so the lock costs nothing that matters. */
+static void
+mt_raise_slots_hw (gint hw)
+{
+  while (!mt_trylock (&mt_globals.slots_hw_lock, 4096))
+    sched_yield ();
+  if (mt_globals.slots_hw < hw)
+    mt_globals.slots_hw = hw;
+  mt_unlock (&mt_globals.slots_hw_lock);
+}
+
+/* A lane of the aggregate rows of the thread's own, while there are free ones: its adds then need
+ * no lock prefix (track.c, mt_lane_add).  Otherwise it shares lane (slot index % lanes) with
+ * other threads, atomically.  The drain gives the lane back when it retires the slot. */
+static void
+mt_claim_lane (MtSlot * s, guint slot_index)
+{
+  guint64 l, lanes = mt_config.agg_lanes;
+  for (l = 0; l != lanes && l != MT_MAX_LANES; l++)
+  {
+    if (mt_globals.lane_claim[l] == 0 && g_atomic_int_add (&mt_globals.lane_claim[l], 1) == 0)
+    {
+      s->lane = (gint) l;
+      s->lane_shared = 0;
+      return;
+    }
+  }
+  s->lane = (gint) (slot_index & (lanes - 1));
+  s->lane_shared = 1;
+}
+
 /* Called when pthread_getspecific() gave NULL.  pthread_setspecific may itself
  * allocate (glibc, keys >= 32): a nested call on this thread finds its stack
  * address registered in `assigning` and passes straight through. */
@@ -421,8 +463,7 @@ mt_assign (void)
     if (g_atomic_int_add (&c->claim, 1) == 0)
     {
       s = c;
-      if ((gint) i >= mt_globals.slots_hw)
-        g_atomic_int_add (&mt_globals.slots_hw, (gint) i + 1 - mt_globals.slots_hw);
+      mt_raise_slots_hw ((gint) i + 1);
       break;
     }
     g_atomic_int_add (&c->claim, -1);
@@ -438,6 +479,7 @@ mt_assign (void)
     s->tail = 0;
     ring = mt_claim_ring ();
     s->has_ring = ring >= 0;
+    mt_claim_lane (s, i);
     s->ring = (ring >= 0) ? mt_ring_pool + (guint64) ring * mt_config.ring_size : NULL;
     s->tid = mt_current_tid ();
     s->rng = (s->tid * 0x9e3779b97f4a7c15ULL) ^ (guint64) here ^ 0x2545f4914f6cdd1dULL;
@@ -664,13 +706,18 @@ mt_defs_reserve (guint64 len)
   return mt_defs + off;
 }
 
-/* A stack's id (its slot in the stack table), interning it on first sight: its definition goes
- * to the drain through mt_defs before the id is used, so no row is ever shipped without one. */
+/* A stack's id, interning it on first sight.  Ids are dense (the n-th stack interned is n), so
+ * the aggregate rows of 10,000 stacks fill 10,000 rows whatever their hashes; the hash table
+ * beside them has twice as many entries as there are ids, (hash, id) pairs, and is only ever
+ * added to: a reader that sees an entry's hash (acquire) sees its id.  The definition goes to the
+ * drain through mt_defs before the id is used, so no row is ever shipped without one.  When every
+ * id is taken (stack_mask + 1 of them: the table's documented budget) or the definitions buffer
+ * is full, the stack is DROPPED_STACK, counted in dropped_stacks and said in the summary. */
 static guint32
 mt_intern (MtSlot * s, const guint64 * frames, guint n)
 {
   guint64 h = mt_hash_frames (frames, n);
-  guint64 mask = mt_config.stack_mask;
+  guint64 mask = (mt_config.stack_mask << 1) | 1;
   guint64 i;
   guint probe;
   guint32 result = MT_DROPPED_STACK;
@@ -678,9 +725,9 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
   for (probe = 0; probe != 64; probe++)
   {
     i = (h + probe) & mask;
-    guint64 v = mt_stack_table[i];
+    guint64 v = mt_load_acquire (&mt_stack_table[2 * i]);
     if (v == h)
-      return (guint32) i;
+      return (guint32) mt_stack_table[2 * i + 1];
     if (v == 0)
       break;
   }
@@ -693,16 +740,17 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
   for (probe = 0; probe != 64; probe++)
   {
     i = (h + probe) & mask;
-    guint64 v = mt_stack_table[i];
+    guint64 v = mt_stack_table[2 * i];
     if (v == h)
     {
-      result = (guint32) i;
+      result = (guint32) mt_stack_table[2 * i + 1];
       break;
     }
     if (v == 0)
     {
+      guint64 id = mt_core.n_stacks;
       guint64 len = sizeof (MtStackRecord) + 8 * (guint64) n;
-      guint8 * rec = mt_defs_reserve (len);
+      guint8 * rec = id <= mt_config.stack_mask ? mt_defs_reserve (len) : NULL;
       if (rec != NULL)
       {
         MtStackRecord * r = (MtStackRecord *) rec;
@@ -711,15 +759,15 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
         r->type = MT_REC_STACK;
         r->nframes = (guint8) n;
         r->reserved = 0;
-        r->stack_id = (guint32) i;
+        r->stack_id = (guint32) id;
         for (k = 0; k != n; k++)
           out[k] = frames[k];
         mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
-        mt_stack_list[mt_core.n_stacks] = (guint32) i;
-        mt_store_release (&mt_core.n_stacks, mt_core.n_stacks + 1);
-        mt_stack_table[i] = h;
+        mt_store_release (&mt_core.n_stacks, id + 1);
+        mt_stack_table[2 * i + 1] = id;
+        mt_store_release (&mt_stack_table[2 * i], h);
         g_atomic_pointer_add (&mt_globals.stacks_interned, 1);
-        result = (guint32) i;
+        result = (guint32) id;
       }
       break;
     }
@@ -771,7 +819,6 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
       m->stack_id = stack_id;
       m->tick_k = mt_tick_k (k);
       ways[i] = p;
-      g_atomic_int_add (&mt_live_occupancy[b], 1);
       ok = TRUE;
       break;
     }
@@ -791,12 +838,36 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
       m->size = size;
       m->stack_id = stack_id;
       m->tick_k = mt_tick_k (k);
-      __atomic_fetch_add (&mt_live_occupancy[b], 1, __ATOMIC_SEQ_CST);
       return TRUE;
     }
   }
   return FALSE;
 #endif
+}
+
+/* The way of bucket b holding key v, or -1.  A bucket's keys are one cache line: reading them is
+ * what a per-bucket occupancy count cost (and every insert and removal no longer pays an atomic
+ * add to keep one). */
+static inline gint
+mt_live_way (guint64 b, guint64 v)
+{
+  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  gint i;
+  for (i = 0; i != MT_LIVE_WAYS; i++)
+    if (ways[i] == v)
+      return i;
+  return -1;
+}
+
+static inline gboolean
+mt_live_bucket_empty (guint64 b)
+{
+  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  gint i;
+  for (i = 0; i != MT_LIVE_WAYS; i++)
+    if (ways[i] != 0)
+      return FALSE;
+  return TRUE;
 }
 
 /* Only the thread freeing p can remove p, and p cannot be handed out again
@@ -805,21 +876,11 @@ static inline gboolean
 mt_live_remove (guint64 p, MtLiveMeta * out)
 {
   guint64 b = mt_live_bucket (p);
-  volatile guint64 * ways;
-  guint i;
-  if (mt_live_occupancy[b] == 0)
+  gint i = mt_live_way (b, p);
+  if (i < 0)
     return FALSE;
-  ways = &mt_live_table[b * MT_LIVE_WAYS];
-  for (i = 0; i != MT_LIVE_WAYS; i++)
-  {
-    if (ways[i] == p)
-    {
-      *out = mt_live_meta[b * MT_LIVE_WAYS + i];
-      /* The entry is read before the way is offered to another insert. */
-      mt_store_release (&ways[i], 0);
-      MT_ADD32 (&mt_live_occupancy[b], -1);
-      return TRUE;
-    }
-  }
-  return FALSE;
+  *out = mt_live_meta[b * MT_LIVE_WAYS + (guint64) i];
+  /* The entry is read before the way is offered to another insert. */
+  mt_store_release (&mt_live_table[b * MT_LIVE_WAYS + (guint64) i], 0);
+  return TRUE;
 }

@@ -28,6 +28,10 @@ mt_retire (MtSlot * s)
   }
   s->has_ring = 0;
   s->ring = NULL;
+  /* Its own lane goes back to the pool (a shared one was never taken). */
+  if (!s->lane_shared && s->lane >= 0 && s->lane < MT_MAX_LANES)
+    g_atomic_int_add (&mt_globals.lane_claim[s->lane], -1);
+  s->lane_shared = 1;
   s->state = MT_SLOT_FREE;
   mt_barrier ();
   s->claim = 0;
@@ -97,27 +101,23 @@ static void
 mt_row_totals (guint64 row, guint64 * out)
 {
   guint64 lanes = mt_config.agg_lanes;
-  volatile guint64 * a = &mt_agg[row * lanes * MT_AGG_STRIDE];
+  guint64 stride = mt_agg_rows () * MT_AGG_STRIDE;     /* one lane to the next (lane-major) */
+  volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
   guint64 l;
   guint f;
   for (f = 0; f != MT_AGG_STRIDE; f++)
     out[f] = 0;
   for (l = 0; l != lanes; l++)
     for (f = 0; f != MT_AGG_STRIDE; f++)
-      out[f] += a[l * MT_AGG_STRIDE + f];
+      out[f] += a[l * stride + f];
 }
 
-static inline guint64
-mt_rows (void)
-{
-  return mt_config.stack_mask + 1 + MT_N_PSEUDO_STACKS;
-}
-
-/* The row at position i of the drain's walk: interned stacks in order, then the pseudo stacks. */
+/* The row at position i of the drain's walk: interned stacks in order (ids are dense), then the
+ * pseudo stacks. */
 static inline guint64
 mt_walk_row (guint64 i, guint64 n_stacks)
 {
-  return i < n_stacks ? mt_stack_list[i] : mt_config.stack_mask + 1 + (i - n_stacks);
+  return i < n_stacks ? i : mt_config.stack_mask + 1 + (i - n_stacks);
 }
 
 /* A chunk of records the drain writes at out[*used]: its header's room taken (FALSE, and another
@@ -216,11 +216,11 @@ static void
 mt_row_at_peak (guint64 row, guint64 e, gint64 * bytes, gint64 * count)
 {
   guint64 lanes = mt_config.agg_lanes;
-  volatile guint64 * a = &mt_agg[row * lanes * MT_AGG_STRIDE];
+  volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
   guint64 l;
   *bytes = 0;
   *count = 0;
-  for (l = 0; l != lanes; l++, a += MT_AGG_STRIDE)
+  for (l = 0; l != lanes; l++, a += mt_agg_rows () * MT_AGG_STRIDE)
   {
     guint64 b = a[MT_A_BYTES] - a[MT_A_FREED_BYTES];
     guint64 c = a[MT_A_ALLOCS] - a[MT_A_FREES];
@@ -470,15 +470,12 @@ mt_reset (void)
     mt_top[i] = 0;
   for (i = 0; i != mt_config.n_slots * sizeof (MtSlot); i++)
     ((guint8 *) mt_slots)[i] = 0;
-  for (i = 0; i <= mt_config.stack_mask; i++)
+  for (i = 0; i != 4 * (mt_config.stack_mask + 1); i++)
     mt_stack_table[i] = 0;
   for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
     mt_live_table[i] = 0;
   for (i = 0; i <= mt_config.live_mask; i++)
-  {
-    mt_live_occupancy[i] = 0;
     mt_live_locks[i] = 0;
-  }
 }
 
 guint64
@@ -521,9 +518,9 @@ mt_live_count (void)
 guint64
 mt_live_occupied (void)
 {
-  guint64 b, n = 0;
-  for (b = 0; b <= mt_config.live_mask; b++)
-    n += (guint64) mt_live_occupancy[b];
+  guint64 i, n = 0;
+  for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
+    n += mt_live_table[i] != 0;
   return n;
 }
 

@@ -120,11 +120,7 @@ mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * u
   {
     guint64 p = mt_live_table[i];
     if (p == 0 || (p & MT_LIVE_VM) != 0)
-    {
-      if ((i & (MT_LIVE_WAYS - 1)) == 0 && mt_live_occupancy[i / MT_LIVE_WAYS] == 0)
-        i += MT_LIVE_WAYS - 1;     /* an empty bucket */
       continue;
-    }
     all++;
     if ((p & (MT_LIVE_SUSPECT | MT_LIVE_OWED)) != 0)
     {

@@ -191,7 +191,6 @@ mt_bucket_take (guint64 b, gint i, MtLiveMeta * out)
   guint64 at = b * MT_LIVE_WAYS + (guint64) i;
   *out = mt_live_meta[at];
   mt_store_release (&mt_live_table[at], 0);
-  MT_ADD32 (&mt_live_occupancy[b], -1);
 }
 
 static inline void
@@ -222,7 +221,7 @@ mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
   MtLiveMeta m;
   gint i;
   gboolean release = FALSE;
-  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
     return;
   if ((i = mt_bucket_find (b, p | MT_LIVE_SUSPECT)) >= 0)
   {
@@ -249,7 +248,7 @@ mt_logger_release (MtSlot * s, guint kind, guint64 p, gboolean temporary, gboole
   guint64 b = mt_live_bucket (p);
   MtLiveMeta m;
   gint i;
-  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
     return;
   if ((i = mt_bucket_find (b, p)) < 0)
     i = mt_bucket_find (b, p | MT_LIVE_SUSPECT);
@@ -271,7 +270,7 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
   MtLiveMeta m;
   gint i;
   gboolean release = FALSE;
-  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
     return;
   if ((i = mt_bucket_find (b, p | MT_LIVE_OWED)) >= 0)
   {
@@ -408,7 +407,7 @@ mt_on_vm_free (MtSlot * s, guint64 p, guint64 size, gboolean nested)
   MtLiveMeta m;
   MtFreeRecord * rec;
   gint i = -1;
-  if (mt_live_occupancy[b] != 0 && mt_bucket_lock (s, b, nested))
+  if (!mt_live_bucket_empty (b) && mt_bucket_lock (s, b, nested))
   {
     if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
       mt_bucket_take (b, i, &m);

@@ -26,11 +26,33 @@ mt_id_of_row (guint64 row)
   return 0xFFFFFFFFu - (guint32) (row - mt_config.stack_mask - 1);
 }
 
+/* Rows are lane-major: lane l of row r is at (l * rows + r) * MT_AGG_STRIDE, rows being
+ * stack_mask + 1 + MT_N_PSEUDO_STACKS.  A stack only one thread touches then costs one row of
+ * resident memory (its other lanes' pages are never written), and ids are dense, so rows pack. */
+static inline guint64
+mt_agg_rows (void)
+{
+  return mt_config.stack_mask + 1 + MT_N_PSEUDO_STACKS;
+}
+
 static inline volatile guint64 *
 mt_agg_lane (MtSlot * s, guint64 row)
 {
-  guint64 lanes = mt_config.agg_lanes;
-  return &mt_agg[(row * lanes + (mt_slot_index (s) & (lanes - 1))) * MT_AGG_STRIDE];
+  return &mt_agg[((guint64) s->lane * mt_agg_rows () + row) * MT_AGG_STRIDE];
+}
+
+/* An add to the thread's lane of a row: where the lane is the thread's own and a signal handler
+ * cannot tear the add (MT_LIGHT_HOOKS: one `add` to memory), a plain add -- the lock prefix of
+ * an atomic one was most of a tracked allocation's cost; a signal handler's nested call on the
+ * same thread adds atomically, which the plain add cannot interleave with.  A shared lane adds
+ * atomically. */
+static inline void
+mt_lane_add (MtSlot * s, volatile guint64 * p, guint64 v)
+{
+  if (MT_LIGHT_HOOKS && !s->lane_shared)
+    mt_bump ((guint64 *) p, v);
+  else
+    MT_ADD64 (p, v);
 }
 
 /* The peak.  mt_core.peak_epoch counts the times tracked bytes reached a new high.  Before a lane
@@ -231,23 +253,23 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   {
     flags |= MT_FLAG_LIVE;
     mt_agg_touch (a);
-    MT_ADD64 (&a[MT_A_ALLOCS], 1);
-    MT_ADD64 (&a[MT_A_BYTES], size);
+    mt_lane_add (s, &a[MT_A_ALLOCS], 1);
+    mt_lane_add (s, &a[MT_A_BYTES], size);
     if (k != 0)
-      MT_ADD64 (&a[MT_A_EXTRA_WEIGHT], weight - size);
+      mt_lane_add (s, &a[MT_A_EXTRA_WEIGHT], weight - size);
   }
   else
   {
     s->counters[MT_C_LIVE_TABLE_FULL]++;
-    MT_ADD64 (&a[MT_A_UNTRACKED], 1);
-    MT_ADD64 (&a[MT_A_UNTRACKED_BYTES], size);
+    mt_lane_add (s, &a[MT_A_UNTRACKED], 1);
+    mt_lane_add (s, &a[MT_A_UNTRACKED_BYTES], size);
   }
   if (k != 0)
   {
-    MT_ADD64 (&a[MT_A_SAMPLED], 1);
-    MT_ADD64 (&a[MT_A_SAMPLED_BYTES], size);
-    MT_ADD64 (&a[MT_A_SAMPLED_WEIGHT], weight);
-    MT_ADD64 (&a[MT_A_SAMPLED_COUNT_FP], (weight << MT_AGG_FP_SHIFT) / (size != 0 ? size : 1));
+    mt_lane_add (s, &a[MT_A_SAMPLED], 1);
+    mt_lane_add (s, &a[MT_A_SAMPLED_BYTES], size);
+    mt_lane_add (s, &a[MT_A_SAMPLED_WEIGHT], weight);
+    mt_lane_add (s, &a[MT_A_SAMPLED_COUNT_FP], (weight << MT_AGG_FP_SHIFT) / (size != 0 ? size : 1));
   }
   mt_agg_dirty_row (row);
   if (tracked)
@@ -319,14 +341,14 @@ mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary)
   volatile guint64 * a = mt_agg_lane (s, row);
   guint k = m->tick_k >> MT_LIVE_TICK_BITS;
   mt_agg_touch (a);
-  MT_ADD64 (&a[MT_A_FREES], 1);
-  MT_ADD64 (&a[MT_A_FREED_BYTES], m->size);
+  mt_lane_add (s, &a[MT_A_FREES], 1);
+  mt_lane_add (s, &a[MT_A_FREED_BYTES], m->size);
   if (k != 0)
-    MT_ADD64 (&a[MT_A_EXTRA_WEIGHT_FREED], (guint64) k * mt_config.sample_interval - m->size);
+    mt_lane_add (s, &a[MT_A_EXTRA_WEIGHT_FREED], (guint64) k * mt_config.sample_interval - m->size);
   if (temporary)
   {
-    MT_ADD64 (&a[MT_A_TEMP], 1);
-    MT_ADD64 (&a[MT_A_TEMP_BYTES], m->size);
+    mt_lane_add (s, &a[MT_A_TEMP], 1);
+    mt_lane_add (s, &a[MT_A_TEMP_BYTES], m->size);
   }
   mt_agg_dirty_row (row);
   mt_tracked_add (-(gint64) m->size);
@@ -391,7 +413,7 @@ mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_h
   chunk_min = mt_config.chunk_min;
   if (from_hook && chunk_min != 0 && (((const guint64 *) p)[-1] & ~(guint64) 7) < chunk_min)
     return;
-  if (mt_live_occupancy[mt_live_bucket ((guint64) p)] != 0)
+  if (mt_live_way (mt_live_bucket ((guint64) p), (guint64) p) >= 0)
   {
     gint prev = mt_guard (s);
     mt_release_live (s, kind, (guint64) p, size, temporary);

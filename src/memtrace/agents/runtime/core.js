@@ -19,7 +19,8 @@ import { unwindSymbols } from './unwind.js';
 const SLOT_BYTES = 2048;          // per MtSlot; mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
 const CORE_BYTES = 4096;          // MtCore; mt_core_size() must fit
-const DEFAULT_LANES = 4;          // aggregate rows per stack (threads running at once, rarely sharing one)
+const DEFAULT_LANES = 8;          // aggregate lanes: threads that get one of their own add without atomics
+const MAX_LANES = 64;             // core.c's MT_MAX_LANES
 const DEFS_BYTES = 1 << 20;       // stack definitions waiting for the drain
 
 export const core = {
@@ -84,7 +85,7 @@ export function buildCore(config, sources, extraSymbols) {
     throw new Error(`memtrace agent: at most ${MAX_RINGS} rings (asked for ${nRings})`);
   const stackSlots = pow2(config.stackTable);
   const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
-  const lanes = pow2(config.aggLanes || DEFAULT_LANES);
+  const lanes = Math.min(MAX_LANES, pow2(config.aggLanes || DEFAULT_LANES));
   const rows = stackSlots + PSEUDO_STACKS.length;
 
   const cfg = Memory.alloc(CONFIG.size);
@@ -93,12 +94,11 @@ export function buildCore(config, sources, extraSymbols) {
   const coreState = rawPages(CORE_BYTES);
   const slots = rawPages(nSlots * SLOT_BYTES);
   const rings = rawPages(nRings * ringSize);
-  const stackTable = rawPages(stackSlots * 8);
-  const stackList = rawPages(stackSlots * 4);
+  // (hash, id) pairs, twice as many entries as stack ids: probes stay short when every id is taken.
+  const stackTable = rawPages(2 * stackSlots * 16);
   const defs = rawPages(DEFS_BYTES);
   const liveTable = rawPages(liveBuckets * LIVE_WAYS * 8);
   const liveMeta = rawPages(liveBuckets * LIVE_WAYS * LIVE_META.size);
-  const liveOcc = rawPages(liveBuckets * 4);
   const liveLocks = rawPages(liveBuckets * 4);
   const agg = rawPages(rows * lanes * AGG_STRIDE * 8);
   const aggDirty = rawPages(rows);
@@ -118,11 +118,9 @@ export function buildCore(config, sources, extraSymbols) {
     mt_slots: slots,
     mt_ring_pool: rings,
     mt_stack_table: stackTable,
-    mt_stack_list: stackList,
     mt_defs: defs,
     mt_live_table: liveTable,
     mt_live_meta: liveMeta,
-    mt_live_occupancy: liveOcc,
     mt_live_locks: liveLocks,
     mt_agg: agg,
     mt_agg_dirty: aggDirty,

@@ -45,6 +45,7 @@
 #define MT_BUSY_OWN 1        /* memtrace's own thread set-up (mt_assign): its calls are not the target's */
 #define MT_BUSY_HOOK 2       /* inside a hook: a nested call is a signal handler's, counted */
 #define MT_BUSY_COMPOUND 3   /* inside the real call of an entry that may call the family itself */
+#define MT_BUSY_SHARED 4     /* the shared slot (mt_slots[n_slots]): for good, see mt_shared_slot */
 
 /* Slots and shared groups start on their own cache line: a thread's counters never share one with
  * another thread's slot. */
@@ -415,6 +416,28 @@ mt_claim_lane (MtSlot * s, guint slot_index)
   s->lane_shared = 1;
 }
 
+/* The slot of threads that found none of their own (every one taken by a live thread, or 64
+ * threads assigning at once): mt_slots[n_slots], marked MT_BUSY_SHARED for good, so that every
+ * call through it takes the nested path: counted exactly by kind, bytes and tier (atomically, in
+ * its ncount), counted again as unslotted_calls, its releases applied to the live table, its
+ * blocks tracked under DROPPED_STACK (counted in dropped_stacks: no stack walk without a thread
+ * of its own to bound it).  Thread capacity therefore has no silent ceiling: past it, calls lose
+ * their stacks and temporaries and say so, never their counts. */
+static MtSlot *
+mt_shared_slot (void)
+{
+  MtSlot * s = &mt_slots[mt_config.n_slots];
+  if (s->busy != MT_BUSY_SHARED)
+  {
+    s->lane = 0;
+    s->lane_shared = 1;
+    s->state = MT_SLOT_LIVE;
+    mt_barrier ();
+    s->busy = MT_BUSY_SHARED;
+  }
+  return s;
+}
+
 /* Called when pthread_getspecific() gave NULL.  pthread_setspecific may itself
  * allocate (glibc, keys >= 32): a nested call on this thread finds its stack
  * address registered in `assigning` and passes straight through. */
@@ -449,10 +472,7 @@ mt_assign (void)
     }
   }
   if (marker == 64)
-  {
-    g_atomic_pointer_add (&mt_globals.lost_calls, 1);
-    return NULL;
-  }
+    return mt_shared_slot ();   /* this call only: the thread tries for a slot of its own again */
   mt_barrier ();
 
   for (i = 0; i != mt_config.n_slots; i++)
@@ -495,8 +515,10 @@ mt_assign (void)
 
   else
   {
-    /* Every slot is taken: the call goes uncounted, and says so. */
-    g_atomic_pointer_add (&mt_globals.lost_calls, 1);
+    /* Every slot is taken by a live thread: this thread shares the overflow slot for good (a slot
+     * freed later is not worth a scan of every slot on each of its calls). */
+    s = mt_shared_slot ();
+    pthread_setspecific ((guint) mt_config.tls_key, s);
   }
 
   mt_globals.assigning[marker] = 0;
@@ -512,8 +534,8 @@ void
 mt_thread_exit (gpointer value)
 {
   MtSlot * s = value;
-  if (s == NULL)
-    return;
+  if (s == NULL || s == &mt_slots[mt_config.n_slots])
+    return;   /* the shared slot outlives every thread that used it */
   mt_barrier ();
   s->state = MT_SLOT_DEAD;
 }

@@ -447,6 +447,9 @@ mt_snapshot (guint64 * out)
     for (j = 0; j != MT_N_COUNTERS; j++)
       out[j] += s->counters[j] + s->ncount[j];
   }
+  /* The shared slot of threads that found none of their own (core.c, mt_shared_slot). */
+  for (j = 0; j != MT_N_COUNTERS; j++)
+    out[j] += mt_slots[mt_config.n_slots].ncount[j];
 }
 
 /* Zeroes every table the agent did not get fresh from the OS; called once before the hooks go in. */
@@ -468,7 +471,7 @@ mt_reset (void)
     g[i] = 0;
   for (i = 0; i != 2 * MT_TOP_STACKS; i++)
     mt_top[i] = 0;
-  for (i = 0; i != mt_config.n_slots * sizeof (MtSlot); i++)
+  for (i = 0; i != (mt_config.n_slots + 1) * sizeof (MtSlot); i++)
     ((guint8 *) mt_slots)[i] = 0;
   for (i = 0; i != 4 * (mt_config.stack_mask + 1); i++)
     mt_stack_table[i] = 0;

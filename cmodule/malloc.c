@@ -571,7 +571,7 @@ gboolean
 mt_ignore_this_thread (void)
 {
   MtSlot * s = mt_slot ();
-  if (s == NULL)
+  if (s == NULL || s->busy == MT_BUSY_SHARED)
     return FALSE;
   mt_set_busy (s, MT_BUSY_OWN);
   return TRUE;

@@ -434,15 +434,18 @@ mt_nested_count (MtSlot * s, guint kind, guint64 size, gboolean alloc, gint sign
 {
   guint64 one = sign > 0 ? 1 : (guint64) -1;
   guint64 bytes = sign > 0 ? size : (guint64) 0 - size;
+  /* The shared slot's calls are not nested in anything: they are said as unslotted instead. */
+  gboolean shared = s->busy == MT_BUSY_SHARED;
   mt_ncount (s, MT_C_CALLS + kind, one);
-  mt_ncount (s, MT_C_NESTED_CALLS, one);
+  mt_ncount (s, shared ? MT_C_UNSLOTTED_CALLS : MT_C_NESTED_CALLS, one);
   if (alloc)
   {
     guint t = mt_tier (size);
     mt_ncount (s, MT_C_BYTES + kind, bytes);
     mt_ncount (s, MT_C_TIER_CALLS + t, one);
     mt_ncount (s, MT_C_TIER_BYTES + t, bytes);
-    mt_ncount (s, MT_C_NESTED_BYTES, bytes);
+    if (!shared)
+      mt_ncount (s, MT_C_NESTED_BYTES, bytes);
   }
 }
 
@@ -480,9 +483,13 @@ mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolea
   }
   if (alloc && p != 0 && (size >= mt_config.live_threshold || size >= mt_config.stack_threshold))
   {
-    guint64 row = mt_row_of (MT_NESTED_STACK);
+    /* A thread without a slot of its own would have had its stack: it was dropped, and said. */
+    guint32 pseudo = busy == MT_BUSY_SHARED ? MT_DROPPED_STACK : MT_NESTED_STACK;
+    guint64 row = mt_row_of (pseudo);
     volatile guint64 * a = mt_agg_lane (s, row);
-    if (mt_live_insert (p, size, MT_NESTED_STACK, 0, 16))
+    if (pseudo == MT_DROPPED_STACK && size >= mt_config.stack_threshold)
+      mt_ncount (s, MT_C_DROPPED_STACKS, 1);
+    if (mt_live_insert (p, size, pseudo, 0, 16))
     {
       mt_agg_touch (a);
       MT_ADD64 (&a[MT_A_ALLOCS], 1);

@@ -139,6 +139,9 @@ COUNTERS: dict[str, int] = {
     # A nested logger event (a signal handler's) whose live-table bucket the interrupted call held:
     # its release or claim was skipped (the entry stays as it was).
     "nested_table_busy": 66,
+    # Calls of threads that found no thread slot of their own (more threads alive at once than
+    # slots): counted exactly like any call, their stacks dropped (in dropped_stacks) and said.
+    "unslotted_calls": 67,
 }
 N_COUNTERS = 72
 # Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0
@@ -147,7 +150,7 @@ MIN_COUNTERS = 64
 
 # ---- the CModule core's tables, sized by the agent --------------------------------------------
 
-MAX_FRAMES = 64                # frames a stack record holds at most
+MAX_FRAMES = 255               # frames a stack record holds at most (its nframes is a u8)
 LIVE_WAYS = 8                  # pointers per live-table bucket
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call

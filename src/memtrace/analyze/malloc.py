@@ -44,6 +44,7 @@ from memtrace.capture import (
 )
 from memtrace.frames import Frame, stack_key
 from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, N_COUNTERS, PSEUDO_STACKS
+from memtrace.units import fmt_bytes
 
 _F = AGG_FIELDS
 TIMELINE_STACKS = 16    # stack series in the timeline, the largest by their highest live bytes
@@ -150,8 +151,30 @@ class MallocSummary(CaptureContext):
     @property
     def dropped(self) -> dict[str, int]:
         d = {COUNTER_NAMES[i]: self.counters[i] for i in (44, 45, 46, 47)}
+        d["unslotted_calls"] = self.counter("unslotted_calls")
         d["unmatched_frees"] = self.unmatched_frees
         return d
+
+    @property
+    def covers(self) -> dict[str, Any]:
+        """What the capture's options made it cover, in one line for every summary: everything (the
+        local default), or the layered capture's thresholds (a device's default, or asked for)."""
+        agent = (self.meta.get("options") or {}).get("agent") or {}
+        stack_t, live_t = agent.get("stackThreshold"), agent.get("liveThreshold")
+        sample = agent.get("sampleBytes") or 0
+        if stack_t is None or live_t is None:
+            return {"complete": None, "text": "thresholds not recorded in this capture"}
+        complete = stack_t == 0 and live_t == 0
+        if complete:
+            text = "every allocation stacked, every block tracked"
+        else:
+            text = (f"stacks for allocations of {fmt_bytes(stack_t)} and up, blocks of "
+                    f"{fmt_bytes(min(stack_t, live_t))} and up tracked; smaller ones only counted "
+                    "(live, peak and leaks leave them out)")
+            if sample:
+                text += f"; sampled every {fmt_bytes(sample)} on average"
+        return {"complete": complete, "stack_threshold": stack_t, "live_threshold": live_t,
+                "sample_bytes": sample, "frames": agent.get("frames"), "text": text}
 
     def row(self, stack_id: int) -> StackStats:
         """The stack's row in ``by_stack``, created empty on first use."""
@@ -284,6 +307,7 @@ class MallocSummary(CaptureContext):
                      "estimated_bytes": round(self.live_est_bytes)},
             "top_stacks": [r.to_json() for r in self.stack_rows(top)],
             "live_by_stack": [r.to_json() for r in self.stack_rows(top, live=True)],
+            "covers": self.covers,
             "dropped": self.dropped,
             "sampled": self.counters[49],
             "truncated_stacks": self.counters[48],

@@ -92,7 +92,7 @@ export function buildCore(config, sources, extraSymbols) {
   core.tables = [];
   const globals = rawPages(GLOBALS_BYTES);
   const coreState = rawPages(CORE_BYTES);
-  const slots = rawPages(nSlots * SLOT_BYTES);
+  const slots = rawPages((nSlots + 1) * SLOT_BYTES);   // + the shared slot of threads past nSlots
   const rings = rawPages(nRings * ringSize);
   // (hash, id) pairs, twice as many entries as stack ids: probes stay short when every id is taken.
   const stackTable = rawPages(2 * stackSlots * 16);

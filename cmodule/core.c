@@ -129,8 +129,8 @@ struct _MtCore
   /* read on every row change, written when the peak moves */
   volatile guint64 peak_epoch;
   volatile guint64 peak_bytes;
-  volatile guint64 peak_t_us;
-  volatile gint peak_lock;
+  volatile guint64 peak_clock;     /* when: track.c's mt_peak_clock (drain.c turns it into us) */
+  volatile gint peak_lock;         /* TinyCC only (gcc raises the peak with a compare-and-swap) */
   gint pad1a;
   guint64 pad1[4];
   /* read by every tracked allocation (the block's birth), written by the drain */
@@ -151,6 +151,8 @@ struct _MtCore
   guint64 live_cursor;             /* the final drain's walk through the live table */
   guint64 live_done;
   guint64 live_dumped;
+  guint64 cal_clock;               /* mt_peak_clock and the monotonic clock at the first drain */
+  guint64 cal_us;
 };
 
 extern MtConfig mt_config;

@@ -6,6 +6,8 @@
  * agent's thread, never on a hooked call.
  */
 
+static guint64 mt_peak_t_us (void);
+
 static void
 mt_retire (MtSlot * s)
 {
@@ -255,7 +257,7 @@ mt_drain_peak (guint8 * out, guint64 cap, guint64 used, gboolean final)
     gint64 count_sum = 0;
     e = mt_load_acquire (&mt_core.peak_epoch);
     peak_bytes = mt_core.peak_bytes;
-    peak_t = mt_core.peak_t_us;
+    peak_t = mt_peak_t_us ();
     n_stacks = mt_load_acquire (&mt_core.n_stacks);
     total = n_stacks + MT_N_PSEUDO_STACKS;
     pos = start + sizeof (MtChunkHeader) + sizeof (MtPeakHeadRecord);
@@ -380,6 +382,32 @@ mt_top_rows (void)
   mt_drain_info.n_top = n;
 }
 
+/* When the peak was reached, in the core's microseconds (g_get_monotonic_time).  On x86-64 with
+ * gcc the hot path keeps the time-stamp counter: its rate is measured between the first drain and
+ * this one (the counter is invariant on every x86-64 this runs on), so a peak is placed to the
+ * microsecond; before a second drain it is placed at the drain. */
+static guint64
+mt_peak_t_us (void)
+{
+  guint64 c = mt_core.peak_clock;
+#if MT_LIGHT_HOOKS
+  guint64 tsc, us;
+  gdouble per;
+  if (c == 0)
+    return 0;
+  tsc = mt_peak_clock ();
+  us = (guint64) g_get_monotonic_time ();
+  if (mt_core.cal_clock == 0 || tsc <= mt_core.cal_clock || us <= mt_core.cal_us)
+    return us;
+  per = (gdouble) (us - mt_core.cal_us) / (gdouble) (tsc - mt_core.cal_clock);
+  if (c >= tsc)
+    return us;
+  return us - (guint64) ((gdouble) (tsc - c) * per);
+#else
+  return c;
+#endif
+}
+
 /* One drain into out (at most cap bytes): stack definitions, events (events mode), changed rows,
  * the peak's composition when it moved, and with `final` the live table.  mt_drain_info says
  * whether to call again (the buffer filled up) and what the core holds now.  Returns the bytes
@@ -394,6 +422,11 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
 
   info->more = 0;
   mt_core.tick++;
+  if (mt_core.cal_clock == 0)
+  {
+    mt_core.cal_clock = mt_peak_clock ();
+    mt_core.cal_us = (guint64) g_get_monotonic_time ();
+  }
 
   if (head != tail && sizeof (MtChunkHeader) + (head - tail) <= cap)
   {
@@ -421,7 +454,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   info->tracked_blocks = (guint64) mt_core.live_blocks;
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
   info->peak_bytes = mt_core.peak_bytes;
-  info->peak_t_us = mt_core.peak_t_us;
+  info->peak_t_us = mt_peak_t_us ();
   info->stacks = mt_core.n_stacks;
   info->tick = mt_core.tick;
   info->live_dumped = mt_core.live_dumped;

@@ -39,12 +39,13 @@ from memtrace.ui import UI, Progress, SilentUI
 # The agent core's sizing, overridable by a tracer's own options (agent keys of the same name).
 # A local target is traced completely: every allocation gets a stack and every block is tracked
 # (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
-# as they are used (docs/agents.md, "Memory budget"): 262,144 stack ids, 2,097,152 live-table
-# entries, 16,384 threads at once; a stack or block past them is counted and said, never silent.
+# as they are used (docs/agents.md, "Memory budget"): 262,144 stack ids, 4,194,304 live-table
+# entries, 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
+# them is counted and said, never silent.
 AGENT_DEFAULTS: dict[str, Any] = {
     "liveThreshold": 0, "stackThreshold": 0, "frames": 64, "sampleBytes": 0, "ringKb": 1024,
-    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 18, "liveTable": 1 << 21, "toolchain": "auto",
-    "backend": "auto",
+    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 18, "liveTable": 1 << 22, "defsKb": 8192,
+    "toolchain": "auto", "backend": "auto",
 }
 # Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app
 # extensions are jetsammed in the tens of MB), so the core's tables and rings are sized for that
@@ -56,6 +57,7 @@ AGENT_DEFAULTS: dict[str, Any] = {
 AGENT_SIZING_DARWIN: dict[str, Any] = {
     "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28,
     "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 13, "liveTable": 1 << 16, "aggLanes": 1,
+    "defsKb": 1024,
 }
 
 

@@ -21,7 +21,6 @@ const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
 const CORE_BYTES = 4096;          // MtCore; mt_core_size() must fit
 const DEFAULT_LANES = 8;          // aggregate lanes: threads that get one of their own add without atomics
 const MAX_LANES = 64;             // core.c's MT_MAX_LANES
-const DEFS_BYTES = 1 << 20;       // stack definitions waiting for the drain
 
 export const core = {
   tables: [],       // [{base, size}]: every table the agent mapped (calibration measures what is resident)
@@ -87,6 +86,9 @@ export function buildCore(config, sources, extraSymbols) {
   const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
   const lanes = Math.min(MAX_LANES, pow2(config.aggLanes || DEFAULT_LANES));
   const rows = stackSlots + PSEUDO_STACKS.length;
+  // Stack definitions waiting for the drain (100 ms): a burst of new stacks past it loses theirs
+  // (dropped_stacks), so the complete capture's default is large; only what is used is resident.
+  const DEFS_BYTES = pow2((config.defsKb || 1024) * 1024);
 
   const cfg = Memory.alloc(CONFIG.size);
   core.tables = [];

@@ -164,8 +164,10 @@ extern guint8 mt_ring_pool[];
  * interning order (0, 1, 2 ...), so a stack's aggregate rows are packed, whatever its hash. */
 extern volatile guint64 mt_stack_table[];
 extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
-extern volatile guint64 mt_live_table[];
-extern MtLiveMeta mt_live_meta[];             /* beside each live-table key */
+/* The live table: bucket b is MT_LIVE_BUCKET_BYTES at mt_live_table + b * MT_LIVE_BUCKET_BYTES, its
+ * MT_LIVE_WAYS keys (one cache line) followed by their MtLiveMeta entries: an insert or a removal
+ * touches the key line and the meta line right after it, not two lines far apart in two tables. */
+extern guint8 mt_live_table[];
 extern volatile gint mt_live_locks[];
 /* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_STRIDE counters */
 extern volatile guint64 mt_agg[];
@@ -817,6 +819,24 @@ mt_live_bucket (guint64 p)
   return (h >> 32) & mt_config.live_mask;
 }
 
+#define MT_LIVE_BUCKET_BYTES (MT_LIVE_WAYS * 8 + MT_LIVE_WAYS * sizeof (MtLiveMeta))
+
+static inline volatile guint64 *
+mt_live_keys (guint64 b)
+{
+  return (volatile guint64 *) (mt_live_table + b * MT_LIVE_BUCKET_BYTES);
+}
+
+static inline MtLiveMeta *
+mt_live_metas (guint64 b)
+{
+  return (MtLiveMeta *) (mt_live_table + b * MT_LIVE_BUCKET_BYTES + MT_LIVE_WAYS * 8);
+}
+
+/* Entry i of the whole table (bucket i / MT_LIVE_WAYS, way i % MT_LIVE_WAYS), for walks over it. */
+#define MT_LIVE_KEY(i) (mt_live_keys ((i) / MT_LIVE_WAYS)[(i) % MT_LIVE_WAYS])
+#define MT_LIVE_META(i) (mt_live_metas ((i) / MT_LIVE_WAYS)[(i) % MT_LIVE_WAYS])
+
 static inline guint32
 mt_tick_k (guint k)
 {
@@ -828,7 +848,7 @@ static gboolean
 mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
 {
   guint64 b = mt_live_bucket (p);
-  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  volatile guint64 * ways = mt_live_keys (b);
   guint i;
 #ifdef __TINYC__
   gboolean ok = FALSE;
@@ -838,7 +858,7 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
   {
     if (ways[i] == 0)
     {
-      MtLiveMeta * m = &mt_live_meta[b * MT_LIVE_WAYS + i];
+      MtLiveMeta * m = &mt_live_metas (b)[i];
       m->size = size;
       m->stack_id = stack_id;
       m->tick_k = mt_tick_k (k);
@@ -858,7 +878,7 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
         __ATOMIC_RELAXED))
     {
       /* Only the thread that frees p reads this entry, and p is not handed out before we return. */
-      MtLiveMeta * m = &mt_live_meta[b * MT_LIVE_WAYS + i];
+      MtLiveMeta * m = &mt_live_metas (b)[i];
       m->size = size;
       m->stack_id = stack_id;
       m->tick_k = mt_tick_k (k);
@@ -875,7 +895,7 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
 static inline gint
 mt_live_way (guint64 b, guint64 v)
 {
-  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  volatile guint64 * ways = mt_live_keys (b);
   gint i;
   for (i = 0; i != MT_LIVE_WAYS; i++)
     if (ways[i] == v)
@@ -886,7 +906,7 @@ mt_live_way (guint64 b, guint64 v)
 static inline gboolean
 mt_live_bucket_empty (guint64 b)
 {
-  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  volatile guint64 * ways = mt_live_keys (b);
   gint i;
   for (i = 0; i != MT_LIVE_WAYS; i++)
     if (ways[i] != 0)
@@ -903,8 +923,8 @@ mt_live_remove (guint64 p, MtLiveMeta * out)
   gint i = mt_live_way (b, p);
   if (i < 0)
     return FALSE;
-  *out = mt_live_meta[b * MT_LIVE_WAYS + (guint64) i];
+  *out = mt_live_metas (b)[i];
   /* The entry is read before the way is offered to another insert. */
-  mt_store_release (&mt_live_table[b * MT_LIVE_WAYS + (guint64) i], 0);
+  mt_store_release (&mt_live_keys (b)[i], 0);
   return TRUE;
 }

@@ -321,7 +321,7 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
     return start;
   for (i = mt_core.live_cursor; i != n; i++)
   {
-    guint64 p = mt_live_table[i];
+    guint64 p = MT_LIVE_KEY (i);
     MtLiveMeta * m;
     MtLiveRecord * r;
     /* The logger path's VM regions are not malloc blocks; its owed and suspect entries are (their
@@ -334,7 +334,7 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
       mt_drain_info.more = 1;
       break;
     }
-    m = &mt_live_meta[i];
+    m = &MT_LIVE_META (i);
     r = (MtLiveRecord *) (out + used);
     r->type = MT_REC_LIVE;
     r->k = (guint8) (m->tick_k >> MT_LIVE_TICK_BITS);
@@ -509,7 +509,7 @@ mt_reset (void)
   for (i = 0; i != 4 * (mt_config.stack_mask + 1); i++)
     mt_stack_table[i] = 0;
   for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
-    mt_live_table[i] = 0;
+    MT_LIVE_KEY (i) = 0;
   for (i = 0; i <= mt_config.live_mask; i++)
     mt_live_locks[i] = 0;
 }
@@ -556,7 +556,7 @@ mt_live_occupied (void)
 {
   guint64 i, n = 0;
   for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
-    n += mt_live_table[i] != 0;
+    n += MT_LIVE_KEY (i) != 0;
   return n;
 }
 

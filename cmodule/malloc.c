@@ -175,7 +175,7 @@ mt_bucket_lock (MtSlot * s, guint64 b, gboolean nested)
 static gint
 mt_bucket_find (guint64 b, guint64 v)
 {
-  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  volatile guint64 * ways = mt_live_keys (b);
   gint i;
   for (i = 0; i != MT_LIVE_WAYS; i++)
     if (ways[i] == v)
@@ -188,9 +188,8 @@ mt_bucket_find (guint64 b, guint64 v)
 static void
 mt_bucket_take (guint64 b, gint i, MtLiveMeta * out)
 {
-  guint64 at = b * MT_LIVE_WAYS + (guint64) i;
-  *out = mt_live_meta[at];
-  mt_store_release (&mt_live_table[at], 0);
+  *out = mt_live_metas (b)[i];
+  mt_store_release (&mt_live_keys (b)[i], 0);
 }
 
 static inline void
@@ -231,7 +230,7 @@ mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
   }
   else if ((i = mt_bucket_find (b, p)) >= 0)
   {
-    mt_live_table[b * MT_LIVE_WAYS + (guint64) i] = p | MT_LIVE_OWED;
+    mt_live_keys (b)[i] = p | MT_LIVE_OWED;
   }
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
@@ -283,7 +282,7 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
     if (nested || (size_of != NULL && size_of ((gconstpointer) (gsize) p) != 0))
     {
       /* Handed out again and not logged as such: whose is the entry?  The next event decides. */
-      mt_live_table[b * MT_LIVE_WAYS + (guint64) i] = p | MT_LIVE_SUSPECT;
+      mt_live_keys (b)[i] = p | MT_LIVE_SUSPECT;
       mt_logger_count (s, MT_C_REALLOC_REUSE_SEEN, nested);
     }
     else

@@ -99,8 +99,8 @@ export function buildCore(config, sources, extraSymbols) {
   // (hash, id) pairs, twice as many entries as stack ids: probes stay short when every id is taken.
   const stackTable = rawPages(2 * stackSlots * 16);
   const defs = rawPages(DEFS_BYTES);
-  const liveTable = rawPages(liveBuckets * LIVE_WAYS * 8);
-  const liveMeta = rawPages(liveBuckets * LIVE_WAYS * LIVE_META.size);
+  // Each bucket: its LIVE_WAYS keys (one cache line), then their LIVE_META entries (core.c).
+  const liveTable = rawPages(liveBuckets * LIVE_WAYS * (8 + LIVE_META.size));
   const liveLocks = rawPages(liveBuckets * 4);
   const agg = rawPages(rows * lanes * AGG_STRIDE * 8);
   const aggDirty = rawPages(rows);
@@ -122,7 +122,6 @@ export function buildCore(config, sources, extraSymbols) {
     mt_stack_table: stackTable,
     mt_defs: defs,
     mt_live_table: liveTable,
-    mt_live_meta: liveMeta,
     mt_live_locks: liveLocks,
     mt_agg: agg,
     mt_agg_dirty: aggDirty,

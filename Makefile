@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO_OUT := build/demo
 DEMO_CAPTURE := demo-out/workload-malloc
 
-.PHONY: all demo test bench lint programs clean
+.PHONY: all demo test bench bench-real lint programs clean
 
 all: test
 
@@ -32,6 +32,10 @@ test: $(STAMP)
 
 bench: $(STAMP) programs
 	$(BIN)/python bench/malloc_bench.py
+
+# native, memtrace's default and heaptrack on four real programs (installs python3, sqlite3, g++, heaptrack)
+bench-real: $(STAMP)
+	$(BIN)/python bench/bench_real.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

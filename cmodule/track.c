@@ -210,8 +210,12 @@ mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * 
   }
   if (truncated)
   {
+    /* The innermost frames are kept; a last pseudo frame says the outer ones were cut (room for it:
+     * max_frames < MT_MAX_FRAMES), so the stack itself is marked, not only its events. */
     *flags |= MT_FLAG_TRUNCATED;
     s->counters[MT_C_TRUNCATED_STACKS]++;
+    if (n < MT_MAX_FRAMES)
+      frames[n++] = MT_TRUNCATED_FRAME;
   }
   return n;
 }

@@ -151,6 +151,9 @@ MIN_COUNTERS = 64
 # ---- the CModule core's tables, sized by the agent --------------------------------------------
 
 MAX_FRAMES = 255               # frames a stack record holds at most (its nframes is a u8)
+# The last frame of a stack cut at --frames: its innermost frames are kept, this marks the cut (so
+# --frames is at most MAX_FRAMES - 1).
+TRUNCATED_FRAME = 1
 LIVE_WAYS = 8                  # pointers per live-table bucket
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call

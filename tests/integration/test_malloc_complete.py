@@ -83,3 +83,17 @@ def test_threads_past_the_slot_table_are_counted_and_said(compile_c, tmp_path: P
     proc = run_memtrace("malloc", "--device", "local", "--thread-slots", "64", "--out", tmp_path / "c", "--",
                         exe, "300", "10", timeout=300)
     assert "unslotted_calls" in proc.stdout and "dropped: nothing" not in proc.stdout
+
+
+@pytest.mark.parametrize("frames", [None, 16])
+def test_a_deeper_stack_keeps_its_innermost_frames_and_is_marked(compile_c, tmp_path: Path,
+                                                                  frames: int | None) -> None:
+    opts = ["--frames", str(frames)] if frames else []
+    s = memtrace_json("malloc", "--device", "local", *opts, "--out", tmp_path / "cap", "--",
+                      compile_c("deep_stack"), "100")
+    (row,) = [r for r in s["live_by_stack"] if r["frames"] and r["frames"][0]["function"] == "alloc_deep"]
+    names = [f["function"] for f in row["frames"]]
+    walked = frames or 64
+    # alloc_deep, then recurse x (walked - 1), then the mark: the outer 40-odd frames and main are cut.
+    assert names == ["alloc_deep"] + ["recurse"] * (walked - 1) + ["<truncated: outer frames not walked>"]
+    assert s["truncated_stacks"] >= 1

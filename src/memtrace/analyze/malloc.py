@@ -43,7 +43,7 @@ from memtrace.capture import (
     iter_agent_tuples,
 )
 from memtrace.frames import Frame, stack_key
-from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, N_COUNTERS, PSEUDO_STACKS
+from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, N_COUNTERS, PSEUDO_STACKS, TRUNCATED_FRAME
 from memtrace.units import fmt_bytes
 
 _F = AGG_FIELDS
@@ -190,10 +190,16 @@ class MallocSummary(CaptureContext):
             return [Frame(0, function=_PSEUDO_NAMES.get(stack_id, f"<stack {stack_id} not in capture>"))]
         # Entries Frida redirects with a trampoline (Interceptor.replace) leave its
         # return address on top: a frame in no module, before the real caller.
+        cut = bool(frames) and frames[-1] == TRUNCATED_FRAME
+        if cut:
+            frames = frames[:-1]
         i = 0
         while i < len(frames) - 1 and self.symbols.frame(frames[i]).module is None:
             i += 1
-        return self.symbols.stack(frames[i:])
+        out = self.symbols.stack(frames[i:])
+        if cut:   # the core kept the innermost frames of a deeper stack
+            out.append(Frame(0, function="<truncated: outer frames not walked>"))
+        return out
 
     def stack_rows(self, n: int | None = 10, live: bool = False, measure: str | None = None) -> list[StackRow]:
         """Rows keyed by the whole symbolized stack (several stack ids with the same frames --

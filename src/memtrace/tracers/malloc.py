@@ -166,8 +166,8 @@ TRACER = Tracer(
         Option("stack_threshold", int, None, "Allocations at least this large get a call stack (and are tracked).  "
                "Default: 0 on a local target (every allocation), 8192 on a device.",
                agent_key="stackThreshold", metavar="BYTES", check=at_least(0), show_default=False),
-        Option("frames", click.IntRange(1, MAX_FRAMES), None, f"Return addresses per stack (at most {MAX_FRAMES}; "
-               "a deeper stack keeps its innermost frames and is counted truncated).  Default: 64 on a local "
+        Option("frames", click.IntRange(1, MAX_FRAMES - 1), None, f"Return addresses per stack (at most "
+               f"{MAX_FRAMES - 1}; a deeper stack keeps its innermost frames and is marked truncated).  Default: 64 on a local "
                "target, 28 on a device.", agent_key="frames", show_default=False),
         Option("thread_slots", int, None, "Threads alive at once that get a slot of their own (default 16384 on a "
                "local target, 256 on a device).  Past it, calls are still counted exactly; their stacks are "

@@ -190,7 +190,7 @@ export function buildCore(config, sources, extraSymbols) {
   writeStruct(cfg, CONFIG, {
     live_threshold: config.liveThreshold,
     stack_threshold: config.stackThreshold,
-    max_frames: Math.min(config.frames, MAX_FRAMES),
+    max_frames: Math.min(config.frames, MAX_FRAMES - 1),   // room for the truncation mark
     sample_interval: config.sampleBytes || 0,
     ring_size: ringSize,
     n_slots: nSlots,

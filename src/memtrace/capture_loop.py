@@ -9,6 +9,7 @@ owns the device, the process and the agent.  The loop never prints: it reports t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
@@ -22,11 +23,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memtrace import __version__
-from memtrace.agentbuild import default_cache_dir
+from memtrace.agentbuild import default_cache_dir, precompiled_cmodule
 from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
 from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents, children_evidence
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
+from memtrace.files import write_text_atomic
 from memtrace.leakscan import leak_progress
 from memtrace.live import LiveStats
 from memtrace.stacks_seen import StacksSeen
@@ -366,8 +368,11 @@ class CaptureLoop(ProcessEvents):
         self.host.load(agent)
         hello = self.host.rpc("hello", "hello")
         self._platform = hello.get("platform") if isinstance(hello, dict) else None
-        init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent),
-                             self.host.process_sources(agent))
+        config, sources = self._agent_config(), self.host.c_sources(agent)
+        asm = self._precompiled_cmodule(hello, config, sources)
+        if asm is not None:
+            config["cmoduleAsm"] = asm
+        init = self.host.rpc("init", "init", config, sources, self.host.process_sources(agent))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
         self.process_info = dict(init.get("process") or {})
@@ -629,6 +634,27 @@ class CaptureLoop(ProcessEvents):
         self.ui.progress(Progress(elapsed=elapsed, window=self.options.window, activity_per_s=rate,
                                   bytes_per_s=brate, dropped=self.live.dropped(), rows=self.live.rows(),
                                   batches=self.batches, families=self.stacks.families()))
+
+    def _precompiled_cmodule(self, hello: Any, config: dict[str, Any], sources: list[str]) -> str | None:
+        """The core CModule as assembly compiled on this host once (agentbuild.precompiled_cmodule),
+        for a local x86-64 Linux target whose agent compiles with gcc; None elsewhere."""
+        if not (sources and self.host.is_local and isinstance(hello, dict) and hello.get("platform") == "linux"
+                and hello.get("arch") == "x64" and config.get("toolchain") in ("auto", "external")):
+            return None
+        import frida
+
+        # The source exactly as runtime/core.js's buildCore puts it together for this target.
+        source = "#define MT_LINUX 1\n" + "\n".join(sources)
+        builtins_file = default_cache_dir() / f"cmodule-builtins-{frida.__version__}-x64.json"
+        try:
+            builtins = json.loads(builtins_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            builtins = self.host.cmodule_builtins()
+            with contextlib.suppress(OSError):
+                builtins_file.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(builtins_file, json.dumps(builtins))
+        return precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
+                                   lambda: dict(builtins.get("headers") or {}))
 
     def _agent_config(self) -> dict[str, Any]:
         return {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from memtrace.capture import RecordType, read_records
+
 from ..conftest import memtrace_json, run_memtrace  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
@@ -38,6 +40,10 @@ def test_default_peak_counts_every_small_block_with_its_stack(compile_c, tmp_pat
     assert rows_by_function(s["live_by_stack"]) == {"keep_small": (300, 3)}
     assert s["coverage"]["stack_coverage"] == 1.0
     assert all(v == 0 for v in s["dropped"].values())
+    # The core came from the host's compiled assembly (agentbuild.precompiled_cmodule), not a compile
+    # in the target.
+    recon = next(r.body for r in read_records(tmp_path / "cap") if r.type == RecordType.RECON)
+    assert recon["info"]["toolchain"] == "external" and recon["info"]["precompiled"] is True, recon["info"]
 
 
 def test_layered_capture_on_request_says_what_it_covers(compile_c, tmp_path: Path) -> None:

@@ -28,6 +28,8 @@ export const core = {
   cfg: null,
   slowKinds: null,
   toolchainError: null,
+  precompiled: false,       // the CModule came from the host's cached assembly
+  precompiledError: null,
   drainBuf: null,
   drainCap: 0,
   snapshotBuf: null,
@@ -157,7 +159,19 @@ export function buildCore(config, sources, extraSymbols) {
   let toolchain = 'internal';
   const wantExternal = config.toolchain === 'external' ||
       (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux');
-  if (wantExternal) {
+  if (wantExternal && config.cmoduleAsm) {
+    // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
+    // only assembles it.  Any failure falls back to compiling the C below.
+    try {
+      cm = new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' });
+      toolchain = 'external';
+      core.precompiled = true;
+    } catch (e) {
+      core.precompiledError = String(e.message || e).split('\n')[0];
+      cm = null;
+    }
+  }
+  if (wantExternal && !cm) {
     try {
       cm = new CModule(source, symbols, { toolchain: 'external' });
       toolchain = 'external';
@@ -241,6 +255,8 @@ export function buildCore(config, sources, extraSymbols) {
   return {
     toolchain,
     toolchainError: core.toolchainError,
+    precompiled: core.precompiled,
+    precompiledError: core.precompiledError,
     tlsDirectOffset: tlsDirect,
     tlsKey: key,
     mode: events ? 'events' : 'aggregate',

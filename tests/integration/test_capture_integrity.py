@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import run_memtrace
 from tests.hostile_captures import scratch_dir
 
-from memtrace.capture import NO_END, CaptureInfo, RecordType, read_records
+from memtrace.capture import FORMAT_VERSION, NO_END, CaptureInfo, RecordType, read_records
 from memtrace.report import build_report
 
 ERROR_LINE = ("memtrace: error: {path}: cannot write the capture: No space left on device (ENOSPC); it holds "
@@ -186,7 +186,7 @@ def flip_every_byte(real_captures: list[Path], tmp_path: Path) -> None:
         blob = cap.read_bytes()
         info = CaptureInfo(cap)
         records = list(read_records(cap, info))
-        assert info.version == 2 and info.problem is None
+        assert info.version == FORMAT_VERSION and info.problem is None
         starts = [r.offset for r in records]
         v = tmp_path / "v.mtc"
         for off in range(len(blob)):

@@ -99,6 +99,9 @@ struct _MtSlot
   guint64 last_size;
   gssize nested_seq;          /* added to atomically (a signal handler may add) */
   MtNested nested[MT_NESTED_LOG];
+#ifdef MT_UNWIND
+  MtUnwindCache ucache;       /* the walk's rules by return address (unwind.c) */
+#endif
 } MT_LINE_ALIGNED;
 
 struct _MtGlobals
@@ -504,6 +507,9 @@ mt_assign (void)
     ring = mt_claim_ring ();
     s->has_ring = ring >= 0;
     mt_claim_lane (s, i);
+#ifdef MT_UNWIND
+    s->ucache.gen = ~(guint64) 0;   /* a reused slot's rules may be another registry's: emptied first */
+#endif
     s->ring = (ring >= 0) ? mt_ring_pool + (guint64) ring * mt_config.ring_size : NULL;
     s->tid = mt_current_tid ();
     s->rng = (s->tid * 0x9e3779b97f4a7c15ULL) ^ (guint64) here ^ 0x2545f4914f6cdd1dULL;
@@ -669,7 +675,7 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
 #ifdef MT_UNWIND
   /* Modules without frame pointers have unwind tables (unwind.c). */
   if (mt_unwind_count != 0)
-    return mt_unwind_walk (fp, lo, hi, out, max, truncated);
+    return mt_unwind_walk (fp, lo, hi, out, max, truncated, &s->ucache);
 #endif
   while (fp >= lo && fp + 16 <= hi && (fp & 7) == 0)
   {

@@ -16,7 +16,7 @@ import { disarmStub, leakedStub, proc } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 
-const SLOT_BYTES = 2048;          // per MtSlot; mt_slot_size() must fit
+const SLOT_BYTES = 4096;          // per MtSlot (its unwind-rule cache is 2 KiB); mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
 const CORE_BYTES = 4096;          // MtCore; mt_core_size() must fit
 const DEFAULT_LANES = 8;          // aggregate lanes: threads that get one of their own add without atomics

@@ -86,6 +86,9 @@ MAGIC = b"MEMTRACE"
 FORMAT_VERSION = 3
 BATCH_ZLIB = 0x80000000        # in a BATCH's json length (version >= 3): its agent records are zlib data
 BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
+# MEMTRACE_CAPTURE_ZLIB=off writes the agent records uncompressed (raw bytes to look at; tests that
+# need a capture to grow as fast as the records come).
+BATCH_ZLIB_ON = os.environ.get("MEMTRACE_CAPTURE_ZLIB", "on") != "off"
 BATCH_ZLIB_LEVEL = 6
 BATCH_MAX_BYTES = 1 << 30      # a compressed BATCH's agent records inflate to at most this
 HEADER = struct.Struct("<8sHHI")
@@ -387,7 +390,7 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
     blob = _dumps(body)
     if rtype == RecordType.BATCH:
         n = len(blob)
-        if version >= 3 and len(data) >= BATCH_ZLIB_MIN:
+        if version >= 3 and BATCH_ZLIB_ON and len(data) >= BATCH_ZLIB_MIN:
             packed = zlib.compress(data, BATCH_ZLIB_LEVEL)
             if len(packed) < len(data):
                 n, data = n | BATCH_ZLIB, packed

@@ -48,6 +48,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+# Uncompressed agent records: churn's repetitive events compress ~50x, and these tests need the
+# capture to fill the small disk within the target's run.
+RAW = {"MEMTRACE_CAPTURE_ZLIB": "off"}
+
+
 def wait_for(path: Path, timeout: float = 60) -> str:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -87,7 +92,7 @@ def test_full_disk_ends_the_capture_and_the_launched_target_finishes(
     cap = small_disk / "cap"
     # --events: one record per allocation, so the capture grows by megabytes a second.
     r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--keep-running", "--quiet", "--out", cap,
-                     "--", churn, "8", marker, "20", check=False)
+                     "--", churn, "8", marker, "20", check=False, env=RAW)
     assert r.returncode == 2, r.stderr
     check_full_disk_capture(cap, r.stderr)
     assert wait_for(marker).startswith("finished ")       # detached, it ran on to its normal end
@@ -103,7 +108,7 @@ def test_full_disk_detaches_from_a_pid_that_lives_on(small_disk: Path, tmp_path:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
         cap = small_disk / "cap"
         r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--quiet", "--out", cap,
-                         "--pid", str(target.pid), check=False)
+                         "--pid", str(target.pid), check=False, env=RAW)
         assert r.returncode == 2, r.stderr
         check_full_disk_capture(cap, r.stderr)
         assert target.wait(timeout=60) == 0            # detached, it ran on to its normal end

@@ -159,9 +159,15 @@ class MallocSummary(CaptureContext):
     def covers(self) -> dict[str, Any]:
         """What the capture's options made it cover, in one line for every summary: everything (the
         local default), or the layered capture's thresholds (a device's default, or asked for)."""
-        agent = (self.meta.get("options") or {}).get("agent") or {}
-        stack_t, live_t = agent.get("stackThreshold"), agent.get("liveThreshold")
-        sample = agent.get("sampleBytes") or 0
+        options = self.meta.get("options")
+        agent = options.get("agent") if isinstance(options, dict) else None
+        agent = agent if isinstance(agent, dict) else {}
+
+        def number(key: str) -> int | None:    # a capture is input: anything else is "not recorded"
+            v = agent.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+        stack_t, live_t, sample = number("stackThreshold"), number("liveThreshold"), number("sampleBytes") or 0
         if stack_t is None or live_t is None:
             return {"complete": None, "text": "thresholds not recorded in this capture"}
         complete = stack_t == 0 and live_t == 0
@@ -174,7 +180,7 @@ class MallocSummary(CaptureContext):
             if sample:
                 text += f"; sampled every {fmt_bytes(sample)} on average"
         return {"complete": complete, "stack_threshold": stack_t, "live_threshold": live_t,
-                "sample_bytes": sample, "frames": agent.get("frames"), "text": text}
+                "sample_bytes": sample, "frames": number("frames"), "text": text}
 
     def row(self, stack_id: int) -> StackStats:
         """The stack's row in ``by_stack``, created empty on first use."""

@@ -464,9 +464,13 @@ mt_assign (void)
   }
   /* 64 threads assigning at once is rare: retry a bounded number of times (a marker
    * left claimed by a thread that does not exist, in a fork child, must not hang us),
-   * then give up on this call and count it lost. */
+   * then this call goes through the shared slot (counted, its stack dropped).  Thousands of
+   * threads starting at once on a few CPUs can keep all 64 markers held by threads that are not
+   * running: the CPU is given away between rounds, so that they can finish. */
   for (tries = 0; marker == 64 && tries != 4096; tries++)
   {
+    if (tries != 0)
+      sched_yield ();
     for (i = 0; i != 64; i++)
     {
       if (g_atomic_int_add (&mt_globals.assigning_claim[i], 1) == 0)

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEMO_OUT := build/demo
 DEMO_CAPTURE := demo-out/workload-malloc
 
-.PHONY: all demo test test-fast bench lint typecheck programs clean
+.PHONY: all demo test test-fast bench bench-real lint typecheck programs clean
 
 all: test
 
@@ -41,6 +41,10 @@ test-fast: $(STAMP)
 
 bench: $(STAMP) programs
 	$(BIN)/python bench/malloc_bench.py
+
+# native, memtrace's default and heaptrack on four real programs (installs python3, sqlite3, g++, heaptrack)
+bench-real: $(STAMP)
+	$(BIN)/python bench/bench_real.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

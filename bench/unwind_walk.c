@@ -73,7 +73,7 @@ measure (void)
     nf += fp_walk (fp0, lo, g_hi, frames, 28, &truncated);
   b = now_ns ();
   for (i = 0; i < g_n; i++)
-    nt += mt_unwind_walk (fp0, lo, g_hi, frames, 28, &truncated);
+    nt += mt_unwind_walk (fp0, lo, g_hi, frames, 28, &truncated, NULL);
   c = now_ns ();
   printf ("%s %u %u %.2f %.2f\n", g_shape, nf / (guint) g_n, nt / (guint) g_n, (b - a) / g_n, (c - b) / g_n);
 }

@@ -45,6 +45,7 @@
 #define MT_BUSY_OWN 1        /* memtrace's own thread set-up (mt_assign): its calls are not the target's */
 #define MT_BUSY_HOOK 2       /* inside a hook: a nested call is a signal handler's, counted */
 #define MT_BUSY_COMPOUND 3   /* inside the real call of an entry that may call the family itself */
+#define MT_BUSY_SHARED 4     /* the shared slot (mt_slots[n_slots]): for good, see mt_shared_slot */
 
 /* Slots and shared groups start on their own cache line: a thread's counters never share one with
  * another thread's slot. */
@@ -53,6 +54,9 @@
 #else
 # define MT_LINE_ALIGNED __attribute__ ((aligned (64)))
 #endif
+
+/* Aggregate lanes at most (the agent sizes agg_lanes, a power of two, up to this). */
+#define MT_MAX_LANES 64
 
 typedef struct _MtSlot MtSlot;
 typedef struct _MtGlobals MtGlobals;
@@ -75,6 +79,10 @@ struct _MtSlot
   volatile gint state;
   volatile gint busy;
   gint has_ring;
+  /* The aggregate lane this thread adds to (lane-major rows, track.c): its own while lanes last
+   * (plain adds), else shared with other threads by slot index (atomic adds). */
+  gint lane;
+  gint lane_shared;
   guint64 tid;
   guint64 stack_lo;
   guint64 stack_hi;
@@ -91,6 +99,9 @@ struct _MtSlot
   guint64 last_size;
   gssize nested_seq;          /* added to atomically (a signal handler may add) */
   MtNested nested[MT_NESTED_LOG];
+#ifdef MT_UNWIND
+  MtUnwindCache ucache;       /* the walk's rules by return address (unwind.c) */
+#endif
 } MT_LINE_ALIGNED;
 
 struct _MtGlobals
@@ -98,6 +109,7 @@ struct _MtGlobals
   volatile gint stack_lock;
   volatile gint rings_claimed;
   volatile gint slots_hw;          /* high-water mark of slot indices used */
+  volatile gint slots_hw_lock;
   volatile gint ring_free_lock;
   volatile gssize lost_calls;      /* calls with no slot at all (thread table full) */
   volatile gssize live_count;
@@ -108,6 +120,7 @@ struct _MtGlobals
   volatile gint ring_owner_free[MT_MAX_RINGS]; /* recycled ring indices, -1 terminated stack */
   volatile gint ring_free_top;
   volatile gint fence;
+  volatile gint lane_claim[MT_MAX_LANES];   /* 1: the lane belongs to one live thread */
 };
 
 /* The aggregate core's shared state, each group on its own cache line. */
@@ -119,8 +132,8 @@ struct _MtCore
   /* read on every row change, written when the peak moves */
   volatile guint64 peak_epoch;
   volatile guint64 peak_bytes;
-  volatile guint64 peak_t_us;
-  volatile gint peak_lock;
+  volatile guint64 peak_clock;     /* when: track.c's mt_peak_clock (drain.c turns it into us) */
+  volatile gint peak_lock;         /* TinyCC only (gcc raises the peak with a compare-and-swap) */
   gint pad1a;
   guint64 pad1[4];
   /* read by every tracked allocation (the block's birth), written by the drain */
@@ -129,7 +142,7 @@ struct _MtCore
   /* stack definitions: produced under mt_globals.stack_lock, consumed by the drain */
   volatile guint64 defs_head;
   volatile guint64 defs_tail;
-  volatile guint64 n_stacks;       /* entries in mt_stack_list */
+  volatile guint64 n_stacks;       /* stacks interned: ids 0 .. n_stacks - 1 */
   volatile gint sites_lock;
   gint pad3a;
   volatile guint64 n_sites;        /* entries of mt_sites in use */
@@ -141,6 +154,8 @@ struct _MtCore
   guint64 live_cursor;             /* the final drain's walk through the live table */
   guint64 live_done;
   guint64 live_dumped;
+  guint64 cal_clock;               /* mt_peak_clock and the monotonic clock at the first drain */
+  guint64 cal_us;
 };
 
 extern MtConfig mt_config;
@@ -148,12 +163,14 @@ extern MtGlobals mt_globals;
 extern MtCore mt_core;
 extern MtSlot mt_slots[];
 extern guint8 mt_ring_pool[];
+/* The stack hash table: 2 * (stack_mask + 1) entries of (hash, id) u64 pairs; ids are dense, in
+ * interning order (0, 1, 2 ...), so a stack's aggregate rows are packed, whatever its hash. */
 extern volatile guint64 mt_stack_table[];
-extern volatile guint32 mt_stack_list[];      /* interned stack ids, in interning order */
 extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
-extern volatile guint64 mt_live_table[];
-extern MtLiveMeta mt_live_meta[];             /* beside each live-table key */
-extern volatile gint mt_live_occupancy[];
+/* The live table: bucket b is MT_LIVE_BUCKET_BYTES at mt_live_table + b * MT_LIVE_BUCKET_BYTES, its
+ * MT_LIVE_WAYS keys (one cache line) followed by their MtLiveMeta entries: an insert or a removal
+ * touches the key line and the meta line right after it, not two lines far apart in two tables. */
+extern guint8 mt_live_table[];
 extern volatile gint mt_live_locks[];
 /* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_STRIDE counters */
 extern volatile guint64 mt_agg[];
@@ -388,6 +405,61 @@ mt_claim_ring (void)
   return idx;
 }
 
+/* Raises slots_hw to at least hw, under its own lock: two threads claiming slots at once can
+ * neither lower it nor push it past the slots actually claimed (an add of a stale difference
+ * did both).  Once per thread, so the lock costs nothing that matters. */
+static void
+mt_raise_slots_hw (gint hw)
+{
+  while (!mt_trylock (&mt_globals.slots_hw_lock, 4096))
+    sched_yield ();
+  if (mt_globals.slots_hw < hw)
+    mt_globals.slots_hw = hw;
+  mt_unlock (&mt_globals.slots_hw_lock);
+}
+
+/* A lane of the aggregate rows of the thread's own, while there are free ones: its adds then need
+ * no lock prefix (track.c, mt_lane_add).  Otherwise it shares lane (slot index % lanes) with
+ * other threads, atomically.  The drain gives the lane back when it retires the slot. */
+static void
+mt_claim_lane (MtSlot * s, guint slot_index)
+{
+  guint64 l, lanes = mt_config.agg_lanes;
+  for (l = 0; l != lanes && l != MT_MAX_LANES; l++)
+  {
+    if (mt_globals.lane_claim[l] == 0 && g_atomic_int_add (&mt_globals.lane_claim[l], 1) == 0)
+    {
+      s->lane = (gint) l;
+      s->lane_shared = 0;
+      return;
+    }
+  }
+  s->lane = (gint) (slot_index & (lanes - 1));
+  s->lane_shared = 1;
+}
+
+/* The slot of threads that found none of their own (every one taken by a live thread, or 64
+ * threads assigning at once): mt_slots[n_slots], marked MT_BUSY_SHARED for good, so that every
+ * call through it takes the nested path: counted exactly by kind, bytes and tier (atomically, in
+ * its ncount), counted again as unslotted_calls, its releases applied to the live table, its
+ * blocks tracked under DROPPED_STACK (counted in dropped_stacks: no stack walk without a thread
+ * of its own to bound it).  Thread capacity therefore has no silent ceiling: past it, calls lose
+ * their stacks and temporaries and say so, never their counts. */
+static MtSlot *
+mt_shared_slot (void)
+{
+  MtSlot * s = &mt_slots[mt_config.n_slots];
+  if (s->busy != MT_BUSY_SHARED)
+  {
+    s->lane = 0;
+    s->lane_shared = 1;
+    s->state = MT_SLOT_LIVE;
+    mt_barrier ();
+    s->busy = MT_BUSY_SHARED;
+  }
+  return s;
+}
+
 /* Called when pthread_getspecific() gave NULL.  pthread_setspecific may itself
  * allocate (glibc, keys >= 32): a nested call on this thread finds its stack
  * address registered in `assigning` and passes straight through. */
@@ -407,9 +479,13 @@ mt_assign (void)
   }
   /* 64 threads assigning at once is rare: retry a bounded number of times (a marker
    * left claimed by a thread that does not exist, in a fork child, must not hang us),
-   * then give up on this call and count it lost. */
+   * then this call goes through the shared slot (counted, its stack dropped).  Thousands of
+   * threads starting at once on a few CPUs can keep all 64 markers held by threads that are not
+   * running: the CPU is given away between rounds, so that they can finish. */
   for (tries = 0; marker == 64 && tries != 4096; tries++)
   {
+    if (tries != 0)
+      sched_yield ();
     for (i = 0; i != 64; i++)
     {
       if (g_atomic_int_add (&mt_globals.assigning_claim[i], 1) == 0)
@@ -422,10 +498,7 @@ mt_assign (void)
     }
   }
   if (marker == 64)
-  {
-    g_atomic_pointer_add (&mt_globals.lost_calls, 1);
-    return NULL;
-  }
+    return mt_shared_slot ();   /* this call only: the thread tries for a slot of its own again */
   mt_barrier ();
 
   for (i = 0; i != mt_config.n_slots; i++)
@@ -436,8 +509,7 @@ mt_assign (void)
     if (g_atomic_int_add (&c->claim, 1) == 0)
     {
       s = c;
-      if ((gint) i >= mt_globals.slots_hw)
-        g_atomic_int_add (&mt_globals.slots_hw, (gint) i + 1 - mt_globals.slots_hw);
+      mt_raise_slots_hw ((gint) i + 1);
       break;
     }
     g_atomic_int_add (&c->claim, -1);
@@ -453,6 +525,10 @@ mt_assign (void)
     s->tail = 0;
     ring = mt_claim_ring ();
     s->has_ring = ring >= 0;
+    mt_claim_lane (s, i);
+#ifdef MT_UNWIND
+    s->ucache.gen = ~(guint64) 0;   /* a reused slot's rules may be another registry's: emptied first */
+#endif
     s->ring = (ring >= 0) ? mt_ring_pool + (guint64) ring * mt_config.ring_size : NULL;
     s->tid = mt_current_tid ();
     s->rng = (s->tid * 0x9e3779b97f4a7c15ULL) ^ (guint64) here ^ 0x2545f4914f6cdd1dULL;
@@ -468,8 +544,10 @@ mt_assign (void)
 
   else
   {
-    /* Every slot is taken: the call goes uncounted, and says so. */
-    g_atomic_pointer_add (&mt_globals.lost_calls, 1);
+    /* Every slot is taken by a live thread: this thread shares the overflow slot for good (a slot
+     * freed later is not worth a scan of every slot on each of its calls). */
+    s = mt_shared_slot ();
+    pthread_setspecific ((guint) mt_config.tls_key, s);
   }
 
   mt_globals.assigning[marker] = 0;
@@ -485,8 +563,8 @@ void
 mt_thread_exit (gpointer value)
 {
   MtSlot * s = value;
-  if (s == NULL)
-    return;
+  if (s == NULL || s == &mt_slots[mt_config.n_slots])
+    return;   /* the shared slot outlives every thread that used it */
   mt_barrier ();
   s->state = MT_SLOT_DEAD;
 }
@@ -628,7 +706,7 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
 #ifdef MT_UNWIND
   /* Modules without frame pointers have unwind tables (unwind.c). */
   if (mt_unwind_count != 0)
-    return mt_unwind_walk (fp, lo, hi, out, max, truncated);
+    return mt_unwind_walk (fp, lo, hi, out, max, truncated, &s->ucache);
 #endif
   while (fp >= lo && fp + 16 <= hi && (fp & 7) == 0)
   {
@@ -691,13 +769,18 @@ mt_defs_reserve (guint64 len)
   return mt_defs + off;
 }
 
-/* A stack's id (its slot in the stack table), interning it on first sight: its definition goes
- * to the drain through mt_defs before the id is used, so no row is ever shipped without one. */
+/* A stack's id, interning it on first sight.  Ids are dense (the n-th stack interned is n), so
+ * the aggregate rows of 10,000 stacks fill 10,000 rows whatever their hashes; the hash table
+ * beside them has twice as many entries as there are ids, (hash, id) pairs, and is only ever
+ * added to: a reader that sees an entry's hash (acquire) sees its id.  The definition goes to the
+ * drain through mt_defs before the id is used, so no row is ever shipped without one.  When every
+ * id is taken (stack_mask + 1 of them: the table's documented budget) or the definitions buffer
+ * is full, the stack is DROPPED_STACK, counted in dropped_stacks and said in the summary. */
 static guint32
 mt_intern (MtSlot * s, const guint64 * frames, guint n)
 {
   guint64 h = mt_hash_frames (frames, n);
-  guint64 mask = mt_config.stack_mask;
+  guint64 mask = (mt_config.stack_mask << 1) | 1;
   guint64 i;
   guint probe;
   guint32 result = MT_DROPPED_STACK;
@@ -705,10 +788,9 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
   for (probe = 0; probe != 64; probe++)
   {
     i = (h + probe) & mask;
-    /* Acquire: pairs with the release below, so the definition is out before the id is used. */
-    guint64 v = mt_load_acquire (&mt_stack_table[i]);
+    guint64 v = mt_load_acquire (&mt_stack_table[2 * i]);
     if (v == h)
-      return (guint32) i;
+      return (guint32) mt_stack_table[2 * i + 1];
     if (v == 0)
       break;
   }
@@ -721,16 +803,17 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
   for (probe = 0; probe != 64; probe++)
   {
     i = (h + probe) & mask;
-    guint64 v = mt_stack_table[i];
+    guint64 v = mt_stack_table[2 * i];
     if (v == h)
     {
-      result = (guint32) i;
+      result = (guint32) mt_stack_table[2 * i + 1];
       break;
     }
     if (v == 0)
     {
+      guint64 id = mt_core.n_stacks;
       guint64 len = sizeof (MtStackRecord) + 8 * (guint64) n;
-      guint8 * rec = mt_defs_reserve (len);
+      guint8 * rec = id <= mt_config.stack_mask ? mt_defs_reserve (len) : NULL;
       if (rec != NULL)
       {
         MtStackRecord * r = (MtStackRecord *) rec;
@@ -739,17 +822,15 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
         r->type = MT_REC_STACK;
         r->nframes = (guint8) n;
         r->reserved = 0;
-        r->stack_id = (guint32) i;
+        r->stack_id = (guint32) id;
         for (k = 0; k != n; k++)
           out[k] = frames[k];
         mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
-        mt_stack_list[mt_core.n_stacks] = (guint32) i;
-        mt_store_release (&mt_core.n_stacks, mt_core.n_stacks + 1);
-        /* Published last, with release: a thread that finds h here without the lock also sees
-         * the definition (and the list entry) written above. */
-        mt_store_release (&mt_stack_table[i], h);
+        mt_store_release (&mt_core.n_stacks, id + 1);
+        mt_stack_table[2 * i + 1] = id;
+        mt_store_release (&mt_stack_table[2 * i], h);
         g_atomic_pointer_add (&mt_globals.stacks_interned, 1);
-        result = (guint32) i;
+        result = (guint32) id;
       }
       break;
     }
@@ -771,9 +852,32 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
 static inline guint64
 mt_live_bucket (guint64 p)
 {
-  guint64 h = p * 0x9e3779b97f4a7c15ULL;
-  return (h >> 32) & mt_config.live_mask;
+  /* Neighbouring blocks in neighbouring buckets: within a 16 MiB window of the address space a
+   * block's bucket is its address / 32 (glibc's smallest chunk; plus the window's own pseudo-random offset), so the
+   * blocks an allocator hands out one after the other -- and frees in much the same order -- share
+   * cache lines and pages of the table instead of each costing a cache and a TLB miss (a fully
+   * hashed table made every tracked allocation and free of a large heap two misses). */
+  guint64 window = ((p >> 24) * 0x9e3779b97f4a7c15ULL) >> 32;
+  return ((p >> 5) + window) & mt_config.live_mask;
 }
+
+#define MT_LIVE_BUCKET_BYTES (MT_LIVE_WAYS * 8 + MT_LIVE_WAYS * sizeof (MtLiveMeta))
+
+static inline volatile guint64 *
+mt_live_keys (guint64 b)
+{
+  return (volatile guint64 *) (mt_live_table + b * MT_LIVE_BUCKET_BYTES);
+}
+
+static inline MtLiveMeta *
+mt_live_metas (guint64 b)
+{
+  return (MtLiveMeta *) (mt_live_table + b * MT_LIVE_BUCKET_BYTES + MT_LIVE_WAYS * 8);
+}
+
+/* Entry i of the whole table (bucket i / MT_LIVE_WAYS, way i % MT_LIVE_WAYS), for walks over it. */
+#define MT_LIVE_KEY(i) (mt_live_keys ((i) / MT_LIVE_WAYS)[(i) % MT_LIVE_WAYS])
+#define MT_LIVE_META(i) (mt_live_metas ((i) / MT_LIVE_WAYS)[(i) % MT_LIVE_WAYS])
 
 static inline guint32
 mt_tick_k (guint k)
@@ -786,7 +890,7 @@ static gboolean
 mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
 {
   guint64 b = mt_live_bucket (p);
-  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  volatile guint64 * ways = mt_live_keys (b);
   guint i;
 #ifdef __TINYC__
   gboolean ok = FALSE;
@@ -796,12 +900,11 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
   {
     if (ways[i] == 0)
     {
-      MtLiveMeta * m = &mt_live_meta[b * MT_LIVE_WAYS + i];
+      MtLiveMeta * m = &mt_live_metas (b)[i];
       m->size = size;
       m->stack_id = stack_id;
       m->tick_k = mt_tick_k (k);
       ways[i] = p;
-      g_atomic_int_add (&mt_live_occupancy[b], 1);
       ok = TRUE;
       break;
     }
@@ -817,16 +920,40 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
         __ATOMIC_RELAXED))
     {
       /* Only the thread that frees p reads this entry, and p is not handed out before we return. */
-      MtLiveMeta * m = &mt_live_meta[b * MT_LIVE_WAYS + i];
+      MtLiveMeta * m = &mt_live_metas (b)[i];
       m->size = size;
       m->stack_id = stack_id;
       m->tick_k = mt_tick_k (k);
-      __atomic_fetch_add (&mt_live_occupancy[b], 1, __ATOMIC_SEQ_CST);
       return TRUE;
     }
   }
   return FALSE;
 #endif
+}
+
+/* The way of bucket b holding key v, or -1.  A bucket's keys are one cache line: reading them is
+ * what a per-bucket occupancy count cost (and every insert and removal no longer pays an atomic
+ * add to keep one). */
+static inline gint
+mt_live_way (guint64 b, guint64 v)
+{
+  volatile guint64 * ways = mt_live_keys (b);
+  gint i;
+  for (i = 0; i != MT_LIVE_WAYS; i++)
+    if (ways[i] == v)
+      return i;
+  return -1;
+}
+
+static inline gboolean
+mt_live_bucket_empty (guint64 b)
+{
+  volatile guint64 * ways = mt_live_keys (b);
+  gint i;
+  for (i = 0; i != MT_LIVE_WAYS; i++)
+    if (ways[i] != 0)
+      return FALSE;
+  return TRUE;
 }
 
 /* Only the thread freeing p can remove p, and p cannot be handed out again
@@ -835,21 +962,11 @@ static inline gboolean
 mt_live_remove (guint64 p, MtLiveMeta * out)
 {
   guint64 b = mt_live_bucket (p);
-  volatile guint64 * ways;
-  guint i;
-  if (mt_live_occupancy[b] == 0)
+  gint i = mt_live_way (b, p);
+  if (i < 0)
     return FALSE;
-  ways = &mt_live_table[b * MT_LIVE_WAYS];
-  for (i = 0; i != MT_LIVE_WAYS; i++)
-  {
-    if (ways[i] == p)
-    {
-      *out = mt_live_meta[b * MT_LIVE_WAYS + i];
-      /* The entry is read before the way is offered to another insert. */
-      mt_store_release (&ways[i], 0);
-      MT_ADD32 (&mt_live_occupancy[b], -1);
-      return TRUE;
-    }
-  }
-  return FALSE;
+  *out = mt_live_metas (b)[i];
+  /* The entry is read before the way is offered to another insert. */
+  mt_store_release (&mt_live_keys (b)[i], 0);
+  return TRUE;
 }

@@ -6,6 +6,8 @@
  * agent's thread, never on a hooked call.
  */
 
+static guint64 mt_peak_t_us (void);
+
 static void
 mt_retire (MtSlot * s)
 {
@@ -28,6 +30,10 @@ mt_retire (MtSlot * s)
   }
   s->has_ring = 0;
   s->ring = NULL;
+  /* Its own lane goes back to the pool (a shared one was never taken). */
+  if (!s->lane_shared && s->lane >= 0 && s->lane < MT_MAX_LANES)
+    g_atomic_int_add (&mt_globals.lane_claim[s->lane], -1);
+  s->lane_shared = 1;
   s->state = MT_SLOT_FREE;
   /* The dead owner's claim given back with an atomic add (a release): storing 0 would wipe the +1
    * of a thread trying the slot right now, whose -1 then left the claim at -1, the slot lost. */
@@ -101,27 +107,23 @@ static void
 mt_row_totals (guint64 row, guint64 * out)
 {
   guint64 lanes = mt_config.agg_lanes;
-  volatile guint64 * a = &mt_agg[row * lanes * MT_AGG_STRIDE];
+  guint64 stride = mt_agg_rows () * MT_AGG_STRIDE;     /* one lane to the next (lane-major) */
+  volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
   guint64 l;
   guint f;
   for (f = 0; f != MT_AGG_STRIDE; f++)
     out[f] = 0;
   for (l = 0; l != lanes; l++)
     for (f = 0; f != MT_AGG_STRIDE; f++)
-      out[f] += a[l * MT_AGG_STRIDE + f];
+      out[f] += a[l * stride + f];
 }
 
-static inline guint64
-mt_rows (void)
-{
-  return mt_config.stack_mask + 1 + MT_N_PSEUDO_STACKS;
-}
-
-/* The row at position i of the drain's walk: interned stacks in order, then the pseudo stacks. */
+/* The row at position i of the drain's walk: interned stacks in order (ids are dense), then the
+ * pseudo stacks. */
 static inline guint64
 mt_walk_row (guint64 i, guint64 n_stacks)
 {
-  return i < n_stacks ? mt_stack_list[i] : mt_config.stack_mask + 1 + (i - n_stacks);
+  return i < n_stacks ? i : mt_config.stack_mask + 1 + (i - n_stacks);
 }
 
 /* A chunk of records the drain writes at out[*used]: its header's room taken (FALSE, and another
@@ -220,11 +222,11 @@ static void
 mt_row_at_peak (guint64 row, guint64 e, gint64 * bytes, gint64 * count)
 {
   guint64 lanes = mt_config.agg_lanes;
-  volatile guint64 * a = &mt_agg[row * lanes * MT_AGG_STRIDE];
+  volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
   guint64 l;
   *bytes = 0;
   *count = 0;
-  for (l = 0; l != lanes; l++, a += MT_AGG_STRIDE)
+  for (l = 0; l != lanes; l++, a += mt_agg_rows () * MT_AGG_STRIDE)
   {
     guint64 b = a[MT_A_BYTES] - a[MT_A_FREED_BYTES];
     guint64 c = a[MT_A_ALLOCS] - a[MT_A_FREES];
@@ -259,7 +261,7 @@ mt_drain_peak (guint8 * out, guint64 cap, guint64 used, gboolean final)
     gint64 count_sum = 0;
     e = mt_load_acquire (&mt_core.peak_epoch);
     peak_bytes = mt_core.peak_bytes;
-    peak_t = mt_core.peak_t_us;
+    peak_t = mt_peak_t_us ();
     n_stacks = mt_load_acquire (&mt_core.n_stacks);
     total = n_stacks + MT_N_PSEUDO_STACKS;
     pos = start + sizeof (MtChunkHeader) + sizeof (MtPeakHeadRecord);
@@ -323,7 +325,7 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
     return start;
   for (i = mt_core.live_cursor; i != n; i++)
   {
-    guint64 p = mt_live_table[i];
+    guint64 p = MT_LIVE_KEY (i);
     MtLiveMeta * m;
     MtLiveRecord * r;
     /* The logger path's VM regions are not malloc blocks; its owed and suspect entries are (their
@@ -336,7 +338,7 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
       mt_drain_info.more = 1;
       break;
     }
-    m = &mt_live_meta[i];
+    m = &MT_LIVE_META (i);
     r = (MtLiveRecord *) (out + used);
     r->type = MT_REC_LIVE;
     r->k = (guint8) (m->tick_k >> MT_LIVE_TICK_BITS);
@@ -384,6 +386,32 @@ mt_top_rows (void)
   mt_drain_info.n_top = n;
 }
 
+/* When the peak was reached, in the core's microseconds (g_get_monotonic_time).  On x86-64 with
+ * gcc the hot path keeps the time-stamp counter: its rate is measured between the first drain and
+ * this one (the counter is invariant on every x86-64 this runs on), so a peak is placed to the
+ * microsecond; before a second drain it is placed at the drain. */
+static guint64
+mt_peak_t_us (void)
+{
+  guint64 c = mt_core.peak_clock;
+#if MT_LIGHT_HOOKS
+  guint64 tsc, us;
+  gdouble per;
+  if (c == 0)
+    return 0;
+  tsc = mt_peak_clock ();
+  us = (guint64) g_get_monotonic_time ();
+  if (mt_core.cal_clock == 0 || tsc <= mt_core.cal_clock || us <= mt_core.cal_us)
+    return us;
+  per = (gdouble) (us - mt_core.cal_us) / (gdouble) (tsc - mt_core.cal_clock);
+  if (c >= tsc)
+    return us;
+  return us - (guint64) ((gdouble) (tsc - c) * per);
+#else
+  return c;
+#endif
+}
+
 /* One drain into out (at most cap bytes): stack definitions, events (events mode), changed rows,
  * the peak's composition when it moved, and with `final` the live table.  mt_drain_info says
  * whether to call again (the buffer filled up) and what the core holds now.  Returns the bytes
@@ -398,6 +426,11 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
 
   info->more = 0;
   mt_core.tick++;
+  if (mt_core.cal_clock == 0)
+  {
+    mt_core.cal_clock = mt_peak_clock ();
+    mt_core.cal_us = (guint64) g_get_monotonic_time ();
+  }
 
   if (head != tail && sizeof (MtChunkHeader) + (head - tail) <= cap)
   {
@@ -425,7 +458,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   info->tracked_blocks = (guint64) mt_core.live_blocks;
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
   info->peak_bytes = mt_core.peak_bytes;
-  info->peak_t_us = mt_core.peak_t_us;
+  info->peak_t_us = mt_peak_t_us ();
   info->stacks = mt_core.n_stacks;
   info->tick = mt_core.tick;
   info->live_dumped = mt_core.live_dumped;
@@ -451,6 +484,9 @@ mt_snapshot (guint64 * out)
     for (j = 0; j != MT_N_COUNTERS; j++)
       out[j] += s->counters[j] + s->ncount[j];
   }
+  /* The shared slot of threads that found none of their own (core.c, mt_shared_slot). */
+  for (j = 0; j != MT_N_COUNTERS; j++)
+    out[j] += mt_slots[mt_config.n_slots].ncount[j];
 }
 
 /* Zeroes every table the agent did not get fresh from the OS; called once before the hooks go in. */
@@ -472,17 +508,14 @@ mt_reset (void)
     g[i] = 0;
   for (i = 0; i != 2 * MT_TOP_STACKS; i++)
     mt_top[i] = 0;
-  for (i = 0; i != mt_config.n_slots * sizeof (MtSlot); i++)
+  for (i = 0; i != (mt_config.n_slots + 1) * sizeof (MtSlot); i++)
     ((guint8 *) mt_slots)[i] = 0;
-  for (i = 0; i <= mt_config.stack_mask; i++)
+  for (i = 0; i != 4 * (mt_config.stack_mask + 1); i++)
     mt_stack_table[i] = 0;
   for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
-    mt_live_table[i] = 0;
+    MT_LIVE_KEY (i) = 0;
   for (i = 0; i <= mt_config.live_mask; i++)
-  {
-    mt_live_occupancy[i] = 0;
     mt_live_locks[i] = 0;
-  }
 }
 
 guint64
@@ -525,9 +558,9 @@ mt_live_count (void)
 guint64
 mt_live_occupied (void)
 {
-  guint64 b, n = 0;
-  for (b = 0; b <= mt_config.live_mask; b++)
-    n += (guint64) mt_live_occupancy[b];
+  guint64 i, n = 0;
+  for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
+    n += MT_LIVE_KEY (i) != 0;
   return n;
 }
 

@@ -144,13 +144,9 @@ mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * u
   guint64 entries = (mt_config.live_mask + 1) * MT_LIVE_WAYS;
   for (i = 0; i != entries; i++)
   {
-    guint64 p = mt_live_table[i];
+    guint64 p = MT_LIVE_KEY (i);
     if (p == 0 || (p & MT_LIVE_VM) != 0)
-    {
-      if ((i & (MT_LIVE_WAYS - 1)) == 0 && mt_live_occupancy[i / MT_LIVE_WAYS] == 0)
-        i += MT_LIVE_WAYS - 1;     /* an empty bucket */
       continue;
-    }
     all++;
     if ((p & (MT_LIVE_SUSPECT | MT_LIVE_OWED)) != 0)
     {
@@ -160,8 +156,8 @@ mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * u
     if (n < cap)
     {
       out[n].ptr = p;
-      out[n].size = mt_live_meta[i].size;
-      out[n].stack_id = mt_live_meta[i].stack_id;
+      out[n].size = MT_LIVE_META (i).size;
+      out[n].stack_id = MT_LIVE_META (i).stack_id;
       out[n].flags = 0;
       n++;
     }

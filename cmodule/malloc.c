@@ -189,7 +189,7 @@ mt_bucket_lock (MtSlot * s, guint64 b, gboolean nested)
 static gint
 mt_bucket_find (guint64 b, guint64 v)
 {
-  volatile guint64 * ways = &mt_live_table[b * MT_LIVE_WAYS];
+  volatile guint64 * ways = mt_live_keys (b);
   gint i;
   for (i = 0; i != MT_LIVE_WAYS; i++)
     if (ways[i] == v)
@@ -202,10 +202,8 @@ mt_bucket_find (guint64 b, guint64 v)
 static void
 mt_bucket_take (guint64 b, gint i, MtLiveMeta * out)
 {
-  guint64 at = b * MT_LIVE_WAYS + (guint64) i;
-  *out = mt_live_meta[at];
-  mt_store_release (&mt_live_table[at], 0);
-  MT_ADD32 (&mt_live_occupancy[b], -1);
+  *out = mt_live_metas (b)[i];
+  mt_store_release (&mt_live_keys (b)[i], 0);
 }
 
 static inline void
@@ -236,7 +234,7 @@ mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
   MtLiveMeta m;
   gint i;
   gboolean release = FALSE;
-  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
     return;
   if ((i = mt_bucket_find (b, p | MT_LIVE_SUSPECT)) >= 0)
   {
@@ -246,7 +244,7 @@ mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
   }
   else if ((i = mt_bucket_find (b, p)) >= 0)
   {
-    mt_live_table[b * MT_LIVE_WAYS + (guint64) i] = p | MT_LIVE_OWED;
+    mt_live_keys (b)[i] = p | MT_LIVE_OWED;
   }
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
@@ -263,7 +261,7 @@ mt_logger_release (MtSlot * s, guint kind, guint64 p, gboolean temporary, gboole
   guint64 b = mt_live_bucket (p);
   MtLiveMeta m;
   gint i;
-  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
     return;
   if ((i = mt_bucket_find (b, p)) < 0)
     i = mt_bucket_find (b, p | MT_LIVE_SUSPECT);
@@ -285,7 +283,7 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
   MtLiveMeta m;
   gint i;
   gboolean release = FALSE;
-  if (p == 0 || mt_live_occupancy[b] == 0 || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
     return;
   if ((i = mt_bucket_find (b, p | MT_LIVE_OWED)) >= 0)
   {
@@ -298,7 +296,7 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
     if (nested || (size_of != NULL && size_of ((gconstpointer) (gsize) p) != 0))
     {
       /* Handed out again and not logged as such: whose is the entry?  The next event decides. */
-      mt_live_table[b * MT_LIVE_WAYS + (guint64) i] = p | MT_LIVE_SUSPECT;
+      mt_live_keys (b)[i] = p | MT_LIVE_SUSPECT;
       mt_logger_count (s, MT_C_REALLOC_REUSE_SEEN, nested);
     }
     else
@@ -423,7 +421,7 @@ mt_on_vm_free (MtSlot * s, guint64 p, guint64 size, gboolean nested)
   MtLiveMeta m;
   MtFreeRecord * rec;
   gint i = -1;
-  if (mt_live_occupancy[b] != 0 && mt_bucket_lock (s, b, nested))
+  if (!mt_live_bucket_empty (b) && mt_bucket_lock (s, b, nested))
   {
     if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
       mt_bucket_take (b, i, &m);
@@ -587,7 +585,7 @@ gboolean
 mt_ignore_this_thread (void)
 {
   MtSlot * s = mt_slot ();
-  if (s == NULL)
+  if (s == NULL || s->busy == MT_BUSY_SHARED)
     return FALSE;
   mt_set_busy (s, MT_BUSY_OWN);
   return TRUE;

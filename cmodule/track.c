@@ -26,11 +26,33 @@ mt_id_of_row (guint64 row)
   return 0xFFFFFFFFu - (guint32) (row - mt_config.stack_mask - 1);
 }
 
+/* Rows are lane-major: lane l of row r is at (l * rows + r) * MT_AGG_STRIDE, rows being
+ * stack_mask + 1 + MT_N_PSEUDO_STACKS.  A stack only one thread touches then costs one row of
+ * resident memory (its other lanes' pages are never written), and ids are dense, so rows pack. */
+static inline guint64
+mt_agg_rows (void)
+{
+  return mt_config.stack_mask + 1 + MT_N_PSEUDO_STACKS;
+}
+
 static inline volatile guint64 *
 mt_agg_lane (MtSlot * s, guint64 row)
 {
-  guint64 lanes = mt_config.agg_lanes;
-  return &mt_agg[(row * lanes + (mt_slot_index (s) & (lanes - 1))) * MT_AGG_STRIDE];
+  return &mt_agg[((guint64) s->lane * mt_agg_rows () + row) * MT_AGG_STRIDE];
+}
+
+/* An add to the thread's lane of a row: where the lane is the thread's own and a signal handler
+ * cannot tear the add (MT_LIGHT_HOOKS: one `add` to memory), a plain add -- the lock prefix of
+ * an atomic one was most of a tracked allocation's cost; a signal handler's nested call on the
+ * same thread adds atomically, which the plain add cannot interleave with.  A shared lane adds
+ * atomically. */
+static inline void
+mt_lane_add (MtSlot * s, volatile guint64 * p, guint64 v)
+{
+  if (MT_LIGHT_HOOKS && !s->lane_shared)
+    mt_bump ((guint64 *) p, v);
+  else
+    MT_ADD64 (p, v);
 }
 
 /* The peak.  mt_core.peak_epoch counts the times tracked bytes reached a new high.  Before a lane
@@ -67,30 +89,35 @@ mt_agg_dirty_row (guint64 row)
     mt_agg_dirty[row] = 1;
 }
 
+/* When the peak was reached, cheaply: on x86-64 with gcc the time-stamp counter (a heap that keeps
+ * growing raises the peak on nearly every allocation, and reading the monotonic clock each time
+ * was a fifth of a complete capture's cost on CPython), turned into the core's microseconds by the
+ * drain (drain.c, mt_peak_t_us); elsewhere the monotonic clock itself. */
+static inline guint64
+mt_peak_clock (void)
+{
+#if MT_LIGHT_HOOKS
+  guint32 lo, hi;
+  __asm__ __volatile__ ("rdtsc" : "=a" (lo), "=d" (hi));
+  return ((guint64) hi << 32) | lo;
+#else
+  return (guint64) g_get_monotonic_time ();
+#endif
+}
+
 /* Raises the peak to `bytes`.  With gcc, lock-free: a compare-and-swap loop never gives up and
  * never waits for another thread (one preempted, or the very thread a signal handler
- * interrupted).  TinyCC has no compare-and-swap: a lock whose holder may be the interrupted
- * thread itself can only be tried for a while; a raise that gives up is counted (peak_missed)
- * so the peak is never left low silently. */
+ * interrupted); two threads raising it at once each bump the epoch, and the later mark wins.
+ * TinyCC has no compare-and-swap: a lock whose holder may be the interrupted thread itself can
+ * only be tried for a while; a raise that gives up is counted (peak_missed) so the peak is never
+ * left low silently. */
 #ifdef __TINYC__
 static inline void mt_ncount (MtSlot * s, guint index, guint64 v);
 #endif
 static void
 mt_raise_peak (guint64 bytes)
 {
-#ifndef __TINYC__
-  guint64 cur = __atomic_load_n (&mt_core.peak_bytes, __ATOMIC_ACQUIRE);
-  while (bytes > cur)
-  {
-    if (__atomic_compare_exchange_n (&mt_core.peak_bytes, &cur, bytes, FALSE, __ATOMIC_SEQ_CST,
-        __ATOMIC_ACQUIRE))
-    {
-      mt_core.peak_t_us = (guint64) g_get_monotonic_time ();
-      MT_ADD64 (&mt_core.peak_epoch, 1);
-      return;
-    }
-  }
-#else
+#ifdef __TINYC__
   guint spins;
   MtSlot * s;
   for (spins = 0; spins != 4096; spins++)
@@ -102,7 +129,7 @@ mt_raise_peak (guint64 bytes)
       if (bytes > mt_core.peak_bytes)
       {
         mt_core.peak_bytes = bytes;
-        mt_core.peak_t_us = (guint64) g_get_monotonic_time ();
+        mt_core.peak_clock = mt_peak_clock ();
         mt_store_release (&mt_core.peak_epoch, mt_core.peak_epoch + 1);
       }
       MT_ADD32 (&mt_core.peak_lock, -1);
@@ -112,6 +139,20 @@ mt_raise_peak (guint64 bytes)
   }
   if (bytes > mt_core.peak_bytes && (s = mt_slot ()) != NULL)
     mt_ncount (s, MT_C_PEAK_MISSED, 1);
+#else
+  guint64 cur = __atomic_load_n (&mt_core.peak_bytes, __ATOMIC_ACQUIRE);
+  while (bytes > cur)
+  {
+    if (__atomic_compare_exchange_n (&mt_core.peak_bytes, &cur, bytes, FALSE, __ATOMIC_SEQ_CST,
+        __ATOMIC_ACQUIRE))
+    {
+      mt_core.peak_clock = mt_peak_clock ();
+      MT_ADD64 (&mt_core.peak_epoch, 1);
+      return;
+    }
+  }
+#endif
+}
 #endif
 }
 
@@ -181,8 +222,12 @@ mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * 
   }
   if (truncated)
   {
+    /* The innermost frames are kept; a last pseudo frame says the outer ones were cut (room for it:
+     * max_frames < MT_MAX_FRAMES), so the stack itself is marked, not only its events. */
     *flags |= MT_FLAG_TRUNCATED;
     s->counters[MT_C_TRUNCATED_STACKS]++;
+    if (n < MT_MAX_FRAMES)
+      frames[n++] = MT_TRUNCATED_FRAME;
   }
   return n;
 }
@@ -256,23 +301,23 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   {
     flags |= MT_FLAG_LIVE;
     mt_agg_touch (a);
-    MT_ADD64 (&a[MT_A_ALLOCS], 1);
-    MT_ADD64 (&a[MT_A_BYTES], size);
+    mt_lane_add (s, &a[MT_A_ALLOCS], 1);
+    mt_lane_add (s, &a[MT_A_BYTES], size);
     if (k != 0)
-      MT_ADD64 (&a[MT_A_EXTRA_WEIGHT], weight - size);
+      mt_lane_add (s, &a[MT_A_EXTRA_WEIGHT], weight - size);
   }
   else
   {
     s->counters[MT_C_LIVE_TABLE_FULL]++;
-    MT_ADD64 (&a[MT_A_UNTRACKED], 1);
-    MT_ADD64 (&a[MT_A_UNTRACKED_BYTES], size);
+    mt_lane_add (s, &a[MT_A_UNTRACKED], 1);
+    mt_lane_add (s, &a[MT_A_UNTRACKED_BYTES], size);
   }
   if (k != 0)
   {
-    MT_ADD64 (&a[MT_A_SAMPLED], 1);
-    MT_ADD64 (&a[MT_A_SAMPLED_BYTES], size);
-    MT_ADD64 (&a[MT_A_SAMPLED_WEIGHT], weight);
-    MT_ADD64 (&a[MT_A_SAMPLED_COUNT_FP], (weight << MT_AGG_FP_SHIFT) / (size != 0 ? size : 1));
+    mt_lane_add (s, &a[MT_A_SAMPLED], 1);
+    mt_lane_add (s, &a[MT_A_SAMPLED_BYTES], size);
+    mt_lane_add (s, &a[MT_A_SAMPLED_WEIGHT], weight);
+    mt_lane_add (s, &a[MT_A_SAMPLED_COUNT_FP], (weight << MT_AGG_FP_SHIFT) / (size != 0 ? size : 1));
   }
   mt_agg_dirty_row (row);
   if (tracked)
@@ -344,14 +389,14 @@ mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary)
   volatile guint64 * a = mt_agg_lane (s, row);
   guint k = m->tick_k >> MT_LIVE_TICK_BITS;
   mt_agg_touch (a);
-  MT_ADD64 (&a[MT_A_FREES], 1);
-  MT_ADD64 (&a[MT_A_FREED_BYTES], m->size);
+  mt_lane_add (s, &a[MT_A_FREES], 1);
+  mt_lane_add (s, &a[MT_A_FREED_BYTES], m->size);
   if (k != 0)
-    MT_ADD64 (&a[MT_A_EXTRA_WEIGHT_FREED], (guint64) k * mt_config.sample_interval - m->size);
+    mt_lane_add (s, &a[MT_A_EXTRA_WEIGHT_FREED], (guint64) k * mt_config.sample_interval - m->size);
   if (temporary)
   {
-    MT_ADD64 (&a[MT_A_TEMP], 1);
-    MT_ADD64 (&a[MT_A_TEMP_BYTES], m->size);
+    mt_lane_add (s, &a[MT_A_TEMP], 1);
+    mt_lane_add (s, &a[MT_A_TEMP_BYTES], m->size);
   }
   mt_agg_dirty_row (row);
   mt_tracked_add (-(gint64) m->size);
@@ -416,7 +461,7 @@ mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_h
   chunk_min = mt_config.chunk_min;
   if (from_hook && chunk_min != 0 && (((const guint64 *) p)[-1] & ~(guint64) 7) < chunk_min)
     return;
-  if (mt_live_occupancy[mt_live_bucket ((guint64) p)] != 0)
+  if (mt_live_way (mt_live_bucket ((guint64) p), (guint64) p) >= 0)
   {
     gint prev = mt_guard (s);
     mt_release_live (s, kind, (guint64) p, size, temporary);
@@ -437,15 +482,18 @@ mt_nested_count (MtSlot * s, guint kind, guint64 size, gboolean alloc, gint sign
 {
   guint64 one = sign > 0 ? 1 : (guint64) -1;
   guint64 bytes = sign > 0 ? size : (guint64) 0 - size;
+  /* The shared slot's calls are not nested in anything: they are said as unslotted instead. */
+  gboolean shared = s->busy == MT_BUSY_SHARED;
   mt_ncount (s, MT_C_CALLS + kind, one);
-  mt_ncount (s, MT_C_NESTED_CALLS, one);
+  mt_ncount (s, shared ? MT_C_UNSLOTTED_CALLS : MT_C_NESTED_CALLS, one);
   if (alloc)
   {
     guint t = mt_tier (size);
     mt_ncount (s, MT_C_BYTES + kind, bytes);
     mt_ncount (s, MT_C_TIER_CALLS + t, one);
     mt_ncount (s, MT_C_TIER_BYTES + t, bytes);
-    mt_ncount (s, MT_C_NESTED_BYTES, bytes);
+    if (!shared)
+      mt_ncount (s, MT_C_NESTED_BYTES, bytes);
   }
 }
 
@@ -483,9 +531,13 @@ mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolea
   }
   if (alloc && p != 0 && (size >= mt_config.live_threshold || size >= mt_config.stack_threshold))
   {
-    guint64 row = mt_row_of (MT_NESTED_STACK);
+    /* A thread without a slot of its own would have had its stack: it was dropped, and said. */
+    guint32 pseudo = busy == MT_BUSY_SHARED ? MT_DROPPED_STACK : MT_NESTED_STACK;
+    guint64 row = mt_row_of (pseudo);
     volatile guint64 * a = mt_agg_lane (s, row);
-    if (mt_live_insert (p, size, MT_NESTED_STACK, 0, 16))
+    if (pseudo == MT_DROPPED_STACK && size >= mt_config.stack_threshold)
+      mt_ncount (s, MT_C_DROPPED_STACKS, 1);
+    if (mt_live_insert (p, size, pseudo, 0, 16))
     {
       mt_agg_touch (a);
       MT_ADD64 (&a[MT_A_ALLOCS], 1);

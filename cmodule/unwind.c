@@ -66,17 +66,41 @@ mt_unwind_row (const MtUnwindModule * m, guint64 off)
   return rows[i].cfa_reg == MT_UNWIND_NONE ? NULL : &rows[i];
 }
 
+/* The rule for a return address, cached per thread (MtSlot.ucache, core.c): the module search, the
+ * index and the rows behind it cost ~5 ns a frame, and a program's allocations come from a few
+ * thousand call sites.  An entry is (pc - 1, the MtUnwindRow in force there as its 8 bytes); a pc
+ * with no row (a frame-pointer frame, or no table) caches cfa_reg MT_UNWIND_NONE.  Direct-mapped,
+ * per thread (a signal handler's nested call never walks, so no entry is ever torn), and emptied
+ * when the registry changes (mt_unwind_count is its generation). */
+#define MT_UCACHE_ENTRIES 128
+#define MT_UCACHE_NONE ((guint64) MT_UNWIND_NONE << 48)
+
+typedef struct
+{
+  guint64 gen;                       /* mt_unwind_count the entries were made under */
+  guint64 e[2 * MT_UCACHE_ENTRIES];  /* (key, row bits) pairs; key 0: empty */
+} MtUnwindCache;
+
+static inline guint64
+mt_ucache_slot (guint64 key)
+{
+  return (key ^ (key >> 7) ^ (key >> 17)) & (MT_UCACHE_ENTRIES - 1);
+}
+
 /* Return addresses from the frame whose frame pointer is fp0 (the hook's own frame) outwards.
- * lo: the walk's own stack (nothing below it is read); hi: the top of the thread's stack. */
+ * lo: the walk's own stack (nothing below it is read); hi: the top of the thread's stack;
+ * cache: the thread's rule cache (or NULL). */
 /* Swift sets bit 60 of the frame pointer an async frame saves: cleared before it is followed
  * (as core.c's frame-pointer walk does). */
 #define MT_SWIFT_ASYNC_MASK (~(1ULL << 60))
 
 static guint
-mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, gboolean * truncated)
+mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, gboolean * truncated,
+    MtUnwindCache * cache)
 {
   guint n = 0;
   guint64 pc, sp, fp;
+  guint64 gen = mt_unwind_count;
   /* The last frame's module, kept in registers: consecutive frames mostly share one, and a
    * frame of a module that keeps frame pointers then costs one compare more than core.c's loop. */
   const MtUnwindModule * m = NULL;
@@ -86,33 +110,58 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
   pc = ((guint64 *) fp0)[1];
   fp = ((guint64 *) fp0)[0] & MT_SWIFT_ASYNC_MASK;
   sp = fp0 + 16;
+  if (cache != NULL && cache->gen != gen)
+  {
+    guint i;
+    for (i = 0; i != 2 * MT_UCACHE_ENTRIES; i++)
+      cache->e[i] = 0;
+    cache->gen = gen;
+  }
   while (pc >= 4096)
   {
-    const MtUnwindRow * row = NULL;
+    guint64 bits, key = pc - 1, at = 0;
+    guint cfa_reg;
     if (n == max)
     {
       *truncated = TRUE;
       break;
     }
     out[n++] = pc;
-    if (pc - 1 - m_start >= m_size)
+    if (cache != NULL && cache->e[2 * (at = mt_ucache_slot (key))] == key)
     {
-      m = mt_unwind_module (pc - 1);
-      m_start = m != NULL ? m->start : 0;
-      m_size = m != NULL ? m->end - m->start : 0;
-      m_rows = m != NULL ? m->n_rows : 0;
+      bits = cache->e[2 * at + 1];
     }
-    if (m_rows != 0)
-      row = mt_unwind_row (m, pc - 1 - m_start);
-    if (row != NULL)
+    else
     {
-      guint64 cfa = (row->cfa_reg == MT_UNWIND_CFA_SP ? sp : fp) + row->cfa_offset;
+      const MtUnwindRow * row = NULL;
+      if (key - m_start >= m_size)
+      {
+        m = mt_unwind_module (key);
+        m_start = m != NULL ? m->start : 0;
+        m_size = m != NULL ? m->end - m->start : 0;
+        m_rows = m != NULL ? m->n_rows : 0;
+      }
+      if (m_rows != 0)
+        row = mt_unwind_row (m, key - m_start);
+      bits = row != NULL ? *(const guint64 *) row : MT_UCACHE_NONE;
+      if (cache != NULL)
+      {
+        cache->e[2 * at] = key;
+        cache->e[2 * at + 1] = bits;
+      }
+    }
+    /* The row's bytes: start u32, cfa_offset u16, cfa_reg u8, fp_slot u8 (layout.UNWIND_ROW). */
+    cfa_reg = (guint) ((bits >> 48) & 0xff);
+    if (cfa_reg != MT_UNWIND_NONE)
+    {
+      guint fp_slot = (guint) (bits >> 56);
+      guint64 cfa = (cfa_reg == MT_UNWIND_CFA_SP ? sp : fp) + ((bits >> 32) & 0xffff);
       if (cfa <= sp || cfa > hi || (cfa & 7) != 0)
         break;
       pc = ((guint64 *) cfa)[-1];
-      if (row->fp_slot != 0)
+      if (fp_slot != 0)
       {
-        guint64 slot = cfa - 8 * (guint64) row->fp_slot;
+        guint64 slot = cfa - 8 * (guint64) fp_slot;
         if (slot < sp)
           break;
         fp = *(guint64 *) slot & MT_SWIFT_ASYNC_MASK;

@@ -9,6 +9,7 @@ owns the device, the process and the agent.  The loop never prints: it reports t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import re
@@ -23,11 +24,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memtrace import __version__
-from memtrace.agentbuild import default_cache_dir
+from memtrace.agentbuild import default_cache_dir, precompiled_cmodule
 from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
 from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents, children_evidence
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
+from memtrace.files import write_text_atomic
 from memtrace.leakscan import leak_progress
 from memtrace.live import CoreStats, LiveStats
 from memtrace.stacks_seen import StacksSeen
@@ -38,26 +40,35 @@ from memtrace.tracers.options import Option, finite_non_negative, positive
 from memtrace.ui import UI, Progress, SilentUI
 
 # The agent core's sizing, overridable by a tracer's own options (agent keys of the same name).
+# A local target is traced completely: every allocation gets a stack and every block is tracked
+# (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
+# as they are used (docs/agents.md, "Memory budget"): 262,144 stack ids, 4,194,304 live-table
+# entries, 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
+# them is counted and said, never silent.
 AGENT_DEFAULTS: dict[str, Any] = {
-    "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28, "sampleBytes": 0, "ringKb": 1024,
-    "threadSlots": 1024, "rings": 64, "stackTable": 1 << 16, "liveTable": 1 << 20, "toolchain": "auto",
-    "backend": "auto",
+    "liveThreshold": 0, "stackThreshold": 0, "frames": 64, "sampleBytes": 0, "ringKb": 1024,
+    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 18, "liveTable": 1 << 22, "defsKb": 8192,
+    "toolchain": "auto", "backend": "auto",
 }
-# Darwin: app extensions are jetsammed in the tens of MB, so the core's tables and rings are sized
-# for that (~6.5 MiB reserved instead of ~110; only what is used becomes resident, but a stack's
-# aggregate rows sit where its hash puts it, so many stacks touch most of their pages): 8192
-# stacks with one aggregate lane each (a row's cache line shared by threads), 65536 live blocks.
+# Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app
+# extensions are jetsammed in the tens of MB), so the core's tables and rings are sized for that
+# (~6.5 MiB reserved; only what is used becomes resident): 8192 stacks with one aggregate lane each
+# (a row's cache line shared by threads), 65536 live blocks -- and the layered capture stays the
+# default there: stacks for allocations of 8 KiB and up, blocks of 4 KiB and up tracked (every
+# summary says so in its "covers" line).  DEVICE-UNVERIFIED: not measured on a device.
 # An option the user sets still wins.
 AGENT_SIZING_DARWIN: dict[str, Any] = {
+    "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28,
     "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 13, "liveTable": 1 << 16, "aggLanes": 1,
+    "defsKb": 1024,
 }
 
 
 def agent_config_for(platform: str | None, explicit: dict[str, Any]) -> dict[str, Any]:
     """The agent config for a target platform (``hello``'s ``platform``): defaults, then the
-    platform's sizing, then what the user asked for."""
+    platform's sizing, then what the user asked for (an option left unset is None: the platform's)."""
     sizing = AGENT_SIZING_DARWIN if platform == "darwin" else {}
-    return {**AGENT_DEFAULTS, **sizing, **explicit}
+    return {**AGENT_DEFAULTS, **sizing, **{k: v for k, v in explicit.items() if v is not None}}
 
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
@@ -413,8 +424,11 @@ class CaptureLoop(ProcessEvents):
         self.host.load(agent)
         hello = self.host.rpc("hello", "hello")
         self._platform = hello.get("platform") if isinstance(hello, dict) else None
-        init = self.host.rpc("init", "init", self._agent_config(), self.host.c_sources(agent),
-                             self.host.process_sources(agent))
+        config, sources = self._agent_config(), self.host.c_sources(agent)
+        asm = self._precompiled_cmodule(hello, config, sources)
+        if asm is not None:
+            config["cmoduleAsm"] = asm
+        init = self.host.rpc("init", "init", config, sources, self.host.process_sources(agent))
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
         self.process_info = dict(init.get("process") or {})
@@ -685,6 +699,27 @@ class CaptureLoop(ProcessEvents):
         self.ui.progress(Progress(elapsed=elapsed, window=self.options.window, activity_per_s=rate,
                                   bytes_per_s=brate, dropped=self.live.dropped(), rows=self.live.rows(),
                                   batches=self.batches, families=self.stacks.families()))
+
+    def _precompiled_cmodule(self, hello: Any, config: dict[str, Any], sources: list[str]) -> str | None:
+        """The core CModule as assembly compiled on this host once (agentbuild.precompiled_cmodule),
+        for a local x86-64 Linux target whose agent compiles with gcc; None elsewhere."""
+        if not (sources and self.host.is_local and isinstance(hello, dict) and hello.get("platform") == "linux"
+                and hello.get("arch") == "x64" and config.get("toolchain") in ("auto", "external")):
+            return None
+        import frida
+
+        # The source exactly as runtime/core.js's buildCore puts it together for this target.
+        source = "#define MT_LINUX 1\n" + "\n".join(sources)
+        builtins_file = default_cache_dir() / f"cmodule-builtins-{frida.__version__}-x64.json"
+        try:
+            builtins = json.loads(builtins_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            builtins = self.host.cmodule_builtins()
+            with contextlib.suppress(OSError):
+                builtins_file.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(builtins_file, json.dumps(builtins))
+        return precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
+                                   lambda: dict(builtins.get("headers") or {}))
 
     def _agent_config(self) -> dict[str, Any]:
         return {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),

@@ -151,6 +151,18 @@ class FridaHost:
         self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
         self.call("script load", self.script.load)
 
+    def cmodule_builtins(self) -> dict[str, Any]:
+        """Frida's CModule defines and headers in this target (agentbuild.precompiled_cmodule):
+        a one-line script of its own, unloaded again."""
+        script = self.session.create_script("rpc.exports = { builtins() { return CModule.builtins; } };",
+                                            name="memtrace-cmodule-builtins")
+        self.call("script load", script.load)
+        try:
+            return dict(self.call("cmodule builtins", script.exports_sync.builtins))
+        finally:
+            with contextlib.suppress(*GONE_ERRORS):
+                script.unload()
+
     def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any:
         """Call the agent's rpc export ``method``."""
         if self.script is None:

@@ -145,6 +145,9 @@ COUNTERS: dict[str, int] = {
     # Tracked bytes that reached a new high while the peak's lock could not be had (TinyCC builds
     # only; gcc builds raise the peak lock-free): the peak may be below the true high-water mark.
     "peak_missed": 68,
+    # Calls of threads that found no thread slot of their own (more threads alive at once than
+    # slots): counted exactly like any call, their stacks dropped (in dropped_stacks) and said.
+    "unslotted_calls": 69,
 }
 N_COUNTERS = 72
 # Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0
@@ -153,7 +156,10 @@ MIN_COUNTERS = 64
 
 # ---- the CModule core's tables, sized by the agent --------------------------------------------
 
-MAX_FRAMES = 64                # frames a stack record holds at most
+MAX_FRAMES = 255               # frames a stack record holds at most (its nframes is a u8)
+# The last frame of a stack cut at --frames: its innermost frames are kept, this marks the cut (so
+# --frames is at most MAX_FRAMES - 1).
+TRUNCATED_FRAME = 1
 LIVE_WAYS = 8                  # pointers per live-table bucket
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call

@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import run_memtrace
 from tests.hostile_captures import scratch_dir
 
-from memtrace.capture import NO_END, CaptureInfo, RecordType, read_records
+from memtrace.capture import FORMAT_VERSION, NO_END, CaptureInfo, RecordType, read_records
 from memtrace.report import build_report
 
 ERROR_LINE = ("memtrace: error: {path}: cannot write the capture: No space left on device (ENOSPC); it holds "
@@ -46,6 +46,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# Uncompressed agent records: churn's repetitive events compress ~50x, and these tests need the
+# capture to fill the small disk within the target's run.
+RAW = {"MEMTRACE_CAPTURE_ZLIB": "off"}
 
 
 def wait_for(path: Path, timeout: float = 60) -> str:
@@ -88,7 +93,7 @@ def test_full_disk_ends_the_capture_and_the_launched_target_finishes(
     cap = small_disk / "cap"
     # --events: one record per allocation, so the capture grows by megabytes a second.
     r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--keep-running", "--quiet", "--out", cap,
-                     "--", churn, "8", marker, "20", check=False)
+                     "--", churn, "8", marker, "20", check=False, env=RAW)
     assert r.returncode == 2, r.stderr
     check_full_disk_capture(cap, r.stderr)
     assert wait_for(marker).startswith("finished ")       # detached, it ran on to its normal end
@@ -105,7 +110,7 @@ def test_full_disk_detaches_from_a_pid_that_lives_on(small_disk: Path, tmp_path:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
         cap = small_disk / "cap"
         r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--quiet", "--out", cap,
-                         "--pid", str(target.pid), check=False)
+                         "--pid", str(target.pid), check=False, env=RAW)
         assert r.returncode == 2, r.stderr
         check_full_disk_capture(cap, r.stderr)
         assert target.wait(timeout=60) == 0            # detached, it ran on to its normal end
@@ -189,7 +194,7 @@ def flip_every_byte(real_captures: list[Path], tmp_path: Path) -> None:
         blob = cap.read_bytes()
         info = CaptureInfo(cap)
         records = list(read_records(cap, info))
-        assert info.version == 2 and info.problem is None
+        assert info.version == FORMAT_VERSION and info.problem is None
         starts = [r.offset for r in records]
         v = tmp_path / "v.mtc"
         for off in range(len(blob)):

@@ -64,8 +64,10 @@ def test_exact_counts_tiers_live_and_own_function_on_stack(compile_c, tmp_path: 
 
 
 @pytest.mark.slow
-def test_default_thresholds_leave_4k_unstacked_but_live(compile_c, tmp_path: Path) -> None:
-    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("pattern"))
+def test_layered_thresholds_leave_4k_unstacked_but_live(compile_c, tmp_path: Path) -> None:
+    # The layered capture (a device's default; asked for here): stacks from 8 KiB, tracked from 4 KiB.
+    s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "8192", "--live-threshold", "4096",
+                      "--out", tmp_path / "cap", "--", compile_c("pattern"))
     assert stack_by_function(s, "alloc_4k_batch") == []
     assert s["live"]["count"] == 415
     assert s["coverage"]["stacked_bytes"] == 10 * 100000 + 20 * 16384 + 16384 + 65536 + 5 * 8192
@@ -79,8 +81,9 @@ def test_four_threads_a_million_calls_each(compile_c, tmp_path: Path) -> None:
     small = s["tiers"][0]
     assert small["calls"] >= 4_000_000
     assert small["calls"] - 4_000_000 < 50, "only glibc's own thread set-up may add to the 64-byte calls"
-    (worker,) = stack_by_function(s, "thread_worker")
-    assert (worker["count"], worker["bytes"]) == (4, 4 * 16384)
+    # Every allocation stacked (the local default): both of thread_worker's call sites, exactly.
+    worker = sorted((r["count"], r["bytes"]) for r in stack_by_function(s, "thread_worker"))
+    assert worker == [(4, 4 * 16384), (4_000_000, 4_000_000 * 64)]
     assert s["calls"]["free"] >= 4_000_004
     assert s["dropped"]["dropped_records"] == 0
 
@@ -222,7 +225,7 @@ def test_entries_redirected_through_a_trampoline_keep_their_caller(demo_bin: Pat
     s = memtrace_json("malloc", "--device", "local", "--top", "40", "--out", tmp_path / "cap", "--",
                       demo_bin / "workload")
     simd = sorted((x["count"], x["bytes"]) for x in stack_by_function(s, "simd_buffer_alloc"))
-    # posix_memalign 8192, aligned_alloc 16384, valloc 12288 (memalign's 4096 is below the stack threshold).
-    assert simd == [(10, 81920), (10, 122880), (10, 163840)]
+    # memalign 4096, posix_memalign 8192, aligned_alloc 16384, valloc 12288.
+    assert simd == [(10, 40960), (10, 81920), (10, 122880), (10, 163840)]
     assert s["calls"]["memalign"] == 10 and s["calls"]["aligned_alloc"] == 10
     assert s["calls"]["posix_memalign"] == 10 and s["calls"]["valloc"] == 10

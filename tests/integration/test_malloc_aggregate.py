@@ -150,8 +150,8 @@ def test_signal_handler_allocations_counted_exactly(compile_c, tmp_path: Path, o
 @pytest.mark.slow
 def test_events_mode_streams_every_tracked_event_and_agrees(compile_c, tmp_path: Path) -> None:
     out = tmp_path / "cap"
-    s = memtrace_json("malloc", "--device", "local", "--events", "--stack-threshold", "4096", "--top", "20",
-                      "--out", out, "--", compile_c("pattern"))
+    s = memtrace_json("malloc", "--device", "local", "--events", "--stack-threshold", "4096",
+                      "--live-threshold", "4096", "--top", "20", "--out", out, "--", compile_c("pattern"))
     assert s["mode"] == "events"
     allocs = frees = 0
     for rec in read_records(out):

@@ -19,7 +19,7 @@ from memtrace import layout
 from memtrace.agentbuild import build_agent
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import AllocRecord, RecordType, decode_agent_records, read_records
-from memtrace.capture_loop import CaptureOptions, run_capture
+from memtrace.capture_loop import AGENT_SIZING_DARWIN, CaptureOptions, run_capture
 from memtrace.target import TargetSpec
 from memtrace.ui import SilentUI
 
@@ -121,9 +121,12 @@ def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_pa
     failures and another task's VM are left out and counted, and every realloc race ends right -- in the
     core's per-stack totals, its peak and temporaries, and with --events in the per-event stream too."""
     prog = standin_program(compile_c, demo_bin, "standin_malloc")
+    # The device's layered default (capture_loop.AGENT_SIZING_DARWIN), as the stand-in stands for one.
+    layered = {k: AGENT_SIZING_DARWIN[k] for k in ("liveThreshold", "stackThreshold")}
     result = run_capture("malloc", TargetSpec(device="local", argv=[str(prog)]),
                          CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c",
-                                        agent_config={"backend": "logger", "toolchain": toolchain, "events": events}),
+                                        agent_config={"backend": "logger", "toolchain": toolchain, "events": events,
+                                                      **layered}),
                          SilentUI(passthrough=False))
     assert result.ended == "target-exited"
     records = list(read_records(tmp_path / "c"))
@@ -140,7 +143,7 @@ def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_pa
     assert sum(t["bytes"] for t in s["tiers"]) == s["gross_bytes"]
     assert s["live"]["count"] == LIVE_COUNT and s["live"]["bytes"] == LIVE_BYTES
     assert s["dropped"] == {"dropped_records": 0, "dropped_record_bytes": 0, "dropped_stacks": 0,
-                            "live_table_full": 0, "unmatched_frees": 0}
+                            "live_table_full": 0, "unslotted_calls": 0, "unmatched_frees": 0}
     # The realloc race: each reuse of a moved realloc's old block was seen and settled.
     assert summary.counters[layout.COUNTERS["realloc_reuse_seen"]] == 7
     vm = s["vm"]

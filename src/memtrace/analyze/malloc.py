@@ -42,7 +42,8 @@ from memtrace.capture import (
     iter_agent_tuples,
 )
 from memtrace.frames import Frame, stack_key
-from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, N_COUNTERS, PSEUDO_STACKS
+from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, N_COUNTERS, PSEUDO_STACKS, TRUNCATED_FRAME
+from memtrace.units import fmt_bytes
 
 _F = AGG_FIELDS
 TIMELINE_STACKS = 16    # stack series in the timeline, the largest by their highest live bytes
@@ -151,8 +152,36 @@ class MallocSummary(CaptureContext):
     def dropped(self) -> dict[str, int]:
         d = {name: self.counter(name)
              for name in ("dropped_records", "dropped_record_bytes", "dropped_stacks", "live_table_full")}
+        d["unslotted_calls"] = self.counter("unslotted_calls")
         d["unmatched_frees"] = self.unmatched_frees
         return d
+
+    @property
+    def covers(self) -> dict[str, Any]:
+        """What the capture's options made it cover, in one line for every summary: everything (the
+        local default), or the layered capture's thresholds (a device's default, or asked for)."""
+        options = self.meta.get("options")
+        agent = options.get("agent") if isinstance(options, dict) else None
+        agent = agent if isinstance(agent, dict) else {}
+
+        def number(key: str) -> int | None:    # a capture is input: anything else is "not recorded"
+            v = agent.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+        stack_t, live_t, sample = number("stackThreshold"), number("liveThreshold"), number("sampleBytes") or 0
+        if stack_t is None or live_t is None:
+            return {"complete": None, "text": "thresholds not recorded in this capture"}
+        complete = stack_t == 0 and live_t == 0
+        if complete:
+            text = "every allocation stacked, every block tracked"
+        else:
+            text = (f"stacks for allocations of {fmt_bytes(stack_t)} and up, blocks of "
+                    f"{fmt_bytes(min(stack_t, live_t))} and up tracked; smaller ones only counted "
+                    "(live, peak and leaks leave them out)")
+            if sample:
+                text += f"; sampled every {fmt_bytes(sample)} on average"
+        return {"complete": complete, "stack_threshold": stack_t, "live_threshold": live_t,
+                "sample_bytes": sample, "frames": number("frames"), "text": text}
 
     def row(self, stack_id: int) -> StackStats:
         """The stack's row in ``by_stack``, created empty on first use."""
@@ -168,10 +197,16 @@ class MallocSummary(CaptureContext):
             return [Frame(0, function=_PSEUDO_NAMES.get(stack_id, f"<stack {stack_id} not in capture>"))]
         # Entries Frida redirects with a trampoline (Interceptor.replace) leave its
         # return address on top: a frame in no module, before the real caller.
+        cut = bool(frames) and frames[-1] == TRUNCATED_FRAME
+        if cut:
+            frames = frames[:-1]
         i = 0
         while i < len(frames) - 1 and self.symbols.frame(frames[i]).module is None:
             i += 1
-        return self.symbols.stack(frames[i:])
+        out = self.symbols.stack(frames[i:])
+        if cut:   # the core kept the innermost frames of a deeper stack
+            out.append(Frame(0, function="<truncated: outer frames not walked>"))
+        return out
 
     def stack_rows(self, n: int | None = 10, live: bool = False, measure: str | None = None) -> list[StackRow]:
         """Rows keyed by the whole symbolized stack (several stack ids with the same frames --
@@ -287,6 +322,7 @@ class MallocSummary(CaptureContext):
                      "estimated_bytes": round(self.live_est_bytes)},
             "top_stacks": [r.to_json() for r in self.stack_rows(top)],
             "live_by_stack": [r.to_json() for r in self.stack_rows(top, live=True)],
+            "covers": self.covers,
             "dropped": self.dropped,
             "sampled": self.counter("sampled"),
             "truncated_stacks": self.counter("truncated_stacks"),

@@ -13,6 +13,7 @@ from memtrace.analyze.malloc import MallocSummary
 from memtrace.capture import calls_total
 from memtrace.errors import InputError
 from memtrace.frames import Frame
+from memtrace.layout import MAX_FRAMES
 from memtrace.leakscan import DEFAULT_BUDGET_S, at_window_end
 from memtrace.live import CoreStats, Row
 from memtrace.report.chapters.malloc import MallocChapter
@@ -64,6 +65,7 @@ def sorted_tables(summary: MallocSummary, top: int, sort: str) -> list[tuple[str
 def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any]) -> None:
     s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 10))
     header(console, "malloc", s)
+    line(console, ("covers", s["covers"]["text"]))
     calls = Table(title="calls by kind", show_edge=False)
     calls.add_column("kind")
     calls.add_column("calls", justify="right")
@@ -210,12 +212,19 @@ TRACER = Tracer(
                 "kind and size tier, per-stack totals kept in the target, the live set at the end, the peak and "
                 "what held it, temporary allocations, a timeline, coverage against the allocator.",
     options=(
-        Option("live_threshold", int, 4096, "Allocations at least this large are tracked (live set, peak) even "
-               "without a stack.",
-               agent_key="liveThreshold", metavar="BYTES", check=at_least(0)),
-        Option("stack_threshold", int, 8192, "Allocations at least this large get a call stack (and are tracked).",
-               agent_key="stackThreshold", metavar="BYTES", check=at_least(0)),
-        Option("frames", click.IntRange(1, 64), 28, "Return addresses per stack.", agent_key="frames"),
+        Option("live_threshold", int, None, "Allocations at least this large are tracked (live set, peak) even "
+               "without a stack.  Default: 0 on a local target (every block), 4096 on a device.",
+               agent_key="liveThreshold", metavar="BYTES", check=at_least(0), show_default=False),
+        Option("stack_threshold", int, None, "Allocations at least this large get a call stack (and are tracked).  "
+               "Default: 0 on a local target (every allocation), 8192 on a device.",
+               agent_key="stackThreshold", metavar="BYTES", check=at_least(0), show_default=False),
+        Option("frames", click.IntRange(1, MAX_FRAMES - 1), None, f"Return addresses per stack (at most "
+               f"{MAX_FRAMES - 1}; a deeper stack keeps its innermost frames and is marked truncated).  Default: 64 on a local "
+               "target, 28 on a device.", agent_key="frames", show_default=False),
+        Option("thread_slots", int, None, "Threads alive at once that get a slot of their own (default 16384 on a "
+               "local target, 256 on a device).  Past it, calls are still counted exactly; their stacks are "
+               "dropped and the summary says how many calls (unslotted_calls).", agent_key="threadSlots",
+               metavar="N", check=at_least(1), show_default=False),
         Option("sample_bytes", int, 0, "Byte-weighted Poisson sampling with mean interval N bytes (heapprofd); "
                "0 = off.", agent_key="sampleBytes", metavar="N", check=at_least(0)),
         Option("backend", click.Choice(["auto", "logger", "symbols", "dvt"]), "auto",

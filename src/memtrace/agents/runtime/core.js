@@ -16,11 +16,11 @@ import { disarmStub, leakedStub, proc } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 
-const SLOT_BYTES = 2048;          // per MtSlot; mt_slot_size() must fit
+const SLOT_BYTES = 4096;          // per MtSlot (its unwind-rule cache is 2 KiB); mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
 const CORE_BYTES = 4096;          // MtCore; mt_core_size() must fit
-const DEFAULT_LANES = 4;          // aggregate rows per stack (threads running at once, rarely sharing one)
-const DEFS_BYTES = 1 << 20;       // stack definitions waiting for the drain
+const DEFAULT_LANES = 8;          // aggregate lanes: threads that get one of their own add without atomics
+const MAX_LANES = 64;             // core.c's MT_MAX_LANES
 
 export const core = {
   tables: [],       // [{base, size}]: every table the agent mapped (calibration measures what is resident)
@@ -28,6 +28,8 @@ export const core = {
   cfg: null,
   slowKinds: null,
   toolchainError: null,
+  precompiled: false,       // the CModule came from the host's cached assembly
+  precompiledError: null,
   drainBuf: null,
   drainCap: 0,
   snapshotBuf: null,
@@ -100,21 +102,23 @@ export function buildCore(config, sources, extraSymbols) {
     throw new Error(`memtrace agent: at most ${MAX_RINGS} rings (asked for ${nRings})`);
   const stackSlots = pow2(config.stackTable);
   const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
-  const lanes = pow2(config.aggLanes || DEFAULT_LANES);
+  const lanes = Math.min(MAX_LANES, pow2(config.aggLanes || DEFAULT_LANES));
   const rows = stackSlots + PSEUDO_STACKS.length;
+  // Stack definitions waiting for the drain (100 ms): a burst of new stacks past it loses theirs
+  // (dropped_stacks), so the complete capture's default is large; only what is used is resident.
+  const DEFS_BYTES = pow2((config.defsKb || 1024) * 1024);
 
   const cfg = Memory.alloc(CONFIG.size);
   core.tables = [];
   const globals = rawPages(GLOBALS_BYTES);
   const coreState = rawPages(CORE_BYTES);
-  const slots = rawPages(nSlots * SLOT_BYTES);
+  const slots = rawPages((nSlots + 1) * SLOT_BYTES);   // + the shared slot of threads past nSlots
   const rings = rawPages(nRings * ringSize);
-  const stackTable = rawPages(stackSlots * 8);
-  const stackList = rawPages(stackSlots * 4);
+  // (hash, id) pairs, twice as many entries as stack ids: probes stay short when every id is taken.
+  const stackTable = rawPages(2 * stackSlots * 16);
   const defs = rawPages(DEFS_BYTES);
-  const liveTable = rawPages(liveBuckets * LIVE_WAYS * 8);
-  const liveMeta = rawPages(liveBuckets * LIVE_WAYS * LIVE_META.size);
-  const liveOcc = rawPages(liveBuckets * 4);
+  // Each bucket: its LIVE_WAYS keys (one cache line), then their LIVE_META entries (core.c).
+  const liveTable = rawPages(liveBuckets * LIVE_WAYS * (8 + LIVE_META.size));
   const liveLocks = rawPages(liveBuckets * 4);
   const agg = rawPages(rows * lanes * AGG_STRIDE * 8);
   const aggDirty = rawPages(rows);
@@ -134,11 +138,8 @@ export function buildCore(config, sources, extraSymbols) {
     mt_slots: slots,
     mt_ring_pool: rings,
     mt_stack_table: stackTable,
-    mt_stack_list: stackList,
     mt_defs: defs,
     mt_live_table: liveTable,
-    mt_live_meta: liveMeta,
-    mt_live_occupancy: liveOcc,
     mt_live_locks: liveLocks,
     mt_agg: agg,
     mt_agg_dirty: aggDirty,
@@ -176,7 +177,19 @@ export function buildCore(config, sources, extraSymbols) {
   let toolchain = 'internal';
   const wantExternal = config.toolchain === 'external' ||
       (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux');
-  if (wantExternal) {
+  if (wantExternal && config.cmoduleAsm) {
+    // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
+    // only assembles it.  Any failure falls back to compiling the C below.
+    try {
+      cm = new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' });
+      toolchain = 'external';
+      core.precompiled = true;
+    } catch (e) {
+      core.precompiledError = String(e.message || e).split('\n')[0];
+      cm = null;
+    }
+  }
+  if (wantExternal && !cm) {
     try {
       cm = new CModule(source, symbols, { toolchain: 'external' });
       toolchain = 'external';
@@ -209,7 +222,7 @@ export function buildCore(config, sources, extraSymbols) {
   writeStruct(cfg, CONFIG, {
     live_threshold: config.liveThreshold,
     stack_threshold: config.stackThreshold,
-    max_frames: Math.min(config.frames, MAX_FRAMES),
+    max_frames: Math.min(config.frames, MAX_FRAMES - 1),   // room for the truncation mark
     sample_interval: config.sampleBytes || 0,
     ring_size: ringSize,
     n_slots: nSlots,
@@ -260,6 +273,8 @@ export function buildCore(config, sources, extraSymbols) {
   return {
     toolchain,
     toolchainError: core.toolchainError,
+    precompiled: core.precompiled,
+    precompiledError: core.precompiledError,
     tlsDirectOffset: tlsDirect,
     tlsKey: key,
     mode: events ? 'events' : 'aggregate',

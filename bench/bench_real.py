@@ -1,0 +1,158 @@
+"""Native, memtrace's default (every allocation stacked, every block tracked) and heaptrack, side by
+side on four real programs built with their compilers' defaults (no frame pointers):
+
+    python bench/bench_real.py [repeats]        # make bench-real
+
+  python    CPython 3 (Debian's /usr/bin/python3) with PYTHONMALLOC=malloc: JSON, zlib, regexes
+  sqlite3   Debian's sqlite3 building a 500,000-row table, three indexes and a grouped table
+  cxx       a std::map / std::string / std::vector program, g++ -O2
+  cc1plus   GCC's C++ compiler proper compiling a preprocessed file that uses the standard library
+
+The cost figure is the target's own CPU time, from a preloaded library's constructor to its
+destructor (bench/real/cputime.c): memtrace's drain thread inside the target counts, memtrace's host
+and heaptrack's interpreter (other processes) do not, and neither does the set-up before the
+program's constructors run.  The machine is shared, so CPU time, not wall time, and ratios against
+native measured in the same run.  Also printed: each tool's whole command in wall seconds, the
+capture's size against heaptrack's file, and what memtrace's summary says it dropped or truncated.
+Missing tools are installed with apt-get when run as root (python3, sqlite3, g++, heaptrack)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = ROOT / "bench" / "real"
+PACKAGES = {"/usr/bin/python3": "python3", "/usr/bin/sqlite3": "sqlite3", "g++": "g++", "heaptrack": "heaptrack"}
+
+
+@dataclass
+class Program:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    comm: str = ""          # the target's /proc/self/comm (15 characters at most)
+
+
+@dataclass
+class Result:
+    cpu: list[float] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+    size: list[int] = field(default_factory=list)
+    notes: dict[str, int] = field(default_factory=dict)
+
+
+def ensure_tools() -> None:
+    missing = [pkg for tool, pkg in PACKAGES.items() if shutil.which(tool) is None]
+    if not missing:
+        return
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", *missing], check=True)
+    else:
+        sys.exit(f"bench_real: missing {', '.join(missing)} (apt-get install -y {' '.join(missing)})")
+
+
+def build(tmp: Path) -> tuple[Path, list[Program]]:
+    lib = tmp / "cputime.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(REAL / "cputime.c")], check=True)
+    cxx = tmp / "cxx_work"
+    subprocess.run(["g++", "-O2", "-o", str(cxx), str(REAL / "cxx_work.cpp")], check=True)
+    ii = tmp / "cc_input.ii"
+    subprocess.run(["g++", "-E", "-o", str(ii), str(REAL / "cc_input.cpp")], check=True)
+    cc1plus = subprocess.run(["g++", "-print-prog-name=cc1plus"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    programs = [
+        Program("python", ["/usr/bin/python3", str(REAL / "py_work.py")], {"PYTHONMALLOC": "malloc"}, "python3"),
+        Program("sqlite3", ["/usr/bin/sqlite3", ":memory:", f".read {REAL / 'sqlite_work.sql'}"], comm="sqlite3"),
+        Program("cxx", [str(cxx)], comm="cxx_work"),
+        Program("cc1plus", [cc1plus, "-quiet", "-O2", str(ii), "-o", str(tmp / "cc_input.s")], comm="cc1plus"),
+    ]
+    return lib, programs
+
+
+def target_cpu(stderr: str, comm: str) -> float:
+    for m in re.finditer(r"^bench_cpu (\S+) ([\d.]+) ([\d.]+)$", stderr, re.M):
+        if m.group(1) == comm:
+            return float(m.group(2))
+    raise RuntimeError(f"no CPU time from {comm}: {stderr[-800:]}")
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def run(cmd: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+    return proc, time.monotonic() - t0
+
+
+def native(p: Program, lib: Path, r: Result) -> None:
+    proc, wall = run(p.argv, {**p.env, "LD_PRELOAD": str(lib)})
+    r.cpu.append(target_cpu(proc.stderr, p.comm))
+    r.wall.append(wall)
+
+
+def memtrace(p: Program, lib: Path, tmp: Path, r: Result) -> None:
+    out = Path(tempfile.mkdtemp(dir=tmp)) / "cap"
+    cmd = [sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--json", "--window", "600",
+           "--out", str(out), "--", *p.argv]
+    proc, wall = run(cmd, {**p.env, "LD_PRELOAD": str(lib), "PYTHONPATH": str(ROOT / "src")})
+    if proc.returncode != 0:
+        raise RuntimeError(f"memtrace on {p.name}: {proc.stderr[-2000:]}")
+    s = json.loads(proc.stdout)
+    r.cpu.append(target_cpu(proc.stderr, p.comm))
+    r.wall.append(wall)
+    r.size.append(dir_size(out))
+    for k, v in {**s["dropped"], "truncated_stacks": s["truncated_stacks"]}.items():
+        r.notes[k] = max(r.notes.get(k, 0), v)
+    r.notes["stack_coverage_pct"] = round(100 * (s["coverage"]["stack_coverage"] or 0))
+    shutil.rmtree(out.parent, ignore_errors=True)
+
+
+def heaptrack(p: Program, lib: Path, tmp: Path, r: Result) -> None:
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    proc, wall = run(["heaptrack", "-o", str(out / "ht"), *p.argv], {**p.env, "LD_PRELOAD": str(lib)})
+    r.cpu.append(target_cpu(proc.stderr + proc.stdout, p.comm))
+    r.wall.append(wall)
+    files = list(out.glob("ht*"))
+    r.size.append(sum(f.stat().st_size for f in files))
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    ensure_tools()
+    results: dict[tuple[str, str], Result] = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        lib, programs = build(tmp)
+        for _ in range(repeats):      # interleaved: a shared machine drifts between runs
+            for p in programs:
+                native(p, lib, results.setdefault((p.name, "native"), Result()))
+                memtrace(p, lib, tmp, results.setdefault((p.name, "memtrace"), Result()))
+                heaptrack(p, lib, tmp, results.setdefault((p.name, "heaptrack"), Result()))
+    print(f"target CPU seconds, median of {repeats} (x: against native in the same run); whole command wall s; "
+          "capture size")
+    print(f"{'program':9} {'native':>8} {'memtrace':>9} {'x':>6} {'heaptrack':>10} {'x':>6} "
+          f"{'wall mt':>8} {'wall ht':>8} {'size mt':>9} {'size ht':>9}  memtrace notes")
+    for p in programs:
+        n, m, h = (results[(p.name, k)] for k in ("native", "memtrace", "heaptrack"))
+        nc, mc, hc = (statistics.median(x.cpu) for x in (n, m, h))
+        notes = ", ".join(f"{k} {v:,}" for k, v in m.notes.items() if v)
+        print(f"{p.name:9} {nc:8.2f} {mc:9.2f} {mc / nc:6.2f} {hc:10.2f} {hc / nc:6.2f} "
+              f"{statistics.median(m.wall):8.2f} {statistics.median(h.wall):8.2f} "
+              f"{statistics.median(m.size) / 1e6:8.1f}M {statistics.median(h.size) / 1e6:8.1f}M  {notes}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The CModule's assembly, compiled on the host once per source and compiler (agentbuild)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from memtrace.agentbuild import asm_as_c, precompiled_cmodule
+
+SOURCE = "int mt_answer (void) { return 42; }\n"
+
+
+def test_assembly_becomes_one_top_level_asm_statement() -> None:
+    text = asm_as_c('\t.string "a\\\\b"\n\t.text\n')
+    assert text == '__asm__ (\n  "\t.string \\"a\\\\\\\\b\\"\\n"\n  "\t.text\\n"\n);\n'
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_compiled_once_then_read_from_the_cache(tmp_path: Path) -> None:
+    asked: list[int] = []
+
+    def headers() -> dict[str, str]:
+        asked.append(1)
+        return {"glib.h": "typedef int gint;\n"}
+
+    first = precompiled_cmodule(SOURCE, {"HAVE_I386": True}, "17.0.0", headers, cache_dir=tmp_path)
+    assert first is not None and first.startswith("__asm__ (") and "mt_answer" in first
+    assert asked == [1] and len(list(tmp_path.glob("cmodule-*.c"))) == 1
+    # A hit never asks for the headers, nor compiles: the same text.
+    again = precompiled_cmodule(SOURCE, {"HAVE_I386": True}, "17.0.0", headers, cache_dir=tmp_path)
+    assert again == first and asked == [1]
+    # Another Frida version (other headers, other flags) is another entry.
+    other = precompiled_cmodule(SOURCE, {"HAVE_I386": True}, "17.0.1", headers, cache_dir=tmp_path)
+    assert other == first and asked == [1, 1] and len(list(tmp_path.glob("cmodule-*.c"))) == 2
+    # The wrapper assembles: gcc takes it as the C file it is.
+    c = tmp_path / "w.c"
+    c.write_text(first)
+    assert subprocess.run(["gcc", "-c", "-fPIC", "-o", str(tmp_path / "w.o"), str(c)]).returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_a_source_that_does_not_compile_gives_none(tmp_path: Path) -> None:
+    assert precompiled_cmodule("this is not C", {}, "17.0.0", dict, cache_dir=tmp_path) is None
+    assert not list(tmp_path.glob("cmodule-*.c"))

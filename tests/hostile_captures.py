@@ -366,7 +366,6 @@ def _structural(agent: list[dict[str, Any]]) -> Iterator[tuple[str, list[tuple[i
     yield "alloc-unknown-kind", aggregate_base(with_(9, kind=200))
     yield "free-unknown-kind", aggregate_base(with_(10, kind=200))
     yield "stack-0-frames", aggregate_base(with_(1, nframes=0, frames=[]))
-    yield "stack-255-frames", aggregate_base(with_(1, nframes=255, frames=[0x1010] * 255))
     yield "stack-defined-twice", aggregate_base(with_(1, stack_id=1))
     yield "stack-id-no-stack", aggregate_base(with_(1, stack_id=0xFFFFFFFF))
     base_recs = aggregate_base()

@@ -177,10 +177,10 @@ mt_leak_tracked_chunk_bytes (void)
   guint64 entries = (mt_config.live_mask + 1) * MT_LIVE_WAYS;
   for (i = 0; i != entries; i++)
   {
-    guint64 p = mt_live_table[i], c;
+    guint64 p = MT_LIVE_KEY (i), c;
     if (p == 0 || (p & MT_LIVE_VM) != 0)
       continue;
-    c = (mt_live_meta[i].size + 8 + 15) & ~(guint64) 15;
+    c = (MT_LIVE_META (i).size + 8 + 15) & ~(guint64) 15;
     sum += c < 32 ? 32 : c;
   }
   return sum;

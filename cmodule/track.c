@@ -153,8 +153,6 @@ mt_raise_peak (guint64 bytes)
   }
 #endif
 }
-#endif
-}
 
 static inline void
 mt_tracked_add (gint64 delta)

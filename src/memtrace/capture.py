@@ -971,7 +971,7 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
         data = BatchData(memoryview(payload)[4 + n:])     # one copy of the agent's bytes
         payload = payload[4:4 + n]
         if packed:
-            data = _inflate(data)
+            data = BatchData(_inflate(data))   # still the decoder that reports back to the read
         # Version 2's checksum already vouches for the agent's bytes: only the chunk framing is
         # checked here (the decoder checks each record as it goes); version 1 gets the full walk.
         problem = _agent_data_problem(data, records=version == 1)

@@ -201,6 +201,8 @@ extern gsize pthread_get_stacksize_np (gpointer thread);
 extern guint pthread_mach_thread_np (gpointer thread);
 #else
 extern gint pthread_getattr_np (gpointer thread, gpointer attr);
+/* [lo, hi) of the main thread's stack and the main thread's id (the process id), or zeros. */
+extern volatile guint64 mt_main_stack[3];
 extern gint pthread_attr_getstack (gpointer attr, gpointer * addr, gsize * size);
 extern gint pthread_attr_destroy (gpointer attr);
 extern glong syscall (glong number, ...);
@@ -371,6 +373,15 @@ mt_fetch_stack_bounds (MtSlot * s)
   guint64 attr[16];
   gpointer addr = NULL;
   gsize size = 0;
+  /* The main thread's bounds come from the agent (/proc/self/maps at start): glibc's
+   * pthread_getattr_np reads that file with fopen -- malloc -- for the main thread, which a first
+   * hooked call made from a signal handler (or inside fork's arena-locked window) must not do. */
+  if (mt_main_stack[1] != 0 && s->tid == mt_main_stack[2])
+  {
+    s->stack_lo = mt_main_stack[0];
+    s->stack_hi = mt_main_stack[1];
+    return;
+  }
   if (pthread_getattr_np (pthread_self (), attr) == 0)
   {
     if (pthread_attr_getstack (attr, &addr, &size) == 0)

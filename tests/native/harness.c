@@ -71,6 +71,7 @@ MtSite mt_sites[MT_N_SITES];
 volatile guint64 mt_slow_kinds;
 volatile guint64 mt_alias_kinds;
 volatile guint64 mt_tls_offset;          /* 0: the core asks pthread_getspecific */
+volatile guint64 mt_main_stack[3];       /* zeros: every thread's bounds from pthread_getattr_np */
 volatile guint64 mt_unwind_count;        /* no unwind tables: frame-pointer walks */
 MtUnwindModule mt_unwind_modules[MT_MAX_UNWIND_MODULES];
 volatile guint32 mt_self_task;

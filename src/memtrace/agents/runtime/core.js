@@ -164,6 +164,7 @@ export function buildCore(config, sources, extraSymbols) {
     symbols.pthread_mach_thread_np = findExport('pthread_mach_thread_np');
   } else {
     symbols.pthread_getattr_np = findExport('pthread_getattr_np');
+    symbols.mt_main_stack = mainStack();
     symbols.pthread_attr_getstack = findExport('pthread_attr_getstack');
     symbols.pthread_attr_destroy = findExport('pthread_attr_destroy');
     symbols.syscall = findExport('syscall');
@@ -338,6 +339,32 @@ export function drainOnce(final) {
     info.top.push([Number(core.top.add(16 * i).readU64()), Number(core.top.add(16 * i + 8).readU64())]);
   }
   return { n, info };
+}
+
+/* The main thread's stack as core.c's mt_main_stack: [lo, hi) and the main thread's id.  hi is the
+ * top of the [stack] mapping; lo leaves it room to grow to 8 MiB (the usual RLIMIT_STACK), as
+ * glibc's pthread_getattr_np reports it.  Zeros when the maps cannot be read (then the core asks
+ * pthread_getattr_np, as for every other thread). */
+const MAIN_STACK_ROOM = 8 * 1024 * 1024;
+let mainStackCell = null;
+
+function mainStack() {
+  if (mainStackCell === null) {
+    mainStackCell = Memory.alloc(3 * 8);
+    try {
+      const line = File.readAllText('/proc/self/maps').split('\n').find(l => l.endsWith('[stack]'));
+      if (line !== undefined) {
+        const [lo, hi] = line.split(' ')[0].split('-').map(h => uint64('0x' + h));
+        const room = hi.sub(MAIN_STACK_ROOM);
+        mainStackCell.writeU64(lo.compare(room) < 0 ? lo : room);
+        mainStackCell.add(8).writeU64(hi);
+        mainStackCell.add(16).writeU64(Process.id);
+      }
+    } catch (e) {
+      // zeros: the core falls back to pthread_getattr_np
+    }
+  }
+  return mainStackCell;
 }
 
 /* The counters of every thread, live and retired, summed by the C side. */

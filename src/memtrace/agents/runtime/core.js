@@ -176,8 +176,10 @@ export function buildCore(config, sources, extraSymbols) {
 
   let cm;
   let toolchain = 'internal';
+  // The external toolchain runs the compiler from inside the target (a fork/spawn of the
+  // target): never under a seccomp filter, which may kill the process for a non-thread clone.
   const wantExternal = config.toolchain === 'external' ||
-      (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux');
+      (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered());
   if (wantExternal && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
     // only assembles it.  Any failure falls back to compiling the C below.
@@ -339,6 +341,17 @@ export function drainOnce(final) {
     info.top.push([Number(core.top.add(16 * i).readU64()), Number(core.top.add(16 * i + 8).readU64())]);
   }
   return { n, info };
+}
+
+/* A seccomp filter on this process (/proc/self/status "Seccomp: 2"): spawning anything from here
+ * could get it killed with SIGSYS. */
+function seccompFiltered() {
+  try {
+    const line = File.readAllText('/proc/self/status').split('\n').find(l => l.startsWith('Seccomp:'));
+    return line !== undefined && line.split(/\s+/)[1] === '2';
+  } catch (e) {
+    return false;
+  }
 }
 
 /* The main thread's stack as core.c's mt_main_stack: [lo, hi) and the main thread's id.  hi is the

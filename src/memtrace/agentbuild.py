@@ -36,16 +36,17 @@ AGENT_DIR = PACKAGE_DIR / "agents"
 
 # Tracer agents and the cmodule/ files their CModule compiles (in order, after the header).
 TRACERS: dict[str, tuple[str, ...]] = {
-    "malloc": ("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "leaks.c"),
+    "malloc": ("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "world.c", "leaks.c"),
     "iosurface": (),
     "purgeable": ("purgeable.c",),
     "probe": (),
     "fds": (),
     "threads": (),
 }
-# Every tracer agent also compiles these (its own small CModule: fork and exec, see
+# Every tracer agent also compiles these (its own small CModule: stopping the world around a
+# patch, fork and exec, see
 # agents/runtime/process.js); they go to the init rpc as its third argument.
-PROCESS_SOURCES: tuple[str, ...] = ("process.c",)
+PROCESS_SOURCES: tuple[str, ...] = ("world.c", "process.c")
 # Agents with an rpc table of their own (no tracer runtime, no C).
 STANDALONE: tuple[str, ...] = ("census", "limit")
 AGENTS: tuple[str, ...] = (*TRACERS, *STANDALONE)
@@ -154,6 +155,8 @@ def c_layout_header() -> str:
         ("MT_PC_MADVISE_SLOTS", layout.PC_MADVISE_SLOTS), ("MT_PURGEABLE_N_COUNTS", layout.PURGEABLE_N_COUNTS),
         ("MT_LEAK_RANGE_STACK", layout.LEAK_RANGE_STACK), ("MT_LEAK_REGS", layout.LEAK_REGS),
         *((f"MT_LEAK_{k.upper()}", v) for k, v in layout.LEAK_STATES.items()),
+        ("MT_WORLD_REGS", layout.WORLD_REGS),
+        *((f"MT_WORLD_{k.upper()}", v) for k, v in layout.WORLD_STATES.items()),
         ("MT_PC_NESTED", layout.PC_NESTED), ("MT_ALLOCATOR_RANGES", layout.ALLOCATOR_RANGES),
         ("MT_FLAG_TAG_SHIFT", layout.FLAG_TAG_SHIFT),
         ("MT_VM_TAG_MALLOC_FIRST", layout.VM_TAG_MALLOC_FIRST), ("MT_VM_TAG_MALLOC_LAST", layout.VM_TAG_MALLOC_LAST),

@@ -283,6 +283,35 @@ LOGGER_EVENT = Layout("MtLoggerEvent", (
 LOGGER_INFLIGHT_SHARDS = 64
 LOGGER_INFLIGHT_STRIDE = 16    # gints between shards
 
+# ---- stopping the world (cmodule/world.c, agents/runtime/world.js) ---------------------------------
+
+# Every thread of the target but the caller and Frida's own, held by a ptrace helper (Linux): for the
+# leak scan's roots, and around every patch of a hooked function's first bytes.
+WORLD_REGS = 34                # u64 registers kept per stopped thread (x86-64 and arm64 both fit)
+WORLD_THREAD = Layout("MtWorldThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtWorld.regs
+# MtWorld.state, written by the stopper and by the helper process.
+WORLD_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume": 3, "resumed": 4, "failed": 5}
+# MtWorld.error (cmodule/world.c MT_WORLD_E_*): why the world, or a thread, could not be stopped.
+WORLD_ERRORS: dict[int, str] = {
+    1: "a thread could not be attached", 2: "the ptrace helper could not be made",
+    3: "the ptrace helper did not stop the world in time",
+    4: "a seccomp filter is installed (a non-thread clone could kill the process)",
+    5: "a thread stayed inside the bytes to be patched",
+}
+WORLD = Layout("MtWorld", (
+    ("state", "u64"),
+    ("tgid", "u64"),               # the process id (the helper reads /proc/<tgid>/task)
+    ("self_tid", "u64"),           # the stopping thread: never stopped
+    ("skip", "u64"), ("n_skip", "u64"),                 # u64 thread ids never stopped (Frida's own)
+    ("threads", "u64"), ("threads_cap", "u64"),         # MtWorldThread[]
+    ("regs", "u64"),               # u64[threads_cap * WORLD_REGS]: each stopped thread's registers
+    ("n_threads", "u64"),          # stopped
+    ("n_failed", "u64"),           # could not be stopped
+    ("tracer_stack", "u64"), ("tracer_stack_size", "u64"),
+    ("tracer_pid", "u64"),
+    ("error", "u64"),              # WORLD_ERRORS
+))
+
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
 
 # One candidate block: a tracked live block (its requested size and stack from the live table), sorted
@@ -295,6 +324,7 @@ LEAK_REGS = 34                 # u64 registers kept per stopped thread (x86-64 a
 LEAK_THREAD = Layout("MtLeakThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtLeakJob.regs
 # Scan states (MtLeakJob.state), written by the scanner and by the Linux tracer process.
 LEAK_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume": 3, "resumed": 4, "failed": 5}
+# Starts with an MtWorld (WORLD, field for field): leaks.c hands the job to cmodule/world.c.
 LEAK_JOB = Layout("MtLeakJob", (
     ("state", "u64"),
     ("tgid", "u64"),               # Linux: the process id (the tracer reads /proc/<tgid>/task)
@@ -405,7 +435,7 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 # Every record layout and C struct the generated header defines, in order.
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
                                  CONFIG, LOGGER_EVENT, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
-                                 LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_JOB,
+                                 LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, WORLD_THREAD, WORLD, LEAK_JOB,
                                  UNWIND_ROW, UNWIND_MODULE, PROC)
 
 # Further #defines of the generated C header (name without the MT_ prefix -> value).

@@ -146,3 +146,14 @@ def test_the_darwin_stand_in_writes_task_vm_info_at_the_layout_offsets() -> None
 def test_the_purgeable_analyzer_names_madvise_values_as_the_agent_does() -> None:
     assert purgeable_analyzer.MADVISE_NAMES == layout.MADVISE_NAMES
     assert set(purgeable_analyzer.STATE_MACHINE_ENTRIES) <= set(layout.PURGEABLE_ENTRIES)
+
+
+def test_leak_job_starts_with_a_world() -> None:
+    """leaks.c hands its MtLeakJob to cmodule/world.c as an MtWorld: the job must begin with one,
+    field for field, and a stopped thread must be described alike on both sides."""
+    from memtrace import layout as L
+
+    assert L.LEAK_JOB.fields[: len(L.WORLD.fields)] == L.WORLD.fields
+    assert L.LEAK_THREAD.fields == L.WORLD_THREAD.fields
+    assert L.LEAK_REGS == L.WORLD_REGS
+    assert L.LEAK_STATES == L.WORLD_STATES

@@ -20,6 +20,7 @@
 
 import { emitJson } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
+import { applyPatches } from './runtime/world.js';
 import { IS_DARWIN, findExport } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
@@ -178,7 +179,7 @@ export const tracer = {
           frames: entryFrames(this.context, 4) });
       });
     }
-    Interceptor.flush();
+    applyPatches('iosurface hooks in');
   },
 
   uninstall() {

@@ -18,6 +18,7 @@ import { LEAK_BLOCK, LEAK_JOB, LEAK_RANGE, LEAK_RANGE_STACK, LEAK_REGS, LEAK_STA
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
+import { fridaThreads } from './runtime/world.js';
 
 const SLICE_BYTES = 64 * 1024 * 1024;    // bytes read between two progress messages
 const MAX_THREADS = 4096;
@@ -26,7 +27,8 @@ const TRACER_STACK = 64 * 1024;
 const SCRATCH = 64 * 1024;
 const LINUX_ARENA_ALIGN = 64 * 1024 * 1024;   // glibc's HEAP_MAX_SIZE: non-main arenas start aligned
 
-const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'process_vm_readv',
+// cmodule/world.c (stopping the world) and leaks.c's reads.
+const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'read', 'process_vm_readv',
   'usleep'];
 const DARWIN_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume', 'thread_get_state',
   'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite', 'mach_vm_region_recurse',
@@ -138,16 +140,7 @@ function alloc(size, own) {
 function cloakedTids() {
   if (IS_DARWIN)
     return [];    // DEVICE-UNVERIFIED: Frida's threads on Darwin are told apart the same way once listed
-  const visible = new Set(Process.enumerateThreads().map(t => t.id));
-  const buf = Memory.alloc(MAX_THREADS * 8);
-  const n = Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, buf, MAX_THREADS));
-  const out = [];
-  for (let i = 0; i < n; i++) {
-    const tid = Number(buf.add(i * 8).readU64());
-    if (!visible.has(tid) && Cloak.hasThread(tid))
-      out.push(tid);
-  }
-  return out;
+  return fridaThreads(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']));
 }
 
 /*
@@ -193,8 +186,9 @@ export function scanLeaks(config, when) {
   });
 
   const budgetMs = (config.leaksBudget || 30) * 1000;
-  const stop = fn('mt_leak_stop', 'int', ['pointer']);
-  const resume = fn('mt_leak_resume', 'void', ['pointer']);
+  // Exclusive: this thread keeps the script's lock while the world is stopped (runtime/world.js).
+  const stop = new NativeFunction(core.cm.mt_leak_stop, 'int', ['pointer'], { scheduling: 'exclusive' });
+  const resume = new NativeFunction(core.cm.mt_leak_resume, 'void', ['pointer'], { scheduling: 'exclusive' });
   const collect = fn('mt_leak_collect', 'uint64', ['pointer']);
   const step = fn('mt_leak_step', 'int', ['pointer', 'uint64']);
 

@@ -17,6 +17,7 @@
 import { FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
+import { applyPatches, buildWorld, notePatched } from './world.js';
 
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
@@ -118,8 +119,8 @@ function disarmStubs() {
 
 /* ---- the process CModule (fork, exec) ------------------------------------------------- */
 
-/* Compiles cmodule/process.c (sources: the layout header, then process.c) and registers the
- * fork handler.  Returns what the host records (or why fork children are not guarded). */
+/* Compiles cmodule/world.c and process.c (sources: the layout header, then both) -- stopping the
+ * world around every patch (world.js) -- and registers the fork handler.  Returns what the host records (or why fork children are not guarded). */
 export function buildProcess(config, sources) {
   if (IS_DARWIN || !sources || sources.length === 0)
     return { guard: false, why: IS_DARWIN ? 'not on Darwin (iOS apps cannot fork)' : 'no sources' };
@@ -174,6 +175,16 @@ export function buildProcess(config, sources) {
     getppid: libcExport('getppid'),
     usleep: libcExport('usleep'),
     __errno_location: libcExport('__errno_location'),
+    // cmodule/world.c
+    clone: libcExport('clone'),
+    ptrace: libcExport('ptrace'),
+    waitpid: libcExport('waitpid'),
+    prctl: libcExport('prctl'),
+    open: libcExport('open'),
+    close: libcExport('close'),
+    read: libcExport('read'),
+    syscall: libcExport('syscall'),
+    process_vm_readv: libcExport('process_vm_readv'),
   };
   for (const [k, v] of Object.entries(symbols)) {
     if (v === null)
@@ -197,6 +208,7 @@ export function buildProcess(config, sources) {
   });
   proc.cm = cm;
   proc.mem = mem;
+  buildWorld(cm);
   proc.pristine = readPristine();
   mem.take = new NativeFunction(cm.mt_fork_take, 'int', ['pointer', 'pointer', 'int']);
   mem.entry = new NativeFunction(cm.mt_fork_entry, 'pointer', ['int']);
@@ -239,6 +251,7 @@ export function hookExec() {
   const target = libcExport('execve');
   if (target === null)
     return;
+  notePatched(target);
   try {
     const original = Interceptor.replaceFast(target, proc.cm.mt_execve);
     proc.mem.realExecve.writePointer(original);
@@ -247,7 +260,7 @@ export function hookExec() {
     proc.mem.realExecve.writePointer(target);
     Interceptor.replace(target, proc.cm.mt_execve);
   }
-  Interceptor.flush();
+  applyPatches('execve hook in');
   proc.execTarget = target;
   proc.execHooked = true;
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
@@ -258,7 +271,7 @@ export function unhookExec() {
     return;
   writeField(proc.mem.proc, PROC, 'exec_notify', 0);
   Interceptor.revert(proc.execTarget);
-  Interceptor.flush();
+  applyPatches('execve hook out');
   proc.execHooked = false;
 }
 

@@ -17,6 +17,7 @@ import {
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
 import { unwindLoad, unwindModules } from './unwind.js';
+import { applyPatches, worldReport } from './world.js';
 
 const DRAIN_INTERVAL_MS = 100;
 const MODULE_SCAN_TICKS = 10;     // modules rescanned every 10th flush
@@ -157,7 +158,11 @@ export function serve(tracer) {
       flush();
       reportChildren();
       announceModules();
-      return { t: now() };
+      return { t: now(), world: worldReport() };
+    },
+    /* How every patch went: stopped or running, retries, waits for threads inside our code. */
+    world() {
+      return worldReport();
     },
     /* Frida calls dispose on every way out (frida-core's ScriptEngine, TerminationReason):
      *   'exit'   the process exits (from Frida's exit monitor: a JavaScript listener on exit()
@@ -196,7 +201,7 @@ export function serve(tracer) {
         if (first && tracer.uninstall)
           tracer.uninstall(life.config);
         Interceptor.detachAll();
-        Interceptor.flush();
+        applyPatches('teardown');
         if (first) {
           flush();   // what uninstall itself reported (the fd tracer's end census)
           reportChildren();

@@ -14,7 +14,8 @@
  * stacks from the definitions every drain ships.
  */
 
-import { LEAK_BLOCK, LEAK_JOB, LEAK_RANGE, LEAK_RANGE_STACK, LEAK_REGS, LEAK_STATES, LEAK_THREAD } from './layout.js';
+import { LEAK_BLOCK, LEAK_JOB, LEAK_RANGE, LEAK_RANGE_STACK, LEAK_REGS, LEAK_STATES, LEAK_THREAD,
+  WORLD_ERRORS } from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
@@ -193,6 +194,10 @@ export function scanLeaks(config, when) {
   const step = fn('mt_leak_step', 'int', ['pointer', 'uint64']);
 
   const stopped = stop(job) === 1;
+  if (!stopped) {
+    const why = WORLD_ERRORS[Number(job.add(LEAK_JOB.fields.error[0]).readU64())] || 'it could not be stopped';
+    send({ type: 'agent:warning', message: `leak scan with the world running: ${why}` });
+  }
   const tStopped = now();
   let complete = false;
   let leaked = [];

@@ -176,6 +176,10 @@ export function applyPatches(what) {
   if (world.fns === null) {
     Interceptor.flush();
     world.stats.running++;
+    if (!IS_DARWIN && !world.warned) {
+      world.warned = true;
+      warnLater(`hooks patched with the world running: ${world.why}`);
+    }
     sendLater();
     return false;
   }

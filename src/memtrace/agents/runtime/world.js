@@ -13,7 +13,9 @@
  *   2. applyPatches stops every thread of the target but this one and Frida's own (Frida cloaks
  *      them), until no stopped thread's pc lies inside the bytes about to be rewritten, nor
  *      inside Frida's own code (a thread there may hold a lock of Frida's that the patching
- *      takes): such a thread is let go and the world stopped again.  Then Interceptor.flush()
+ *      takes): such a thread is let go and the world stopped again -- as it is when a thread
+ *      started between the listing of Frida's threads and the stop (it may be Frida's, and none
+ *      of Frida's may be held while Frida's locks are wanted).  Then Interceptor.flush()
  *      writes every queued patch, and the world resumes.
  *   3. Before the malloc tracer's C module can be freed, quiesce() stops the world until no
  *      thread runs in it or will return into it (its pc, a register or a word of its stack
@@ -40,6 +42,7 @@ const HELPER_STACK = 64 * 1024;
 const PROLOGUE_BYTES = 32;          // rewritten at most: 5..16 bytes on x86-64, 4..16 on arm64
 const CLEAR_TRIES = 400;            // stops tried until no thread sits in a prologue
 const CLEAR_PAUSE_US = 500;
+const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
@@ -77,13 +80,16 @@ function fridaCodeRanges() {
   return out;
 }
 
-/* The thread ids Frida cloaks (its own threads), from a listing the C made (no allocation). */
-export function fridaThreads(listTasks, buffer) {
+/* The thread ids Frida cloaks (its own threads), from a listing the C made (no allocation);
+ * `listed`, when given, receives every thread id seen. */
+export function fridaThreads(listTasks, buffer, listed) {
   const buf = buffer || Memory.alloc(MAX_THREADS * 8);
   const n = Math.min(MAX_THREADS, Number(listTasks(Process.id, buf, MAX_THREADS)));
   const out = [];
   for (let i = 0; i < n; i++) {
     const tid = Number(buf.add(i * 8).readU64());
+    if (listed !== undefined)
+      listed.add(tid);
     if (Cloak.hasThread(tid))
       out.push(tid);
   }
@@ -97,7 +103,6 @@ export function buildWorld(cm) {
     return;
   }
   const fns = {
-    stop: exclusive(cm, 'mt_world_stop', 'int', ['pointer']),
     stopClear: exclusive(cm, 'mt_world_stop_clear', 'int', ['pointer', 'pointer', 'uint64', 'uint64', 'uint64']),
     resume: exclusive(cm, 'mt_world_resume', 'void', ['pointer']),
     refs: exclusive(cm, 'mt_world_refs', 'uint64', ['pointer', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64']),
@@ -122,10 +127,12 @@ export function buildWorld(cm) {
   world.why = null;
 }
 
-/* Prepares the MtWorld for one stop: Frida's threads (listed now: threads come and go). */
+/* Prepares the MtWorld for one stop: Frida's threads (listed now: threads come and go).  Returns
+ * every thread id listed. */
 function prepare() {
   const mem = world.mem;
-  const skip = fridaThreads(world.fns.listTasks, mem.skip);
+  const listed = new Set();
+  const skip = fridaThreads(world.fns.listTasks, mem.skip, listed);
   skip.forEach((tid, i) => mem.skip.add(i * 8).writeU64(tid));
   writeStruct(mem.world, WORLD, {
     state: WORLD_STATES.idle, tgid: Process.id, self_tid: Process.getCurrentThreadId(),
@@ -134,6 +141,35 @@ function prepare() {
     n_threads: 0, n_failed: 0,
     tracer_stack: uint64(mem.stack.toString()), tracer_stack_size: HELPER_STACK, tracer_pid: 0, error: 0,
   });
+  return listed;
+}
+
+/* A stopped thread that was not listed by prepare() may be one Frida started meanwhile (not known
+ * as cloaked then): it must not stay held while Frida's locks are wanted.  True when none is. */
+function onlyListedHeld(listed) {
+  const w = world.mem.world;
+  const n = Number(w.add(WORLD.fields.n_threads[0]).readU64());
+  for (let i = 0; i < n; i++) {
+    if (!listed.has(Number(world.mem.threads.add(i * WORLD_THREAD.size).readU64())))
+      return false;
+  }
+  return true;
+}
+
+/* Stops the world clear of `ranges` ([start, end) pairs) holding only threads listed beforehand;
+ * true when stopped (then resume() is owed). */
+function stopClear(ranges) {
+  for (let attempt = 0; attempt < NEW_THREAD_TRIES; attempt++) {
+    const listed = prepare();
+    const n = writeRanges(ranges);
+    if (world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) !== 1)
+      return false;
+    if (onlyListedHeld(listed))
+      return true;
+    world.fns.resume(world.mem.world);
+    world.stats.retries++;
+  }
+  return false;
 }
 
 function readError() {
@@ -184,9 +220,7 @@ export function applyPatches(what) {
     return false;
   }
   const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
-  prepare();
-  const n = writeRanges(avoid);
-  const stopped = world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) === 1;
+  const stopped = stopClear(avoid);
   try {
     Interceptor.flush();
   } finally {
@@ -220,9 +254,8 @@ export function quiesce(ranges) {
   let threads = null;
   for (;;) {
     tries++;
-    prepare();
-    const n = writeRanges(ranges);
-    if (world.fns.stop(world.mem.world) === 1) {
+    if (stopClear([])) {
+      const n = writeRanges(ranges);
       threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH));
       world.fns.resume(world.mem.world);
       if (threads === 0) {

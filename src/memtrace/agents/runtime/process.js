@@ -44,6 +44,7 @@ export const proc = {
   pristine: null,     // libc's executable segments from its file (readPristine)
   busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
   onExec: null,       // (path, argv) before the traced process execs (rpc.js)
+  mark: null,         // our session's mark (claimProcess), or null
 };
 
 function nf(name, ret, args) {
@@ -405,6 +406,86 @@ export function releaseFork(entry, pid) {
   return release(ptr(entry), pid) === 1;
 }
 
+/* ---- one memtrace session per process --------------------------------------------------
+ *
+ * Two sessions on one process patch the same functions from two agents: the one that leaves
+ * first restores bytes the other's hooks were written over, and the other's own restore then
+ * writes back a jump into code already freed.  So a session marks the process -- a page of a
+ * memfd named MARK, holding the marking process's pid, visible in /proc/self/maps to every agent
+ * however it was injected -- and a second session finds the mark and is refused with one line.
+ * The pid tells a fork child's inherited mark (its parent's) from a live one; an exec drops it.
+ * DEVICE-UNVERIFIED on Darwin: no memfd, no mark (one session at a time is the user's care).
+ */
+const MARK = 'memtrace-session';
+
+function marksOfThisProcess() {
+  const out = [];
+  let maps;
+  try {
+    maps = File.readAllText('/proc/self/maps');
+  } catch (e) {
+    return out;
+  }
+  for (const line of maps.split('\n')) {
+    if (!line.includes('/memfd:' + MARK))
+      continue;
+    const at = ptr('0x' + line.split('-')[0]);
+    try {
+      if (at.readU32() === Process.id)
+        out.push(at);
+    } catch (e) {
+      // unreadable: not a mark we can trust
+    }
+  }
+  return out;
+}
+
+/* Marks the process as traced; throws (one line) when another session has. */
+export function claimProcess() {
+  if (IS_DARWIN)
+    return;
+  const refuse = () => new Error(`another memtrace session is tracing process ${Process.id}; ` +
+    'one at a time (end the other, or wait for it)');
+  if (marksOfThisProcess().length > 0)
+    throw refuse();
+  const memfdCreate = nf('memfd_create', 'int', ['pointer', 'uint']);
+  const ftruncate = nf('ftruncate', 'int', ['int', 'long']);
+  const mmap = nf('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'long']);
+  const close = nf('close', 'int', ['int']);
+  if (memfdCreate === null || ftruncate === null || mmap === null || close === null)
+    return;
+  const fd = memfdCreate(Memory.allocUtf8String(MARK), 1);     // MFD_CLOEXEC
+  if (fd < 0)
+    return;
+  let page = null;
+  if (ftruncate(fd, Process.pageSize) === 0) {
+    page = mmap(NULL, Process.pageSize, 3, 1, fd, 0);          // PROT_READ | PROT_WRITE, MAP_SHARED
+    if (page.equals(ptr('-1')))
+      page = null;
+  }
+  close(fd);
+  if (page === null)
+    return;
+  page.writeU32(Process.id);
+  proc.mark = page;
+  // Two sessions starting at once both see two marks: both refuse, neither harms the target.
+  if (marksOfThisProcess().length > 1) {
+    releaseProcess();
+    throw refuse();
+  }
+}
+
+/* Takes our mark off (only ours: a refused session has none). */
+export function releaseProcess() {
+  if (proc.mark === null)
+    return;
+  const munmap = nf('munmap', 'int', ['pointer', 'size_t']);
+  proc.mark.writeU32(0);
+  if (munmap !== null)
+    munmap(proc.mark, Process.pageSize);
+  proc.mark = null;
+}
+
 /* ---- teardown ------------------------------------------------------------------------- */
 
 /* Before Frida frees our code: exec unhooked, every stub returns at once, fork children no
@@ -431,4 +512,5 @@ export function tearDownProcess(unloading) {
     while (proc.busyProbe() > 0 && Date.now() < deadline)
       Thread.sleep(0.002);
   }
+  releaseProcess();
 }

@@ -11,7 +11,7 @@ import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize } from './modules.js';
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import {
-  awaitAck, buildProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
+  awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
   tearDownProcess, unhookExec,
 } from './process.js';
 import { recon } from './recon.js';
@@ -116,6 +116,7 @@ export function serve(tracer) {
     },
     /* processSources: cmodule/process.c behind the layout header (fork and exec handling). */
     init(config, sources, processSources) {
+      claimProcess();      // first: a second session is refused before it touches anything
       life.config = config;
       const found = recon(tracer.symbols(config));
       const info = tracer.init ? tracer.init(config, sources) : {};

@@ -70,7 +70,7 @@ def death_of(status: int | None) -> str | None:
 
 
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
-             log: list[dict[str, object]]) -> tuple[int, int]:
+             log: list[dict[str, object]], progress: bool) -> tuple[int, int]:
     tracer, extra, kind, attach = MODES[mode]
     deaths = failures = 0
     target = start_target(exe, kind, threads) if attach else None
@@ -100,6 +100,8 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             log.append({"mode": mode, "cycle": cycle, "rc": res.returncode, "died": died, "ended": ended,
                         "stderr": res.stderr.strip().splitlines()[-3:]})
             shutil.rmtree(out, ignore_errors=True)
+            if progress:
+                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended}", file=sys.stderr, flush=True)
             if died is not None:
                 deaths += 1
                 if attach:
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--log", type=Path, default=None, help="every cycle's outcome as JSON")
+    ap.add_argument("--progress", action="store_true", help="one line per cycle on stderr")
     args = ap.parse_args(argv)
     modes = list(MODES) if args.mode == "all" else args.mode.split(",")
     for m in modes:
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print("mode cycles deaths failures seconds", flush=True)
         for m in modes:
             t0 = time.monotonic()
-            deaths, failures = run_mode(m, args.cycles, args.window, args.threads, exe, work, log)
+            deaths, failures = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress)
             any_death |= deaths > 0
             print(f"{m} {args.cycles} {deaths} {failures} {time.monotonic() - t0:.0f}", flush=True)
     if args.log is not None:

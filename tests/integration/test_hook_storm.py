@@ -70,7 +70,7 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, tracer: 
     # In: the tracer's hooks and the execve hook; out: the tracer's hooks and the execve hook.
     assert world["applied"] >= 4 and world["stopped"] == world["applied"], world
     assert world["running"] == 0 and world["failed"] == 0, world
-    assert world["sites"] >= 2, world
+    assert world["sites"] >= 2 and world["frida_code_ranges"] >= 1, world
     if tracer == "malloc":
         assert world["quiesced"] == 1 and world["not_quiesced"] == 0, world
 

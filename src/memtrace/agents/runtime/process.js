@@ -123,6 +123,8 @@ function disarmStubs() {
 /* Compiles cmodule/world.c and process.c (sources: the layout header, then both) -- stopping the
  * world around every patch (world.js) -- and registers the fork handler.  Returns what the host records (or why fork children are not guarded). */
 export function buildProcess(config, sources) {
+  if (IS_DARWIN)
+    buildWorld(null);     // says why the world is not stopped there
   if (IS_DARWIN || !sources || sources.length === 0)
     return { guard: false, why: IS_DARWIN ? 'not on Darwin (iOS apps cannot fork)' : 'no sources' };
   const mmap = nf('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'long']);

@@ -96,7 +96,7 @@ export function fridaThreads(listTasks, buffer, listed) {
   return out;
 }
 
-/* cm: the process CModule (cmodule/world.c compiled in).  Linux only. */
+/* cm: the process CModule (cmodule/world.c compiled in); null on Darwin. */
 export function buildWorld(cm) {
   if (IS_DARWIN) {
     world.why = 'Darwin: Frida patches with its own protocol (docs/domain/frida.md)';
@@ -273,5 +273,6 @@ export function quiesce(ranges) {
 
 /* What the host records: how every patch went. */
 export function worldReport() {
-  return Object.assign({ why: world.why, sites: world.sites.size }, world.stats);
+  return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length },
+    world.stats);
 }

@@ -63,6 +63,7 @@ extern gint open (const gchar * path, gint flags, ...);
 extern gint close (gint fd);
 extern gssize read (gint fd, gpointer buf, gsize count);
 extern gint usleep (guint usec);
+extern gint kill (gint pid, gint sig);
 extern glong syscall (glong number, ...);
 extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
     gulong flags);
@@ -422,8 +423,18 @@ mt_world_stop (MtWorld * w)
   w->state = MT_WORLD_STOPPING;
   if (!mt_world_wait_state (w, MT_WORLD_STOPPED))
   {
-    /* The helper is stuck: tell it to let go whenever it gets there. */
+    /* The helper is slow (a loaded machine) or stuck (a thread that does not stop): it must be
+     * gone before this MtWorld and its stack are used again.  Told to let go, it detaches what it
+     * holds; one that does not is killed, and the kernel detaches its tracees. */
+    gint status = 0;
+    mt_world_barrier (w);
     w->state = MT_WORLD_RESUME;
+    mt_world_barrier (w);
+    if (!mt_world_wait_state (w, MT_WORLD_RESUMED))
+      kill (pid, MT_SIGKILL);
+    waitpid (pid, &status, MT_WCLONE);
+    w->tracer_pid = 0;
+    w->n_threads = 0;
     w->error = MT_WORLD_E_TIMEOUT;
     return 0;
   }

@@ -70,7 +70,7 @@ def death_of(status: int | None) -> str | None:
 
 
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
-             log: list[dict[str, object]], progress: bool) -> tuple[int, int]:
+             log: list[dict[str, object]], progress: bool, keep: Path | None = None) -> tuple[int, int]:
     tracer, extra, kind, attach = MODES[mode]
     deaths = failures = 0
     target = start_target(exe, kind, threads) if attach else None
@@ -99,6 +99,9 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 failures += 1
             log.append({"mode": mode, "cycle": cycle, "rc": res.returncode, "died": died, "ended": ended,
                         "stderr": res.stderr.strip().splitlines()[-3:]})
+            if died is not None and keep is not None:
+                shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
+                (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
             shutil.rmtree(out, ignore_errors=True)
             if progress:
                 print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended}", file=sys.stderr, flush=True)
@@ -131,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--log", type=Path, default=None, help="every cycle's outcome as JSON")
     ap.add_argument("--progress", action="store_true", help="one line per cycle on stderr")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the captures of the cycles that killed")
     args = ap.parse_args(argv)
     modes = list(MODES) if args.mode == "all" else args.mode.split(",")
     for m in modes:
@@ -145,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         print("mode cycles deaths failures seconds", flush=True)
         for m in modes:
             t0 = time.monotonic()
-            deaths, failures = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress)
+            deaths, failures = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress,
+                                        args.keep)
             any_death |= deaths > 0
             print(f"{m} {args.cycles} {deaths} {failures} {time.monotonic() - t0:.0f}", flush=True)
     if args.log is not None:

@@ -43,6 +43,8 @@ const PROLOGUE_BYTES = 32;          // rewritten at most: 5..16 bytes on x86-64,
 const CLEAR_TRIES = 400;            // stops tried until no thread sits in a prologue
 const CLEAR_PAUSE_US = 500;
 const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
+const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
+const WORLD_TIMEOUT = 3;            // MtWorld.error: MT_WORLD_E_TIMEOUT
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
@@ -56,7 +58,7 @@ export const world = {
   sites: new Set(),     // every address patched this session (string)
   warned: false,
   later: [],            // warnings held back until the queued patches are in (a send() applies them)
-  stats: { applied: 0, stopped: 0, running: 0, retries: 0, failed: 0, quiesced: 0, not_quiesced: 0 },
+  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0 },
 };
 
 function exclusive(cm, name, ret, args) {
@@ -159,11 +161,18 @@ function onlyListedHeld(listed) {
 /* Stops the world clear of `ranges` ([start, end) pairs) holding only threads listed beforehand;
  * true when stopped (then resume() is owed). */
 function stopClear(ranges) {
+  let timeouts = 0;
   for (let attempt = 0; attempt < NEW_THREAD_TRIES; attempt++) {
     const listed = prepare();
     const n = writeRanges(ranges);
-    if (world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) !== 1)
+    if (world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) !== 1) {
+      // A loaded machine can starve the helper past its timeout: try again before giving up.
+      if (readErrorCode() === WORLD_TIMEOUT && ++timeouts < TIMEOUT_TRIES) {
+        world.stats.timeouts++;
+        continue;
+      }
       return false;
+    }
     if (onlyListedHeld(listed))
       return true;
     world.fns.resume(world.mem.world);
@@ -172,8 +181,12 @@ function stopClear(ranges) {
   return false;
 }
 
+function readErrorCode() {
+  return Number(world.mem.world.add(WORLD.fields.error[0]).readU64());
+}
+
 function readError() {
-  const e = Number(world.mem.world.add(WORLD.fields.error[0]).readU64());
+  const e = readErrorCode();
   return WORLD_ERRORS[e] || `error ${e}`;
 }
 

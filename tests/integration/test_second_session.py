@@ -32,7 +32,7 @@ def _marked(pid: int) -> bool:
 
 def test_a_second_session_is_refused_and_the_first_unharmed(build_dir: Path, tmp_path: Path) -> None:
     exe = build_dir / "hook_storm"
-    subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(exe), str(STRESS / "hook_storm.c")], check=True)
+    subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(exe), str(STRESS / "hook_storm.c"), "-ldl"], check=True)
     target = subprocess.Popen([str(exe), "malloc", "4"], stdout=subprocess.PIPE, text=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:

@@ -36,7 +36,11 @@ MODES: dict[str, tuple[str, tuple[str, ...], str, bool]] = {
     "events": ("malloc", ("--events",), "malloc", True),
     "fds": ("fds", (), "fds", True),
     "threads": ("threads", (), "threads", True),
+    # Darwin tracers on Linux: their hooks on the stand-in library (demo/darwin), as the tests run them.
+    "iosurface": ("iosurface", (), "iosurface", True),
+    "purgeable": ("purgeable", (), "purgeable", True),
 }
+STANDIN_KINDS = ("iosurface", "purgeable")
 
 
 # Endings of a spawned target's capture that mean the target died (memtrace/deaths.py).
@@ -46,8 +50,16 @@ TARGET_DIED = ("target-exited", "launch-storm")
 def build_target(out_dir: Path) -> Path:
     exe = out_dir / "hook_storm"
     subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(exe),
-                    str(HERE / "hook_storm.c")], check=True)
+                    str(HERE / "hook_storm.c"), "-ldl"], check=True)
     return exe
+
+
+def build_standin(out_dir: Path) -> Path:
+    """The Darwin stand-in library (demo/darwin) the iosurface and purgeable storms call."""
+    demo = out_dir / "demo"
+    subprocess.run(["make", "-s", "-C", str(HERE.parent.parent / "demo"), f"OUT={demo}"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return demo / "libmtdarwin.so"
 
 
 def memtrace_cmd() -> list[str]:
@@ -56,11 +68,15 @@ def memtrace_cmd() -> list[str]:
 
 
 def start_target(exe: Path, kind: str, threads: int) -> subprocess.Popen[str]:
-    p = subprocess.Popen([str(exe), kind, str(threads)], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([str(exe), kind, str(threads)], stdout=subprocess.PIPE, text=True, env=target_env(exe))
     assert p.stdout is not None
     if p.stdout.readline().strip() != "ready":
         raise RuntimeError("the storm target did not start")
     return p
+
+
+def target_env(exe: Path) -> dict[str, str]:
+    return {**os.environ, "MTDARWIN_LIB": str(exe.parent / "demo" / "libmtdarwin.so")}
 
 
 def death_of(status: int | None) -> str | None:
@@ -86,7 +102,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 cmd += ["--pid", str(target.pid)]
             else:
                 cmd += ["--", str(exe), kind, str(threads)]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=target_env(exe))
             died = None
             if attach:
                 assert target is not None
@@ -146,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hook-storm-") as tmp:
         work = Path(tmp)
         exe = build_target(work)
+        if any(MODES[m][2] in STANDIN_KINDS for m in modes):
+            build_standin(work)
         print("mode cycles deaths failures seconds", flush=True)
         for m in modes:
             t0 = time.monotonic()

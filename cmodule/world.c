@@ -53,7 +53,7 @@
 #define MT_WORLD_E_CLONE 2           /* the helper could not be made */
 #define MT_WORLD_E_TIMEOUT 3         /* the helper did not report the world stopped in time */
 #define MT_WORLD_E_SECCOMP 4         /* a seccomp filter is installed: clone may be trapped */
-#define MT_WORLD_E_INSIDE 5          /* mt_world_stop_clear: a thread stayed inside a range */
+#define MT_WORLD_E_INSIDE 5          /* mt_world_stop_clear: a thread stayed inside a range, or running */
 
 extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
 extern glong ptrace (gint request, ...);
@@ -85,10 +85,12 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 #define MT_SIGSTOP 19
 #ifdef MT_ARM64
 # define MT_SYS_GETDENTS64 61
+# define MT_SYS_TGKILL 131
 # define MT_WORLD_SP 31                    /* struct user_pt_regs: x0..x30, sp, pc, pstate */
 # define MT_WORLD_PC 32
 #else
 # define MT_SYS_GETDENTS64 217
+# define MT_SYS_TGKILL 234
 # define MT_WORLD_SP 19                    /* struct user_regs_struct: ... rip(16) cs eflags rsp(19) ss ... */
 # define MT_WORLD_PC 16
 #endif
@@ -312,10 +314,15 @@ mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
   }
   if (!mt_world_attach ((gint) tid))
   {
-    /* Most often ESRCH: the thread ended between the listing and the attach. */
-    w->n_failed++;
-    if (w->error == 0)
-      w->error = MT_WORLD_E_ATTACH;
+    /* Most often ESRCH: the thread ended between the listing and the attach, and is no concern.
+     * One still there runs on while the world is "stopped": counted, and a patch waits for a
+     * stop with none (mt_world_stop_clear). */
+    if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, 0L) == 0)
+    {
+      w->n_failed++;
+      if (w->error == 0)
+        w->error = MT_WORLD_E_ATTACH;
+    }
     return;
   }
   t = (MtWorldThread *) w->threads + w->n_threads;
@@ -488,8 +495,8 @@ mt_world_inside (MtWorld * w, const guint64 * ranges, guint64 n_ranges)
 }
 
 /*
- * Stops the world with no stopped thread's pc inside `ranges` (the bytes a patch rewrites): a
- * thread found there is let go and the world stopped again, at most `tries` times, `pause_us`
+ * Stops the world with no stopped thread's pc inside `ranges` (the bytes a patch rewrites) and no
+ * live thread left running (one that could not be attached): otherwise it is let go and stopped again, at most `tries` times, `pause_us`
  * apart, which moves it on (no prologue loops).  1 when stopped and clear; 0 when the world could
  * not be stopped, or stayed unclear (then it is NOT stopped, error = MT_WORLD_E_INSIDE).
  */
@@ -501,7 +508,7 @@ mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guin
   {
     if (!mt_world_stop (w))
       return 0;
-    if (mt_world_inside (w, ranges, n_ranges) == 0)
+    if (w->n_failed == 0 && mt_world_inside (w, ranges, n_ranges) == 0)
       return 1;
     mt_world_resume (w);
     usleep ((guint) pause_us);

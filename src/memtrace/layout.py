@@ -296,7 +296,7 @@ WORLD_ERRORS: dict[int, str] = {
     1: "a thread could not be attached", 2: "the ptrace helper could not be made",
     3: "the ptrace helper did not stop the world in time",
     4: "a seccomp filter is installed (a non-thread clone could kill the process)",
-    5: "a thread stayed inside the bytes to be patched",
+    5: "a thread stayed inside the bytes to be patched, or could not be stopped",
 }
 WORLD = Layout("MtWorld", (
     ("state", "u64"),

@@ -72,7 +72,13 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, tracer: 
     assert world["applied"] >= 4 and world["stopped"] == world["applied"], world
     assert world["running"] == 0 and world["failed"] == 0, world
     assert world["sites"] >= 2 and world["frida_code_ranges"] >= 1, world
+    # The proof that the bytes changed under the stop: every hooked site rewritten while the
+    # world was stopped (the execve hook may share its site with the fds tracer's listener).
+    what, rewritten = world["log"][0]
+    assert what == f"{tracer} hooks in" and rewritten >= world["sites"] - 1, world
     if tracer == "malloc":
+        # ... and every one restored under it too.
+        assert world["rewritten_stopped"] == 2 * world["sites"], world
         assert world["quiesced"] == 1 and world["not_quiesced"] == 0, world
 
 

@@ -319,8 +319,10 @@ export const tracer = {
       return;
     }
     const seen = new Map();
-    for (const name of FAMILY) {
-      const target = familyAddress(name);
+    // Every address first: a lookup ends the Interceptor transaction (runtime/world.js), so none
+    // may come between two replaceFast calls, or the first would be written with the world running.
+    const targets = FAMILY.map(name => [name, familyAddress(name)]);
+    for (const [name, target] of targets) {
       if (target === null)
         continue;
       const key = target.toString();

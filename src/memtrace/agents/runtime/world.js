@@ -8,8 +8,11 @@
  *
  *   1. Every Interceptor change (attach, replaceFast, replace, detach, revert) is only queued:
  *      a script runs inside an Interceptor transaction, which Frida applies when the script's
- *      turn ends, on Interceptor.flush(), on send() and on every cooperative NativeFunction call.
- *      The callers note the address they patch (notePatched) and apply with applyPatches().
+ *      turn ends, on Interceptor.flush(), on send(), on every cooperative NativeFunction call and
+ *      on most other APIs that may block (a symbol lookup).  So the Interceptor calls are made
+ *      back to back, with nothing else between them (deferPatch, or addresses resolved first),
+ *      the callers note the address they patch (notePatched) and apply with applyPatches(), and
+ *      the agent counts the sites whose bytes changed while the world was stopped.
  *   2. applyPatches stops every thread of the target but this one and Frida's own (Frida cloaks
  *      them), until no stopped thread's pc lies inside the bytes about to be rewritten, nor
  *      inside Frida's own code (a thread there may hold a lock of Frida's that the patching
@@ -57,8 +60,11 @@ export const world = {
   fridaCode: [],        // [start, end) of Frida's own code
   sites: new Set(),     // every address patched this session (string)
   warned: false,
-  later: [],            // warnings held back until the queued patches are in (a send() applies them)
-  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0 },
+  later: [],
+  deferred: [],         // Interceptor calls to make right before the stop (deferPatch)
+  log: [],              // [what, sites rewritten while stopped] per applyPatches            // warnings held back until the queued patches are in (a send() applies them)
+  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
+    rewritten_stopped: 0 },  // sites whose bytes the flush changed while the world was stopped
 };
 
 function exclusive(cm, name, ret, args) {
@@ -210,6 +216,13 @@ function sendLater() {
     send({ type: 'agent:warning', message });
 }
 
+/* An Interceptor call (attach, replace...) made by applyPatches just before it stops the world:
+ * most of Frida's other APIs (a symbol lookup among them) end the script's Interceptor
+ * transaction, which would write what is queued so far with the world running. */
+export function deferPatch(call) {
+  world.deferred.push(call);
+}
+
 /* `address` is about to be patched (or restored): no stopped thread may be inside its first bytes. */
 export function notePatched(address) {
   if (address !== null && address !== undefined)
@@ -222,6 +235,9 @@ export function notePatched(address) {
  */
 export function applyPatches(what) {
   world.stats.applied++;
+  // Queued back to back: nothing between them, or between them and the stop, ends the transaction.
+  for (const call of world.deferred.splice(0))
+    call();
   if (world.fns === null) {
     Interceptor.flush();
     world.stats.running++;
@@ -234,14 +250,25 @@ export function applyPatches(what) {
   }
   const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
   const stopped = stopClear(avoid);
+  let rewritten = 0;
   try {
+    // Which sites the flush rewrites, as seen while the world is still stopped (the proof that
+    // the bytes changed under the stop, not after it).
+    const before = [...world.sites].map(a => new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES)));
     Interceptor.flush();
+    [...world.sites].forEach((a, i) => {
+      const after = new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES));
+      if (after.some((b, k) => b !== before[i][k]))
+        rewritten++;
+    });
   } finally {
     if (stopped)
       world.fns.resume(world.mem.world);
   }
   if (stopped) {
     world.stats.stopped++;
+    world.stats.rewritten_stopped += rewritten;
+    world.log.push([what, rewritten]);
   } else {
     world.stats.running++;
     world.stats.failed++;
@@ -286,6 +313,6 @@ export function quiesce(ranges) {
 
 /* What the host records: how every patch went. */
 export function worldReport() {
-  return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length },
-    world.stats);
+  return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
+    log: world.log }, world.stats);
 }

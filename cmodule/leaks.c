@@ -20,14 +20,11 @@
  *               cycles included
  *
  * Stopping the world
- *   Linux:  a helper process that shares our memory (clone(CLONE_VM), not a thread, since a
- *           thread may not ptrace its own thread group) PTRACE_ATTACHes every thread of the
- *           process but the scanning thread and Frida's own, reads their registers, and holds
- *           them until the scan is done -- LeakSanitizer's StopTheWorld.  ptrace stops are
- *           transparent to the stopped threads: a sleep in progress resumes where it was (a
- *           signal-handler stop would end it early with EINTR).  It fails where ptrace is not
- *           allowed (another tracer attached, a seccomp filter, Yama scope 3); the scan then
- *           runs with the world moving and says so (n_failed).
+ *   Linux:  cmodule/world.c (shared with the hooks' patching): a ptrace helper holds every thread
+ *           but the scanning thread and Frida's own.  An MtLeakJob starts with an MtWorld, so
+ *           mt_leak_stop hands it over as one.  It fails where ptrace is not allowed (another
+ *           tracer attached, a seccomp filter, Yama scope 3); the scan then runs with the world
+ *           moving and says so (n_failed).
  *   Darwin: task_threads + thread_suspend + thread_get_state, and thread_resume after, in one C
  *           call with the scan (mt_leak_scan_all and mt_leak_darwin_stop, at the end of this
  *           file; the Darwin branch of mt_leak_stop is no longer called).  DEVICE-UNVERIFIED:
@@ -40,8 +37,6 @@
 
 #define MT_LEAK_CHUNK 65536
 #define MT_LEAK_RED_ZONE 128       /* x86-64 leaf functions use 128 bytes below sp */
-#define MT_LEAK_WAIT_US 200
-#define MT_LEAK_STOP_TIMEOUT_US 10000000
 /* glibc's own bookkeeping (the arena's top, its free lists) points at the start of the chunk after
  * an in-use block: 16-byte aligned, and at most 8 bytes before the end of the block's requested
  * size (a block's usable size is at least its requested size, and the next chunk starts 8 bytes
@@ -96,34 +91,8 @@ extern gint malloc_get_all_zones (mt_port_t task, MtMemoryReader reader, guint64
 # define MT_MALLOC_PTR_IN_USE_RANGE_TYPE 1
 # define MT_ZONE_INTROSPECT_WORD 12
 #else
-extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
-extern glong ptrace (gint request, ...);
-extern gint waitpid (gint pid, gint * status, gint options);
-extern gint prctl (gint option, ...);
-extern gint open (const gchar * path, gint flags, ...);
-extern gint close (gint fd);
 extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
     gulong flags);
-# define MT_CLONE_VM 0x100
-# define MT_CLONE_FS 0x200
-# define MT_CLONE_FILES 0x400
-# define MT_CLONE_UNTRACED 0x00800000
-# define MT_WALL 0x40000000
-# define MT_WCLONE 0x80000000
-# define MT_PTRACE_CONT 7
-# define MT_PTRACE_ATTACH 16
-# define MT_PTRACE_DETACH 17
-# define MT_PTRACE_GETREGSET 0x4204
-# define MT_NT_PRSTATUS 1
-# define MT_PR_SET_PTRACER 0x59616d61
-# define MT_SIGSTOP 19
-# ifdef MT_ARM64
-#  define MT_SYS_GETDENTS64 61
-#  define MT_SP_INDEX 31                     /* struct user_pt_regs: x0..x30, sp, pc, pstate */
-# else
-#  define MT_SYS_GETDENTS64 217
-#  define MT_SP_INDEX 19                     /* struct user_regs_struct: ... rip cs eflags rsp ss ... */
-# endif
 #endif
 
 /* ---- the one accessor on core.c's live table ------------------------------------------------ */
@@ -248,213 +217,6 @@ mt_leak_read (MtLeakJob * job, guint64 addr, guint64 len, guint8 * buf)
 #endif
 }
 
-/* ---- stopping the world: Linux -------------------------------------------------------------- */
-
-#ifndef MT_DARWIN
-
-static gboolean
-mt_leak_is_skipped (MtLeakJob * job, guint64 tid)
-{
-  const guint64 * skip = (const guint64 *) job->skip;
-  guint64 i;
-  if (tid == job->self_tid)
-    return TRUE;
-  for (i = 0; i != job->n_skip; i++)
-  {
-    if (skip[i] == tid)
-      return TRUE;
-  }
-  return FALSE;
-}
-
-static gboolean
-mt_leak_is_held (MtLeakJob * job, guint64 tid)
-{
-  MtLeakThread * t = (MtLeakThread *) job->threads;
-  guint64 i;
-  for (i = 0; i != job->n_threads; i++)
-  {
-    if (t[i].tid == tid)
-      return TRUE;
-  }
-  return FALSE;
-}
-
-/* Attach to one thread and wait for it to stop.  A signal that arrives before our SIGSTOP is
- * handed back to the thread (PTRACE_CONT with it) and we wait again, as LeakSanitizer does. */
-static gboolean
-mt_leak_attach (MtLeakJob * job, gint tid)
-{
-  gint status = 0, tries;
-  if (ptrace (MT_PTRACE_ATTACH, tid, NULL, NULL) != 0)
-    return FALSE;
-  for (tries = 0; tries != 64; tries++)
-  {
-    if (waitpid (tid, &status, MT_WALL) != tid)
-      return FALSE;
-    if ((status & 0xff) != 0x7f)
-      return FALSE;                               /* exited meanwhile */
-    if (((status >> 8) & 0xff) == MT_SIGSTOP)
-      return TRUE;
-    ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
-  }
-  ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
-  return FALSE;
-}
-
-static guint64
-mt_leak_parse_tid (const gchar * s)
-{
-  guint64 v = 0;
-  if (*s < '0' || *s > '9')
-    return 0;
-  while (*s >= '0' && *s <= '9')
-    v = v * 10 + (guint64) (*s++ - '0');
-  return v;
-}
-
-/* Lists /proc/<tgid>/task into out (at most cap thread ids); no allocation, no libc stdio. */
-static guint64
-mt_leak_tasks (guint64 tgid, guint64 * out, guint64 cap)
-{
-  gchar path[64];
-  const gchar * part = "/proc/";
-  gchar digits[24];
-  guint64 v = tgid, n = 0;
-  gint fd, k = 0, d = 0;
-  guint64 dents[512];                           /* 4 KB, 8-byte aligned */
-
-  while (*part)
-    path[k++] = *part++;
-  do
-  {
-    digits[d++] = (gchar) ('0' + v % 10);
-    v /= 10;
-  }
-  while (v != 0);
-  while (d > 0)
-    path[k++] = digits[--d];
-  part = "/task";
-  while (*part)
-    path[k++] = *part++;
-  path[k] = 0;
-
-  fd = open (path, 0);
-  if (fd < 0)
-    return 0;
-  for (;;)
-  {
-    glong got = syscall (MT_SYS_GETDENTS64, fd, dents, sizeof (dents));
-    glong off = 0;
-    if (got <= 0)
-      break;
-    while (off < got)
-    {
-      guint8 * e = (guint8 *) dents + off;           /* linux_dirent64: ino, off, reclen, type, name */
-      guint64 tid = mt_leak_parse_tid ((const gchar *) (e + 19));
-      off += *(guint16 *) (e + 16);
-      if (tid != 0 && n < cap)
-        out[n++] = tid;
-    }
-  }
-  close (fd);
-  return n;
-}
-
-/* One pass: attach every thread not held yet.  Returns how many were new. */
-static guint64
-mt_leak_attach_pass (MtLeakJob * job)
-{
-  guint64 tids[1024];
-  guint64 n = mt_leak_tasks (job->tgid, tids, 1024), i, added = 0;
-  for (i = 0; i != n; i++)
-  {
-    guint64 tid = tids[i];
-    if (mt_leak_is_skipped (job, tid) || mt_leak_is_held (job, tid))
-      continue;
-    if (job->n_threads == job->threads_cap)
-    {
-      job->n_failed++;
-      continue;
-    }
-    if (mt_leak_attach (job, (gint) tid))
-    {
-      MtLeakThread * t = (MtLeakThread *) job->threads + job->n_threads;
-      guint64 * regs = (guint64 *) job->regs + job->n_threads * MT_LEAK_REGS;
-      guint64 iov[2];
-      guint r;
-      for (r = 0; r != MT_LEAK_REGS; r++)
-        regs[r] = 0;
-      iov[0] = (guint64) regs;
-      iov[1] = MT_LEAK_REGS * 8;
-      t->tid = tid;
-      t->sp = 0;
-      if (ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
-        t->sp = regs[MT_SP_INDEX];
-      job->n_threads++;
-      added++;
-    }
-    else
-    {
-      /* Most often ESRCH: the thread ended between the listing and the attach. */
-      job->n_failed++;
-      if (job->error == 0)
-        job->error = 1;
-    }
-  }
-  return added;
-}
-
-/* The helper process: runs on its own small stack, shares our memory, never allocates. */
-static gint
-mt_leak_tracer (gpointer data)
-{
-  MtLeakJob * job = data;
-  guint64 i, waited = 0;
-  gint pass;
-
-  while (g_atomic_int_add ((volatile gint *) &job->state, 0) != MT_LEAK_STOPPING)
-    usleep (MT_LEAK_WAIT_US);
-  /* Threads started while we attach are caught by the next pass; stop when a pass finds none. */
-  for (pass = 0; pass != 16; pass++)
-  {
-    if (mt_leak_attach_pass (job) == 0)
-      break;
-  }
-  mt_barrier ();
-  job->state = MT_LEAK_STOPPED;
-  mt_barrier ();
-  while (g_atomic_int_add ((volatile gint *) &job->state, 0) != MT_LEAK_RESUME)
-  {
-    usleep (MT_LEAK_WAIT_US);
-    waited += MT_LEAK_WAIT_US;
-    /* The scanner is bounded in time; a scanner that never says resume is gone: let go. */
-    if (waited > 600ULL * 1000000ULL)
-      break;
-  }
-  for (i = 0; i != job->n_threads; i++)
-    ptrace (MT_PTRACE_DETACH, (gint) ((MtLeakThread *) job->threads)[i].tid, NULL, NULL);
-  mt_barrier ();
-  job->state = MT_LEAK_RESUMED;
-  return 0;
-}
-
-static gboolean
-mt_leak_wait_state (MtLeakJob * job, guint64 want)
-{
-  guint64 waited = 0;
-  while (g_atomic_int_add ((volatile gint *) &job->state, 0) != (gint) want)
-  {
-    usleep (MT_LEAK_WAIT_US);
-    waited += MT_LEAK_WAIT_US;
-    if (waited > MT_LEAK_STOP_TIMEOUT_US)
-      return FALSE;
-  }
-  return TRUE;
-}
-
-#endif
-
 /* Linux: the process's thread ids (the agent tells Frida's own apart); Darwin: 0. */
 guint64
 mt_leak_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
@@ -462,7 +224,7 @@ mt_leak_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
 #ifdef MT_DARWIN
   return 0;
 #else
-  return mt_leak_tasks (tgid, out, cap);
+  return mt_world_list_tasks (tgid, out, cap);
 #endif
 }
 
@@ -510,30 +272,7 @@ mt_leak_stop (MtLeakJob * job)
   job->state = MT_LEAK_STOPPED;
   return 1;
 #else
-  gint pid;
-  gpointer top = (gpointer) ((job->tracer_stack + job->tracer_stack_size) & ~(guint64) 15);
-  job->state = MT_LEAK_IDLE;
-  job->n_threads = 0;
-  job->n_failed = 0;
-  mt_barrier ();
-  pid = clone (mt_leak_tracer, top, MT_CLONE_VM | MT_CLONE_FS | MT_CLONE_FILES | MT_CLONE_UNTRACED, job);
-  if (pid <= 0)
-  {
-    job->state = MT_LEAK_FAILED;
-    return 0;
-  }
-  job->tracer_pid = (guint64) pid;
-  /* Yama (ptrace_scope 1) lets only an ancestor trace us unless we name the tracer. */
-  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
-  mt_barrier ();
-  job->state = MT_LEAK_STOPPING;
-  if (!mt_leak_wait_state (job, MT_LEAK_STOPPED))
-  {
-    /* The helper is stuck: tell it to let go whenever it gets there. */
-    job->state = MT_LEAK_RESUME;
-    return 0;
-  }
-  return 1;
+  return mt_world_stop ((MtWorld *) job);
 #endif
 }
 
@@ -550,15 +289,7 @@ mt_leak_resume (MtLeakJob * job)
   }
   job->state = MT_LEAK_RESUMED;
 #else
-  gint status = 0;
-  if (job->tracer_pid == 0)
-    return;
-  mt_barrier ();
-  job->state = MT_LEAK_RESUME;
-  mt_barrier ();
-  mt_leak_wait_state (job, MT_LEAK_RESUMED);
-  waitpid ((gint) job->tracer_pid, &status, MT_WCLONE);
-  job->tracer_pid = 0;
+  mt_world_resume ((MtWorld *) job);
 #endif
 }
 

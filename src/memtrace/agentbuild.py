@@ -38,16 +38,17 @@ AGENT_DIR = PACKAGE_DIR / "agents"
 
 # Tracer agents and the cmodule/ files their CModule compiles (in order, after the header).
 TRACERS: dict[str, tuple[str, ...]] = {
-    "malloc": ("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "leaks.c"),
+    "malloc": ("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "world.c", "leaks.c"),
     "iosurface": (),
     "purgeable": ("purgeable.c",),
     "probe": (),
     "fds": (),
     "threads": (),
 }
-# Every tracer agent also compiles these (its own small CModule: fork and exec, see
+# Every tracer agent also compiles these (its own small CModule: stopping the world around a
+# patch, fork and exec, see
 # agents/runtime/process.js); they go to the init rpc as its third argument.
-PROCESS_SOURCES: tuple[str, ...] = ("process.c",)
+PROCESS_SOURCES: tuple[str, ...] = ("world.c", "process.c")
 # Agents with an rpc table of their own (no tracer runtime, no C).
 STANDALONE: tuple[str, ...] = ("census", "limit")
 AGENTS: tuple[str, ...] = (*TRACERS, *STANDALONE)

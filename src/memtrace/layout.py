@@ -295,6 +295,35 @@ LOGGER_EVENT = Layout("MtLoggerEvent", (
 LOGGER_INFLIGHT_SHARDS = 64
 LOGGER_INFLIGHT_STRIDE = 16    # gints between shards
 
+# ---- stopping the world (cmodule/world.c, agents/runtime/world.js) ---------------------------------
+
+# Every thread of the target but the caller and Frida's own, held by a ptrace helper (Linux): for the
+# leak scan's roots, and around every patch of a hooked function's first bytes.
+WORLD_REGS = 34                # u64 registers kept per stopped thread (x86-64 and arm64 both fit)
+WORLD_THREAD = Layout("MtWorldThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtWorld.regs
+# MtWorld.state, written by the stopper and by the helper process.
+WORLD_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume": 3, "resumed": 4, "failed": 5}
+# MtWorld.error (cmodule/world.c MT_WORLD_E_*): why the world, or a thread, could not be stopped.
+WORLD_ERRORS: dict[int, str] = {
+    1: "a thread could not be attached", 2: "the ptrace helper could not be made",
+    3: "the ptrace helper did not stop the world in time",
+    4: "a seccomp filter is installed (a non-thread clone could kill the process)",
+    5: "a thread stayed inside the bytes to be patched, or could not be stopped",
+}
+WORLD = Layout("MtWorld", (
+    ("state", "u64"),
+    ("tgid", "u64"),               # the process id (the helper reads /proc/<tgid>/task)
+    ("self_tid", "u64"),           # the stopping thread: never stopped
+    ("skip", "u64"), ("n_skip", "u64"),                 # u64 thread ids never stopped (Frida's own)
+    ("threads", "u64"), ("threads_cap", "u64"),         # MtWorldThread[]
+    ("regs", "u64"),               # u64[threads_cap * WORLD_REGS]: each stopped thread's registers
+    ("n_threads", "u64"),          # stopped
+    ("n_failed", "u64"),           # could not be stopped
+    ("tracer_stack", "u64"), ("tracer_stack_size", "u64"),
+    ("tracer_pid", "u64"),
+    ("error", "u64"),              # WORLD_ERRORS
+))
+
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
 
 # One candidate block, sorted by address for the scan: a tracked live block (its requested size and
@@ -332,6 +361,7 @@ LEAK_REGS = 34                 # u64 registers kept per stopped thread (x86-64 a
 LEAK_THREAD = Layout("MtLeakThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtLeakJob.regs
 # Scan states (MtLeakJob.state), written by the scanner and by the Linux tracer process.
 LEAK_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume": 3, "resumed": 4, "failed": 5}
+# Starts with an MtWorld (WORLD, field for field): leaks.c hands the job to cmodule/world.c.
 LEAK_JOB = Layout("MtLeakJob", (
     ("state", "u64"),
     ("tgid", "u64"),               # Linux: the process id (the tracer reads /proc/<tgid>/task)
@@ -469,7 +499,7 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
                                  CONFIG, LOGGER_EVENT, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
                                  LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_SEG,
-                                 LEAK_GLIBC, LEAK_JOB,
+                                 LEAK_GLIBC, WORLD_THREAD, WORLD, LEAK_JOB,
                                  UNWIND_ROW, UNWIND_MODULE, PROC)
 
 # ---- the generated C header's #defines ---------------------------------------------------------
@@ -478,7 +508,7 @@ C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RE
 # a tuple's members are numbered in order: PURGEABLE_ENTRIES[0] -> MT_PF_VM_PURGABLE_CONTROL).
 C_ENUMS: dict[str, str] = {
     "KINDS": "K", "COUNTERS": "C", "AGG_FIELDS": "A", "LOGGER_OPS": "OP", "PURGEABLE_ENTRIES": "PF",
-    "PURGABLE_CONTROLS": "PURGABLE", "LEAK_STATES": "LEAK", "LEAK_MARKS": "LEAK", "FORK_ORIGINS": "ORIGIN",
+    "PURGABLE_CONTROLS": "PURGABLE", "LEAK_STATES": "LEAK", "LEAK_MARKS": "LEAK", "WORLD_STATES": "WORLD", "FORK_ORIGINS": "ORIGIN",
 }
 # Values C needs that are not a constant of their own here.
 C_DERIVED: dict[str, int] = {"N_PSEUDO_STACKS": len(PSEUDO_STACKS)}

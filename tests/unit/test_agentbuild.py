@@ -61,8 +61,12 @@ def test_c_sources_per_agent() -> None:
     assert malloc[3].startswith('#line 1 "track.c"\n') and "mt_track_alloc" in malloc[3]
     assert malloc[4].startswith('#line 1 "drain.c"\n') and "mt_drain" in malloc[4]
     assert malloc[5].startswith('#line 1 "malloc.c"\n') and "mt_malloc_logger" in malloc[5]
-    assert malloc[6].startswith('#line 1 "leaks.c"\n') and "mt_leak_candidates" in malloc[6]
-    assert len(malloc) == 7
+    assert malloc[6].startswith('#line 1 "world.c"\n') and "mt_world_stop" in malloc[6]
+    assert malloc[7].startswith('#line 1 "leaks.c"\n') and "mt_leak_candidates" in malloc[7]
+    assert len(malloc) == 8
+    process = build_agent("malloc").process_sources
+    assert process[0] == header and process[1].startswith('#line 1 "world.c"\n')
+    assert process[2].startswith('#line 1 "process.c"\n') and len(process) == 3
     purgeable = build_agent("purgeable").c_sources
     assert purgeable[0] == header and purgeable[1].startswith('#line 1 "purgeable.c"\n')
     assert "purg_enter" in purgeable[1]
@@ -182,5 +186,5 @@ def test_an_installed_wheel_builds_every_agent(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     assert doc["from"].startswith(str(site))
     assert set(doc["agents"]) == set(AGENTS)
-    assert doc["agents"]["malloc"][1] == 7 and doc["agents"]["purgeable"][1] == 2
+    assert doc["agents"]["malloc"][1] == 8 and doc["agents"]["purgeable"][1] == 2
     assert all(size > 1000 for size, _ in doc["agents"].values())

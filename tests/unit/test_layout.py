@@ -157,3 +157,14 @@ def test_task_info_count_is_the_newest_revisions_exact_count() -> None:
     assert layout.TASK_VM_INFO_COUNT * 4 <= layout.TASK_VM_INFO_BUFFER
     js = (ROOT / "src" / "memtrace" / "agents" / "runtime" / "taskinfo.js").read_text()
     assert "count.writeU32(TASK_VM_INFO_COUNT)" in js and "TASK_VM_INFO_BUFFER / 4" not in js
+
+
+def test_leak_job_starts_with_a_world() -> None:
+    """leaks.c hands its MtLeakJob to cmodule/world.c as an MtWorld: the job must begin with one,
+    field for field, and a stopped thread must be described alike on both sides."""
+    from memtrace import layout as L
+
+    assert L.LEAK_JOB.fields[: len(L.WORLD.fields)] == L.WORLD.fields
+    assert L.LEAK_THREAD.fields == L.WORLD_THREAD.fields
+    assert L.LEAK_REGS == L.WORLD_REGS
+    assert L.LEAK_STATES == L.WORLD_STATES

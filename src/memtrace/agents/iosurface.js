@@ -29,6 +29,7 @@
 
 import { emitJson } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
+import { applyPatches } from './runtime/world.js';
 import { IS_DARWIN, findExport } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
@@ -244,7 +245,7 @@ export const tracer = {
         emitJson({ type: 'release', via: RELEASE, id, tid: this.threadId, frames: entryFrames(this.context, 4) });
       });
     }
-    Interceptor.flush();
+    applyPatches('iosurface hooks in');
   },
 
   uninstall() {

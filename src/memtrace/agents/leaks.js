@@ -16,10 +16,11 @@
 
 import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, LEAK_JOB, LEAK_MARKS, LEAK_RANGE,
   LEAK_RANGE_FRIDA, LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, VM_TAG_MALLOC_FIRST,
-  VM_TAG_MALLOC_LAST } from './layout.js';
+  VM_TAG_MALLOC_LAST, WORLD_ERRORS } from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
+import { fridaThreads } from './runtime/world.js';
 
 const SLICE_BYTES = 64 * 1024 * 1024;    // bytes read between two progress messages
 const MAX_THREADS = 4096;
@@ -28,7 +29,8 @@ const TRACER_STACK = 64 * 1024;
 const SCRATCH = 64 * 1024;
 const LINUX_ARENA_ALIGN = 64 * 1024 * 1024;   // glibc's HEAP_MAX_SIZE: non-main arenas start aligned
 
-const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'process_vm_readv',
+// cmodule/world.c (stopping the world) and leaks.c's reads.
+const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'read', 'kill', 'process_vm_readv',
   'usleep', 'pread'];
 const MAX_SEGS = 65536;                   // allocator heaps (and its state) the C may find
 const MAX_FREED = 1 << 20;                // tcache and fastbin entries the C may remember
@@ -316,14 +318,7 @@ function cloakedTids() {
     }
     return out;
   }
-  const n = Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, buf, MAX_THREADS));
-  const out = [];
-  for (let i = 0; i < n; i++) {
-    const tid = Number(buf.add(i * 8).readU64());
-    if (Cloak.hasThread(tid))
-      out.push(tid);
-  }
-  return out;
+  return fridaThreads(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']), buf);
 }
 
 /* The candidates' table size: every tracked block, and room for the in-use chunks the live table
@@ -459,8 +454,9 @@ export function scanLeaks(config, when) {
   });
 
   const budgetMs = (config.leaksBudget || 30) * 1000;
-  const stop = fn('mt_leak_stop', 'int', ['pointer']);
-  const resume = fn('mt_leak_resume', 'void', ['pointer']);
+  // Exclusive: this thread keeps the script's lock while the world is stopped (runtime/world.js).
+  const stop = new NativeFunction(core.cm.mt_leak_stop, 'int', ['pointer'], { scheduling: 'exclusive' });
+  const resume = new NativeFunction(core.cm.mt_leak_resume, 'void', ['pointer'], { scheduling: 'exclusive' });
   const collect = fn('mt_leak_collect', 'uint64', ['pointer']);
   const step = fn('mt_leak_step', 'int', ['pointer', 'uint64']);
 
@@ -483,6 +479,10 @@ export function scanLeaks(config, when) {
     tCollected = tStopped + Number(j.collect_us) / 1000;
   } else try {
     stopped = stop(job) === 1;
+    if (!stopped) {
+      const why = WORLD_ERRORS[Number(job.add(LEAK_JOB.fields.error[0]).readU64())] || 'it could not be stopped';
+      send({ type: 'agent:warning', message: `leak scan with the world running: ${why}` });
+    }
     tStopped = now();
     collect(job);
     tCollected = now();

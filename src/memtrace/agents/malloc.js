@@ -21,6 +21,7 @@ import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbol
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
 import { selfTaskVmInfo } from './runtime/taskinfo.js';
+import { applyPatches, notePatched, quiesce, warnLater } from './runtime/world.js';
 
 /* The replaced entries; each one's call kind is KINDS[name] (layout.js), its C replacement mt_<name>. */
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
@@ -29,6 +30,7 @@ const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memali
 const LOGGER_MODULE = LOGGER_MODULES.malloc_logger;
 const SYSCALL_LOGGER_MODULE = LOGGER_MODULES.__syscall_logger;
 const DRAIN_TIMEOUT_MS = 1000;
+const TRAMPOLINE_BYTES = 256;      // one Interceptor code slice
 
 const mallocState = {
   drain: null,
@@ -36,6 +38,8 @@ const mallocState = {
   keyRetired: null,        // how the core's pthread key ended (retireThreadKey): 'kept', 'replaced', ...
   agentThreadIgnored: false,
   replaced: [],
+  trampolines: [],         // Interceptor's relocated prologues our C calls the real entries through
+  quiesce: null,           // how the last uninstall's wait for threads inside our code ended
   loggerSlots: [],
   realSlots: {},
   aliases: {},
@@ -48,6 +52,31 @@ const mallocState = {
   imports: new Map(),      // module base (string) -> Map(GOT slot (string) -> imported name)
   inUse: undefined,        // the allocator's in-use reader, or null
 };
+
+/* The code a thread inside one of our hooks may be running or return into: the C module (every
+ * symbol it exports lies in it, with its data; one mapping of its own where Frida shows it) and
+ * the trampolines the replacements call the real entries through. */
+function ownCode(cm, trampolines) {
+  const ranges = [];
+  const range = Process.findRangeByAddress(cm.mt_malloc);
+  if (range !== null) {
+    ranges.push([range.base, range.base.add(range.size)]);
+  } else {
+    const addrs = Object.keys(cm).map(k => cm[k]).filter(p => p instanceof NativePointer);
+    let lo = addrs[0];
+    let hi = addrs[0];
+    for (const p of addrs) {
+      if (p.compare(lo) < 0)
+        lo = p;
+      if (p.compare(hi) > 0)
+        hi = p;
+    }
+    ranges.push([lo, hi.add(Process.pageSize)]);
+  }
+  for (const t of trampolines)
+    ranges.push([t, t.add(TRAMPOLINE_BYTES)]);
+  return ranges;
+}
 
 /* doctor's self-test (extraExports.selfTest): compiled on first use, kept while the agent lives. */
 let selfTestModule = null;
@@ -294,8 +323,10 @@ export const tracer = {
       return;
     }
     const seen = new Map();
-    for (const name of FAMILY) {
-      const target = familyAddress(name);
+    // Every address first: a lookup ends the Interceptor transaction (runtime/world.js), so none
+    // may come between two replaceFast calls, or the first would be written with the world running.
+    const targets = FAMILY.map(name => [name, familyAddress(name)]);
+    for (const [name, target] of targets) {
       if (target === null)
         continue;
       const key = target.toString();
@@ -308,10 +339,13 @@ export const tracer = {
         continue;
       }
       seen.set(key, name);
+      // Queued here, written below by applyPatches with the world stopped (runtime/world.js).
+      notePatched(target);
       try {
         const original = Interceptor.replaceFast(target, cm['mt_' + name]);
         mallocState.realSlots[name].writePointer(original);
         mallocState.replaced.push(target);
+        mallocState.trampolines.push(original);
       } catch (fastError) {
         // Some entries are too short or too branchy for a fast redirect; plain
         // replace still works, and calling `target` from the replacement reaches
@@ -325,11 +359,11 @@ export const tracer = {
         } catch (e) {
           mallocState.realSlots[name].writePointer(NULL);
           mallocState.failed[name] = String(e.message || e);
-          warn(`cannot hook ${name} at ${target}: ${e.message || e}`);
+          warnLater(`cannot hook ${name} at ${target}: ${e.message || e}`);
         }
       }
     }
-    Interceptor.flush();
+    applyPatches('malloc hooks in');
     setEnabled(true);
   },
 
@@ -344,12 +378,20 @@ export const tracer = {
       if (!mallocState.drain.drained)
         warn(`${mallocState.drain.inflight} malloc_logger call(s) still in flight after ${mallocState.drain.waited_ms} ms`);
     }
-    // Replacements stay callable after revert (the CModule lives on), so a
-    // thread still inside one returns normally.
+    // Out with the world stopped (runtime/world.js); then, before anything of ours can be freed,
+    // wait until no thread still runs in our C or Interceptor's trampolines (or will return into
+    // them): a call that entered a replacement just before the revert finishes there.
+    const hadHooks = mallocState.replaced.length > 0;
     for (const target of mallocState.replaced)
       Interceptor.revert(target);
     mallocState.replaced = [];
-    Interceptor.flush();
+    applyPatches('malloc hooks out');
+    if (hadHooks) {
+      mallocState.quiesce = quiesce(ownCode(core.cm, mallocState.trampolines));
+      if (!mallocState.quiesce.clear && mallocState.quiesce.threads !== null)
+        warn(`${mallocState.quiesce.threads} thread(s) still inside memtrace's malloc hooks after ` +
+          `${mallocState.quiesce.tries} looks; the agent unloads regardless`);
+    }
     // No more destructor calls into the CModule, and the key's index never reused (core.js).
     mallocState.keyRetired = retireThreadKey();
   },

@@ -30,6 +30,7 @@ import {
 } from './layout.js';
 import { emitJson } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
+import { applyPatches } from './runtime/world.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
 import { entryFrames, walkFrames } from './runtime/stacks.js';
 
@@ -449,7 +450,7 @@ export const tracer = {
     for (const name of CREATION)
       hookC(name, 'create_enter', 'create_leave');
     installFramework();
-    Interceptor.flush();
+    applyPatches('purgeable hooks in');
     purg.timer = setInterval(() => emitJson(countsEvent()), 1000);
   },
 

@@ -13,6 +13,7 @@
 
 import { emitJson, warn } from './runtime/flush.js';
 import { attachListener, detachListeners } from './runtime/listeners.js';
+import { applyPatches } from './runtime/world.js';
 import { IS_DARWIN, libcExport } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
@@ -160,7 +161,7 @@ export const tracer = {
       warn('this Frida has no Process.attachThreadObserver (16.7+): ' +
         'thread starts and exits are not seen, only creations, joins and detaches');
     }
-    Interceptor.flush();
+    applyPatches('threads hooks in');
   },
 
   uninstall() {

@@ -17,6 +17,7 @@
 import { FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
+import { applyPatches, buildWorld, notePatched } from './world.js';
 
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
@@ -50,6 +51,7 @@ export const proc = {
   pristine: null,     // libc's executable segments from its file (readPristine)
   busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
   onExec: null,       // (path, argv) before the traced process execs (rpc.js)
+  mark: null,         // our session's mark (claimProcess), or null
 };
 
 function nf(name, ret, args) {
@@ -125,9 +127,11 @@ function disarmStubs() {
 
 /* ---- the process CModule (fork, exec) ------------------------------------------------- */
 
-/* Compiles cmodule/process.c (sources: the layout header, then process.c) and registers the
- * fork handler.  Returns what the host records (or why fork children are not guarded). */
+/* Compiles cmodule/world.c and process.c (sources: the layout header, then both) -- stopping the
+ * world around every patch (world.js) -- and registers the fork handler.  Returns what the host records (or why fork children are not guarded). */
 export function buildProcess(config, sources) {
+  if (IS_DARWIN)
+    buildWorld(null);     // says why the world is not stopped there
   if (IS_DARWIN || !sources || sources.length === 0)
     return { guard: false, why: IS_DARWIN ? 'not on Darwin (iOS apps cannot fork)' : 'no sources' };
   const mmap = nf('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'long']);
@@ -193,6 +197,17 @@ export function buildProcess(config, sources) {
     getppid: libcExport('getppid'),
     usleep: libcExport('usleep'),
     __errno_location: libcExport('__errno_location'),
+    // cmodule/world.c
+    clone: libcExport('clone'),
+    ptrace: libcExport('ptrace'),
+    waitpid: libcExport('waitpid'),
+    prctl: libcExport('prctl'),
+    open: libcExport('open'),
+    close: libcExport('close'),
+    read: libcExport('read'),
+    kill: libcExport('kill'),
+    syscall: libcExport('syscall'),
+    process_vm_readv: libcExport('process_vm_readv'),
   };
   for (const [k, v] of Object.entries(symbols)) {
     if (v === null)
@@ -216,6 +231,7 @@ export function buildProcess(config, sources) {
   });
   proc.cm = cm;
   proc.mem = mem;
+  buildWorld(cm);
   proc.pristine = readPristine();
   mem.take = new NativeFunction(cm.mt_fork_take, 'int', ['pointer', 'pointer', 'int']);
   mem.entry = new NativeFunction(cm.mt_fork_entry, 'pointer', ['int']);
@@ -267,6 +283,7 @@ export function hookExec() {
   const target = libcExport('execve');
   if (target === null)
     return;
+  notePatched(target);
   try {
     const original = Interceptor.replaceFast(target, proc.cm.mt_execve);
     proc.mem.realExecve.writePointer(original);
@@ -275,7 +292,7 @@ export function hookExec() {
     proc.mem.realExecve.writePointer(target);
     Interceptor.replace(target, proc.cm.mt_execve);
   }
-  Interceptor.flush();
+  applyPatches('execve hook in');
   proc.execTarget = target;
   proc.execHooked = true;
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
@@ -384,7 +401,7 @@ export function unhookExec() {
     return;
   writeField(proc.mem.proc, PROC, 'exec_notify', 0);
   Interceptor.revert(proc.execTarget);
-  Interceptor.flush();
+  applyPatches('execve hook out');
   proc.execHooked = false;
 }
 
@@ -518,6 +535,86 @@ export function releaseFork(entry, pid) {
   return release(ptr(entry), pid) === 1;
 }
 
+/* ---- one memtrace session per process --------------------------------------------------
+ *
+ * Two sessions on one process patch the same functions from two agents: the one that leaves
+ * first restores bytes the other's hooks were written over, and the other's own restore then
+ * writes back a jump into code already freed.  So a session marks the process -- a page of a
+ * memfd named MARK, holding the marking process's pid, visible in /proc/self/maps to every agent
+ * however it was injected -- and a second session finds the mark and is refused with one line.
+ * The pid tells a fork child's inherited mark (its parent's) from a live one; an exec drops it.
+ * DEVICE-UNVERIFIED on Darwin: no memfd, no mark (one session at a time is the user's care).
+ */
+const MARK = 'memtrace-session';
+
+function marksOfThisProcess() {
+  const out = [];
+  let maps;
+  try {
+    maps = File.readAllText('/proc/self/maps');
+  } catch (e) {
+    return out;
+  }
+  for (const line of maps.split('\n')) {
+    if (!line.includes('/memfd:' + MARK))
+      continue;
+    const at = ptr('0x' + line.split('-')[0]);
+    try {
+      if (at.readU32() === Process.id)
+        out.push(at);
+    } catch (e) {
+      // unreadable: not a mark we can trust
+    }
+  }
+  return out;
+}
+
+/* Marks the process as traced; throws (one line) when another session has. */
+export function claimProcess() {
+  if (IS_DARWIN)
+    return;
+  const refuse = () => new Error(`another memtrace session is tracing process ${Process.id}; ` +
+    'one at a time (end the other, or wait for it)');
+  if (marksOfThisProcess().length > 0)
+    throw refuse();
+  const memfdCreate = nf('memfd_create', 'int', ['pointer', 'uint']);
+  const ftruncate = nf('ftruncate', 'int', ['int', 'long']);
+  const mmap = nf('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'long']);
+  const close = nf('close', 'int', ['int']);
+  if (memfdCreate === null || ftruncate === null || mmap === null || close === null)
+    return;
+  const fd = memfdCreate(Memory.allocUtf8String(MARK), 1);     // MFD_CLOEXEC
+  if (fd < 0)
+    return;
+  let page = null;
+  if (ftruncate(fd, Process.pageSize) === 0) {
+    page = mmap(NULL, Process.pageSize, 3, 1, fd, 0);          // PROT_READ | PROT_WRITE, MAP_SHARED
+    if (page.equals(ptr('-1')))
+      page = null;
+  }
+  close(fd);
+  if (page === null)
+    return;
+  page.writeU32(Process.id);
+  proc.mark = page;
+  // Two sessions starting at once both see two marks: both refuse, neither harms the target.
+  if (marksOfThisProcess().length > 1) {
+    releaseProcess();
+    throw refuse();
+  }
+}
+
+/* Takes our mark off (only ours: a refused session has none). */
+export function releaseProcess() {
+  if (proc.mark === null)
+    return;
+  const munmap = nf('munmap', 'int', ['pointer', 'size_t']);
+  proc.mark.writeU32(0);
+  if (munmap !== null)
+    munmap(proc.mark, Process.pageSize);
+  proc.mark = null;
+}
+
 /* ---- teardown ------------------------------------------------------------------------- */
 
 /* Before Frida frees our code: exec unhooked, every stub returns at once, fork children no
@@ -552,4 +649,5 @@ export function tearDownProcess(unloading) {
     while (proc.busyProbe() > 0 && Date.now() < deadline)
       Thread.sleep(0.002);
   }
+  releaseProcess();
 }

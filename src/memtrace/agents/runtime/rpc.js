@@ -12,12 +12,13 @@ import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize } from './modules.js';
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import {
-  awaitAck, buildProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
+  awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
   tearDownProcess, unhookExec,
 } from './process.js';
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
 import { unwindLoad, unwindModules } from './unwind.js';
+import { applyPatches, worldReport } from './world.js';
 
 const DRAIN_INTERVAL_MS = 100;
 const MODULE_SCAN_TICKS = 10;     // modules rescanned every 10th flush
@@ -116,6 +117,7 @@ export function serve(tracer) {
     },
     /* processSources: cmodule/process.c behind the layout header (fork and exec handling). */
     init(config, sources, processSources) {
+      claimProcess();      // first: a second session is refused before it touches anything
       life.config = config;
       const found = recon(tracer.symbols(config));
       const info = tracer.init ? tracer.init(config, sources) : {};
@@ -158,7 +160,11 @@ export function serve(tracer) {
       flush();
       reportChildren();
       announceModules();
-      return { t: now() };
+      return { t: now(), world: worldReport() };
+    },
+    /* How every patch went: stopped or running, retries, waits for threads inside our code. */
+    world() {
+      return worldReport();
     },
     /* Frida calls dispose on every way out (frida-core's ScriptEngine, TerminationReason):
      *   'exit'   the process exits (from Frida's exit monitor: a JavaScript listener on exit()
@@ -197,7 +203,7 @@ export function serve(tracer) {
         if (first && tracer.uninstall)
           tracer.uninstall(life.config);
         Interceptor.detachAll();
-        Interceptor.flush();
+        applyPatches('teardown');
         if (first) {
           flush();   // what uninstall itself reported (the fd tracer's end census)
           reportChildren();

@@ -1,0 +1,565 @@
+/*
+ * Stopping the world: every thread of the target but the caller and Frida's own held still, their
+ * registers read, then let go.  ONE mechanism for both of its users:
+ *   - the leak scan (leaks.c, through mt_leak_stop/mt_leak_resume), which reads the stopped
+ *     threads' registers and stacks as roots;
+ *   - every hook going in or out (agents/runtime/world.js): Frida's Interceptor rewrites a
+ *     function's first bytes in place and, on Linux, suspends nobody (gum's mprotect path when
+ *     RWX pages are allowed), so a thread executing those bytes meanwhile would resume in the
+ *     middle of new instructions.  The agent queues its Interceptor changes, stops the world
+ *     until no stopped thread's pc lies inside a prologue about to be rewritten (mt_world_stop_clear:
+ *     a thread caught there is let go and caught again, which moves it on), applies them, resumes.
+ *     Before memtrace's code is unloaded, mt_world_refs tells whether any thread still runs in
+ *     it or will return into it.
+ * Compiled into the malloc tracer's CModule (for leaks.c) and into every tracer's process CModule
+ * (agents/runtime/process.js), so nothing in it may need a symbol the other lacks: it calls only
+ * the C library functions both are given.
+ *
+ * Linux: a helper process that shares our memory (clone(CLONE_VM), not a thread, since a thread
+ * may not ptrace its own thread group) PTRACE_ATTACHes every thread of the process but the caller
+ * and Frida's own (the agent lists them: Frida cloaks them), reads their registers, and holds them
+ * until told to let go -- LeakSanitizer's StopTheWorld.  ptrace stops are transparent to the
+ * stopped threads: a sleep in progress resumes where it was (a signal-handler stop would end it
+ * early with EINTR).
+ *
+ * Deadlock-freedom.  While the world is stopped a stopped thread may hold any lock of the target
+ * (the allocator's arena, a stdio lock, a thread descriptor's lock).  So:
+ *   - nothing here allocates or takes a lock: no stdio, no opendir (getdents64 into a stack
+ *     buffer), no allocator;
+ *   - Frida's threads are never stopped, and the caller (the agent's JavaScript thread) does only
+ *     Interceptor's patching while the world is stopped, which takes Frida's own locks and no
+ *     lock of the target's (world.js says what it must not do);
+ *   - Frida's threads may block on a lock a stopped thread holds (one calling pthread_getattr_np,
+ *     which reallocates under its descriptor's lock, say): they wait until the world resumes,
+ *     and nothing that resumes it ever waits for them;
+ *   - the helper dies with the thread that made it (PR_SET_PDEATHSIG): a target killed while its
+ *     world is stopped leaves no helper behind, and ptrace lets go of its tracees when it dies;
+ *   - every wait is bounded (MT_WORLD_STOP_TIMEOUT_US, MT_WORLD_HOLD_LIMIT_US).
+ * It is refused, with the reason in `error`, under a seccomp filter (a filter that traps a
+ * non-thread clone would kill the process with SIGSYS) and where ptrace is not allowed.
+ *
+ * Darwin: not here.  The leak scan suspends threads with thread_suspend (leaks.c); patching is
+ * left to Frida (docs/domain/frida.md, "Patching code while threads run").
+ */
+
+#ifndef MT_DARWIN
+
+#define MT_WORLD_WAIT_US 200
+#define MT_WORLD_STOP_TIMEOUT_US 10000000ULL
+#define MT_WORLD_HOLD_LIMIT_US (600ULL * 1000000ULL)
+
+/* MtWorld.error: why the world could not be stopped, or why a thread could not be. */
+#define MT_WORLD_E_ATTACH 1          /* a thread could not be attached (most often: it ended) */
+#define MT_WORLD_E_CLONE 2           /* the helper could not be made */
+#define MT_WORLD_E_TIMEOUT 3         /* the helper did not report the world stopped in time */
+#define MT_WORLD_E_SECCOMP 4         /* a seccomp filter is installed: clone may be trapped */
+#define MT_WORLD_E_INSIDE 5          /* mt_world_stop_clear: a thread stayed inside a range, or running */
+
+extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
+extern glong ptrace (gint request, ...);
+extern gint waitpid (gint pid, gint * status, gint options);
+extern gint prctl (gint option, ...);
+extern gint open (const gchar * path, gint flags, ...);
+extern gint close (gint fd);
+extern gssize read (gint fd, gpointer buf, gsize count);
+extern gint usleep (guint usec);
+extern gint kill (gint pid, gint sig);
+extern glong syscall (glong number, ...);
+extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
+    gulong flags);
+
+#define MT_CLONE_VM 0x100
+#define MT_CLONE_FS 0x200
+#define MT_CLONE_FILES 0x400
+#define MT_CLONE_UNTRACED 0x00800000
+#define MT_WALL 0x40000000
+#define MT_WCLONE 0x80000000
+#define MT_PTRACE_CONT 7
+#define MT_PTRACE_ATTACH 16
+#define MT_PTRACE_DETACH 17
+#define MT_PTRACE_GETREGSET 0x4204
+#define MT_NT_PRSTATUS 1
+#define MT_PR_SET_PDEATHSIG 1
+#define MT_PR_SET_PTRACER 0x59616d61
+#define MT_SIGKILL 9
+#define MT_SIGSTOP 19
+#ifdef MT_ARM64
+# define MT_SYS_GETDENTS64 61
+# define MT_SYS_TGKILL 131
+# define MT_WORLD_SP 31                    /* struct user_pt_regs: x0..x30, sp, pc, pstate */
+# define MT_WORLD_PC 32
+#else
+# define MT_SYS_GETDENTS64 217
+# define MT_SYS_TGKILL 234
+# define MT_WORLD_SP 19                    /* struct user_regs_struct: ... rip(16) cs eflags rsp(19) ss ... */
+# define MT_WORLD_PC 16
+#endif
+
+/* A full barrier: an atomic add of 0 to the state word (no static: a TinyCC module's data may not
+ * be writable). */
+static inline void
+mt_world_barrier (MtWorld * w)
+{
+  g_atomic_int_add ((volatile gint *) &w->state, 0);
+}
+
+static inline guint64
+mt_world_state (MtWorld * w)
+{
+  return (guint64) g_atomic_int_add ((volatile gint *) &w->state, 0);
+}
+
+static gboolean
+mt_world_is_skipped (MtWorld * w, guint64 tid)
+{
+  const guint64 * skip = (const guint64 *) w->skip;
+  guint64 i;
+  if (tid == w->self_tid)
+    return TRUE;
+  for (i = 0; i != w->n_skip; i++)
+  {
+    if (skip[i] == tid)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+static gboolean
+mt_world_is_held (MtWorld * w, guint64 tid)
+{
+  MtWorldThread * t = (MtWorldThread *) w->threads;
+  guint64 i;
+  for (i = 0; i != w->n_threads; i++)
+  {
+    if (t[i].tid == tid)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+/* Attach to one thread and wait for it to stop.  A signal that arrives before our SIGSTOP is
+ * handed back to the thread (PTRACE_CONT with it) and we wait again, as LeakSanitizer does. */
+static gboolean
+mt_world_attach (gint tid)
+{
+  gint status = 0, tries;
+  if (ptrace (MT_PTRACE_ATTACH, tid, NULL, NULL) != 0)
+    return FALSE;
+  for (tries = 0; tries != 64; tries++)
+  {
+    if (waitpid (tid, &status, MT_WALL) != tid)
+      return FALSE;
+    if ((status & 0xff) != 0x7f)
+      return FALSE;                               /* exited meanwhile */
+    if (((status >> 8) & 0xff) == MT_SIGSTOP)
+      return TRUE;
+    ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+  }
+  ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  return FALSE;
+}
+
+static guint64
+mt_world_parse_u64 (const gchar * s)
+{
+  guint64 v = 0;
+  if (*s < '0' || *s > '9')
+    return 0;
+  while (*s >= '0' && *s <= '9')
+    v = v * 10 + (guint64) (*s++ - '0');
+  return v;
+}
+
+/* "/proc/<tgid>/<leaf>" into path (64 bytes). */
+static void
+mt_world_proc_path (gchar * path, guint64 tgid, const gchar * leaf)
+{
+  const gchar * part = "/proc/";
+  gchar digits[24];
+  guint64 v = tgid;
+  gint k = 0, d = 0;
+  while (*part)
+    path[k++] = *part++;
+  do
+  {
+    digits[d++] = (gchar) ('0' + v % 10);
+    v /= 10;
+  }
+  while (v != 0);
+  while (d > 0)
+    path[k++] = digits[--d];
+  path[k++] = '/';
+  while (*leaf && k < 62)
+    path[k++] = *leaf++;
+  path[k] = 0;
+}
+
+/*
+ * Calls visit(w, tid) for every thread of tgid (no allocation, no libc stdio: getdents64 into
+ * a buffer on the stack, so any number of threads is visited, 4 KB at a time).  w may be NULL
+ * for a listing.  Returns how many threads were listed.
+ */
+typedef void (* MtWorldVisit) (MtWorld * w, guint64 tid, gpointer data);
+
+static guint64
+mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data)
+{
+  gchar path[64];
+  guint64 dents[512];                           /* 4 KB, 8-byte aligned */
+  guint64 n = 0;
+  gint fd;
+  mt_world_proc_path (path, tgid, "task");
+  fd = open (path, 0x10000);                    /* O_DIRECTORY */
+  if (fd < 0)
+    return 0;
+  for (;;)
+  {
+    glong got = syscall (MT_SYS_GETDENTS64, fd, dents, sizeof (dents));
+    glong off = 0;
+    if (got <= 0)
+      break;
+    while (off < got)
+    {
+      guint8 * e = (guint8 *) dents + off;           /* linux_dirent64: ino, off, reclen, type, name */
+      guint64 tid = mt_world_parse_u64 ((const gchar *) (e + 19));
+      off += *(guint16 *) (e + 16);
+      if (tid != 0)
+      {
+        n++;
+        visit (w, tid, data);
+      }
+    }
+  }
+  close (fd);
+  return n;
+}
+
+typedef struct
+{
+  guint64 * out;
+  guint64 cap;
+  guint64 n;
+} MtWorldList;
+
+static void
+mt_world_list_one (MtWorld * w, guint64 tid, gpointer data)
+{
+  MtWorldList * l = data;
+  if (l->n < l->cap)
+    l->out[l->n++] = tid;
+}
+
+/* The process's thread ids, at most cap of them (the agent tells Frida's own apart); returns how
+ * many there are, which may be more than cap. */
+guint64
+mt_world_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
+{
+  MtWorldList l;
+  l.out = out;
+  l.cap = cap;
+  l.n = 0;
+  return mt_world_each_task (tgid, mt_world_list_one, NULL, &l);
+}
+
+/* 1 when the process runs under a seccomp filter (/proc/self/status "Seccomp:\t2"): such a
+ * filter may trap a clone that makes no thread, which would kill the process with SIGSYS. */
+gint
+mt_world_seccomp (guint64 tgid)
+{
+  gchar path[64];
+  gchar buf[4096];
+  const gchar * key = "\nSeccomp:";
+  gssize got, i;
+  gint fd;
+  mt_world_proc_path (path, tgid, "status");
+  fd = open (path, 0);
+  if (fd < 0)
+    return 0;
+  got = read (fd, buf, sizeof (buf) - 1);
+  close (fd);
+  if (got <= 0)
+    return 0;
+  buf[got] = 0;
+  for (i = 0; i < got; i++)
+  {
+    gint k = 0;
+    while (key[k] != 0 && buf[i + k] == key[k])
+      k++;
+    if (key[k] == 0)
+    {
+      const gchar * v = buf + i + k;
+      while (*v == ' ' || *v == '\t')
+        v++;
+      return *v == '2' ? 1 : 0;
+    }
+  }
+  return 0;
+}
+
+/* One thread of the pass: attach it unless it is skipped or held already. */
+static void
+mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
+{
+  guint64 * added = data;
+  MtWorldThread * t;
+  guint64 * regs;
+  guint64 iov[2];
+  guint r;
+  if (mt_world_is_skipped (w, tid) || mt_world_is_held (w, tid))
+    return;
+  if (w->n_threads == w->threads_cap)
+  {
+    w->n_failed++;
+    return;
+  }
+  if (!mt_world_attach ((gint) tid))
+  {
+    /* Most often ESRCH: the thread ended between the listing and the attach, and is no concern.
+     * One still there runs on while the world is "stopped": counted, and a patch waits for a
+     * stop with none (mt_world_stop_clear). */
+    if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, 0L) == 0)
+    {
+      w->n_failed++;
+      if (w->error == 0)
+        w->error = MT_WORLD_E_ATTACH;
+    }
+    return;
+  }
+  t = (MtWorldThread *) w->threads + w->n_threads;
+  regs = (guint64 *) w->regs + w->n_threads * MT_WORLD_REGS;
+  for (r = 0; r != MT_WORLD_REGS; r++)
+    regs[r] = 0;
+  iov[0] = (guint64) regs;
+  iov[1] = MT_WORLD_REGS * 8;
+  t->tid = tid;
+  t->sp = 0;
+  if (ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
+    t->sp = regs[MT_WORLD_SP];
+  w->n_threads++;
+  (*added)++;
+}
+
+/* The helper process: runs on its own small stack, shares our memory, never allocates. */
+static gint
+mt_world_tracer (gpointer data)
+{
+  MtWorld * w = data;
+  guint64 i, waited = 0;
+  gint pass;
+
+  /* Dies with the thread that made it: a target killed meanwhile leaves nothing behind. */
+  prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  while (mt_world_state (w) != MT_WORLD_STOPPING)
+  {
+    usleep (MT_WORLD_WAIT_US);
+    waited += MT_WORLD_WAIT_US;
+    if (waited > MT_WORLD_STOP_TIMEOUT_US)
+      return 0;
+  }
+  /* Threads started while we attach are caught by the next pass; stop when a pass finds none. */
+  for (pass = 0; pass != 16; pass++)
+  {
+    guint64 added = 0;
+    mt_world_each_task (w->tgid, mt_world_attach_one, w, &added);
+    if (added == 0)
+      break;
+  }
+  mt_world_barrier (w);
+  w->state = MT_WORLD_STOPPED;
+  mt_world_barrier (w);
+  waited = 0;
+  while (mt_world_state (w) != MT_WORLD_RESUME)
+  {
+    usleep (MT_WORLD_WAIT_US);
+    waited += MT_WORLD_WAIT_US;
+    /* The stopper is bounded in time; one that never says resume is gone: let go. */
+    if (waited > MT_WORLD_HOLD_LIMIT_US)
+      break;
+  }
+  for (i = 0; i != w->n_threads; i++)
+    ptrace (MT_PTRACE_DETACH, (gint) ((MtWorldThread *) w->threads)[i].tid, NULL, NULL);
+  mt_world_barrier (w);
+  w->state = MT_WORLD_RESUMED;
+  return 0;
+}
+
+static gboolean
+mt_world_wait_state (MtWorld * w, guint64 want)
+{
+  guint64 waited = 0;
+  while (mt_world_state (w) != want)
+  {
+    usleep (MT_WORLD_WAIT_US);
+    waited += MT_WORLD_WAIT_US;
+    if (waited > MT_WORLD_STOP_TIMEOUT_US)
+      return FALSE;
+  }
+  return TRUE;
+}
+
+/* Stops every thread but the caller and w->skip; 1 when the world is stopped (n_failed says how
+ * many threads could not be), 0 when it could not be stopped at all (error says why). */
+gint
+mt_world_stop (MtWorld * w)
+{
+  gint pid;
+  gpointer top = (gpointer) ((w->tracer_stack + w->tracer_stack_size) & ~(guint64) 15);
+  w->state = MT_WORLD_IDLE;
+  w->n_threads = 0;
+  w->n_failed = 0;
+  w->error = 0;
+  w->tracer_pid = 0;
+  mt_world_barrier (w);
+  if (mt_world_seccomp (w->tgid))
+  {
+    w->state = MT_WORLD_FAILED;
+    w->error = MT_WORLD_E_SECCOMP;
+    return 0;
+  }
+  pid = clone (mt_world_tracer, top, MT_CLONE_VM | MT_CLONE_FS | MT_CLONE_FILES | MT_CLONE_UNTRACED, w);
+  if (pid <= 0)
+  {
+    w->state = MT_WORLD_FAILED;
+    w->error = MT_WORLD_E_CLONE;
+    return 0;
+  }
+  w->tracer_pid = (guint64) pid;
+  /* Yama (ptrace_scope 1) lets only an ancestor trace us unless we name the tracer. */
+  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
+  mt_world_barrier (w);
+  w->state = MT_WORLD_STOPPING;
+  if (!mt_world_wait_state (w, MT_WORLD_STOPPED))
+  {
+    /* The helper is slow (a loaded machine) or stuck (a thread that does not stop): it must be
+     * gone before this MtWorld and its stack are used again.  Told to let go, it detaches what it
+     * holds; one that does not is killed, and the kernel detaches its tracees. */
+    gint status = 0;
+    mt_world_barrier (w);
+    w->state = MT_WORLD_RESUME;
+    mt_world_barrier (w);
+    if (!mt_world_wait_state (w, MT_WORLD_RESUMED))
+      kill (pid, MT_SIGKILL);
+    waitpid (pid, &status, MT_WCLONE);
+    w->tracer_pid = 0;
+    w->n_threads = 0;
+    w->error = MT_WORLD_E_TIMEOUT;
+    return 0;
+  }
+  return 1;
+}
+
+void
+mt_world_resume (MtWorld * w)
+{
+  gint status = 0;
+  if (w->tracer_pid == 0)
+    return;
+  mt_world_barrier (w);
+  w->state = MT_WORLD_RESUME;
+  mt_world_barrier (w);
+  mt_world_wait_state (w, MT_WORLD_RESUMED);
+  waitpid ((gint) w->tracer_pid, &status, MT_WCLONE);
+  w->tracer_pid = 0;
+}
+
+/* Stopped thread i's pc (0 when its registers could not be read). */
+guint64
+mt_world_pc (MtWorld * w, guint64 i)
+{
+  return ((guint64 *) w->regs)[i * MT_WORLD_REGS + MT_WORLD_PC];
+}
+
+static gboolean
+mt_world_in (guint64 v, const guint64 * ranges, guint64 n_ranges)
+{
+  guint64 r;
+  for (r = 0; r != n_ranges; r++)
+  {
+    if (v >= ranges[2 * r] && v < ranges[2 * r + 1])
+      return TRUE;
+  }
+  return FALSE;
+}
+
+/* How many stopped threads have their pc inside one of ranges ([start, end) pairs). */
+guint64
+mt_world_inside (MtWorld * w, const guint64 * ranges, guint64 n_ranges)
+{
+  guint64 i, n = 0;
+  for (i = 0; i != w->n_threads; i++)
+  {
+    if (mt_world_in (mt_world_pc (w, i), ranges, n_ranges))
+      n++;
+  }
+  return n;
+}
+
+/*
+ * Stops the world with no stopped thread's pc inside `ranges` (the bytes a patch rewrites) and no
+ * live thread left running (one that could not be attached): otherwise it is let go and stopped again, at most `tries` times, `pause_us`
+ * apart, which moves it on (no prologue loops).  1 when stopped and clear; 0 when the world could
+ * not be stopped, or stayed unclear (then it is NOT stopped, error = MT_WORLD_E_INSIDE).
+ */
+gint
+mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 tries, guint64 pause_us)
+{
+  guint64 t;
+  for (t = 0; t < tries; t++)
+  {
+    if (!mt_world_stop (w))
+      return 0;
+    if (w->n_failed == 0 && mt_world_inside (w, ranges, n_ranges) == 0)
+      return 1;
+    mt_world_resume (w);
+    usleep ((guint) pause_us);
+  }
+  w->error = MT_WORLD_E_INSIDE;
+  return 0;
+}
+
+/*
+ * With the world stopped: how many stopped threads still run in `ranges` (code about to be
+ * unloaded: memtrace's C module, Interceptor's trampolines) or will return into it -- a pc, a
+ * register or a word of the stack from sp up (at most `depth` bytes) inside one.  Conservative:
+ * a stale word on a live frame counts too (the caller then waits and asks again).  A stack that
+ * cannot be read counts.
+ */
+guint64
+mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
+    guint64 scratch_size)
+{
+  guint64 i, n = 0;
+  for (i = 0; i != w->n_threads; i++)
+  {
+    const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
+    guint64 sp = ((MtWorldThread *) w->threads)[i].sp;
+    guint64 r, done = 0;
+    gboolean in = FALSE;
+    for (r = 0; r != MT_WORLD_REGS && !in; r++)
+      in = mt_world_in (regs[r], ranges, n_ranges);
+    sp &= ~(guint64) 7;
+    while (!in && sp != 0 && done < depth)
+    {
+      guint64 local[2], remote[2], k;
+      gssize got;
+      guint64 len = MIN (depth - done, scratch_size);
+      local[0] = (guint64) scratch;
+      local[1] = len;
+      remote[0] = sp + done;
+      remote[1] = len;
+      got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
+      if (got <= 0)
+        break;                           /* the end of the stack's mapping */
+      for (k = 0; k + 8 <= (guint64) got && !in; k += 8)
+        in = mt_world_in (*(guint64 *) (scratch + k), ranges, n_ranges);
+      done += (guint64) got;
+      if ((guint64) got < len)
+        break;
+    }
+    if (in)
+      n++;
+  }
+  return n;
+}
+
+#endif

@@ -1,0 +1,318 @@
+/*
+ * Hooks go in and out with the world stopped (cmodule/world.c does the stopping).
+ *
+ * Frida's Interceptor rewrites a hooked function's first bytes in place; on Linux it suspends
+ * nobody while it does.  A thread executing those bytes at that instant resumes in the middle of
+ * new instructions (SIGILL, SIGSEGV), and a thread still inside memtrace's code when the agent
+ * unloads returns into unmapped memory.  So, on Linux:
+ *
+ *   1. Every Interceptor change (attach, replaceFast, replace, detach, revert) is only queued:
+ *      a script runs inside an Interceptor transaction, which Frida applies when the script's
+ *      turn ends, on Interceptor.flush(), on send(), on every cooperative NativeFunction call and
+ *      on most other APIs that may block (a symbol lookup).  So the Interceptor calls are made
+ *      back to back, with nothing else between them (deferPatch, or addresses resolved first),
+ *      the callers note the address they patch (notePatched) and apply with applyPatches(), and
+ *      the agent counts the sites whose bytes changed while the world was stopped.
+ *   2. applyPatches stops every thread of the target but this one and Frida's own (Frida cloaks
+ *      them), until no stopped thread's pc lies inside the bytes about to be rewritten, nor
+ *      inside Frida's own code (a thread there may hold a lock of Frida's that the patching
+ *      takes): such a thread is let go and the world stopped again -- as it is when a thread
+ *      started between the listing of Frida's threads and the stop (it may be Frida's, and none
+ *      of Frida's may be held while Frida's locks are wanted).  Then Interceptor.flush()
+ *      writes every queued patch, and the world resumes.
+ *   3. Before the malloc tracer's C module can be freed, quiesce() stops the world until no
+ *      thread runs in it or will return into it (its pc, a register or a word of its stack
+ *      pointing into the module or into Interceptor's trampolines).
+ *
+ * Deadlock-freedom, from the JavaScript side: every call into world.c is a NativeFunction with
+ * `exclusive` scheduling, so this thread keeps the script's lock (no stopped thread can be holding
+ * it, and no queued patch is applied early by a cooperative call), and between the stop and the
+ * resume nothing runs but Interceptor.flush() -- no send(), no Thread.sleep(), no allocation by
+ * the target's allocator, no Process.enumerateThreads() (on Linux it reads each thread's registers
+ * through a ptrace helper of Frida's own, which cannot attach to a thread we hold).
+ *
+ * Where the world cannot be stopped (Darwin: Frida's own patching, docs/domain/frida.md; a seccomp
+ * filter; ptrace refused) the patches are applied with the world running, and the agent says so
+ * once (`world` in the stop result and a warning).
+ */
+
+import { WORLD, WORLD_ERRORS, WORLD_REGS, WORLD_STATES, WORLD_THREAD } from '../layout.js';
+import { IS_DARWIN } from './platform.js';
+import { writeStruct } from './structs.js';
+
+const MAX_THREADS = 8192;           // threads held at once (beyond: counted as not stopped)
+const HELPER_STACK = 64 * 1024;
+const PROLOGUE_BYTES = 32;          // rewritten at most: 5..16 bytes on x86-64, 4..16 on arm64
+const CLEAR_TRIES = 400;            // stops tried until no thread sits in a prologue
+const CLEAR_PAUSE_US = 500;
+const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
+const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
+const WORLD_TIMEOUT = 3;            // MtWorld.error: MT_WORLD_E_TIMEOUT
+const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
+const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
+const QUIESCE_MS = 3000;
+const SCRATCH = 64 * 1024;
+
+export const world = {
+  fns: null,
+  mem: null,
+  why: 'no process CModule (cmodule/world.c) was built',   // why patches run unstopped (null: they do not)
+  fridaCode: [],        // [start, end) of Frida's own code
+  sites: new Set(),     // every address patched this session (string)
+  warned: false,
+  later: [],
+  deferred: [],         // Interceptor calls to make right before the stop (deferPatch)
+  log: [],              // [what, sites rewritten while stopped] per applyPatches            // warnings held back until the queued patches are in (a send() applies them)
+  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
+    rewritten_stopped: 0 },  // sites whose bytes the flush changed while the world was stopped
+};
+
+function exclusive(cm, name, ret, args) {
+  return new NativeFunction(cm[name], ret, args, { scheduling: 'exclusive' });
+}
+
+/* Frida's own code: its agent library's executable mappings (cloaked from Process's ranges). */
+function fridaCodeRanges() {
+  const out = [];
+  try {
+    for (const line of File.readAllText('/proc/self/maps').split('\n')) {
+      const f = line.split(/\s+/);
+      if (f.length < 6 || f[1][2] !== 'x' || !/frida-agent|frida-gadget/.test(f.slice(5).join(' ')))
+        continue;
+      const [lo, hi] = f[0].split('-');
+      out.push([ptr('0x' + lo), ptr('0x' + hi)]);
+    }
+  } catch (e) {
+    // unreadable maps: Frida's threads are still never stopped; only the pc check is lost
+  }
+  return out;
+}
+
+/* The thread ids Frida cloaks (its own threads), from a listing the C made (no allocation);
+ * `listed`, when given, receives every thread id seen. */
+export function fridaThreads(listTasks, buffer, listed) {
+  const buf = buffer || Memory.alloc(MAX_THREADS * 8);
+  const n = Math.min(MAX_THREADS, Number(listTasks(Process.id, buf, MAX_THREADS)));
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    const tid = Number(buf.add(i * 8).readU64());
+    if (listed !== undefined)
+      listed.add(tid);
+    if (Cloak.hasThread(tid))
+      out.push(tid);
+  }
+  return out;
+}
+
+/* cm: the process CModule (cmodule/world.c compiled in); null on Darwin. */
+export function buildWorld(cm) {
+  if (IS_DARWIN) {
+    world.why = 'Darwin: Frida patches with its own protocol (docs/domain/frida.md)';
+    return;
+  }
+  const fns = {
+    stopClear: exclusive(cm, 'mt_world_stop_clear', 'int', ['pointer', 'pointer', 'uint64', 'uint64', 'uint64']),
+    resume: exclusive(cm, 'mt_world_resume', 'void', ['pointer']),
+    refs: exclusive(cm, 'mt_world_refs', 'uint64', ['pointer', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64']),
+    listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
+    seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
+  };
+  if (fns.seccomp(Process.id) === 1) {
+    world.why = WORLD_ERRORS[4];
+    return;
+  }
+  world.mem = {
+    world: Memory.alloc(WORLD.size),
+    threads: Memory.alloc(MAX_THREADS * WORLD_THREAD.size),
+    regs: Memory.alloc(MAX_THREADS * WORLD_REGS * 8),
+    stack: Memory.alloc(HELPER_STACK),
+    skip: Memory.alloc(MAX_THREADS * 8),      // the listing, then the skipped ones (fewer) in place
+    ranges: Memory.alloc(4096 * 16),
+    scratch: Memory.alloc(SCRATCH),
+  };
+  world.fns = fns;
+  world.fridaCode = fridaCodeRanges();
+  world.why = null;
+}
+
+/* Prepares the MtWorld for one stop: Frida's threads (listed now: threads come and go).  Returns
+ * every thread id listed. */
+function prepare() {
+  const mem = world.mem;
+  const listed = new Set();
+  const skip = fridaThreads(world.fns.listTasks, mem.skip, listed);
+  skip.forEach((tid, i) => mem.skip.add(i * 8).writeU64(tid));
+  writeStruct(mem.world, WORLD, {
+    state: WORLD_STATES.idle, tgid: Process.id, self_tid: Process.getCurrentThreadId(),
+    skip: uint64(mem.skip.toString()), n_skip: skip.length,
+    threads: uint64(mem.threads.toString()), threads_cap: MAX_THREADS, regs: uint64(mem.regs.toString()),
+    n_threads: 0, n_failed: 0,
+    tracer_stack: uint64(mem.stack.toString()), tracer_stack_size: HELPER_STACK, tracer_pid: 0, error: 0,
+  });
+  return listed;
+}
+
+/* A stopped thread that was not listed by prepare() may be one Frida started meanwhile (not known
+ * as cloaked then): it must not stay held while Frida's locks are wanted.  True when none is. */
+function onlyListedHeld(listed) {
+  const w = world.mem.world;
+  const n = Number(w.add(WORLD.fields.n_threads[0]).readU64());
+  for (let i = 0; i < n; i++) {
+    if (!listed.has(Number(world.mem.threads.add(i * WORLD_THREAD.size).readU64())))
+      return false;
+  }
+  return true;
+}
+
+/* Stops the world clear of `ranges` ([start, end) pairs) holding only threads listed beforehand;
+ * true when stopped (then resume() is owed). */
+function stopClear(ranges) {
+  let timeouts = 0;
+  for (let attempt = 0; attempt < NEW_THREAD_TRIES; attempt++) {
+    const listed = prepare();
+    const n = writeRanges(ranges);
+    if (world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) !== 1) {
+      // A loaded machine can starve the helper past its timeout: try again before giving up.
+      if (readErrorCode() === WORLD_TIMEOUT && ++timeouts < TIMEOUT_TRIES) {
+        world.stats.timeouts++;
+        continue;
+      }
+      return false;
+    }
+    if (onlyListedHeld(listed))
+      return true;
+    world.fns.resume(world.mem.world);
+    world.stats.retries++;
+  }
+  return false;
+}
+
+function readErrorCode() {
+  return Number(world.mem.world.add(WORLD.fields.error[0]).readU64());
+}
+
+function readError() {
+  const e = readErrorCode();
+  return WORLD_ERRORS[e] || `error ${e}`;
+}
+
+/* [start, end) pairs into the ranges buffer; returns how many. */
+function writeRanges(ranges) {
+  const n = Math.min(ranges.length, 4096);
+  for (let i = 0; i < n; i++) {
+    world.mem.ranges.add(i * 16).writePointer(ranges[i][0]);
+    world.mem.ranges.add(i * 16 + 8).writePointer(ranges[i][1]);
+  }
+  return n;
+}
+
+/* A warning sent once the queued patches are applied (send() would apply them early). */
+export function warnLater(message) {
+  world.later.push(message);
+}
+
+function sendLater() {
+  for (const message of world.later.splice(0))
+    send({ type: 'agent:warning', message });
+}
+
+/* An Interceptor call (attach, replace...) made by applyPatches just before it stops the world:
+ * most of Frida's other APIs (a symbol lookup among them) end the script's Interceptor
+ * transaction, which would write what is queued so far with the world running. */
+export function deferPatch(call) {
+  world.deferred.push(call);
+}
+
+/* `address` is about to be patched (or restored): no stopped thread may be inside its first bytes. */
+export function notePatched(address) {
+  if (address !== null && address !== undefined)
+    world.sites.add(ptr(address).toString());
+}
+
+/*
+ * Applies every queued Interceptor change with the world stopped (Linux), with it running
+ * elsewhere.  `what` names the change in a warning.  Returns true when the world was stopped.
+ */
+export function applyPatches(what) {
+  world.stats.applied++;
+  // Queued back to back: nothing between them, or between them and the stop, ends the transaction.
+  for (const call of world.deferred.splice(0))
+    call();
+  if (world.fns === null) {
+    Interceptor.flush();
+    world.stats.running++;
+    if (!IS_DARWIN && !world.warned) {
+      world.warned = true;
+      warnLater(`hooks patched with the world running: ${world.why}`);
+    }
+    sendLater();
+    return false;
+  }
+  const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
+  const stopped = stopClear(avoid);
+  let rewritten = 0;
+  try {
+    // Which sites the flush rewrites, as seen while the world is still stopped (the proof that
+    // the bytes changed under the stop, not after it).
+    const before = [...world.sites].map(a => new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES)));
+    Interceptor.flush();
+    [...world.sites].forEach((a, i) => {
+      const after = new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES));
+      if (after.some((b, k) => b !== before[i][k]))
+        rewritten++;
+    });
+  } finally {
+    if (stopped)
+      world.fns.resume(world.mem.world);
+  }
+  if (stopped) {
+    world.stats.stopped++;
+    world.stats.rewritten_stopped += rewritten;
+    world.log.push([what, rewritten]);
+  } else {
+    world.stats.running++;
+    world.stats.failed++;
+    if (!world.warned) {
+      world.warned = true;
+      warnLater(`${what}: patched with the world running (${readError()})`);
+    }
+  }
+  sendLater();
+  return stopped;
+}
+
+/*
+ * Waits (bounded) until no thread of the target runs in `ranges` ([start, end) NativePointer
+ * pairs: code about to be freed) or will return into it.  Call with every hook into that code
+ * already out.  Returns { clear, tries, threads } (threads: still referring at the last look).
+ */
+export function quiesce(ranges) {
+  if (world.fns === null || ranges.length === 0)
+    return { clear: false, tries: 0, threads: null, why: world.why };
+  const deadline = Date.now() + QUIESCE_MS;
+  let tries = 0;
+  let threads = null;
+  for (;;) {
+    tries++;
+    if (stopClear([])) {
+      const n = writeRanges(ranges);
+      threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH));
+      world.fns.resume(world.mem.world);
+      if (threads === 0) {
+        world.stats.quiesced++;
+        return { clear: true, tries, threads };
+      }
+    }
+    if (Date.now() > deadline)
+      break;
+    Thread.sleep(0.002);
+  }
+  world.stats.not_quiesced++;
+  return { clear: false, tries, threads, why: threads === null ? readError() : null };
+}
+
+/* What the host records: how every patch went. */
+export function worldReport() {
+  return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
+    log: world.log }, world.stats);
+}

@@ -1,0 +1,181 @@
+"""Hooks in and out under a storm: how many times does memtrace kill its target?
+
+Runs `memtrace <tracer> --window W` CYCLES times against one target whose threads call the hooked
+functions in a tight loop (tests/stress/hook_storm.c), attaching to it (--pid) or spawning it, and
+counts the targets that died.  An attached target must outlive every cycle; a spawned one must
+live through the window (memtrace kills it itself afterwards, which is no death): the capture
+must end "completed" (memtrace --json `ended`).
+
+    python tests/stress/hook_storm.py --mode pid --cycles 500
+    python tests/stress/hook_storm.py --mode all --cycles 20       # every mode, 20 cycles each
+
+Prints one line per mode: `mode cycles deaths failures seconds`, and exits 1 when any target died.
+tests/integration/test_hook_storm.py runs it shortened in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# mode -> (tracer, extra memtrace options, storm kind, attach)
+MODES: dict[str, tuple[str, tuple[str, ...], str, bool]] = {
+    "pid": ("malloc", (), "malloc", True),
+    "spawn": ("malloc", (), "malloc", False),
+    "leaks": ("malloc", ("--leaks",), "malloc", True),
+    "sample-bytes": ("malloc", ("--sample-bytes", "4096"), "malloc", True),
+    "events": ("malloc", ("--events",), "malloc", True),
+    "fds": ("fds", (), "fds", True),
+    "threads": ("threads", (), "threads", True),
+    # Darwin tracers on Linux: their hooks on the stand-in library (demo/darwin), as the tests run them.
+    "iosurface": ("iosurface", (), "iosurface", True),
+    "purgeable": ("purgeable", (), "purgeable", True),
+}
+STANDIN_KINDS = ("iosurface", "purgeable")
+
+
+# Endings of a spawned target's capture that mean the target died (memtrace/deaths.py).
+TARGET_DIED = ("target-exited", "launch-storm")
+
+
+def build_target(out_dir: Path) -> Path:
+    exe = out_dir / "hook_storm"
+    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(exe),
+                    str(HERE / "hook_storm.c"), "-ldl"], check=True)
+    return exe
+
+
+def build_standin(out_dir: Path) -> Path:
+    """The Darwin stand-in library (demo/darwin) the iosurface and purgeable storms call."""
+    demo = out_dir / "demo"
+    subprocess.run(["make", "-s", "-C", str(HERE.parent.parent / "demo"), f"OUT={demo}"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return demo / "libmtdarwin.so"
+
+
+def memtrace_cmd() -> list[str]:
+    found = shutil.which("memtrace", path=str(Path(sys.executable).parent))
+    return [found] if found else [sys.executable, "-m", "memtrace"]
+
+
+def start_target(exe: Path, kind: str, threads: int) -> subprocess.Popen[str]:
+    p = subprocess.Popen([str(exe), kind, str(threads)], stdout=subprocess.PIPE, text=True, env=target_env(exe))
+    assert p.stdout is not None
+    if p.stdout.readline().strip() != "ready":
+        raise RuntimeError("the storm target did not start")
+    return p
+
+
+def target_env(exe: Path) -> dict[str, str]:
+    return {**os.environ, "MTDARWIN_LIB": str(exe.parent / "demo" / "libmtdarwin.so")}
+
+
+def death_of(status: int | None) -> str | None:
+    if status is None:
+        return None
+    return f"signal {-status}" if status < 0 else f"exit {status}"
+
+
+def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
+             log: list[dict[str, object]], progress: bool, keep: Path | None = None) -> tuple[int, int]:
+    tracer, extra, kind, attach = MODES[mode]
+    deaths = failures = 0
+    target = start_target(exe, kind, threads) if attach else None
+    try:
+        for cycle in range(cycles):
+            out = work / f"{mode}-{cycle}"
+            # A loaded machine starves the agent's set-up: a slow init is no death, so wait for it.
+            cmd = [*memtrace_cmd(), tracer, "--device", "local", "--window", str(window), "--json",
+                   "--rpc-timeout", "120",
+                   "--out", str(out), *extra]
+            if attach:
+                assert target is not None
+                cmd += ["--pid", str(target.pid)]
+            else:
+                cmd += ["--", str(exe), kind, str(threads)]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=target_env(exe))
+            died = None
+            if attach:
+                assert target is not None
+                time.sleep(0.2)    # a death at detach shows within moments
+                died = death_of(target.poll())
+            ended = ended_as(res.stdout)
+            if not attach and ended in TARGET_DIED:
+                died = ended          # the spawned target did not live through the window
+            if (res.returncode != 0 or ended != "completed") and died is None:
+                failures += 1
+            log.append({"mode": mode, "cycle": cycle, "rc": res.returncode, "died": died, "ended": ended,
+                        "stderr": res.stderr.strip().splitlines()[-3:]})
+            if died is not None and keep is not None:
+                shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
+                (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
+            shutil.rmtree(out, ignore_errors=True)
+            if progress:
+                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended}", file=sys.stderr, flush=True)
+            if died is not None:
+                deaths += 1
+                if attach:
+                    target = start_target(exe, kind, threads)
+    finally:
+        if target is not None and target.poll() is None:
+            target.send_signal(signal.SIGKILL)
+            target.wait()
+    return deaths, failures
+
+
+def ended_as(stdout: str) -> str | None:
+    """How the capture ended (`ended` of memtrace --json: completed, target-exited, ...)."""
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return None
+    ended = doc.get("ended") if isinstance(doc, dict) else None
+    return ended if isinstance(ended, str) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", default="pid", help=f"one of {', '.join(MODES)}, or all")
+    ap.add_argument("--cycles", type=int, default=20)
+    ap.add_argument("--window", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--log", type=Path, default=None, help="every cycle's outcome as JSON")
+    ap.add_argument("--progress", action="store_true", help="one line per cycle on stderr")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the captures of the cycles that killed")
+    args = ap.parse_args(argv)
+    modes = list(MODES) if args.mode == "all" else args.mode.split(",")
+    for m in modes:
+        if m not in MODES:
+            print(f"hook_storm: unknown mode {m!r}", file=sys.stderr)
+            return 2
+    log: list[dict[str, object]] = []
+    any_death = False
+    with tempfile.TemporaryDirectory(prefix="hook-storm-") as tmp:
+        work = Path(tmp)
+        exe = build_target(work)
+        if any(MODES[m][2] in STANDIN_KINDS for m in modes):
+            build_standin(work)
+        print("mode cycles deaths failures seconds", flush=True)
+        for m in modes:
+            t0 = time.monotonic()
+            deaths, failures = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress,
+                                        args.keep)
+            any_death |= deaths > 0
+            print(f"{m} {args.cycles} {deaths} {failures} {time.monotonic() - t0:.0f}", flush=True)
+    if args.log is not None:
+        args.log.write_text(json.dumps(log, indent=1))
+    return 1 if any_death else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

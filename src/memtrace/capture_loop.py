@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,11 +59,14 @@ def agent_config_for(platform: str | None, explicit: dict[str, Any]) -> dict[str
     sizing = AGENT_SIZING_DARWIN if platform == "darwin" else {}
     return {**AGENT_DEFAULTS, **sizing, **explicit}
 
+DEFAULT_WINDOW = 60.0      # seconds: the window of an app or a running process, unless --window says
+
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
            "the first instruction).", metavar="SECONDS", check=finite_non_negative),
-    Option("window", float, 60.0, "Capture window; the capture also ends when the target exits.",
-           metavar="SECONDS", check=positive),
+    Option("window", float, None, "Capture window; the capture also ends when the target exits (default: a "
+           f"program given after -- runs to its end; --app, --name and --pid: {DEFAULT_WINDOW:g} s).",
+           metavar="SECONDS", check=positive, show_default=False),
     Option("out", Path, None, "Capture folder (default: a new folder under ./captures/).", metavar="DIR",
            in_plans=False, show_default=False),
     Option("keep_running", bool, False, "Leave a program memtrace launched running after the window.",
@@ -84,7 +88,7 @@ CAPTURE_OPTIONS: tuple[Option, ...] = (
 @dataclass
 class CaptureOptions:
     tracer: str
-    window: float = 60.0
+    window: float | None = None         # None: a program runs to its end, anything else DEFAULT_WINDOW
     attach_delay: float = 0.0
     out: Path | None = None
     agent_config: dict[str, Any] = field(default_factory=dict)
@@ -94,7 +98,7 @@ class CaptureOptions:
     capture_name: str = FILE_NAME        # a followed child's capture: child-<pid>.mtc in the same folder
 
     def validate(self) -> None:
-        if not (0 < self.window < float("inf")):
+        if self.window is not None and not (0 < self.window < float("inf")):
             raise InputError(f"--window {self.window:g}: must be a positive, finite number of seconds")
         if not (0 <= self.attach_delay < float("inf")):
             raise InputError(f"--attach-delay {self.attach_delay:g}: must be zero or more seconds")
@@ -104,7 +108,7 @@ def capture_options(tracer: str, values: dict[str, Any], agent_config: dict[str,
     """CaptureOptions from parsed option values (command line or plan)."""
     t = DeathThresholds()
     return CaptureOptions(
-        tracer=tracer, window=float(values.get("window", 60.0)), attach_delay=float(values.get("attach_delay", 0.0)),
+        tracer=tracer, window=None if values.get("window") is None else float(values["window"]), attach_delay=float(values.get("attach_delay", 0.0)),
         out=values.get("out"), agent_config=agent_config, keep_running=bool(values.get("keep_running", False)),
         follow_children=bool(values.get("follow_children", False)),
         thresholds=DeathThresholds(rpc_timeout=float(values.get("rpc_timeout", t.rpc_timeout)),
@@ -172,6 +176,7 @@ class Ending:
     crash_info: dict[str, Any] | None = None
     timeout_info: dict[str, Any] | None = None
     exec_info: dict[str, Any] | None = None      # the target said it is about to exec
+    window_end: str | None = None                # the window ended with the target alive: "killed", "left running"
 
     @property
     def replaced(self) -> bool:
@@ -241,6 +246,10 @@ class CaptureLoop(ProcessEvents):
         self.batches = 0
         self._last_tick = (0.0, 0, 0)
         self._last_message = time.monotonic()
+        # A program memtrace starts runs to its end unless --window limits it; an app or a running
+        # process gets the default window.
+        self.window: float = options.window if options.window is not None else (
+            float("inf") if target.argv else DEFAULT_WINDOW)
 
     # -- public ---------------------------------------------------------------
 
@@ -380,7 +389,7 @@ class CaptureLoop(ProcessEvents):
         self.clock.start = time.monotonic()
         assert self.family is not None
         if self.child is None:
-            self.family.deadline = self.clock.start + self.options.window
+            self.family.deadline = self.clock.start + self.window
         if self.release is not None and self.child is not None:
             # A fork child waits in its atfork handler until its own agent is in.
             self.host.rpc("release", "releaseFork", self.release, self.child.pid)
@@ -437,8 +446,10 @@ class CaptureLoop(ProcessEvents):
         self._symbolize(final=True)
         if not self.ending.gone:
             self.host.detach()
+            self.ending.window_end = "left running"
         if self.host.spawned and not self.options.keep_running and not self.ending.gone:
             self.host.kill()
+            self.ending.window_end = "killed"
         time.sleep(0.05)
         self._drain()
 
@@ -447,14 +458,14 @@ class CaptureLoop(ProcessEvents):
         now = time.monotonic()
         e, c = self.ending, self.clock
         end_body = classify_end(
-            window=self.options.window, attach_delay=self.options.attach_delay,
+            window=self.window, attach_delay=self.options.attach_delay,
             t_start=c.start, t_attach=c.attach, t_gone=c.gone if e.gone else None, t_now=now,
             interrupted=interrupted, detach_reason=e.detach_reason, exit_info=e.exit_info,
             crash_info=e.crash_info, timeout_info=e.timeout_info, rates=self.rates,
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
             exit_status=self.host.exit_status(1.0) if e.gone else None,
-            exec_info=e.exec_info if e.replaced else None,
+            exec_info=e.exec_info if e.replaced else None, window_end=e.window_end,
         )
         end_body["ended_at"] = _iso_now()
         end_body.update(self.live.snapshot())
@@ -555,7 +566,7 @@ class CaptureLoop(ProcessEvents):
         """The agent's exception handler: signal, faulting address, the crashing thread's stack."""
         self.ending.crash_info = {k: payload.get(k) for k in ("kind", "signal", "address", "module", "memory",
                                                               "thread", "stack", "t")}
-        self.stacks.events([{"frames": payload.get("stack") or []}])
+        self.stacks.events([{"frames": _as_return_addresses(payload.get("stack") or [])}])
         self.host.ack()     # the crashing thread waits for this before the process dies
 
     def _crash_frames(self) -> None:
@@ -563,7 +574,14 @@ class CaptureLoop(ProcessEvents):
         crash = self.ending.crash_info
         if not crash or not crash.get("stack"):
             return
-        frames = self.stacks.symtab.stack(int(a, 16) for a in crash["stack"])
+        addresses = _as_return_addresses(crash["stack"])
+        symtab = self.stacks.symtab
+        # The faulting pc is the instruction itself, not a return address: it was symbolized one
+        # byte on (every address is looked up one byte back), and is shown as itself.
+        frames = [replace_fields(f, address=addresses[0] - 1, offset=None if f.offset is None else f.offset - 1)
+                  for f in symtab.frames_of(addresses[0])]
+        frames += symtab.stack(addresses[1:])
+        crash["pc"] = hex(addresses[0] - 1)
         crash["frames"] = [f.to_json() for f in frames]
         crash["top"] = [f.name() for f in frames[:3]]
 
@@ -617,7 +635,7 @@ class CaptureLoop(ProcessEvents):
         self.rates.append(sample)
         self._write(RecordType.SNAPSHOT, {**sample, **self.live.snapshot()})
         self._last_tick = (now, calls, nbytes)
-        self.ui.progress(Progress(elapsed=elapsed, window=self.options.window, activity_per_s=rate,
+        self.ui.progress(Progress(elapsed=elapsed, window=self.window, activity_per_s=rate,
                                   bytes_per_s=brate, dropped=self.live.dropped(), rows=self.live.rows(),
                                   batches=self.batches, families=self.stacks.families()))
 
@@ -644,11 +662,21 @@ class CaptureLoop(ProcessEvents):
                        # A followed child is reported with the target that made it.
                        "label": self.family.label if self.family is not None else self.target.slug()},
             **({"origin": {**self.child.to_json(), "parent_capture": self.parent_capture}} if self.child else {}),
-            "options": {"window": self.options.window, "attach_delay": self.options.attach_delay,
+            "options": {"window": None if self.window == float("inf") else self.window, "attach_delay": self.options.attach_delay,
                         "agent": self._agent_config()},
             "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "frida": frida.__version__},
             "started_at": _iso_now(),
         })
+
+
+def _as_return_addresses(stack: list[Any]) -> list[int]:
+    """A crash stack (the faulting pc, then return addresses) as addresses every symbolizer reads
+    alike: each is looked up one byte back (a return address points after its call), so the pc is
+    noted one byte on, and its own instruction is what names it."""
+    out = [int(a, 16) if isinstance(a, str) else int(a) for a in stack]
+    if out:
+        out[0] += 1
+    return out
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -673,5 +701,8 @@ def run_capture(tracer: Tracer | str, target: TargetSpec, options: CaptureOption
     if host is None:
         from memtrace.frida_host import FridaHost
 
-        host = FridaHost(target, options.thresholds.rpc_timeout, output=ui.output)
+        stdio = "pipe"
+        if getattr(ui, "passthrough", False):      # the program's output is shown: its stdio is the user's
+            stdio = "inherit-stderr" if getattr(ui, "stdout_to_stderr", False) else "inherit"
+        host = FridaHost(target, options.thresholds.rpc_timeout, output=ui.output, stdio=stdio)
     return CaptureLoop(host, tracer, target, options, ui).run()

@@ -37,9 +37,15 @@ class FridaHost:
     """One target on one Frida device, with one agent loaded into it."""
 
     def __init__(self, target: TargetSpec, rpc_timeout: float,
-                 output: Callable[[int, bytes], None] | None = None, device: Any = None) -> None:
+                 output: Callable[[int, bytes], None] | None = None, device: Any = None,
+                 stdio: str = "pipe") -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
+        # A local program's stdin, stdout and stderr: "inherit" (memtrace's own, as when the user
+        # runs it: pipes, files, the terminal), "inherit-stderr" (the same with its stdout on
+        # memtrace's stderr, which keeps --json's stdout clean) or "pipe" (through Frida's output
+        # signal; stdin a pipe nothing writes to).
+        self.stdio = stdio
         self.events: queue.Queue[Event] = queue.Queue()
         self._output = output
         self.device: Any = device       # given: a followed child's host shares its parent's device
@@ -75,7 +81,11 @@ class FridaHost:
 
     def launch(self) -> launchers.Launched:
         launcher = launchers.choose(self.target.launch, self.target)
-        self.launched = launcher.launch(self.device, self.target, stdio_pipe=True)
+        inherit = self.stdio != "pipe" and self.is_local and not self.target.app
+        with _stdout_on_stderr(inherit and self.stdio == "inherit-stderr"):
+            # Frida's local spawn forks from this process: the program gets the descriptors
+            # memtrace holds at this moment.
+            self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
             self.exit_watch = ChildExitWatcher(self.launched.pid)
@@ -204,6 +214,24 @@ class FridaHost:
     def _on_output(self, pid: int, fd: int, data: bytes) -> None:
         if pid == self.pid and data and self._output is not None:
             self._output(fd, data)
+
+
+@contextlib.contextmanager
+def _stdout_on_stderr(on: bool) -> Any:
+    """Descriptor 1 is descriptor 2 while this lasts (for a program spawned meanwhile)."""
+    if not on:
+        yield
+        return
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _local_pid_alive(pid: int) -> bool:

@@ -1,0 +1,148 @@
+"""Issue 20, "see everything a program does", on real processes: the user's stdin reaches a spawned
+program, windows say what they did, the crash frame is the faulting instruction's, split functions
+carry their parent's name."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memtrace.capture import RecordType, read_records
+
+from ..conftest import ROOT, memtrace_json, run_memtrace  # noqa: TID252
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
+
+
+def _cli(*args: str | Path, stdin: bytes | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "memtrace.cli", *map(str, args)], input=stdin,
+                          capture_output=True, timeout=timeout, env=env)
+
+
+def _records(capture: Path, rtype: RecordType) -> list[dict]:
+    return [r.body for r in read_records(capture) if r.type == rtype]
+
+
+# -- 3. stdin -------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="sqlite3 is not installed")
+def test_a_spawned_program_reads_the_users_stdin(tmp_path: Path) -> None:
+    # The issue's own example: before, sqlite3 printed nothing and waited out the window.
+    r = _cli("malloc", "--device", "local", "--quiet", "--out", tmp_path / "c", "--", "sqlite3",
+             stdin=b"select 40+2;\n")
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == ["42"]
+    end = _records(tmp_path / "c" / "capture.mtc", RecordType.END)[0]
+    assert end["ended"] == "target-exited" and "exit status 0" in end["reason"]
+
+
+def test_stdin_from_a_file_and_json_stays_clean(tmp_path: Path) -> None:
+    # A file as stdin; with --json the program's stdout goes to stderr and stdout is the document.
+    data = tmp_path / "in.txt"
+    data.write_bytes(b"alpha\nbeta\n" * 1000)
+    with data.open("rb") as f:
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        r = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--json",
+                            "--out", str(tmp_path / "c"), "--", "wc", "-l"], stdin=f, capture_output=True,
+                           timeout=120, env=env)
+    assert r.returncode == 0, r.stderr.decode()
+    doc = json.loads(r.stdout)
+    assert doc["ended"] == "target-exited"
+    assert "2000" in r.stderr.decode().split()
+
+
+# -- 4. windows -----------------------------------------------------------------------------------
+
+def test_a_program_runs_to_its_end_without_a_window(tmp_path: Path) -> None:
+    # No window cuts it; META and the summary say there was none.
+    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "c", "--", "sleep", "1.5")
+    assert s["ended"] == "target-exited", s["reason"]
+    assert s["window_s"] is None
+    meta = _records(tmp_path / "c" / "capture.mtc", RecordType.META)[0]
+    assert meta["options"]["window"] is None
+
+
+def test_a_window_cut_says_so_in_summary_end_and_report(tmp_path: Path) -> None:
+    r = run_memtrace("malloc", "--device", "local", "--window", "1", "--out", tmp_path / "c", "--", "sleep", "30")
+    assert "window ended after 1 s; the target was killed" in r.stdout
+    end = _records(tmp_path / "c" / "capture.mtc", RecordType.END)[0]
+    assert end["reason"] == "window ended after 1 s; the target was killed"
+    assert end["evidence"]["window_end"] == {"after_s": 1.0, "target": "killed"}
+    rep = run_memtrace("report", tmp_path / "c")
+    assert rep.returncode == 0
+    text = (tmp_path / "c" / "REPORT.md").read_text()
+    assert "window ended after 1 s; the target was killed" in text
+
+
+def test_a_window_cut_with_keep_running_leaves_it_running(tmp_path: Path) -> None:
+    s = memtrace_json("malloc", "--device", "local", "--window", "1", "--keep-running", "--out", tmp_path / "c",
+                      "--", "sleep", "30")
+    try:
+        assert s["reason"] == "window ended after 1 s; the target was left running"
+        pid = _records(tmp_path / "c" / "capture.mtc", RecordType.END)[0]["pid"]
+        assert Path(f"/proc/{pid}").exists()
+    finally:
+        end = _records(tmp_path / "c" / "capture.mtc", RecordType.END)[0]
+        if Path(f"/proc/{end['pid']}").exists():
+            os.kill(end["pid"], 9)
+
+
+def test_an_attached_process_keeps_the_default_window(tmp_path: Path) -> None:
+    target = subprocess.Popen(["sleep", "3"])
+    try:
+        s = memtrace_json("malloc", "--device", "local", "--pid", str(target.pid), "--out", tmp_path / "c")
+    finally:
+        target.kill()
+        target.wait()
+    meta = _records(tmp_path / "c" / "capture.mtc", RecordType.META)[0]
+    assert meta["options"]["window"] == 60.0
+    assert s["ended"] == "target-exited"
+
+
+# -- 6. the crash frame ---------------------------------------------------------------------------
+
+def test_the_faulting_pc_is_named_as_itself(compile_c, tmp_path: Path) -> None:
+    # crash_first faults on its first byte, right after before_crash: read as a return address
+    # (pc - 1) it was named before_crash.
+    exe = compile_c("crash_first")
+    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "c", "--", exe)
+    assert s["ended"] == "target-exited"
+    assert s["reason"].startswith("the target crashed with SIGSEGV (write of 0x10) in crash_first (crash_first) "
+                                  "<- main (crash_first)"), s["reason"]
+    crash = _records(tmp_path / "c" / "capture.mtc", RecordType.END)[0]["evidence"]["crash"]
+    top = crash["frames"][0]
+    assert top["function"] == "crash_first" and top["offset"] is not None
+    assert crash["pc"] == top["address"] == crash["stack"][0]
+    assert crash["frames"][1]["function"] == "main"     # a return address: still read one byte back
+
+
+# -- 7. split functions ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lang", ["c", "c++"])
+def test_split_functions_are_named_by_their_parent(lang: str, compile_c, build_dir: Path, tmp_path: Path) -> None:
+    # GCC moves build_index's branch that calls a cold function into build_index.cold
+    # (_Z11build_indexi.cold in C++): the 5 blocks of 12,288 B made there are build_index's.
+    src = ROOT / "tests" / "programs" / "split_parts.c"
+    exe = build_dir / f"split_parts_{'cc' if lang == 'c++' else 'c'}"
+    compiler = "g++" if lang == "c++" else "gcc"
+    subprocess.run([compiler, "-O2", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-x", lang,
+                    "-o", str(exe), str(src)], check=True)
+    symbols = subprocess.run(["nm", str(exe)], capture_output=True, text=True, check=True).stdout
+    assert "build_index" in symbols and ".cold" in symbols        # the compiler did split it
+    s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--out", tmp_path / "c",
+                      "--", exe, "5")
+    rows = [x for x in s["top_stacks"] if x["frames"] and x["bytes"] == 5 * 12288]
+    assert len(rows) == 1, s["top_stacks"]
+    top = rows[0]["frames"][0]
+    assert top["function"] == ("build_index(int)" if lang == "c++" else "build_index")
+    assert top["part"] == "cold"
+    assert rows[0]["frames"][1]["function"] == "main"
+    shown = run_memtrace("show", tmp_path / "c").stdout
+    assert ".cold" not in shown and "build_index" in shown

@@ -138,7 +138,7 @@ def c_layout_header() -> str:
         ("MT_N_TIERS", layout.N_TIERS),
         *((f"MT_TIER_MAX_{i}", v) for i, v in enumerate(layout.TIER_MAX_BYTES) if v is not None),
         *((f"MT_C_{k.upper()}", v) for k, v in layout.COUNTERS.items()),
-        ("MT_N_COUNTERS", layout.N_COUNTERS),
+        ("MT_C_FAILED", layout.C_FAILED), ("MT_N_COUNTERS", layout.N_COUNTERS),
         ("MT_MAX_FRAMES", layout.MAX_FRAMES), ("MT_LIVE_WAYS", layout.LIVE_WAYS),
         ("MT_MAX_RINGS", layout.MAX_RINGS),
         ("MT_UNWIND_CFA_SP", layout.UNWIND_CFA_SP), ("MT_UNWIND_CFA_FP", layout.UNWIND_CFA_FP),

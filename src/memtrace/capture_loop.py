@@ -527,6 +527,10 @@ class CaptureLoop(ProcessEvents):
 
     def _route(self, ptype: str | None, payload: dict[str, Any], data: bytes) -> None:
         if ptype == "events:batch":
+            counters = payload.get("counters")
+            if isinstance(counters, list):
+                # Counters past 2^53 come as decimal strings (exact); the capture holds ints.
+                payload["counters"] = [int(c) if isinstance(c, str) else c for c in counters]
             self._write(RecordType.BATCH, payload, data)
             self.batches += 1
             self.live.batch(payload, data)

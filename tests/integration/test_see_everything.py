@@ -146,3 +146,32 @@ def test_split_functions_are_named_by_their_parent(lang: str, compile_c, build_d
     assert rows[0]["frames"][1]["function"] == "main"
     shown = run_memtrace("show", tmp_path / "c").stdout
     assert ".cold" not in shown and "build_index" in shown
+
+
+# -- 8. failing calls -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["aggregate", "events"])
+def test_failed_calls_are_counted_by_kind_with_their_stacks_and_no_bytes(mode: str, compile_c, tmp_path: Path) -> None:
+    # A 64 TiB malloc, realloc and posix_memalign, an overflowing calloc and reallocarray: each a
+    # failed call of its kind on its own stack; the gross bytes are the 100 + 10 x 5,000 B that
+    # succeeded (and stdout's buffer).  Before, 64 TiB went into the gross bytes.
+    exe = compile_c("failing")
+    extra = ["--events"] if mode == "events" else []
+    s = memtrace_json("malloc", "--device", "local", *extra, "--out", tmp_path / "c", "--", exe)
+    assert s["ended"] == "target-exited"
+    assert s["failed"] == {"malloc": 1, "calloc": 1, "realloc": 1, "posix_memalign": 1, "memalign": 0,
+                           "aligned_alloc": 0, "valloc": 0, "pvalloc": 0, "reallocarray": 1}
+    for kind in ("calloc", "realloc", "posix_memalign", "reallocarray"):
+        assert s["calls"][kind] == 1
+    assert s["gross_bytes"] < 1 << 20
+    # exactly the blocks that were granted: 100 B, stdout's buffer, 10 x 5,000 B
+    assert sum(t["bytes"] for t in s["tiers"]) == s["gross_bytes"]
+    assert s["tiers"][3] == {"max_bytes": 8192, "calls": 10, "bytes": 50000}
+    assert s["tiers"][5]["calls"] == 0
+    stacks = {x["frames"][0]["function"]: x["calls"] for x in s["failed_by_stack"]}
+    assert stacks == {"fail_malloc": 1, "fail_calloc": 1, "fail_reallocarray": 1, "fail_realloc": 1,
+                      "fail_posix_memalign": 1}
+    assert all(x["frames"][1]["function"] == "main" for x in s["failed_by_stack"])
+    assert not any(x["frames"] and x["frames"][0]["function"].startswith("fail_") for x in s["top_stacks"])
+    shown = run_memtrace("show", tmp_path / "c").stdout
+    assert "failed calls (returned NULL; no bytes counted): malloc 1, calloc 1, realloc 1," in shown.replace("\n", " ")

@@ -307,12 +307,17 @@ export function drainOnce(final) {
   return { n, info };
 }
 
-/* The counters of every thread, live and retired, summed by the C side. */
+/* The counters of every thread, live and retired, summed by the C side.  A 64-bit counter never
+ * passes through a Number: one past 2^53 goes as its decimal string (the host makes it an int). */
+const MAX_EXACT = uint64(Number.MAX_SAFE_INTEGER.toString());
+
 export function readCounters() {
   core.fns.snapshot(core.snapshotBuf);
   const out = [];
-  for (let i = 0; i < N_COUNTERS; i++)
-    out.push(Number(core.snapshotBuf.add(i * 8).readU64()));
+  for (let i = 0; i < N_COUNTERS; i++) {
+    const v = core.snapshotBuf.add(i * 8).readU64();
+    out.push(v.compare(MAX_EXACT) > 0 ? v.toString() : v.toNumber());
+  }
   return out;
 }
 

@@ -337,6 +337,8 @@ class CaptureLoop(ProcessEvents):
         self.device_info = self.host.open()
         if self.host.is_local:
             self.stacks.symbolize_on_host()
+        if self.options.attach_delay > 0 and hasattr(self.host, "hold_constructors"):
+            self.host.hold_constructors = False     # it is to run first: no hold before constructors
         launched = self.host.launch()
         self.clock.launch = getattr(launched, "t_launch", None)
         if self.child is not None:
@@ -378,8 +380,12 @@ class CaptureLoop(ProcessEvents):
         if self.host.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
             self.unwind = UnwindFeed(TableCache(default_cache_dir()))
             self._feed_unwind(during_window=False)
+        hold = getattr(self.host, "hold_info", None)
+        if hold is not None and not hold.get("held"):
+            self.ui.warning(f"library constructors ran before the hooks: {hold.get('why')}")
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
                                        "device": self.device_info, "process": self.process_info,
+                                       "hold": hold,
                                        "unwind": self.unwind.info() if self.unwind else None})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")

@@ -18,9 +18,11 @@ from typing import Any
 import frida
 
 from memtrace import devices, launchers
-from memtrace.agentbuild import build_agent
+from memtrace.agentbuild import build_agent, default_cache_dir
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.exitwatch import ChildExitWatcher
+from memtrace.hold import Hold
+from memtrace.hold import library as hold_library
 from memtrace.target import TargetSpec
 
 Event = tuple[str, Any, Any]
@@ -46,6 +48,11 @@ class FridaHost:
         # memtrace's stderr, which keeps --json's stdout clean) or "pipe" (through Frida's output
         # signal; stdin a pipe nothing writes to).
         self.stdio = stdio
+        # Hold a spawned local program before its first constructor (memtrace.hold); False for
+        # attach delays (the user wants it running first).
+        self.hold_constructors = True
+        self.hold_info: dict[str, Any] | None = None
+        self._hold: Hold | None = None
         self.events: queue.Queue[Event] = queue.Queue()
         self._output = output
         self.device: Any = device       # given: a followed child's host shares its parent's device
@@ -82,16 +89,53 @@ class FridaHost:
     def launch(self) -> launchers.Launched:
         launcher = launchers.choose(self.target.launch, self.target)
         inherit = self.stdio != "pipe" and self.is_local and not self.target.app
+        local_program = self.is_local and not self.target.app and isinstance(launcher, launchers.FridaLauncher)
+        hold = self._new_hold() if local_program and self.hold_constructors else None
         with _stdout_on_stderr(inherit and self.stdio == "inherit-stderr"):
             # Frida's local spawn forks from this process: the program gets the descriptors
             # memtrace holds at this moment.
-            self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
+            if hold is not None:
+                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit, env=hold.env)
+            else:
+                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
             self.exit_watch = ChildExitWatcher(self.launched.pid)
+        if hold is not None:
+            self._hold_at_constructors(hold)
         return self.launched
 
+    def _new_hold(self) -> Hold | None:
+        lib, why = hold_library(default_cache_dir())
+        if lib is None:
+            self.hold_info = {"held": False, "why": why}
+            return None
+        return Hold(lib)
+
+    def _hold_at_constructors(self, hold: Hold) -> None:
+        """Run the spawned program to the hold point (loaded and relocated, no constructor run
+        yet) and keep it there until resume(): attaching there, the hooks are in before the
+        first constructor.  Frida's own spawn would inject after all of them."""
+        assert self.launched is not None
+        try:
+            self.device.resume(self.launched.pid)
+        except GONE_ERRORS as e:
+            hold.close()
+            raise TargetLost(f"resume: {e}") from None
+        if hold.reach(self.alive):
+            self._hold = hold
+            self.launched.suspended = False
+            self.hold_info = {"held": True}
+        else:
+            # Not at the hold point (it exited, or ld.so ignored LD_AUDIT): it runs unheld.
+            self.launched.suspended = False
+            self.hold_info = {"held": False, "why": "the program never reached the hold point "
+                                                    "(exited first, or its loader ignored LD_AUDIT)"}
+
     def resume(self) -> None:
+        if self._hold is not None:
+            self._hold.release()        # the hooks are in: constructors and main run under them
+            self._hold = None
         if self.launched is not None and self.launched.suspended:
             try:
                 if self.launched.resume is not None:
@@ -207,6 +251,9 @@ class FridaHost:
         return self.exit_watch.wait(timeout) if self.exit_watch is not None else None
 
     def close(self) -> None:
+        if self._hold is not None:      # never leave a program waiting at the hold point
+            self._hold.release()
+            self._hold = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- callbacks (Frida's thread: enqueue only) --------------------------------------------

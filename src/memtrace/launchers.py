@@ -62,7 +62,8 @@ def choose(name: str, target: Any) -> Launcher:
 class FridaLauncher:
     name = "frida"
 
-    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool) -> Launched:
+    def launch(self, device: frida.core.Device, target: Any, stdio_pipe: bool,
+               env: dict[str, str] | None = None) -> Launched:
         if target.app and device.type == "usb":
             # A locked iPhone refuses launches without saying so; ask lockdown first when it can tell.
             try:
@@ -84,7 +85,8 @@ class FridaLauncher:
                     argv[0] = shutil.which(argv[0]) or argv[0]
                 if device.type == "local":
                     check_local_program(argv[0])
-                pid = device.spawn(argv, stdio="pipe" if stdio_pipe else "inherit")
+                # env: added to memtrace's own environment (the hold before constructors, memtrace.hold)
+                pid = device.spawn(argv, stdio="pipe" if stdio_pipe else "inherit", **({"env": env} if env else {}))
         except SPAWN_ERRORS as e:
             raise TargetError(f"cannot launch {target.describe()}: {_locked_hint(str(e))}") from None
         return Launched(pid, t, suspended=True, spawned=True, how="frida spawn")

@@ -175,3 +175,50 @@ def test_failed_calls_are_counted_by_kind_with_their_stacks_and_no_bytes(mode: s
     assert not any(x["frames"] and x["frames"][0]["function"].startswith("fail_") for x in s["top_stacks"])
     shown = run_memtrace("show", tmp_path / "c").stdout
     assert "failed calls (returned NULL; no bytes counted): malloc 1, calloc 1, realloc 1," in shown.replace("\n", " ")
+
+
+# -- 1. before the first constructor --------------------------------------------------------------
+
+def test_library_constructors_are_traced_before_main(build_dir: Path, tmp_path: Path) -> None:
+    # Before, Frida's spawn injected after every library constructor: this 12,345 B was unseen.
+    lib = build_dir / "libctor_lib.so"
+    exe = build_dir / "ctor_user"
+    flags = ["-g", "-fno-omit-frame-pointer"]
+    subprocess.run(["gcc", *flags, "-shared", "-fPIC", "-o", str(lib), str(ROOT / "tests/programs/ctor_lib.c")],
+                   check=True)
+    subprocess.run(["gcc", *flags, "-o", str(exe), str(ROOT / "tests/programs/ctor_user.c"), "-L", str(build_dir),
+                    "-lctor_lib", f"-Wl,-rpath,{build_dir}"], check=True)
+    s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--out", tmp_path / "c", "--", exe)
+    assert s["ended"] == "target-exited"
+    rows = [x for x in s["top_stacks"] if x["exact_bytes"] == 12345]
+    assert len(rows) == 1 and rows[0]["count"] == 1, s["top_stacks"]
+    frames = rows[0]["frames"]
+    assert frames[0]["function"] == "ctor_lib_init" and frames[0]["module"] == "libctor_lib.so"
+    assert "_dl_init" in [f["function"] for f in frames]          # run by the loader, before main
+    recon = _records(tmp_path / "c" / "capture.mtc", RecordType.RECON)[0]
+    assert recon["hold"] == {"held": True}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")
+def test_every_cxx_programs_exception_pool_is_seen(build_dir: Path, tmp_path: Path) -> None:
+    # libstdc++ allocates its 72,704 B emergency exception pool in its constructor.
+    exe = build_dir / "cxx_hello"
+    subprocess.run(["g++", "-g", "-o", str(exe), str(ROOT / "tests/programs/cxx_hello.cpp")], check=True)
+    r = _cli("malloc", "--device", "local", "--json", "--stack-threshold", "0", "--out", tmp_path / "c", "--", exe)
+    assert r.returncode == 0, r.stderr.decode()
+    assert "hello" in r.stderr.decode()           # the program's stdout, on stderr under --json
+    s = json.loads(r.stdout)
+    rows = [x for x in s["top_stacks"] if x["exact_bytes"] == 72704]
+    assert len(rows) == 1, s["top_stacks"]
+    frames = rows[0]["frames"]
+    assert frames[0]["module"].startswith("libstdc++.so")
+    assert "_dl_init" in [f["function"] for f in frames]
+
+
+def test_a_constructor_run_under_the_hold_keeps_libc_whole(compile_c, tmp_path: Path) -> None:
+    # The injection at the hold point left libc's per-thread tables unset (printf("%f") crashed)
+    # until the hold set them again: floats, the environment and the program name are intact.
+    exe = compile_c("libc_state")
+    r = _cli("malloc", "--device", "local", "--quiet", "--out", tmp_path / "c", "--", exe, "argument")
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == ["3.250000 HOME-set libc_state argc=2 argument"]

@@ -552,6 +552,8 @@ class CaptureLoop(ProcessEvents):
             self._write(RecordType.MODULES, payload)
             self.stacks.modules(payload.get("modules", []))
             self._feed_unwind(during_window=True)
+            if payload.get("loaded"):
+                self.host.ack()     # the loading thread waits for its module to be known here
         elif ptype == "agent:warning":
             self._write(RecordType.WARNING, payload)
             self.ui.warning(str(payload.get("message", "")))

@@ -55,12 +55,14 @@ class Frame:
         return f"{base}:{self.line}" if self.line else base
 
     def name(self) -> str:
-        """``function (module)``; ``module+0xoffset`` or the address when unnamed."""
+        """``function (module)``; ``module+0xoffset`` when unnamed; ``0x7f... (unknown)`` for an
+        address in no module the target announced (JIT code, a module unloaded unseen): shown,
+        never dropped."""
         if self.function:
             return f"{self.function} ({self.module})" if self.module else self.function
         if self.module is not None and self.offset is not None:
             return f"{self.module}+{self.offset:#x}"
-        return f"{self.address:#x}"
+        return f"{self.address:#x} (unknown)"
 
     def label(self) -> str:
         """``function (module) file:line``, as the console and the reports show a frame."""

@@ -222,3 +222,27 @@ def test_a_constructor_run_under_the_hold_keeps_libc_whole(compile_c, tmp_path: 
     r = _cli("malloc", "--device", "local", "--quiet", "--out", tmp_path / "c", "--", exe, "argument")
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout.decode().splitlines() == ["3.250000 HOME-set libc_state argc=2 argument"]
+
+
+# -- 2. modules as they load ----------------------------------------------------------------------
+
+def test_a_dlopened_plugin_is_recorded_as_it_loads_and_walked_through(build_dir: Path, tmp_path: Path) -> None:
+    # The plugin is loaded, run and unloaded within a few ms (the agent's module scan runs every
+    # second), and built without frame pointers.  Before, its frames and call_plugin's were
+    # dropped: the stack read main <- libc.
+    plugin = build_dir / "plugin.so"
+    exe = build_dir / "dlopen_user"
+    subprocess.run(["gcc", "-O2", "-g", "-fomit-frame-pointer", "-shared", "-fPIC", "-o", str(plugin),
+                    str(ROOT / "tests/programs/plugin.c")], check=True)
+    subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-o", str(exe),
+                    str(ROOT / "tests/programs/dlopen_user.c"), "-ldl"], check=True)
+    s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--out", tmp_path / "c",
+                      "--", exe, plugin)
+    assert s["ended"] == "target-exited" and "exit status 0" in s["reason"]
+    rows = [x for x in s["top_stacks"] if x["exact_bytes"] == 3 * 7777]
+    assert len(rows) == 1 and rows[0]["count"] == 3, s["top_stacks"]
+    names = [(f["function"], f["module"]) for f in rows[0]["frames"][:4]]
+    assert names == [("plugin_fill", "plugin.so"), ("plugin_run", "plugin.so"), ("call_plugin", "dlopen_user"),
+                     ("main", "dlopen_user")]
+    modules = [m for r in _records(tmp_path / "c" / "capture.mtc", RecordType.MODULES) for m in r["modules"]]
+    assert [m["path"] for m in modules if m["name"] == "plugin.so"] == [str(plugin)]

@@ -63,7 +63,7 @@ def test_addresses_without_rows_fall_back_to_module_and_offset() -> None:
     t = table([])
     assert t.frames_of(0x1234) == [Frame(0x1234, "app", 0x234)]
     assert t.frames_of(0x9000) == [Frame(0x9000)]
-    assert t.frames_of(0x9000)[0].label() == "0x9000"
+    assert t.frames_of(0x9000)[0].label() == "0x9000 (unknown)"     # in no module: said so, never dropped
 
 
 def test_a_later_row_for_an_address_replaces_the_earlier_one() -> None:

@@ -248,8 +248,9 @@ class CaptureLoop(ProcessEvents):
         self._last_message = time.monotonic()
         # A program memtrace starts runs to its end unless --window limits it; an app or a running
         # process gets the default window.
+        # A followed child (window None) ends with its family's window, whatever that is.
         self.window: float = options.window if options.window is not None else (
-            float("inf") if target.argv else DEFAULT_WINDOW)
+            float("inf") if target.argv or child is not None else DEFAULT_WINDOW)
 
     # -- public ---------------------------------------------------------------
 

@@ -94,6 +94,8 @@ class Family:
             loop = parent.child_loop(child, entry)
             result = loop.run()
             child.ended, child.reason = result.ended, result.reason
+            if child.capture is not None and (self.folder / child.capture).exists():
+                parent.ui.warning(f"child pid {child.pid}: traced in {child.capture} ({result.ended})")
         except CaptureWriteError as e:
             # The child's capture holds what was written before the disk filled; its END says why.
             child.ended, child.reason = "write-failed", str(e)
@@ -119,7 +121,8 @@ class Family:
                 alive = [t for t in self.threads if t.is_alive()]
             if not alive or time.monotonic() >= give_up:
                 return
-            alive[0].join(timeout=max(0.1, give_up - time.monotonic()))
+            # (No window: a program's run lasts until its followed processes have ended too.)
+            alive[0].join(timeout=max(0.1, min(1.0, give_up - time.monotonic())))
 
 
 def children_evidence(children: list[Child]) -> dict[str, Any]:
@@ -201,7 +204,8 @@ class ProcessEvents:
         what = f"child pid {child.pid} ({child.origin}" + (f" + exec of {child.path})" if child.path else ")")
         if self.options.follow_children:
             self.family.follow_process(self, child, payload.get("entry") if child.origin == "fork" else None)
-            message = f"the target made {what}: following it into {child.capture}"
+            # No file named yet: it exists only once the child is attached (then the END lists it).
+            message = f"the target made {what}: following it"
         else:
             message = f"the target made {what}: not followed, it runs untraced (--follow-children traces it)"
         self._write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
@@ -236,7 +240,7 @@ class ProcessEvents:
             child = Child(pid=self.host.pid, ppid=None, origin="exec", path=path)
             self.family.follow_process(self, child, None)
             info["followed"] = child.capture
-            message = f"the target replaced itself (exec of {path}): following it into {child.capture}"
+            message = f"the target replaced itself (exec of {path}): following it"
         else:
             message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "
                        f"its output still passes through")
@@ -268,9 +272,10 @@ class ProcessEvents:
     def child_loop(self, child: Child, entry: str | None) -> CaptureLoop:
         """The capture of a process this target made (``--follow-children``), same tracer and folder."""
         assert self.family is not None and self.writer is not None and child.capture is not None
+        left = self.family.deadline - time.monotonic()
         options = replace_fields(self.options, out=self.family.folder, capture_name=child.capture,
                                  attach_delay=0.0, keep_running=True,
-                                 window=max(0.1, round(self.family.deadline - time.monotonic(), 3)))
+                                 window=None if left == float("inf") else max(0.1, round(left, 3)))
         target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
         return type(self)(self.host.child_host(child.pid), self.tracer, target, options,  # type: ignore[call-arg]
                           ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,

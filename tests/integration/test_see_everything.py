@@ -246,3 +246,81 @@ def test_a_dlopened_plugin_is_recorded_as_it_loads_and_walked_through(build_dir:
                      ("main", "dlopen_user")]
     modules = [m for r in _records(tmp_path / "c" / "capture.mtc", RecordType.MODULES) for m in r["modules"]]
     assert [m["path"] for m in modules if m["name"] == "plugin.so"] == [str(plugin)]
+
+
+# -- 9. a peer profiler's test programs, our own equivalents -------------------------------------
+
+@pytest.fixture(scope="module")
+def peer_cases(build_dir: Path) -> Path:
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed")
+    exe = build_dir / "peer_cases"
+    subprocess.run(["g++", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(exe),
+                    str(ROOT / "tests/programs/peer_cases.cpp")], check=True)
+    return exe
+
+
+@pytest.mark.parametrize(("case", "size", "count", "top"), [
+    ("throw", 1111, 5, ["operator new(unsigned long)", "alloc_then_throw(int)", "main"]),
+    ("longjmp", 2222, 5, ["alloc_then_jump(int)", "main"]),
+    ("exit", 3333, 1, ["alloc_before_exit(unsigned long)", "main"]),
+    ("_exit", 3334, 1, ["alloc_before_exit(unsigned long)", "main"]),
+    ("_Exit", 3335, 1, ["alloc_before_exit(unsigned long)", "main"]),
+    ("tls", 4444, 4, ["Leaver::tls_destructor_alloc()", "Leaver::~Leaver()"]),
+])
+def test_peer_case_every_allocation_with_its_size_and_stack(case: str, size: int, count: int, top: list[str],
+                                                            peer_cases: Path, tmp_path: Path) -> None:
+    s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--out", tmp_path / "c",
+                      "--", peer_cases, case)
+    assert s["ended"] == "target-exited" and "exit status 0" in s["reason"], s["reason"]
+    rows = [x for x in s["top_stacks"] if x["exact_bytes"] == size * count and x["count"] == count]
+    assert len(rows) == 1, s["top_stacks"]
+    assert [f["function"] for f in rows[0]["frames"][:len(top)]] == top
+
+
+def _top_rows(capture: Path) -> dict[str, tuple[int, int]]:
+    from memtrace.analyze.malloc import summarize
+
+    s = summarize(read_records(capture))
+    return {r.frames[0].function or "": (round(r.count), r.exact_bytes) for r in s.stack_rows(None) if r.frames}
+
+
+def test_peer_fork_with_threads_child_traced_from_its_first_line(compile_c, tmp_path: Path) -> None:
+    exe = compile_c("peer_fork")
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--stack-threshold", "0",
+                 "--out", out, "--", exe, "threads")
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    (child,) = end["children"]
+    assert child["origin"] == "fork" and (out / child["capture"]).exists()
+    assert _top_rows(out / "capture.mtc")["thread_work"] == (3000, 3000 * 512)
+    assert _top_rows(out / child["capture"])["child_work"] == (2, 2 * 5555)
+
+
+def test_peer_fork_tree_grandchild_is_followed(compile_c, tmp_path: Path) -> None:
+    exe = compile_c("peer_fork")
+    out = tmp_path / "c"
+    r = run_memtrace("malloc", "--device", "local", "--follow-children", "--stack-threshold", "0",
+                     "--out", out, "--", exe, "tree")
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    (child,) = end["children"]
+    child_end = _records(out / child["capture"], RecordType.END)[0]
+    (grandchild,) = child_end["children"]
+    assert grandchild["origin"] == "fork" and grandchild["ppid"] == child["pid"]
+    assert _top_rows(out / grandchild["capture"])["grandchild_work"] == (1, 7070)
+    # Messages name a capture file only once it exists.
+    assert f"child pid {grandchild['pid']}: traced in {grandchild['capture']}" in r.stderr.replace("\n", " ")
+    warnings = [w["message"] for w in _records(out / "capture.mtc", RecordType.WARNING)]
+    assert all(".mtc" not in m for m in warnings), warnings
+
+
+def test_peer_fork_then_exec_child_is_seen_before_its_exec(compile_c, tmp_path: Path) -> None:
+    exe = compile_c("peer_fork")
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--stack-threshold", "0",
+                 "--out", out, "--", exe, "exec")
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    (child,) = end["children"]
+    assert _top_rows(out / child["capture"])["before_exec"] == (1, 6000)
+    child_end = _records(out / child["capture"], RecordType.END)[0]
+    assert child_end["evidence"]["exec"]["path"] == "/proc/self/exe"

@@ -324,3 +324,16 @@ def test_peer_fork_then_exec_child_is_seen_before_its_exec(compile_c, tmp_path: 
     assert _top_rows(out / child["capture"])["before_exec"] == (1, 6000)
     child_end = _records(out / child["capture"], RecordType.END)[0]
     assert child_end["evidence"]["exec"]["path"] == "/proc/self/exe"
+
+
+# -- 5. every child noticed -----------------------------------------------------------------------
+
+def test_every_posix_spawn_is_noticed_and_listed(compile_c, tmp_path: Path) -> None:
+    # Before, only the first posix_spawn was ever noticed (the later ones ran untold).
+    exe = compile_c("peer_fork")
+    out = tmp_path / "c"
+    r = run_memtrace("malloc", "--device", "local", "--quiet", "--out", out, "--", exe, "spawns")
+    assert "spawns 0" in r.stdout
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    assert [(c["origin"], c["path"]) for c in end["children"]] == [("spawn", "/proc/self/exe")] * 3
+    assert len({c["pid"] for c in end["children"]}) == 3

@@ -37,6 +37,8 @@ export const proc = {
   stubs: [],          // {stub, slot, target}: armed stubs
   execTarget: null,
   execHooked: false,
+  execSlow: false,    // execve redirected by Interceptor.replace (too short for replaceFast)
+  spawnHooks: [],     // posix_spawn/posix_spawnp listeners (with a slow execve hook)
   acks: 0,
   forksReported: 0,
   torn: false,
@@ -246,14 +248,58 @@ export function hookExec() {
     // Too short for a fast redirect: the replacement calling `target` reaches the original.
     proc.mem.realExecve.writePointer(target);
     Interceptor.replace(target, proc.cm.mt_execve);
+    proc.execSlow = true;
   }
   Interceptor.flush();
   proc.execTarget = target;
   proc.execHooked = true;
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
+  if (proc.execSlow)
+    hookSpawn();
+}
+
+/* With execve behind Interceptor.replace, a posix_spawn child (clone(CLONE_VM | CLONE_VFORK):
+ * the parent's memory and its thread-local storage) entering that redirect marks the parent's
+ * thread as inside it for good -- it execs and never returns -- and every later execve from
+ * that thread skipped the hook: only the first posix_spawn was ever seen.  So around
+ * posix_spawn the redirect is taken out, and the parent reports the child itself when the
+ * call returns (its pid and path).  (glibc's system() and popen() go through posix_spawn.) */
+function hookSpawn() {
+  for (const name of ['posix_spawn', 'posix_spawnp']) {
+    const f = libcExport(name);
+    if (f === null)
+      continue;
+    proc.spawnHooks.push(Interceptor.attach(f, {
+      onEnter(args) {
+        this.pidOut = args[0];
+        this.path = readCString(args[1]);
+        this.rehook = proc.execHooked;
+        if (this.rehook) {
+          Interceptor.revert(proc.execTarget);
+          Interceptor.flush();
+        }
+      },
+      onLeave(retval) {
+        if (this.rehook && proc.execHooked && !proc.torn) {
+          Interceptor.replace(proc.execTarget, proc.cm.mt_execve);
+          Interceptor.flush();
+        }
+        if (retval.toInt32() !== 0 || this.pidOut.isNull())
+          return;
+        try {
+          send({ type: 'process:child', t: now(), pid: this.pidOut.readS32(), ppid: Process.id, origin: 'spawn',
+            path: this.path, entry: null, lost: 0 });
+        } catch (e) {
+          // never stand in the target's way
+        }
+      },
+    }));
+  }
 }
 
 export function unhookExec() {
+  for (const h of proc.spawnHooks.splice(0))
+    h.detach();
   if (!proc.execHooked)
     return;
   writeField(proc.mem.proc, PROC, 'exec_notify', 0);

@@ -340,7 +340,12 @@ class CaptureLoop(ProcessEvents):
             self.stacks.symbolize_on_host()
         if self.options.attach_delay > 0 and hasattr(self.host, "hold_constructors"):
             self.host.hold_constructors = False     # it is to run first: no hold before constructors
+        if self.child is None and hasattr(self.host, "follow_children"):
+            self.host.follow_children = self.options.follow_children
         launched = self.host.launch()
+        held = getattr(self.host, "hold_children", None)
+        if held is not None and held.children is not None and self.family is not None:
+            self.family.watch_held(self, held.children)
         self.clock.launch = getattr(launched, "t_launch", None)
         if self.child is not None:
             # A followed process "launched" when the host learned of it: what it ran before the

@@ -13,6 +13,7 @@ import os
 import queue
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import frida
@@ -21,7 +22,7 @@ from memtrace import devices, launchers
 from memtrace.agentbuild import build_agent, default_cache_dir
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.exitwatch import ChildExitWatcher
-from memtrace.hold import Hold
+from memtrace.hold import HeldImage, Hold
 from memtrace.hold import library as hold_library
 from memtrace.target import TargetSpec
 
@@ -51,8 +52,10 @@ class FridaHost:
         # Hold a spawned local program before its first constructor (memtrace.hold); False for
         # attach delays (the user wants it running first).
         self.hold_constructors = True
+        self.follow_children = False    # with the hold: later images wait for the host too
         self.hold_info: dict[str, Any] | None = None
-        self._hold: Hold | None = None
+        self._hold: Hold | HeldImage | None = None
+        self.hold_children: Hold | None = None      # its children's folder lives until close()
         self.events: queue.Queue[Event] = queue.Queue()
         self._output = output
         self.device: Any = device       # given: a followed child's host shares its parent's device
@@ -110,7 +113,7 @@ class FridaHost:
         if lib is None:
             self.hold_info = {"held": False, "why": why}
             return None
-        return Hold(lib)
+        return Hold(lib, children=self.follow_children)
 
     def _hold_at_constructors(self, hold: Hold) -> None:
         """Run the spawned program to the hold point (loaded and relocated, no constructor run
@@ -122,6 +125,8 @@ class FridaHost:
         except GONE_ERRORS as e:
             hold.close()
             raise TargetLost(f"resume: {e}") from None
+        if hold.children is not None:
+            self.hold_children = hold
         if hold.reach(self.alive):
             self._hold = hold
             self.launched.suspended = False
@@ -224,10 +229,14 @@ class FridaHost:
             with contextlib.suppress(*GONE_ERRORS):
                 self.script.post({"type": "memtrace:ack"})
 
-    def child_host(self, pid: int) -> FridaHost:
-        """The host of a process this target made: same device, its own session and agent."""
-        return FridaHost(TargetSpec(device=self.target.device, pid=pid, launch="none"), self.rpc_timeout,
+    def child_host(self, pid: int, held: Path | None = None) -> FridaHost:
+        """The host of a process this target made: same device, its own session and agent
+        (``held``: its image waits at the hold point until this host resumes it)."""
+        host = FridaHost(TargetSpec(device=self.target.device, pid=pid, launch="none"), self.rpc_timeout,
                          output=None, device=self.device)
+        if held is not None:
+            host._hold = HeldImage(held)
+        return host
 
     def c_sources(self, agent: str) -> list[str]:
         return build_agent(agent).c_sources
@@ -254,6 +263,9 @@ class FridaHost:
         if self._hold is not None:      # never leave a program waiting at the hold point
             self._hold.release()
             self._hold = None
+        if self.hold_children is not None:
+            self.hold_children.close_children()
+            self.hold_children = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- callbacks (Frida's thread: enqueue only) --------------------------------------------

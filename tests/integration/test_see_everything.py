@@ -337,3 +337,31 @@ def test_every_posix_spawn_is_noticed_and_listed(compile_c, tmp_path: Path) -> N
     end = _records(out / "capture.mtc", RecordType.END)[0]
     assert [(c["origin"], c["path"]) for c in end["children"]] == [("spawn", "/proc/self/exe")] * 3
     assert len({c["pid"] for c in end["children"]}) == 3
+
+
+def test_short_lived_spawned_children_are_traced_from_before_their_constructors(compile_c, tmp_path: Path) -> None:
+    # Three posix_spawn children that live a few ms each: before, none could be attached to in
+    # time ("could not follow").  Each now waits at the hold point until its hooks are in.
+    exe = compile_c("peer_fork")
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--stack-threshold", "0",
+                 "--out", out, "--", exe, "spawns")
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    assert len(end["children"]) == 3
+    for child in end["children"]:
+        assert child["origin"] == "spawn" and child["ended"] == "target-exited", child
+        assert _top_rows(out / child["capture"])["leaf_work"] == (2, 2 * 6666)
+
+
+def test_the_image_a_forked_child_execs_is_traced(compile_c, tmp_path: Path) -> None:
+    # Before, it was announced as "exec-PID.mtc", a file that never existed.
+    exe = compile_c("peer_fork")
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--stack-threshold", "0",
+                 "--out", out, "--", exe, "exec")
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    (child,) = end["children"]
+    child_end = _records(out / child["capture"], RecordType.END)[0]
+    followed = child_end["evidence"]["exec"]["followed"]
+    assert (out / followed).exists()
+    assert _top_rows(out / followed)["leaf_work"] == (2, 2 * 6666)

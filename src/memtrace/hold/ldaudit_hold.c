@@ -23,6 +23,8 @@
 #include <stdint.h>
 
 #define HOLD_MAX_MS 60000
+#define CHILD_HOLD_MAX_MS 10000    /* a followed child's image waits this long at most */
+#define CHILD_ENV_NAME "MEMTRACE_HOLD_CHILDREN="
 #define AT_FDCWD_ (-100)
 #define ENV_NAME "MEMTRACE_HOLD="
 #define ENV_CHUNK 4096
@@ -35,6 +37,7 @@
 # define NR_OPENAT 257
 # define NR_RENAMEAT 264
 # define NR_FACCESSAT 269
+# define NR_GETPID 39
 static long
 sys4 (long n, long a, long b, long c, long d)
 {
@@ -50,6 +53,7 @@ sys4 (long n, long a, long b, long c, long d)
 # define NR_OPENAT 56
 # define NR_RENAMEAT 38
 # define NR_FACCESSAT 48
+# define NR_GETPID 172
 static long
 sys4 (long n, long a, long b, long c, long d)
 {
@@ -220,12 +224,11 @@ reinit_libc (void)
     ctype_init ();
 }
 
-/* MEMTRACE_HOLD's value into held[] (NUL-terminated); 0 when it is not set.  /proc/self/environ,
- * read in chunks: a variable may straddle two. */
+/* An environment variable's value (want: "NAME=") into held[] (NUL-terminated); 0 when it is not
+ * set.  /proc/self/environ, read in chunks: a variable may straddle two. */
 static int
-hold_path (void)
+env_value (const char * want)
 {
-  const char * want = ENV_NAME;
   int fd = (int) sys4 (NR_OPENAT, AT_FDCWD_, (long) "/proc/self/environ", 0, 0);
   int matched = 0, in_value = 0, at_start = 1, len = 0, found = 0;
   long n, i;
@@ -267,6 +270,33 @@ hold_path (void)
   return found && len > 0 && len < PATH_MAX_;
 }
 
+/* held[] (a folder) becomes held[]/<pid>, created exclusively; 1 when it was. */
+static int
+child_file (void)
+{
+  char digits[24];
+  long pid = sys4 (NR_GETPID, 0, 0, 0, 0);
+  int n = 0, k = 0, fd;
+  while (held[n] != '\0')
+    n++;
+  if (pid <= 0 || n + 24 > PATH_MAX_)
+    return 0;
+  do
+  {
+    digits[k++] = (char) ('0' + pid % 10);
+    pid /= 10;
+  } while (pid > 0);
+  held[n++] = '/';
+  while (k > 0)
+    held[n++] = digits[--k];
+  held[n] = '\0';
+  fd = (int) sys4 (NR_OPENAT, AT_FDCWD_, (long) held, 0x41 | 0x80, 0600);   /* O_WRONLY | O_CREAT | O_EXCL */
+  if (fd < 0)
+    return 0;
+  sys4 (NR_CLOSE, fd, 0, 0, 0);
+  return 1;
+}
+
 void
 la_activity (uintptr_t * cookie, unsigned int flag)
 {
@@ -277,15 +307,26 @@ la_activity (uintptr_t * cookie, unsigned int flag)
   if (flag != LA_ACT_CONSISTENT || seen)
     return;
   seen = 1;
-  if (!hold_path ())
+  if (env_value (ENV_NAME))
+  {
+    for (n = 0; held[n] != '\0'; n++)
+      file[n] = held[n];
+    file[n] = '\0';
+    held[n] = '.'; held[n + 1] = 'h'; held[n + 2] = 'e'; held[n + 3] = 'l'; held[n + 4] = 'd'; held[n + 5] = '\0';
+    if (sys4 (NR_RENAMEAT, AT_FDCWD_, (long) file, AT_FDCWD_, (long) held) == 0)
+    {
+      for (i = 0; i < HOLD_MAX_MS && sys4 (NR_FACCESSAT, AT_FDCWD_, (long) held, 0, 0) == 0; i++)
+        sys4 (NR_NANOSLEEP, (long) &tick, 0, 0, 0);
+      reinit_libc ();
+      return;
+    }
+  }
+  /* Not the target itself: a process it started or an image it exec'd.  With --follow-children
+   * the host watches MEMTRACE_HOLD_CHILDREN: this image posts DIR/<pid> and waits until the host
+   * (attached, hooks in) removes it.  No folder (the run is over): no wait. */
+  if (!env_value (CHILD_ENV_NAME) || !child_file ())
     return;
-  for (n = 0; held[n] != '\0'; n++)
-    file[n] = held[n];
-  file[n] = '\0';
-  held[n] = '.'; held[n + 1] = 'h'; held[n + 2] = 'e'; held[n + 3] = 'l'; held[n + 4] = 'd'; held[n + 5] = '\0';
-  if (sys4 (NR_RENAMEAT, AT_FDCWD_, (long) file, AT_FDCWD_, (long) held) != 0)
-    return;                         /* another process was held, or the host gave up */
-  for (i = 0; i < HOLD_MAX_MS && sys4 (NR_FACCESSAT, AT_FDCWD_, (long) held, 0, 0) == 0; i++)
+  for (i = 0; i < CHILD_HOLD_MAX_MS && sys4 (NR_FACCESSAT, AT_FDCWD_, (long) held, 0, 0) == 0; i++)
     sys4 (NR_NANOSLEEP, (long) &tick, 0, 0, 0);
   reinit_libc ();
 }

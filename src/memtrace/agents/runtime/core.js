@@ -12,7 +12,7 @@
 import { AGG_STRIDE, CONFIG, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS, N_SITES,
   PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
-import { disarmStub, leakedStub, proc } from './process.js';
+import { disarmStub, leakedStub, proc, withoutHoldEnv } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 
@@ -160,7 +160,7 @@ export function buildCore(config, sources, extraSymbols) {
       (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux');
   if (wantExternal) {
     try {
-      cm = new CModule(source, symbols, { toolchain: 'external' });
+      cm = withoutHoldEnv(() => new CModule(source, symbols, { toolchain: 'external' }));
       toolchain = 'external';
     } catch (e) {
       if (config.toolchain === 'external')

@@ -52,6 +52,31 @@ function nf(name, ret, args) {
   return p === null ? null : new NativeFunction(p, ret, args);
 }
 
+/* The external toolchain's compiler runs as a child of the target: under --follow-children's
+ * hold (memtrace.hold) it would wait to be followed like any process the target starts.  The
+ * hold's variable is out of the environment while `fn` runs (a target thread spawning meanwhile
+ * gets a child that is not held: it is still followed from its spawn). */
+const HOLD_CHILDREN_ENV = 'MEMTRACE_HOLD_CHILDREN';
+
+export function withoutHoldEnv(fn) {
+  const getenv = nf('getenv', 'pointer', ['pointer']);
+  const setenv = nf('setenv', 'int', ['pointer', 'pointer', 'int']);
+  const unsetenv = nf('unsetenv', 'int', ['pointer']);
+  if (getenv === null || setenv === null || unsetenv === null)
+    return fn();
+  const name = Memory.allocUtf8String(HOLD_CHILDREN_ENV);
+  const value = getenv(name);
+  if (value.isNull())
+    return fn();
+  const saved = Memory.allocUtf8String(value.readUtf8String());
+  unsetenv(name);
+  try {
+    return fn();
+  } finally {
+    setenv(name, saved, 1);
+  }
+}
+
 /* ---- stubs in leaked memory ------------------------------------------------------------ */
 
 function stubArch() {

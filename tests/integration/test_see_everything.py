@@ -365,3 +365,7 @@ def test_the_image_a_forked_child_execs_is_traced(compile_c, tmp_path: Path) -> 
     followed = child_end["evidence"]["exec"]["followed"]
     assert (out / followed).exists()
     assert _top_rows(out / followed)["leaf_work"] == (2, 2 * 6666)
+    # show presents the process with its children, and theirs.
+    shown = run_memtrace("show", out).stdout
+    assert f"pid {child['pid']} fork: target-exited -> {child['capture']}" in shown
+    assert f"pid {child['pid']} exec /proc/self/exe: replaced it -> {followed}" in shown

@@ -11,6 +11,8 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -109,6 +111,11 @@ class FridaHost:
         return self.launched
 
     def _new_hold(self) -> Hold | None:
+        program = shutil.which(self.target.argv[0]) if self.target.argv else None
+        if program is not None and os.stat(program).st_mode & (stat.S_ISUID | stat.S_ISGID):
+            # The loader ignores LD_AUDIT in a set-user-ID or set-group-ID program.
+            self.hold_info = {"held": False, "why": f"{program} is set-user-ID or set-group-ID"}
+            return None
         lib, why = hold_library(default_cache_dir())
         if lib is None:
             self.hold_info = {"held": False, "why": why}

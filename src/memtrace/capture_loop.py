@@ -658,8 +658,13 @@ class CaptureLoop(ProcessEvents):
                                   batches=self.batches, families=self.stacks.families()))
 
     def _agent_config(self) -> dict[str, Any]:
-        return {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),
-                "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
+        config = {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),
+                  "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
+        if self.options.follow_children and config.get("toolchain") == "auto":
+            # The external toolchain's compiler would be a process of the target's, held and
+            # followed like any other (and its compiler too): TinyCC compiles in the target.
+            config["toolchain"] = "internal"
+        return config
 
     def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         assert self.writer is not None

@@ -59,6 +59,7 @@ function nf(name, ret, args) {
 const HOLD_CHILDREN_ENV = 'MEMTRACE_HOLD_CHILDREN';
 
 export function withoutHoldEnv(fn) {
+  restoreEnviron();
   const getenv = nf('getenv', 'pointer', ['pointer']);
   const setenv = nf('setenv', 'int', ['pointer', 'pointer', 'int']);
   const unsetenv = nf('unsetenv', 'int', ['pointer']);
@@ -74,6 +75,26 @@ export function withoutHoldEnv(fn) {
     return fn();
   } finally {
     setenv(name, saved, 1);
+  }
+}
+
+/* A program held before its constructors (memtrace.hold) had libc's initializer run on Frida's
+ * injecting thread with no environment: until the program goes on, `environ` is NULL, and the
+ * compiler the external toolchain starts from here would get none (gcc then cannot find cc1).
+ * The program's own is on its initial stack: proc(5)'s startstack points at argc, then argv,
+ * NULL, envp.  (Once released, the hold library sets libc's state again on the main thread.) */
+function restoreEnviron() {
+  const environ = libcExport('__environ') || libcExport('environ');
+  if (environ === null || !environ.readPointer().isNull())
+    return;
+  try {
+    const stat = File.readAllText('/proc/self/stat');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const sp = ptr(fields[28 - 3]);
+    const argc = sp.readU64().toNumber();
+    environ.writePointer(sp.add((argc + 2) * Process.pointerSize));
+  } catch (e) {
+    // left as it is: the external toolchain fails and TinyCC compiles instead
   }
 }
 

@@ -369,3 +369,15 @@ def test_the_image_a_forked_child_execs_is_traced(compile_c, tmp_path: Path) -> 
     shown = run_memtrace("show", out).stdout
     assert f"pid {child['pid']} fork: target-exited -> {child['capture']}" in shown
     assert f"pid {child['pid']} exec /proc/self/exe: replaced it -> {followed}" in shown
+
+
+def test_the_hold_leaves_the_programs_environment_as_it_was(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MEMTRACE_TEST_MARK": "kept"}
+    r = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--quiet",
+                        "--out", str(tmp_path / "c"), "--", "env"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    names = {line.split("=", 1)[0] for line in r.stdout.splitlines() if "=" in line}
+    assert "MEMTRACE_TEST_MARK" in names
+    assert not names & {"LD_AUDIT", "MEMTRACE_HOLD", "MEMTRACE_HOLD_CHILDREN"}
+    assert _records(tmp_path / "c" / "capture.mtc", RecordType.RECON)[0]["hold"] == {"held": True}

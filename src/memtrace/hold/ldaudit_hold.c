@@ -224,6 +224,56 @@ reinit_libc (void)
     ctype_init ();
 }
 
+/* Whether `entry` ("NAME=value") starts with `prefix`. */
+static int
+starts_with (const char * entry, const char * prefix)
+{
+  while (*prefix != '\0')
+    if (*entry++ != *prefix++)
+      return 0;
+  return 1;
+}
+
+/* Whether LD_AUDIT's value is this library alone (memtrace.hold names it memtrace-hold-*.so; a
+ * list -- the user's own auditors after it -- is left as it is). */
+static int
+own_audit (const char * value)
+{
+  const char * mark = "/memtrace-hold-";
+  int found = 0;
+  for (; *value != '\0'; value++)
+  {
+    if (*value == ':')
+      return 0;
+    if (!found && starts_with (value, mark))
+      found = 1;
+  }
+  return found;
+}
+
+/* The program's environment without what memtrace added to it (the hold's variables, and
+ * LD_AUDIT when it names only this library): a program that prints or passes on its environment
+ * sees its own.  Not when following children: they need both to be held in turn. */
+static void
+scrub_environment (void)
+{
+  long * sp = (long *) stat_field (28);
+  char ** envp, ** out;
+  if (sp == 0)
+    return;
+  envp = (char **) (sp + 1) + sp[0] + 1;
+  for (out = envp; *envp != 0; envp++)
+  {
+    const char * e = *envp;
+    if (starts_with (e, ENV_NAME))
+      continue;
+    if (starts_with (e, "LD_AUDIT=") && own_audit (e + 9))
+      continue;
+    *out++ = *envp;
+  }
+  *out = 0;
+}
+
 /* An environment variable's value (want: "NAME=") into held[] (NUL-terminated); 0 when it is not
  * set.  /proc/self/environ, read in chunks: a variable may straddle two. */
 static int
@@ -317,6 +367,8 @@ la_activity (uintptr_t * cookie, unsigned int flag)
     {
       for (i = 0; i < HOLD_MAX_MS && sys4 (NR_FACCESSAT, AT_FDCWD_, (long) held, 0, 0) == 0; i++)
         sys4 (NR_NANOSLEEP, (long) &tick, 0, 0, 0);
+      if (!env_value (CHILD_ENV_NAME))
+        scrub_environment ();
       reinit_libc ();
       return;
     }

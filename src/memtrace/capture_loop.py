@@ -483,6 +483,8 @@ class CaptureLoop(ProcessEvents):
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
         end_body["process_guard"] = self.process_info
+        if self.child is None and self.family is not None:
+            self.children.extend(self.family.unreported())
         end_body.update(children_evidence(self.children))
         if self.child is not None:
             end_body["origin"] = {**self.child.to_json(), "parent_capture": self.parent_capture}

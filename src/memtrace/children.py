@@ -73,6 +73,7 @@ class Family:
     held_dir: Path | None = None
     claims: dict[int, tuple[float, Child]] = field(default_factory=dict)   # pid -> (when, its latest image)
     image_pids: set[int] = field(default_factory=set)
+    matched: set[int] = field(default_factory=set)       # id() of claims an agent's report was matched to
 
     def claim_name(self, origin: str, pid: int) -> str:
         base = f"{'exec' if origin == 'exec' else 'child'}-{pid}"
@@ -137,10 +138,18 @@ class Family:
             with self.lock:
                 claim = self.claims.get(pid)
             if claim is not None and claim[0] >= since:
+                with self.lock:
+                    self.matched.add(id(claim[1]))
                 return claim[1]
             if time.monotonic() >= end:
                 return None
             time.sleep(0.005)
+
+    def unreported(self) -> list[Child]:
+        """Images followed from the hold that no agent reported (a vfork child's exec after the
+        first, say): listed by the root capture, with their own ppid."""
+        with self.lock:
+            return [c for _, c in self.claims.values() if id(c) not in self.matched]
 
     def _run(self, parent: ProcessEvents, child: Child, entry: str | None, held: Path | None = None) -> None:
         try:

@@ -381,3 +381,26 @@ def test_the_hold_leaves_the_programs_environment_as_it_was(tmp_path: Path) -> N
     assert "MEMTRACE_TEST_MARK" in names
     assert not names & {"LD_AUDIT", "MEMTRACE_HOLD", "MEMTRACE_HOLD_CHILDREN"}
     assert _records(tmp_path / "c" / "capture.mtc", RecordType.RECON)[0]["hold"] == {"held": True}
+
+
+def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
+    # gcc runs cc1 and as (vfork + exec: only the first of them was ever noticed, and neither
+    # lived long enough to be attached to): each is now a capture of its own, listed under gcc.
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    src = tmp_path / "small.c"
+    src.write_text("int twice(int x) { return 2 * x; }\n")
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--out", out, "--",
+                 gcc, "-c", src, "-o", tmp_path / "small.o")
+    assert (tmp_path / "small.o").exists()
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    by_tool = {Path(c["path"]).name: c for c in end["children"] if c.get("path")}
+    for tool in ("cc1", "x86_64-linux-gnu-as") if "x86_64-linux-gnu-as" in by_tool else ("cc1", "as"):
+        child = by_tool[tool]
+        assert child["ended"] == "target-exited" and (out / child["capture"]).exists(), child
+        s = memtrace_json("show", out / child["capture"])
+        assert s["alloc_calls"] > 0 and s["gross_bytes"] > 0
+    shown = run_memtrace("show", out).stdout
+    assert "cc1: target-exited -> child-" in shown.replace("\n", "")

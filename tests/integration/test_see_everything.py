@@ -404,3 +404,21 @@ def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
         assert s["alloc_calls"] > 0 and s["gross_bytes"] > 0
     shown = run_memtrace("show", out).stdout
     assert "cc1: target-exited -> child-" in shown.replace("\n", "")
+
+
+def test_every_vfork_exec_is_noticed_once_and_only_when_it_happened(tmp_path: Path) -> None:
+    # gcc (libiberty's pex: vfork, then execvp over PATH): before, only cc1 was noticed; a
+    # failed execvp attempt must not be a child.
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    src = tmp_path / "small.c"
+    src.write_text("int twice(int x) { return 2 * x; }\n")
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--out", out, "--", gcc, "-c", src,
+                 "-o", tmp_path / "small.o")
+    end = _records(out / "capture.mtc", RecordType.END)[0]
+    tools = sorted(Path(c["path"]).name for c in end["children"])
+    assert len(tools) == 2 and tools[0].endswith("as") and tools[1] == "cc1", end["children"]
+    assert all(c["origin"] == "spawn" for c in end["children"])
+    assert all(os.path.exists(c["path"]) for c in end["children"])

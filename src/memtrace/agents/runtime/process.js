@@ -38,6 +38,7 @@ export const proc = {
   execTarget: null,
   execHooked: false,
   execSlow: false,    // execve redirected by Interceptor.replace (too short for replaceFast)
+  execSaved: null,    // execve's first bytes, where our own jump replaced them (hookExec)
   spawnHooks: [],     // posix_spawn/posix_spawnp listeners (with a slow execve hook)
   acks: 0,
   forksReported: 0,
@@ -291,10 +292,12 @@ export function hookExec() {
     const original = Interceptor.replaceFast(target, proc.cm.mt_execve);
     proc.mem.realExecve.writePointer(original);
   } catch (e) {
-    // Too short for a fast redirect: the replacement calling `target` reaches the original.
-    proc.mem.realExecve.writePointer(target);
-    Interceptor.replace(target, proc.cm.mt_execve);
-    proc.execSlow = true;
+    if (!jumpExecve(target)) {
+      // The replacement calling `target` reaches the original.
+      proc.mem.realExecve.writePointer(target);
+      Interceptor.replace(target, proc.cm.mt_execve);
+      proc.execSlow = true;
+    }
   }
   Interceptor.flush();
   proc.execTarget = target;
@@ -302,6 +305,36 @@ export function hookExec() {
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
   if (proc.execSlow)
     hookSpawn();
+}
+
+/* glibc's execve (x86-64) is 33 bytes whose error branch jumps back into its first 16: Frida's
+ * replaceFast cannot move them.  Its first 14 bytes become `jmp [rip]; .quad mt_execve` and the
+ * real call is mt_execve_raw (process.c), with no trampoline: Interceptor.replace's keeps
+ * per-thread state that a posix_spawn or vfork child -- the parent's memory and thread-local
+ * storage, an exec that never returns -- leaves behind (see hookSpawn).  Fork children get the
+ * bytes back with every other patch (recordPatches). */
+const JUMP_BYTES = 14;
+
+function jumpExecve(target) {
+  if (Process.arch !== 'x64' || proc.cm.mt_execve_raw === undefined)
+    return false;
+  const m = libcModule();
+  let size = 0;
+  try {
+    const sym = m.enumerateSymbols().find(s => s.name === 'execve' && s.address.equals(target));
+    size = sym && sym.size ? sym.size : 0;
+  } catch (e) {
+    size = 0;
+  }
+  if (size < JUMP_BYTES)
+    return false;
+  proc.execSaved = target.readByteArray(JUMP_BYTES);
+  proc.mem.realExecve.writePointer(proc.cm.mt_execve_raw);
+  Memory.patchCode(target, JUMP_BYTES, code => {
+    code.writeByteArray([0xff, 0x25, 0x00, 0x00, 0x00, 0x00]);
+    code.add(6).writePointer(proc.cm.mt_execve);
+  });
+  return true;
 }
 
 /* With execve behind Interceptor.replace, a posix_spawn child (clone(CLONE_VM | CLONE_VFORK):
@@ -349,7 +382,13 @@ export function unhookExec() {
   if (!proc.execHooked)
     return;
   writeField(proc.mem.proc, PROC, 'exec_notify', 0);
-  Interceptor.revert(proc.execTarget);
+  if (proc.execSaved !== null) {
+    const saved = proc.execSaved;
+    Memory.patchCode(proc.execTarget, JUMP_BYTES, code => code.writeByteArray(saved));
+    proc.execSaved = null;
+  } else {
+    Interceptor.revert(proc.execTarget);
+  }
   Interceptor.flush();
   proc.execHooked = false;
 }

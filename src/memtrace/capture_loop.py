@@ -727,7 +727,7 @@ def run_capture(tracer: Tracer | str, target: TargetSpec, options: CaptureOption
         from memtrace.frida_host import FridaHost
 
         stdio = "pipe"
-        if getattr(ui, "passthrough", False):      # the program's output is shown: its stdio is the user's
-            stdio = "inherit-stderr" if getattr(ui, "stdout_to_stderr", False) else "inherit"
+        if getattr(ui, "passthrough", False):      # the program's output is shown: its stdin is the user's
+            stdio = "inherit"
         host = FridaHost(target, options.thresholds.rpc_timeout, output=ui.output, stdio=stdio)
     return CaptureLoop(host, tracer, target, options, ui).run()

@@ -13,6 +13,7 @@ import os
 import queue
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,10 +47,10 @@ class FridaHost:
                  stdio: str = "pipe") -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
-        # A local program's stdin, stdout and stderr: "inherit" (memtrace's own, as when the user
-        # runs it: pipes, files, the terminal), "inherit-stderr" (the same with its stdout on
-        # memtrace's stderr, which keeps --json's stdout clean) or "pipe" (through Frida's output
-        # signal; stdin a pipe nothing writes to).
+        # A local program's stdio: "inherit" (its stdin is memtrace's own, as when the user runs it:
+        # a pipe, a file, the terminal; its stdout and stderr come through pipes of memtrace's to
+        # the UI, which shows them inertly under the live panel and puts stdout on stderr for
+        # --json) or "pipe" (all three through Frida; stdin a pipe nothing writes to).
         self.stdio = stdio
         # Hold a spawned local program before its first constructor (memtrace.hold); False for
         # attach delays (the user wants it running first).
@@ -96,7 +97,7 @@ class FridaHost:
         inherit = self.stdio != "pipe" and self.is_local and not self.target.app
         local_program = self.is_local and not self.target.app and isinstance(launcher, launchers.FridaLauncher)
         hold = self._new_hold() if local_program and self.hold_constructors else None
-        with _stdout_on_stderr(inherit and self.stdio == "inherit-stderr"):
+        with self._output_pipes(inherit):
             # Frida's local spawn forks from this process: the program gets the descriptors
             # memtrace holds at this moment.
             if hold is not None:
@@ -109,6 +110,23 @@ class FridaHost:
         if hold is not None:
             self._hold_at_constructors(hold)
         return self.launched
+
+    @contextlib.contextmanager
+    def _output_pipes(self, on: bool) -> Any:
+        """While a local program is spawned with inherited stdio: its stdout and stderr are pipes
+        read here and handed to the UI, as Frida's output signal did (stdin stays the user's)."""
+        if not on:
+            yield
+            return
+        pipes = [os.pipe(), os.pipe()]
+        try:
+            with _fds_swapped([(pipes[0][1], 1), (pipes[1][1], 2)]):
+                yield
+        finally:
+            for (r, w), fd in zip(pipes, (1, 2), strict=True):
+                os.close(w)         # the program holds its own copies
+                threading.Thread(target=_pump, args=(r, fd, self._output), daemon=True,
+                                 name=f"memtrace-output-{fd}").start()
 
     def _new_hold(self) -> Hold | None:
         program = shutil.which(self.target.argv[0]) if self.target.argv else None
@@ -283,21 +301,36 @@ class FridaHost:
 
 
 @contextlib.contextmanager
-def _stdout_on_stderr(on: bool) -> Any:
-    """Descriptor 1 is descriptor 2 while this lasts (for a program spawned meanwhile)."""
-    if not on:
-        yield
-        return
+def _fds_swapped(pairs: list[tuple[int, int]]) -> Any:
+    """Each (new, fd): descriptor fd is a copy of new while this lasts (a program spawned
+    meanwhile gets it), then fd is itself again."""
     import sys
 
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved = [(os.dup(fd), fd) for _, fd in pairs]
     try:
-        os.dup2(2, 1)
+        for new, fd in pairs:
+            os.dup2(new, fd)
         yield
     finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        for old, fd in saved:
+            os.dup2(old, fd)
+            os.close(old)
+
+
+def _pump(read_fd: int, fd: int, output: Callable[[int, bytes], None] | None) -> None:
+    """The program's output on ``fd``, as it comes, to the UI (until every writer is gone)."""
+    with contextlib.suppress(OSError):
+        while True:
+            data = os.read(read_fd, 65536)
+            if not data:
+                break
+            if output is not None:
+                with contextlib.suppress(Exception):     # a closed console must not stop the pump
+                    output(fd, data)
+    with contextlib.suppress(OSError):
+        os.close(read_fd)
 
 
 def _local_pid_alive(pid: int) -> bool:

@@ -138,10 +138,8 @@ def test_random_kills_always_leave_readable_captures(compile_c, tmp_path: Path) 
             mt.communicate(timeout=60)
         else:
             mt.send_signal(signal.SIGKILL)    # memtrace itself dies mid-stream
-            # The target lives on, holding the stdout it shares with memtrace (its stdio is the
-            # user's): it goes before the pipe can reach its end.
-            os.kill(int(line.split()[1]), signal.SIGKILL)
             mt.communicate(timeout=60)
+            os.kill(int(line.split()[1]), signal.SIGKILL)
         info = CaptureInfo(out)
         records = list(read_records(out, info))
         assert records[0].type == RecordType.META

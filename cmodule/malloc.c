@@ -48,6 +48,70 @@ extern volatile gint mt_inflight[];             /* MT_LOGGER_INFLIGHT_SHARDS * M
  * (MT_K_*) come from the generated layout header: the agent reads MtLoggerEvent back in
  * decodeLoggerEvent. */
 
+/* ---- calls that fail ------------------------------------------------------ */
+
+#define MT_U64_MAX (~(guint64) 0)
+
+/* n * size as calloc and reallocarray see it: an overflowing product is no size (the call fails
+ * with ENOMEM) and must not wrap into a small one. */
+static inline guint64
+mt_mul_size (guint64 n, guint64 size)
+{
+  /* (TinyCC has no __builtin_mul_overflow.)  Both under 2^32: the product fits. */
+  if (G_LIKELY (((n | size) >> 32) == 0))
+    return n * size;
+  return (size != 0 && n > MT_U64_MAX / size) ? MT_U64_MAX : n * size;
+}
+
+/* An allocation call that returned NULL: a call of its kind and a failure (by kind, and on its
+ * stack's row when its size asks for a stack), never bytes, tiers, live or peak. */
+static MT_NOINLINE void
+mt_on_failed (MtSlot * s, guint kind, guint64 size, gpointer fp)
+{
+  s->last_ptr = 0;
+  mt_bump (&s->counters[MT_C_CALLS + kind], 1);
+  mt_bump (&s->counters[MT_C_FAILED + kind], 1);
+  mt_bump (&s->counters[MT_C_FAILED_ALLOCS], 1);
+  if (size >= mt_config.stack_threshold && fp != NULL)
+  {
+    guint64 frames[MT_MAX_FRAMES];
+    guint16 flags = 0;
+    gint prev = mt_guard (s);
+    guint n = mt_call_stack (s, kind, fp, frames, &flags);
+    guint64 row = mt_row_of (mt_intern (s, frames, n));
+    volatile guint64 * a = mt_agg_lane (s, row);
+    mt_agg_touch (a);
+    MT_ADD64 (&a[MT_A_FAILED], 1);
+    mt_agg_dirty_row (row);
+    mt_set_busy (s, prev);
+  }
+}
+
+/* mt_on_alloc for a call that may have failed. */
+static inline void
+mt_on_result (MtSlot * s, guint kind, gpointer p, guint64 size, gpointer fp)
+{
+  if (G_UNLIKELY (p == NULL))
+    mt_on_failed (s, kind, size, fp);
+  else
+    mt_on_alloc (s, kind, p, size, fp);
+}
+
+/* A nested allocation call (mt_nested); one that failed is a call and a failure, no bytes, no tier
+ * (inside a compound entry it is left to mt_reconcile as any nested call). */
+static void
+mt_nested_result (MtSlot * s, guint kind, gpointer p, guint64 size, guint64 old)
+{
+  if (G_LIKELY (p != NULL) || s->busy != MT_BUSY_HOOK)
+  {
+    mt_nested (s, kind, (guint64) p, p != NULL ? size : 0, old, TRUE);
+    return;
+  }
+  mt_nested (s, kind, 0, 0, old, FALSE);
+  mt_ncount (s, MT_C_FAILED + kind, 1);
+  mt_ncount (s, MT_C_FAILED_ALLOCS, 1);
+}
+
 /* Pure: the argument patterns of libmalloc's and libsyscall's logger calls.
  *   malloc/valloc/memalign: ALLOC|ZONE,           zone, size, 0, result
  *   calloc:                 ALLOC|ZONE|CLEARED,   zone, n*size, 0, result
@@ -544,7 +608,7 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
   {
     case MT_OP_ALLOC:
       mt_logger_claim (s, ev.ptr, FALSE);
-      mt_on_alloc (s, (guint) ev.kind, (gpointer) ev.ptr, ev.size, fp);
+      mt_on_result (s, (guint) ev.kind, (gpointer) ev.ptr, ev.size, fp);
       break;
     case MT_OP_FREE:
       s->counters[MT_C_CALLS + MT_K_FREE]++;
@@ -561,7 +625,7 @@ mt_malloc_logger (guint32 type, guint64 arg1, guint64 arg2, guint64 arg3, guint6
       if (ev.ptr == 0 && ev.size == 0)
         mt_count_call (s, MT_K_REALLOC, 0);   /* realloc(p, 0) frees; it does not fail */
       else
-        mt_on_alloc (s, MT_K_REALLOC, (gpointer) ev.ptr, ev.size, fp);
+        mt_on_result (s, MT_K_REALLOC, (gpointer) ev.ptr, ev.size, fp);
       break;
     case MT_OP_VM_ALLOC:
       mt_on_vm_alloc (s, (guint) ev.kind, ev.ptr, ev.size, (guint) ev.tag, fp, FALSE);
@@ -610,7 +674,7 @@ mt_ignore_this_thread (void)
   mt_##fn##_nested nparams                                              \
   {                                                                     \
     gpointer p = real_##fn args;                                        \
-    mt_nested (s, kind, (guint64) p, size_expr, 0, TRUE);               \
+    mt_nested_result (s, kind, p, size_expr, 0);                        \
     return p;                                                           \
   }                                                                     \
                                                                         \
@@ -626,9 +690,14 @@ mt_ignore_this_thread (void)
     if (!MT_LIGHT_HOOKS)                                                \
       mt_set_busy (s, MT_BUSY_HOOK);                                    \
     p = real_##fn args;                                                 \
-    mt_count_call (s, kind, size_expr);                                 \
     /* The frame address read here is the frame pointer itself: no register kept across the call. */ \
-    mt_on_allocated (s, kind, p, size_expr, __builtin_frame_address (0)); \
+    if (G_LIKELY (p != NULL))                                           \
+    {                                                                   \
+      mt_count_call (s, kind, size_expr);                               \
+      mt_on_allocated (s, kind, p, size_expr, __builtin_frame_address (0)); \
+    }                                                                   \
+    else                                                                \
+      mt_on_failed (s, kind, size_expr, __builtin_frame_address (0));   \
     if (!MT_LIGHT_HOOKS)                                                \
       mt_set_busy (s, 0);                                               \
     return p;                                                           \
@@ -647,24 +716,24 @@ mt_ignore_this_thread (void)
     if (G_UNLIKELY (s->busy != 0))                                      \
     {                                                                   \
       p = real_##fn args;                                               \
-      mt_nested (s, kind, (guint64) p, size_expr, 0, TRUE);             \
+      mt_nested_result (s, kind, p, size_expr, 0);                      \
       return p;                                                         \
     }                                                                   \
     seq0 = s->nested_seq;                                               \
     mt_set_busy (s, MT_BUSY_COMPOUND);                                  \
-    mt_count_call (s, kind, size_expr);                                 \
     p = real_##fn args;                                                 \
     mt_set_busy (s, MT_BUSY_HOOK);                                      \
     mt_reconcile (s, seq0, (guint64) p, 0);                             \
+    /* Counted once the result is known: a NULL is a failed call, no bytes. */ \
     if (G_UNLIKELY ((mt_alias_kinds & (1ULL << kind)) != 0))            \
-      mt_note_site (kind, fp, size_expr);                               \
-    mt_on_allocated (s, kind, p, size_expr, fp);                        \
+      mt_note_site (kind, fp, p != NULL ? size_expr : 0);               \
+    mt_on_result (s, kind, p, size_expr, fp);                           \
     mt_set_busy (s, 0);                                                 \
     return p;                                                           \
   }
 
 MT_DEFINE_ALLOC (malloc, MT_K_MALLOC, size, (gsize size), (size), (MtSlot * s, gsize size), (s, size))
-MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, (guint64) n * (guint64) size, (gsize n, gsize size), (n, size),
+MT_DEFINE_ALLOC (calloc, MT_K_CALLOC, mt_mul_size (n, size), (gsize n, gsize size), (n, size),
                  (MtSlot * s, gsize n, gsize size), (s, n, size))
 
 /* A free of the old block plus an allocation of the new one.  The old block leaves the live
@@ -676,14 +745,17 @@ mt_realloc_common (guint kind, gpointer old, gsize n, gsize size, gpointer fp)
   MtSlot * s;
   gpointer p;
   gssize seq0;
-  guint64 bytes = (guint64) n * (guint64) size;
+  guint64 bytes = mt_mul_size (n, size);
   gboolean array = kind == MT_K_REALLOCARRAY;
   if (!mt_config.enabled || (s = mt_slot ()) == NULL)
     return array ? real_reallocarray (old, n, size) : real_realloc (old, size);
   if (G_UNLIKELY (s->busy != 0))
   {
     p = array ? real_reallocarray (old, n, size) : real_realloc (old, size);
-    mt_nested (s, kind, (guint64) p, bytes, (p != NULL || bytes == 0) ? (guint64) old : 0, TRUE);
+    if (p == NULL && bytes == 0)
+      mt_nested (s, kind, 0, 0, (guint64) old, TRUE);       /* realloc(p, 0) frees; it does not fail */
+    else
+      mt_nested_result (s, kind, p, bytes, p != NULL ? (guint64) old : 0);
     return p;
   }
   mt_set_busy (s, MT_BUSY_HOOK);
@@ -697,7 +769,7 @@ mt_realloc_common (guint kind, gpointer old, gsize n, gsize size, gpointer fp)
   if (p == NULL && bytes == 0)
     mt_count_call (s, kind, 0);   /* realloc(p, 0) frees; it does not fail */
   else
-    mt_on_alloc (s, kind, p, bytes, fp);
+    mt_on_result (s, kind, p, bytes, fp);
   mt_set_busy (s, 0);
   return p;
 }
@@ -759,7 +831,7 @@ mt_posix_memalign (gpointer * out, gsize alignment, gsize size)
   if (G_UNLIKELY (s->busy != 0))
   {
     r = real_posix_memalign (out, alignment, size);
-    mt_nested (s, MT_K_POSIX_MEMALIGN, r == 0 ? (guint64) *out : 0, size, 0, TRUE);
+    mt_nested_result (s, MT_K_POSIX_MEMALIGN, r == 0 ? *out : NULL, size, 0);
     return r;
   }
   seq0 = s->nested_seq;
@@ -767,7 +839,7 @@ mt_posix_memalign (gpointer * out, gsize alignment, gsize size)
   r = real_posix_memalign (out, alignment, size);
   mt_set_busy (s, MT_BUSY_HOOK);
   mt_reconcile (s, seq0, r == 0 ? (guint64) *out : 0, 0);
-  mt_on_alloc (s, MT_K_POSIX_MEMALIGN, r == 0 ? *out : NULL, size, fp);
+  mt_on_result (s, MT_K_POSIX_MEMALIGN, r == 0 ? *out : NULL, size, fp);
   mt_set_busy (s, 0);
   return r;
 }

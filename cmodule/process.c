@@ -416,15 +416,39 @@ mt_fork_lost (void)
 
 typedef gint (* MtExecveFunc) (const gchar * path, gchar * const * argv, gchar * const * envp);
 
+#if defined (__x86_64__)
+/* execve as a system call of our own: glibc's execve is too short for Frida's replaceFast (its
+ * error branch jumps back into the bytes a redirect overwrites), so process.js points execve's
+ * first bytes straight at mt_execve and the real call is this (see hookExec). */
+gint
+mt_execve_raw (const gchar * path, gchar * const * argv, gchar * const * envp)
+{
+  glong r;
+  __asm__ volatile ("syscall" : "=a" (r) : "0" (59L), "D" (path), "S" (argv), "d" (envp) : "rcx", "r11", "memory");
+  if (r < 0 && r > -4096)
+  {
+    *__errno_location () = (gint) -r;
+    return -1;
+  }
+  return (gint) r;
+}
+#endif
+
 gint
 mt_execve (const gchar * path, gchar * const * argv, gchar * const * envp)
 {
   gint r;
   if (getpid () != mt_proc.agent_pid)
   {
-    /* vfork/posix_spawn child: our memory, another process.  Never enter the agent. */
-    mt_post (MT_ORIGIN_SPAWN, path);
-    return ((MtExecveFunc) mt_real_execve) (path, argv, envp);
+    /* vfork/posix_spawn child: our memory, another process.  Never enter the agent.  A failed
+     * attempt (execvp trying each PATH entry) withdraws its post: only the exec that happened is
+     * a child (unless the parent's flush took it meanwhile). */
+    gint idx = mt_post (MT_ORIGIN_SPAWN, path);
+    r = ((MtExecveFunc) mt_real_execve) (path, argv, envp);
+    /* (Both sides only ever write TAKEN over POSTED: no atomic exchange needed, nor one TinyCC has.) */
+    if (mt_forks.e[idx].state == MT_FORK_POSTED && mt_forks.e[idx].pid == getpid ())
+      mt_forks.e[idx].state = MT_FORK_TAKEN;
+    return r;
   }
   if (mt_proc.exec_notify)
     mt_on_exec (path, argv);

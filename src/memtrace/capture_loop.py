@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from dataclasses import replace as replace_fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,11 +71,14 @@ def agent_config_for(platform: str | None, explicit: dict[str, Any]) -> dict[str
     sizing = AGENT_SIZING_DARWIN if platform == "darwin" else {}
     return {**AGENT_DEFAULTS, **sizing, **{k: v for k, v in explicit.items() if v is not None}}
 
+DEFAULT_WINDOW = 60.0      # seconds: the window of an app or a running process, unless --window says
+
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
            "the first instruction).", metavar="SECONDS", check=finite_non_negative),
-    Option("window", float, 60.0, "Capture window; the capture also ends when the target exits.",
-           metavar="SECONDS", check=positive),
+    Option("window", float, None, "Capture window; the capture also ends when the target exits (default: a "
+           f"program given after -- runs to its end; --app, --name and --pid: {DEFAULT_WINDOW:g} s).",
+           metavar="SECONDS", check=positive, show_default=False),
     Option("out", Path, None, "Capture folder (default: a new folder under ./captures/).", metavar="DIR",
            in_plans=False, show_default=False),
     Option("keep_running", bool, False, "Leave a program memtrace launched running after the window.",
@@ -96,7 +100,7 @@ CAPTURE_OPTIONS: tuple[Option, ...] = (
 @dataclass
 class CaptureOptions:
     tracer: str
-    window: float = 60.0
+    window: float | None = None         # None: a program runs to its end, anything else DEFAULT_WINDOW
     attach_delay: float = 0.0
     out: Path | None = None
     agent_config: dict[str, Any] = field(default_factory=dict)
@@ -106,7 +110,7 @@ class CaptureOptions:
     capture_name: str = FILE_NAME        # a followed child's capture: child-<pid>.mtc in the same folder
 
     def validate(self) -> None:
-        if not (0 < self.window < float("inf")):
+        if self.window is not None and not (0 < self.window < float("inf")):
             raise InputError(f"--window {self.window:g}: must be a positive, finite number of seconds")
         if not (0 <= self.attach_delay < float("inf")):
             raise InputError(f"--attach-delay {self.attach_delay:g}: must be zero or more seconds")
@@ -116,7 +120,7 @@ def capture_options(tracer: str, values: dict[str, Any], agent_config: dict[str,
     """CaptureOptions from parsed option values (command line or plan)."""
     t = DeathThresholds()
     return CaptureOptions(
-        tracer=tracer, window=float(values.get("window", 60.0)), attach_delay=float(values.get("attach_delay", 0.0)),
+        tracer=tracer, window=None if values.get("window") is None else float(values["window"]), attach_delay=float(values.get("attach_delay", 0.0)),
         out=values.get("out"), agent_config=agent_config, keep_running=bool(values.get("keep_running", False)),
         follow_children=bool(values.get("follow_children", False)),
         thresholds=DeathThresholds(rpc_timeout=float(values.get("rpc_timeout", t.rpc_timeout)),
@@ -186,6 +190,7 @@ class Ending:
     timeout_info: dict[str, Any] | None = None
     exec_info: dict[str, Any] | None = None      # the target said it is about to exec
     spawn_status: dict[str, Any] | None = None   # the signal Frida saw kill it while spawning or attaching
+    window_end: str | None = None                # the window ended with the target alive: "killed", "left running"
 
     @property
     def replaced(self) -> bool:
@@ -260,6 +265,11 @@ class CaptureLoop(ProcessEvents):
         # What memtrace was doing to the target, for the END record of a target that dies:
         # spawn, injection, agent load, window, detach (issue 26).
         self.stage = "start"
+        # A program memtrace starts runs to its end unless --window limits it; an app or a running
+        # process gets the default window.
+        # A followed child (window None) ends with its family's window, whatever that is.
+        self.window: float = options.window if options.window is not None else (
+            float("inf") if target.argv or child is not None else DEFAULT_WINDOW)
 
     # -- public ---------------------------------------------------------------
 
@@ -391,8 +401,15 @@ class CaptureLoop(ProcessEvents):
             from memtrace.symbols.device import local_tree
 
             self.stacks.device_tree = local_tree(self.device_info)
+        if self.options.attach_delay > 0 and hasattr(self.host, "hold_constructors"):
+            self.host.hold_constructors = False     # it is to run first: no hold before constructors
+        if self.child is None and hasattr(self.host, "follow_children"):
+            self.host.follow_children = self.options.follow_children
         self.stage = "spawn"
         launched = self.host.launch()
+        held = getattr(self.host, "hold_children", None)
+        if held is not None and held.children is not None and self.family is not None:
+            self.family.watch_held(self, held.children)
         self.clock.launch = getattr(launched, "t_launch", None)
         if self.child is not None:
             # A followed process "launched" when the host learned of it: what it ran before the
@@ -439,8 +456,12 @@ class CaptureLoop(ProcessEvents):
         if self.host.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
             self.unwind = UnwindFeed(TableCache(default_cache_dir()))
             self._feed_unwind(during_window=False)
+        hold = getattr(self.host, "hold_info", None)
+        if hold is not None and not hold.get("held"):
+            self.ui.warning(f"library constructors ran before the hooks: {hold.get('why')}")
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
                                        "device": self.device_info, "process": self.process_info,
+                                       "hold": hold,
                                        "unwind": self.unwind.info() if self.unwind else None})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
@@ -450,7 +471,7 @@ class CaptureLoop(ProcessEvents):
         self.clock.start = time.monotonic()
         assert self.family is not None
         if self.child is None:
-            self.family.deadline = self.clock.start + self.options.window
+            self.family.deadline = self.clock.start + self.window
         if self.release is not None and self.child is not None:
             # A fork child waits in its atfork handler until its own agent is in.
             self.host.rpc("release", "releaseFork", self.release, self.child.pid)
@@ -510,8 +531,10 @@ class CaptureLoop(ProcessEvents):
         self._symbolize(final=True)
         if not self.ending.gone:
             self.host.detach()
+            self.ending.window_end = "left running"
         if self.host.spawned and not self.options.keep_running and not self.ending.gone:
             self.host.kill()
+            self.ending.window_end = "killed"
         time.sleep(0.05)
         self._drain()
 
@@ -520,14 +543,14 @@ class CaptureLoop(ProcessEvents):
         now = time.monotonic()
         e, c = self.ending, self.clock
         end_body = classify_end(
-            window=self.options.window, attach_delay=self.options.attach_delay,
+            window=self.window, attach_delay=self.options.attach_delay,
             t_start=c.start, t_attach=c.attach, t_gone=c.gone if e.gone else None, t_now=now,
             interrupted=interrupted, detach_reason=e.detach_reason, exit_info=e.exit_info,
             crash_info=e.crash_info, timeout_info=e.timeout_info, rates=self.rates,
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
             exit_status=(self.host.exit_status(1.0) or e.spawn_status) if e.gone else None,
-            exec_info=e.exec_info if e.replaced else None, stage=self.stage,
+            exec_info=e.exec_info if e.replaced else None, stage=self.stage, window_end=e.window_end,
         )
         if interrupted and _ending_signal:
             name = signal.Signals(_ending_signal[0]).name
@@ -538,6 +561,8 @@ class CaptureLoop(ProcessEvents):
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
         end_body["process_guard"] = self.process_info
+        if self.child is None and self.family is not None:
+            self.children.extend(self.family.unreported())
         end_body.update(children_evidence(self.children))
         if self.child is not None:
             end_body["origin"] = {**self.child.to_json(), "parent_capture": self.parent_capture}
@@ -595,6 +620,10 @@ class CaptureLoop(ProcessEvents):
 
     def _route(self, ptype: str | None, payload: dict[str, Any], data: bytes) -> None:
         if ptype == "events:batch":
+            counters = payload.get("counters")
+            if isinstance(counters, list):
+                # Counters past 2^53 come as decimal strings (exact); the capture holds ints.
+                payload["counters"] = [int(c) if isinstance(c, str) else c for c in counters]
             self._write(RecordType.BATCH, payload, data)
             self.batches += 1
             self.live.batch(payload, data)
@@ -610,6 +639,8 @@ class CaptureLoop(ProcessEvents):
             self._write(RecordType.MODULES, payload)
             self.stacks.modules(payload.get("modules", []))
             self._feed_unwind(during_window=True)
+            if payload.get("loaded"):
+                self.host.ack()     # the loading thread waits for its module to be known here
         elif ptype == "agent:warning":
             self._write(RecordType.WARNING, payload)
             self.ui.warning(str(payload.get("message", "")))
@@ -634,7 +665,7 @@ class CaptureLoop(ProcessEvents):
         """The agent's exception handler: signal, faulting address, the crashing thread's stack."""
         self.ending.crash_info = {k: payload.get(k) for k in ("kind", "signal", "address", "module", "memory",
                                                               "thread", "stack", "t")}
-        self.stacks.events([{"frames": payload.get("stack") or []}])
+        self.stacks.events([{"frames": _as_return_addresses(payload.get("stack") or [])}])
         self.host.ack()     # the crashing thread waits for this before the process dies
 
     def _crash_frames(self) -> None:
@@ -642,7 +673,14 @@ class CaptureLoop(ProcessEvents):
         crash = self.ending.crash_info
         if not crash or not crash.get("stack"):
             return
-        frames = self.stacks.symtab.stack(int(a, 16) for a in crash["stack"])
+        addresses = _as_return_addresses(crash["stack"])
+        symtab = self.stacks.symtab
+        # The faulting pc is the instruction itself, not a return address: it was symbolized one
+        # byte on (every address is looked up one byte back), and is shown as itself.
+        frames = [replace_fields(f, address=addresses[0] - 1, offset=None if f.offset is None else f.offset - 1)
+                  for f in symtab.frames_of(addresses[0])]
+        frames += symtab.stack(addresses[1:])
+        crash["pc"] = hex(addresses[0] - 1)
         crash["frames"] = [f.to_json() for f in frames]
         crash["top"] = [f.name() for f in frames[:3]]
 
@@ -696,7 +734,7 @@ class CaptureLoop(ProcessEvents):
         self.rates.append(sample)
         self._write(RecordType.SNAPSHOT, {**sample, **self.live.snapshot()})
         self._last_tick = (now, calls, nbytes)
-        self.ui.progress(Progress(elapsed=elapsed, window=self.options.window, activity_per_s=rate,
+        self.ui.progress(Progress(elapsed=elapsed, window=self.window, activity_per_s=rate,
                                   bytes_per_s=brate, dropped=self.live.dropped(), rows=self.live.rows(),
                                   batches=self.batches, families=self.stacks.families()))
 
@@ -722,8 +760,13 @@ class CaptureLoop(ProcessEvents):
                                    lambda: dict(builtins.get("headers") or {}))
 
     def _agent_config(self) -> dict[str, Any]:
-        return {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),
-                "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
+        config = {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),
+                  "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
+        if self.options.follow_children and config.get("toolchain") == "auto":
+            # The external toolchain's compiler would be a process of the target's, held and
+            # followed like any other (and its compiler too): TinyCC compiles in the target.
+            config["toolchain"] = "internal"
+        return config
 
     def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         assert self.writer is not None
@@ -744,7 +787,7 @@ class CaptureLoop(ProcessEvents):
                        # A followed child is reported with the target that made it.
                        "label": self.family.label if self.family is not None else self.target.slug()},
             **({"origin": {**self.child.to_json(), "parent_capture": self.parent_capture}} if self.child else {}),
-            "options": {"window": self.options.window, "attach_delay": self.options.attach_delay,
+            "options": {"window": None if self.window == float("inf") else self.window, "attach_delay": self.options.attach_delay,
                         "agent": self._agent_config()},
             "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "frida": frida.__version__},
             "started_at": _iso_now(),
@@ -755,6 +798,16 @@ ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _ending_signal: list[int] = []       # the signal that ended the capture, if one did
 # frida-core's words for a process that died while it was being spawned.
 _SPAWN_DEATH = re.compile(r"terminated with signal (\d+)")
+
+
+def _as_return_addresses(stack: list[Any]) -> list[int]:
+    """A crash stack (the faulting pc, then return addresses) as addresses every symbolizer reads
+    alike: each is looked up one byte back (a return address points after its call), so the pc is
+    noted one byte on, and its own instruction is what names it."""
+    out = [int(a, 16) if isinstance(a, str) else int(a) for a in stack]
+    if out:
+        out[0] += 1
+    return out
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -789,5 +842,8 @@ def run_capture(tracer: Tracer | str, target: TargetSpec, options: CaptureOption
     if host is None:
         from memtrace.frida_host import FridaHost
 
-        host = FridaHost(target, options.thresholds.rpc_timeout, output=ui.output)
+        stdio = "pipe"
+        if getattr(ui, "passthrough", False):      # the program's output is shown: its stdin is the user's
+            stdio = "inherit"
+        host = FridaHost(target, options.thresholds.rpc_timeout, output=ui.output, stdio=stdio)
     return CaptureLoop(host, tracer, target, options, ui).run()

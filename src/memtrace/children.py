@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from memtrace.capture_loop import CaptureLoop
 
 CHILD_WAIT_S = 10.0          # a fork child waits this long at most for its agent (--follow-children)
+HELD_CLAIM_S = 1.0           # a spawn or exec the agent reports: its held image is looked for this long
 EXEC_SETTLE_S = 2.0          # a vfork/posix_spawn child is attached to once it has exec'd (local)
 JOIN_GRACE_S = 60.0          # a followed capture's teardown after the window, at most
 MAX_CHILD_LINES = 3          # child processes named on screen (every one is in the capture)
@@ -67,6 +68,12 @@ class Family:
     names: set[str] = field(default_factory=set)
     threads: list[threading.Thread] = field(default_factory=list)
     stopped: threading.Event = field(default_factory=threading.Event)   # Ctrl-C: every capture ends now
+    # --follow-children with the hold (memtrace.hold): every image a process of the run execs
+    # waits before its constructors as held_dir/<pid>; watch_held follows each one from there.
+    held_dir: Path | None = None
+    claims: dict[int, tuple[float, Child]] = field(default_factory=dict)   # pid -> (when, its latest image)
+    image_pids: set[int] = field(default_factory=set)
+    matched: set[int] = field(default_factory=set)       # id() of claims an agent's report was matched to
 
     def claim_name(self, origin: str, pid: int) -> str:
         base = f"{'exec' if origin == 'exec' else 'child'}-{pid}"
@@ -78,22 +85,81 @@ class Family:
             self.names.add(name)
             return name
 
-    def follow_process(self, parent: ProcessEvents, child: Child, entry: str | None) -> None:
+    def follow_process(self, parent: ProcessEvents, child: Child, entry: str | None,
+                       held: Path | None = None) -> None:
         """A capture of ``child`` with the parent's tracer, on a thread of its own."""
+        with self.lock:
+            self.image_pids.add(child.pid)      # its next held image is an exec
         child.capture = self.claim_name(child.origin, child.pid)
-        t = threading.Thread(target=self._run, args=(parent, child, entry), daemon=True,
+        t = threading.Thread(target=self._run, args=(parent, child, entry, held), daemon=True,
                              name=f"memtrace-child-{child.pid}")
         with self.lock:
             self.threads.append(t)
         t.start()
 
-    def _run(self, parent: ProcessEvents, child: Child, entry: str | None) -> None:
+    # -- images held before their constructors ------------------------------------------------
+
+    def watch_held(self, root: ProcessEvents, folder: Path) -> None:
+        """Follow every image that posts itself in ``folder`` (the hold library's child mode):
+        attached while it waits, released once its hooks are in -- a child living 1 ms is traced
+        from before its first constructor, a grandchild too."""
+        self.held_dir = folder
+        if root.host.pid is not None:
+            self.image_pids.add(root.host.pid)      # the target's own exec is an exec
+        t = threading.Thread(target=self._watch, args=(root, folder), daemon=True, name="memtrace-held")
+        t.start()
+
+    def _watch(self, root: ProcessEvents, folder: Path) -> None:
+        seen: set[str] = set()
+        while not self.stopped.is_set():
+            try:
+                names = set(os.listdir(folder))
+            except OSError:
+                return                  # the run is over (the folder went with the root's host)
+            for name in sorted(names - seen):
+                if name.isdigit():
+                    self._follow_held(root, int(name), folder / name)
+            seen = names                # a released image's name may come back: its next exec
+            time.sleep(0.003)
+
+    def _follow_held(self, root: ProcessEvents, pid: int, file: Path) -> None:
+        with self.lock:
+            origin = "exec" if pid in self.image_pids else "spawn"
+            self.image_pids.add(pid)
+        child = Child(pid=pid, ppid=_ppid(pid), origin=origin, path=_exe(pid))
+        with self.lock:
+            self.claims[pid] = (time.monotonic(), child)
+        self.follow_process(root, child, None, held=file)
+
+    def wait_claim(self, pid: int, since: float, timeout: float = HELD_CLAIM_S) -> Child | None:
+        """The held image of ``pid`` followed since ``since``, waiting a little for the watcher."""
+        end = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                claim = self.claims.get(pid)
+            if claim is not None and claim[0] >= since:
+                with self.lock:
+                    self.matched.add(id(claim[1]))
+                return claim[1]
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.005)
+
+    def unreported(self) -> list[Child]:
+        """Images followed from the hold that no agent reported (a vfork child's exec after the
+        first, say): listed by the root capture, with their own ppid."""
+        with self.lock:
+            return [c for _, c in self.claims.values() if id(c) not in self.matched]
+
+    def _run(self, parent: ProcessEvents, child: Child, entry: str | None, held: Path | None = None) -> None:
         try:
-            if child.origin == "spawn":
+            if child.origin == "spawn" and held is None:
                 _settle_exec(child.pid, parent.host.pid)
-            loop = parent.child_loop(child, entry)
+            loop = parent.child_loop(child, entry, held)
             result = loop.run()
             child.ended, child.reason = result.ended, result.reason
+            if child.capture is not None and (self.folder / child.capture).exists():
+                parent.ui.warning(f"child pid {child.pid}: traced in {child.capture} ({result.ended})")
         except CaptureWriteError as e:
             # The child's capture holds what was written before the disk filled; its END says why.
             child.ended, child.reason = "write-failed", str(e)
@@ -119,7 +185,8 @@ class Family:
                 alive = [t for t in self.threads if t.is_alive()]
             if not alive or time.monotonic() >= give_up:
                 return
-            alive[0].join(timeout=max(0.1, give_up - time.monotonic()))
+            # (No window: a program's run lasts until its followed processes have ended too.)
+            alive[0].join(timeout=max(0.1, min(1.0, give_up - time.monotonic())))
 
 
 def children_evidence(children: list[Child]) -> dict[str, Any]:
@@ -155,6 +222,21 @@ class ChildUI:
 
     def output(self, fd: int, data: bytes) -> None:
         pass
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _exe(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
 
 
 def _settle_exec(pid: int, parent_pid: int | None) -> None:
@@ -199,9 +281,18 @@ class ProcessEvents:
                       path=payload.get("path"))
         self.children.append(child)
         what = f"child pid {child.pid} ({child.origin}" + (f" + exec of {child.path})" if child.path else ")")
-        if self.options.follow_children:
+        held = None
+        if self.options.follow_children and child.origin != "fork" and self.family.held_dir is not None:
+            # Its image waited before its constructors and is followed from there already.
+            held = self.family.wait_claim(child.pid, since=child.seen - 2.0)
+        if held is not None:
+            held.path = child.path or held.path     # as the target named it
+            self.children[-1] = child = held        # one record: the followed image's
+            message = f"the target made {what}: following it from before its first constructor"
+        elif self.options.follow_children:
             self.family.follow_process(self, child, payload.get("entry") if child.origin == "fork" else None)
-            message = f"the target made {what}: following it into {child.capture}"
+            # No file named yet: it exists only once the child is attached (then the END lists it).
+            message = f"the target made {what}: following it"
         else:
             message = f"the target made {what}: not followed, it runs untraced (--follow-children traces it)"
         self._write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
@@ -213,6 +304,7 @@ class ProcessEvents:
             self.ui.warning("more children follow; every one has a WARNING record in the capture")
 
     def _on_exec(self, payload: dict[str, Any]) -> None:
+        self._exec_seen = time.monotonic()
         self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}
         self._write(RecordType.WARNING, {"message": f"the target is about to exec {payload.get('path')}",
                                          "process": "exec", "path": payload.get("path"),
@@ -232,11 +324,17 @@ class ProcessEvents:
         assert self.family is not None and self.host.pid is not None
         info = self.ending.exec_info or {}
         path = info.get("path")
-        if self.options.follow_children:
+        held = None
+        if self.options.follow_children and self.family.held_dir is not None:
+            held = self.family.wait_claim(self.host.pid, since=getattr(self, "_exec_seen", time.monotonic() - 2.0))
+        if held is not None:
+            info["followed"] = held.capture
+            message = f"the target replaced itself (exec of {path}): following it"
+        elif self.options.follow_children:
             child = Child(pid=self.host.pid, ppid=None, origin="exec", path=path)
             self.family.follow_process(self, child, None)
             info["followed"] = child.capture
-            message = f"the target replaced itself (exec of {path}): following it into {child.capture}"
+            message = f"the target replaced itself (exec of {path}): following it"
         else:
             message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "
                        f"its output still passes through")
@@ -265,13 +363,15 @@ class ProcessEvents:
             self.ui.phase("waiting for followed children")
         self.family.join()
 
-    def child_loop(self, child: Child, entry: str | None) -> CaptureLoop:
+    def child_loop(self, child: Child, entry: str | None, held: Path | None = None) -> CaptureLoop:
         """The capture of a process this target made (``--follow-children``), same tracer and folder."""
         assert self.family is not None and self.writer is not None and child.capture is not None
+        left = self.family.deadline - time.monotonic()
         options = replace_fields(self.options, out=self.family.folder, capture_name=child.capture,
                                  attach_delay=0.0, keep_running=True,
-                                 window=max(0.1, round(self.family.deadline - time.monotonic(), 3)))
+                                 window=None if left == float("inf") else max(0.1, round(left, 3)))
         target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
-        return type(self)(self.host.child_host(child.pid), self.tracer, target, options,  # type: ignore[call-arg, return-value]
+        host = self.host.child_host(child.pid, held) if held is not None else self.host.child_host(child.pid)
+        return type(self)(host, self.tracer, target, options,  # type: ignore[call-arg, return-value]
                           ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,
                           parent_capture=self.writer.path.name)

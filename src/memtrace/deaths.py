@@ -45,9 +45,12 @@ def classify_end(
     exit_status: dict[str, Any] | None = None,
     exec_info: dict[str, Any] | None = None,
     stage: str | None = None,
+    window_end: str | None = None,
 ) -> dict[str, Any]:
     """``stage``: what memtrace was doing to the target when it ended (spawn, attach delay,
-    injection, agent load, window, detach); a death names it."""
+    injection, agent load, window, detach); a death names it.  ``window`` is inf for a program run
+    to its end; ``window_end`` what became of a target still alive when the window ended ("killed",
+    "left running")."""
     alive = None
     if t_start is not None:
         alive = round((t_gone if t_gone is not None else t_now) - t_start, 3)
@@ -58,7 +61,7 @@ def classify_end(
     evidence: dict[str, Any] = {
         "alive_after_start_s": alive,
         "attach_delay_s": attach_delay,
-        "window_s": window,
+        "window_s": None if window == float("inf") else window,
         "calls": calls,
         "mean_calls_per_s": round(mean_rate, 1),
         "peak_calls_per_s": round(max(peak, 0.0), 1),
@@ -90,10 +93,15 @@ def classify_end(
     if detach_reason in ("device-lost", "connection-terminated"):
         return out("detached", f"lost the device or its connection ({detach_reason})")
     if t_gone is None:
+        # The window, not the target, ended the capture: said as such, with what became of it.
+        cut = f"window ended after {window:g} s"
+        if window_end:
+            evidence["window_end"] = {"after_s": window, "target": window_end}
+            cut += f"; the target was {window_end}"
         if t_start is not None and calls <= thresholds.slow_start_calls:
-            return out("slow-start", f"no traced activity in the {window:g} s window "
+            return out("slow-start", f"no traced activity before the {cut} "
                                      f"(still starting, or idle); try a longer --attach-delay")
-        return out("completed", f"the {window:g} s window completed")
+        return out("completed", cut)
     if exec_info is not None and detach_reason == "process-replaced":
         return out("target-exited", _replaced(exec_info, alive, exit_status))
     code = (exit_status or {}).get("exit_status")

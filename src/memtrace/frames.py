@@ -23,6 +23,8 @@ class Frame:
     file: str | None = None      # source file, when debug information has it
     line: int | None = None
     inlined: bool = False        # an inlined call inside the next frame's function
+    part: str | None = None      # the compiler's split-off part of the function ("cold", "part.0",
+                                 # "isra.0"): the frame is named by its parent function, as addr2line does
 
     @property
     def known(self) -> bool:
@@ -53,12 +55,14 @@ class Frame:
         return f"{base}:{self.line}" if self.line else base
 
     def name(self) -> str:
-        """``function (module)``; ``module+0xoffset`` or the address when unnamed."""
+        """``function (module)``; ``module+0xoffset`` when unnamed; ``0x7f... (unknown)`` for an
+        address in no module the target announced (JIT code, a module unloaded unseen): shown,
+        never dropped."""
         if self.function:
             return f"{self.function} ({self.module})" if self.module else self.function
         if self.module is not None and self.offset is not None:
             return f"{self.module}+{self.offset:#x}"
-        return f"{self.address:#x}"
+        return f"{self.address:#x} (unknown)"
 
     def label(self) -> str:
         """``function (module) file:line``, as the console and the reports show a frame."""
@@ -91,6 +95,8 @@ class Frame:
             out["line"] = self.line
         if self.inlined:
             out["inlined"] = True
+        if self.part:
+            out["part"] = self.part
         return out
 
     @classmethod
@@ -98,7 +104,25 @@ class Frame:
         addr = obj.get("address")
         return cls(address=int(addr, 16) if isinstance(addr, str) else int(addr or 0),
                    module=obj.get("module"), offset=obj.get("offset"), function=obj.get("function"),
-                   file=obj.get("file"), line=obj.get("line"), inlined=bool(obj.get("inlined", False)))
+                   file=obj.get("file"), line=obj.get("line"), inlined=bool(obj.get("inlined", False)),
+                   part=obj.get("part") or None)
+
+
+# GCC's and LLVM's suffixes for the pieces a function is split into or cloned as: hot/cold
+# splitting (main.cold), partial inlining (.part.N), interprocedural scalar replacement (.isra.N),
+# constant propagation (.constprop.N), LTO privatised and aliased copies, ThinLTO's .llvm.N.
+# Any chain of them (foo.constprop.0.isra.0, foo.part.0.cold) ends a symbol.
+_PART = re.compile(r"(?:\.(?:cold|hot|part|isra|constprop|lto_priv|localalias|clone|llvm|specialized|unlikely)"
+                   r"(?:\.\d+)*)+$")
+
+
+def split_part(symbol: str) -> tuple[str, str | None]:
+    """``main.cold`` -> (``main``, ``cold``); ``_Z3fooi.constprop.0.isra.0`` -> (``_Z3fooi``,
+    ``constprop.0.isra.0``); a name without such a suffix -> (name, None)."""
+    m = _PART.search(symbol)
+    if m is None or m.start() == 0:
+        return symbol, None
+    return symbol[:m.start()], m.group()[1:]
 
 
 def demangle_nested(symbol: str) -> str:

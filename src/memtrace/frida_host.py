@@ -11,16 +11,22 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import shutil
+import stat
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import frida
 
 from memtrace import devices, launchers
-from memtrace.agentbuild import build_agent
+from memtrace.agentbuild import build_agent, default_cache_dir
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.exitwatch import ChildExitWatcher
+from memtrace.hold import HeldImage, Hold
+from memtrace.hold import library as hold_library
 from memtrace.target import TargetSpec
 
 Event = tuple[str, Any, Any]
@@ -37,9 +43,22 @@ class FridaHost:
     """One target on one Frida device, with one agent loaded into it."""
 
     def __init__(self, target: TargetSpec, rpc_timeout: float,
-                 output: Callable[[int, bytes], None] | None = None, device: Any = None) -> None:
+                 output: Callable[[int, bytes], None] | None = None, device: Any = None,
+                 stdio: str = "pipe") -> None:
         self.target = target
         self.rpc_timeout = rpc_timeout
+        # A local program's stdio: "inherit" (its stdin is memtrace's own, as when the user runs it:
+        # a pipe, a file, the terminal; its stdout and stderr come through pipes of memtrace's to
+        # the UI, which shows them inertly under the live panel and puts stdout on stderr for
+        # --json) or "pipe" (all three through Frida; stdin a pipe nothing writes to).
+        self.stdio = stdio
+        # Hold a spawned local program before its first constructor (memtrace.hold); False for
+        # attach delays (the user wants it running first).
+        self.hold_constructors = True
+        self.follow_children = False    # with the hold: later images wait for the host too
+        self.hold_info: dict[str, Any] | None = None
+        self._hold: Hold | HeldImage | None = None
+        self.hold_children: Hold | None = None      # its children's folder lives until close()
         self.events: queue.Queue[Event] = queue.Queue()
         self._output = output
         self.device: Any = device       # given: a followed child's host shares its parent's device
@@ -75,13 +94,78 @@ class FridaHost:
 
     def launch(self) -> launchers.Launched:
         launcher = launchers.choose(self.target.launch, self.target)
-        self.launched = launcher.launch(self.device, self.target, stdio_pipe=True)
+        inherit = self.stdio != "pipe" and self.is_local and not self.target.app
+        local_program = self.is_local and not self.target.app and isinstance(launcher, launchers.FridaLauncher)
+        hold = self._new_hold() if local_program and self.hold_constructors else None
+        with self._output_pipes(inherit):
+            # Frida's local spawn forks from this process: the program gets the descriptors
+            # memtrace holds at this moment.
+            if hold is not None:
+                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit, env=hold.env)
+            else:
+                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
             self.exit_watch = ChildExitWatcher(self.launched.pid)
+        if hold is not None:
+            self._hold_at_constructors(hold)
         return self.launched
 
+    @contextlib.contextmanager
+    def _output_pipes(self, on: bool) -> Any:
+        """While a local program is spawned with inherited stdio: its stdout and stderr are pipes
+        read here and handed to the UI, as Frida's output signal did (stdin stays the user's)."""
+        if not on:
+            yield
+            return
+        pipes = [os.pipe(), os.pipe()]
+        try:
+            with _fds_swapped([(pipes[0][1], 1), (pipes[1][1], 2)]):
+                yield
+        finally:
+            for (r, w), fd in zip(pipes, (1, 2), strict=True):
+                os.close(w)         # the program holds its own copies
+                threading.Thread(target=_pump, args=(r, fd, self._output), daemon=True,
+                                 name=f"memtrace-output-{fd}").start()
+
+    def _new_hold(self) -> Hold | None:
+        program = shutil.which(self.target.argv[0]) if self.target.argv else None
+        if program is not None and os.stat(program).st_mode & (stat.S_ISUID | stat.S_ISGID):
+            # The loader ignores LD_AUDIT in a set-user-ID or set-group-ID program.
+            self.hold_info = {"held": False, "why": f"{program} is set-user-ID or set-group-ID"}
+            return None
+        lib, why = hold_library(default_cache_dir())
+        if lib is None:
+            self.hold_info = {"held": False, "why": why}
+            return None
+        return Hold(lib, children=self.follow_children)
+
+    def _hold_at_constructors(self, hold: Hold) -> None:
+        """Run the spawned program to the hold point (loaded and relocated, no constructor run
+        yet) and keep it there until resume(): attaching there, the hooks are in before the
+        first constructor.  Frida's own spawn would inject after all of them."""
+        assert self.launched is not None
+        try:
+            self.device.resume(self.launched.pid)
+        except GONE_ERRORS as e:
+            hold.close()
+            raise TargetLost(f"resume: {e}") from None
+        if hold.children is not None:
+            self.hold_children = hold
+        if hold.reach(self.alive):
+            self._hold = hold
+            self.launched.suspended = False
+            self.hold_info = {"held": True}
+        else:
+            # Not at the hold point (it exited, or ld.so ignored LD_AUDIT): it runs unheld.
+            self.launched.suspended = False
+            self.hold_info = {"held": False, "why": "the program never reached the hold point "
+                                                    "(exited first, or its loader ignored LD_AUDIT)"}
+
     def resume(self) -> None:
+        if self._hold is not None:
+            self._hold.release()        # the hooks are in: constructors and main run under them
+            self._hold = None
         if self.launched is not None and self.launched.suspended:
             try:
                 if self.launched.resume is not None and self.session is None:
@@ -199,10 +283,14 @@ class FridaHost:
             with contextlib.suppress(*GONE_ERRORS):
                 self.script.post({"type": "memtrace:ack"})
 
-    def child_host(self, pid: int) -> FridaHost:
-        """The host of a process this target made: same device, its own session and agent."""
-        return FridaHost(TargetSpec(device=self.target.device, pid=pid, launch="none"), self.rpc_timeout,
+    def child_host(self, pid: int, held: Path | None = None) -> FridaHost:
+        """The host of a process this target made: same device, its own session and agent
+        (``held``: its image waits at the hold point until this host resumes it)."""
+        host = FridaHost(TargetSpec(device=self.target.device, pid=pid, launch="none"), self.rpc_timeout,
                          output=None, device=self.device)
+        if held is not None:
+            host._hold = HeldImage(held)
+        return host
 
     def c_sources(self, agent: str) -> list[str]:
         return build_agent(agent).c_sources
@@ -226,6 +314,12 @@ class FridaHost:
         return self.exit_watch.wait(timeout) if self.exit_watch is not None else None
 
     def close(self) -> None:
+        if self._hold is not None:      # never leave a program waiting at the hold point
+            self._hold.release()
+            self._hold = None
+        if self.hold_children is not None:
+            self.hold_children.close_children()
+            self.hold_children = None
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- callbacks (Frida's thread: enqueue only) --------------------------------------------
@@ -233,6 +327,39 @@ class FridaHost:
     def _on_output(self, pid: int, fd: int, data: bytes) -> None:
         if pid == self.pid and data and self._output is not None:
             self._output(fd, data)
+
+
+@contextlib.contextmanager
+def _fds_swapped(pairs: list[tuple[int, int]]) -> Any:
+    """Each (new, fd): descriptor fd is a copy of new while this lasts (a program spawned
+    meanwhile gets it), then fd is itself again."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [(os.dup(fd), fd) for _, fd in pairs]
+    try:
+        for new, fd in pairs:
+            os.dup2(new, fd)
+        yield
+    finally:
+        for old, fd in saved:
+            os.dup2(old, fd)
+            os.close(old)
+
+
+def _pump(read_fd: int, fd: int, output: Callable[[int, bytes], None] | None) -> None:
+    """The program's output on ``fd``, as it comes, to the UI (until every writer is gone)."""
+    with contextlib.suppress(OSError):
+        while True:
+            data = os.read(read_fd, 65536)
+            if not data:
+                break
+            if output is not None:
+                with contextlib.suppress(Exception):     # a closed console must not stop the pump
+                    output(fd, data)
+    with contextlib.suppress(OSError):
+        os.close(read_fd)
 
 
 def _local_pid_alive(pid: int) -> bool:

@@ -42,7 +42,8 @@ class Launched:
 class Launcher(Protocol):
     name: str
 
-    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched: ...
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool,
+               env: dict[str, str] | None = None) -> Launched: ...
 
 
 def choose(name: str, target: Any) -> Launcher:
@@ -64,7 +65,8 @@ def choose(name: str, target: Any) -> Launcher:
 class FridaLauncher:
     name = "frida"
 
-    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched:
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool,
+               env: dict[str, str] | None = None) -> Launched:
         if target.app and device.type == "usb":
             # A locked iPhone refuses launches without saying so; ask lockdown first when it can tell.
             try:
@@ -86,7 +88,9 @@ class FridaLauncher:
                     argv[0] = shutil.which(argv[0]) or argv[0]
                 if device.type == "local":
                     check_local_program(argv[0])
-                pid = device.spawn(argv, stdio="pipe" if stdio_pipe else "inherit")
+                # env: added to memtrace's own environment (the hold before constructors, memtrace.hold)
+                extra: dict[str, Any] = {"env": env} if env else {}
+                pid = device.spawn(argv, stdio="pipe" if stdio_pipe else "inherit", **extra)
         except SPAWN_ERRORS as e:
             raise TargetError(f"cannot launch {target.describe()}: {_locked_hint(str(e))}") from None
         return Launched(pid, t, suspended=True, spawned=True, how="frida spawn")
@@ -130,7 +134,8 @@ def check_local_program(path: str, shown: str | None = None) -> None:
 class AttachLauncher:
     name = "none"
 
-    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched:
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool,
+               env: dict[str, str] | None = None) -> Launched:
         if target.pid is not None:
             if not any(p.pid == target.pid for p in device.enumerate_processes()):
                 raise TargetError(f"--pid {target.pid}: no such process on {device.name}")
@@ -164,7 +169,8 @@ class Pmd3Launcher:
 
     name = "pmd3"
 
-    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool) -> Launched:
+    def launch(self, device: frida.Device, target: Any, stdio_pipe: bool,
+               env: dict[str, str] | None = None) -> Launched:
         t = time.monotonic()
         try:
             pid = asyncio.run(pmd3_launch(device.id, target.app, suspended=True))

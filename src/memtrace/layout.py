@@ -149,7 +149,9 @@ COUNTERS: dict[str, int] = {
     # slots): counted exactly like any call, their stacks dropped (in dropped_stacks) and said.
     "unslotted_calls": 69,
 }
-N_COUNTERS = 72
+# Allocation calls that returned NULL, by kind (also in C_CALLS + kind; never in bytes or tiers).
+C_FAILED = 72                  # + kind
+N_COUNTERS = C_FAILED + N_KINDS
 # Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0
 # (capture.py pads every counters list to N_COUNTERS).
 MIN_COUNTERS = 64
@@ -201,6 +203,7 @@ AGG_FIELDS: dict[str, int] = {
     "sampled_count_fp": 14,  # the allocations they stand for, x 256
     "extra_weight": 15,     # weight - size of tracked sampled blocks, at allocation
     "extra_weight_freed": 16,
+    "failed": 17,           # allocation calls on this stack that returned NULL (never in the others)
 }
 AGG_STRIDE = 24
 AGG_SNAP_FIELDS = frozenset({"snap_epoch", "snap_bytes", "snap_count"})

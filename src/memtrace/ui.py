@@ -147,9 +147,11 @@ class RichUI(SilentUI):
                              ("" if self._phase == "capturing" or waited < 1 else f" {waited:.0f} s", "dim"))
         if p is None:
             return Group(head)
-        bar = ProgressBar(total=p.window, completed=min(p.elapsed, p.window), width=40)
+        bounded = p.window != float("inf")     # a program without --window runs to its end
+        bar = ProgressBar(total=p.window if bounded else None, completed=min(p.elapsed, p.window), width=40)
         t = Table.grid(padding=(0, 2))
-        t.add_row("elapsed", f"{p.elapsed:5.1f} / {p.window:g} s")
+        t.add_row("elapsed", f"{p.elapsed:5.1f} / {p.window:g} s" if bounded else
+                  f"{p.elapsed:5.1f} s (until the target ends)")
         t.add_row("rate", f"{p.activity_per_s:,.0f} calls/s" + (f", {fmt_bytes(p.bytes_per_s)}/s"
                                                                     if p.bytes_per_s else ""))
         for label, value in p.rows:

@@ -63,7 +63,7 @@ def test_addresses_without_rows_fall_back_to_module_and_offset() -> None:
     t = table([])
     assert t.frames_of(0x1234) == [Frame(0x1234, "app", 0x234)]
     assert t.frames_of(0x9000) == [Frame(0x9000)]
-    assert t.frames_of(0x9000)[0].label() == "0x9000"
+    assert t.frames_of(0x9000)[0].label() == "0x9000 (unknown)"     # in no module: said so, never dropped
 
 
 def test_a_later_row_for_an_address_replaces_the_earlier_one() -> None:
@@ -154,3 +154,22 @@ def test_replace_records_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     assert bad.read_bytes().startswith(b"NOTMEMTR")
     with pytest.raises(ValueError, match="BATCH"):
         replace_records(sample(tmp_path / "c.mtc"), RecordType.BATCH, [])
+
+
+@pytest.mark.parametrize(("raw", "function", "part"), [
+    ("main.cold", "main", "cold"),
+    ("build_index.part.0", "build_index", "part.0"),
+    ("_Z11build_indexi.cold", "build_index(int)", "cold"),
+    ("_Z3fooi.constprop.0.isra.0", "foo(int)", "constprop.0.isra.0"),
+    ("parse.lto_priv.0", "parse", "lto_priv.0"),
+    ("f(int) [clone .cold]", "f(int)", "cold"),
+    ("plain_function", "plain_function", None),
+    (".cold", ".cold", None),
+])
+def test_split_functions_are_named_by_their_parent(raw: str, function: str, part: str | None) -> None:
+    t = table([["0x1010", "app", 0x10, raw, None, None]])
+    (f,) = t.frames_of(0x1010)
+    assert (f.function, f.part) == (function, part)
+    assert f.name() == f"{function} (app)"
+    if part:
+        assert f.to_json()["part"] == part and Frame.from_json(f.to_json()) == f

@@ -180,7 +180,7 @@ function aliasMoves() {
       mallocState.sites.set(key, siteName(ptr(key), names));
     const name = mallocState.sites.get(key);
     if (name !== null && name !== hooked)
-      moves.push([KINDS[hooked], KINDS[name], site.calls.toNumber(), site.bytes.toNumber()]);
+      moves.push([KINDS[hooked], KINDS[name], site.calls, site.bytes]);
   }
   return moves;
 }
@@ -235,12 +235,22 @@ function agentMs(us, info) {
   return now() - Math.round((info.now_us - us) / 1000);
 }
 
+/* counters[i] += (or -=) an UInt64, in 64 bits: a counter is a Number up to 2^53, its decimal
+ * string past it (core.js readCounters). */
+const MAX_EXACT_COUNTER = uint64(Number.MAX_SAFE_INTEGER.toString());
+
+function moveCounter(counters, i, amount, add) {
+  const v = uint64(counters[i].toString());
+  const r = add ? v.add(amount) : v.sub(amount);
+  counters[i] = r.compare(MAX_EXACT_COUNTER) > 0 ? r.toString() : r.toNumber();
+}
+
 function onBatch(payload, info, last) {
   for (const [from, to, calls, bytes] of aliasMoves()) {
-    payload.counters[C_CALLS + from] -= calls;
-    payload.counters[C_CALLS + to] += calls;
-    payload.counters[C_BYTES + from] -= bytes;
-    payload.counters[C_BYTES + to] += bytes;
+    moveCounter(payload.counters, C_CALLS + from, calls, false);
+    moveCounter(payload.counters, C_CALLS + to, calls, true);
+    moveCounter(payload.counters, C_BYTES + from, bytes, false);
+    moveCounter(payload.counters, C_BYTES + to, bytes, true);
   }
   payload.t0 = mallocState.tStart;
   payload.clock = [info.now_us, now()];

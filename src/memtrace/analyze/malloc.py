@@ -42,7 +42,16 @@ from memtrace.capture import (
     iter_agent_tuples,
 )
 from memtrace.frames import Frame, stack_key
-from memtrace.layout import AGG_FP_SHIFT, AGG_STRIDE, COUNTERS, N_COUNTERS, PSEUDO_STACKS, TRUNCATED_FRAME
+from memtrace.layout import (
+    AGG_FP_SHIFT,
+    AGG_STRIDE,
+    C_FAILED,
+    COUNTERS,
+    N_COUNTERS,
+    PSEUDO_STACKS,
+    RELEASE_KINDS,
+    TRUNCATED_FRAME,
+)
 from memtrace.units import fmt_bytes
 
 _F = AGG_FIELDS
@@ -63,6 +72,7 @@ class StackStats:
     temp_bytes: int = 0
     peak_count: int = 0         # tracked blocks at the peak (aggregate captures)
     peak_bytes: int = 0
+    failed: int = 0             # allocation calls here that returned NULL (aggregate captures)
 
 
 # What a stack table ranks by: (bytes, count, exact bytes) of a StackStats.
@@ -72,6 +82,7 @@ MEASURES: dict[str, Measure] = {
     "live": lambda s: (s.live_est_bytes, s.live_count, s.live_bytes),
     "temporary": lambda s: (s.temp_bytes, s.temp_count, s.temp_bytes),
     "peak": lambda s: (s.peak_bytes, s.peak_count, s.peak_bytes),
+    "failed": lambda s: (s.failed, s.failed, 0),        # ranked by failed calls
 }
 
 
@@ -144,6 +155,12 @@ class MallocSummary(CaptureContext):
     def tiers(self) -> list[dict[str, Any]]:
         return [{"max_bytes": m, "calls": self.counters[C_TIER_CALLS + i], "bytes": self.counters[C_TIER_BYTES + i]}
                 for i, m in enumerate(TIER_MAX_BYTES)]
+
+    @property
+    def failed(self) -> dict[str, int]:
+        """Allocation calls that returned NULL, by kind (in ``calls``, never in bytes or tiers)."""
+        return {name: self.counters[C_FAILED + k] for k, name in KIND_NAMES.items()
+                if k not in RELEASE_KINDS and k not in VM_KINDS}
 
     def counter(self, name: str) -> int:
         return self.counters[COUNTERS[name]]
@@ -316,6 +333,10 @@ class MallocSummary(CaptureContext):
             "mode": self.mode,
             "calls": self.calls,
             "alloc_calls": self.alloc_calls,
+            "failed": self.failed,
+            "failed_by_stack": [{"calls": round(r.count), "stack_ids": sorted(r.stack_ids),
+                                 "frames": [f.to_json() for f in r.frames]}
+                                for r in self.stack_rows(top, measure="failed")],
             "gross_bytes": self.gross_bytes,
             "tiers": self.tiers,
             "live": {"count": self.live_count, "bytes": self.live_bytes,
@@ -479,7 +500,7 @@ class _AggFold:
                 sid, count=exact_count, bytes=exact_bytes,
                 live_count=t[_F["allocs"]] - t[_F["frees"]], live_bytes=live_bytes,
                 live_est_bytes=live_bytes + t[_F["extra_weight"]] - t[_F["extra_weight_freed"]],
-                temp_count=t[_F["temp"]], temp_bytes=t[_F["temp_bytes"]])
+                temp_count=t[_F["temp"]], temp_bytes=t[_F["temp_bytes"]], failed=t[_F["failed"]])
             if sid != NO_STACK:
                 # Unstacked tracked blocks (the live threshold's) belong to the live set, not to gross rows.
                 st.est_bytes = exact_bytes + t[_F["sampled_weight"]]

@@ -10,11 +10,12 @@ list (inlined calls first), :meth:`SymbolTable.stack` a whole stack.
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from memtrace.frames import Frame
+from memtrace.frames import Frame, split_part
 from memtrace.symbols.demangle import demangle
 
 
@@ -64,10 +65,10 @@ class SymbolTable:
     def add_rows(self, rows: list[list[Any]]) -> None:
         for row in rows:
             addr = int(row[0], 16) if isinstance(row[0], str) else int(row[0])
-            module, offset, name = row[1], row[2], _name(row[3])
+            module, offset, (name, part) = row[1], row[2], _name_part(row[3])
             file = row[4] if len(row) > 4 else None
             line = row[5] if len(row) > 5 else None
-            outer = Frame(addr, module, offset, name, file or None, line or None)
+            outer = Frame(addr, module, offset, name, file or None, line or None, part=part)
             inlined = tuple(Frame(addr, module, offset, _name(i[0]), (i[1] if len(i) > 1 else None) or None,
                                   (i[2] if len(i) > 2 else None) or None, inlined=True)
                             for i in (row[6] if len(row) > 6 and isinstance(row[6], list) else ()))
@@ -108,6 +109,26 @@ class SymbolTable:
 
 def _name(raw: Any) -> str | None:
     """A symbol as readers show it: demangled; None when unknown (or only an address)."""
+    return _name_part(raw)[0]
+
+
+# A split part a demangler (or an agent's symbolizer) already printed: "f(int) [clone .cold]",
+# "f(int) (.cold)".
+_DEMANGLED_PART = re.compile(r"(?:\s*(?:\[clone \.([\w.]+)\]|\(\.([\w.]+)\)))+$")
+
+
+def _name_part(raw: Any) -> tuple[str | None, str | None]:
+    """A symbol as readers show it, and the compiler's part of it: a split-off piece of a function
+    (``main.cold``, ``f.part.0``, ``g.isra.0``) is named by its parent function, as addr2line
+    names it from the debug information; the part is kept beside it."""
     if not raw or not isinstance(raw, str) or raw.startswith("0x"):
-        return None
-    return demangle(raw)
+        return None, None
+    base, part = split_part(raw)
+    name = demangle(base)
+    m = _DEMANGLED_PART.search(name)
+    if m is not None and m.start() > 0:
+        parts = re.findall(r"\[clone \.([\w.]+)\]|\(\.([\w.]+)\)", m.group())
+        extra = ".".join(a or b for a, b in parts)
+        name = name[:m.start()]
+        part = f"{part}.{extra}" if part else extra
+    return name, part

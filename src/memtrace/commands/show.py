@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -42,10 +43,46 @@ def show(capture: Path, as_json: bool, top: int | None, sort: str | None) -> int
         opts = {"capture": str(loaded.path), "top": top, loaded.tracer.json_top_option: top, "quiet": False,
                 "sort": sort}
         loaded.tracer.console(Console(), loaded.summary, opts)
+        show_children(Console(), loaded.path, getattr(loaded.summary, "end", None) or {})
     if loaded.info.problem is not None:
         click.echo(f"memtrace: warning: {loaded.path}: {loaded.info.problem}", err=True)
         return 1
     return 0
+
+
+def show_children(console: Console, path: Path, end: dict[str, Any], depth: int = 0) -> None:
+    """The processes the target made, each with its capture (when one exists in the folder) and
+    how it ended, and theirs below them: a process is shown with its children."""
+    from rich.text import Text
+
+    from memtrace.capture import RecordType, read_records
+    from memtrace.reporters.console import plain
+
+    children = list(end.get("children") or [])
+    exec_info = (end.get("evidence") or {}).get("exec") or {}
+    if exec_info.get("followed"):       # the image it exec'd, traced in a capture of its own
+        children.append({"pid": end.get("pid"), "origin": "exec", "path": exec_info.get("path"),
+                         "capture": exec_info["followed"], "ended": "replaced it"})
+    if not children:
+        return
+    if depth == 0:
+        console.print(Text("processes it made:", style="bold"))
+    for c in children:
+        capture = c.get("capture")
+        exists = capture is not None and (path.parent / capture).is_file()
+        what = f"{c.get('origin')}" + (f" {c['path']}" if c.get("path") else "")
+        status = c.get("ended") or "?"
+        where = f" -> {capture}" if exists else " (no capture)"
+        console.print(Text("  " * (depth + 1) + f"pid {c.get('pid')} {what}: {status}") + plain(where))
+        if exists and depth < 8:
+            child_end: dict[str, Any] = {}
+            try:
+                for r in read_records(path.parent / capture):
+                    if r.type == RecordType.END:
+                        child_end = r.body
+            except Exception:  # noqa: BLE001 -- a damaged child capture is listed, not followed
+                child_end = {}
+            show_children(console, path.parent / capture, child_end, depth + 1)
 
 
 command = show

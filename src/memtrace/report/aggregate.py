@@ -36,6 +36,9 @@ def _ended(entries: list[dict[str, Any]]) -> dict[str, Any]:
             return {"ended": "target-exited", "reason": reason, "tracer": e.get("tracer")}
     if any(e.get("ended") == "interrupted" for e in entries):
         return {"ended": "interrupted", "reason": "stopped by the user (Ctrl-C)", "tracer": None}
+    for e in entries:       # the window, not the target, ended it: said so
+        if e.get("ended") == "completed" and str(e.get("reason") or "").startswith("window ended"):
+            return {"ended": "completed", "reason": e["reason"], "tracer": e.get("tracer")}
     return {"ended": "completed", "reason": None, "tracer": None}
 
 

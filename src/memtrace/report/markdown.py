@@ -50,7 +50,9 @@ def _panorama(doc: dict[str, Any]) -> list[str]:
         ios = "not traced" if r["iosurface_bytes"] is None else \
             f"{fmt_bytes(r['iosurface_bytes'])} ({r['iosurface_surfaces']:,} surfaces)"
         purg = "not traced" if r["purgeable_held_bytes"] is None else fmt_bytes(r["purgeable_held_bytes"])
-        ended = r["ended"] if r["ended"] == "completed" else f"{r['ended']}: {r['reason']}"
+        # A run the window cut says so ("window ended after 60 s; the target was killed").
+        ended = r["ended"] if r["ended"] == "completed" and not (r["reason"] or "").startswith("window ended") \
+            else f"{r['ended']}: {r['reason']}"
         cov = "—" if r.get("stack_coverage") is None else f"stacks {fmt_pct(r['stack_coverage'])}" + (
             f" · live {fmt_pct(r['live_coverage'])}" if r.get("live_coverage") is not None else "")
         rows.append([r["target"], ios, malloc, net, purg, lines(r["families"]) if r["families"] else "—", ended, cov])

@@ -75,6 +75,15 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
     console.print(calls)
     line(console, ("gross bytes allocated",
                    f"{fmt_bytes(s['gross_bytes'])} ({s['gross_bytes']:,} B in {s['alloc_calls']:,} calls)"))
+    failed = {k: v for k, v in s["failed"].items() if v}
+    if failed:
+        line(console, ("failed calls (returned NULL; no bytes counted)",
+                       ", ".join(f"{k} {v:,}" for k, v in failed.items())))
+        rows = summary.stack_rows(opts.get("top", 10), measure="failed")
+        if rows:
+            console.print(stack_table("failed calls by stack", [("calls", "right"), ("frames", "left")],
+                                      [[f"{round(r.count):,}", frames_text(r.frames) if r.frames
+                                        else plain("(no stack)")] for r in rows]))
     tiers = Table(title="size tiers", show_edge=False)
     for col in ("size", "calls", "bytes"):
         tiers.add_column(col, justify="right")

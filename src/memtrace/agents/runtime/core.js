@@ -12,7 +12,7 @@
 import { AGG_STRIDE, CONFIG, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS, N_SITES,
   PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
-import { disarmStub, leakedStub, proc } from './process.js';
+import { disarmStub, leakedStub, proc, withoutHoldEnv } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 
@@ -194,7 +194,7 @@ export function buildCore(config, sources, extraSymbols) {
   }
   if (wantExternal && !cm) {
     try {
-      cm = new CModule(source, symbols, { toolchain: 'external' });
+      cm = withoutHoldEnv(() => new CModule(source, symbols, { toolchain: 'external' }));
       toolchain = 'external';
     } catch (e) {
       if (config.toolchain === 'external')
@@ -380,12 +380,17 @@ function mainStack() {
   return mainStackCell;
 }
 
-/* The counters of every thread, live and retired, summed by the C side. */
+/* The counters of every thread, live and retired, summed by the C side.  A 64-bit counter never
+ * passes through a Number: one past 2^53 goes as its decimal string (the host makes it an int). */
+const MAX_EXACT = uint64(Number.MAX_SAFE_INTEGER.toString());
+
 export function readCounters() {
   core.fns.snapshot(core.snapshotBuf);
   const out = [];
-  for (let i = 0; i < N_COUNTERS; i++)
-    out.push(Number(core.snapshotBuf.add(i * 8).readU64()));
+  for (let i = 0; i < N_COUNTERS; i++) {
+    const v = core.snapshotBuf.add(i * 8).readU64();
+    out.push(v.compare(MAX_EXACT) > 0 ? v.toString() : v.toNumber());
+  }
   return out;
 }
 

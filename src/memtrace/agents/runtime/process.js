@@ -45,6 +45,9 @@ export const proc = {
   stubs: [],          // {stub, slot, target}: armed stubs
   execTarget: null,
   execHooked: false,
+  execSlow: false,    // execve redirected by Interceptor.replace (too short for replaceFast)
+  execSaved: null,    // execve's first bytes, where our own jump replaced them (hookExec)
+  spawnHooks: [],     // posix_spawn/posix_spawnp listeners (with a slow execve hook)
   acks: 0,
   forksReported: 0,
   torn: false,
@@ -57,6 +60,52 @@ export const proc = {
 function nf(name, ret, args) {
   const p = libcExport(name);
   return p === null ? null : new NativeFunction(p, ret, args);
+}
+
+/* The external toolchain's compiler runs as a child of the target: under --follow-children's
+ * hold (memtrace.hold) it would wait to be followed like any process the target starts.  The
+ * hold's variable is out of the environment while `fn` runs (a target thread spawning meanwhile
+ * gets a child that is not held: it is still followed from its spawn). */
+const HOLD_CHILDREN_ENV = 'MEMTRACE_HOLD_CHILDREN';
+
+export function withoutHoldEnv(fn) {
+  restoreEnviron();
+  const getenv = nf('getenv', 'pointer', ['pointer']);
+  const setenv = nf('setenv', 'int', ['pointer', 'pointer', 'int']);
+  const unsetenv = nf('unsetenv', 'int', ['pointer']);
+  if (getenv === null || setenv === null || unsetenv === null)
+    return fn();
+  const name = Memory.allocUtf8String(HOLD_CHILDREN_ENV);
+  const value = getenv(name);
+  if (value.isNull())
+    return fn();
+  const saved = Memory.allocUtf8String(value.readUtf8String());
+  unsetenv(name);
+  try {
+    return fn();
+  } finally {
+    setenv(name, saved, 1);
+  }
+}
+
+/* A program held before its constructors (memtrace.hold) had libc's initializer run on Frida's
+ * injecting thread with no environment: until the program goes on, `environ` is NULL, and the
+ * compiler the external toolchain starts from here would get none (gcc then cannot find cc1).
+ * The program's own is on its initial stack: proc(5)'s startstack points at argc, then argv,
+ * NULL, envp.  (Once released, the hold library sets libc's state again on the main thread.) */
+function restoreEnviron() {
+  const environ = libcExport('__environ') || libcExport('environ');
+  if (environ === null || !environ.readPointer().isNull())
+    return;
+  try {
+    const stat = File.readAllText('/proc/self/stat');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const sp = ptr(fields[28 - 3]);
+    const argc = sp.readU64().toNumber();
+    environ.writePointer(sp.add((argc + 2) * Process.pointerSize));
+  } catch (e) {
+    // left as it is: the external toolchain fails and TinyCC compiles instead
+  }
 }
 
 /* ---- stubs in leaked memory ------------------------------------------------------------ */
@@ -288,14 +337,19 @@ export function hookExec() {
     const original = Interceptor.replaceFast(target, proc.cm.mt_execve);
     proc.mem.realExecve.writePointer(original);
   } catch (e) {
-    // Too short for a fast redirect: the replacement calling `target` reaches the original.
-    proc.mem.realExecve.writePointer(target);
-    Interceptor.replace(target, proc.cm.mt_execve);
+    if (!jumpExecve(target)) {
+      // The replacement calling `target` reaches the original.
+      proc.mem.realExecve.writePointer(target);
+      Interceptor.replace(target, proc.cm.mt_execve);
+      proc.execSlow = true;
+    }
   }
   applyPatches('execve hook in');
   proc.execTarget = target;
   proc.execHooked = true;
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
+  if (proc.execSlow)
+    hookSpawn();
   hookFdGuard();
 }
 
@@ -352,6 +406,7 @@ function hookFdGuard() {
     const target = libcExport(name);
     if (target === null)
       return;
+    notePatched(target);
     try {
       const original = Interceptor.replaceFast(target, replacement);
       if (realSlot !== null)
@@ -370,7 +425,7 @@ function hookFdGuard() {
     // closefrom closes through close_range in glibc: ours calls the real one, run by run.
     redirect('closefrom', proc.cm.mt_closefrom, null);
   }
-  Interceptor.flush();
+  applyPatches('descriptor guard in');
   proc.fdGuard = { hooked, timer: setInterval(refreshFdGuard, FD_GUARD_REFRESH_MS) };
 }
 
@@ -382,7 +437,7 @@ function unhookFdGuard() {
   clearInterval(guard.timer);
   for (const target of guard.hooked)
     Interceptor.revert(target);
-  Interceptor.flush();
+  applyPatches('descriptor guard out');
   const kept = Number(proc.mem.fdState.readU64());
   if (kept > 0) {
     try {
@@ -395,13 +450,90 @@ function unhookFdGuard() {
   }
 }
 
+/* glibc's execve (x86-64) is 33 bytes whose error branch jumps back into its first 16: Frida's
+ * replaceFast cannot move them.  Its first 14 bytes become `jmp [rip]; .quad mt_execve` and the
+ * real call is mt_execve_raw (process.c), with no trampoline: Interceptor.replace's keeps
+ * per-thread state that a posix_spawn or vfork child -- the parent's memory and thread-local
+ * storage, an exec that never returns -- leaves behind (see hookSpawn).  Fork children get the
+ * bytes back with every other patch (recordPatches). */
+const JUMP_BYTES = 14;
+
+function jumpExecve(target) {
+  if (Process.arch !== 'x64' || proc.cm.mt_execve_raw === undefined)
+    return false;
+  const m = libcModule();
+  let size = 0;
+  try {
+    const sym = m.enumerateSymbols().find(s => s.name === 'execve' && s.address.equals(target));
+    size = sym && sym.size ? sym.size : 0;
+  } catch (e) {
+    size = 0;
+  }
+  if (size < JUMP_BYTES)
+    return false;
+  proc.execSaved = target.readByteArray(JUMP_BYTES);
+  proc.mem.realExecve.writePointer(proc.cm.mt_execve_raw);
+  Memory.patchCode(target, JUMP_BYTES, code => {
+    code.writeByteArray([0xff, 0x25, 0x00, 0x00, 0x00, 0x00]);
+    code.add(6).writePointer(proc.cm.mt_execve);
+  });
+  return true;
+}
+
+/* With execve behind Interceptor.replace, a posix_spawn child (clone(CLONE_VM | CLONE_VFORK):
+ * the parent's memory and its thread-local storage) entering that redirect marks the parent's
+ * thread as inside it for good -- it execs and never returns -- and every later execve from
+ * that thread skipped the hook: only the first posix_spawn was ever seen.  So around
+ * posix_spawn the redirect is taken out, and the parent reports the child itself when the
+ * call returns (its pid and path).  (glibc's system() and popen() go through posix_spawn.) */
+function hookSpawn() {
+  for (const name of ['posix_spawn', 'posix_spawnp']) {
+    const f = libcExport(name);
+    if (f === null)
+      continue;
+    proc.spawnHooks.push(Interceptor.attach(f, {
+      onEnter(args) {
+        this.pidOut = args[0];
+        this.path = readCString(args[1]);
+        this.rehook = proc.execHooked;
+        if (this.rehook) {
+          Interceptor.revert(proc.execTarget);
+          Interceptor.flush();
+        }
+      },
+      onLeave(retval) {
+        if (this.rehook && proc.execHooked && !proc.torn) {
+          Interceptor.replace(proc.execTarget, proc.cm.mt_execve);
+          Interceptor.flush();
+        }
+        if (retval.toInt32() !== 0 || this.pidOut.isNull())
+          return;
+        try {
+          send({ type: 'process:child', t: now(), pid: this.pidOut.readS32(), ppid: Process.id, origin: 'spawn',
+            path: this.path, entry: null, lost: 0 });
+        } catch (e) {
+          // never stand in the target's way
+        }
+      },
+    }));
+  }
+}
+
 export function unhookExec() {
   unhookFdGuard();
+  for (const h of proc.spawnHooks.splice(0))
+    h.detach();
   if (!proc.execHooked)
     return;
   writeField(proc.mem.proc, PROC, 'exec_notify', 0);
-  Interceptor.revert(proc.execTarget);
-  applyPatches('execve hook out');
+  if (proc.execSaved !== null) {
+    const saved = proc.execSaved;
+    Memory.patchCode(proc.execTarget, JUMP_BYTES, code => code.writeByteArray(saved));
+    proc.execSaved = null;
+  } else {
+    Interceptor.revert(proc.execTarget);
+    applyPatches('execve hook out');
+  }
   proc.execHooked = false;
 }
 

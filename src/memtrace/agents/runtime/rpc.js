@@ -9,7 +9,7 @@ import { calibrate } from './calibrate.js';
 import { darwinFacts } from './facts.js';
 import { retireThreadKey, setEnabled } from './core.js';
 import { flush } from './flush.js';
-import { announceModules, describeModule, symbolize } from './modules.js';
+import { announceModules, describeModule, symbolize, unwatchModules, watchModules } from './modules.js';
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import {
   awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
@@ -93,6 +93,17 @@ function watchCrash() {
   });
 }
 
+/* A module was loaded (modules.js watchModules, on the loading thread, before its code runs):
+ * what was recorded so far goes first, then the module; the thread waits until the host has it
+ * (and its unwind table), so its frames are named and walked through from its first call. */
+function moduleLoaded(desc) {
+  if (life.finished)
+    return;
+  const before = proc.acks;
+  send({ type: 'modules:update', t: now(), modules: [desc], loaded: true });
+  awaitAck(before);
+}
+
 /* The traced process is about to exec (called on the exec'ing thread): flush, tell the host,
  * and wait (bounded) until it has everything, for the process image and our agent with it are
  * gone the moment execve succeeds. */
@@ -130,6 +141,7 @@ export function serve(tracer) {
         tracer.install(life.config);
       proc.onExec = beforeExec;
       listenForAcks();
+      watchModules(moduleLoaded);
       hookExec();
       watchCrash();
       // After every hook is in (Frida's, the tracer's, ours): what a fork child must undo.
@@ -155,6 +167,7 @@ export function serve(tracer) {
         clearInterval(life.timer);
       setEnabled(false);
       unhookExec();
+      unwatchModules();
       if (tracer.uninstall)
         tracer.uninstall(life.config);
       flush();
@@ -200,6 +213,7 @@ export function serve(tracer) {
       setEnabled(false);
       try {
         unhookExec();
+        unwatchModules();
         if (first && tracer.uninstall)
           tracer.uninstall(life.config);
         Interceptor.detachAll();

@@ -15,7 +15,7 @@
 import {
   MAX_UNWIND_MODULES, UNWIND_CFA_SP, UNWIND_INDEX_SHIFT, UNWIND_MODULE, UNWIND_NONE, UNWIND_ROW,
 } from '../layout.js';
-import { describeModule } from './modules.js';
+import { moduleList } from './modules.js';
 import { NATIVE_PLATFORM } from './platform.js';
 
 const reg = {
@@ -49,12 +49,12 @@ export function unwindModules() {
   if (!SUPPORTED)
     return [];
   const fresh = [];
-  for (const m of Process.enumerateModules()) {
-    const k = m.base.toString();
+  for (const m of moduleList()) {
+    const k = m.base;
     if (reg.asked.has(k) || m.name.startsWith('frida-agent') || m.path.indexOf('/') < 0)
       continue;
     reg.asked.add(k);
-    fresh.push(describeModule(m));
+    fresh.push(m);
   }
   return fresh;
 }

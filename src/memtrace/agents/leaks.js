@@ -29,7 +29,7 @@ const SCRATCH = 64 * 1024;
 const LINUX_ARENA_ALIGN = 64 * 1024 * 1024;   // glibc's HEAP_MAX_SIZE: non-main arenas start aligned
 
 // cmodule/world.c (stopping the world) and leaks.c's reads.
-const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'read', 'kill', 'process_vm_readv',
+const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'read', 'process_vm_readv',
   'usleep'];
 const DARWIN_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume', 'thread_get_state',
   'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite', 'mach_vm_region_recurse',

@@ -63,7 +63,6 @@ extern gint open (const gchar * path, gint flags, ...);
 extern gint close (gint fd);
 extern gssize read (gint fd, gpointer buf, gsize count);
 extern gint usleep (guint usec);
-extern gint kill (gint pid, gint sig);
 extern glong syscall (glong number, ...);
 extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
     gulong flags);
@@ -404,11 +403,23 @@ mt_world_stop (MtWorld * w)
 {
   gint pid;
   gpointer top = (gpointer) ((w->tracer_stack + w->tracer_stack_size) & ~(guint64) 15);
+  if (w->tracer_pid != 0)
+  {
+    /* A helper that timed out earlier still uses this MtWorld and its stack: never a second one
+     * beside it (nor a kill: a tracer killed while its tracee is in its SIGSTOP's delivery stop
+     * could leave the process stopped). */
+    gint status = 0;
+    if (waitpid ((gint) w->tracer_pid, &status, MT_WCLONE | 1 /* WNOHANG */) != (gint) w->tracer_pid)
+    {
+      w->error = MT_WORLD_E_TIMEOUT;
+      return 0;
+    }
+    w->tracer_pid = 0;
+  }
   w->state = MT_WORLD_IDLE;
   w->n_threads = 0;
   w->n_failed = 0;
   w->error = 0;
-  w->tracer_pid = 0;
   mt_world_barrier (w);
   if (mt_world_seccomp (w->tgid))
   {
@@ -432,15 +443,16 @@ mt_world_stop (MtWorld * w)
   {
     /* The helper is slow (a loaded machine) or stuck (a thread that does not stop): it must be
      * gone before this MtWorld and its stack are used again.  Told to let go, it detaches what it
-     * holds; one that does not is killed, and the kernel detaches its tracees. */
+     * holds once it gets there; until it is reaped (here or by the next stop) no other starts. */
     gint status = 0;
     mt_world_barrier (w);
     w->state = MT_WORLD_RESUME;
     mt_world_barrier (w);
-    if (!mt_world_wait_state (w, MT_WORLD_RESUMED))
-      kill (pid, MT_SIGKILL);
-    waitpid (pid, &status, MT_WCLONE);
-    w->tracer_pid = 0;
+    if (mt_world_wait_state (w, MT_WORLD_RESUMED))
+    {
+      waitpid (pid, &status, MT_WCLONE);
+      w->tracer_pid = 0;
+    }
     w->n_threads = 0;
     w->error = MT_WORLD_E_TIMEOUT;
     return 0;
@@ -457,7 +469,9 @@ mt_world_resume (MtWorld * w)
   mt_world_barrier (w);
   w->state = MT_WORLD_RESUME;
   mt_world_barrier (w);
-  mt_world_wait_state (w, MT_WORLD_RESUMED);
+  /* A helper stuck past the timeout is left to finish (the next stop reaps it), never waited on. */
+  if (!mt_world_wait_state (w, MT_WORLD_RESUMED))
+    return;
   waitpid ((gint) w->tracer_pid, &status, MT_WCLONE);
   w->tracer_pid = 0;
 }

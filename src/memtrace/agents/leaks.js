@@ -30,7 +30,7 @@ const SCRATCH = 64 * 1024;
 const LINUX_ARENA_ALIGN = 64 * 1024 * 1024;   // glibc's HEAP_MAX_SIZE: non-main arenas start aligned
 
 // cmodule/world.c (stopping the world) and leaks.c's reads.
-const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'read', 'kill', 'process_vm_readv',
+const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', 'read', 'process_vm_readv',
   'usleep', 'pread'];
 const MAX_SEGS = 65536;                   // allocator heaps (and its state) the C may find
 const MAX_FREED = 1 << 20;                // tcache and fastbin entries the C may remember

@@ -254,7 +254,6 @@ export function buildProcess(config, sources) {
     open: libcExport('open'),
     close: libcExport('close'),
     read: libcExport('read'),
-    kill: libcExport('kill'),
     syscall: libcExport('syscall'),
     process_vm_readv: libcExport('process_vm_readv'),
   };

@@ -130,6 +130,7 @@ export function buildWorld(cm) {
     ranges: Memory.alloc(4096 * 16),
     scratch: Memory.alloc(SCRATCH),
   };
+  world.mem.world.writeByteArray(new Array(WORLD.size).fill(0));    // no helper yet (tracer_pid 0)
   world.fns = fns;
   world.fridaCode = fridaCodeRanges();
   world.why = null;
@@ -147,7 +148,9 @@ function prepare() {
     skip: uint64(mem.skip.toString()), n_skip: skip.length,
     threads: uint64(mem.threads.toString()), threads_cap: MAX_THREADS, regs: uint64(mem.regs.toString()),
     n_threads: 0, n_failed: 0,
-    tracer_stack: uint64(mem.stack.toString()), tracer_stack_size: HELPER_STACK, tracer_pid: 0, error: 0,
+    tracer_stack: uint64(mem.stack.toString()), tracer_stack_size: HELPER_STACK,
+    // tracer_pid kept: a helper that timed out is reaped by the next stop before another starts
+    tracer_pid: mem.world.add(WORLD.fields.tracer_pid[0]).readU64(), error: 0,
   });
   return listed;
 }

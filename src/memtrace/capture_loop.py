@@ -371,9 +371,12 @@ class CaptureLoop(ProcessEvents):
         self.ending.spawn_status = {"signal": number, "signal_name": name, "source": f"frida ({self.stage})"}
 
     def _died_meanwhile(self) -> bool:
-        """A process memtrace launched existed and is gone now (an attach that failed because
-        the target was killed under it, not because it cannot be attached)."""
-        if not self.host.spawned or self.host.pid is None:
+        """The target existed and is gone now: an attach that failed because the target was
+        killed under it, not because it cannot be attached.  A process memtrace launched; or one
+        it attaches to (--pid, --name) once injection began -- the pid was there to inject."""
+        if self.host.pid is None:
+            return False
+        if not self.host.spawned and self.stage not in ("injection", "agent load"):
             return False
         end = time.monotonic() + 1.0        # a SIGKILL takes a moment to be final
         while self.host.alive():

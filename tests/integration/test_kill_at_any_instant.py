@@ -121,3 +121,40 @@ def test_fifty_kills_at_random_instants_leave_fifty_named_captures(compile_c, tm
     stages = kill_at_random_instants(compile_c("steady"), tmp_path, runs=50, seed=2026)
     print("deaths by stage:", stages)
     assert sum(n for s, n in stages.items() if s in STAGES) == 50
+
+
+def test_a_running_process_killed_while_memtrace_injects_it_leaves_a_named_capture(
+        compile_c, tmp_path: Path) -> None:
+    """--pid: a process memtrace did not launch, killed at instants across its injection (before,
+    the attach error threw the capture away: only a one-line error was left)."""
+    exe = compile_c("steady")
+    rng = random.Random(27)
+    named = 0
+    stages: dict[str, int] = {}
+    for i in range(6):
+        target = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+        assert target.stdout is not None and target.stdout.readline().startswith("ready")
+        out = tmp_path / f"pid{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--window", "4",
+                                 "--pid", str(target.pid), "--out", str(out)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        cap = out / "capture.mtc"
+        deadline = time.monotonic() + 60
+        while not cap.exists() and time.monotonic() < deadline:      # memtrace is at the target now
+            time.sleep(0.002)
+        delay = rng.uniform(0, 0.3)
+        time.sleep(delay)
+        target.kill()
+        target.wait()
+        _, err = proc.communicate(timeout=180)
+        said = f"run {i} (killed {delay:.3f} s after the capture began): {err.strip()}"
+        records = list(read_records(cap))
+        assert records and records[0].type == RecordType.META, said
+        end = records[-1]
+        assert end.type == RecordType.END and end.body["ended"] == "target-exited", (said, end.body)
+        stage = end.body["evidence"].get("stage")
+        assert stage in STAGES | {"start"}, (said, end.body)
+        stages[stage] = stages.get(stage, 0) + 1
+        named += 1
+    print("deaths by stage:", stages)
+    assert named == 6 and stages.get("injection", 0) + stages.get("agent load", 0) >= 1, stages

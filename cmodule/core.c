@@ -78,7 +78,7 @@ struct _MtSlot
   volatile gint claim;
   volatile gint state;
   volatile gint busy;
-  gint has_ring;
+  volatile gint has_ring;       /* read by the drain (mt_drain_rings) once the state is published */
   /* The aggregate lane this thread adds to (lane-major rows, track.c): its own while lanes last
    * (plain adds), else shared with other threads by slot index (atomic adds). */
   gint lane;
@@ -265,7 +265,10 @@ extern void mt_full_fence (void);
 static inline void
 mt_barrier (void)
 {
-#if !defined (__TINYC__)
+#if defined (MT_TSAN)
+  /* The sanitizer harness (tests/native): an RMW of one word, which ThreadSanitizer can see. */
+  __atomic_fetch_add (&mt_globals.fence, 0, __ATOMIC_SEQ_CST);
+#elif !defined (__TINYC__)
   __atomic_thread_fence (__ATOMIC_SEQ_CST);
 #elif defined (MT_ARM64)
   mt_full_fence ();

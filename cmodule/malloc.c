@@ -547,6 +547,11 @@ mt_logger_nested (MtSlot * s, const MtLoggerEvent * ev)
   if (s->busy == MT_BUSY_OWN)
   {
     mt_ncount (s, MT_C_OWN_CALLS, 1);
+    /* libmalloc logs an allocation after it and a free before it: both blocks can be sized. */
+    if (ev->op == MT_OP_ALLOC)
+      mt_own_alloc (s, ev->ptr);
+    else if (ev->op == MT_OP_FREE)
+      mt_own_release (s, ev->old_ptr);
     return;
   }
   switch (ev->op)
@@ -751,11 +756,13 @@ mt_realloc_common (guint kind, gpointer old, gsize n, gsize size, gpointer fp)
     return array ? real_reallocarray (old, n, size) : real_realloc (old, size);
   if (G_UNLIKELY (s->busy != 0))
   {
+    if (s->busy == MT_BUSY_OWN)
+      mt_own_release (s, (guint64) old);      /* sized now: after the real call it is gone */
     p = array ? real_reallocarray (old, n, size) : real_realloc (old, size);
     if (p == NULL && bytes == 0)
-      mt_nested (s, kind, 0, 0, (guint64) old, TRUE);       /* realloc(p, 0) frees; it does not fail */
+      mt_nested (s, kind, 0, 0, s->busy == MT_BUSY_OWN ? 0 : (guint64) old, TRUE);  /* realloc(p, 0) frees */
     else
-      mt_nested_result (s, kind, p, bytes, p != NULL ? (guint64) old : 0);
+      mt_nested_result (s, kind, p, bytes, p != NULL && s->busy != MT_BUSY_OWN ? (guint64) old : 0);
     return p;
   }
   mt_set_busy (s, MT_BUSY_HOOK);

@@ -89,6 +89,29 @@ mt_agg_dirty_row (guint64 row)
     mt_agg_dirty[row] = 1;
 }
 
+/* The allocator's usable size of a block (malloc_usable_size, Darwin's malloc_size), or NULL. */
+extern gsize (* volatile mt_usable_size) (gconstpointer);
+
+static inline void mt_ncount (MtSlot * s, guint index, guint64 v);
+
+/* memtrace's own thread allocated (or released) a block: its usable bytes, kept apart so the
+ * calibration can take them out of the allocator's in-use figures. */
+static void
+mt_own_alloc (MtSlot * s, guint64 p)
+{
+  gsize (* size_of) (gconstpointer) = mt_usable_size;
+  if (p != 0 && size_of != NULL)
+    mt_ncount (s, MT_C_OWN_BYTES, size_of ((gconstpointer) p));
+}
+
+static void
+mt_own_release (MtSlot * s, guint64 p)
+{
+  gsize (* size_of) (gconstpointer) = mt_usable_size;
+  if (p != 0 && size_of != NULL)
+    mt_ncount (s, MT_C_OWN_FREED_BYTES, size_of ((gconstpointer) p));
+}
+
 /* When the peak was reached, cheaply: on x86-64 with gcc the time-stamp counter (a heap that keeps
  * growing raises the peak on nearly every allocation, and reading the monotonic clock each time
  * was a fifth of a complete capture's cost on CPython), turned into the core's microseconds by the
@@ -508,6 +531,12 @@ mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolea
   if (busy == MT_BUSY_OWN)
   {
     mt_ncount (s, MT_C_OWN_CALLS, 1);
+    /* A free comes here before the real free (the block is still there to be sized); a
+     * realloc after its real call, its old block already sized (mt_own_release). */
+    if (alloc)
+      mt_own_alloc (s, p);
+    else
+      mt_own_release (s, old);
     return;
   }
   mt_nested_count (s, kind, size, alloc, 1);

@@ -148,6 +148,10 @@ COUNTERS: dict[str, int] = {
     # Calls of threads that found no thread slot of their own (more threads alive at once than
     # slots): counted exactly like any call, their stacks dropped (in dropped_stacks) and said.
     "unslotted_calls": 69,
+    # The usable bytes memtrace's own thread (the agent's JavaScript: symbolization, its runtime)
+    # allocated and freed through the hooked allocator: what calibration takes out of the
+    # allocator's in-use figures (the target's heap is what they are about).
+    "own_bytes": 70, "own_freed_bytes": 71,
 }
 # Allocation calls that returned NULL, by kind (also in C_CALLS + kind; never in bytes or tiers).
 C_FAILED = 72                  # + kind

@@ -195,6 +195,30 @@ def test_agent_thread_allocations_are_the_agents(agent) -> None:
     api.stop()
 
 
+def test_the_agents_own_heap_is_taken_out_of_the_calibration(agent) -> None:
+    """What the agent's own thread holds in the allocator (Darwin: CoreSymbolication's caches) is in
+    mallinfo's in-use but is not the target's: its usable bytes are counted apart (own_bytes) and
+    the allocator's in-use delta has them taken out (issue 23)."""
+    from memtrace.analyze.malloc import MallocSummary
+
+    api, _ = agent
+    api.start()
+    before = api.calibrate()
+    assert api.malloc_on_agent_thread(20, 100_000, True) == {"ignored": True}
+    after = api.calibrate()
+    own = after["own_bytes"] - before["own_bytes"]
+    assert 20 * 100_000 <= own < 20 * 100_000 + 20 * 64         # usable sizes: the request, rounded
+    s = MallocSummary()
+    s.calibration = {"before": {"phase": "before", **before}, "after": {"phase": "after", **after}}
+    alloc = s.coverage()["allocator"]
+    raw = after["allocator"]["in_use"] - before["allocator"]["in_use"]
+    assert raw >= own and alloc["memtrace_own_bytes"] == own and alloc["in_use_delta"] == raw - own
+    # Freed again by the agent: nothing left to take out.
+    assert api.malloc_on_agent_thread(5, 50_000, False) == {"ignored": True}
+    assert api.calibrate()["own_bytes"] == after["own_bytes"]
+    api.stop()
+
+
 @pytest.mark.slow
 def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) -> None:
     """Restoring malloc_logger and unloading the script at once could leave a thread inside the freed

@@ -54,12 +54,11 @@
 MtConfig mt_config;
 /* mt_globals, mt_core and mt_slots (N_SLOTS of them): probe.c, where their types are known. */
 guint8 mt_ring_pool[N_RINGS * RING_SIZE] ALIGNED;
-volatile guint64 mt_stack_table[STACK_SLOTS];
-volatile guint32 mt_stack_list[STACK_SLOTS];
+/* As the agent sizes them (runtime/core.js): (hash, id) pairs, twice as many as stack ids; each
+ * live bucket its MT_LIVE_WAYS keys and then their MtLiveMeta entries. */
+volatile guint64 mt_stack_table[4 * STACK_SLOTS];
 guint8 mt_defs[DEFS_BYTES] ALIGNED;
-volatile guint64 mt_live_table[LIVE_BUCKETS * MT_LIVE_WAYS];
-MtLiveMeta mt_live_meta[LIVE_BUCKETS * MT_LIVE_WAYS];
-volatile gint mt_live_occupancy[LIVE_BUCKETS];
+guint8 mt_live_table[LIVE_BUCKETS * MT_LIVE_WAYS * (8 + sizeof (MtLiveMeta))] ALIGNED;
 volatile gint mt_live_locks[LIVE_BUCKETS];
 volatile guint64 mt_agg[N_ROWS * LANES * MT_AGG_STRIDE] ALIGNED;
 volatile guint8 mt_agg_dirty[N_ROWS];
@@ -72,6 +71,7 @@ volatile guint64 mt_slow_kinds;
 volatile guint64 mt_alias_kinds;
 volatile guint64 mt_tls_offset;          /* 0: the core asks pthread_getspecific */
 volatile guint64 mt_main_stack[3];       /* zeros: every thread's bounds from pthread_getattr_np */
+gsize (* volatile mt_usable_size) (gconstpointer);   /* NULL: the harness's threads are never memtrace's own */
 volatile guint64 mt_unwind_count;        /* no unwind tables: frame-pointer walks */
 MtUnwindModule mt_unwind_modules[MT_MAX_UNWIND_MODULES];
 volatile guint32 mt_self_task;

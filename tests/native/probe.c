@@ -5,7 +5,7 @@
 
 MtGlobals mt_globals;
 MtCore mt_core;
-MtSlot mt_slots[MT_HARNESS_SLOTS];
+MtSlot mt_slots[MT_HARNESS_SLOTS + 1];     /* + the shared slot of threads past n_slots (core.c) */
 
 guint64
 mt_probe_n_slots (void)

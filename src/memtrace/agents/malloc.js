@@ -51,6 +51,7 @@ const mallocState = {
   sites: new Map(),        // call site (string) -> the name its caller used, or null
   imports: new Map(),      // module base (string) -> Map(GOT slot (string) -> imported name)
   inUse: undefined,        // the allocator's in-use reader, or null
+  kept: [],                // blocks mallocOnAgentThread holds (tests)
 };
 
 /* The code a thread inside one of our hooks may be running or return into: the C module (every
@@ -439,12 +440,18 @@ export const tracer = {
     threadKey() {
       return { key: mallocState.tlsKey, retired: mallocState.keyRetired };
     },
-    /* Calls the target's malloc/free from the agent's own thread (tests: they must not count). */
-    mallocOnAgentThread(n, size) {
+    /* Calls the target's malloc/free from the agent's own thread (tests: they must not count);
+     * keep: the blocks are held (the agent's own heap, which calibration must take out). */
+    mallocOnAgentThread(n, size, keep) {
       const m = new NativeFunction(familyAddress('malloc'), 'pointer', ['size_t']);
       const f = new NativeFunction(familyAddress('free'), 'void', ['pointer']);
-      for (let i = 0; i < n; i++)
-        f(m(size));
+      for (let i = 0; i < n; i++) {
+        const p = m(size);
+        if (keep)
+          mallocState.kept.push(p);
+        else
+          f(p);
+      }
       return { ignored: mallocState.agentThreadIgnored === true };
     },
     /* Drive the real logger callback with a synthetic libmalloc event (tests). */

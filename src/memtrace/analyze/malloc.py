@@ -266,8 +266,15 @@ class MallocSummary(CaptureContext):
         ab, aa = before.get("allocator") or {}, after.get("allocator") or {}
         if ab and aa and "in_use" in ab and "in_use" in aa:
             delta = aa["in_use"] - ab["in_use"]
+            # What memtrace's own thread came to hold meanwhile (the agent's JavaScript, its
+            # symbolization) is in the allocator's figures but not the target's: taken out.
+            own_b, own_a = before.get("own_bytes"), after.get("own_bytes")
+            own = own_a - own_b if isinstance(own_b, int) and isinstance(own_a, int) else None
+            if own:
+                delta -= own
             out["allocator"] = {"source": aa.get("source"), "in_use_before": ab["in_use"],
                                 "in_use_after": aa["in_use"], "in_use_delta": delta,
+                                "memtrace_own_bytes": own,
                                 "after_phase": "after" if "after" in self.calibration else "at-exit"}
             tracked = self.live_est_bytes
             out["live_coverage"] = round(tracked / delta, 4) if delta > 0 else None

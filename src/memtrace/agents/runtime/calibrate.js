@@ -3,7 +3,7 @@
  * so the host can state how much of it the trace explains.
  */
 
-import { core } from './core.js';
+import { core, ownBytes } from './core.js';
 import { IS_DARWIN, findExport, now } from './platform.js';
 import { selfTaskVmInfo } from './taskinfo.js';
 
@@ -109,6 +109,8 @@ function calibrateDarwin() {
 export function calibrate() {
   const r = IS_DARWIN ? calibrateDarwin() : calibrateLinux();
   r.agent = agentMemory();
+  // What memtrace's own thread holds in the allocator now: the host takes it out of in-use.
+  r.own_bytes = ownBytes();
   r.t = now();
   return r;
 }

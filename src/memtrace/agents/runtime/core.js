@@ -9,8 +9,8 @@
  * until it is used.
  */
 
-import { AGG_STRIDE, CONFIG, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS, N_SITES,
-  PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
+import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS,
+  N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withoutHoldEnv } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
@@ -158,6 +158,7 @@ export function buildCore(config, sources, extraSymbols) {
   }, unwindSymbols(), extraSymbols);
   if (Process.arch === 'arm64')
     symbols.mt_full_fence = fullFence();      // core.c's mt_barrier under TinyCC
+  symbols.mt_usable_size = usableSizeCell();
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');
     symbols.pthread_get_stacksize_np = findExport('pthread_get_stacksize_np');
@@ -341,6 +342,28 @@ export function drainOnce(final) {
     info.top.push([Number(core.top.add(16 * i).readU64()), Number(core.top.add(16 * i + 8).readU64())]);
   }
   return { n, info };
+}
+
+/* track.c's mt_usable_size: a cell holding the allocator's usable-size function (glibc's
+ * malloc_usable_size, Darwin's malloc_size), or NULL -- how big the blocks memtrace's own thread
+ * allocates are, so calibration can take them out of the allocator's in-use figures. */
+let usableSize = null;
+
+function usableSizeCell() {
+  if (usableSize === null) {
+    usableSize = Memory.alloc(Process.pointerSize);
+    const f = findExport(IS_DARWIN ? 'malloc_size' : 'malloc_usable_size');
+    usableSize.writePointer(f === null ? NULL : f);
+  }
+  return usableSize;
+}
+
+/* The bytes memtrace's own thread holds now (allocated less freed, usable sizes). */
+export function ownBytes() {
+  if (core.cm === null)
+    return null;
+  const c = readCounters();
+  return Number(c[COUNTERS.own_bytes]) - Number(c[COUNTERS.own_freed_bytes]);
 }
 
 /* A seccomp filter on this process (/proc/self/status "Seccomp: 2"): spawning anything from here

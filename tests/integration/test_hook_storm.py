@@ -78,8 +78,11 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, tracer: 
     assert world["sites"] >= 2 and world["frida_code_ranges"] >= 1, world
     # The proof that the bytes changed under the stop: every hooked site rewritten while the
     # world was stopped (the execve hook may share its site with the fds tracer's listener).
-    what, rewritten = world["log"][0]
-    assert what == f"{tracer} hooks in" and rewritten >= world["sites"] - 1, world
+    assert world["log"][0][0] == f"{tracer} hooks in", world
+    # (A site already redirected is not rewritten again: the execve hook and the descriptor guard's
+    # close, close_range and closefrom may share theirs with the fds tracer's listeners.)
+    rewritten_in = sum(n for what, n in world["log"] if what.endswith(" in"))
+    assert rewritten_in >= world["sites"] - (4 if tracer == "fds" else 1), world
     if tracer == "malloc":
         # ... and every one restored under it too.
         assert world["rewritten_stopped"] == 2 * world["sites"], world

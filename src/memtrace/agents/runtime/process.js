@@ -39,6 +39,7 @@ export const proc = {
   cm: null,
   mem: null,
   stubPage: null,
+  execJump: null,     // the execve jump's write, for applyPatches to make with the world stopped
   fdGuard: null,      // {hooked: [targets], timer}: close/close_range/closefrom redirected
   maskPrepare: null,  // the atfork prepare stub that blocks signals across fork
   stubsUsed: 0,
@@ -343,7 +344,8 @@ export function hookExec() {
       proc.execSlow = true;
     }
   }
-  applyPatches('execve hook in');
+  applyPatches('execve hook in', proc.execJump);
+  proc.execJump = null;
   proc.execTarget = target;
   proc.execHooked = true;
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
@@ -401,8 +403,12 @@ function hookFdGuard() {
   });
   refreshFdGuard();
   const hooked = [];
+  // Every address looked up first: a symbol lookup ends Frida's Interceptor transaction, and the
+  // redirects must be queued back to back for applyPatches to write them with the world stopped.
+  const targets = { close: libcExport('close'), close_range: libcExport('close_range'),
+    closefrom: libcExport('closefrom') };
   const redirect = (name, replacement, realSlot) => {
-    const target = libcExport(name);
+    const target = targets[name];
     if (target === null)
       return;
     notePatched(target);
@@ -418,8 +424,7 @@ function hookFdGuard() {
     hooked.push(target);
   };
   redirect('close', proc.cm.mt_close, proc.mem.realClose);
-  const closeRange = libcExport('close_range');
-  if (closeRange !== null) {
+  if (targets.close_range !== null) {
     redirect('close_range', proc.cm.mt_close_range, proc.mem.realCloseRange);
     // closefrom closes through close_range in glibc: ours calls the real one, run by run.
     redirect('closefrom', proc.cm.mt_closefrom, null);
@@ -472,7 +477,8 @@ function jumpExecve(target) {
     return false;
   proc.execSaved = target.readByteArray(JUMP_BYTES);
   proc.mem.realExecve.writePointer(proc.cm.mt_execve_raw);
-  Memory.patchCode(target, JUMP_BYTES, code => {
+  // Written by applyPatches while the world is stopped (hookExec), as every other patch.
+  proc.execJump = () => Memory.patchCode(target, JUMP_BYTES, code => {
     code.writeByteArray([0xff, 0x25, 0x00, 0x00, 0x00, 0x00]);
     code.add(6).writePointer(proc.cm.mt_execve);
   });
@@ -527,7 +533,8 @@ export function unhookExec() {
   writeField(proc.mem.proc, PROC, 'exec_notify', 0);
   if (proc.execSaved !== null) {
     const saved = proc.execSaved;
-    Memory.patchCode(proc.execTarget, JUMP_BYTES, code => code.writeByteArray(saved));
+    const target = proc.execTarget;
+    applyPatches('execve hook out', () => Memory.patchCode(target, JUMP_BYTES, code => code.writeByteArray(saved)));
     proc.execSaved = null;
   } else {
     Interceptor.revert(proc.execTarget);

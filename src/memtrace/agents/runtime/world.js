@@ -236,12 +236,15 @@ export function notePatched(address) {
  * Applies every queued Interceptor change with the world stopped (Linux), with it running
  * elsewhere.  `what` names the change in a warning.  Returns true when the world was stopped.
  */
-export function applyPatches(what) {
+export function applyPatches(what, write = null) {
+  // write: a patch of memtrace's own (Memory.patchCode), made while the world is stopped too.
   world.stats.applied++;
   // Queued back to back: nothing between them, or between them and the stop, ends the transaction.
   for (const call of world.deferred.splice(0))
     call();
   if (world.fns === null) {
+    if (write !== null)
+      write();
     Interceptor.flush();
     world.stats.running++;
     if (!IS_DARWIN && !world.warned) {
@@ -258,6 +261,8 @@ export function applyPatches(what) {
     // Which sites the flush rewrites, as seen while the world is still stopped (the proof that
     // the bytes changed under the stop, not after it).
     const before = [...world.sites].map(a => new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES)));
+    if (write !== null)
+      write();
     Interceptor.flush();
     [...world.sites].forEach((a, i) => {
       const after = new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES));

@@ -317,77 +317,45 @@ mt_leak_region_tag (guint64 addr)
 extern gssize pread (gint fd, gpointer buf, gsize count, gint64 offset);
 #endif
 
-static void
-mt_leak_sort (MtLeakBlock * a, guint64 n)
-{
-  /* Heapsort: no recursion, no allocation, bounded time. */
-  guint64 start, end, root, child;
-  MtLeakBlock tmp;
-  if (n < 2)
-    return;
-  for (start = n / 2; start-- > 0;)
-  {
-    root = start;
-    while ((child = 2 * root + 1) < n)
-    {
-      if (child + 1 < n && a[child].ptr < a[child + 1].ptr)
-        child++;
-      if (a[root].ptr >= a[child].ptr)
-        break;
-      tmp = a[root]; a[root] = a[child]; a[child] = tmp;
-      root = child;
-    }
+/* Heapsort: no recursion, no allocation, bounded time.  One body for both arrays: T the element
+ * type, KEY(x) what it is sorted by. */
+#define MT_LEAK_HEAPSORT(name, T, KEY)                                              \
+  static void                                                                       \
+  name##_sift (T * a, guint64 root, guint64 n)                                      \
+  {                                                                                 \
+    guint64 child;                                                                  \
+    T tmp;                                                                          \
+    while ((child = 2 * root + 1) < n)                                              \
+    {                                                                               \
+      if (child + 1 < n && KEY (a[child]) < KEY (a[child + 1]))                     \
+        child++;                                                                    \
+      if (KEY (a[root]) >= KEY (a[child]))                                          \
+        break;                                                                      \
+      tmp = a[root]; a[root] = a[child]; a[child] = tmp;                            \
+      root = child;                                                                 \
+    }                                                                               \
+  }                                                                                 \
+                                                                                    \
+  static void                                                                       \
+  name (T * a, guint64 n)                                                           \
+  {                                                                                 \
+    guint64 start, end;                                                             \
+    T tmp;                                                                          \
+    if (n < 2)                                                                      \
+      return;                                                                       \
+    for (start = n / 2; start-- > 0;)                                               \
+      name##_sift (a, start, n);                                                    \
+    for (end = n - 1; end > 0; end--)                                               \
+    {                                                                               \
+      tmp = a[0]; a[0] = a[end]; a[end] = tmp;                                      \
+      name##_sift (a, 0, end);                                                      \
+    }                                                                               \
   }
-  for (end = n - 1; end > 0; end--)
-  {
-    tmp = a[0]; a[0] = a[end]; a[end] = tmp;
-    root = 0;
-    while ((child = 2 * root + 1) < end)
-    {
-      if (child + 1 < end && a[child].ptr < a[child + 1].ptr)
-        child++;
-      if (a[root].ptr >= a[child].ptr)
-        break;
-      tmp = a[root]; a[root] = a[child]; a[child] = tmp;
-      root = child;
-    }
-  }
-}
 
-static void
-mt_leak_sort_u64 (guint64 * a, guint64 n)
-{
-  guint64 start, end, root, child, tmp;
-  if (n < 2)
-    return;
-  for (start = n / 2; start-- > 0;)
-  {
-    root = start;
-    while ((child = 2 * root + 1) < n)
-    {
-      if (child + 1 < n && a[child] < a[child + 1])
-        child++;
-      if (a[root] >= a[child])
-        break;
-      tmp = a[root]; a[root] = a[child]; a[child] = tmp;
-      root = child;
-    }
-  }
-  for (end = n - 1; end > 0; end--)
-  {
-    tmp = a[0]; a[0] = a[end]; a[end] = tmp;
-    root = 0;
-    while ((child = 2 * root + 1) < end)
-    {
-      if (child + 1 < end && a[child] < a[child + 1])
-        child++;
-      if (a[root] >= a[child])
-        break;
-      tmp = a[root]; a[root] = a[child]; a[child] = tmp;
-      root = child;
-    }
-  }
-}
+#define MT_LEAK_BLOCK_KEY(x) ((x).ptr)
+#define MT_LEAK_U64_KEY(x) (x)
+MT_LEAK_HEAPSORT (mt_leak_sort, MtLeakBlock, MT_LEAK_BLOCK_KEY)
+MT_LEAK_HEAPSORT (mt_leak_sort_u64, guint64, MT_LEAK_U64_KEY)
 
 static gboolean
 mt_leak_has_u64 (const guint64 * a, guint64 n, guint64 v)

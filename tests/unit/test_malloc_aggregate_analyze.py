@@ -102,3 +102,33 @@ def test_a_composition_older_than_the_last_peak_is_marked_inexact(tmp_path: Path
                 encode_agent_records(0, [AggRecord(1, {"allocs": 2, "bytes": 300})]))
     s = summarize(read_records(p))
     assert s.peak is not None and (s.peak.bytes, s.peak.exact) == (100, False)
+
+
+def test_a_first_frame_in_no_module_is_kept_and_says_unknown(tmp_path: Path) -> None:
+    """JIT code, an anonymous executable mapping: the frame is shown as ``0x... (unknown)``, never
+    dropped.  Captures of agents before the core put the real caller in place of a trampoline's
+    return address still have that leading frame cut."""
+    from memtrace.analyze.malloc import summarize as fold
+    from memtrace.capture import AllocRecord, CaptureWriter, RecordType, StackRecord, encode_agent_records
+    from memtrace.capture import read_records as read
+
+    jit, app = 0x7F00DEAD0010, 0x555500001040
+    for exact in (True, False):
+        path = tmp_path / f"c{exact}.mtc"
+        with CaptureWriter(path) as w:
+            w.write(RecordType.META, {"tool": "memtrace", "tracer": "malloc", "target": {"label": "jit"}})
+            w.write(RecordType.RECON, {"symbols": [], "info": {"callerFrame": "exact"} if exact else {}})
+            w.write(RecordType.MODULES, {"modules": [{"name": "app", "path": "/app", "base": hex(0x555500000000),
+                                                      "size": 0x10000}]})
+            w.write(RecordType.SYMBOLS, {"rows": [[hex(app), "app", app - 0x555500000000, "main", None, None]],
+                                         "by": "synthetic"})
+            counters = [0] * layout.N_COUNTERS
+            counters[0] = 1
+            counters[16] = 4096
+            data = encode_agent_records(1, [StackRecord(1, 1, (jit, app)),
+                                            AllocRecord(1, 0, 1, 1, 0x1000, 4096, 4096)])
+            w.write(RecordType.BATCH, {"type": "events:batch", "counters": counters}, data)
+            w.write(RecordType.END, {"ended": "completed", "reason": "test", "evidence": {}})
+        frames = fold(read(path)).stack_rows(1)[0].frames
+        names = [f.name() for f in frames]
+        assert names == (["0x7f00dead0010 (unknown)", "main (app)"] if exact else ["main (app)"]), names

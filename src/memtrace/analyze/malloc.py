@@ -212,14 +212,16 @@ class MallocSummary(CaptureContext):
         frames = self.stacks.get(stack_id)
         if frames is None:
             return [Frame(0, function=_PSEUDO_NAMES.get(stack_id, f"<stack {stack_id} not in capture>"))]
-        # Entries Frida redirects with a trampoline (Interceptor.replace) leave its
-        # return address on top: a frame in no module, before the real caller.
         cut = bool(frames) and frames[-1] == TRUNCATED_FRAME
         if cut:
             frames = frames[:-1]
         i = 0
-        while i < len(frames) - 1 and self.symbols.frame(frames[i]).module is None:
-            i += 1
+        if self.info.get("callerFrame") != "exact":
+            # Agents before the core put the real caller in place of the trampoline's return
+            # address (Interceptor.replace's entries) left that frame, in no module, on top.  Now
+            # a frame in no module (JIT code, an anonymous mapping) is kept: "0x7f... (unknown)".
+            while i < len(frames) - 1 and self.symbols.frame(frames[i]).module is None:
+                i += 1
         out = self.symbols.stack(frames[i:])
         if cut:   # the core kept the innermost frames of a deeper stack
             out.append(Frame(0, function="<truncated: outer frames not walked>"))

@@ -275,6 +275,9 @@ export function buildCore(config, sources, extraSymbols) {
   const busy = new NativeFunction(cm.mt_busy_slots, 'uint64', []);
   proc.busyProbe = () => Number(busy());
   return {
+    // frames[0] is the hooked call's own caller even for entries behind a Frida trampoline
+    // (track.c, mt_call_stack): the host keeps a first frame in no module as it is.
+    callerFrame: 'exact',
     toolchain,
     toolchainError: core.toolchainError,
     precompiled: core.precompiled,

@@ -339,6 +339,14 @@ mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
 }
 
 /* The helper process: runs on its own small stack, shares our memory, never allocates. */
+/* How long a stop may take: the caller's bound (the leak scan's budget), else the default. */
+static guint64
+mt_world_timeout_us (MtWorld * w)
+{
+  guint64 t = w->stop_timeout_us;
+  return (t != 0 && t < MT_WORLD_STOP_TIMEOUT_US) ? t : MT_WORLD_STOP_TIMEOUT_US;
+}
+
 static gint
 mt_world_tracer (gpointer data)
 {
@@ -352,7 +360,7 @@ mt_world_tracer (gpointer data)
   {
     usleep (MT_WORLD_WAIT_US);
     waited += MT_WORLD_WAIT_US;
-    if (waited > MT_WORLD_STOP_TIMEOUT_US)
+    if (waited > mt_world_timeout_us (w))
       return 0;
   }
   /* Threads started while we attach are caught by the next pass; stop when a pass finds none. */
@@ -390,7 +398,7 @@ mt_world_wait_state (MtWorld * w, guint64 want)
   {
     usleep (MT_WORLD_WAIT_US);
     waited += MT_WORLD_WAIT_US;
-    if (waited > MT_WORLD_STOP_TIMEOUT_US)
+    if (waited > mt_world_timeout_us (w))
       return FALSE;
   }
   return TRUE;

@@ -329,6 +329,7 @@ WORLD = Layout("MtWorld", (
     ("tracer_stack", "u64"), ("tracer_stack_size", "u64"),
     ("tracer_pid", "u64"),
     ("error", "u64"),              # WORLD_ERRORS
+    ("stop_timeout_us", "u64"),    # how long stopping may take (0: MT_WORLD_STOP_TIMEOUT_US)
 ))
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
@@ -381,6 +382,7 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("tracer_stack", "u64"), ("tracer_stack_size", "u64"),
     ("tracer_pid", "u64"),
     ("error", "u64"),              # first errno seen while stopping
+    ("stop_timeout_us", "u64"),    # how long stopping may take: the scan's budget, at most 10 s
     ("ranges", "u64"), ("n_ranges", "u64"),             # MtLeakRange[]
     ("blocks", "u64"), ("blocks_cap", "u64"), ("n_blocks", "u64"), ("blocks_total", "u64"),
     ("marks", "u64"),              # u8 per block: its LEAK_MARKS verdict

@@ -31,6 +31,8 @@ NODE_FIELDS = 6             # parent, name, where, bytes, count, folded
 OTHER = "other"
 MAX_WHERES = 4              # file:line locations listed per node (then "+N more")
 
+INT64_MAX = (1 << 63) - 1
+
 
 def frame_key(f: Frame, by_line: bool) -> tuple[Any, ...]:
     """Which frames share a box: same function (and module); with ``by_line``, same source line too.
@@ -245,8 +247,9 @@ def malloc_leaves(loaded: Any, tree: Tree) -> dict[str, Iterable[tuple[int, int,
                 node = unstacked if sid == NO_STACK else (tree.add_addresses(raw, s.symbols) if raw
                                                           else tree.add(s.stack(sid)))
             nodes.append(node)
-            sizes.append(int(round(est)))
-            counts.append(int(round(cnt)))
+            # The columns are int64 arrays: a damaged capture's absurd value is capped, not a crash.
+            sizes.append(min(int(round(est)), INT64_MAX))
+            counts.append(min(int(round(cnt)), INT64_MAX))
     tree.done()
 
     def rest(view: str, total: int, calls: int | None) -> None:

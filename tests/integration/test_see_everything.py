@@ -383,19 +383,24 @@ def test_the_hold_leaves_the_programs_environment_as_it_was(tmp_path: Path) -> N
     assert _records(tmp_path / "c" / "capture.mtc", RecordType.RECON)[0]["hold"] == {"held": True}
 
 
-def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
-    # gcc runs cc1 and as (vfork + exec: only the first of them was ever noticed, and neither
-    # lived long enough to be attached to): each is now a capture of its own, listed under gcc.
+def _gcc_compiles_small_c(tmp_path: Path, *flags: str) -> tuple[Path, dict]:
+    """gcc -c on a one-line file under memtrace: the capture directory and its END record."""
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("gcc is not installed")
     src = tmp_path / "small.c"
     src.write_text("int twice(int x) { return 2 * x; }\n")
     out = tmp_path / "c"
-    run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--out", out, "--",
-                 gcc, "-c", src, "-o", tmp_path / "small.o")
+    run_memtrace("malloc", "--device", "local", "--quiet", *flags, "--out", out, "--", gcc, "-c", src,
+                 "-o", tmp_path / "small.o")
     assert (tmp_path / "small.o").exists()
-    end = _records(out / "capture.mtc", RecordType.END)[0]
+    return out, _records(out / "capture.mtc", RecordType.END)[0]
+
+
+def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
+    # gcc runs cc1 and as (vfork + exec: only the first of them was ever noticed, and neither
+    # lived long enough to be attached to): each is now a capture of its own, listed under gcc.
+    out, end = _gcc_compiles_small_c(tmp_path, "--follow-children")
     by_tool = {Path(c["path"]).name: c for c in end["children"] if c.get("path")}
     for tool in ("cc1", "x86_64-linux-gnu-as") if "x86_64-linux-gnu-as" in by_tool else ("cc1", "as"):
         child = by_tool[tool]
@@ -409,15 +414,7 @@ def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
 def test_every_vfork_exec_is_noticed_once_and_only_when_it_happened(tmp_path: Path) -> None:
     # gcc (libiberty's pex: vfork, then execvp over PATH): before, only cc1 was noticed; a
     # failed execvp attempt must not be a child.
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc is not installed")
-    src = tmp_path / "small.c"
-    src.write_text("int twice(int x) { return 2 * x; }\n")
-    out = tmp_path / "c"
-    run_memtrace("malloc", "--device", "local", "--quiet", "--out", out, "--", gcc, "-c", src,
-                 "-o", tmp_path / "small.o")
-    end = _records(out / "capture.mtc", RecordType.END)[0]
+    out, end = _gcc_compiles_small_c(tmp_path)
     tools = sorted(Path(c["path"]).name for c in end["children"])
     assert len(tools) == 2 and tools[0].endswith("as") and tools[1] == "cc1", end["children"]
     assert all(c["origin"] == "spawn" for c in end["children"])

@@ -183,9 +183,11 @@ export function buildCore(config, sources, extraSymbols) {
       (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered());
   if (wantExternal && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
-    // only assembles it.  Any failure falls back to compiling the C below.
+    // only assembles it.  Any failure falls back to compiling the C below.  gcc runs as the C
+    // compile's does: with the program's environment, not held (withoutHoldEnv).
     try {
-      cm = new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' });
+      cm = withoutHoldEnv(() => new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols,
+        { toolchain: 'external' }));
       toolchain = 'external';
       core.precompiled = true;
     } catch (e) {

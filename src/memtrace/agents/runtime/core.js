@@ -178,9 +178,15 @@ export function buildCore(config, sources, extraSymbols) {
   let cm;
   let toolchain = 'internal';
   // The external toolchain runs the compiler from inside the target (a fork/spawn of the
-  // target): never under a seccomp filter, which may kill the process for a non-thread clone.
-  const wantExternal = config.toolchain === 'external' ||
-      (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered());
+  // target): never under a seccomp filter, which may kill the process for a non-thread clone,
+  // and never while children are followed: the compiler would be a child held and followed in
+  // turn, its agent compiling with a compiler of its own, and so on without end (seen with
+  // toolchain 'external' asked for).  TinyCC compiles in the process; children are traced from
+  // their first instruction with it (tests/integration/test_peer_suite.py).
+  const wantExternal = !config.followChildren && (config.toolchain === 'external' ||
+      (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered()));
+  if (config.followChildren && config.toolchain === 'external')
+    core.toolchainError = 'not with --follow-children: the compiler would be a followed child';
   if (wantExternal && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
     // only assembles it.  Any failure falls back to compiling the C below.  gcc runs as the C

@@ -51,6 +51,8 @@ def test_exact_batch_ints_makes_every_64_bit_string_an_int() -> None:
     assert payload["mode"] == "aggregate"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("toolchain", ["external", "internal"])
 def test_figures_past_2_53_are_exact_from_core_to_report(compile_c, demo_bin: Path, tmp_path: Path,
                                                          toolchain: str) -> None:

@@ -94,22 +94,19 @@ mt_ucache_slot (guint64 key)
  * (as core.c's frame-pointer walk does). */
 #define MT_SWIFT_ASYNC_MASK (~(1ULL << 60))
 
+/* The walk from a frame being left: pc its return address, sp the caller's stack pointer after
+ * the return, fp the frame pointer register then. */
 static guint
-mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, gboolean * truncated,
-    MtUnwindCache * cache)
+mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * out, guint max,
+    gboolean * truncated, MtUnwindCache * cache)
 {
   guint n = 0;
-  guint64 pc, sp, fp;
   guint64 gen = mt_unwind_count;
   /* The last frame's module, kept in registers: consecutive frames mostly share one, and a
    * frame of a module that keeps frame pointers then costs one compare more than core.c's loop. */
   const MtUnwindModule * m = NULL;
   guint64 m_start = 0, m_size = 0, m_rows = 0;
-  if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
-    return 0;
-  pc = ((guint64 *) fp0)[1];
-  fp = ((guint64 *) fp0)[0] & MT_SWIFT_ASYNC_MASK;
-  sp = fp0 + 16;
+  fp &= MT_SWIFT_ASYNC_MASK;
   if (cache != NULL && cache->gen != gen)
   {
     guint i;
@@ -179,5 +176,15 @@ mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, g
     }
   }
   return n;
+}
+
+static guint
+mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, gboolean * truncated,
+    MtUnwindCache * cache)
+{
+  if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
+    return 0;
+  return mt_unwind_walk_regs (((guint64 *) fp0)[1], fp0 + 16, ((guint64 *) fp0)[0], hi, out, max, truncated,
+      cache);
 }
 #endif

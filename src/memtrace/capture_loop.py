@@ -30,6 +30,7 @@ from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, Record
 from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents, children_evidence
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
+from memtrace.exact import exact_batch_ints
 from memtrace.files import write_text_atomic
 from memtrace.leakscan import leak_progress
 from memtrace.live import CoreStats, LiveStats
@@ -623,10 +624,7 @@ class CaptureLoop(ProcessEvents):
 
     def _route(self, ptype: str | None, payload: dict[str, Any], data: bytes) -> None:
         if ptype == "events:batch":
-            counters = payload.get("counters")
-            if isinstance(counters, list):
-                # Counters past 2^53 come as decimal strings (exact); the capture holds ints.
-                payload["counters"] = [int(c) if isinstance(c, str) else c for c in counters]
+            exact_batch_ints(payload)
             self._write(RecordType.BATCH, payload, data)
             self.batches += 1
             self.live.batch(payload, data)

@@ -32,6 +32,7 @@ from typing import Any
 
 from memtrace import devices, tracers
 from memtrace.errors import MemtraceError
+from memtrace.exact import exact_int
 from memtrace.target import TargetSpec
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -492,7 +493,7 @@ def _counters(messages: list[tuple[str, Any, Any]]) -> list[int] | None:
     found = None
     for p in _payloads(messages):
         if p.get("type") == "events:batch" and p.get("counters"):
-            found = p["counters"]
+            found = [exact_int(c) for c in p["counters"]]
     return found
 
 

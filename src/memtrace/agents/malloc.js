@@ -14,7 +14,7 @@
 
 import { C_BYTES, C_CALLS, KINDS, LOGGER_EVENT, N_SITES, SITE } from './layout.js';
 import { LEAKS_LIVE_TABLE, leakSymbols, scanLeaks } from './leaks.js';
-import { buildCore, core, retireThreadKey, setEnabled } from './runtime/core.js';
+import { buildCore, core, exactU64, retireThreadKey, setEnabled } from './runtime/core.js';
 import { setBatchHook, warn } from './runtime/flush.js';
 import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbols, loggerVariable,
   selfTask } from './runtime/logger.js';
@@ -198,7 +198,7 @@ function allocatorInUse() {
         const stats = Memory.alloc(32);
         mallocState.inUse = () => {
           f(NULL, stats);
-          return Number(stats.add(8).readU64());
+          return exactU64(stats.add(8).readU64());
         };
       }
     } else {
@@ -208,7 +208,7 @@ function allocatorInUse() {
           'size_t', 'size_t', 'size_t', 'size_t', 'size_t'], []);
         mallocState.inUse = () => {
           const v = f();
-          return Number(v[7]) + Number(v[4]);    // uordblks + hblkhd, as the calibration reads it
+          return exactU64(uint64(v[7].toString()).add(v[4]));   // uordblks + hblkhd, as the calibration reads it
         };
       }
     }
@@ -224,26 +224,27 @@ function footprint() {
       const vm = selfTaskVmInfo();
       return vm === null ? null : vm.phys_footprint;
     }
-    const f = File.readAllText('/proc/self/statm').split(' ').map(Number);
-    return (f[1] - f[2]) * Process.pageSize;
+    const f = File.readAllText('/proc/self/statm').split(' ');
+    const resident = uint64(f[1]), shared = uint64(f[2]);
+    const pages = resident.compare(shared) > 0 ? resident.sub(shared) : uint64(0);
+    return exactU64(pages.shl(Math.log2(Process.pageSize)));
   } catch (e) {
     return null;
   }
 }
 
-/* Agent milliseconds of a core clock reading (g_get_monotonic_time, microseconds). */
+/* Agent milliseconds of a core clock reading (g_get_monotonic_time, microseconds, an UInt64):
+ * the difference is taken in 64 bits, only the milliseconds before the drain become a Number. */
 function agentMs(us, info) {
-  return now() - Math.round((info.now_us - us) / 1000);
+  const now_us = info.raw.now_us;
+  const ago = now_us.compare(us) > 0 ? now_us.sub(us).toNumber() : 0;
+  return now() - Math.round(ago / 1000);
 }
 
-/* counters[i] += (or -=) an UInt64, in 64 bits: a counter is a Number up to 2^53, its decimal
- * string past it (core.js readCounters). */
-const MAX_EXACT_COUNTER = uint64(Number.MAX_SAFE_INTEGER.toString());
-
+/* counters[i] += (or -=) an UInt64, in 64 bits: a counter is exactU64's (core.js readCounters). */
 function moveCounter(counters, i, amount, add) {
   const v = uint64(counters[i].toString());
-  const r = add ? v.add(amount) : v.sub(amount);
-  counters[i] = r.compare(MAX_EXACT_COUNTER) > 0 ? r.toString() : r.toNumber();
+  counters[i] = exactU64(add ? v.add(amount) : v.sub(amount));
 }
 
 function onBatch(payload, info, last) {
@@ -257,7 +258,7 @@ function onBatch(payload, info, last) {
   payload.clock = [info.now_us, now()];
   payload.tracked = { bytes: info.tracked_bytes, blocks: info.tracked_blocks };
   payload.peak = { bytes: info.peak_bytes, epoch: info.peak_epoch,
-    t: info.peak_epoch === 0 ? null : agentMs(info.peak_t_us, info) };
+    t: info.peak_epoch === 0 ? null : agentMs(info.raw.peak_t_us, info) };
   if (info.live_done)
     payload.live_done = true;
   if (last) {

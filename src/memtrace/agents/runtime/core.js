@@ -178,14 +178,22 @@ export function buildCore(config, sources, extraSymbols) {
   let cm;
   let toolchain = 'internal';
   // The external toolchain runs the compiler from inside the target (a fork/spawn of the
-  // target): never under a seccomp filter, which may kill the process for a non-thread clone.
-  const wantExternal = config.toolchain === 'external' ||
-      (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered());
+  // target): never under a seccomp filter, which may kill the process for a non-thread clone,
+  // and never while children are followed: the compiler would be a child held and followed in
+  // turn, its agent compiling with a compiler of its own, and so on without end (seen with
+  // toolchain 'external' asked for).  TinyCC compiles in the process; children are traced from
+  // their first instruction with it (tests/integration/test_peer_suite.py).
+  const wantExternal = !config.followChildren && (config.toolchain === 'external' ||
+      (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered()));
+  if (config.followChildren && config.toolchain === 'external')
+    core.toolchainError = 'not with --follow-children: the compiler would be a followed child';
   if (wantExternal && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
-    // only assembles it.  Any failure falls back to compiling the C below.
+    // only assembles it.  Any failure falls back to compiling the C below.  gcc runs as the C
+    // compile's does: with the program's environment, not held (withoutHoldEnv).
     try {
-      cm = new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' });
+      cm = withoutHoldEnv(() => new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols,
+        { toolchain: 'external' }));
       toolchain = 'external';
       core.precompiled = true;
     } catch (e) {
@@ -332,18 +340,19 @@ export function setEnabled(on) {
     core.started = true;
 }
 
-/* One mt_drain call: the bytes written and what the core holds now (MtDrainInfo, numbers).
- * `final`: the hooks are out; ship the peak's composition and the live table. */
+/* One mt_drain call: the bytes written and what the core holds now (MtDrainInfo).  Every value
+ * is exact (exactU64: a Number up to 2^53, its decimal string past it); `raw` keeps the UInt64s
+ * for arithmetic.  `final`: the hooks are out; ship the peak's composition and the live table. */
 export function drainOnce(final) {
   const n = Number(core.fns.drain(core.drainBuf, core.drainCap, final ? 1 : 0));
   const raw = readStruct(core.drainInfo, DRAIN_INFO);
-  const info = {};
+  const info = { raw };
   for (const [k, v] of Object.entries(raw))
-    info[k] = Number(v);
+    info[k] = exactU64(v);
   info.top = [];
-  for (let i = 0; i < info.n_top; i++) {
-    info.top.push([Number(core.top.add(16 * i).readU64()), Number(core.top.add(16 * i + 8).readU64())]);
-  }
+  const nTop = Math.min(TOP_STACKS, raw.n_top.toNumber());
+  for (let i = 0; i < nTop; i++)
+    info.top.push([exactU64(core.top.add(16 * i).readU64()), exactU64(core.top.add(16 * i + 8).readU64())]);
   return { n, info };
 }
 
@@ -366,7 +375,10 @@ export function ownBytes() {
   if (core.cm === null)
     return null;
   const c = readCounters();
-  return Number(c[COUNTERS.own_bytes]) - Number(c[COUNTERS.own_freed_bytes]);
+  const held = uint64(c[COUNTERS.own_bytes].toString());
+  const freed = uint64(c[COUNTERS.own_freed_bytes].toString());
+  // Freed can pass held (blocks from before the counting began): that difference is small.
+  return held.compare(freed) >= 0 ? exactU64(held.sub(freed)) : -freed.sub(held).toNumber();
 }
 
 /* A seccomp filter on this process (/proc/self/status "Seccomp: 2"): spawning anything from here
@@ -406,17 +418,22 @@ function mainStack() {
   return mainStackCell;
 }
 
-/* The counters of every thread, live and retired, summed by the C side.  A 64-bit counter never
- * passes through a Number: one past 2^53 goes as its decimal string (the host makes it an int). */
+/* A 64-bit value never passes through a Number: one past 2^53 goes as its decimal string (the
+ * host makes it an int, capture_loop.py), one up to it as the Number it is exactly.  Takes an
+ * UInt64, or what exactU64 gave (a Number or such a string). */
 const MAX_EXACT = uint64(Number.MAX_SAFE_INTEGER.toString());
 
+export function exactU64(v) {
+  const u = v instanceof UInt64 ? v : uint64(v.toString());
+  return u.compare(MAX_EXACT) > 0 ? u.toString() : u.toNumber();
+}
+
+/* The counters of every thread, live and retired, summed by the C side, each exactU64. */
 export function readCounters() {
   core.fns.snapshot(core.snapshotBuf);
   const out = [];
-  for (let i = 0; i < N_COUNTERS; i++) {
-    const v = core.snapshotBuf.add(i * 8).readU64();
-    out.push(v.compare(MAX_EXACT) > 0 ? v.toString() : v.toNumber());
-  }
+  for (let i = 0; i < N_COUNTERS; i++)
+    out.push(exactU64(core.snapshotBuf.add(i * 8).readU64()));
   return out;
 }
 

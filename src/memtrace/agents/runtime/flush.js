@@ -4,7 +4,7 @@
  * (events:json), or, from an agent with nothing to say, agent:alive.
  */
 
-import { core, drainOnce, readCounters } from './core.js';
+import { core, drainOnce, exactU64, readCounters } from './core.js';
 import { now } from './platform.js';
 
 const JSON_BATCH = 512;           // events held before an early flush
@@ -35,7 +35,7 @@ export function flush() {
         mode: core.events ? 'events' : 'aggregate',
         final,
         counters: readCounters(),
-        lost: Number(core.fns.lost()),
+        lost: exactU64(core.fns.lost()),
         live: info.tracked_blocks,
         stacks: info.stacks,
       };

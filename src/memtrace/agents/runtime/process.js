@@ -338,7 +338,8 @@ export function hookExec() {
     proc.mem.realExecve.writePointer(original);
   } catch (e) {
     if (!jumpExecve(target)) {
-      // The replacement calling `target` reaches the original.
+      // The replacement calling `target` reaches the original.  ARCH-UNVERIFIED: where the
+      // x86-64 jump is not made (arm64 Linux) this path, with hookSpawn, has not been run.
       proc.mem.realExecve.writePointer(target);
       Interceptor.replace(target, proc.cm.mt_execve);
       proc.execSlow = true;

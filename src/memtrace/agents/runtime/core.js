@@ -185,7 +185,9 @@ export function buildCore(config, sources, extraSymbols) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
     // only assembles it.  Any failure falls back to compiling the C below.
     try {
-      cm = new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' });
+      // gcc still runs here (it assembles): with the program's environment, as below.
+      cm = withoutHoldEnv(() => new CModule(defines.join('\n') + '\n' + config.cmoduleAsm, symbols,
+        { toolchain: 'external' }));
       toolchain = 'external';
       core.precompiled = true;
     } catch (e) {

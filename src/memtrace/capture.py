@@ -116,6 +116,10 @@ BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
 JSON_ZSTD_MIN = 4096           # (version >= 4) a JSON payload this large is stored as a zstd frame
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_LEVEL = 6                 # cc1plus's agent records: 1.28 MB in 0.40 s (zlib level 6: 1.42 MB, 0.72 s)
+# A drain this large (--events on a busy target: 4 MiB every 100 ms) is compressed at level 3
+# (cc1plus: 1.56 MB in 0.12 s): the host must keep up with the stream.
+ZSTD_FAST_FROM = 1 << 20
+ZSTD_FAST_LEVEL = 3
 # MEMTRACE_CAPTURE_ZLIB=off writes the agent records uncompressed (raw bytes to look at; tests that
 # need a capture to grow as fast as the records come).
 BATCH_ZLIB_ON = os.environ.get("MEMTRACE_CAPTURE_ZLIB", "on") != "off"
@@ -502,7 +506,8 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
         if zstd_ok and _zstd is not None and n + len(data) >= BATCH_ZLIB_MIN:
             # Version 4: the JSON (its counters are most of a small batch) and the agent records
             # in one zstd frame.
-            packed = _zstd.compress(blob + data, ZSTD_LEVEL)
+            level = ZSTD_LEVEL if len(data) < ZSTD_FAST_FROM else ZSTD_FAST_LEVEL
+            packed = _zstd.compress(blob + data, level)
             if len(packed) < n + len(data):
                 n, blob, data = n | BATCH_ZSTD, b"", packed
         elif version >= 3 and BATCH_ZLIB_ON and len(data) >= BATCH_ZLIB_MIN:
@@ -1141,6 +1146,66 @@ def decode_agent_records(data: bytes) -> Iterator[AgentRecord]:
             yield PeakRecord(*r[3:])
         else:
             yield LiveRecord(r[3], r[4], r[5], r[6], r[1])
+
+
+# Fixed sizes of the records iter_stacks_and_aggs steps over (0: sized by its head, or unknown).
+_FIXED_SIZE = [0] * 256
+for _rtype, _st in ((REC_ALLOC, _ALLOC), (REC_FREE, _FREE), (REC_PEAK_HEAD, _PEAK_HEAD), (REC_PEAK, _PEAK),
+                    (REC_LIVE, _LIVE)):
+    _FIXED_SIZE[_rtype] = _st.size
+
+
+def iter_stacks_and_aggs(data: bytes, allocs: bool = False) -> Iterator[tuple[Any, ...]]:
+    """The STACK and AGG records of a batch (and ALLOC with ``allocs``), as iter_agent_tuples gives
+    them; every other record is stepped over by its size without being decoded.  For a live fold
+    of the stream (stacks_seen): with --events a storm ships millions of ALLOC and FREE records a
+    second, and decoding each in Python made the host fall behind its target (issue 21).  Only the
+    framing is checked; anything wrong raises CaptureError (the capture keeps the bytes, and
+    reading it back checks and names each record)."""
+    mv = memoryview(data)
+    end = len(data)
+    pos = 0
+    fixed, chunk_from = _FIXED_SIZE, _CHUNK.unpack_from
+    stack_from, agg_from, alloc_from = _STACK_HEAD.unpack_from, _AGG_HEAD.unpack_from, _ALLOC.unpack_from
+    head_size, agg_size, rec_alloc = _STACK_HEAD.size, _AGG_HEAD.size, REC_ALLOC
+    while pos + _CHUNK.size <= end:
+        _, length = chunk_from(mv, pos)
+        pos += _CHUNK.size
+        stop = pos + length
+        if stop > end:
+            raise CaptureError(f"agent chunk at offset {pos - _CHUNK.size} claims {length} bytes, {end - pos} remain")
+        while pos + head_size <= stop:
+            rtype = mv[pos]
+            size = fixed[rtype]
+            if size:
+                if allocs and rtype == rec_alloc and pos + size <= stop:
+                    yield alloc_from(mv, pos)
+                pos += size
+            elif rtype == REC_STACK:
+                head = stack_from(mv, pos)
+                size = head_size + 8 * head[1]
+                if pos + size > stop:
+                    break
+                yield (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
+                pos += size
+            elif rtype == REC_AGG:
+                head = agg_from(mv, pos)
+                size = agg_size + 8 * head[1]
+                if pos + size > stop:
+                    break
+                yield (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + agg_size))
+                pos += size
+            elif rtype == REC_PAD:
+                skip = _PAD.unpack_from(mv, pos)[3]
+                if skip < head_size:
+                    break
+                pos += skip
+            else:
+                raise CaptureError(f"unknown agent record type {rtype} at offset {pos}")
+        if pos != stop:
+            raise CaptureError(f"agent record at offset {pos} overruns its chunk (ends at {stop})")
+    if pos != end:
+        raise CaptureError("agent record chunk header cut short")
 
 
 def agg_values(mask: int, values: tuple[int, ...]) -> dict[str, int]:

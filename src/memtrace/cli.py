@@ -24,7 +24,20 @@ COMMANDS = ("doctor", "census", "limit", "jetsam", "report", "batch", "export", 
             "flamegraph")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The tracer commands, and the others (COMMANDS) imported when asked for: a capture's start
+    does not pay for importing the report, export and census machinery (issue 21: fixed cost)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in COMMANDS if n not in self.commands)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            self.add_command(importlib.import_module(f"memtrace.commands.{cmd_name}").command)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="memtrace")
 def cli() -> None:
     """Trace how much memory a process allocates, what it allocates, and when it makes memory discardable."""
@@ -32,9 +45,6 @@ def cli() -> None:
 
 for _tracer in tracers.all_tracers().values():
     cli.add_command(make_command(_tracer))
-
-for _name in COMMANDS:
-    cli.add_command(importlib.import_module(f"memtrace.commands.{_name}").command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,7 +24,7 @@ from memtrace.capture import (
     REC_STACK,
     CaptureError,
     agg_values,
-    iter_agent_tuples,
+    iter_stacks_and_aggs,
 )
 from memtrace.symbols import HostSymbolizer
 
@@ -67,7 +67,8 @@ class StacksSeen:
 
     def _fold(self, data: bytes) -> None:
         frames_of, bytes_of = self._frames, self._bytes
-        for r in iter_agent_tuples(data):
+        # Only STACK and AGG records (ALLOC for families without aggregates): the rest is stepped over.
+        for r in iter_stacks_and_aggs(data, allocs=self.want_families and not self._aggregates):
             if r[0] == REC_AGG:
                 # The aggregate core's running totals (with --events, ALLOC records come too: not added twice).
                 self._aggregates = True

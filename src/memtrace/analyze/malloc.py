@@ -41,7 +41,7 @@ from memtrace.capture import (
     alloc_totals,
     iter_agent_tuples,
 )
-from memtrace.frames import Frame, stack_key
+from memtrace.frames import Frame
 from memtrace.layout import (
     AGG_FP_SHIFT,
     AGG_STRIDE,
@@ -136,6 +136,9 @@ class MallocSummary(CaptureContext):
     live_dump_complete: bool = False
     leaks: LeakScan | None = None      # --leaks: the scan, joined with the live blocks it ran on
     vm: VmFold = field(default_factory=VmFold)     # Darwin's VM line, apart from the malloc family
+    # stack id -> (frames, row key) while to_json runs (stack_rows ranks the same stacks several ways)
+    _keyed: dict[int, tuple[list[Frame], tuple[Any, ...]]] | None = field(default=None, repr=False, compare=False)
+    _frame_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     # -- derived ----------------------------------------------------------------
 
@@ -237,8 +240,16 @@ class MallocSummary(CaptureContext):
             est, count, exact = value(st)
             if est <= 0:
                 continue
-            frames = self.stack(st.stack_id) if st.stack_id != NO_STACK else []
-            key = stack_key(frames) if frames else ("no-stack", st.stack_id)
+            memo = self._keyed.get(st.stack_id) if self._keyed is not None else None
+            if memo is None:
+                frames = self.stack(st.stack_id) if st.stack_id != NO_STACK else []
+                # (stack_key(frames), each frame's key once: frames are shared between stacks)
+                key = tuple(self._frame_keys[id(f)] if id(f) in self._frame_keys
+                            else self._frame_keys.setdefault(id(f), f.key()) for f in frames)
+                memo = (frames, key if frames else ("no-stack", st.stack_id))
+                if self._keyed is not None:
+                    self._keyed[st.stack_id] = memo
+            frames, key = memo
             row = rows.get(key)
             if row is None:
                 row = rows[key] = StackRow(frames=frames, stack_ids=[])
@@ -305,13 +316,15 @@ class MallocSummary(CaptureContext):
         if not self.aggregates:
             return None
         rows = []
-        for r in self.stack_rows(None, measure="temporary"):
+        # Ranked by calls, then bytes, as their JSON says them (rounded); only the top ones made JSON.
+        ranked = sorted(self.stack_rows(None, measure="temporary"),
+                        key=lambda r: (-round(r.count), -round(r.est_bytes), min(r.stack_ids)))
+        for r in ranked[:top]:
             j = r.to_json()
             j["calls"] = j.pop("count")
             del j["exact_bytes"]
             rows.append(j)
-        rows.sort(key=lambda r: (-r["calls"], -r["bytes"], r["stack_id"]))
-        return {"calls": self.counter("temp_calls"), "bytes": self.counter("temp_bytes"), "by_stack": rows[:top]}
+        return {"calls": self.counter("temp_calls"), "bytes": self.counter("temp_bytes"), "by_stack": rows}
 
     def timeline_json(self) -> dict[str, Any] | None:
         """Columns, one entry per drain (100 ms): time, tracked bytes and blocks, the peak so far,
@@ -337,6 +350,17 @@ class MallocSummary(CaptureContext):
         return cols
 
     def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
+        # The tables below rank the same stacks several ways: each stack is symbolized and keyed
+        # once (cc1plus: 100,000 stacks of 64 frames took ~20 s a table), for this call only (the
+        # symbols may grow between calls).
+        self._keyed = {}
+        try:
+            return self._to_json(capture, top)
+        finally:
+            self._keyed = None
+            self._frame_keys.clear()
+
+    def _to_json(self, capture: str | None, top: int) -> dict[str, Any]:
         out = {
             **self.header_json("malloc", capture),
             "mode": self.mode,

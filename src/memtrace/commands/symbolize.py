@@ -58,6 +58,9 @@ def _print(out: Outcome) -> None:
     t = out.timing
     click.echo(f"  {t['total_s']:.2f} s (read {t['read_s']:.2f}, symbolize {t['symbolize_s']:.2f} of which "
                f"loading symbol files {t['load_s']:.2f}, write {t['write_s']:.2f})")
+    c = out.symbol_cache
+    if c:
+        click.echo(f"  symbol caches: {c['hits']} from the store, {c['built']} built")
 
 
 command = symbolize

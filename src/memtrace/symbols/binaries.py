@@ -11,10 +11,6 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import NoteSection
-
 ELF_MAGIC = b"\x7fELF"
 MACHO_MAGICS = (b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",
                 b"\xca\xfe\xba\xbe", b"\xbe\xba\xfe\xca")
@@ -51,6 +47,11 @@ class ElfIdentity:
 
 
 def elf_identity(path: str | Path) -> ElfIdentity | None:
+    # pyelftools is imported when first needed: not on a capture's way to the target's start.
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import NoteSection
+
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
@@ -93,6 +94,9 @@ MAX_DEBUG_SECTION = 4 << 30
 def compressed_section_problem(path: str | Path) -> str | None:
     """Why ``path``'s compressed debug sections must not be opened (one phrase), or None: one
     claims more than its compressed bytes can hold or more than MAX_DEBUG_SECTION."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)

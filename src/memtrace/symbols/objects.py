@@ -17,6 +17,7 @@ from symbolic.exceptions import SymbolicError
 from symbolic.symcache import SymCache
 
 from memtrace.symbols.binaries import compressed_section_problem
+from memtrace.symbols.store import SymCacheStore
 
 # Frida's architecture names -> symbolic's (a dSYM of an arm64e process is usually arm64).
 FRIDA_ARCH = {"arm64": ("arm64", "arm64e"), "x64": ("x86_64", "x86_64h"), "ia32": ("x86",), "arm": ("armv7",)}
@@ -43,6 +44,7 @@ class SymbolFile:
     features: frozenset[str]        # symtab, debug, unwind, sources
     file_format: str                # elf, macho, ...
     cache: SymCache = field(repr=False)
+    stored: bool = False            # the SymCache came from the on-disk store (symbols/store.py)
 
     @property
     def has_lines(self) -> bool:
@@ -57,9 +59,11 @@ class SymbolFile:
 
 
 class SymbolFiles:
-    """Opens each file once and builds each object's SymCache once, for the whole run."""
+    """Opens each file once and builds each object's SymCache once, for the whole run -- or not at
+    all when ``store`` (default: the user's cache folder; None: no store) has it from a run before."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: SymCacheStore | None | bool = True) -> None:
+        self.store: SymCacheStore | None = SymCacheStore() if store is True else (store or None)
         self._archives: dict[str, list[Object] | None] = {}
         self._files: dict[tuple[str, str], SymbolFile] = {}
         self.errors: dict[str, str] = {}
@@ -106,12 +110,17 @@ class SymbolFiles:
         if f is None:
             t = time.perf_counter()
             try:
-                cache = obj.make_symcache()
+                cache = self.store.get(obj) if self.store is not None else None
+                stored = cache is not None
+                if cache is None:
+                    cache = obj.make_symcache()
+                    if self.store is not None:
+                        self.store.put(obj, cache)
             except SymbolicError as e:
                 self.errors[key[0]] = str(e).splitlines()[0] if str(e) else type(e).__name__
                 return None
             finally:
                 self.load_s += time.perf_counter() - t
             f = self._files[key] = SymbolFile(key[0], obj.arch, obj.debug_id, obj.code_id, obj.features,
-                                              obj.file_format, cache)
+                                              obj.file_format, cache, stored)
         return f

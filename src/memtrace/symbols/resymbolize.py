@@ -100,12 +100,13 @@ class Outcome:
     images: list[dict[str, Any]] = field(default_factory=list)
     truncated: str | None = None
     timing: dict[str, float] = field(default_factory=dict)
+    symbol_cache: dict[str, int] = field(default_factory=dict)     # symbols/store.py's counts
 
     def to_json(self) -> dict[str, Any]:
         return {"capture": str(self.capture), "addresses": self.addresses, "named": self.named,
                 "with_lines": self.with_lines, "inlined": self.inlined, "kept": self.kept,
                 "unresolved": self.unresolved, "images": self.images, "truncated": self.truncated,
-                "timing": self.timing}
+                "timing": self.timing, "symbol_cache": self.symbol_cache}
 
 
 def check_symbol_dirs(dirs: Iterable[Path]) -> list[Path]:
@@ -156,6 +157,7 @@ def resymbolize(capture: Path, symbol_dirs: Iterable[Path] = (), device_symbols:
     out.addresses = len(rows)
     out.unresolved = out.addresses - out.named
     out.images = sym.usage()
+    out.symbol_cache = sym.cache_counts()
     t_resolved = time.perf_counter()
     bodies: list[dict[str, Any]] = [{"rows": rows[i:i + ROWS_PER_RECORD], "by": "memtrace symbolize"}
               for i in range(0, len(rows), ROWS_PER_RECORD)] or [{"rows": [], "by": "memtrace symbolize"}]

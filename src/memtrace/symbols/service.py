@@ -118,6 +118,11 @@ class Symbolizer:
     def load_seconds(self) -> float:
         return self.files.load_s
 
+    def cache_counts(self) -> dict[str, int]:
+        """The symbol store's hits, SymCaches built and entries rejected (symbols/store.py)."""
+        store = self.files.store
+        return store.counts() if store is not None else {"hits": 0, "built": 0, "rejected": 0}
+
     # -- internals -------------------------------------------------------------
 
     def _usage_of(self, module: str, path: str) -> Usage:
@@ -173,7 +178,8 @@ def _image(u: Usage) -> dict[str, Any]:
     f = u.source.symbols
     return {"module": u.module, "file": f.path if f else None, "how": u.source.how,
             "id": (f.code_id or f.debug_id) if f else None, "arch": f.arch if f else None,
-            "lines": bool(f and f.has_lines), "note": u.source.note}
+            "lines": bool(f and f.has_lines), "note": u.source.note,
+            "symcache": None if f is None else "stored" if f.stored else "built"}
 
 
 # The capture-time entry point the session uses (local targets: modules readable here).

@@ -1,0 +1,118 @@
+"""memtrace's fixed cost per run next to heaptrack's, measured in the same run (issue 21 item 6):
+
+    python bench/startup_bench.py [repeats]      # default 5, interleaved
+
+The target is a program that does nothing but write CLOCK_MONOTONIC at the top of main() to a file
+and exit.  For each tool:
+
+  start   from the command's exec (the bench's clock just before it starts the tool) to the
+          target's main() running -- under memtrace: loaded, hooked, released from the hold;
+  end     from the target's main() to the tool's command returning (the target exits at once:
+          this is the drain, the symbolization and the summary);
+  total   the command's wall time.
+
+CLOCK_MONOTONIC is one clock for every process of the machine, so the difference is exact; the
+machine is shared, so medians of interleaved runs.  memtrace runs with its caches warm (a first
+untimed run fills them: the agent bundle, the compiled CModule, the unwind tables, the symbols),
+which is the case the target figure (≤ 0.5 s to start, ≤ 1 s of symbolization) is about; a cold
+run (empty MEMTRACE_CACHE_DIR) is printed too.  Also printed: the Python import time of the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+int main(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  FILE *f = fopen(getenv("STARTUP_STAMP"), "w");
+  if (f == NULL) return 1;
+  fprintf(f, "%ld.%09ld\n", (long) ts.tv_sec, ts.tv_nsec);
+  fclose(f);
+  return 0;
+}
+"""
+
+
+def memtrace_cmd(tmp: Path, probe: Path) -> list[str]:
+    out = tmp / "capture"
+    shutil.rmtree(out, ignore_errors=True)
+    return [sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--quiet", "--out", str(out),
+            "--", str(probe)]
+
+
+def heaptrack_cmd(tmp: Path, probe: Path) -> list[str]:
+    for old in tmp.glob("ht.*"):
+        old.unlink()
+    return ["heaptrack", "-o", str(tmp / "ht"), str(probe)]
+
+
+def timed(cmd: list[str], stamp: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """(start, end, total) seconds of one run of ``cmd``."""
+    stamp.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, env={**os.environ, **env, "STARTUP_STAMP": str(stamp)},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t1 = time.monotonic()
+    if proc.returncode != 0 or not stamp.exists():
+        raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    t_main = float(stamp.read_text())
+    return t_main - t0, t1 - t_main, t1 - t0
+
+
+def import_time() -> float:
+    t0 = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import memtrace.cli"], check=True)
+    return time.monotonic() - t0
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    have_heaptrack = shutil.which("heaptrack") is not None
+    with tempfile.TemporaryDirectory(prefix="memtrace-startup-") as d:
+        tmp = Path(d)
+        probe = tmp / "probe"
+        (tmp / "probe.c").write_text(PROBE_C)
+        subprocess.run(["gcc", "-O2", "-o", str(probe), str(tmp / "probe.c")], check=True)
+        stamp = tmp / "stamp"
+        cold_cache = tmp / "cold-cache"
+        cold = timed(memtrace_cmd(tmp, probe), stamp, {"MEMTRACE_CACHE_DIR": str(cold_cache)})
+        warm_env: dict[str, str] = {}
+        timed(memtrace_cmd(tmp, probe), stamp, warm_env)         # fills the user's caches
+        runs: dict[str, list[tuple[float, float, float]]] = {"memtrace": [], "heaptrack": []}
+        imports = []
+        for _ in range(repeats):
+            runs["memtrace"].append(timed(memtrace_cmd(tmp, probe), stamp, warm_env))
+            if have_heaptrack:
+                runs["heaptrack"].append(timed(heaptrack_cmd(tmp, probe), stamp, {}))
+            imports.append(import_time())
+    print(f"fixed cost of one run, median of {repeats} (seconds; target: memtrace start <= 0.5, end <= 1)")
+    print(f"{'tool':10} {'start':>7} {'end':>7} {'total':>7}")
+    for tool, rows in runs.items():
+        if not rows:
+            print(f"{tool:10} (not installed)")
+            continue
+        start, end, total = (statistics.median(r[i] for r in rows) for i in range(3))
+        print(f"{tool:10} {start:7.2f} {end:7.2f} {total:7.2f}")
+    print(f"{'memtrace, cold caches':22} start {cold[0]:.2f} end {cold[1]:.2f} total {cold[2]:.2f}")
+    print(f"python -c 'import memtrace.cli': {statistics.median(imports):.2f} s (part of memtrace's start)")
+    if runs["heaptrack"]:
+        m = statistics.median(r[0] for r in runs["memtrace"])
+        h = statistics.median(r[0] for r in runs["heaptrack"])
+        print(f"start ratio memtrace/heaptrack: {m / h:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -244,7 +244,7 @@ class MallocSummary(CaptureContext):
             if memo is None:
                 frames = self.stack(st.stack_id) if st.stack_id != NO_STACK else []
                 # (stack_key(frames), each frame's key once: frames are shared between stacks)
-                key = tuple(self._frame_keys[id(f)] if id(f) in self._frame_keys
+                key: tuple[Any, ...] = tuple(self._frame_keys[id(f)] if id(f) in self._frame_keys
                             else self._frame_keys.setdefault(id(f), f.key()) for f in frames)
                 memo = (frames, key if frames else ("no-stack", st.stack_id))
                 if self._keyed is not None:

@@ -273,21 +273,38 @@ mt_fork_masks_busy (void)
  * and closefrom are redirected here: a descriptor Frida cloaks (mt_fd_guard, a bitmap the agent
  * refreshes from Cloak.hasFileDescriptor) is kept open and the call reports success for it, as if
  * it had been closed -- unless the caller is Frida's own code (mt_fd_state ranges), which may
- * close what it opened.  Counted, and said in the capture.  Not covered: a raw close syscall
- * (syscall(2) or an inline instruction), dup2 over one of them. */
+ * close what it opened.  Counted, and said in the capture.
+ *
+ * dup2 and dup3 onto one of them would close it just the same (the kernel closes the target
+ * descriptor first).  Reporting success there, as close does, would leave the program writing its
+ * own data into Frida's socket, so the call fails with EBUSY instead (what the kernel itself says
+ * when the target descriptor is being opened at that instant): counted, and said in the capture.
+ *
+ * Not covered: the close system call made directly (syscall(SYS_close), an inline instruction,
+ * a close_range system call): nothing short of a seccomp filter or patching every such call site
+ * sees it.  Frida's channel is then lost; the host says so in the capture's ending. */
 
 #define MT_FD_GUARD_MAX 65536
 #define MT_FD_RANGES 6
 #define MT_CLOSE_RANGE_MAX_FD ~0U
 
-/* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs. */
+#define MT_FD_KEPT 0                /* mt_fd_state: closes of a guarded descriptor kept open */
+#define MT_FD_DUP_REFUSED 14        /* dup2/dup3 onto a guarded descriptor refused */
+#define MT_EBUSY 16
+
+/* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs, [14]
+ * dup2/dup3 refused. */
 extern volatile guint64 mt_fd_guard[];
 extern volatile guint64 mt_fd_state[];
 extern gpointer mt_real_close;
 extern gpointer mt_real_close_range;
+extern gpointer mt_real_dup2;
+extern gpointer mt_real_dup3;
 
 typedef gint (* MtCloseFunc) (gint fd);
 typedef gint (* MtCloseRangeFunc) (guint lo, guint hi, gint flags);
+typedef gint (* MtDup2Func) (gint oldfd, gint newfd);
+typedef gint (* MtDup3Func) (gint oldfd, gint newfd, gint flags);
 
 #ifdef __TINYC__
 /* TinyCC keeps a frame pointer in every function: the caller's return address sits above it. */
@@ -296,8 +313,10 @@ typedef gint (* MtCloseRangeFunc) (guint lo, guint hi, gint flags);
 # define MT_CALLER() ((guint64) __builtin_return_address (0))
 #endif
 
+/* Whether fd is one of Frida's that this caller (not Frida's own code) may not take away; counted
+ * in mt_fd_state[counter] when so. */
 static gboolean
-mt_fd_kept (guint64 fd, guint64 caller)
+mt_fd_guarded (guint64 fd, guint64 caller, gint counter)
 {
   guint64 i, n;
   if (fd >= MT_FD_GUARD_MAX || ((mt_fd_guard[fd >> 6] >> (fd & 63)) & 1) == 0)
@@ -308,8 +327,14 @@ mt_fd_kept (guint64 fd, guint64 caller)
     if (caller >= mt_fd_state[2 + 2 * i] && caller < mt_fd_state[3 + 2 * i])
       return FALSE;
   }
-  g_atomic_pointer_add ((volatile gsize *) &mt_fd_state[0], 1);
+  g_atomic_pointer_add ((volatile gsize *) &mt_fd_state[counter], 1);
   return TRUE;
+}
+
+static gboolean
+mt_fd_kept (guint64 fd, guint64 caller)
+{
+  return mt_fd_guarded (fd, caller, MT_FD_KEPT);
 }
 
 gint
@@ -363,6 +388,29 @@ mt_closefrom (gint lo)
         ((MtCloseFunc) mt_real_close) ((gint) fd);
     }
   }
+}
+
+/* dup2(old, new) onto a guarded descriptor: refused (dup2(fd, fd) changes nothing: let through). */
+gint
+mt_dup2 (gint oldfd, gint newfd)
+{
+  if (newfd >= 0 && newfd != oldfd && mt_fd_guarded ((guint64) newfd, MT_CALLER (), MT_FD_DUP_REFUSED))
+  {
+    *__errno_location () = MT_EBUSY;
+    return -1;
+  }
+  return ((MtDup2Func) mt_real_dup2) (oldfd, newfd);
+}
+
+gint
+mt_dup3 (gint oldfd, gint newfd, gint flags)
+{
+  if (newfd >= 0 && newfd != oldfd && mt_fd_guarded ((guint64) newfd, MT_CALLER (), MT_FD_DUP_REFUSED))
+  {
+    *__errno_location () = MT_EBUSY;
+    return -1;
+  }
+  return ((MtDup3Func) mt_real_dup3) (oldfd, newfd, flags);
 }
 
 /* The parent's agent takes the next posted entry: out[0..2] = pid, ppid, origin, path copied.

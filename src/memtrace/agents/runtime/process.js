@@ -26,6 +26,7 @@ const FD_GUARD_MAX = 65536;           // process.c's MT_FD_GUARD_MAX: descriptor
 const FD_GUARD_SCAN = 4096;           // descriptors asked of Cloak at each refresh
 const FD_GUARD_REFRESH_MS = 1000;
 const FD_RANGES = 6;                  // process.c's MT_FD_RANGES
+const FD_DUP_REFUSED = 14;            // process.c's MT_FD_DUP_REFUSED: mt_fd_state's dup2/dup3 count
 const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
 const BUSY_WAIT_MS = 200;           // teardown waits this long at most for threads inside a hook
 // After the hooks are out, a thread may still be inside a replacement that was called just
@@ -205,6 +206,8 @@ export function buildProcess(config, sources) {
     fdState: Memory.alloc(16 * 8),
     realClose: Memory.alloc(Process.pointerSize),
     realCloseRange: Memory.alloc(Process.pointerSize),
+    realDup2: Memory.alloc(Process.pointerSize),
+    realDup3: Memory.alloc(Process.pointerSize),
     takeOut: Memory.alloc(16),
     takePath: Memory.alloc(256),
     diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
@@ -232,6 +235,8 @@ export function buildProcess(config, sources) {
     mt_fd_state: mem.fdState,
     mt_real_close: mem.realClose,
     mt_real_close_range: mem.realCloseRange,
+    mt_real_dup2: mem.realDup2,
+    mt_real_dup3: mem.realDup3,
     pthread_sigmask: libcExport('pthread_sigmask'),
     pthread_self: libcExport('pthread_self'),
     mt_proc: mem.proc,
@@ -395,7 +400,7 @@ function hookFdGuard() {
     return;
   const state = proc.mem.fdState;
   const ranges = fridaCodeRanges();
-  state.writeU64(0);
+  state.writeByteArray(new Array(16 * 8).fill(0));
   state.add(8).writeU64(ranges.length);
   ranges.forEach(([lo, hi], i) => {
     state.add(16 + 16 * i).writeU64(lo);
@@ -406,7 +411,7 @@ function hookFdGuard() {
   // Every address looked up first: a symbol lookup ends Frida's Interceptor transaction, and the
   // redirects must be queued back to back for applyPatches to write them with the world stopped.
   const targets = { close: libcExport('close'), close_range: libcExport('close_range'),
-    closefrom: libcExport('closefrom') };
+    closefrom: libcExport('closefrom'), dup2: libcExport('dup2'), dup3: libcExport('dup3') };
   const redirect = (name, replacement, realSlot) => {
     const target = targets[name];
     if (target === null)
@@ -429,6 +434,9 @@ function hookFdGuard() {
     // closefrom closes through close_range in glibc: ours calls the real one, run by run.
     redirect('closefrom', proc.cm.mt_closefrom, null);
   }
+  // dup2/dup3 onto one of Frida's descriptors would close it too: refused with EBUSY (process.c).
+  redirect('dup2', proc.cm.mt_dup2, proc.mem.realDup2);
+  redirect('dup3', proc.cm.mt_dup3, proc.mem.realDup3);
   applyPatches('descriptor guard in');
   proc.fdGuard = { hooked, timer: setInterval(refreshFdGuard, FD_GUARD_REFRESH_MS) };
 }
@@ -443,14 +451,20 @@ function unhookFdGuard() {
     Interceptor.revert(target);
   applyPatches('descriptor guard out');
   const kept = Number(proc.mem.fdState.readU64());
-  if (kept > 0) {
-    try {
+  const refused = Number(proc.mem.fdState.add(FD_DUP_REFUSED * 8).readU64());
+  try {
+    if (kept > 0) {
       send({ type: 'agent:warning', message: `the target closed memtrace's own descriptors ${kept} time(s) ` +
         '(closing every descriptor, as daemons do): they were kept open so the capture goes on, and the ' +
         "target's close reported success" });
-    } catch (e) {
-      // going away
     }
+    if (refused > 0) {
+      send({ type: 'agent:warning', message: `the target's dup2/dup3 onto memtrace's own descriptors failed ` +
+        `${refused} time(s) with EBUSY: the descriptor was kept so the capture goes on (a success would have ` +
+        "sent the target's own data into memtrace's channel)" });
+    }
+  } catch (e) {
+    // going away
   }
 }
 

@@ -264,6 +264,92 @@ mt_fork_masks_busy (void)
   return n;
 }
 
+/* ---- Frida's threads never run the program's signal handlers ---------------------------------
+ *
+ * A signal sent to the process (a timer's SIGALRM, SIGCHLD, SIGUSR1...) is run by any thread that
+ * does not block it.  Natively a single-threaded program runs every handler on its own thread;
+ * with the agent in, Frida's threads block nothing, and the kernel hands the signal to one of them
+ * whenever the program's thread has it blocked -- inside its own handler, or across fork (the
+ * masks above) -- or is busy.  signal_fork ran 1259 of its 2159 handlers on Frida's threads: a
+ * handler that mallocs there interrupts whatever that thread was doing in libc's allocator (its
+ * tcache half updated: SIGSEGV in tcache_get) or holds.  So Frida's threads block every
+ * asynchronous signal: the helper below (a clone sharing our memory, as world.c's) attaches each
+ * one with ptrace and adds them to its mask (PTRACE_SETSIGMASK: a thread's mask is otherwise only
+ * its own to change).  Left unblocked: the faults a thread raises on itself (SIGILL, SIGTRAP,
+ * SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGPIPE, SIGXFSZ, SIGSYS) and glibc's own 32 and 33. */
+
+#define MT_PTRACE_GETSIGMASK 0x420a
+#define MT_PTRACE_SETSIGMASK 0x420b
+#define MT_MASK_GO_TRIES 25000               /* x MT_WORLD_WAIT_US: 5 s for the go-ahead at most */
+
+typedef struct _MtMaskJob MtMaskJob;
+struct _MtMaskJob
+{
+  const guint64 * tids;
+  guint64 n;
+  guint64 mask;                     /* bit s - 1: signal s */
+  volatile gint go;                 /* the caller has named the helper its tracer (Yama) */
+  volatile gint done;
+};
+
+static gint
+mt_mask_helper (gpointer data)
+{
+  MtMaskJob * job = data;
+  guint64 i;
+  gint waited;
+  prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  for (waited = 0; g_atomic_int_add (&job->go, 0) == 0; waited++)
+  {
+    if (waited == MT_MASK_GO_TRIES)
+      return 0;
+    usleep (MT_WORLD_WAIT_US);
+  }
+  for (i = 0; i != job->n; i++)
+  {
+    guint64 m = 0;
+    gint tid = (gint) job->tids[i];
+    if (!mt_world_attach (tid))
+      continue;                     /* gone meanwhile */
+    if (ptrace (MT_PTRACE_GETSIGMASK, tid, (gpointer) 8, &m) == 0)
+    {
+      m |= job->mask;
+      if (ptrace (MT_PTRACE_SETSIGMASK, tid, (gpointer) 8, &m) == 0)
+        g_atomic_int_add (&job->done, 1);
+    }
+    ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  }
+  return 0;
+}
+
+/* Adds `mask` to the signal mask of each of tids (never the caller's own); returns how many were
+ * changed, -1 when no helper could be started, -2 under a seccomp filter (which may trap the
+ * helper's clone: nothing is tried). */
+gint
+mt_mask_threads (const guint64 * tids, guint64 n, guint64 mask, guint8 * stack, guint64 stack_size)
+{
+  MtMaskJob job;
+  gint pid, status = 0;
+  gpointer top = (gpointer) (((guint64) stack + stack_size) & ~(guint64) 15);
+  if (n == 0)
+    return 0;
+  if (mt_world_seccomp ((guint64) getpid ()))
+    return -2;
+  job.tids = tids;
+  job.n = n;
+  job.mask = mask;
+  job.go = 0;
+  job.done = 0;
+  pid = clone (mt_mask_helper, top, MT_CLONE_VM | MT_CLONE_FS | MT_CLONE_FILES | MT_CLONE_UNTRACED, &job);
+  if (pid <= 0)
+    return -1;
+  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
+  g_atomic_int_add (&job.go, 1);
+  while (waitpid (pid, &status, MT_WCLONE) < 0 && *__errno_location () == 4 /* EINTR */)
+    ;
+  return job.done;
+}
+
 /* ---- Frida's descriptors kept open -----------------------------------------------------------
  *
  * Daemons close every descriptor above 2 at start (a close() loop to the limit, close_range,

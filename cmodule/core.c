@@ -364,6 +364,9 @@ mt_current_tid (void)
 #endif
 }
 
+/* A thread's descriptor farther than this above its stack pointer is not taken as its stack's top. */
+#define MT_THREAD_STACK_MAX (1ULL << 30)
+
 static void
 mt_fetch_stack_bounds (MtSlot * s)
 {
@@ -384,6 +387,22 @@ mt_fetch_stack_bounds (MtSlot * s)
     s->stack_lo = mt_main_stack[0];
     s->stack_hi = mt_main_stack[1];
     return;
+  }
+  /* Any other thread pthread_create made has its descriptor (pthread_self ()) at the top of its
+   * stack block, above its static TLS and every frame (glibc's allocatestack.c, for a stack the
+   * caller gave too): a bound the walk can use, read with no lock.  pthread_getattr_np holds the
+   * thread's own lock while it reallocs, so a thread whose first hooked call came from inside it
+   * (a Rust thread's stack guard, Frida's loader thread injecting a second session) waited for
+   * ever on that lock here.  Only a thread not laid out so (the main thread without the agent's
+   * bounds, a stack above its descriptor) still asks pthread_getattr_np. */
+  {
+    guint64 self = (guint64) pthread_self (), here = (guint64) &self;
+    if (self > here && self - here < MT_THREAD_STACK_MAX)
+    {
+      s->stack_lo = 0;             /* unknown, and unused: the walk starts at its own frame */
+      s->stack_hi = self;
+      return;
+    }
   }
   if (pthread_getattr_np (pthread_self (), attr) == 0)
   {

@@ -264,6 +264,92 @@ mt_fork_masks_busy (void)
   return n;
 }
 
+/* ---- Frida's threads never run the program's signal handlers ---------------------------------
+ *
+ * A signal sent to the process (a timer's SIGALRM, SIGCHLD, SIGUSR1...) is run by any thread that
+ * does not block it.  Natively a single-threaded program runs every handler on its own thread;
+ * with the agent in, Frida's threads block nothing, and the kernel hands the signal to one of them
+ * whenever the program's thread has it blocked -- inside its own handler, or across fork (the
+ * masks above) -- or is busy.  signal_fork ran 1259 of its 2159 handlers on Frida's threads: a
+ * handler that mallocs there interrupts whatever that thread was doing in libc's allocator (its
+ * tcache half updated: SIGSEGV in tcache_get) or holds.  So Frida's threads block every
+ * asynchronous signal: the helper below (a clone sharing our memory, as world.c's) attaches each
+ * one with ptrace and adds them to its mask (PTRACE_SETSIGMASK: a thread's mask is otherwise only
+ * its own to change).  Left unblocked: the faults a thread raises on itself (SIGILL, SIGTRAP,
+ * SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGPIPE, SIGXFSZ, SIGSYS) and glibc's own 32 and 33. */
+
+#define MT_PTRACE_GETSIGMASK 0x420a
+#define MT_PTRACE_SETSIGMASK 0x420b
+#define MT_MASK_GO_TRIES 25000               /* x MT_WORLD_WAIT_US: 5 s for the go-ahead at most */
+
+typedef struct _MtMaskJob MtMaskJob;
+struct _MtMaskJob
+{
+  const guint64 * tids;
+  guint64 n;
+  guint64 mask;                     /* bit s - 1: signal s */
+  volatile gint go;                 /* the caller has named the helper its tracer (Yama) */
+  volatile gint done;
+};
+
+static gint
+mt_mask_helper (gpointer data)
+{
+  MtMaskJob * job = data;
+  guint64 i;
+  gint waited;
+  prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  for (waited = 0; g_atomic_int_add (&job->go, 0) == 0; waited++)
+  {
+    if (waited == MT_MASK_GO_TRIES)
+      return 0;
+    usleep (MT_WORLD_WAIT_US);
+  }
+  for (i = 0; i != job->n; i++)
+  {
+    guint64 m = 0;
+    gint tid = (gint) job->tids[i];
+    if (!mt_world_attach (tid))
+      continue;                     /* gone meanwhile */
+    if (ptrace (MT_PTRACE_GETSIGMASK, tid, (gpointer) 8, &m) == 0)
+    {
+      m |= job->mask;
+      if (ptrace (MT_PTRACE_SETSIGMASK, tid, (gpointer) 8, &m) == 0)
+        g_atomic_int_add (&job->done, 1);
+    }
+    ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  }
+  return 0;
+}
+
+/* Adds `mask` to the signal mask of each of tids (never the caller's own); returns how many were
+ * changed, -1 when no helper could be started, -2 under a seccomp filter (which may trap the
+ * helper's clone: nothing is tried). */
+gint
+mt_mask_threads (const guint64 * tids, guint64 n, guint64 mask, guint8 * stack, guint64 stack_size)
+{
+  MtMaskJob job;
+  gint pid, status = 0;
+  gpointer top = (gpointer) (((guint64) stack + stack_size) & ~(guint64) 15);
+  if (n == 0)
+    return 0;
+  if (mt_world_seccomp ((guint64) getpid ()))
+    return -2;
+  job.tids = tids;
+  job.n = n;
+  job.mask = mask;
+  job.go = 0;
+  job.done = 0;
+  pid = clone (mt_mask_helper, top, MT_CLONE_VM | MT_CLONE_FS | MT_CLONE_FILES | MT_CLONE_UNTRACED, &job);
+  if (pid <= 0)
+    return -1;
+  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
+  g_atomic_int_add (&job.go, 1);
+  while (waitpid (pid, &status, MT_WCLONE) < 0 && *__errno_location () == 4 /* EINTR */)
+    ;
+  return job.done;
+}
+
 /* ---- Frida's descriptors kept open -----------------------------------------------------------
  *
  * Daemons close every descriptor above 2 at start (a close() loop to the limit, close_range,
@@ -273,21 +359,38 @@ mt_fork_masks_busy (void)
  * and closefrom are redirected here: a descriptor Frida cloaks (mt_fd_guard, a bitmap the agent
  * refreshes from Cloak.hasFileDescriptor) is kept open and the call reports success for it, as if
  * it had been closed -- unless the caller is Frida's own code (mt_fd_state ranges), which may
- * close what it opened.  Counted, and said in the capture.  Not covered: a raw close syscall
- * (syscall(2) or an inline instruction), dup2 over one of them. */
+ * close what it opened.  Counted, and said in the capture.
+ *
+ * dup2 and dup3 onto one of them would close it just the same (the kernel closes the target
+ * descriptor first).  Reporting success there, as close does, would leave the program writing its
+ * own data into Frida's socket, so the call fails with EBUSY instead (what the kernel itself says
+ * when the target descriptor is being opened at that instant): counted, and said in the capture.
+ *
+ * Not covered: the close system call made directly (syscall(SYS_close), an inline instruction,
+ * a close_range system call): nothing short of a seccomp filter or patching every such call site
+ * sees it.  Frida's channel is then lost; the host says so in the capture's ending. */
 
 #define MT_FD_GUARD_MAX 65536
 #define MT_FD_RANGES 6
 #define MT_CLOSE_RANGE_MAX_FD ~0U
 
-/* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs. */
+#define MT_FD_KEPT 0                /* mt_fd_state: closes of a guarded descriptor kept open */
+#define MT_FD_DUP_REFUSED 14        /* dup2/dup3 onto a guarded descriptor refused */
+#define MT_EBUSY 16
+
+/* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs, [14]
+ * dup2/dup3 refused. */
 extern volatile guint64 mt_fd_guard[];
 extern volatile guint64 mt_fd_state[];
 extern gpointer mt_real_close;
 extern gpointer mt_real_close_range;
+extern gpointer mt_real_dup2;
+extern gpointer mt_real_dup3;
 
 typedef gint (* MtCloseFunc) (gint fd);
 typedef gint (* MtCloseRangeFunc) (guint lo, guint hi, gint flags);
+typedef gint (* MtDup2Func) (gint oldfd, gint newfd);
+typedef gint (* MtDup3Func) (gint oldfd, gint newfd, gint flags);
 
 #ifdef __TINYC__
 /* TinyCC keeps a frame pointer in every function: the caller's return address sits above it. */
@@ -296,8 +399,10 @@ typedef gint (* MtCloseRangeFunc) (guint lo, guint hi, gint flags);
 # define MT_CALLER() ((guint64) __builtin_return_address (0))
 #endif
 
+/* Whether fd is one of Frida's that this caller (not Frida's own code) may not take away; counted
+ * in mt_fd_state[counter] when so. */
 static gboolean
-mt_fd_kept (guint64 fd, guint64 caller)
+mt_fd_guarded (guint64 fd, guint64 caller, gint counter)
 {
   guint64 i, n;
   if (fd >= MT_FD_GUARD_MAX || ((mt_fd_guard[fd >> 6] >> (fd & 63)) & 1) == 0)
@@ -308,8 +413,14 @@ mt_fd_kept (guint64 fd, guint64 caller)
     if (caller >= mt_fd_state[2 + 2 * i] && caller < mt_fd_state[3 + 2 * i])
       return FALSE;
   }
-  g_atomic_pointer_add ((volatile gsize *) &mt_fd_state[0], 1);
+  g_atomic_pointer_add ((volatile gsize *) &mt_fd_state[counter], 1);
   return TRUE;
+}
+
+static gboolean
+mt_fd_kept (guint64 fd, guint64 caller)
+{
+  return mt_fd_guarded (fd, caller, MT_FD_KEPT);
 }
 
 gint
@@ -363,6 +474,29 @@ mt_closefrom (gint lo)
         ((MtCloseFunc) mt_real_close) ((gint) fd);
     }
   }
+}
+
+/* dup2(old, new) onto a guarded descriptor: refused (dup2(fd, fd) changes nothing: let through). */
+gint
+mt_dup2 (gint oldfd, gint newfd)
+{
+  if (newfd >= 0 && newfd != oldfd && mt_fd_guarded ((guint64) newfd, MT_CALLER (), MT_FD_DUP_REFUSED))
+  {
+    *__errno_location () = MT_EBUSY;
+    return -1;
+  }
+  return ((MtDup2Func) mt_real_dup2) (oldfd, newfd);
+}
+
+gint
+mt_dup3 (gint oldfd, gint newfd, gint flags)
+{
+  if (newfd >= 0 && newfd != oldfd && mt_fd_guarded ((guint64) newfd, MT_CALLER (), MT_FD_DUP_REFUSED))
+  {
+    *__errno_location () = MT_EBUSY;
+    return -1;
+  }
+  return ((MtDup3Func) mt_real_dup3) (oldfd, newfd, flags);
 }
 
 /* The parent's agent takes the next posted entry: out[0..2] = pid, ppid, origin, path copied.

@@ -73,6 +73,8 @@ def agent_config_for(platform: str | None, explicit: dict[str, Any]) -> dict[str
     return {**AGENT_DEFAULTS, **sizing, **{k: v for k, v in explicit.items() if v is not None}}
 
 DEFAULT_WINDOW = 60.0      # seconds: the window of an app or a running process, unless --window says
+# A process Frida calls terminated that still runs this long after is one whose channel was cut.
+CHANNEL_LOST_GRACE_S = 2.0
 
 CAPTURE_OPTIONS: tuple[Option, ...] = (
     Option("attach_delay", float, 0.0, "Wait this long after launch before attaching (0 = instrument before "
@@ -539,6 +541,12 @@ class CaptureLoop(ProcessEvents):
         if self.host.spawned and not self.options.keep_running and not self.ending.gone:
             self.host.kill()
             self.ending.window_end = "killed"
+        if self.ending.detach_reason == "channel-lost":
+            # Alive, unreachable, and Frida's threads spinning on the descriptors it lost: a program
+            # memtrace launched is not left so.
+            if self.host.spawned and not self.options.keep_running:
+                self.host.kill()
+            self.ending.window_end = "killed" if self.host.spawned and not self.options.keep_running else "left running"
         time.sleep(0.05)
         self._drain()
 
@@ -546,6 +554,13 @@ class CaptureLoop(ProcessEvents):
         self._crash_frames()
         now = time.monotonic()
         e, c = self.ending, self.clock
+        exit_status = (self.host.exit_status(1.0) or e.spawn_status) if e.gone else None
+        code = (exit_status or {}).get("exit_status")
+        if e.detach_reason == "process-terminated" and e.exit_info is None and e.crash_info is None and code is not None:
+            # It exited with a status, yet the agent never said goodbye (its exit hook sends one): the
+            # channel was gone before the exit -- cut by the target, and the rest of the run unseen.
+            e.detach_reason = "channel-lost"
+            e.window_end = f"exited later (exit status {code})"
         end_body = classify_end(
             window=self.window, attach_delay=self.options.attach_delay,
             t_start=c.start, t_attach=c.attach, t_gone=c.gone if e.gone else None, t_now=now,
@@ -553,7 +568,7 @@ class CaptureLoop(ProcessEvents):
             crash_info=e.crash_info, timeout_info=e.timeout_info, rates=self.rates,
             thresholds=self.options.thresholds, calls_total=self.live.activity(),
             # Only a death in the window: at its end memtrace kills what it launched itself.
-            exit_status=(self.host.exit_status(1.0) or e.spawn_status) if e.gone else None,
+            exit_status=exit_status,
             exec_info=e.exec_info if e.replaced else None, stage=self.stage, window_end=e.window_end,
         )
         if interrupted and _ending_signal:
@@ -602,6 +617,8 @@ class CaptureLoop(ProcessEvents):
                 # The agent said it is about to exec and did not say it failed: the process
                 # image was replaced (Frida without child gating calls that a termination).
                 a = "process-replaced"
+            if a == "process-terminated" and self._outlives_its_channel():
+                a = "channel-lost"
             self.ending.target_gone(a, self.clock)
             if a == "process-replaced":
                 self._replaced()
@@ -621,6 +638,19 @@ class CaptureLoop(ProcessEvents):
             return
         payload = message.get("payload") or {}
         self._route(payload.get("type"), payload, b or b"")
+
+    def _outlives_its_channel(self) -> bool:
+        """Frida said the process terminated, yet a local one still runs a moment later: its channel
+        to the agent was cut under Frida (the target closed Frida's descriptors with the close system
+        call itself, which the agent's descriptor guard cannot see)."""
+        if not self.host.is_local:
+            return False
+        deadline = time.monotonic() + CHANNEL_LOST_GRACE_S
+        while self.host.alive():
+            if time.monotonic() > deadline:
+                return True
+            time.sleep(0.05)
+        return False
 
     def _route(self, ptype: str | None, payload: dict[str, Any], data: bytes) -> None:
         if ptype == "events:batch":

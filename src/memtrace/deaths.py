@@ -92,6 +92,12 @@ def classify_end(
         return out("interrupted", "ended early by the user (Ctrl-C); data up to then is kept")
     if detach_reason in ("device-lost", "connection-terminated"):
         return out("detached", f"lost the device or its connection ({detach_reason})")
+    if detach_reason == "channel-lost":
+        fate = "" if not window_end else f"; the target {window_end}" if window_end.startswith("exited") \
+            else f"; the target was {window_end}"
+        return out("detached", f"lost the channel to the agent after {alive:g} s: the target closed Frida's "
+                               "descriptors itself (the close system call made directly, which memtrace cannot "
+                               f"intercept); data up to then is kept{fate}")
     if t_gone is None:
         # The window, not the target, ended the capture: said as such, with what became of it.
         cut = f"window ended after {window:g} s"

@@ -1,15 +1,17 @@
 /* A timer's signal handler that mallocs, in a program that forks: the handler can land anywhere,
  * including inside fork() itself and inside the child's first instructions.
- * Usage: signal_fork FORKS.  Prints "ok <forks> <handled>" when every child exited 0. */
+ * Usage: signal_fork FORKS.  Prints "ok <forks> <handled> off-main <n>" when every child exited 0: n
+ * handlers ran on a thread other than the program's own (natively 0: it has no other thread). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t handled;
+static volatile sig_atomic_t handled, off_main;
 static void *volatile sink;
 
 __attribute__((noinline)) static void on_timer(int sig) {
@@ -18,6 +20,8 @@ __attribute__((noinline)) static void on_timer(int sig) {
   sink = p;
   free(p);
   handled++;
+  if (syscall(SYS_gettid) != getpid())
+    off_main++;
 }
 
 __attribute__((noinline)) static void child_work(void) {
@@ -57,6 +61,6 @@ int main(int argc, char **argv) {
   sigemptyset(&alrm);
   sigaddset(&alrm, SIGALRM);
   sigprocmask(SIG_BLOCK, &alrm, NULL);
-  printf("%s %d %d\n", bad ? "bad" : "ok", forks, (int)handled);
+  printf("%s %d %d off-main %d\n", bad ? "bad" : "ok", forks, (int)handled, (int)off_main);
   return bad != 0;
 }

@@ -17,7 +17,7 @@
 import { FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
-import { applyPatches, buildWorld, notePatched } from './world.js';
+import { applyPatches, buildWorld, fridaThreads, notePatched, world } from './world.js';
 
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
@@ -26,7 +26,15 @@ const FD_GUARD_MAX = 65536;           // process.c's MT_FD_GUARD_MAX: descriptor
 const FD_GUARD_SCAN = 4096;           // descriptors asked of Cloak at each refresh
 const FD_GUARD_REFRESH_MS = 1000;
 const FD_RANGES = 6;                  // process.c's MT_FD_RANGES
+const FD_DUP_REFUSED = 14;            // process.c's MT_FD_DUP_REFUSED: mt_fd_state's dup2/dup3 count
 const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
+const MASK_HELPER_STACK = 64 * 1024;  // process.c's mt_mask_threads helper
+const MASK_MAX_THREADS = 1024;        // Frida's threads masked per call
+const MASK_LIST_THREADS = 8192;       // world.js's MAX_THREADS: the listing's buffer
+// Signals Frida's threads block (process.c, mt_mask_threads): every one but the faults a thread
+// raises on itself (4 SIGILL, 5 SIGTRAP, 6 SIGABRT, 7 SIGBUS, 8 SIGFPE, 11 SIGSEGV, 13 SIGPIPE,
+// 25 SIGXFSZ, 31 SIGSYS), SIGKILL and SIGSTOP (9, 19) and glibc's own (32, 33).
+const SIGNALS_KEPT = [4, 5, 6, 7, 8, 9, 11, 13, 19, 25, 31, 32, 33];
 const BUSY_WAIT_MS = 200;           // teardown waits this long at most for threads inside a hook
 // After the hooks are out, a thread may still be inside a replacement that was called just
 // before (in the real allocator, waiting on its lock, say), and will return into our code:
@@ -41,6 +49,7 @@ export const proc = {
   stubPage: null,
   execJump: null,     // the execve jump's write, for applyPatches to make with the world stopped
   fdGuard: null,      // {hooked: [targets], timer}: close/close_range/closefrom redirected
+  signalsOff: null,   // {masked: Set of Frida's thread ids whose mask holds the program's signals, ...}
   maskPrepare: null,  // the atfork prepare stub that blocks signals across fork
   stubsUsed: 0,
   stubs: [],          // {stub, slot, target}: armed stubs
@@ -205,6 +214,11 @@ export function buildProcess(config, sources) {
     fdState: Memory.alloc(16 * 8),
     realClose: Memory.alloc(Process.pointerSize),
     realCloseRange: Memory.alloc(Process.pointerSize),
+    realDup2: Memory.alloc(Process.pointerSize),
+    realDup3: Memory.alloc(Process.pointerSize),
+    maskStack: Memory.alloc(MASK_HELPER_STACK),
+    maskTids: Memory.alloc(MASK_MAX_THREADS * 8),
+    maskList: Memory.alloc(MASK_LIST_THREADS * 8),
     takeOut: Memory.alloc(16),
     takePath: Memory.alloc(256),
     diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
@@ -232,6 +246,8 @@ export function buildProcess(config, sources) {
     mt_fd_state: mem.fdState,
     mt_real_close: mem.realClose,
     mt_real_close_range: mem.realCloseRange,
+    mt_real_dup2: mem.realDup2,
+    mt_real_dup3: mem.realDup3,
     pthread_sigmask: libcExport('pthread_sigmask'),
     pthread_self: libcExport('pthread_self'),
     mt_proc: mem.proc,
@@ -353,7 +369,64 @@ export function hookExec() {
   if (proc.execSlow)
     hookSpawn();
   hookFdGuard();
+  holdSignalsOffFrida();
 }
+
+/* ---- Frida's threads never run the program's signal handlers (process.c) ---------------- */
+
+function asyncSignalMask() {
+  let mask = 0n;
+  for (let sig = 1; sig <= 64; sig++) {
+    if (!SIGNALS_KEPT.includes(sig))
+      mask |= 1n << BigInt(sig - 1);
+  }
+  return mask;
+}
+
+/* Masks Frida's threads not masked yet (called again on each descriptor-guard refresh: Frida
+ * starts threads later too).  This thread masks itself; the helper does the others. */
+function holdSignalsOffFrida() {
+  if (proc.cm === null || IS_DARWIN || world.fns === null)
+    return;
+  const mem = proc.mem;
+  if (proc.signalsOff === null) {
+    const mask = asyncSignalMask();
+    const set = Memory.alloc(128);
+    set.writeU64(uint64(mask.toString()));
+    const sigmask = nf('pthread_sigmask', 'int', ['int', 'pointer', 'pointer']);
+    if (sigmask !== null)
+      sigmask(0 /* SIG_BLOCK */, set, NULL);
+    proc.signalsOff = {
+      mask: uint64(mask.toString()),
+      masked: new Set([Process.getCurrentThreadId()]),
+      changed: 0,
+      failed: null,
+      fn: new NativeFunction(proc.cm.mt_mask_threads, 'int', ['pointer', 'uint64', 'uint64', 'pointer', 'uint64'],
+        { scheduling: 'exclusive' }),
+    };
+  }
+  const off = proc.signalsOff;
+  if (off.failed !== null)
+    return;
+  const fresh = fridaThreads(world.fns.listTasks, mem.maskList).filter(tid => !off.masked.has(tid)).slice(0, MASK_MAX_THREADS);
+  if (fresh.length === 0)
+    return;
+  fresh.forEach((tid, i) => mem.maskTids.add(i * 8).writeU64(tid));
+  const r = off.fn(mem.maskTids, fresh.length, off.mask, mem.maskStack, MASK_HELPER_STACK);
+  if (r < 0) {
+    off.failed = r === -2 ? 'a seccomp filter' : 'no helper could be started';
+    try {
+      send({ type: 'agent:warning', message: `Frida's threads may run the program's signal handlers (${off.failed}): ` +
+        'a handler that allocates can then interrupt them inside the allocator' });
+    } catch (e) {
+      // said or not, the capture goes on
+    }
+    return;
+  }
+  off.changed += r;
+  fresh.forEach(tid => off.masked.add(tid));
+}
+
 
 /* ---- Frida's descriptors kept open (cmodule/process.c, mt_close) ------------------------ */
 
@@ -396,7 +469,7 @@ function hookFdGuard() {
     return;
   const state = proc.mem.fdState;
   const ranges = fridaCodeRanges();
-  state.writeU64(0);
+  state.writeByteArray(new Array(16 * 8).fill(0));
   state.add(8).writeU64(ranges.length);
   ranges.forEach(([lo, hi], i) => {
     state.add(16 + 16 * i).writeU64(lo);
@@ -407,7 +480,7 @@ function hookFdGuard() {
   // Every address looked up first: a symbol lookup ends Frida's Interceptor transaction, and the
   // redirects must be queued back to back for applyPatches to write them with the world stopped.
   const targets = { close: libcExport('close'), close_range: libcExport('close_range'),
-    closefrom: libcExport('closefrom') };
+    closefrom: libcExport('closefrom'), dup2: libcExport('dup2'), dup3: libcExport('dup3') };
   const redirect = (name, replacement, realSlot) => {
     const target = targets[name];
     if (target === null)
@@ -430,8 +503,14 @@ function hookFdGuard() {
     // closefrom closes through close_range in glibc: ours calls the real one, run by run.
     redirect('closefrom', proc.cm.mt_closefrom, null);
   }
+  // dup2/dup3 onto one of Frida's descriptors would close it too: refused with EBUSY (process.c).
+  redirect('dup2', proc.cm.mt_dup2, proc.mem.realDup2);
+  redirect('dup3', proc.cm.mt_dup3, proc.mem.realDup3);
   applyPatches('descriptor guard in');
-  proc.fdGuard = { hooked, timer: setInterval(refreshFdGuard, FD_GUARD_REFRESH_MS) };
+  proc.fdGuard = { hooked, timer: setInterval(() => {
+    refreshFdGuard();
+    holdSignalsOffFrida();
+  }, FD_GUARD_REFRESH_MS) };
 }
 
 function unhookFdGuard() {
@@ -444,14 +523,20 @@ function unhookFdGuard() {
     Interceptor.revert(target);
   applyPatches('descriptor guard out');
   const kept = Number(proc.mem.fdState.readU64());
-  if (kept > 0) {
-    try {
+  const refused = Number(proc.mem.fdState.add(FD_DUP_REFUSED * 8).readU64());
+  try {
+    if (kept > 0) {
       send({ type: 'agent:warning', message: `the target closed memtrace's own descriptors ${kept} time(s) ` +
         '(closing every descriptor, as daemons do): they were kept open so the capture goes on, and the ' +
         "target's close reported success" });
-    } catch (e) {
-      // going away
     }
+    if (refused > 0) {
+      send({ type: 'agent:warning', message: `the target's dup2/dup3 onto memtrace's own descriptors failed ` +
+        `${refused} time(s) with EBUSY: the descriptor was kept so the capture goes on (a success would have ` +
+        "sent the target's own data into memtrace's channel)" });
+    }
+  } catch (e) {
+    // going away
   }
 }
 

@@ -137,3 +137,28 @@ def test_bodies_stay_the_json_they_were() -> None:
     record = capture._decode(RecordType.BATCH, payload[capture.RECORD_HEADER.size:], 3)
     assert record is not None and isinstance(record.body, dict)
     assert record.body["newer_key"] == {"x": [1]} and record.body["sample"]["top"] == [[1, 2, "extra"]]
+
+
+def test_the_one_pass_events_check_agrees_with_the_event_by_event_one() -> None:
+    """An EVENTS record is checked in one msgspec pass over its text; only when that fails is each
+    event checked by its tracers' types, which says which one and why.  Both say the same."""
+    import json
+
+    cases: list[list[Any]] = [
+        [{"type": "open", "call": "open", "fds": [3], "from": 4, "frames": ["0x1"]}, {"type": "exit", "tid": 3}],
+        [{"type": "create", "entry": "x", "addr": "0x10", "flags": 0, "routine": "0x20", "stack_size": 8}],
+        [{"type": "create", "flags": "x"}], [{"type": "create", "stack_size": -1}],
+        [{"type": "create-failed", "via": 5}], [{"type": "create-failed", "errno": "x"}],
+        [{"type": "brand-new", "x": 1}], [{"type": "brand-new", "frames": ["0xZZ"]}], [{"frames": []}],
+        [{"type": "counts", "controls": {"a": {"b": 1}}}], [{"type": "counts", "controls": {"a": {"b": -1}}}],
+        [{"type": "census", "fds": [[3, None], [4, "x", "extra"]]}], [{"type": "census", "fds": [[3]]}],
+        [{"type": "set", "t": None, "tid": None, "control": "c"}], [{"type": "set", "control": True}],
+        [{"type": "use", "surface": None}], [1], [{"type": None}],
+    ]
+    assert capture._events_decoder() is not None
+    for events in cases:
+        body = {"events": events}
+        one_pass = capture._body_problem(RecordType.EVENTS, body, json.dumps(body).encode())
+        assert one_pass == capture._body_problem(RecordType.EVENTS, body), events
+    assert capture._body_problem(RecordType.EVENTS, {"events": [{"type": "set", "control": True}]}) == \
+        (".events[0].control", "expected a string or an integer, got True")

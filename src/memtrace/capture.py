@@ -401,10 +401,11 @@ def _events_decoder() -> msgspec.json.Decoder[Any] | None:
     Struct its "type" names (each type's fields merged with Event's and with those of any other
     tracer that writes the same type name, as _events_problem checks them one by one).  An event
     of a type no tracer declares fails it; _events_problem then says whether that is all."""
-    members = []
+    members: list[type[msgspec.Struct]] = []
     for tag, types in _tracer_schemas()[0].items():
         fields: dict[str, msgspec.structs.FieldInfo] = {}
-        for event_type in (Event, *types):
+        checked: tuple[type[Event], ...] = (Event, *types)
+        for event_type in checked:
             for f in msgspec.structs.fields(event_type):
                 if f.encode_name == "type":
                     continue
@@ -416,7 +417,9 @@ def _events_decoder() -> msgspec.json.Decoder[Any] | None:
             kw_only=True, tag_field="type", tag=tag, rename={f.name: f.encode_name for f in fields.values()}))
     if not members:
         return None
-    events = msgspec.defstruct("_EventsRecord", [("events", Maybe[list[Union[tuple(members)]]], UNSET)])  # noqa: UP007
+    one_of: Any = Union[tuple(members)]  # noqa: UP007 -- built at run time from the registry
+    events_type: Any = Maybe[list[one_of]]  # type: ignore[misc]
+    events = msgspec.defstruct("_EventsRecord", [("events", events_type, UNSET)])
     return msgspec.json.Decoder(events)
 
 

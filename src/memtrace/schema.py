@@ -106,9 +106,10 @@ def _explain(value: Any, schema: Any, message: str, null_said: bool) -> tuple[st
             where += f".{name}"
         elif index == "...":       # a mapping's value: msgspec does not say which key
             values = _dict_value_type(schema)
-            key = next(k for k, v in value.items() if problem(v, values) is not None)
-            inner = problem(value[key], values, null_said)
-            assert inner is not None
+            key = next((k for k, v in value.items() if problem(v, values) is not None), None)
+            inner = None if key is None else problem(value[key], values, null_said)
+            if inner is None:       # a key itself is wrong (not from JSON): msgspec's own words
+                return where, said[0].lower() + said[1:]
             return f"{where}.{key}{inner[0]}", inner[1]
         else:
             schema = _item_type(schema, int(index))

@@ -414,7 +414,7 @@ def _events_decoder() -> msgspec.json.Decoder[Any] | None:
                 fields[f.encode_name] = f
         members.append(msgspec.defstruct(
             f"_Event_{tag}", [(f.name, f.type) if f.required else (f.name, f.type, f.default) for f in fields.values()],
-            kw_only=True, tag_field="type", tag=tag, rename={f.name: f.encode_name for f in fields.values()}))
+            kw_only=True, gc=False, tag_field="type", tag=tag, rename={f.name: f.encode_name for f in fields.values()}))
     if not members:
         return None
     one_of: Any = Union[tuple(members)]  # noqa: UP007 -- built at run time from the registry

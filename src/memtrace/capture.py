@@ -44,7 +44,7 @@ and, from the aggregate core (tid 0 chunks; ALLOC and FREE then only with ``--ev
     LIVE      (7): u8 type | u8 k | u16 0 | u32 stack id | u64 ptr | u64 size | u32 tick | u32 0
 
 Reading checks every record -- its checksum, its JSON, its shape and the values it may hold
-(:data:`RECORD_SHAPES`), a BATCH's agent records' framing and values as they are decoded (sizes,
+(:data:`RECORD_SCHEMAS`), a BATCH's agent records' framing and values as they are decoded (sizes,
 totals, AGG masks against the fields and values, a PEAK_HEAD's count against the PEAK records
 after it, stack ids against the STACK records that define them).  A record that fails is skipped
 and named in :class:`CaptureInfo` (its byte, its type, what was wrong) and the next one is read;
@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import errno as errno_names
+import functools
 import importlib
 import json
 import math
@@ -72,30 +73,14 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, ClassVar, Union
+
+import msgspec
+from msgspec import Meta
 
 from memtrace import layout
 from memtrace.errors import MemtraceError
-from memtrace.shapes import (
-    ADDR,
-    AMOUNT,
-    ANY,
-    BOOL,
-    INT,
-    NUM,
-    STR,
-    TIME,
-    TOTAL,
-    U64,
-    Check,
-    mapping,
-    obj,
-    one_of,
-    opt,
-    row,
-    seq,
-    tagged,
-)
+from memtrace.schema import UNSET, Addr, Amount, Count, Line, Maybe, Num, Row, Shape, Time, problem
 
 
 def _zstd_module() -> Any:
@@ -194,123 +179,321 @@ _LIVE = struct.Struct(layout.LIVE_RECORD.format)
 _AGG_FIELD_NAMES = {i: name for name, i in layout.AGG_FIELDS.items()}
 
 
-# ---- record shapes -------------------------------------------------------------------------------
+# ---- record schemas ------------------------------------------------------------------------------
 #
-# What every record's JSON body must look like before anyone reads it: one entry per record type
-# (a new RecordType adds one entry here; tests/unit/test_capture.py checks none is missing).
-# Objects may carry keys not listed; listed keys that are present must have their shape.  A
-# measured float is opt(NUM): the writer turns a NaN or infinity into null (see _dumps).
-
-def _line(v: Any) -> str | None:
-    if type(v) is int and 0 <= v < 1 << 32:
-        return None
-    return f"expected a line number (0 to 2^32), got {str(v)[:40]}"
+# What every record's JSON body must look like before anyone reads it (memtrace/schema.py says how a
+# schema reads): one Struct per record type (a new RecordType adds one entry to RECORD_SCHEMAS;
+# tests/unit/test_capture.py checks none is missing).  A tracer's events and results are its own:
+# declared beside its analyzer, registered by its Tracer (events=, result=), looked up here by the
+# event's "type" and the result's "tracer".  A measured float may be null: the writer turns a NaN
+# or infinity into null (see _dumps).
 
 
-LINE: Check = _line
+class _Inlined(Row):
+    function: str | None
+    file: str | None = None
+    line: Line | None = None
+
+
+class SymbolRow(Row):
+    """[address, module, offset, function, file, line, inlined frames]"""
+
+    address: Addr
+    module: str | None
+    offset: Count | None
+    function: str | None
+    file: str | None = None
+    line: Line | None = None
+    inlined: list[_Inlined] | None = None
+
+
+class Module(Shape):
+    name: str
+    base: Addr
+    size: Count
+    path: str | None = None
 
 
 # A capture from before the counters grew holds layout.MIN_COUNTERS of them (_decode pads the list).
-COUNTERS = seq(TOTAL, min_len=layout.MIN_COUNTERS)
-ADDRS = seq(ADDR)
-_INLINED = row(opt(STR), opt(STR), opt(LINE), min_len=1)
-SYMBOL_ROW = row(ADDR, opt(STR), opt(U64), opt(STR), opt(STR), opt(LINE), opt(seq(_INLINED)), min_len=4)
-MODULE = obj({"name": STR, "path": opt(STR), "base": ADDR, "size": U64}, required=("name", "base", "size"))
-_COUNTS = mapping(U64)
+Counters = Annotated[list[Count], Meta(min_length=layout.MIN_COUNTERS)]
 
-# JSON events by their "type" (tracers sharing a type name share its fields).
-EVENT_SHAPES: dict[str, Check] = {
-    # fds
-    "open": obj({"call": STR, "fds": seq(INT), "path": opt(STR), "from": opt(INT), "replaced": seq(INT)}),
-    "close": obj({"call": STR, "fd": INT, "known": BOOL}),
-    "open-failed": obj({"call": STR, "errno": opt(INT), "path": opt(STR), "from": opt(INT)}),
-    "census": obj({"trigger": STR, "count": U64, "tracked": U64, "fds": seq(row(INT, opt(STR), min_len=2)),
-                   "frida": seq(INT), "activity": BOOL}),
-    # iosurface
-    "surface": obj({"surface": opt(STR), "client": opt(STR), "via": opt(STR), "id": opt(INT), "alloc_size": opt(U64), "width": opt(U64),
-                    "height": opt(U64), "bytes_per_row": opt(U64), "pixel_format": opt(INT),
-                    "format": opt(STR), "name": opt(STR), "parent_id": opt(INT)}),
-    "release": obj({"surface": opt(STR), "via": opt(STR), "id": opt(INT)}),
-    "release-unknown": obj({"via": opt(STR), "id": opt(INT)}),
-    "use": obj({"surface": STR, "op": STR, "id": opt(INT)}),
-    # purgeable
-    "set": obj({"entry": STR, "control": opt(one_of(STR, INT)), "addr": ADDR, "new_state": opt(INT),
-                "old_state": opt(INT), "kr": opt(INT), "bytes": opt(U64)}),
-    "madvise": obj({"entry": STR, "advice": INT, "advice_name": opt(STR), "platform": STR, "addr": ADDR,
-                    "len": opt(U64)}),
-    "counts": obj({"controls": mapping(_COUNTS), "creation_calls": _COUNTS, "madvise_all": _COUNTS,
-                   "madvise_standin_all": _COUNTS, "madvise_allocator_internal": U64, "madvise_platform": STR}),
-    "call": obj({"entry": STR, "store": STR, "shmem": STR, "volatile": BOOL, "size": opt(U64)}),
-    # purgeable's creation entries and threads' pthread_create
-    "create": obj({"entry": STR, "addr": ADDR, "size": opt(U64), "bytes": opt(U64), "flags": INT, "kr": opt(INT),
-                   "routine": opt(ADDR), "detached": opt(BOOL), "stack_size": opt(U64)}),
-    # threads (and iosurface's create-failed)
-    "create-failed": obj({"errno": opt(INT), "routine": opt(ADDR), "stack_size": opt(U64)}),
-    "start": obj({"tid": opt(INT), "name": opt(STR), "routine": opt(ADDR)}),
-    "existing": obj({"tid": opt(INT), "name": opt(STR)}),
-    "exit": obj({"tid": opt(INT)}),
-    "rename": obj({"tid": opt(INT), "name": opt(STR), "previous": opt(STR)}),
-    "detach-failed": obj({"errno": opt(INT)}),
-    "join-failed": obj({"errno": opt(INT)}),
+
+class _Target(Shape):
+    label: str | None = None
+    device: str | None = None
+    app: str | None = None
+    pid: int | None = None
+    name: str | None = None
+    argv: list[str] | None = None
+
+
+class _Options(Shape):
+    window: Time | None = None
+    attach_delay: Time | None = None
+    agent: Maybe[dict[str, Any]] = UNSET
+
+
+class MetaRecord(Shape):
+    tracer: Maybe[str] = UNSET
+    tool_version: str | None = None
+    started_at: str | None = None
+    host: Maybe[dict[str, Any]] = UNSET
+    target: Maybe[_Target] = UNSET
+    options: Maybe[_Options] = UNSET
+
+
+class _HookSymbol(Shape):
+    name: str
+    status: Maybe[str] = UNSET
+    module: str | None = None
+    address: Addr | None = None
+
+
+class _ReconInfo(Shape):
+    release_hook: str | None = None
+    census_at: Num | None = None
+    census_step: Num | None = None
+    default_stack_size: Count | None = None
+    madvise_platform: str | None = None
+
+
+class ReconRecord(Shape):
+    symbols: Maybe[list[_HookSymbol]] = UNSET
+    info: Maybe[_ReconInfo] = UNSET
+
+
+class ModulesRecord(Shape):
+    modules: Maybe[list[Module]] = UNSET
+
+
+class _Tracked(Shape):
+    bytes: Maybe[Count] = UNSET
+    blocks: Maybe[Count] = UNSET
+
+
+class _Peak(Shape):
+    bytes: Maybe[Count] = UNSET
+    epoch: Maybe[Count] = UNSET
+    t: Time | None = None
+
+
+class _Clock(Row):
+    """[agent clock (us), host clock (ms)]"""
+
+    agent: Time
+    host: Time
+
+
+class _StackBytes(Row):
+    stack_id: Count
+    bytes: Count
+
+
+class _Sample(Shape):
+    t: Maybe[Time] = UNSET
+    tracked_bytes: Maybe[Count] = UNSET
+    tracked_blocks: Maybe[Count] = UNSET
+    peak_bytes: Maybe[Count] = UNSET
+    in_use: Amount | None = None
+    footprint: Amount | None = None
+    top: Maybe[list[_StackBytes]] = UNSET
+
+
+class BatchRecord(Shape):
+    counters: Maybe[Counters] = UNSET
+    t: Time | None = None
+    lost: Maybe[Count] = UNSET
+    live: Maybe[Count] = UNSET
+    stacks: Maybe[Count] = UNSET
+    # the aggregate core's (agents/malloc.js onBatch): which stream, the clocks, tracked bytes,
+    # the peak so far, and on a drain's last batch the timeline sample
+    mode: Maybe[str] = UNSET
+    final: Maybe[bool] = UNSET
+    t0: Time | None = None
+    clock: Maybe[_Clock] = UNSET
+    tracked: Maybe[_Tracked] = UNSET
+    peak: Maybe[_Peak] = UNSET
+    live_done: Maybe[bool] = UNSET
+    sample: Maybe[_Sample] = UNSET
+
+
+class SymbolsRecord(Shape):
+    rows: Maybe[list[SymbolRow]] = UNSET
+    by: str | None = None
+
+
+class PhaseStats(Shape):
+    source: str | None = None
+    in_use: Maybe[Amount] = UNSET
+    footprint: Maybe[Amount] = UNSET
+
+
+class CalibrationRecord(Shape):
+    phase: Maybe[str] = UNSET
+    allocator: PhaseStats | None = None
+    footprint: PhaseStats | None = None
+
+
+class Event(Shape):
+    """What every tracer's JSON event has.  A tracer's event types subclass it, say the "type" they
+    check in ``TYPE`` and are listed in the tracer's ``Tracer.events``."""
+
+    TYPE: ClassVar[str] = ""
+
+    type: Maybe[str] = UNSET
+    t: Num | None = None
+    tid: int | None = None
+    frames: Maybe[list[Addr]] = UNSET
+
+
+class EventsRecord(Shape):
+    # Each event is checked by _events_problem: as the type(s) its "type" names, or as an Event.
+    events: Maybe[list[dict[str, Any]]] = UNSET
+
+
+class WarningRecord(Shape):
+    message: str | None = None
+    agent_error: str | None = None
+    stack: str | None = None
+
+
+class SnapshotRecord(Shape):
+    t: Time | None = None
+    calls: Amount | None = None
+    bytes: Amount | None = None
+    calls_per_s: Amount | None = None
+    bytes_per_s: Amount | None = None
+    counters: Maybe[Counters] = UNSET
+
+
+class _Timing(Shape):
+    launch_to_attach_s: Time | None = None
+    captured_s: Time | None = None
+
+
+class EndRecord(Shape):
+    ended: Maybe[str] = UNSET
+    reason: Maybe[str] = UNSET
+    evidence: Maybe[dict[str, Any]] = UNSET
+    ended_at: str | None = None
+    counters: Maybe[Counters] = UNSET
+    batches: Maybe[Count] = UNSET
+    pid: int | None = None
+    launch: Maybe[dict[str, Any]] = UNSET
+    capture_error: Maybe[dict[str, Any]] = UNSET
+    timing: Maybe[_Timing] = UNSET
+
+
+class Result(Shape):
+    """A tracer's computed result; the tracer's own type (Tracer.result) subclasses it."""
+
+    tracer: Maybe[str] = UNSET
+
+
+RECORD_SCHEMAS: dict[RecordType, type[Shape]] = {
+    RecordType.META: MetaRecord,
+    RecordType.RECON: ReconRecord,
+    RecordType.MODULES: ModulesRecord,
+    RecordType.BATCH: BatchRecord,
+    RecordType.SYMBOLS: SymbolsRecord,
+    RecordType.CALIBRATION: CalibrationRecord,
+    RecordType.EVENTS: EventsRecord,
+    RecordType.WARNING: WarningRecord,
+    RecordType.SNAPSHOT: SnapshotRecord,
+    RecordType.END: EndRecord,
+    RecordType.RESULT: Result,
 }
-EVENT = tagged("type", EVENT_SHAPES, obj({"type": STR, "t": opt(NUM), "tid": opt(INT), "frames": ADDRS}))
 
-PROBE_ROW = obj({"entry": STR, "drives_state_machine": opt(BOOL), "state_before": opt(INT),
-                 "state_after": opt(INT), "ledger_delta": opt(mapping(opt(NUM))), "error": opt(STR)})
-# A RESULT's body by the tracer that computed it.
-# malloc --leaks (agents/leaks.js): blocks by stack id as [stack id, blocks, bytes] rows.
-_BY_STACK = seq(row(U64, TOTAL, TOTAL, min_len=3))
-RESULT_SHAPES: dict[str, Check] = {
-    "probe": obj({"platform": opt(STR), "bytes": opt(U64), "madvise_entry": opt(STR),
-                  "ledger_available": BOOL, "rows": seq(PROBE_ROW), "errors": seq(STR)}),
-    "malloc": obj({"kind": STR, "when": opt(STR), "complete": BOOL, "stopped": BOOL, "candidates": TOTAL,
-                   "leaked_blocks": TOTAL, "leaked_bytes": TOTAL, "reachable_blocks": TOTAL, "reachable_bytes": TOTAL,
-                   "definitely_by_stack": _BY_STACK, "indirectly_by_stack": _BY_STACK,
-                   "possibly_by_stack": _BY_STACK, "reachable_by_stack": _BY_STACK,
-                   "leaked_by_stack": _BY_STACK,      # agents before the verdicts: leaked = definitely lost
-                   "leaked": seq(row(ADDR, TOTAL, TOTAL, min_len=3)), "skipped": mapping(U64)}),
-}
 
-PHASE_STATS = obj({"source": opt(STR), "in_use": AMOUNT, "footprint": AMOUNT})
+@functools.cache
+def _tracer_schemas() -> tuple[dict[str, tuple[type[Event], ...]], dict[str, type[Result]]]:
+    """Every registered tracer's event types (by their "type"; tracers that share a type name have
+    each of their types checked) and result types (by tracer name)."""
+    from memtrace import tracers  # the registry imports the analyzers, which import this module
 
-RECORD_SHAPES: dict[RecordType, Check] = {
-    RecordType.META: obj({
-        "tracer": STR, "tool_version": opt(STR), "started_at": opt(STR), "host": mapping(ANY),
-        "target": obj({"label": opt(STR), "device": opt(STR), "app": opt(STR), "pid": opt(INT), "name": opt(STR),
-                       "argv": opt(seq(STR))}),
-        "options": obj({"window": opt(TIME), "attach_delay": opt(TIME), "agent": mapping(ANY)}),
-    }),
-    RecordType.RECON: obj({
-        "symbols": seq(obj({"name": STR, "status": STR, "module": opt(STR), "address": opt(ADDR)},
-                           required=("name",))),
-        "info": obj({"release_hook": opt(STR), "census_at": opt(NUM), "census_step": opt(NUM),
-                     "default_stack_size": opt(U64), "madvise_platform": opt(STR)}),
-        "agent": ANY, "device": ANY,
-    }),
-    RecordType.MODULES: obj({"modules": seq(MODULE)}),
-    RecordType.BATCH: obj({
-        "counters": COUNTERS, "t": opt(TIME), "lost": TOTAL, "live": TOTAL, "stacks": U64,
-        # the aggregate core's (agents/malloc.js onBatch): which stream, the clocks, tracked bytes,
-        # the peak so far, and on a drain's last batch the timeline sample
-        "mode": STR, "final": BOOL, "t0": opt(TIME), "clock": row(TIME, TIME, min_len=2),
-        "tracked": obj({"bytes": TOTAL, "blocks": TOTAL}),
-        "peak": obj({"bytes": TOTAL, "epoch": U64, "t": opt(TIME)}), "live_done": BOOL,
-        "sample": obj({"t": TIME, "tracked_bytes": TOTAL, "tracked_blocks": TOTAL, "peak_bytes": TOTAL,
-                       "in_use": opt(AMOUNT), "footprint": opt(AMOUNT), "top": seq(row(U64, TOTAL, min_len=2))}),
-    }),
-    RecordType.SYMBOLS: obj({"rows": seq(SYMBOL_ROW), "by": opt(STR)}),
-    RecordType.CALIBRATION: obj({"phase": STR, "allocator": opt(PHASE_STATS), "footprint": opt(PHASE_STATS)}),
-    RecordType.EVENTS: obj({"events": seq(EVENT)}),
-    RecordType.WARNING: obj({"message": opt(STR), "agent_error": opt(STR), "stack": opt(STR)}),
-    RecordType.SNAPSHOT: obj({"t": opt(TIME), "calls": opt(AMOUNT), "bytes": opt(AMOUNT), "calls_per_s": opt(AMOUNT),
-                              "bytes_per_s": opt(AMOUNT), "counters": COUNTERS}),
-    RecordType.END: obj({
-        "ended": STR, "reason": STR, "evidence": mapping(ANY), "ended_at": opt(STR), "counters": COUNTERS,
-        "batches": U64, "pid": opt(INT), "launch": mapping(ANY), "capture_error": mapping(ANY),
-        "timing": obj({"launch_to_attach_s": opt(TIME), "captured_s": opt(TIME)}),
-    }),
-    RecordType.RESULT: tagged("tracer", RESULT_SHAPES, obj({"tracer": STR})),
-}
+    events: dict[str, tuple[type[Event], ...]] = {}
+    results: dict[str, type[Result]] = {}
+    for tracer in tracers.all_tracers().values():
+        for event_type in tracer.events:
+            events[event_type.TYPE] = (*events.get(event_type.TYPE, ()), event_type)
+        if tracer.result is not None:
+            results[tracer.name] = tracer.result
+    return events, results
+
+
+@functools.cache
+def _events_decoder() -> msgspec.json.Decoder[Any] | None:
+    """The fast check of an EVENTS record: one msgspec pass over its JSON text, every event by the
+    Struct its "type" names (each type's fields merged with Event's and with those of any other
+    tracer that writes the same type name, as _events_problem checks them one by one).  An event
+    of a type no tracer declares fails it; _events_problem then says whether that is all."""
+    members: list[type[msgspec.Struct]] = []
+    for tag, types in _tracer_schemas()[0].items():
+        fields: dict[str, msgspec.structs.FieldInfo] = {}
+        checked: tuple[type[Event], ...] = (Event, *types)
+        for event_type in checked:
+            for f in msgspec.structs.fields(event_type):
+                if f.encode_name == "type":
+                    continue
+                if f.encode_name in fields and fields[f.encode_name].type != f.type:
+                    return None     # two tracers give one field two types: the slow check only
+                fields[f.encode_name] = f
+        members.append(msgspec.defstruct(
+            f"_Event_{tag}", [(f.name, f.type) if f.required else (f.name, f.type, f.default) for f in fields.values()],
+            kw_only=True, gc=False, tag_field="type", tag=tag, rename={f.name: f.encode_name for f in fields.values()}))
+    if not members:
+        return None
+    one_of: Any = Union[tuple(members)]  # noqa: UP007 -- built at run time from the registry
+    events_type: Any = Maybe[list[one_of]]  # type: ignore[misc]
+    events = msgspec.defstruct("_EventsRecord", [("events", events_type, UNSET)])
+    return msgspec.json.Decoder(events)
+
+
+def _body_problem(kind: RecordType, body: Any, payload: bytes = b"") -> tuple[str, str] | None:
+    if kind == RecordType.EVENTS and payload and (decoder := _events_decoder()) is not None:
+        try:
+            decoder.decode(payload)
+            return None
+        except msgspec.MsgspecError:
+            pass                    # a bad event, or one of a type no tracer declares: said below
+    found = problem(body, RECORD_SCHEMAS[kind])
+    if found is not None:
+        return found
+    if kind == RecordType.EVENTS and body.get("events"):
+        return _events_problem(body["events"])
+    if kind == RecordType.RESULT:
+        result_type = _tracer_schemas()[1].get(body.get("tracer"))
+        return None if result_type is None else problem(body, result_type)
+    return None
+
+
+def _events_problem(events: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """The first event that is not of the type(s) its "type" names (each subclasses Event), or not
+    an Event when no tracer declares its type.  The events of one type are checked in one msgspec
+    call: a capture of a thread storm holds tens of thousands of them."""
+    by_type = _tracer_schemas()[0]
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for ev in events:
+        tag = ev.get("type")
+        groups.setdefault(tag if type(tag) is str and tag in by_type else None, []).append(ev)
+    if all(_valid(group, list[event_type])  # type: ignore[valid-type]
+           for tag, group in groups.items() for event_type in by_type.get(tag, (Event,))):
+        return None
+    for i, ev in enumerate(events):     # one is bad: say the first, in the order they came
+        tag = ev.get("type")
+        for event_type in by_type.get(tag, (Event,)) if type(tag) is str else (Event,):
+            found = problem(ev, event_type)
+            if found is not None:
+                return f".events[{i}]{found[0]}", found[1]
+    raise AssertionError("an event failed its check in a group but not alone")
+
+
+def _valid(value: Any, schema: Any) -> bool:
+    try:
+        msgspec.convert(value, schema)
+        return True
+    except msgspec.ValidationError:
+        return False
 
 
 class CaptureError(Exception):
@@ -388,7 +571,7 @@ AgentRecord = StackRecord | AllocRecord | FreeRecord | AggRecord | PeakHeadRecor
 @dataclass(slots=True)
 class Record:
     type: RecordType
-    body: Any                       # decoded JSON, of the shape RECORD_SHAPES names
+    body: Any                       # decoded JSON, of the shape RECORD_SCHEMAS names
     data: bytes = b""               # BATCH only: the agent's binary records
     offset: int = -1                # where the record starts in its file
 
@@ -1022,9 +1205,10 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
     elif version >= 4 and payload[:4] == ZSTD_MAGIC:
         payload = _unzstd(payload, MAX_JSON_BYTES, f"{kind.name} record")
     body = _loads(kind, payload)
-    problem = RECORD_SHAPES.get(kind, mapping(ANY))(body)
-    if problem is not None:
-        raise _Damaged(f"{kind.name} record{'' if problem.startswith(('.', '[')) else ': '}{problem}")
+    found = _body_problem(kind, body, payload)
+    if found is not None:
+        where, what = found
+        raise _Damaged(f"{kind.name} record{where}: {what}")
     counters = body.get("counters") if isinstance(body, dict) else None
     if counters is not None and len(counters) < layout.N_COUNTERS:
         counters.extend([0] * (layout.N_COUNTERS - len(counters)))    # counters added since: none counted
@@ -1071,6 +1255,13 @@ def _finite_float(text: str) -> float:
 
 
 def _loads(kind: RecordType, payload: bytes) -> Any:
+    try:
+        # msgspec's parser is about twice the standard library's speed; whatever it refuses (or
+        # might read differently: NaN, 1e999, a lone surrogate, deep nesting) the standard one
+        # reads again, to accept it as before or to say why not in the words it always has.
+        return msgspec.json.decode(payload)
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        pass
     try:
         return json.loads(payload.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
     except UnicodeDecodeError as e:

@@ -28,8 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from memtrace.analyze import shape as S
+from memtrace import schema
 from memtrace.reporters.markdown import cell, table, text
+from memtrace.schema import UNSET, Maybe, Shape
 from memtrace.units import fmt_bytes
 
 FORMAT_VERSION = 1
@@ -65,23 +66,61 @@ LINUX_BANDS = (
 SUMMED = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable", "graphics")
 
 
-_ROW = {"pid": S.Required(S.INT), "name": S.OPT_STR, "status": S.STR, "priority": S.OPT_INT, "band": S.OPT_STR,
-        "limit_source": S.OPT_STR,
-        **{k: S.OPT_INT for k in ("footprint", "lifetime_max", "purgeable_volatile", "purgeable_nonvolatile",
-                                  "reusable", "graphics", "rss", "pss", "swap", "limit")}}
-SCHEMA = {
-    "kind": S.Required(S.STR), "version": S.INT, "platform": S.STR, "time": S.OPT_STR, "host_pid": S.OPT_INT,
-    "device": {"id": S.OPT_STR, "name": S.OPT_STR, "type": S.OPT_STR},
-    "rows": S.Required([_ROW]),
-    "totals": {"processes": S.INT, "measured": S.INT, "vanished": S.INT, "denied": S.INT,
-               **{k: S.OPT_INT for k in SUMMED}},
-    "errors": {"*": S.STR}, "notes": [S.STR],
-}
+class _Device(Shape):
+    id: str | None = None
+    name: str | None = None
+    type: str | None = None
+
+
+class _Row(Shape):
+    pid: int
+    name: str | None = None
+    status: Maybe[str] = UNSET
+    priority: int | None = None
+    band: str | None = None
+    limit_source: str | None = None
+    footprint: int | None = None
+    lifetime_max: int | None = None
+    purgeable_volatile: int | None = None
+    purgeable_nonvolatile: int | None = None
+    reusable: int | None = None
+    graphics: int | None = None
+    rss: int | None = None
+    pss: int | None = None
+    swap: int | None = None
+    limit: int | None = None
+
+
+class _Totals(Shape):
+    processes: Maybe[int] = UNSET
+    measured: Maybe[int] = UNSET
+    vanished: Maybe[int] = UNSET
+    denied: Maybe[int] = UNSET
+    footprint: int | None = None        # the SUMMED columns
+    purgeable_volatile: int | None = None
+    purgeable_nonvolatile: int | None = None
+    reusable: int | None = None
+    graphics: int | None = None
+
+
+class CensusDocument(Shape):
+    """A census*.json document as a report reads it back."""
+
+    kind: str
+    rows: list[_Row]
+    version: Maybe[int] = UNSET
+    platform: Maybe[str] = UNSET
+    time: str | None = None
+    host_pid: int | None = None
+    device: Maybe[_Device] = UNSET
+    totals: Maybe[_Totals] = UNSET
+    errors: Maybe[dict[str, str]] = UNSET
+    notes: Maybe[list[str]] = UNSET
 
 
 def document_problem(doc: Any) -> str | None:
     """Why a JSON document cannot be rendered as the census chapter, or None."""
-    return S.problem(doc, SCHEMA)
+    return schema.document_problem(doc, CensusDocument)
 
 
 def darwin_band_table(os_version: str | None, priorities: Iterable[int | None] = ()) -> dict[int, str]:

@@ -17,10 +17,13 @@ import errno as errno_names
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+import msgspec
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
-from memtrace.capture import Record
+from memtrace.capture import Event, Record
+from memtrace.schema import UNSET, Count, Maybe, Row
 
 # Frames in these modules are the C library's own plumbing (fopen -> open); the caller is the
 # first frame outside them.
@@ -188,3 +191,48 @@ def fd_kind(path: str | None) -> str:
 
 def summarize(records: Iterable[Record]) -> FdsSummary:
     return fold_events(FdsSummary(), records)
+
+
+# ---- the events the capture reader checks (registered by tracers/fds.py's TRACER.events) ---------
+
+
+class OpenEvent(Event):
+    TYPE: ClassVar[str] = "open"
+    call: Maybe[str] = UNSET
+    fds: Maybe[list[int]] = UNSET
+    path: str | None = None
+    from_: int | None = msgspec.field(default=None, name="from")
+    replaced: Maybe[list[int]] = UNSET
+
+
+class CloseEvent(Event):
+    TYPE: ClassVar[str] = "close"
+    call: Maybe[str] = UNSET
+    fd: Maybe[int] = UNSET
+    known: Maybe[bool] = UNSET
+
+
+class OpenFailedEvent(Event):
+    TYPE: ClassVar[str] = "open-failed"
+    call: Maybe[str] = UNSET
+    errno: int | None = None
+    path: str | None = None
+    from_: int | None = msgspec.field(default=None, name="from")
+
+
+class _OpenFd(Row):
+    fd: int
+    what: str | None
+
+
+class CensusEvent(Event):
+    TYPE: ClassVar[str] = "census"
+    trigger: Maybe[str] = UNSET
+    count: Maybe[Count] = UNSET
+    tracked: Maybe[Count] = UNSET
+    fds: Maybe[list[_OpenFd]] = UNSET
+    frida: Maybe[list[int]] = UNSET
+    activity: Maybe[bool] = UNSET
+
+
+EVENTS = (OpenEvent, CloseEvent, OpenFailedEvent, CensusEvent)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
-from memtrace.capture import Record, RecordType
+from memtrace.capture import Event, Record, RecordType
+from memtrace.schema import UNSET, Count, Maybe
 
 
 @dataclass
@@ -164,3 +165,50 @@ def summarize(records: Iterable[Record]) -> IOSurfaceSummary:
         else:
             fold_context(s, rec)
     return s
+
+
+# ---- the events the capture reader checks (registered by tracers/iosurface.py's TRACER.events) ---
+
+
+class SurfaceEvent(Event):
+    TYPE: ClassVar[str] = "surface"
+    surface: str | None = None
+    client: str | None = None
+    via: str | None = None
+    id: int | None = None
+    alloc_size: Count | None = None
+    width: Count | None = None
+    height: Count | None = None
+    bytes_per_row: Count | None = None
+    pixel_format: int | None = None
+    format: str | None = None
+    name: str | None = None
+    parent_id: int | None = None
+
+
+class ReleaseEvent(Event):
+    TYPE: ClassVar[str] = "release"
+    surface: str | None = None
+    via: str | None = None
+    id: int | None = None
+
+
+class ReleaseUnknownEvent(Event):
+    TYPE: ClassVar[str] = "release-unknown"
+    via: str | None = None
+    id: int | None = None
+
+
+class UseEvent(Event):
+    TYPE: ClassVar[str] = "use"
+    surface: Maybe[str] = UNSET
+    op: Maybe[str] = UNSET
+    id: int | None = None
+
+
+class CreateFailedEvent(Event):
+    TYPE: ClassVar[str] = "create-failed"
+    via: str | None = None
+
+
+EVENTS = (SurfaceEvent, ReleaseEvent, ReleaseUnknownEvent, UseEvent, CreateFailedEvent)

@@ -40,9 +40,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze import shape as S
+from memtrace import schema
 from memtrace.errors import InputError
 from memtrace.reporters.markdown import code, table, text
+from memtrace.schema import UNSET, Maybe, Shape
 from memtrace.units import fmt_bytes
 
 JETSAM_BUG_TYPE = "298"
@@ -355,29 +356,72 @@ def aggregate(reports: Iterable[JetsamReport], skipped: Iterable[tuple[str, str]
 
 # --- the document read back (a report folder's jetsam*.json) ----------------------------------
 
-_PROCESS = {"pid": S.OPT_INT, "name": S.Required(S.STR), "footprint": S.Required(S.OPT_INT),
-            "lifetime_max": S.OPT_INT, "reason": S.Required(S.OPT_STR), "kill_delta": S.Required(S.OPT_INT),
-            "priority": S.OPT_INT}
-SCHEMA = {
-    "kind": S.Required(S.STR), "version": S.INT,
-    "totals": {"reports": S.INT, "skipped": S.INT, "kills": S.INT},
-    "reports": [{"source": S.STR, "product": S.Required(S.OPT_STR), "os_version": S.Required(S.OPT_STR),
-                 "timestamp": S.Required(S.OPT_STR), "largest_process": S.Required(S.OPT_STR),
-                 "page_size": S.INT, "memory_pages": {"*": S.INT}, "killed": S.Required([_PROCESS]),
-                 "top_processes": [_PROCESS]}],
-    "skipped": [{"source": S.Required(S.STR), "reason": S.Required(S.STR)}],
-    "kills_by_reason": {"*": S.INT},
-    "kills_by_process": [{"name": S.Required(S.STR), "kills": S.Required(S.INT),
-                          "reasons": S.Required({"*": S.INT}), "max_footprint": S.Required(S.OPT_INT)}],
-    "limit_by_model": [{"product": S.Required(S.STR), "os_versions": S.Required([S.STR]), "kills": S.Required(S.INT),
-                        "footprint_min": S.Required(S.INT), "footprint_median": S.Required(S.INT),
-                        "footprint_max": S.Required(S.INT), "processes": S.Required({"*": S.INT})}],
-}
+class _Process(Shape):
+    name: str
+    footprint: int | None
+    reason: str | None
+    kill_delta: int | None
+    pid: int | None = None
+    lifetime_max: int | None = None
+    priority: int | None = None
+
+
+class _Totals(Shape):
+    reports: Maybe[int] = UNSET
+    skipped: Maybe[int] = UNSET
+    kills: Maybe[int] = UNSET
+
+
+class _Report(Shape):
+    product: str | None
+    os_version: str | None
+    timestamp: str | None
+    largest_process: str | None
+    killed: list[_Process]
+    source: Maybe[str] = UNSET
+    page_size: Maybe[int] = UNSET
+    memory_pages: Maybe[dict[str, int]] = UNSET
+    top_processes: Maybe[list[_Process]] = UNSET
+
+
+class _Skipped(Shape):
+    source: str
+    reason: str
+
+
+class _ProcessKills(Shape):
+    name: str
+    kills: int
+    reasons: dict[str, int]
+    max_footprint: int | None
+
+
+class _ModelLimit(Shape):
+    product: str
+    os_versions: list[str]
+    kills: int
+    footprint_min: int
+    footprint_median: int
+    footprint_max: int
+    processes: dict[str, int]
+
+
+class JetsamDocument(Shape):
+    """A jetsam*.json document as a report reads it back."""
+
+    kind: str
+    version: Maybe[int] = UNSET
+    totals: Maybe[_Totals] = UNSET
+    reports: Maybe[list[_Report]] = UNSET
+    skipped: Maybe[list[_Skipped]] = UNSET
+    kills_by_reason: Maybe[dict[str, int]] = UNSET
+    kills_by_process: Maybe[list[_ProcessKills]] = UNSET
+    limit_by_model: Maybe[list[_ModelLimit]] = UNSET
 
 
 def document_problem(doc: Any) -> str | None:
     """Why a JSON document cannot be rendered as the jetsam chapter, or None."""
-    return S.problem(doc, SCHEMA)
+    return schema.document_problem(doc, JetsamDocument)
 
 
 # --- rendering -------------------------------------------------------------------------------

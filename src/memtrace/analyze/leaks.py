@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtrace.capture import Result
 from memtrace.frames import Frame, stack_key
 from memtrace.layout import LEAK_BEFORE_TRACING_KEY
+from memtrace.schema import UNSET, Addr, Count, Maybe, Row
 
 # What the scan did not read, by the agent's reason key, in words (console and report).
 SKIP_REASONS = {
@@ -203,3 +205,41 @@ def resolve(body: dict[str, Any]) -> LeakScan:
         for sid, blocks, nbytes in body.get(key) or []:
             out.groups[name].add(sid, blocks, nbytes)
     return out
+
+
+# ---- malloc --leaks' RESULT as the capture reader checks it (tracers/malloc.py's TRACER.result) ---
+
+
+class _StackRow(Row):
+    """[stack id, blocks, bytes]"""
+
+    stack_id: Count
+    blocks: Count
+    bytes: Count
+
+
+class _LeakedBlock(Row):
+    """[address, size, stack id]"""
+
+    address: Addr
+    size: Count
+    stack_id: Count
+
+
+class LeakResult(Result):
+    kind: Maybe[str] = UNSET
+    when: str | None = None
+    complete: Maybe[bool] = UNSET
+    stopped: Maybe[bool] = UNSET
+    candidates: Maybe[Count] = UNSET
+    leaked_blocks: Maybe[Count] = UNSET
+    leaked_bytes: Maybe[Count] = UNSET
+    reachable_blocks: Maybe[Count] = UNSET
+    reachable_bytes: Maybe[Count] = UNSET
+    definitely_by_stack: Maybe[list[_StackRow]] = UNSET
+    indirectly_by_stack: Maybe[list[_StackRow]] = UNSET
+    possibly_by_stack: Maybe[list[_StackRow]] = UNSET
+    reachable_by_stack: Maybe[list[_StackRow]] = UNSET
+    leaked_by_stack: Maybe[list[_StackRow]] = UNSET      # agents before the verdicts: leaked = definitely lost
+    leaked: Maybe[list[_LeakedBlock]] = UNSET
+    skipped: Maybe[dict[str, Count]] = UNSET

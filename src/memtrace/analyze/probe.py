@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrace.analyze.context import CaptureContext, fold_context
-from memtrace.capture import Record, RecordType
+from memtrace.capture import Record, RecordType, Result
 from memtrace.reporters.markdown import Markup, code, join, table, text
+from memtrace.schema import UNSET, Count, Maybe, Num, Shape
 from memtrace.units import fmt_exact
 
 STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
@@ -99,3 +100,24 @@ def render_markdown(probe: dict[str, Any]) -> str:
     else:
         lines.append("")
     return "\n".join(lines)
+
+
+# ---- the RESULT the capture reader checks (registered by tracers/probe.py's TRACER.result) --------
+
+
+class _ProbeRow(Shape):
+    entry: Maybe[str] = UNSET
+    drives_state_machine: bool | None = None
+    state_before: int | None = None
+    state_after: int | None = None
+    ledger_delta: dict[str, Num | None] | None = None
+    error: str | None = None
+
+
+class ProbeResult(Result):
+    platform: str | None = None
+    bytes: Count | None = None
+    madvise_entry: str | None = None
+    ledger_available: Maybe[bool] = UNSET
+    rows: Maybe[list[_ProbeRow]] = UNSET
+    errors: Maybe[list[str]] = UNSET

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
-from memtrace.capture import Record, RecordType
+from memtrace.capture import Event, Record, RecordType
 from memtrace.frames import Frame, stack_key
+from memtrace.schema import UNSET, Addr, Count, Maybe
 
 STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
 MADVISE_NAMES = {
@@ -206,3 +207,59 @@ def summarize(records: Iterable[Record]) -> PurgeableSummary:
         else:
             fold_context(s, rec)
     return s
+
+
+# ---- the events the capture reader checks (registered by tracers/purgeable.py's TRACER.events) ---
+
+
+class SetEvent(Event):
+    TYPE: ClassVar[str] = "set"
+    entry: Maybe[str] = UNSET
+    control: str | int | None = None
+    addr: Maybe[Addr] = UNSET
+    new_state: int | None = None
+    old_state: int | None = None
+    kr: int | None = None
+    bytes: Count | None = None
+
+
+class MadviseEvent(Event):
+    TYPE: ClassVar[str] = "madvise"
+    entry: Maybe[str] = UNSET
+    advice: Maybe[int] = UNSET
+    advice_name: str | None = None
+    platform: Maybe[str] = UNSET
+    addr: Maybe[Addr] = UNSET
+    len: Count | None = None
+
+
+class CountsEvent(Event):
+    TYPE: ClassVar[str] = "counts"
+    controls: Maybe[dict[str, dict[str, Count]]] = UNSET
+    creation_calls: Maybe[dict[str, Count]] = UNSET
+    madvise_all: Maybe[dict[str, Count]] = UNSET
+    madvise_standin_all: Maybe[dict[str, Count]] = UNSET
+    madvise_allocator_internal: Maybe[Count] = UNSET
+    madvise_platform: Maybe[str] = UNSET
+
+
+class CallEvent(Event):
+    TYPE: ClassVar[str] = "call"
+    entry: Maybe[str] = UNSET
+    store: Maybe[str] = UNSET
+    shmem: Maybe[str] = UNSET
+    volatile: Maybe[bool] = UNSET
+    size: Count | None = None
+
+
+class CreateEvent(Event):
+    TYPE: ClassVar[str] = "create"
+    entry: Maybe[str] = UNSET
+    addr: Maybe[Addr] = UNSET
+    size: Count | None = None
+    bytes: Count | None = None
+    flags: Maybe[int] = UNSET
+    kr: int | None = None
+
+
+EVENTS = (SetEvent, MadviseEvent, CountsEvent, CallEvent, CreateEvent)

@@ -15,10 +15,11 @@ import errno as errno_names
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
-from memtrace.capture import Record
+from memtrace.capture import Event, Record
+from memtrace.schema import Addr, Count
 
 
 @dataclass
@@ -196,3 +197,55 @@ def _addr(v: Any) -> int | None:
 
 def summarize(records: Iterable[Record]) -> ThreadsSummary:
     return fold_events(ThreadsSummary(), records)
+
+
+# ---- the events the capture reader checks (registered by tracers/threads.py's TRACER.events) -----
+
+
+class CreateEvent(Event):
+    TYPE: ClassVar[str] = "create"
+    routine: Addr | None = None
+    detached: bool | None = None
+    stack_size: Count | None = None
+
+
+class CreateFailedEvent(Event):
+    TYPE: ClassVar[str] = "create-failed"
+    errno: int | None = None
+    routine: Addr | None = None
+    stack_size: Count | None = None
+
+
+class StartEvent(Event):
+    TYPE: ClassVar[str] = "start"
+    name: str | None = None
+    routine: Addr | None = None
+
+
+class ExistingEvent(Event):
+    TYPE: ClassVar[str] = "existing"
+    name: str | None = None
+
+
+class ExitEvent(Event):
+    TYPE: ClassVar[str] = "exit"
+
+
+class RenameEvent(Event):
+    TYPE: ClassVar[str] = "rename"
+    name: str | None = None
+    previous: str | None = None
+
+
+class DetachFailedEvent(Event):
+    TYPE: ClassVar[str] = "detach-failed"
+    errno: int | None = None
+
+
+class JoinFailedEvent(Event):
+    TYPE: ClassVar[str] = "join-failed"
+    errno: int | None = None
+
+
+EVENTS = (CreateEvent, CreateFailedEvent, StartEvent, ExistingEvent, ExitEvent, RenameEvent, DetachFailedEvent,
+          JoinFailedEvent)

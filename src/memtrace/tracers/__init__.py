@@ -21,7 +21,7 @@ from memtrace.tracers.options import Option
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memtrace.capture import Record
+    from memtrace.capture import Event, Record, Result
     from memtrace.live import LiveStats
     from memtrace.report.chapters import Chapter
 
@@ -45,6 +45,10 @@ class Tracer:
     # Frida's: malloc --backend dvt records through a stock device's Instruments services.
     host: Callable[[dict[str, Any], Any, Any], Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # What the capture reader checks this tracer's JSON against (memtrace/schema.py): its event
+    # types (capture.Event subclasses, by their TYPE) and its RESULT record's (a capture.Result).
+    events: tuple[type[Event], ...] = ()
+    result: type[Result] | None = None
 
     @property
     def agent_name(self) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.console import Console
 
+from memtrace.analyze import fds as fds_analysis
 from memtrace.analyze.fds import FdsSummary
 from memtrace.live import LiveStats, Row
 from memtrace.report.chapters.fds import FdsChapter
@@ -88,6 +89,7 @@ TRACER = Tracer(
         Option("top", int, 20, "Rows per stack table.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.fds",
+    events=fds_analysis.EVENTS,
     summary_type=FdsSummary,
     console=console_view,
     live=FdsStats,

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
+from memtrace.analyze import iosurface as iosurface_analysis
 from memtrace.analyze.iosurface import IOSurfaceSummary
 from memtrace.live import LiveStats, Row, event_stats
 from memtrace.report.chapters.iosurface import IOSurfaceChapter
@@ -52,6 +53,7 @@ TRACER = Tracer(
                 "where visible; what is held at the end.",
     options=(Option("top", int, 20, "Rows per caller table.", check=at_least(0)),),
     analyzer="memtrace.analyze.iosurface",
+    events=iosurface_analysis.EVENTS,
     summary_type=IOSurfaceSummary,
     console=console_view,
     live=event_stats(_rows),

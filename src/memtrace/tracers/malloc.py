@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from memtrace.analyze.leaks import LEAK_GROUPS, examined_text, leak_no_stack, skipped_text
+from memtrace.analyze.leaks import LEAK_GROUPS, LeakResult, examined_text, leak_no_stack, skipped_text
 from memtrace.analyze.malloc import MallocSummary
 from memtrace.capture import calls_total
 from memtrace.errors import InputError
@@ -252,6 +252,7 @@ TRACER = Tracer(
         Option("top", int, 10, "Stacks in the summary.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.malloc",
+    result=LeakResult,
     summary_type=MallocSummary,
     console=console_view,
     live=MallocStats,

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from memtrace.analyze.probe import LEDGER_KEYS, ProbeSummary, render_markdown
+from memtrace.analyze.probe import LEDGER_KEYS, ProbeResult, ProbeSummary, render_markdown
 from memtrace.errors import InputError
 from memtrace.files import save_text
 from memtrace.live import LiveStats
@@ -80,6 +80,7 @@ TRACER = Tracer(
     options=(Option("markdown", Path, None, "Also write the truth table as Markdown to FILE.", metavar="FILE",
                     in_plans=False, show_default=False),),
     analyzer="memtrace.analyze.probe",
+    result=ProbeResult,
     summary_type=ProbeSummary,
     console=console_view,
     live=LiveStats,

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
+from memtrace.analyze import purgeable as purgeable_analysis
 from memtrace.analyze.purgeable import PurgeableSummary
 from memtrace.live import LiveStats, Row, event_stats
 from memtrace.report.chapters.purgeable import PurgeableChapter
@@ -69,6 +70,7 @@ TRACER = Tracer(
         Option("top", int, 50, "Rows per caller table.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.purgeable",
+    events=purgeable_analysis.EVENTS,
     summary_type=PurgeableSummary,
     console=console_view,
     live=event_stats(_rows),

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
+from memtrace.analyze import threads as threads_analysis
 from memtrace.analyze.threads import ThreadsSummary
 from memtrace.live import LiveStats, Row, event_stats
 from memtrace.report.chapters.threads import ThreadsChapter
@@ -55,6 +56,7 @@ TRACER = Tracer(
                 "leaked (never joined) threads by creating stack, failed creations.",
     options=(Option("top", int, 20, "Rows per stack table.", check=at_least(0)),),
     analyzer="memtrace.analyze.threads",
+    events=threads_analysis.EVENTS,
     summary_type=ThreadsSummary,
     console=console_view,
     live=event_stats(_rows),

@@ -412,6 +412,27 @@ mt_peak_t_us (void)
 #endif
 }
 
+/* The stack definitions in mt_defs[tail, head) as one chunk at out + used, if they fit (else
+ * mt_drain_info.more: the next drain takes them). */
+static guint64
+mt_drain_defs (guint8 * out, guint64 cap, guint64 used, guint64 head, guint64 tail)
+{
+  if (head == tail)
+    return used;
+  if (used + sizeof (MtChunkHeader) + (head - tail) > cap)
+  {
+    mt_drain_info.more = 1;
+    return used;
+  }
+  MtChunkHeader * chunk = (MtChunkHeader *) (out + used);
+  chunk->tid = 0;
+  chunk->length = (guint32) (head - tail);
+  used += sizeof (MtChunkHeader);
+  used += mt_copy_ring (out + used, mt_defs, mt_config.defs_size, tail, head - tail);
+  mt_store_release (&mt_core.defs_tail, head);
+  return used;
+}
+
 /* One drain into out (at most cap bytes): stack definitions, events (events mode), changed rows,
  * the peak's composition when it moved, and with `final` the live table.  mt_drain_info says
  * whether to call again (the buffer filled up) and what the core holds now.  Returns the bytes
@@ -432,27 +453,19 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
     mt_core.cal_us = (guint64) g_get_monotonic_time ();
   }
 
-  if (head != tail && sizeof (MtChunkHeader) + (head - tail) <= cap)
-  {
-    MtChunkHeader * chunk = (MtChunkHeader *) out;
-    chunk->tid = 0;
-    chunk->length = (guint32) (head - tail);
-    used = sizeof (MtChunkHeader);
-    used += mt_copy_ring (out + used, mt_defs, mt_config.defs_size, tail, head - tail);
-    mt_store_release (&mt_core.defs_tail, head);
-  }
-  else if (head != tail)
-  {
-    info->more = 1;
-  }
+  used = mt_drain_defs (out, cap, used, head, tail);
 
   used = mt_drain_rings (out, cap, used);
   used = mt_drain_rows (out, cap, used);
   used = mt_drain_peak (out, cap, used, final != 0);
   if (final && !mt_core.live_done && !info->more)
     used = mt_drain_live (out, cap, used);
-
   mt_top_rows ();
+  /* The records above (and the top stacks) may use stacks interned after `head` was read: other
+   * threads run on.  Their definitions are copied now, so a drain never ships an id it does not
+   * define, and a target killed right after it leaves a capture whose every stack id is defined.
+   * (A definition is in mt_defs before its id is published: core.c, mt_intern.) */
+  used = mt_drain_defs (out, cap, used, mt_load_acquire (&mt_core.defs_head), mt_core.defs_tail);
   info->now_us = (guint64) g_get_monotonic_time ();
   info->tracked_bytes = (guint64) mt_core.tracked_bytes;
   info->tracked_blocks = (guint64) mt_core.live_blocks;

@@ -7,8 +7,8 @@ symbolization, the leak-scan RPC.  It knows nothing of tracers' data or of captu
 callback Frida makes (messages, detach, device loss, the target's output) is put on one queue
 that the capture loop drains on its own thread (``next_event``), so a slow disk never stalls
 Frida's thread and Ctrl-C lands in one place.  Blocking Frida calls (script load, RPC, detach)
-run on a ``frida_tools.application.Reactor``'s worker, each with a deadline; ``close`` cancels
-what is still blocked there (docs/architecture.md, "Backends").
+run on a ``frida_tools.application.Reactor``'s worker, each with a deadline (docs/architecture.md,
+"Backends (record sources)").
 """
 
 from __future__ import annotations
@@ -478,12 +478,11 @@ class FridaHost:
         if self.hold_children is not None:
             self.hold_children.close_children()
             self.hold_children = None
-        # A call still blocked on the worker (an agent that never answered) is cancelled; the
-        # worker then ends.
+        # The reactor stops once the call it runs, if any, returns.  A call still blocked there (an
+        # agent that never answered; a detach past its deadline) is not cancelled (cancel_io): a
+        # detach that completes late still takes the hooks out of a target left running.
         with self._reactor_lock:
             self._closed.set()
-            if self._reactor_started:
-                self._reactor.cancel_io()
 
     # -- callbacks (Frida's thread: enqueue only) --------------------------------------------
 

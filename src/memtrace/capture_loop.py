@@ -1,17 +1,18 @@
-"""One capture of one target with one tracer, whatever hosts the agent.
+"""One capture of one target with one tracer, whatever backend produces the records.
 
 The loop owns the window, the attach delay, the deadlines, the death evidence, the capture
-file and the live view; an :class:`AgentHost` (Frida's today: :mod:`memtrace.frida_host`)
-owns the device, the process and the agent.  The loop never prints: it reports to a
-:class:`memtrace.ui.UI`.  Tracer-specific statistics come from the tracer's registry entry.
+file and the live view; a :class:`~memtrace.record_source.RecordSource` (Frida's:
+:mod:`memtrace.frida_host`; a stock iPhone's Instruments: :mod:`memtrace.dvt.host`; a capture
+played back: :mod:`memtrace.replay`) owns the device, the process and whatever records.  The
+processes the target makes go to a :class:`~memtrace.children.ChildFollower`.  The loop never
+prints: it reports to a :class:`memtrace.ui.UI`.  Tracer-specific statistics come from the
+tracer's registry entry.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import queue
 import re
 import signal
 import socket
@@ -22,20 +23,18 @@ from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from memtrace import __version__
-from memtrace.agentbuild import default_cache_dir, precompiled_cmodule
 from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
-from memtrace.children import CHILD_WAIT_S, Child, Family, ProcessEvents, children_evidence
+from memtrace.children import CHILD_WAIT_S, Child, ChildFollower, ChildUI, Family
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.exact import exact_batch_ints
-from memtrace.files import write_text_atomic
 from memtrace.leakscan import leak_progress
 from memtrace.live import CoreStats, LiveStats
+from memtrace.record_source import AgentError, DeviceLost, Ended, Notice, RecordSource, SourceEvent
 from memtrace.stacks_seen import StacksSeen
-from memtrace.symbols.cfi import TableCache, UnwindFeed
 from memtrace.target import TargetSpec
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, finite_non_negative, positive
@@ -144,32 +143,8 @@ class CaptureResult:
     signal: int | None = None       # SIGTERM or SIGHUP when one ended it (None: Ctrl-C or no interruption)
 
 
-class AgentHost(Protocol):
-    """What the loop needs from whatever runs the agent (see memtrace.frida_host.FridaHost)."""
-
-    events: queue.Queue[tuple[str, Any, Any]]
-
-    @property
-    def pid(self) -> int | None: ...
-    @property
-    def spawned(self) -> bool: ...
-    @property
-    def is_local(self) -> bool: ...
-    def open(self) -> dict[str, Any]: ...
-    def launch(self) -> Any: ...
-    def resume(self) -> None: ...
-    def alive(self) -> bool: ...
-    def attach(self) -> None: ...
-    def load(self, agent: str) -> None: ...
-    def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any: ...
-    def c_sources(self, agent: str) -> list[str]: ...
-    def process_sources(self, agent: str) -> list[str]: ...
-    def detach(self) -> None: ...
-    def kill(self) -> None: ...
-    def exit_status(self, timeout: float) -> dict[str, Any] | None: ...
-    def ack(self) -> None: ...
-    def child_host(self, pid: int) -> AgentHost: ...
-    def close(self) -> None: ...
+# The seam's older name (tracers' ``host`` hook returns one).
+AgentHost = RecordSource
 
 
 @dataclass
@@ -232,10 +207,10 @@ def prepare_out_dir(out: Path, name: str = FILE_NAME) -> Path:
     return path
 
 
-class CaptureLoop(ProcessEvents):
-    """Launch or attach through the host, load the tracer's agent, stream a window into a capture."""
+class CaptureLoop:
+    """Launch or attach through the record source, instrument, stream a window into a capture."""
 
-    def __init__(self, host: AgentHost, tracer: Tracer, target: TargetSpec, options: CaptureOptions,
+    def __init__(self, source: RecordSource, tracer: Tracer, target: TargetSpec, options: CaptureOptions,
                  ui: UI | None = None, family: Family | None = None, child: Child | None = None,
                  release: str | None = None, parent_capture: str | None = None) -> None:
         target.validate()
@@ -244,8 +219,8 @@ class CaptureLoop(ProcessEvents):
         self.child = child             # this capture follows a process the target made
         self.release = release         # a fork child's entry: its new agent lets it run on
         self.parent_capture = parent_capture
-        self.children: list[Child] = []    # processes this target made (reported by its agent)
-        self.host = host
+        self.follower: ChildFollower | None = None   # the processes the target makes (run() sets it)
+        self.source = source
         self.tracer = tracer
         self.target = target
         self.options = options
@@ -256,7 +231,8 @@ class CaptureLoop(ProcessEvents):
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
-        self.unwind: UnwindFeed | None = None
+        self._platform: str | None = None
+        self._exec_seen: float | None = None
         self.writer: CaptureWriter | None = None
         self.write_error: CaptureWriteError | None = None
         self.missing: list[str] = []
@@ -289,6 +265,8 @@ class CaptureLoop(ProcessEvents):
         if self.family is None:
             self.family = Family(folder=out, label=self.target.slug(), deadline=float("inf"),
                                  follow=self.options.follow_children)
+        self.follower = ChildFollower(self.family, self.options.follow_children, self._write, self.ui.warning,
+                                      self._capture_child, lambda: self.source.pid)
         interrupted = False
         on_main = threading.current_thread() is threading.main_thread()
         # SIGTERM, and SIGHUP (the terminal closed): end the capture as Ctrl-C does -- detach, kill
@@ -314,9 +292,9 @@ class CaptureLoop(ProcessEvents):
                         raise TargetGone() from None
                     # Nothing was captured: leave no stub folder behind (a report would call it
                     # truncated), and no suspended process memtrace started.
-                    if self.host.spawned:
+                    if self.source.spawned:
                         with contextlib.suppress(Exception):
-                            self.host.kill()
+                            self.source.kill()
                     self._discard_capture()
                     if isinstance(e, TargetLost):
                         # Not the window's "target lost" below: there is no capture to end now
@@ -334,7 +312,7 @@ class CaptureLoop(ProcessEvents):
                 self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
                 self.ui.warning(str(e))
             except TargetLost as e:
-                if self.clock.attach is None and not self.host.spawned:
+                if self.clock.attach is None and not self.source.spawned:
                     raise MemtraceError(f"{self.target.describe()}: {e}") from None
                 self.ending.target_gone(f"lost: {e}", self.clock)
             try:
@@ -347,13 +325,13 @@ class CaptureLoop(ProcessEvents):
             elif self.child is not None and self.family.stopped.is_set():
                 interrupted = True      # the run was interrupted: every followed capture ends with it
             if self.child is None:
-                self._join_children()
+                self.follower.join(self.ui.phase)
             result = self._end(interrupted)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.writer.close()
-            self.host.close()
+            self.source.close()
         if self.write_error is not None:
             raise CaptureWriteError(f"{self.writer.failure()}; tracing stopped there and memtrace detached "
                                     f"from the target")
@@ -377,12 +355,12 @@ class CaptureLoop(ProcessEvents):
         """The target existed and is gone now: an attach that failed because the target was
         killed under it, not because it cannot be attached.  A process memtrace launched; or one
         it attaches to (--pid, --name) once injection began -- the pid was there to inject."""
-        if self.host.pid is None:
+        if self.source.pid is None:
             return False
-        if not self.host.spawned and self.stage not in ("injection", "agent load"):
+        if not self.source.spawned and self.stage not in ("injection", "agent load"):
             return False
         end = time.monotonic() + 1.0        # a SIGKILL takes a moment to be final
-        while self.host.alive():
+        while self.source.alive():
             if time.monotonic() >= end:
                 return False
             time.sleep(0.02)
@@ -400,22 +378,20 @@ class CaptureLoop(ProcessEvents):
 
     def _launch_and_attach(self) -> None:
         self.ui.phase("launching")
-        self.device_info = self.host.open()
-        if self.host.is_local:
+        self.device_info = self.source.open()
+        if self.source.is_local:
             self.stacks.symbolize_on_host()
         else:
             from memtrace.symbols.device import local_tree
 
             self.stacks.device_tree = local_tree(self.device_info)
-        if self.options.attach_delay > 0 and hasattr(self.host, "hold_constructors"):
-            self.host.hold_constructors = False     # it is to run first: no hold before constructors
-        if self.child is None and hasattr(self.host, "follow_children"):
-            self.host.follow_children = self.options.follow_children
         self.stage = "spawn"
-        launched = self.host.launch()
-        held = getattr(self.host, "hold_children", None)
-        if held is not None and held.children is not None and self.family is not None:
-            self.family.watch_held(self, held.children)
+        # With an attach delay the target is to run first: no hold before its constructors.
+        launched = self.source.launch(hold_constructors=self.options.attach_delay <= 0,
+                                      follow_children=self.child is None and self.options.follow_children)
+        held = self.source.held_images()
+        if held is not None and self.follower is not None:
+            self.follower.watch_held(held)
         self.clock.launch = getattr(launched, "t_launch", None)
         if self.child is not None:
             # A followed process "launched" when the host learned of it: what it ran before the
@@ -423,13 +399,13 @@ class CaptureLoop(ProcessEvents):
             self.clock.launch = self.child.seen
         self.launch_how = getattr(launched, "how", None)
         if self.options.attach_delay > 0:
-            self.host.resume()
+            self.source.resume()
             self.ui.phase("waiting")
             self.stage = "attach delay"
             self._sleep_watching(self.options.attach_delay)
         self.ui.phase("attaching")
         self.stage = "injection"
-        self.host.attach()
+        self.source.attach()
         self.clock.attach = time.monotonic()
 
     def _sleep_watching(self, seconds: float) -> None:
@@ -437,42 +413,34 @@ class CaptureLoop(ProcessEvents):
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
-            if self.host.spawned and not self.host.alive():
+            if self.source.spawned and not self.source.alive():
                 raise TargetGone()
 
     def _instrument(self) -> None:
         self.ui.phase("loading agent")
         self.stage = "agent load"
-        agent = self.tracer.agent_name
-        self.host.load(agent)
-        hello = self.host.rpc("hello", "hello")
-        self._platform = hello.get("platform") if isinstance(hello, dict) else None
-        config, sources = self._agent_config(), self.host.c_sources(agent)
-        asm = self._precompiled_cmodule(hello, config, sources)
-        if asm is not None:
-            config["cmoduleAsm"] = asm
-        init = self.host.rpc("init", "init", config, sources, self.host.process_sources(agent))
+        instrumented = self.source.instrument(self.tracer.agent_name, self._config_for)
+        hello, init = instrumented.hello, instrumented.init
+        self._platform = instrumented.platform
         recon = init.get("recon", [])
         self.missing = [r["name"] for r in recon if r.get("status") == "MISSING"]
         self.process_info = dict(init.get("process") or {})
         if not self.process_info.get("guard") and (self.options.follow_children or self._platform != "darwin"):
             self.ui.warning(f"fork children and exec are not handled in this target: "
                             f"{self.process_info.get('why', 'an agent without it')}")
-        # Local targets (followed children too): unwind tables for modules without frame pointers.
-        if self.host.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
-            self.unwind = UnwindFeed(TableCache(default_cache_dir()))
-            self._feed_unwind(during_window=False)
-        hold = getattr(self.host, "hold_info", None)
+        for notice in instrumented.notices:
+            self._notice(notice)
+        hold = self.source.hold_info
         if hold is not None and not hold.get("held"):
             self.ui.warning(f"library constructors ran before the hooks: {hold.get('why')}")
         self._write(RecordType.RECON, {"symbols": recon, "info": init.get("info", {}), "agent": hello,
                                        "device": self.device_info, "process": self.process_info,
                                        "hold": hold,
-                                       "unwind": self.unwind.info() if self.unwind else None})
+                                       "unwind": instrumented.unwind})
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
-        self._write(RecordType.CALIBRATION, {"phase": "before", **self.host.rpc("calibrate", "calibrate")})
-        started = self.host.rpc("start", "start") or {}
+        self._write(RecordType.CALIBRATION, {"phase": "before", **self.source.calibrate()})
+        started = self.source.start()
         self.process_info.update(started.get("process") or {})
         self.clock.start = time.monotonic()
         assert self.family is not None
@@ -480,8 +448,8 @@ class CaptureLoop(ProcessEvents):
             self.family.deadline = self.clock.start + self.window
         if self.release is not None and self.child is not None:
             # A fork child waits in its atfork handler until its own agent is in.
-            self.host.rpc("release", "releaseFork", self.release, self.child.pid)
-        self.host.resume()
+            self.source.release_fork(self.release, self.child.pid)
+        self.source.resume()
 
     def _window(self) -> None:
         self.ui.phase("capturing")
@@ -493,13 +461,10 @@ class CaptureLoop(ProcessEvents):
             now = time.monotonic()
             if now >= deadline or self.family.stopped.is_set():
                 break
-            try:
-                event = self.host.events.get(timeout=min(0.1, deadline - now))
-            except queue.Empty:
-                event = None
+            event = self.source.next_event(min(0.1, deadline - now))
             if event is not None:
-                self._handle(*event)
-                self._drain(wait=0.0)
+                self._handle(event)
+                self.drain(wait=0.0)
             self._symbolize()
             self._tick()
             silent = time.monotonic() - self._last_message
@@ -522,9 +487,9 @@ class CaptureLoop(ProcessEvents):
             try:
                 if self.tracer.window_end is not None:
                     self.tracer.window_end(self)
-                self.host.rpc("stop", "stop", timeout=10)
-                self._drain()
-                after = self.host.rpc("calibrate", "calibrate", timeout=10)
+                self.source.stop(timeout=10)
+                self.drain()
+                after = self.source.calibrate(timeout=10)
                 self._write(RecordType.CALIBRATION, {"phase": "after", **after})
             except AgentTimeout as e:
                 if not self.ending.gone:
@@ -533,28 +498,28 @@ class CaptureLoop(ProcessEvents):
                 pass
             except MemtraceError as e:
                 self.ui.warning(str(e))
-        self._drain()
+        self.drain()
         self._symbolize(final=True)
         if not self.ending.gone:
-            self.host.detach()
+            self.source.detach()
             self.ending.window_end = "left running"
-        if self.host.spawned and not self.options.keep_running and not self.ending.gone:
-            self.host.kill()
+        if self.source.spawned and not self.options.keep_running and not self.ending.gone:
+            self.source.kill()
             self.ending.window_end = "killed"
         if self.ending.detach_reason == "channel-lost":
             # Alive, unreachable, and Frida's threads spinning on the descriptors it lost: a program
             # memtrace launched is not left so.
-            if self.host.spawned and not self.options.keep_running:
-                self.host.kill()
-            self.ending.window_end = "killed" if self.host.spawned and not self.options.keep_running else "left running"
+            if self.source.spawned and not self.options.keep_running:
+                self.source.kill()
+            self.ending.window_end = "killed" if self.source.spawned and not self.options.keep_running else "left running"
         time.sleep(0.05)
-        self._drain()
+        self.drain()
 
     def _end(self, interrupted: bool) -> CaptureResult:
         self._crash_frames()
         now = time.monotonic()
         e, c = self.ending, self.clock
-        exit_status = (self.host.exit_status(1.0) or e.spawn_status) if e.gone else None
+        exit_status = (self.source.exit_status(1.0) or e.spawn_status) if e.gone else None
         code = (exit_status or {}).get("exit_status")
         if e.detach_reason == "process-terminated" and e.exit_info is None and e.crash_info is None and code is not None:
             # It exited with a status, yet the agent never said goodbye (its exit hook sends one): the
@@ -580,12 +545,11 @@ class CaptureLoop(ProcessEvents):
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
         end_body["process_guard"] = self.process_info
-        if self.child is None and self.family is not None:
-            self.children.extend(self.family.unreported())
-        end_body.update(children_evidence(self.children))
+        assert self.follower is not None
+        end_body.update(self.follower.evidence(root=self.child is None))
         if self.child is not None:
             end_body["origin"] = {**self.child.to_json(), "parent_capture": self.parent_capture}
-        end_body["pid"] = self.host.pid
+        end_body["pid"] = self.source.pid
         end_body["launch"] = {"how": getattr(self, "launch_how", None), "launcher": self.target.launch}
         end_body["timing"] = {
             "launch_to_attach_s": None if c.launch is None or c.attach is None else round(c.attach - c.launch, 3),
@@ -595,58 +559,58 @@ class CaptureLoop(ProcessEvents):
         assert self.writer is not None
         self.ui.phase("done")
         return CaptureResult(path=self.writer.path, ended=end_body["ended"], reason=end_body["reason"],
-                             evidence=end_body.get("evidence", {}), pid=self.host.pid, missing=self.missing,
+                             evidence=end_body.get("evidence", {}), pid=self.source.pid, missing=self.missing,
                              interrupted=interrupted,
                              signal=_ending_signal[0] if interrupted and _ending_signal else None)
 
     # -- messages -------------------------------------------------------------
 
-    def _drain(self, wait: float = 0.05) -> None:
+    def drain(self, wait: float = 0.05) -> None:
+        """Handle what the source sent until it has been quiet for ``wait`` seconds."""
         while True:
-            try:
-                event = self.host.events.get(timeout=wait)
-            except queue.Empty:
+            event = self.source.next_event(wait)
+            if event is None:
                 return
-            self._handle(*event)
+            self._handle(event)
 
-    def _handle(self, kind: str, a: Any, b: Any) -> None:
-        if kind == "detached":
-            if a == "application-requested":
+    def _handle(self, event: SourceEvent) -> None:
+        if isinstance(event, Ended):
+            reason = event.reason
+            if reason == "application-requested":
                 return      # our own detach at the end of the window
-            if self.ending.exec_info is not None and a in ("process-terminated", "process-replaced"):
+            if self.ending.exec_info is not None and reason in ("process-terminated", "process-replaced"):
                 # The agent said it is about to exec and did not say it failed: the process
                 # image was replaced (Frida without child gating calls that a termination).
-                a = "process-replaced"
-            if a == "process-terminated" and self._outlives_its_channel():
-                a = "channel-lost"
-            self.ending.target_gone(a, self.clock)
-            if a == "process-replaced":
+                reason = "process-replaced"
+            if reason == "process-terminated" and self._outlives_its_channel():
+                reason = "channel-lost"
+            self.ending.target_gone(reason, self.clock)
+            if reason == "process-replaced":
                 self._replaced()
-            if b is not None and self.ending.crash_info is None:
-                self.ending.crash_info = {"summary": getattr(b, "summary", str(b)),
-                                          "report": getattr(b, "report", "")[:4000]}
+            crash = event.crash
+            if crash is not None and self.ending.crash_info is None:
+                self.ending.crash_info = {"summary": getattr(crash, "summary", str(crash)),
+                                          "report": getattr(crash, "report", "")[:4000]}
             return
-        if kind == "device-lost":
+        if isinstance(event, DeviceLost):
             self.ending.target_gone("device-lost", self.clock)
             self.ending.detach_reason = "device-lost"
             return
         self._last_message = time.monotonic()
-        message = a
-        if message.get("type") == "error":
-            self._write(RecordType.WARNING, {"agent_error": message.get("description"), "stack": message.get("stack")})
-            self.ui.warning(f"agent error: {message.get('description')}")
+        if isinstance(event, AgentError):
+            self._write(RecordType.WARNING, {"agent_error": event.description, "stack": event.stack})
+            self.ui.warning(f"agent error: {event.description}")
             return
-        payload = message.get("payload") or {}
-        self._route(payload.get("type"), payload, b or b"")
+        self._route(event.payload.get("type"), event.payload, event.data)
 
     def _outlives_its_channel(self) -> bool:
         """Frida said the process terminated, yet a local one still runs a moment later: its channel
         to the agent was cut under Frida (the target closed Frida's descriptors with the close system
         call itself, which the agent's descriptor guard cannot see)."""
-        if not self.host.is_local:
+        if not self.source.is_local:
             return False
         deadline = time.monotonic() + CHANNEL_LOST_GRACE_S
-        while self.host.alive():
+        while self.source.alive():
             if time.monotonic() > deadline:
                 return True
             time.sleep(0.05)
@@ -669,9 +633,13 @@ class CaptureLoop(ProcessEvents):
         elif ptype == "modules:update":
             self._write(RecordType.MODULES, payload)
             self.stacks.modules(payload.get("modules", []))
-            self._feed_unwind(during_window=True)
-            if payload.get("loaded"):
-                self.host.ack()     # the loading thread waits for its module to be known here
+            e = self.ending
+            # New modules' unwind tables (a target already gone is not asked); a module just
+            # loaded has its loading thread waiting until it is known here.
+            for notice in self.source.modules_seen(
+                    bool(payload.get("loaded")),
+                    feed_unwind=not (e.gone or e.exit_info is not None or e.timeout_info is not None)):
+                self._notice(notice)
         elif ptype == "agent:warning":
             self._write(RecordType.WARNING, payload)
             self.ui.warning(str(payload.get("message", "")))
@@ -682,7 +650,8 @@ class CaptureLoop(ProcessEvents):
         elif ptype == "agent:crash":
             self._crash(payload)
         elif ptype == "process:child":
-            self._on_child(payload)
+            assert self.follower is not None
+            self.follower.on_child(payload)
         elif ptype == "process:exec":
             self._on_exec(payload)
         elif ptype == "process:exec-failed":
@@ -697,7 +666,7 @@ class CaptureLoop(ProcessEvents):
         self.ending.crash_info = {k: payload.get(k) for k in ("kind", "signal", "address", "module", "memory",
                                                               "thread", "stack", "t")}
         self.stacks.events([{"frames": _as_return_addresses(payload.get("stack") or [])}])
-        self.host.ack()     # the crashing thread waits for this before the process dies
+        self.source.ack()     # the crashing thread waits for this before the process dies
 
     def _crash_frames(self) -> None:
         """The crash stack, symbolized now that every address has been (evidence and the reason)."""
@@ -715,35 +684,66 @@ class CaptureLoop(ProcessEvents):
         crash["frames"] = [f.to_json() for f in frames]
         crash["top"] = [f.name() for f in frames[:3]]
 
-    # -- helpers --------------------------------------------------------------
+    # -- the target's own exec ------------------------------------------------------
 
-    def _feed_unwind(self, during_window: bool) -> None:
-        """Unwind tables for the target's modules without frame pointers (symbols/cfi.py); a
-        local target only (the host reads the modules' files).  Failing leaves frame-pointer
-        stacks, and says so; a target already gone is not asked."""
-        e = self.ending
-        if self.unwind is None or e.gone or e.exit_info is not None or e.timeout_info is not None:
+    def _on_exec(self, payload: dict[str, Any]) -> None:
+        self._exec_seen = time.monotonic()
+        self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}
+        self._write(RecordType.WARNING, {"message": f"the target is about to exec {payload.get('path')}",
+                                         "process": "exec", "path": payload.get("path"),
+                                         "argv": payload.get("argv")})
+        # Everything the agent flushed before the exec is written: let the exec go on.
+        self.source.ack()
+
+    def _on_exec_failed(self, payload: dict[str, Any]) -> None:
+        info = self.ending.exec_info or {}
+        message = f"exec of {info.get('path')} failed (errno {payload.get('errno')}); the target goes on"
+        self.ending.exec_info = None
+        self._write(RecordType.WARNING, {"message": message, "process": "exec-failed", **payload})
+        self.ui.warning(message)
+
+    def _replaced(self) -> None:
+        """The session ended with the exec: the follower follows the new image, or says why not."""
+        assert self.follower is not None and self.source.pid is not None
+        info = self.ending.exec_info if self.ending.exec_info is not None else {}
+        since = self._exec_seen if self._exec_seen is not None else time.monotonic() - 2.0
+        self.follower.on_replaced(info, since)
+
+    def _linger(self) -> None:
+        """The target exec'd and is not followed: pass its output through until it exits or the
+        window ends (then it is stopped like any program memtrace launched)."""
+        info = self.ending.exec_info
+        if not self.ending.replaced or info is None or info.get("followed"):
             return
-        try:
-            self.unwind.feed(lambda method, *args: self.host.rpc("unwind tables", method, *args))
-        except (AgentTimeout, TargetLost):
-            if not during_window:
-                raise
-        except MemtraceError as err:
-            self.unwind = None
-            self._write(RecordType.WARNING, {"message": f"no unwind tables: {err}"})
-            self.ui.warning(f"stacks follow frame pointers only: {err}")
+        assert self.family is not None
+        self.ui.phase("passing output through")
+        while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.source.alive():
+            time.sleep(0.05)
+            self.drain(wait=0.0)
+        if self.source.alive():
+            info["outlived_window"] = True
+            if self.source.spawned and not self.options.keep_running:
+                self.source.kill()
+
+    def _capture_child(self, child: Child, entry: str | None, held: Path | None) -> CaptureResult:
+        """The capture of a process this target made (``--follow-children``), same tracer and folder,
+        through the source's own kind of backend; run on the follower's thread."""
+        assert self.family is not None and self.writer is not None and child.capture is not None
+        left = self.family.deadline - time.monotonic()
+        options = replace_fields(self.options, out=self.family.folder, capture_name=child.capture,
+                                 attach_delay=0.0, keep_running=True,
+                                 window=None if left == float("inf") else max(0.1, round(left, 3)))
+        target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
+        loop = CaptureLoop(self.source.child_source(child.pid, held), self.tracer, target, options,
+                           ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,
+                           parent_capture=self.writer.path.name)
+        return loop.run()
+
+    # -- helpers --------------------------------------------------------------
 
     def _symbolize(self, final: bool = False) -> None:
         usable = self.clock.start is not None and not self.ending.gone and self.ending.timeout_info is None
-
-        def by_agent(chunk: list[int]) -> list[list[Any]] | None:
-            try:
-                return self.host.rpc("symbolize", "symbolize", [hex(x) for x in chunk], timeout=30)
-            except MemtraceError:
-                return None
-
-        for rows, by in self.stacks.symbolize(by_agent if usable else None, final=final):
+        for rows, by in self.stacks.symbolize(self.source.symbolize if usable else None, final=final):
             body: dict[str, Any] = {"rows": rows, "by": by}
             if by == "host":
                 body["images"] = self.stacks.images()
@@ -769,29 +769,13 @@ class CaptureLoop(ProcessEvents):
                                   bytes_per_s=brate, dropped=self.live.dropped(), rows=self.live.rows(),
                                   batches=self.batches, families=self.stacks.families()))
 
-    def _precompiled_cmodule(self, hello: Any, config: dict[str, Any], sources: list[str]) -> str | None:
-        """The core CModule as assembly compiled on this host once (agentbuild.precompiled_cmodule),
-        for a local x86-64 Linux target whose agent compiles with gcc; None elsewhere."""
-        if not (sources and self.host.is_local and isinstance(hello, dict) and hello.get("platform") == "linux"
-                and hello.get("arch") == "x64" and config.get("toolchain") in ("auto", "external")):
-            return None
-        import frida
+    def _config_for(self, platform: str | None) -> dict[str, Any]:
+        self._platform = platform
+        return self.agent_config()
 
-        # The source exactly as runtime/core.js's buildCore puts it together for this target.
-        source = "#define MT_LINUX 1\n" + "\n".join(sources)
-        builtins_file = default_cache_dir() / f"cmodule-builtins-{frida.__version__}-x64.json"
-        try:
-            builtins = json.loads(builtins_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            builtins = self.host.cmodule_builtins()
-            with contextlib.suppress(OSError):
-                builtins_file.parent.mkdir(parents=True, exist_ok=True)
-                write_text_atomic(builtins_file, json.dumps(builtins))
-        return precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
-                                   lambda: dict(builtins.get("headers") or {}))
-
-    def _agent_config(self) -> dict[str, Any]:
-        config = {**agent_config_for(getattr(self, "_platform", None), self.options.agent_config),
+    def agent_config(self) -> dict[str, Any]:
+        """The agent's configuration for this capture (the target's platform once it is known)."""
+        config = {**agent_config_for(self._platform, self.options.agent_config),
                   "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
         if self.options.follow_children and config.get("toolchain") == "auto":
             # The external toolchain's compiler would be a process of the target's, held and
@@ -808,9 +792,11 @@ class CaptureLoop(ProcessEvents):
             # window end, and the writer closes the capture with an END record that says why.
             self.write_error = self.write_error or e
 
-    def _write_meta(self) -> None:
-        import frida
+    def _notice(self, notice: Notice) -> None:
+        self._write(RecordType.WARNING, notice.record)
+        self.ui.warning(notice.screen)
 
+    def _write_meta(self) -> None:
         self._write(RecordType.META, {
             "tool": "memtrace", "tool_version": __version__, "tracer": self.options.tracer,
             "target": {"device": self.target.device, "app": self.target.app, "pid": self.target.pid,
@@ -819,8 +805,9 @@ class CaptureLoop(ProcessEvents):
                        "label": self.family.label if self.family is not None else self.target.slug()},
             **({"origin": {**self.child.to_json(), "parent_capture": self.parent_capture}} if self.child else {}),
             "options": {"window": None if self.window == float("inf") else self.window, "attach_delay": self.options.attach_delay,
-                        "agent": self._agent_config()},
-            "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0], "frida": frida.__version__},
+                        "agent": self.agent_config()},
+            "host": {"hostname": socket.gethostname(), "python": sys.version.split()[0],
+                     **self.source.versions},
             "started_at": _iso_now(),
         })
 

@@ -11,6 +11,10 @@ untraced: ``timing.launch_to_attach_s`` in its END says how long).
 
 Every followed capture ends with the parent's window; the parent's capture ends only after its
 followed children's have (``Family.join``).
+
+A capture loop is given a :class:`ChildFollower`: what its target makes goes to it, and it starts
+each followed capture through the function the loop handed it (``capture``) -- it never sees the
+loop itself, and this module imports nothing of it.
 """
 
 from __future__ import annotations
@@ -19,17 +23,13 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from dataclasses import replace as replace_fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from memtrace.capture import CaptureWriteError, RecordType
 from memtrace.errors import MemtraceError
-from memtrace.target import TargetSpec
-
-if TYPE_CHECKING:
-    from memtrace.capture_loop import CaptureLoop
 
 CHILD_WAIT_S = 10.0          # a fork child waits this long at most for its agent (--follow-children)
 HELD_CLAIM_S = 1.0           # a spawn or exec the agent reports: its held image is looked for this long
@@ -54,6 +54,20 @@ class Child:
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None and k != "seen"}
+
+
+class Outcome(Protocol):
+    """How a followed capture ended (a capture_loop.CaptureResult)."""
+
+    @property
+    def ended(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+
+
+# (the child, its fork entry to release it from or None, its held image or None) -> its capture, run
+CaptureChild = Callable[[Child, "str | None", "Path | None"], Outcome]
+Warn = Callable[[str], None]
 
 
 @dataclass
@@ -85,13 +99,13 @@ class Family:
             self.names.add(name)
             return name
 
-    def follow_process(self, parent: ProcessEvents, child: Child, entry: str | None,
-                       held: Path | None = None) -> None:
-        """A capture of ``child`` with the parent's tracer, on a thread of its own."""
+    def follow_process(self, capture: CaptureChild, warn: Warn, parent_pid: int | None, child: Child,
+                       entry: str | None, held: Path | None = None) -> None:
+        """A capture of ``child`` (``capture``: with the parent's tracer), on a thread of its own."""
         with self.lock:
             self.image_pids.add(child.pid)      # its next held image is an exec
         child.capture = self.claim_name(child.origin, child.pid)
-        t = threading.Thread(target=self._run, args=(parent, child, entry, held), daemon=True,
+        t = threading.Thread(target=self._run, args=(capture, warn, parent_pid, child, entry, held), daemon=True,
                              name=f"memtrace-child-{child.pid}")
         with self.lock:
             self.threads.append(t)
@@ -99,17 +113,18 @@ class Family:
 
     # -- images held before their constructors ------------------------------------------------
 
-    def watch_held(self, root: ProcessEvents, folder: Path) -> None:
+    def watch_held(self, capture: CaptureChild, warn: Warn, root_pid: int | None, folder: Path) -> None:
         """Follow every image that posts itself in ``folder`` (the hold library's child mode):
         attached while it waits, released once its hooks are in -- a child living 1 ms is traced
         from before its first constructor, a grandchild too."""
         self.held_dir = folder
-        if root.host.pid is not None:
-            self.image_pids.add(root.host.pid)      # the target's own exec is an exec
-        t = threading.Thread(target=self._watch, args=(root, folder), daemon=True, name="memtrace-held")
+        if root_pid is not None:
+            self.image_pids.add(root_pid)      # the target's own exec is an exec
+        t = threading.Thread(target=self._watch, args=(capture, warn, root_pid, folder), daemon=True,
+                             name="memtrace-held")
         t.start()
 
-    def _watch(self, root: ProcessEvents, folder: Path) -> None:
+    def _watch(self, capture: CaptureChild, warn: Warn, root_pid: int | None, folder: Path) -> None:
         seen: set[str] = set()
         while not self.stopped.is_set():
             try:
@@ -118,18 +133,18 @@ class Family:
                 return                  # the run is over (the folder went with the root's host)
             for name in sorted(names - seen):
                 if name.isdigit():
-                    self._follow_held(root, int(name), folder / name)
+                    self._follow_held(capture, warn, root_pid, int(name), folder / name)
             seen = names                # a released image's name may come back: its next exec
             time.sleep(0.003)
 
-    def _follow_held(self, root: ProcessEvents, pid: int, file: Path) -> None:
+    def _follow_held(self, capture: CaptureChild, warn: Warn, root_pid: int | None, pid: int, file: Path) -> None:
         with self.lock:
             origin = "exec" if pid in self.image_pids else "spawn"
             self.image_pids.add(pid)
         child = Child(pid=pid, ppid=_ppid(pid), origin=origin, path=_exe(pid))
         with self.lock:
             self.claims[pid] = (time.monotonic(), child)
-        self.follow_process(root, child, None, held=file)
+        self.follow_process(capture, warn, root_pid, child, None, held=file)
 
     def wait_claim(self, pid: int, since: float, timeout: float = HELD_CLAIM_S) -> Child | None:
         """The held image of ``pid`` followed since ``since``, waiting a little for the watcher."""
@@ -151,30 +166,30 @@ class Family:
         with self.lock:
             return [c for _, c in self.claims.values() if id(c) not in self.matched]
 
-    def _run(self, parent: ProcessEvents, child: Child, entry: str | None, held: Path | None = None) -> None:
+    def _run(self, capture: CaptureChild, warn: Warn, parent_pid: int | None, child: Child, entry: str | None,
+             held: Path | None = None) -> None:
         try:
             if child.origin == "spawn" and held is None:
-                _settle_exec(child.pid, parent.host.pid)
-            loop = parent.child_loop(child, entry, held)
-            result = loop.run()
+                _settle_exec(child.pid, parent_pid)
+            result = capture(child, entry, held)
             child.ended, child.reason = result.ended, result.reason
             if child.capture is not None and (self.folder / child.capture).exists():
-                parent.ui.warning(f"child pid {child.pid}: traced in {child.capture} ({result.ended})")
+                warn(f"child pid {child.pid}: traced in {child.capture} ({result.ended})")
         except CaptureWriteError as e:
             # The child's capture holds what was written before the disk filled; its END says why.
             child.ended, child.reason = "write-failed", str(e)
-            parent.ui.warning(f"child pid {child.pid}: {e}")
+            warn(f"child pid {child.pid}: {e}")
         except MemtraceError as e:
-            self._not_followed(parent, child, str(e))
+            self._not_followed(warn, child, str(e))
         except Exception as e:  # noqa: BLE001 -- a child's failure must never end the parent's capture
-            self._not_followed(parent, child, f"{type(e).__name__}: {e}")
+            self._not_followed(warn, child, f"{type(e).__name__}: {e}")
 
-    def _not_followed(self, parent: ProcessEvents, child: Child, why: str) -> None:
+    def _not_followed(self, warn: Warn, child: Child, why: str) -> None:
         child.ended, child.reason = "not-followed", f"could not follow: {why}"
         # A capture that never attached is discarded (capture_loop): the END names no file.
         if child.capture is not None and not (self.folder / child.capture).exists():
             child.capture = None
-        parent.ui.warning(f"child pid {child.pid}: could not follow: {why}")
+        warn(f"child pid {child.pid}: could not follow: {why}")
 
     def join(self) -> None:
         """Wait for every followed capture: each ends by the deadline, plus its own teardown (rpcs
@@ -257,121 +272,85 @@ def _settle_exec(pid: int, parent_pid: int | None) -> None:
         time.sleep(0.01)
 
 
-class ProcessEvents:
-    """The capture loop's side of it (``CaptureLoop`` inherits this): what the agent reports of the
-    processes its target makes, and the captures of the followed ones."""
+class ChildFollower:
+    """One capture's collaborator for the processes its target makes: it records each one
+    (WARNING record, a line on screen, the END's list) and, with --follow-children, starts its
+    capture through ``capture`` (the loop's: same tracer, same folder, the family's window)."""
 
-    if TYPE_CHECKING:
-        host: Any
-        ui: Any
-        options: Any
-        ending: Any
-        writer: Any
-        target: TargetSpec
-        tracer: Any
-        family: Family | None
-        children: list[Child]
+    def __init__(self, family: Family, follow: bool, write: Callable[[RecordType, Any], None], warn: Warn,
+                 capture: CaptureChild, target_pid: Callable[[], int | None]) -> None:
+        self.family = family
+        self.follow = follow
+        self.write = write
+        self.warn = warn
+        self.capture = capture
+        self.target_pid = target_pid
+        self.children: list[Child] = []    # processes this target made (reported by its agent)
 
-        def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None: ...
-        def _drain(self, wait: float = 0.05) -> None: ...
+    def watch_held(self, folder: Path) -> None:
+        """The hold keeps every image the run's processes exec at its constructors: follow them."""
+        self.family.watch_held(self.capture, self.warn, self.target_pid(), folder)
 
-    def _on_child(self, payload: dict[str, Any]) -> None:
-        assert self.family is not None
+    def on_child(self, payload: dict[str, Any]) -> None:
+        """The agent reported a process its target made (``process:child``)."""
         child = Child(pid=int(payload["pid"]), ppid=payload.get("ppid"), origin=str(payload.get("origin")),
                       path=payload.get("path"))
         self.children.append(child)
         what = f"child pid {child.pid} ({child.origin}" + (f" + exec of {child.path})" if child.path else ")")
         held = None
-        if self.options.follow_children and child.origin != "fork" and self.family.held_dir is not None:
+        if self.follow and child.origin != "fork" and self.family.held_dir is not None:
             # Its image waited before its constructors and is followed from there already.
             held = self.family.wait_claim(child.pid, since=child.seen - 2.0)
         if held is not None:
             held.path = child.path or held.path     # as the target named it
             self.children[-1] = child = held        # one record: the followed image's
             message = f"the target made {what}: following it from before its first constructor"
-        elif self.options.follow_children:
-            self.family.follow_process(self, child, payload.get("entry") if child.origin == "fork" else None)
+        elif self.follow:
+            self.family.follow_process(self.capture, self.warn, self.target_pid(), child,
+                                       payload.get("entry") if child.origin == "fork" else None)
             # No file named yet: it exists only once the child is attached (then the END lists it).
             message = f"the target made {what}: following it"
         else:
             message = f"the target made {what}: not followed, it runs untraced (--follow-children traces it)"
-        self._write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
-                                         "lost": payload.get("lost", 0)})
+        self.write(RecordType.WARNING, {"message": message, "process": "child", "child": child.to_json(),
+                                        "lost": payload.get("lost", 0)})
         n = len(self.children)
         if n <= MAX_CHILD_LINES:
-            self.ui.warning(message)
+            self.warn(message)
         elif n == MAX_CHILD_LINES + 1:
-            self.ui.warning("more children follow; every one has a WARNING record in the capture")
+            self.warn("more children follow; every one has a WARNING record in the capture")
 
-    def _on_exec(self, payload: dict[str, Any]) -> None:
-        self._exec_seen = time.monotonic()
-        self.ending.exec_info = {"path": payload.get("path"), "argv": payload.get("argv"), "t": payload.get("t")}
-        self._write(RecordType.WARNING, {"message": f"the target is about to exec {payload.get('path')}",
-                                         "process": "exec", "path": payload.get("path"),
-                                         "argv": payload.get("argv")})
-        # Everything the agent flushed before the exec is written: let the exec go on.
-        self.host.ack()
-
-    def _on_exec_failed(self, payload: dict[str, Any]) -> None:
-        info = self.ending.exec_info or {}
-        message = f"exec of {info.get('path')} failed (errno {payload.get('errno')}); the target goes on"
-        self.ending.exec_info = None
-        self._write(RecordType.WARNING, {"message": message, "process": "exec-failed", **payload})
-        self.ui.warning(message)
-
-    def _replaced(self) -> None:
-        """The session ended with the exec: follow the new image, or say it is not followed."""
-        assert self.family is not None and self.host.pid is not None
-        info = self.ending.exec_info or {}
+    def on_replaced(self, info: dict[str, Any], since: float) -> None:
+        """The target's session ended with its exec (``info``: the exec's path and argv; the
+        followed capture is noted in it): follow the new image, or say it is not followed."""
+        pid = self.target_pid()
+        assert pid is not None
         path = info.get("path")
         held = None
-        if self.options.follow_children and self.family.held_dir is not None:
-            held = self.family.wait_claim(self.host.pid, since=getattr(self, "_exec_seen", time.monotonic() - 2.0))
+        if self.follow and self.family.held_dir is not None:
+            held = self.family.wait_claim(pid, since=since)
         if held is not None:
             info["followed"] = held.capture
             message = f"the target replaced itself (exec of {path}): following it"
-        elif self.options.follow_children:
-            child = Child(pid=self.host.pid, ppid=None, origin="exec", path=path)
-            self.family.follow_process(self, child, None)
+        elif self.follow:
+            child = Child(pid=pid, ppid=None, origin="exec", path=path)
+            self.family.follow_process(self.capture, self.warn, pid, child, None)
             info["followed"] = child.capture
             message = f"the target replaced itself (exec of {path}): following it"
         else:
             message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "
                        f"its output still passes through")
-        self._write(RecordType.WARNING, {"message": message, "process": "process-replaced", "exec": info})
-        self.ui.warning(message)
+        self.write(RecordType.WARNING, {"message": message, "process": "process-replaced", "exec": info})
+        self.warn(message)
 
-    def _linger(self) -> None:
-        """The target exec'd and is not followed: pass its output through until it exits or the
-        window ends (then it is stopped like any program memtrace launched)."""
-        info = self.ending.exec_info
-        if not self.ending.replaced or info is None or info.get("followed"):
-            return
-        assert self.family is not None
-        self.ui.phase("passing output through")
-        while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.host.alive():
-            time.sleep(0.05)
-            self._drain(wait=0.0)
-        if self.host.alive():
-            info["outlived_window"] = True
-            if self.host.spawned and not self.options.keep_running:
-                self.host.kill()
-
-    def _join_children(self) -> None:
-        assert self.family is not None
+    def join(self, phase: Callable[[str], None]) -> None:
+        """The run's root capture waits for every followed one."""
         if self.family.threads:
-            self.ui.phase("waiting for followed children")
+            phase("waiting for followed children")
         self.family.join()
 
-    def child_loop(self, child: Child, entry: str | None, held: Path | None = None) -> CaptureLoop:
-        """The capture of a process this target made (``--follow-children``), same tracer and folder."""
-        assert self.family is not None and self.writer is not None and child.capture is not None
-        left = self.family.deadline - time.monotonic()
-        options = replace_fields(self.options, out=self.family.folder, capture_name=child.capture,
-                                 attach_delay=0.0, keep_running=True,
-                                 window=None if left == float("inf") else max(0.1, round(left, 3)))
-        target = TargetSpec(device=self.target.device, pid=child.pid, launch="none")
-        host = self.host.child_host(child.pid, held) if held is not None else self.host.child_host(child.pid)
-        return type(self)(host, self.tracer, target, options,  # type: ignore[call-arg, return-value]
-                          ChildUI(self.ui, child.pid), family=self.family, child=child, release=entry,
-                          parent_capture=self.writer.path.name)
+    def evidence(self, root: bool) -> dict[str, Any]:
+        """The END's account; the root's lists the held images no agent reported too."""
+        if root:
+            self.children.extend(self.family.unreported())
+        return children_evidence(self.children)

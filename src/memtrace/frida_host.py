@@ -1,14 +1,21 @@
-"""The Frida agent host: device, launch, attach, script load, rpc with deadlines, message routing.
+"""The Frida backend: a :class:`~memtrace.record_source.RecordSource` over a Frida device.
 
-It knows nothing of tracers' data or of captures: every callback Frida makes (messages,
-detach, device loss, the target's output) is put on one queue that the capture loop drains on
-its own thread, so a slow disk never stalls Frida's thread and Ctrl-C lands in one place.
+Device, launch (with the hold before constructors), attach, the agent's script, its RPC with
+deadlines -- and what is Frida's alone: the C sources the agent compiles (and the core
+precompiled on this host), unwind tables for modules without frame pointers, agent-side
+symbolization, the leak-scan RPC.  It knows nothing of tracers' data or of captures: every
+callback Frida makes (messages, detach, device loss, the target's output) is put on one queue
+that the capture loop drains on its own thread (``next_event``), so a slow disk never stalls
+Frida's thread and Ctrl-C lands in one place.  Blocking Frida calls (script load, RPC, detach)
+run on a ``frida_tools.application.Reactor``'s worker, each with a deadline (docs/architecture.md,
+"Backends (record sources)").
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import queue
 import shutil
@@ -17,16 +24,30 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import frida
+from frida_tools.application import Reactor
 
 from memtrace import devices, launchers
-from memtrace.agentbuild import build_agent, default_cache_dir
+from memtrace.agentbuild import build_agent, default_cache_dir, precompiled_cmodule
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.exitwatch import ChildExitWatcher
+from memtrace.files import write_text_atomic
 from memtrace.hold import HeldImage, Hold
 from memtrace.hold import library as hold_library
+from memtrace.record_source import (
+    AgentError,
+    ConfigFor,
+    DeviceLost,
+    Ended,
+    Instrumented,
+    Notice,
+    Records,
+    RecordSource,
+    SourceEvent,
+)
+from memtrace.symbols.cfi import TableCache, UnwindFeed
 from memtrace.target import TargetSpec
 
 Event = tuple[str, Any, Any]
@@ -40,7 +61,7 @@ GONE_ERRORS = (frida.ProcessNotFoundError, frida.ProcessNotRespondingError, frid
 
 
 class FridaHost:
-    """One target on one Frida device, with one agent loaded into it."""
+    """One target on one Frida device, with one agent loaded into it (a RecordSource)."""
 
     def __init__(self, target: TargetSpec, rpc_timeout: float,
                  output: Callable[[int, bytes], None] | None = None, device: Any = None,
@@ -59,6 +80,7 @@ class FridaHost:
         self.hold_info: dict[str, Any] | None = None
         self._hold: Hold | HeldImage | None = None
         self.hold_children: Hold | None = None      # its children's folder lives until close()
+        # Frida's callbacks, in Frida's words (doctor reads them raw); next_event types them.
         self.events: queue.Queue[Event] = queue.Queue()
         self._output = output
         self.device: Any = device       # given: a followed child's host shares its parent's device
@@ -66,7 +88,14 @@ class FridaHost:
         self.script: Any = None
         self.launched: launchers.Launched | None = None
         self.exit_watch: ChildExitWatcher | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memtrace-rpc")
+        self.unwind: UnwindFeed | None = None
+        # The worker that runs every blocking Frida call, one at a time: frida-tools' Reactor, run
+        # on a daemon thread of its own (so its worker is one too) from the first call until
+        # close() (its run() returns when the closed event is set).
+        self._closed = threading.Event()
+        self._reactor = Reactor(lambda reactor: self._closed.wait())
+        self._reactor_started = False
+        self._reactor_lock = threading.Lock()
 
     # -- what the capture loop reads ---------------------------------------------------------
 
@@ -82,6 +111,14 @@ class FridaHost:
     def is_local(self) -> bool:
         return devices.is_local(self.device)
 
+    @property
+    def versions(self) -> dict[str, str]:
+        return {"frida": frida.__version__}
+
+    def held_images(self) -> Path | None:
+        """--follow-children with the hold: the folder where every later image waits."""
+        return self.hold_children.children if self.hold_children is not None else None
+
     # -- phases ----------------------------------------------------------------------------
 
     def open(self) -> dict[str, Any]:
@@ -92,7 +129,12 @@ class FridaHost:
         self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
         return devices.describe(self.device)
 
-    def launch(self) -> launchers.Launched:
+    def launch(self, *, hold_constructors: bool | None = None, follow_children: bool | None = None
+               ) -> launchers.Launched:
+        if hold_constructors is not None:
+            self.hold_constructors = hold_constructors
+        if follow_children is not None:
+            self.follow_children = follow_children
         launcher = launchers.choose(self.target.launch, self.target)
         inherit = self.stdio != "pipe" and self.is_local and not self.target.app
         local_program = self.is_local and not self.target.app and isinstance(launcher, launchers.FridaLauncher)
@@ -235,6 +277,106 @@ class FridaHost:
         self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
         self.call("script load", self.script.load)
 
+    def instrument(self, agent: str, config_for: ConfigFor) -> Instrumented:
+        """Load the agent and initialize it: ``hello`` (the platform), then ``init`` with the
+        configuration for that platform, the C sources (the core precompiled here when it can
+        be) and, for a local target, unwind tables for its modules without frame pointers."""
+        self.load(agent)
+        hello = self.rpc("hello", "hello")
+        platform = hello.get("platform") if isinstance(hello, dict) else None
+        config, sources = config_for(platform), self.c_sources(agent)
+        asm = self._precompiled_cmodule(hello, config, sources)
+        if asm is not None:
+            config["cmoduleAsm"] = asm
+        init = self.rpc("init", "init", config, sources, self.process_sources(agent))
+        notices: list[Notice] = []
+        # Local targets (followed children too): unwind tables for modules without frame pointers.
+        if self.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
+            self.unwind = UnwindFeed(TableCache(default_cache_dir()))
+            notices += self._feed_unwind(during_window=False)
+        return Instrumented(hello=hello, init=init, platform=platform, notices=notices,
+                            unwind=self.unwind.info() if self.unwind else None)
+
+    def _feed_unwind(self, during_window: bool) -> list[Notice]:
+        """Unwind tables for the target's modules without frame pointers (symbols/cfi.py); the
+        host reads the modules' files.  Failing leaves frame-pointer stacks, and says so."""
+        if self.unwind is None:
+            return []
+        try:
+            self.unwind.feed(lambda method, *args: self.rpc("unwind tables", method, *args))
+        except (AgentTimeout, TargetLost):
+            if not during_window:
+                raise
+        except MemtraceError as err:
+            self.unwind = None
+            return [Notice({"message": f"no unwind tables: {err}"}, f"stacks follow frame pointers only: {err}")]
+        return []
+
+    def _precompiled_cmodule(self, hello: Any, config: dict[str, Any], sources: list[str]) -> str | None:
+        """The core CModule as assembly compiled on this host once (agentbuild.precompiled_cmodule),
+        for a local x86-64 Linux target whose agent compiles with gcc; None elsewhere."""
+        if not (sources and self.is_local and isinstance(hello, dict) and hello.get("platform") == "linux"
+                and hello.get("arch") == "x64" and config.get("toolchain") in ("auto", "external")):
+            return None
+        # The source exactly as runtime/core.js's buildCore puts it together for this target.
+        source = "#define MT_LINUX 1\n" + "\n".join(sources)
+        builtins_file = default_cache_dir() / f"cmodule-builtins-{frida.__version__}-x64.json"
+        try:
+            builtins = json.loads(builtins_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            builtins = self.cmodule_builtins()
+            with contextlib.suppress(OSError):
+                builtins_file.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(builtins_file, json.dumps(builtins))
+        return precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
+                                   lambda: dict(builtins.get("headers") or {}))
+
+    def calibrate(self, timeout: float | None = None) -> dict[str, Any]:
+        return dict(self.rpc("calibrate", "calibrate", timeout=timeout) or {})
+
+    def start(self) -> dict[str, Any]:
+        return dict(self.rpc("start", "start") or {})
+
+    def release_fork(self, entry: str, pid: int) -> None:
+        """A fork child waits in its atfork handler until its own agent is in."""
+        self.rpc("release", "releaseFork", entry, pid)
+
+    def stop(self, timeout: float) -> None:
+        self.rpc("stop", "stop", timeout=timeout)
+
+    def scan_leaks(self, config: dict[str, Any], timeout: float) -> None:
+        """malloc --leaks: the agent scans the target's memory (cmodule/leaks.c) and sends the
+        result as a ``result`` message (progress as ``leaks:progress``)."""
+        self.rpc("leak scan", "leaks", config, timeout=timeout)
+
+    def symbolize(self, addresses: list[int]) -> list[list[Any]] | None:
+        """Rows from the agent's own symbolizer (DebugSymbol in the target); None if it fails."""
+        try:
+            return list(self.rpc("symbolize", "symbolize", [hex(x) for x in addresses], timeout=30))
+        except MemtraceError:
+            return None
+
+    def modules_seen(self, loaded: bool, feed_unwind: bool) -> list[Notice]:
+        """The agent announced modules: unwind tables for the new ones; a module just loaded
+        (``loaded``) has its loading thread waiting until the host has it."""
+        notices = self._feed_unwind(during_window=True) if feed_unwind else []
+        if loaded:
+            self.ack()
+        return notices
+
+    def next_event(self, timeout: float) -> SourceEvent | None:
+        try:
+            kind, a, b = self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
+        except queue.Empty:
+            return None
+        if kind == "detached":
+            return Ended(a, b)
+        if kind == "device-lost":
+            return DeviceLost()
+        if a.get("type") == "error":
+            return AgentError(a.get("description"), a.get("stack"))
+        return Records(a.get("payload") or {}, b or b"")
+
     def cmodule_builtins(self) -> dict[str, Any]:
         """Frida's CModule defines and headers in this target (agentbuild.precompiled_cmodule):
         a one-line script of its own, unloaded again."""
@@ -256,10 +398,26 @@ class FridaHost:
     def call(self, what: str, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run ``fn`` with a deadline: an agent that never answers raises AgentTimeout, not a hang."""
         seconds = timeout if timeout is not None else self.rpc_timeout
-        future = self._pool.submit(fn)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def work() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 -- handed to the waiting thread
+                    future.set_exception(e)
+
+        with self._reactor_lock:
+            if self._closed.is_set():
+                raise MemtraceError(f"agent {what}: the host is closed")
+            if not self._reactor_started:
+                self._reactor_started = True
+                threading.Thread(target=self._reactor.run, daemon=True, name="memtrace-frida-reactor").start()
+        self._reactor.schedule(work)
         try:
             return future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
+            future.cancel()         # still queued behind a stuck call: never run it
             raise AgentTimeout(what, seconds) from None
         except frida.RPCException as e:
             raise MemtraceError(f"agent {what} failed: {str(e).splitlines()[0]}") from None
@@ -283,7 +441,7 @@ class FridaHost:
             with contextlib.suppress(*GONE_ERRORS):
                 self.script.post({"type": "memtrace:ack"})
 
-    def child_host(self, pid: int, held: Path | None = None) -> FridaHost:
+    def child_source(self, pid: int, held: Path | None = None) -> FridaHost:
         """The host of a process this target made: same device, its own session and agent
         (``held``: its image waits at the hold point until this host resumes it)."""
         host = FridaHost(TargetSpec(device=self.target.device, pid=pid, launch="none"), self.rpc_timeout,
@@ -320,7 +478,11 @@ class FridaHost:
         if self.hold_children is not None:
             self.hold_children.close_children()
             self.hold_children = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        # The reactor stops once the call it runs, if any, returns.  A call still blocked there (an
+        # agent that never answered; a detach past its deadline) is not cancelled (cancel_io): a
+        # detach that completes late still takes the hooks out of a target left running.
+        with self._reactor_lock:
+            self._closed.set()
 
     # -- callbacks (Frida's thread: enqueue only) --------------------------------------------
 
@@ -397,3 +559,7 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+if TYPE_CHECKING:
+    _IS_A_SOURCE: type[RecordSource] = FridaHost     # mypy checks FridaHost against the protocol

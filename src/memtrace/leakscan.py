@@ -19,17 +19,17 @@ RPC_MARGIN_S = 30.0      # stopping, listing ranges and sending the result, beyo
 
 def at_window_end(loop: Any) -> None:
     """The capture loop's hook: scan now if the capture asked for it; progress shows meanwhile."""
-    config = loop._agent_config()
+    config = loop.agent_config()
     if not config.get("leaks"):
         return
     loop.ui.phase("leak scan: stopping the world")
     budget = float(config.get("leaksBudget") or DEFAULT_BUDGET_S)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        future = pool.submit(loop.host.rpc, "leak scan", "leaks", config, timeout=budget + RPC_MARGIN_S)
+        future = pool.submit(loop.source.scan_leaks, config, budget + RPC_MARGIN_S)
         while not future.done():
-            loop._drain(wait=0.1)
+            loop.drain(wait=0.1)
         future.result()
-    loop._drain(wait=0.05)
+    loop.drain(wait=0.05)
 
 
 def leak_progress(p: dict[str, Any]) -> str:

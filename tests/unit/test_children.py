@@ -30,3 +30,46 @@ def test_past_the_bound_the_rest_are_counted_and_the_end_still_fits_its_reserve(
                                  "reason": "could not follow: --pid 1: no such process on the local device"}
     # Children with the longest paths the agent posts still leave the END room beside the held symbols.
     assert len(json.dumps(ev)) < END_RESERVE - HELD_MAX
+
+
+def _follower(tmp_path, follow: bool):  # type: ignore[no-untyped-def]
+    from memtrace.capture import RecordType
+    from memtrace.children import ChildFollower, Family
+
+    written: list[tuple[RecordType, dict]] = []
+    warned: list[str] = []
+    captured: list[tuple[int, str | None, str | None]] = []
+
+    def capture(child, entry, held):  # type: ignore[no-untyped-def]
+        # What the loop's _capture_child does, as far as the follower can tell: a file, an outcome.
+        (tmp_path / child.capture).write_bytes(b"")
+        captured.append((child.pid, entry, held))
+        return type("Result", (), {"ended": "target-exited", "reason": "the target exited on its own"})()
+
+    family = Family(folder=tmp_path, label="t", deadline=float("inf"), follow=follow)
+    follower = ChildFollower(family, follow, lambda t, body: written.append((t, body)), warned.append, capture,
+                             lambda: 4242)
+    return follower, written, warned, captured
+
+
+def test_the_follower_records_a_child_it_does_not_follow(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    follower, written, warned, captured = _follower(tmp_path, follow=False)
+    follower.on_child({"pid": 77, "ppid": 4242, "origin": "fork", "lost": 0})
+    assert captured == []
+    (record,) = written
+    assert record[1]["message"] == ("the target made child pid 77 (fork): not followed, it runs untraced "
+                                    "(--follow-children traces it)")
+    assert warned == [record[1]["message"]]
+    assert follower.evidence(root=True) == {"children": [{"pid": 77, "ppid": 4242, "origin": "fork"}]}
+
+
+def test_the_follower_starts_a_capture_through_the_function_it_was_given(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    follower, written, warned, captured = _follower(tmp_path, follow=True)
+    follower.on_child({"pid": 78, "ppid": 4242, "origin": "fork", "entry": "0x1234"})
+    follower.join(lambda phase: None)
+    assert captured == [(78, "0x1234", None)]       # a fork child is released from its atfork entry
+    assert written[0][1]["message"] == "the target made child pid 78 (fork): following it"
+    assert "child pid 78: traced in child-78.mtc (target-exited)" in warned
+    assert follower.evidence(root=True)["children"] == [
+        {"pid": 78, "ppid": 4242, "origin": "fork", "capture": "child-78.mtc", "ended": "target-exited",
+         "reason": "the target exited on its own"}]

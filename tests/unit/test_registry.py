@@ -20,6 +20,7 @@ from memtrace.batch import load_plan
 from memtrace.capture import CaptureWriter, RecordType
 from memtrace.commands.trace import make_command
 from memtrace.report import build_report
+from memtrace.report.chapters import chapter_of
 
 EXPECTED = ("malloc", "iosurface", "purgeable", "probe", "fds", "threads")
 
@@ -73,7 +74,7 @@ def test_every_registered_tracer_has_a_report_chapter(tmp_path: Path) -> None:
     for name in tracers.names():
         (t,) = [t for t in doc["targets"] if t["target"] == f"target-{name}"]
         assert t[name] is not None, f"{name}: the report did not aggregate its capture"
-        chapter = tracers.get(name).report_chapter().markdown(doc["targets"])  # type: ignore[union-attr]
+        chapter = chapter_of(tracers.get(name)).markdown(doc["targets"])
         assert chapter, f"{name}: registered, analyzed, but its chapter renders nothing"
         assert chapter[0] in result.markdown.splitlines()
 

@@ -119,13 +119,11 @@ async def _probe(api: SimpleNamespace, udid: str, app: str | None) -> list[tuple
 def stock_checks(report: Any, udid: str, app: str | None,
                  api_factory: Callable[[], SimpleNamespace] | None = None) -> None:
     """Adds the stock-iPhone section to doctor's report."""
-    from memtrace import doctor
-
     if api_factory is None:
         from memtrace.dvt.api import dvt_api
 
         api_factory = dvt_api
-    status_of = {"OK": doctor.OK, "WARN": doctor.WARN, "FAIL": doctor.FAIL, "SKIP": doctor.SKIP}
+    status_of = {"OK": "ok", "WARN": "warn", "FAIL": "fail", "SKIP": "skip"}   # doctor.OK ... (no import back)
     try:
         rows = asyncio.run(asyncio.wait_for(_probe(api_factory(), udid, app), TIMEOUT_S))
     except Exception as e:  # noqa: BLE001 -- pymobiledevice3 missing pieces, a hung service
@@ -135,11 +133,11 @@ def stock_checks(report: Any, udid: str, app: str | None,
         seen[name] = status
         # Only the stock section's own lines decide the run's verdict when Frida is absent: a FAIL
         # here is a warning for a jailbroken device that does not need these services.
-        report.add(SECTION, name, status_of[status] if status != "FAIL" else doctor.WARN, detail)
+        report.add(SECTION, name, status_of[status] if status != "FAIL" else status_of["WARN"], detail)
     for command, needs in COMMANDS:
         missing = [n for n in needs if seen.get(n) in ("FAIL", None) and not (n == "app" and app is None)]
         if command.endswith("--app") and app is None and not missing:
-            report.add(SECTION, f"memtrace {command}", doctor.SKIP, "name the app (--app BUNDLE_ID) to check it")
+            report.add(SECTION, f"memtrace {command}", status_of["SKIP"], "name the app (--app BUNDLE_ID) to check it")
             continue
-        report.add(SECTION, f"memtrace {command}", doctor.OK if not missing else doctor.WARN,
+        report.add(SECTION, f"memtrace {command}", status_of["OK"] if not missing else status_of["WARN"],
                    "ready" if not missing else f"waits for: {', '.join(missing)} (see above)")

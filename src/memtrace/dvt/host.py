@@ -1,10 +1,10 @@
-"""``memtrace malloc --backend dvt``: the capture loop's AgentHost over Instruments' services.
+"""``memtrace malloc --backend dvt``: a RecordSource (memtrace.record_source) over Instruments' services.
 
 No agent is injected.  The app is launched through DVT process control with the environment the
 Allocations service prepares (its recording library loads into the app as it starts), attached
 to, and resumed; the service then streams every malloc, realloc and free with its backtrace.
 :class:`~memtrace.dvt.allocations.EventTranslator` turns the stream into the agent's own
-``--events`` records, sent to the loop every 100 ms as ``events:batch`` messages, so the loop
+``--events`` records, sent to the loop every 100 ms as ``events:batch`` records, so the loop
 writes, watches and ends the capture exactly as it does for Frida (window, Ctrl-C, death
 evidence, END).  ``--leaks`` asks the Leaks service for the device's own memory graph at the
 window's end and sorts the recorded live blocks into leaked and still reachable by its verdict.
@@ -26,8 +26,10 @@ import contextlib
 import queue
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memtrace import devices
 from memtrace.dvt.allocations import EventTranslator
@@ -35,6 +37,7 @@ from memtrace.dvt.loop import ServiceLoop
 from memtrace.dvt.loop import first_line as _first_line
 from memtrace.errors import InputError, MemtraceError, TargetError
 from memtrace.launchers import Launched
+from memtrace.record_source import ConfigFor, Ended, Instrumented, Notice, Records, RecordSource, SourceEvent
 
 T = TypeVar("T")
 
@@ -49,7 +52,7 @@ COVERS = ("launch-time recording through Instruments' Allocations service: every
 
 
 class DvtHost:
-    """An AgentHost (see ``capture_loop.AgentHost``) whose "agent" is the device's Allocations service."""
+    """A RecordSource whose "agent" is the device's Allocations service."""
 
     def __init__(self, target: Any, rpc_timeout: float, api_factory: Callable[[], SimpleNamespace] | None = None,
                  with_vm: bool = False) -> None:
@@ -60,7 +63,7 @@ class DvtHost:
         self.target = target
         self.rpc_timeout = rpc_timeout
         self._api_factory = api_factory
-        self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self.events: queue.Queue[SourceEvent] = queue.Queue()
         self.translator = EventTranslator()
         self.with_vm = with_vm
         self.launched: Launched | None = None
@@ -95,6 +98,20 @@ class DvtHost:
     def is_local(self) -> bool:
         return False
 
+    @property
+    def hold_info(self) -> dict[str, Any] | None:
+        return None         # nothing is injected: no hold
+
+    @property
+    def versions(self) -> dict[str, str]:
+        try:
+            return {"pymobiledevice3": version("pymobiledevice3")}
+        except PackageNotFoundError:
+            return {}
+
+    def held_images(self) -> Path | None:
+        return None
+
     # -- the event loop's side ------------------------------------------------------
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float, what: str) -> T:
@@ -111,7 +128,7 @@ class DvtHost:
                 self._api = dvt_api()
         return self._api
 
-    # -- AgentHost ---------------------------------------------------------------------
+    # -- RecordSource ------------------------------------------------------------------
 
     def open(self) -> dict[str, Any]:
         spec = devices.parse_device_spec(self.target.device)
@@ -150,7 +167,7 @@ class DvtHost:
         return {"id": self.udid, "name": getattr(provider, "product_type", None) or "iOS device", "type": "usb",
                 "os": {"platform": "darwin", "version": version}, "backend": "dvt"}
 
-    def launch(self) -> Launched:
+    def launch(self, *, hold_constructors: bool = True, follow_children: bool = False) -> Launched:
         t = time.monotonic()
         pid = self._run(self._launch(), CONNECT_TIMEOUT_S, f"launching {self.target.app}")
         self.launched = Launched(pid, t, suspended=True, spawned=True,
@@ -235,7 +252,7 @@ class DvtHost:
         if self.gone is None:
             # The service closes its stream when the recorded process goes away.
             self.gone = "process-terminated"
-            self.events.put(("detached", "process-terminated", None))
+            self.events.put(Ended("process-terminated"))
 
     async def _flusher(self) -> None:
         while True:
@@ -249,17 +266,44 @@ class DvtHost:
         self._send(*self.translator.take(round((time.monotonic() - self._t0) * 1000, 1), final))
 
     def _send(self, payload: dict[str, Any], data: bytes | None = None) -> None:
-        self.events.put(("message", {"type": "send", "payload": payload}, data))
+        self.events.put(Records(payload, data or b""))
+
+    def next_event(self, timeout: float) -> SourceEvent | None:
+        try:
+            return self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait()
+        except queue.Empty:
+            return None
 
     def load(self, agent: str) -> None:
         if agent != "malloc":
             raise InputError(f"--backend dvt records malloc only (Instruments' Allocations), not {agent}")
 
-    def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any:
-        handler = getattr(self, f"_rpc_{method}", None)
-        if handler is None:
-            raise MemtraceError(f"{what}: not available with --backend dvt")
-        return handler(*args)
+    def instrument(self, agent: str, config_for: ConfigFor) -> Instrumented:
+        self.load(agent)
+        hello = self._rpc_hello()
+        return Instrumented(hello=hello, init=self._rpc_init(config_for("darwin")), platform="darwin")
+
+    def calibrate(self, timeout: float | None = None) -> dict[str, Any]:
+        return self._rpc_calibrate()
+
+    def start(self) -> dict[str, Any]:
+        return self._rpc_start()
+
+    def release_fork(self, entry: str, pid: int) -> None:
+        raise MemtraceError("--backend dvt does not follow children")
+
+    def stop(self, timeout: float) -> None:
+        self._rpc_stop()
+
+    def scan_leaks(self, config: dict[str, Any], timeout: float) -> None:
+        """--leaks: the Leaks service's memory graph at the window's end, as a RESULT."""
+        self._rpc_leaks(config)
+
+    def symbolize(self, addresses: list[int]) -> list[list[Any]] | None:
+        return None         # no agent to symbolize in: stacks are symbolized on the host
+
+    def modules_seen(self, loaded: bool, feed_unwind: bool) -> list[Notice]:
+        return []           # nobody waits for the host, and the device's stacks need no unwind tables
 
     def _rpc_hello(self) -> dict[str, Any]:
         return {"platform": "darwin", "backend": "dvt", "agent": None}
@@ -297,9 +341,6 @@ class DvtHost:
         self._tasks = []
         if self._attached:
             self._flush(final=True)
-
-    def _rpc_symbolize(self, *_: Any) -> None:
-        raise MemtraceError("no agent to symbolize in: stacks are symbolized on the host")
 
     def _rpc_leaks(self, config: dict[str, Any]) -> dict[str, Any]:
         assert self.launched is not None
@@ -341,7 +382,7 @@ class DvtHost:
     def ack(self) -> None:
         pass
 
-    def child_host(self, pid: int) -> Any:
+    def child_source(self, pid: int, held: Path | None = None) -> RecordSource:
         raise MemtraceError("--backend dvt does not follow children")
 
     def close(self) -> None:
@@ -354,3 +395,7 @@ class DvtHost:
 
 
 Opener = Callable[[], Awaitable[Any]]
+
+
+if TYPE_CHECKING:
+    _IS_A_SOURCE: type[RecordSource] = DvtHost     # mypy checks DvtHost against the protocol

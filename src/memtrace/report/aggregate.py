@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from memtrace import tracers
-from memtrace.report.chapters import UNSTACKED, leaks
+from memtrace.report.chapters import UNSTACKED, chapter_of, leaks
 from memtrace.report.collect import Skipped
 from memtrace.units import fmt_bytes
 
@@ -56,7 +56,7 @@ def build_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ok = [e for e in es if e.get("analyzed")]
         for name, tracer in tracers.all_tracers().items():
             group = [e for e in ok if e["tracer"] == name]
-            t[name] = tracer.report_chapter().aggregate(group) if group else None
+            t[name] = chapter_of(tracer).aggregate(group) if group else None
         m = t.get("malloc")
         t["measurable"] = not (m is not None and all(r["alloc_calls"] == 0 for r in m["runs"])
                                and t["ended"] in DEATHS)
@@ -108,7 +108,7 @@ def panorama(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def findings(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for tracer in tracers.all_tracers().values():
-        out += tracer.report_chapter().findings(targets)
+        out += chapter_of(tracer).findings(targets)
     return out + leaks.findings(targets)
 
 
@@ -122,7 +122,7 @@ def calibration_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                "analyzed": e.get("analyzed", False)}
         tracer = tracers.get(e["tracer"])
         if tracer is not None and e.get("analyzed"):
-            row.update(tracer.report_chapter().calibration(e))
+            row.update(chapter_of(tracer).calibration(e))
         rows.append(row)
     return rows
 

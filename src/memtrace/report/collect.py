@@ -19,7 +19,7 @@ from typing import Any
 from memtrace import tracers
 from memtrace.analyze.families import FamilyRules
 from memtrace.capture import CaptureError, CaptureInfo, Record, RecordType, damage_at, read_records
-from memtrace.report.chapters import TOP
+from memtrace.report.chapters import TOP, chapter_of
 
 CAPTURE_SUFFIX = ".mtc"
 
@@ -109,7 +109,7 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP,
     last = [first]
     try:
         summary = tracer_entry.summarize(_chain(first, records, last))
-        entry = tracer_entry.report_chapter().entry(summary, rel, rules, top)
+        entry = chapter_of(tracer_entry).entry(summary, rel, rules, top)
         if on_summary is not None:
             on_summary(info.path, tracer_entry, summary)
     except CaptureError as e:       # agent records that do not decode: nothing of it is reported

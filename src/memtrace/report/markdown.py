@@ -6,7 +6,7 @@ import importlib
 from typing import Any
 
 from memtrace import tracers
-from memtrace.report.chapters import leaks
+from memtrace.report.chapters import chapter_of, leaks
 from memtrace.reporters.markdown import cell, lines, table, text
 from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds
 
@@ -22,7 +22,7 @@ def render(doc: dict[str, Any]) -> str:
     lines += _families(targets)
     lines += leaks.markdown(targets)
     for tracer in tracers.all_tracers().values():
-        lines += tracer.report_chapter().markdown(targets)
+        lines += chapter_of(tracer).markdown(targets)
     for key, module in (("census", "memtrace.analyze.census"), ("jetsam", "memtrace.analyze.jetsam")):
         for d in doc[key]:
             lines.append(importlib.import_module(module).render_markdown(d).rstrip())

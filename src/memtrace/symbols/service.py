@@ -15,15 +15,29 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memtrace.symbols.locate import SYSTEM_DEBUG_DIRS, Locator, ModuleRef, Source
 from memtrace.symbols.objc import ObjcNames
 from memtrace.symbols.objects import Location, SymbolFiles
 
 if TYPE_CHECKING:
-    from memtrace.analyze.symbols import ModuleMap
     from memtrace.symbols.device import DeviceSymbols
+
+
+class AnnouncedModule(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def base(self) -> int: ...
+
+
+class ModuleMap(Protocol):
+    """What the symbolizer reads of analyze.symbols.ModuleMap (a protocol: no import back up)."""
+
+    def find(self, address: int) -> AnnouncedModule | None: ...
 
 
 @dataclass(slots=True)

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
     from memtrace.capture import Event, Record, Result
     from memtrace.live import LiveStats
-    from memtrace.report.chapters import Chapter
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,9 @@ class Tracer:
     summary_type: type
     console: Callable[[Console, Any, dict[str, Any]], None]   # (console, summary, host options)
     live: Callable[[], LiveStats]                     # a fresh live statistics tally per capture
-    chapter: Callable[[], Chapter] | None = None      # None: the generic report chapter
+    # A report.chapters.Chapter (report.chapters.chapter_of: None is the generic one); typed Any
+    # so the registry does not import the report (no import cycle: tests/unit/test_import_graph.py).
+    chapter: Callable[[], Any] | None = None
     agent: str = ""                                   # default: the tracer's name
     json_top_option: str = "top"                      # the option that bounds JSON rows
     before_launch: Callable[[dict[str, Any]], None] | None = None   # host checks, e.g. an output file
@@ -56,11 +57,6 @@ class Tracer:
 
     def summarize(self, records: Iterable[Record]) -> Any:
         return importlib.import_module(self.analyzer).summarize(records)
-
-    def report_chapter(self) -> Chapter:
-        from memtrace.report.chapters import GenericChapter
-
-        return self.chapter() if self.chapter is not None else GenericChapter(self.name)
 
 
 def _discover() -> dict[str, Tracer]:

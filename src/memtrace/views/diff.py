@@ -15,6 +15,7 @@ from memtrace.analyze.families import FamilyRules, load_rules
 from memtrace.capture import FILE_NAME
 from memtrace.errors import InputError
 from memtrace.frames import Frame
+from memtrace.report.chapters import chapter_of
 from memtrace.views import Loaded, load
 from memtrace.views.profile import profile, views_of
 
@@ -47,7 +48,7 @@ class Side:
 
 def _side(path: Path, rules: FamilyRules) -> Side:
     loaded = load(path)
-    entry = loaded.tracer.report_chapter().entry(loaded.summary, str(loaded.path), rules, 10)
+    entry = chapter_of(loaded.tracer).entry(loaded.summary, str(loaded.path), rules, 10)
     return Side(loaded, entry)
 
 

@@ -150,7 +150,7 @@ def _counted(p: Profile, s: Any, view: str) -> Profile:
 
 
 def _generic(p: Profile, s: Any, view: str) -> Profile:
-    from memtrace.report.chapters import _named_stack_lists
+    from memtrace.frames import named_stack_lists as _named_stack_lists
 
     if p.tracer in COUNT_VIEWS:
         if view == "gross":

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from memtrace.analyze.families import FamilyRules
 from memtrace.frames import Frame
+from memtrace.frames import named_stack_lists as _named_stack_lists
 from memtrace.reporters.markdown import Markup, cell, code, table, text
 from memtrace.units import fmt_bytes
 
@@ -88,22 +89,16 @@ class GenericChapter(BaseChapter):
         return lines
 
 
+def chapter_of(tracer: Any) -> Chapter:
+    """A tracer's report chapter (its own, or the generic one)."""
+    return tracer.chapter() if tracer.chapter is not None else GenericChapter(tracer.name)
+
+
 def _rows_at(doc: dict[str, Any], path: str) -> list[dict[str, Any]]:
     node: Any = doc
     for part in path.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return [r for r in node or [] if isinstance(r, dict)] if isinstance(node, list) else []
-
-
-def _named_stack_lists(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
-    """Every list of rows with "frames" anywhere in an entry, with its dotted name."""
-    out = []
-    for k, v in doc.items():
-        if isinstance(v, list) and v and all(isinstance(r, dict) and "frames" in r for r in v):
-            out.append((prefix + k, v))
-        elif isinstance(v, dict):
-            out += _named_stack_lists(v, prefix + k + ".")
-    return out
 
 
 def _stack_lists(doc: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -69,7 +69,7 @@ import stat
 import struct
 import tempfile
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -405,19 +405,33 @@ RECORD_SCHEMAS: dict[RecordType, type[Shape]] = {
 }
 
 
+# Each tracer's event types and result type, as (tracer name, events, result) for every registered
+# tracer: handed in by the registry when it loads (memtrace.tracers imports this module, never the
+# reverse -- the registry imports the analyzers, which import this one).  Until then an event is
+# checked for the fields every event has, a result for its tracer's name.
+TracerSchemas = Callable[[], Iterable[tuple[str, tuple[type["Event"], ...], "type[Result] | None"]]]
+_tracer_schema_source: TracerSchemas | None = None
+
+
+def use_tracer_schemas(source: TracerSchemas) -> None:
+    """The registry's tracers' event and result types, asked for on first use."""
+    global _tracer_schema_source
+    _tracer_schema_source = source
+    _tracer_schemas.cache_clear()
+    _events_decoder.cache_clear()
+
+
 @functools.cache
 def _tracer_schemas() -> tuple[dict[str, tuple[type[Event], ...]], dict[str, type[Result]]]:
     """Every registered tracer's event types (by their "type"; tracers that share a type name have
     each of their types checked) and result types (by tracer name)."""
-    from memtrace import tracers  # the registry imports the analyzers, which import this module
-
     events: dict[str, tuple[type[Event], ...]] = {}
     results: dict[str, type[Result]] = {}
-    for tracer in tracers.all_tracers().values():
-        for event_type in tracer.events:
+    for name, event_types, result in _tracer_schema_source() if _tracer_schema_source is not None else ():
+        for event_type in event_types:
             events[event_type.TYPE] = (*events.get(event_type.TYPE, ()), event_type)
-        if tracer.result is not None:
-            results[tracer.name] = tracer.result
+        if result is not None:
+            results[name] = result
     return events, results
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memtrace import capture
 from memtrace.tracers.options import Option
 
 if TYPE_CHECKING:
@@ -84,6 +85,14 @@ def all_tracers() -> dict[str, Tracer]:
     if _REGISTRY is None:
         _REGISTRY = _discover()
     return _REGISTRY
+
+
+def _schemas() -> list[tuple[str, tuple[type[Event], ...], type[Result] | None]]:
+    return [(t.name, t.events, t.result) for t in all_tracers().values()]
+
+
+# The capture reader checks each tracer's events and results by the types the tracer declares.
+capture.use_tracer_schemas(_schemas)
 
 
 def names() -> tuple[str, ...]:

@@ -146,7 +146,9 @@ struct _MtCore
   volatile gint sites_lock;
   gint pad3a;
   volatile guint64 n_sites;        /* entries of mt_sites in use */
-  guint64 pad3[3];
+  volatile guint64 index_gen;      /* the stack index's generation: its current size (mt_index_entries) */
+  volatile guint64 defs_stalled;   /* defs_tail + 1 when a wait for the drain gave up (mt_defs_wait) */
+  guint64 pad3[1];
   /* the drain's own */
   guint64 shipped_epoch;
   guint64 composition_us;          /* when the last composition was shipped */
@@ -163,8 +165,9 @@ extern MtGlobals mt_globals;
 extern MtCore mt_core;
 extern MtSlot mt_slots[];
 extern guint8 mt_ring_pool[];
-/* The stack hash table: 2 * (stack_mask + 1) entries of (hash, id) u64 pairs; ids are dense, in
- * interning order (0, 1, 2 ...), so a stack's aggregate rows are packed, whatever its hash. */
+/* The stack index: (hash, id) u64 pairs, grown by doubling (mt_intern); ids are dense, in interning
+ * order (0, 1, 2 ...), so a stack's aggregate rows are packed, whatever its hash.  The agent reserves
+ * 4 * (stack_mask + 1) pairs: every generation's table, one after the other (mt_index_table). */
 extern volatile guint64 mt_stack_table[];
 extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
 /* The live table: bucket b is MT_LIVE_BUCKET_BYTES at mt_live_table + b * MT_LIVE_BUCKET_BYTES, its
@@ -761,18 +764,42 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
   return n;
 }
 
+/* A stack's 64-bit hash, taken as its identity (the index keeps no frames: two stacks that collide
+ * share an id).  Four independent lanes (frames i, i + 4, ...), each a multiply-xorshift chain,
+ * then mixed together: the chains run side by side in the CPU, where one chain over 64 frames was
+ * 64 dependent multiplies (~130 ns of a complete capture's allocation). */
+#define MT_HASH_MUL 0x9e3779b97f4a7c15ULL
+
+static inline guint64
+mt_hash_step (guint64 h, guint64 f)
+{
+  h = (h ^ f) * MT_HASH_MUL;
+  return h ^ (h >> 29);
+}
+
 static inline guint64
 mt_hash_frames (const guint64 * frames, guint n)
 {
-  guint64 h = 0xcbf29ce484222325ULL ^ n;
-  guint i;
-  for (i = 0; i != n; i++)
+  guint64 a = 0xcbf29ce484222325ULL ^ n, b = 0x84222325cbf29ce4ULL, c = 0x2545f4914f6cdd1dULL,
+      d = 0x14057b7ef767814fULL;
+  guint i = 0;
+  for (; i + 4 <= n; i += 4)
   {
-    h ^= frames[i];
-    h *= 0x100000001b3ULL;
-    h ^= h >> 29;
+    a = mt_hash_step (a, frames[i]);
+    b = mt_hash_step (b, frames[i + 1]);
+    c = mt_hash_step (c, frames[i + 2]);
+    d = mt_hash_step (d, frames[i + 3]);
   }
-  return h | 1;
+  if (i < n)
+    a = mt_hash_step (a, frames[i++]);
+  if (i < n)
+    b = mt_hash_step (b, frames[i++]);
+  if (i < n)
+    c = mt_hash_step (c, frames[i]);
+  a = mt_hash_step (a, b);
+  c = mt_hash_step (c, d);
+  a = mt_hash_step (a, c);
+  return a | 1;
 }
 
 /* Room for a len-byte STACK record in the definitions buffer (caller holds the stack lock). */
@@ -802,18 +829,98 @@ mt_defs_reserve (guint64 len)
   return mt_defs + off;
 }
 
-/* A stack's id, interning it on first sight.  Ids are dense (the n-th stack interned is n), so
- * the aggregate rows of 10,000 stacks fill 10,000 rows whatever their hashes; the hash table
- * beside them has twice as many entries as there are ids, (hash, id) pairs, and is only ever
- * added to: a reader that sees an entry's hash (acquire) sees its id.  The definition goes to the
- * drain through mt_defs before the id is used, so no row is ever shipped without one.  When every
- * id is taken (stack_mask + 1 of them: the table's documented budget) or the definitions buffer
- * is full, the stack is DROPPED_STACK, counted in dropped_stacks and said in the summary. */
+/* The stack index grows: generation g is a table of mt_index_entries (g) (hash, id) pairs, laid out
+ * after every earlier generation's in mt_stack_table (the agent reserves their sum, under
+ * 4 * (stack_mask + 1) pairs, as pages resident only once written).  When interning an id would
+ * fill the current table past half, the holder of the stack lock copies it into the next
+ * generation's (fresh, zero pages) and publishes the generation with a release store: a reader
+ * sees a table's entries before it can see its generation.  Old tables are never reused: a reader
+ * still probing one finds no entry added since, misses, and takes the lock, which looks in the
+ * current table.  Growth is a rare lock (log2 of the budget times in a run), never a copy of rows:
+ * aggregate rows are by id, and ids never move. */
+#ifndef MT_INDEX_MIN
+# define MT_INDEX_MIN 4096ULL   /* pairs in the first generation (64 KiB) */
+#endif
+
+static inline guint64
+mt_index_entries (guint64 gen)
+{
+  guint64 full = 2 * (mt_config.stack_mask + 1);
+  guint64 e = MT_INDEX_MIN << gen;
+  return (gen >= 40 || e > full) ? full : e;
+}
+
+static inline volatile guint64 *
+mt_index_table (guint64 gen)
+{
+  /* Generations before a capped one are MT_INDEX_MIN << g pairs each: their sum is this. */
+  return &mt_stack_table[2 * (MT_INDEX_MIN * ((1ULL << gen) - 1))];
+}
+
+/* Under the stack lock: the next generation, holding every entry of the current one. */
+static void
+mt_index_grow (void)
+{
+  guint64 gen = mt_core.index_gen;
+  guint64 from_n = mt_index_entries (gen), to_n = mt_index_entries (gen + 1);
+  volatile guint64 * from = mt_index_table (gen);
+  volatile guint64 * to = mt_index_table (gen + 1);
+  guint64 i, mask = to_n - 1;
+  if (to_n == from_n)
+    return;
+  for (i = 0; i != from_n; i++)
+  {
+    guint64 h = from[2 * i];
+    guint64 j;
+    if (h == 0)
+      continue;
+    for (j = h & mask; to[2 * j] != 0; j = (j + 1) & mask)
+      ;
+    to[2 * j + 1] = from[2 * i + 1];
+    to[2 * j] = h;
+  }
+  mt_store_release (&mt_core.index_gen, gen + 1);
+}
+
+/* Before a new stack takes the stack lock: a definitions buffer too full for it is waited on (the
+ * drain empties it every 100 ms) rather than the stack dropped -- a burst of new stacks (a compiler's
+ * first pass, a test making 200,000 paths) outruns one drain's worth of buffer.  Bounded: after half
+ * a second the stack is dropped (and counted) as before, and until the drain moves again nobody
+ * waits (a fork child without the agent's thread, a drain stopped at the end of the window, a
+ * thread inside a JavaScript hook that the drain's thread waits for). */
+static void
+mt_defs_wait (guint64 len)
+{
+  guint64 size = mt_config.defs_size;
+  guint64 tail = mt_load_acquire (&mt_core.defs_tail);
+  gint64 give_up;
+  /* room for the record and the padding of a wrap (shorter than the record) */
+  if (G_LIKELY (mt_core.defs_head - tail + 2 * len <= size) || mt_core.defs_stalled == tail + 1)
+    return;
+  give_up = g_get_monotonic_time () + 500000;
+  while (mt_core.defs_head - tail + 2 * len > size)
+  {
+    sched_yield ();
+    if (g_get_monotonic_time () > give_up)
+    {
+      mt_core.defs_stalled = tail + 1;
+      return;
+    }
+    tail = mt_load_acquire (&mt_core.defs_tail);
+  }
+}
+
+/* A stack's id, interning it on first sight.  The definition goes to the drain through mt_defs before
+ * the id is used, so no row is ever shipped without one.  When every id is taken (stack_mask + 1 of
+ * them: the documented budget, docs/agents.md "Memory budget") or the definitions buffer is full, the
+ * stack is DROPPED_STACK, counted in dropped_stacks and said in the summary. */
 static guint32
 mt_intern (MtSlot * s, const guint64 * frames, guint n)
 {
   guint64 h = mt_hash_frames (frames, n);
-  guint64 mask = (mt_config.stack_mask << 1) | 1;
+  guint64 gen = mt_load_acquire (&mt_core.index_gen);
+  volatile guint64 * table = mt_index_table (gen);
+  guint64 mask = mt_index_entries (gen) - 1;
   guint64 i;
   guint probe;
   guint32 result = MT_DROPPED_STACK;
@@ -821,25 +928,32 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
   for (probe = 0; probe != 64; probe++)
   {
     i = (h + probe) & mask;
-    guint64 v = mt_load_acquire (&mt_stack_table[2 * i]);
+    guint64 v = mt_load_acquire (&table[2 * i]);
     if (v == h)
-      return (guint32) mt_stack_table[2 * i + 1];
+      return (guint32) table[2 * i + 1];
     if (v == 0)
       break;
   }
 
+  mt_defs_wait (sizeof (MtStackRecord) + 8 * (guint64) n);
   if (!mt_lock_patiently (&mt_globals.stack_lock))
   {
     s->counters[MT_C_DROPPED_STACKS]++;
     return MT_DROPPED_STACK;
   }
+  /* The id this stack would get: grow first if it would fill the table past half. */
+  if (2 * (mt_core.n_stacks + 1) > mt_index_entries (mt_core.index_gen))
+    mt_index_grow ();
+  gen = mt_core.index_gen;
+  table = mt_index_table (gen);
+  mask = mt_index_entries (gen) - 1;
   for (probe = 0; probe != 64; probe++)
   {
     i = (h + probe) & mask;
-    guint64 v = mt_stack_table[2 * i];
+    guint64 v = table[2 * i];
     if (v == h)
     {
-      result = (guint32) mt_stack_table[2 * i + 1];
+      result = (guint32) table[2 * i + 1];
       break;
     }
     if (v == 0)
@@ -854,14 +968,14 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
         guint k;
         r->type = MT_REC_STACK;
         r->nframes = (guint8) n;
-        r->reserved = 0;
+        r->nframes_hi = (guint16) (n >> 8);
         r->stack_id = (guint32) id;
         for (k = 0; k != n; k++)
           out[k] = frames[k];
         mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
         mt_store_release (&mt_core.n_stacks, id + 1);
-        mt_stack_table[2 * i + 1] = id;
-        mt_store_release (&mt_stack_table[2 * i], h);
+        table[2 * i + 1] = id;
+        mt_store_release (&table[2 * i], h);
         g_atomic_pointer_add (&mt_globals.stacks_interned, 1);
         result = (guint32) id;
       }
@@ -1002,4 +1116,16 @@ mt_live_remove (guint64 p, MtLiveMeta * out)
   /* The entry is read before the way is offered to another insert. */
   mt_store_release (&mt_live_keys (b)[i], 0);
   return TRUE;
+}
+
+/* Pages resident in a mincore() vector (bit 0 of each byte), for calibration's count of the agent's
+ * own tables: the stack budget's reservations are millions of pages, too many for a JavaScript
+ * loop at the target's exit. */
+guint64
+mt_count_resident (const guint8 * vec, guint64 n)
+{
+  guint64 i, count = 0;
+  for (i = 0; i != n; i++)
+    count += vec[i] & 1;
+  return count;
 }

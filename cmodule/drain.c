@@ -523,7 +523,7 @@ mt_reset (void)
     mt_top[i] = 0;
   for (i = 0; i != (mt_config.n_slots + 1) * sizeof (MtSlot); i++)
     ((guint8 *) mt_slots)[i] = 0;
-  for (i = 0; i != 4 * (mt_config.stack_mask + 1); i++)
+  for (i = 0; i != 8 * (mt_config.stack_mask + 1); i++)   /* every generation of the index (core.c) */
     mt_stack_table[i] = 0;
   for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
     MT_LIVE_KEY (i) = 0;

@@ -1315,7 +1315,7 @@ def _agent_data_problem(data: bytes, records: bool = True) -> str | None:
             elif rtype == rec_free:
                 pos += free_size
             elif rtype == rec_stack:
-                pos += head_size + 8 * data[pos + 1] if pos + 1 < stop else head_size
+                pos += head_size + 8 * (data[pos + 1] | data[pos + 2] << 8) if pos + 2 < stop else head_size
             elif rtype == rec_pad:
                 skip = _PAD.unpack_from(data, pos)[3] if pos + head_size <= stop else 0
                 if skip < head_size:
@@ -1504,18 +1504,18 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
                         continue
                 elif rtype == REC_STACK:
                     head = _STACK_HEAD.unpack_from(mv, pos)
-                    size = head_size + 8 * head[1]
+                    nframes = head[1] | head[2] << 8     # nframes_hi: 0 in captures before 256 frames
+                    size = head_size + 8 * nframes
                     if pos + size > stop:
-                        bad(pos, f"STACK record of {head[1]} frames overruns its chunk")
+                        bad(pos, f"STACK record of {nframes} frames overruns its chunk")
                         pos = stop
                         break
-                    if head[1] > layout.MAX_FRAMES or head[3] >= NESTED_STACK or head[2]:
-                        bad(pos, f"STACK record of {head[1]} frames (at most {layout.MAX_FRAMES})"
-                            if head[1] > layout.MAX_FRAMES else f"STACK record defines pseudo stack id {head[3]:#x}"
-                            if head[2] == 0 else _RESERVED.format("STACK"))
+                    if nframes > layout.MAX_FRAMES or head[3] >= NESTED_STACK:
+                        bad(pos, f"STACK record of {nframes} frames (at most {layout.MAX_FRAMES})"
+                            if nframes > layout.MAX_FRAMES else f"STACK record defines pseudo stack id {head[3]:#x}")
                         pos += size
                         continue
-                    r = (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
+                    r = (*head, struct.unpack_from(f"<{nframes}Q", mv, pos + head_size))
                     pos += size
                     if defined is not None:
                         defined.add(head[3])
@@ -1677,7 +1677,7 @@ def encode_agent_records(tid: int, records: list[AgentRecord]) -> bytes:
         elif isinstance(r, LiveRecord):
             out += _LIVE.pack(REC_LIVE, r.k, 0, r.stack_id, r.ptr, r.size, r.tick, 0)
         else:
-            out += _STACK_HEAD.pack(REC_STACK, len(r.frames), 0, r.stack_id)
+            out += _STACK_HEAD.pack(REC_STACK, len(r.frames) & 0xFF, len(r.frames) >> 8, r.stack_id)
             out += struct.pack(f"<{len(r.frames)}Q", *r.frames)
     return _CHUNK.pack(tid, len(out)) + bytes(out)
 

@@ -43,12 +43,12 @@ from memtrace.ui import UI, Progress, SilentUI
 # The agent core's sizing, overridable by a tracer's own options (agent keys of the same name).
 # A local target is traced completely: every allocation gets a stack and every block is tracked
 # (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
-# as they are used (docs/agents.md, "Memory budget"): 262,144 stack ids, 4,194,304 live-table
+# as they are used (docs/agents.md, "Memory budget"): 4,194,304 stack ids, 4,194,304 live-table
 # entries, 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
 # them is counted and said, never silent.
 AGENT_DEFAULTS: dict[str, Any] = {
     "liveThreshold": 0, "stackThreshold": 0, "frames": 64, "sampleBytes": 0, "ringKb": 1024,
-    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 18, "liveTable": 1 << 22, "defsKb": 8192,
+    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 22, "liveTable": 1 << 22, "defsKb": 8192,
     "toolchain": "auto", "backend": "auto",
 }
 # Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app

@@ -68,8 +68,9 @@ REC_AGG, REC_PEAK_HEAD, REC_PEAK, REC_LIVE = 4, 5, 6, 7
 
 PAD_RECORD = Layout("MtPadRecord", (("type", "u8"), ("reserved", "u8"), ("reserved2", "u16"),
                                     ("length", "u32")))
-# Followed by u64 frames[nframes].
-STACK_RECORD = Layout("MtStackRecord", (("type", "u8"), ("nframes", "u8"), ("reserved", "u16"),
+# Followed by u64 frames[nframes + 256 * nframes_hi] (nframes_hi was a reserved 0 before stacks could
+# be 256 frames deep: older captures read the same).
+STACK_RECORD = Layout("MtStackRecord", (("type", "u8"), ("nframes", "u8"), ("nframes_hi", "u16"),
                                         ("stack_id", "u32")))
 ALLOC_RECORD = Layout("MtAllocRecord", (("type", "u8"), ("kind", "u8"), ("flags", "u16"), ("stack_id", "u32"),
                                         ("ptr", "u64"), ("size", "u64"), ("weight", "u64")))
@@ -162,7 +163,9 @@ MIN_COUNTERS = 64
 
 # ---- the CModule core's tables, sized by the agent --------------------------------------------
 
-MAX_FRAMES = 255               # frames a stack record holds at most (its nframes is a u8)
+# Frames a stack record holds at most (--frames up to MAX_FRAMES - 1, issue 21: at least 256); the
+# hooks walk into an array of this many u64 on the target thread's stack (4 KiB).
+MAX_FRAMES = 512
 # The last frame of a stack cut at --frames: its innermost frames are kept, this marks the cut (so
 # --frames is at most MAX_FRAMES - 1).
 TRUNCATED_FRAME = 1

@@ -56,7 +56,7 @@ MtConfig mt_config;
 guint8 mt_ring_pool[N_RINGS * RING_SIZE] ALIGNED;
 /* As the agent sizes them (runtime/core.js): (hash, id) pairs, twice as many as stack ids; each
  * live bucket its MT_LIVE_WAYS keys and then their MtLiveMeta entries. */
-volatile guint64 mt_stack_table[4 * STACK_SLOTS];
+volatile guint64 mt_stack_table[8 * STACK_SLOTS];   /* every generation of the index */
 guint8 mt_defs[DEFS_BYTES] ALIGNED;
 guint8 mt_live_table[LIVE_BUCKETS * MT_LIVE_WAYS * (8 + sizeof (MtLiveMeta))] ALIGNED;
 volatile gint mt_live_locks[LIVE_BUCKETS];
@@ -142,6 +142,7 @@ extern guint64 mt_probe_slots_hw (void);
 extern void mt_probe_set_slots_hw (gint hw);
 extern void mt_probe_peak_lock (gint delta);
 extern guint64 mt_probe_live_bucket (guint64 p);
+extern guint64 mt_probe_index_check (guint64 * gen);
 
 /* ---- the allocator behind the hooks ---------------------------------------------------------- */
 
@@ -429,6 +430,27 @@ fork_and_wait (guint64 r)
   }
 }
 
+/* Allocations from up to 2,047 distinct call paths (each level one of two functions, up to 10
+ * deep): stacks keep being interned all run long, so the stack index grows (MT_INDEX_MIN is small
+ * here, build.py) while other threads look stacks up in it. */
+static gpointer path_b (guint64 r, guint depth);
+
+static __attribute__ ((noinline)) gpointer
+path_a (guint64 r, guint depth)
+{
+  gpointer p = depth == 0 ? do_alloc (r) : (r & 1) ? path_a (r >> 1, depth - 1) : path_b (r >> 1, depth - 1);
+  __asm__ __volatile__ ("" ::: "memory");   /* no tail call: every level keeps its frame */
+  return p;
+}
+
+static __attribute__ ((noinline)) gpointer
+path_b (guint64 r, guint depth)
+{
+  gpointer p = depth == 0 ? do_alloc (r) : (r & 1) ? path_a (r >> 1, depth - 1) : path_b (r >> 1, depth - 1);
+  __asm__ __volatile__ ("" ::: "memory");
+  return p;
+}
+
 static void *
 worker (void * arg)
 {
@@ -443,7 +465,7 @@ worker (void * arg)
     guint64 x = next_random (&r);
     guint k = (guint) (x >> 40) % KEEP;
     if (keep[k] == NULL)
-      keep[k] = do_alloc (x);
+      keep[k] = (x & 0x300) == 0 ? path_a (x >> 12, (guint) (x >> 24) % 11) : do_alloc (x);
     else if ((x & 7) == 0)
       keep[k] = do_realloc (keep[k], x);
     else
@@ -706,6 +728,13 @@ main (int argc, char ** argv)
           (unsigned long long) mt_live_occupied (), (unsigned long long) counted[MT_C_NESTED_TABLE_BUSY]);
   if (mode != MODE_SAMPLED && mt_drain_info.tracked_bytes != 1000 * mt_live_occupied ())
     FAIL ("%llu tracked bytes left after every block was freed", (unsigned long long) mt_drain_info.tracked_bytes);
+  {
+    guint64 gen, bad = mt_probe_index_check (&gen);
+    if (bad != 0)
+      FAIL ("the stack index lost or misplaced stack %llu", (unsigned long long) (bad - 1));
+    if (mode == MODE_STACKED && gen < 3)
+      FAIL ("the stack index never grew (generation %llu): the growth went untested", (unsigned long long) gen);
+  }
   printf ("harness %s: %llu calls, %llu counted, peak %llu B, %d failures\n", argv[1],
           (unsigned long long) made_total, (unsigned long long) calls,
           (unsigned long long) mt_drain_info.peak_bytes, atomic_load (&failures));

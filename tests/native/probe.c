@@ -37,3 +37,28 @@ mt_probe_live_bucket (guint64 p)
 {
   return mt_live_bucket (p);
 }
+
+/* The stack index after the run: every interned id exactly once in the current generation's table,
+ * at a hash that finds it (within the 64 probes a lookup makes).  Returns the first broken id + 1,
+ * or 0; *gen: the generation reached (the index grew that many times). */
+guint64
+mt_probe_index_check (guint64 * gen)
+{
+  guint64 g = mt_core.index_gen, n = mt_core.n_stacks;
+  guint64 entries = mt_index_entries (g), i, seen = 0;
+  volatile guint64 * table = mt_index_table (g);
+  *gen = g;
+  for (i = 0; i != entries; i++)
+  {
+    guint64 h = table[2 * i], id = table[2 * i + 1], d;
+    if (h == 0)
+      continue;
+    seen++;
+    if (id >= n)
+      return id + 1;
+    d = (i - h) & (entries - 1);
+    if (d >= 64)
+      return id + 1;
+  }
+  return seen == n ? 0 : n + 1;
+}

@@ -53,7 +53,7 @@ def test_labels_are_names_not_paths(tmp_path: Path, run: str, expected: str) -> 
     ("program: [/bin/true]\n    keep_running: 1", "run 1: keep_running: expected true or false, got 1"),
     ("program: [/bin/true]\n    options: {stack_treshold: 4096}", "unknown option(s) stack_treshold for malloc"),
     ("program: [/bin/true]\n    options: {stack_threshold: -1}", "--stack-threshold -1: must be 0 or more"),
-    ("program: [/bin/true]\n    options: {frames: 300}", "malloc options: frames: Invalid value: 300 is not in the range 1<=x<=254"),
+    ("program: [/bin/true]\n    options: {frames: 600}", "malloc options: frames: Invalid value: 600 is not in the range 1<=x<=511"),
     ("program: [/bin/true]\n    options: {backend: logr}", "backend: Invalid value: 'logr' is not one of 'auto', 'logger', 'symbols'"),
     ("program: [/bin/true]\n    options: [1]", "run 1: options: expected a mapping of tracer options"),
     ("program: [/bin/true]\n    device: 'remote:'", "--device remote:: expected auto, local"),

@@ -23,6 +23,10 @@ function agentMemory() {
     reserved += t.size;
     if (f(t.base, t.size, vec) !== 0)
       return null;
+    if (core.cm && core.cm.mt_count_resident) {   // C: the stack budget's tables are millions of pages
+      resident += ps * Number(new NativeFunction(core.cm.mt_count_resident, 'uint64', ['pointer', 'uint64'])(vec, pages));
+      continue;
+    }
     const bytes = new Uint8Array(vec.readByteArray(pages));
     for (let i = 0; i < pages; i++)
       if (bytes[i] & 1)

@@ -64,6 +64,29 @@ function rawPages(size) {
   return base;
 }
 
+/* A table sized by the stack budget (every stack id's rows, the stack index's generations): on Linux
+ * address space reserved without committing swap for it (MAP_NORESERVE), so a budget of millions of
+ * stacks costs nothing until stacks use it -- the rows are by dense id, so they fill page by page --
+ * and no overcommit heuristic refuses the reservation.  Unmapped when the script goes away, as
+ * Memory.alloc's pages are freed.  Elsewhere (Darwin: a jetsam-sized budget) rawPages. */
+function budgetPages(size) {
+  const ps = Process.pageSize;
+  const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
+  if (NATIVE_PLATFORM !== 'linux')
+    return rawPages(bytes);
+  const mmap = libcFunction('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'int64']);
+  const munmap = libcFunction('munmap', 'int', ['pointer', 'size_t']);
+  if (mmap === null || munmap === null)
+    return rawPages(bytes);
+  // PROT_READ | PROT_WRITE; MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
+  const base = mmap(NULL, bytes, 3, 0x02 | 0x20 | 0x4000, -1, 0);
+  if (base.equals(ptr('-1')))
+    throw new Error(`memtrace agent: cannot reserve ${bytes} bytes for the stack tables (a smaller --stack-table?)`);
+  core.tables.push({ base, size: bytes });
+  Script.bindWeak(base, () => munmap(base, bytes));
+  return base;
+}
+
 function sizeOf(cm, fn) {
   return Number(new NativeFunction(cm[fn], 'uint64', [])());
 }
@@ -114,16 +137,17 @@ export function buildCore(config, sources, extraSymbols) {
   const coreState = rawPages(CORE_BYTES);
   const slots = rawPages((nSlots + 1) * SLOT_BYTES);   // + the shared slot of threads past nSlots
   const rings = rawPages(nRings * ringSize);
-  // (hash, id) pairs, twice as many entries as stack ids: probes stay short when every id is taken.
-  const stackTable = rawPages(2 * stackSlots * 16);
+  // The stack index's generations (core.c, mt_intern): (hash, id) pairs, from 4096 up to twice as
+  // many as stack ids, 4 * stackSlots pairs in all; only the generations reached are written.
+  const stackTable = budgetPages(4 * stackSlots * 16);
   const defs = rawPages(DEFS_BYTES);
   // Each bucket: its LIVE_WAYS keys (one cache line), then their LIVE_META entries (core.c).
   const liveTable = rawPages(liveBuckets * LIVE_WAYS * (8 + LIVE_META.size));
   const liveLocks = rawPages(liveBuckets * 4);
-  const agg = rawPages(rows * lanes * AGG_STRIDE * 8);
-  const aggDirty = rawPages(rows);
-  const aggShipped = rawPages(rows * AGG_STRIDE * 8);
-  const aggLive = rawPages(rows * 8);
+  const agg = budgetPages(rows * lanes * AGG_STRIDE * 8);
+  const aggDirty = budgetPages(rows);
+  const aggShipped = budgetPages(rows * AGG_STRIDE * 8);
+  const aggLive = budgetPages(rows * 8);
   const drainInfo = Memory.alloc(DRAIN_INFO.size);
   const top = Memory.alloc(2 * TOP_STACKS * 8);
   const sites = Memory.alloc(N_SITES * SITE.size);

@@ -92,6 +92,8 @@ TRACER = Tracer(
     console=console_view,
     live=FdsStats,
     chapter=FdsChapter,
+    report_order=4,
+    views=("open", "failed"),
 )
 
 

@@ -42,6 +42,30 @@ class MallocStats(CoreStats):
 
 SORTS = ("bytes", "calls", "live")
 
+# The agent core's sizing, overridable by malloc's own options (agent keys of the same name).
+# A local target is traced completely: every allocation gets a stack and every block is tracked
+# (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
+# as they are used (docs/agents.md, "Memory budget"): 262,144 stack ids, 4,194,304 live-table
+# entries, 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
+# them is counted and said, never silent.
+AGENT_DEFAULTS: dict[str, Any] = {
+    "liveThreshold": 0, "stackThreshold": 0, "frames": 64, "sampleBytes": 0, "ringKb": 1024,
+    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 18, "liveTable": 1 << 22, "defsKb": 8192,
+    "toolchain": "auto", "backend": "auto",
+}
+# Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app
+# extensions are jetsammed in the tens of MB), so the core's tables and rings are sized for that
+# (~6.5 MiB reserved; only what is used becomes resident): 8192 stacks with one aggregate lane each
+# (a row's cache line shared by threads), 65536 live blocks -- and the layered capture stays the
+# default there: stacks for allocations of 8 KiB and up, blocks of 4 KiB and up tracked (every
+# summary says so in its "covers" line).  DEVICE-UNVERIFIED: not measured on a device.
+# An option the user sets still wins.
+AGENT_SIZING_DARWIN: dict[str, Any] = {
+    "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28,
+    "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 13, "liveTable": 1 << 16, "aggLanes": 1,
+    "defsKb": 1024,
+}
+
 
 def sorted_stack_rows(summary: MallocSummary, top: int | None, sort: str) -> list[Any]:
     """The stack table ``memtrace show --sort`` asks for: by gross bytes, by calls, or by live bytes."""
@@ -259,4 +283,12 @@ TRACER = Tracer(
     window_end=at_window_end,
     before_launch=_check_backend,
     host=_host_for,
+    c_sources=("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "world.c", "leaks.c"),
+    agent_defaults=AGENT_DEFAULTS,
+    agent_sizing={"darwin": AGENT_SIZING_DARWIN},
+    views=("gross", "live", "peak", "leaked", "temporary"),
+    heap_views=("gross", "live"),
+    sorts=SORTS,
+    report_order=0,
+    doctor_checks=("runtime", "self-test"),
 )

@@ -59,4 +59,6 @@ TRACER = Tracer(
     console=console_view,
     live=event_stats(_rows),
     chapter=ThreadsChapter,
+    report_order=5,
+    views=("created", "running", "leaked"),
 )

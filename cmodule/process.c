@@ -276,8 +276,6 @@ mt_fork_masks_busy (void)
  * close what it opened.  Counted, and said in the capture.  Not covered: a raw close syscall
  * (syscall(2) or an inline instruction), dup2 over one of them. */
 
-#define MT_FD_GUARD_MAX 65536
-#define MT_FD_RANGES 6
 #define MT_CLOSE_RANGE_MAX_FD ~0U
 
 /* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs. */

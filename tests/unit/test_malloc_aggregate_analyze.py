@@ -72,7 +72,7 @@ def test_summary_from_totals_peak_and_samples(tmp_path: Path) -> None:
                     LiveRecord(layout.NESTED_STACK, 0xC000, 5000, 2, 0)]))
     s = summarize(read_records(p))
     assert s.aggregates and s.mode == "aggregate"
-    one, two, nested = s.by_stack[1], s.by_stack[2], s.by_stack[layout.NESTED_STACK]
+    one, two, nested = s.stack_stats[1], s.stack_stats[2], s.stack_stats[layout.NESTED_STACK]
     assert (one.count, one.bytes, one.live_count, one.live_bytes, one.temp_count) == (2, 20000, 0, 0, 1)
     assert (two.count, two.bytes, two.live_count, two.live_bytes) == (1, 10000, 2, 10100)
     assert two.est_bytes == 10000 + 4096 and round(two.est_count, 2) == round(1 + 4096 / 100, 2)

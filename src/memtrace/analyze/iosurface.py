@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Record, RecordType
@@ -41,6 +41,7 @@ class Surface:
 
 @dataclass
 class IOSurfaceSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "iosurface"
     surfaces: list[Surface] = field(default_factory=list)
     failed: int = 0
     releases_untracked: int = 0     # references dropped on surfaces created before the capture

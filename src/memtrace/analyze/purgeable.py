@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Record, RecordType
@@ -39,6 +39,7 @@ class Group:
 
 @dataclass
 class PurgeableSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "purgeable"
     counts: dict[str, Any] = field(default_factory=dict)
     transitions: dict[str, int] = field(default_factory=dict)
     transition_bytes: dict[str, int] = field(default_factory=dict)

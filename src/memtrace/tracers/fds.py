@@ -93,7 +93,7 @@ TRACER = Tracer(
     live=FdsStats,
     chapter=FdsChapter,
     report_order=4,
-    views=("open", "failed"),
+    views=tuple(FdsSummary.count_views),
 )
 
 

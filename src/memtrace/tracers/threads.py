@@ -60,5 +60,5 @@ TRACER = Tracer(
     live=event_stats(_rows),
     chapter=ThreadsChapter,
     report_order=5,
-    views=("created", "running", "leaked"),
+    views=tuple(ThreadsSummary.count_views),
 )

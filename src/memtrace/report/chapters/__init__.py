@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from memtrace.analyze.families import FamilyRules
+from memtrace.analyze.profile import named_stack_lists, rows_at
 from memtrace.frames import Frame
 from memtrace.reporters.markdown import Markup, cell, code, table, text
 from memtrace.units import fmt_bytes
@@ -28,6 +29,7 @@ class Chapter(Protocol):
     def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]: ...
     def calibration(self, entry: dict[str, Any]) -> dict[str, Any]: ...
+    def calibration_text(self, row: dict[str, Any]) -> str | None: ...
 
 
 class BaseChapter:
@@ -55,6 +57,10 @@ class BaseChapter:
 
     def calibration(self, entry: dict[str, Any]) -> dict[str, Any]:
         return {}
+
+    def calibration_text(self, row: dict[str, Any]) -> str | None:
+        """The report's coverage cell for a calibration row (None: "—", or "not analyzed")."""
+        return None
 
 
 class GenericChapter(BaseChapter):
@@ -89,21 +95,10 @@ class GenericChapter(BaseChapter):
 
 
 def _rows_at(doc: dict[str, Any], path: str) -> list[dict[str, Any]]:
-    node: Any = doc
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return [r for r in node or [] if isinstance(r, dict)] if isinstance(node, list) else []
+    return rows_at(doc, path) or []
 
 
-def _named_stack_lists(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
-    """Every list of rows with "frames" anywhere in an entry, with its dotted name."""
-    out = []
-    for k, v in doc.items():
-        if isinstance(v, list) and v and all(isinstance(r, dict) and "frames" in r for r in v):
-            out.append((prefix + k, v))
-        elif isinstance(v, dict):
-            out += _named_stack_lists(v, prefix + k + ".")
-    return out
+_named_stack_lists = named_stack_lists
 
 
 def _stack_lists(doc: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -235,7 +235,7 @@ def _compile(files: dict[str, bytes], entry: str) -> str:
             target = root / "agents" / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        compiler = frida.Compiler()
+        compiler = frida.Compiler()  # type: ignore[no-untyped-call]  # frida's stubs leave it untyped
         diagnostics: list[Any] = []
         compiler.on("diagnostics", diagnostics.append)
         try:

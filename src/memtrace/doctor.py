@@ -183,7 +183,7 @@ def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | 
         report.add("device", launch.name, OK if launch.ok else WARN, launch.detail)
         shared = (symbols or ios.check_device_symbols)(device.id)
         report.add("device", shared.name, OK if shared.ok else WARN, shared.detail)
-    return platform
+    return platform if isinstance(platform, str) else None
 
 
 def _lockdown_checks(report: Report, udid: str, factory: Callable[[str], Any]) -> None:

@@ -257,7 +257,9 @@ class MallocSummary(CaptureContext):
         return out if n is None else out[:n]
 
     def top_stacks(self, n: int = 10, live: bool = False) -> list[StackStats]:
-        key = (lambda s: s.live_est_bytes) if live else (lambda s: s.est_bytes)
+        def key(s: StackStats) -> float:
+            return s.live_est_bytes if live else s.est_bytes
+
         rows = [s for s in self.stack_stats.values() if key(s) > 0]
         rows.sort(key=lambda s: (-key(s), s.stack_id))
         return rows[:n]

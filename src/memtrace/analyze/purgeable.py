@@ -56,7 +56,8 @@ class PurgeableSummary(CaptureContext):
     # -- derived ----------------------------------------------------------------
 
     def _controls(self) -> dict[str, dict[str, int]]:
-        return self.counts.get("controls", {})
+        controls: dict[str, dict[str, int]] = self.counts.get("controls", {})
+        return controls
 
     @property
     def set_calls(self) -> int:

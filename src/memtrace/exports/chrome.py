@@ -31,8 +31,9 @@ TIMELINE_COUNTERS = {"tracked_bytes": "tracked live bytes", "tracked_blocks": "t
 
 def _name(ev: dict[str, Any]) -> str:
     for key in ("type", "event", "op", "kind"):
-        if isinstance(ev.get(key), str):
-            return ev[key]
+        value = ev.get(key)
+        if isinstance(value, str):
+            return value
     return "event"
 
 

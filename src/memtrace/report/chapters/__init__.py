@@ -39,7 +39,7 @@ class BaseChapter:
     stack_tables: tuple[str, ...] = ()       # dotted paths of the entry's row lists that carry frames
 
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
-        j = summary.to_json(capture=rel, top=top)
+        j: dict[str, Any] = summary.to_json(capture=rel, top=top)
         j["analyzed"] = True
         for path in self.stack_tables:
             for row in _rows_at(j, path):

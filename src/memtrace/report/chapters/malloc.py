@@ -29,7 +29,7 @@ class MallocChapter(BaseChapter):
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
         """The summary plus per-family totals, computed once per distinct stack."""
         s = summary
-        j = s.to_json(capture=rel, top=top)
+        j: dict[str, Any] = s.to_json(capture=rel, top=top)
         j["analyzed"] = True
         fam: dict[str, dict[str, Any]] = {}
         # The aggregate core counts blocks without a stack (nested calls, a full stack table) outside

@@ -123,8 +123,8 @@ def test_a_first_frame_in_no_module_is_kept_and_says_unknown(tmp_path: Path) -> 
             w.write(RecordType.SYMBOLS, {"rows": [[hex(app), "app", app - 0x555500000000, "main", None, None]],
                                          "by": "synthetic"})
             counters = [0] * layout.N_COUNTERS
-            counters[0] = 1
-            counters[16] = 4096
+            counters[layout.C_CALLS + layout.KINDS["malloc"]] = 1
+            counters[layout.C_BYTES + layout.KINDS["malloc"]] = 4096
             data = encode_agent_records(1, [StackRecord(1, 1, (jit, app)),
                                             AllocRecord(1, 0, 1, 1, 0x1000, 4096, 4096)])
             w.write(RecordType.BATCH, {"type": "events:batch", "counters": counters}, data)

@@ -301,26 +301,35 @@ class MallocSummary(CaptureContext):
                 out["footprint"]["delta_without_agent"] = out["footprint"]["delta"] - agent_delta
         return out
 
+    @property
+    def peak_exact(self) -> bool:
+        """The peak is the true high-water mark: its composition was shipped, and no new high was
+        missed (peak_missed: one the core could not record, TinyCC builds only)."""
+        return self.peak is not None and self.peak.exact and self.counter("peak_missed") == 0
+
+    def temporary_rows(self, top: int | None) -> list[StackRow]:
+        """Temporary allocations by stack, most calls first (``count`` is calls)."""
+        rows = sorted(self.stack_rows(None, measure="temporary"),
+                      key=lambda r: (-round(r.count), -round(r.est_bytes), min(r.stack_ids)))
+        return rows if top is None else rows[:top]
+
     def peak_json(self, top: int) -> dict[str, Any] | None:
         p = self.peak
         if p is None:
             return None
-        # peak_missed: a new high the core could not record (TinyCC builds): the peak may be low.
-        return {"bytes": p.bytes, "count": p.count, "t": p.t_s,
-                "exact": p.exact and self.counter("peak_missed") == 0,
+        return {"bytes": p.bytes, "count": p.count, "t": p.t_s, "exact": self.peak_exact,
                 "by_stack": [r.to_json() for r in self.stack_rows(top, measure="peak")]}
 
     def temporary_json(self, top: int) -> dict[str, Any] | None:
         if not self.aggregates:
             return None
         rows = []
-        for r in self.stack_rows(None, measure="temporary"):
+        for r in self.temporary_rows(top):
             j = r.to_json()
             j["calls"] = j.pop("count")
             del j["exact_bytes"]
             rows.append(j)
-        rows.sort(key=lambda r: (-r["calls"], -r["bytes"], r["stack_id"]))
-        return {"calls": self.counter("temp_calls"), "bytes": self.counter("temp_bytes"), "by_stack": rows[:top]}
+        return {"calls": self.counter("temp_calls"), "bytes": self.counter("temp_bytes"), "by_stack": rows}
 
     def timeline_json(self) -> dict[str, Any] | None:
         """Columns, one entry per drain (100 ms): time, tracked bytes and blocks, the peak so far,

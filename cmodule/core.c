@@ -56,7 +56,6 @@
 #endif
 
 /* Aggregate lanes at most (the agent sizes agg_lanes, a power of two, up to this). */
-#define MT_MAX_LANES 64
 
 typedef struct _MtSlot MtSlot;
 typedef struct _MtGlobals MtGlobals;

@@ -70,7 +70,6 @@ extern gint mach_vm_region_recurse (mt_port_t task, guint64 * address, guint64 *
 #  define MT_THREAD_STATE_COUNT 42
 #  define MT_SP_INDEX 7
 # endif
-#define MT_VM_MEMORY_STACK 30
 /* vm_region_submap_info_64 is #pragma pack(4): protection, max_protection, inheritance, then the
  * 8-byte offset in words 3-4 (no padding), so user_tag is word 5, pages_resident word 6. */
 #define MT_SUBMAP_INFO_COUNT_64 19

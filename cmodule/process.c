@@ -370,8 +370,6 @@ mt_mask_threads (const guint64 * tids, guint64 n, guint64 mask, guint8 * stack, 
  * a close_range system call): nothing short of a seccomp filter or patching every such call site
  * sees it.  Frida's channel is then lost; the host says so in the capture's ending. */
 
-#define MT_FD_GUARD_MAX 65536
-#define MT_FD_RANGES 6
 #define MT_CLOSE_RANGE_MAX_FD ~0U
 
 #define MT_FD_KEPT 0                /* mt_fd_state: closes of a guarded descriptor kept open */

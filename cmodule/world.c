@@ -45,15 +45,13 @@
 #ifndef MT_DARWIN
 
 #define MT_WORLD_WAIT_US 200
-#define MT_WORLD_STOP_TIMEOUT_US 10000000ULL
 #define MT_WORLD_HOLD_LIMIT_US (600ULL * 1000000ULL)
 
-/* MtWorld.error: why the world could not be stopped, or why a thread could not be. */
-#define MT_WORLD_E_ATTACH 1          /* a thread could not be attached (most often: it ended) */
-#define MT_WORLD_E_CLONE 2           /* the helper could not be made */
-#define MT_WORLD_E_TIMEOUT 3         /* the helper did not report the world stopped in time */
-#define MT_WORLD_E_SECCOMP 4         /* a seccomp filter is installed: clone may be trapped */
-#define MT_WORLD_E_INSIDE 5          /* mt_world_stop_clear: a thread stayed inside a range, or running */
+/* MtWorld.error: why the world could not be stopped, or why a thread could not be -- MT_WORLD_E_ATTACH
+ * (a thread could not be attached, most often: it ended), _CLONE (the helper could not be made),
+ * _TIMEOUT (the helper did not report the world stopped in time), _SECCOMP (a seccomp filter is
+ * installed: clone may be trapped), _INSIDE (mt_world_stop_clear: a thread stayed inside a range, or
+ * running): generated from layout.WORLD_ERROR_CODES. */
 
 extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
 extern glong ptrace (gint request, ...);

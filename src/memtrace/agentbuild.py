@@ -36,22 +36,26 @@ from memtrace.files import write_text_atomic
 PACKAGE_DIR = Path(__file__).resolve().parent
 AGENT_DIR = PACKAGE_DIR / "agents"
 
-# Tracer agents and the cmodule/ files their CModule compiles (in order, after the header).
-TRACERS: dict[str, tuple[str, ...]] = {
-    "malloc": ("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "world.c", "leaks.c"),
-    "iosurface": (),
-    "purgeable": ("purgeable.c",),
-    "probe": (),
-    "fds": (),
-    "threads": (),
-}
 # Every tracer agent also compiles these (its own small CModule: stopping the world around a
-# patch, fork and exec, see
-# agents/runtime/process.js); they go to the init rpc as its third argument.
+# patch, fork and exec, see agents/runtime/process.js); they go to the init rpc as its third
+# argument.  A tracer's own cmodule/ files are declared on its Tracer (memtrace.tracers).
 PROCESS_SOURCES: tuple[str, ...] = ("world.c", "process.c")
 # Agents with an rpc table of their own (no tracer runtime, no C).
 STANDALONE: tuple[str, ...] = ("census", "limit")
-AGENTS: tuple[str, ...] = (*TRACERS, *STANDALONE)
+
+
+def tracer_agents() -> dict[str, tuple[str, ...]]:
+    """Every registered tracer's agent and the cmodule/ files its CModule compiles, in order."""
+    # Imported here: the registry's tracer modules import much of memtrace, agentbuild little.
+    from memtrace import tracers
+
+    return {t.agent_name: t.c_sources for t in tracers.all_tracers().values()}
+
+
+def agents() -> tuple[str, ...]:
+    """Every agent there is: the registered tracers', then the standalone ones."""
+    return (*tracer_agents(), *STANDALONE)
+
 
 # Bumped when the way a bundle is put together changes, so old cached bundles are not reused.
 BUILD_FORMAT = 1
@@ -69,10 +73,11 @@ class Agent:
 
 def build_agent(name: str, cache_dir: Path | None = None) -> Agent:
     """The agent ``name`` (a tracer or a standalone agent), from the cache when its inputs are unchanged."""
-    if name not in AGENTS:
-        raise MemtraceError(f"no agent named {name!r} (known: {', '.join(AGENTS)})")
+    known = agents()
+    if name not in known:
+        raise MemtraceError(f"no agent named {name!r} (known: {', '.join(known)})")
     return Agent(name, _bundle(name, cache_dir if cache_dir is not None else default_cache_dir()),
-                 _c_sources(name), _files(PROCESS_SOURCES) if name in TRACERS else [])
+                 _c_sources(name), _files(PROCESS_SOURCES) if name in tracer_agents() else [])
 
 
 def agent_source(tracer: str) -> str:
@@ -80,8 +85,9 @@ def agent_source(tracer: str) -> str:
 
 
 def c_sources(tracer: str) -> list[str]:
-    if tracer not in AGENTS:
-        raise MemtraceError(f"no agent named {tracer!r} (known: {', '.join(AGENTS)})")
+    known = agents()
+    if tracer not in known:
+        raise MemtraceError(f"no agent named {tracer!r} (known: {', '.join(known)})")
     return _c_sources(tracer)
 
 
@@ -105,7 +111,7 @@ def default_cache_dir() -> Path:
 
 
 def _c_sources(name: str) -> list[str]:
-    return _files(TRACERS.get(name, ()))
+    return _files(tracer_agents().get(name, ()))
 
 
 def _files(files: tuple[str, ...]) -> list[str]:
@@ -183,7 +189,7 @@ def _inputs(name: str) -> tuple[dict[str, bytes], str]:
         raise MemtraceError(f"agents/{name}.js is missing (broken installation)")
     files[LAYOUT_MODULE] = js_layout_module().encode()
     entry = f"{name}.js"
-    if name in TRACERS:
+    if name in tracer_agents():
         entry = f"_main_{name}.js"
         files[entry] = _entry_module(name).encode()
     return files, entry
@@ -229,7 +235,7 @@ def _compile(files: dict[str, bytes], entry: str) -> str:
             target = root / "agents" / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        compiler = frida.Compiler()
+        compiler = frida.Compiler()  # type: ignore[no-untyped-call]  # frida's stubs leave it untyped
         diagnostics: list[Any] = []
         compiler.on("diagnostics", diagnostics.append)
         try:

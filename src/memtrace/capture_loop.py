@@ -40,37 +40,6 @@ from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, finite_non_negative, positive
 from memtrace.ui import UI, Progress, SilentUI
 
-# The agent core's sizing, overridable by a tracer's own options (agent keys of the same name).
-# A local target is traced completely: every allocation gets a stack and every block is tracked
-# (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
-# as they are used (docs/agents.md, "Memory budget"): 4,194,304 stack ids, 4,194,304 live-table
-# entries, 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
-# them is counted and said, never silent.
-AGENT_DEFAULTS: dict[str, Any] = {
-    "liveThreshold": 0, "stackThreshold": 0, "frames": 64, "sampleBytes": 0, "ringKb": 1024,
-    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 22, "liveTable": 1 << 22, "defsKb": 8192,
-    "toolchain": "auto", "backend": "auto",
-}
-# Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app
-# extensions are jetsammed in the tens of MB), so the core's tables and rings are sized for that
-# (~6.5 MiB reserved; only what is used becomes resident): 8192 stacks with one aggregate lane each
-# (a row's cache line shared by threads), 65536 live blocks -- and the layered capture stays the
-# default there: stacks for allocations of 8 KiB and up, blocks of 4 KiB and up tracked (every
-# summary says so in its "covers" line).  DEVICE-UNVERIFIED: not measured on a device.
-# An option the user sets still wins.
-AGENT_SIZING_DARWIN: dict[str, Any] = {
-    "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28,
-    "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 13, "liveTable": 1 << 16, "aggLanes": 1,
-    "defsKb": 1024,
-}
-
-
-def agent_config_for(platform: str | None, explicit: dict[str, Any]) -> dict[str, Any]:
-    """The agent config for a target platform (``hello``'s ``platform``): defaults, then the
-    platform's sizing, then what the user asked for (an option left unset is None: the platform's)."""
-    sizing = AGENT_SIZING_DARWIN if platform == "darwin" else {}
-    return {**AGENT_DEFAULTS, **sizing, **{k: v for k, v in explicit.items() if v is not None}}
-
 DEFAULT_WINDOW = 60.0      # seconds: the window of an app or a running process, unless --window says
 # A process Frida calls terminated that still runs this long after is one whose channel was cut.
 CHANNEL_LOST_GRACE_S = 2.0
@@ -775,7 +744,7 @@ class CaptureLoop:
 
     def agent_config(self) -> dict[str, Any]:
         """The agent's configuration for this capture (the target's platform once it is known)."""
-        config = {**agent_config_for(self._platform, self.options.agent_config),
+        config = {**self.tracer.agent_config(self._platform, self.options.agent_config),
                   "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
         if self.options.follow_children and config.get("toolchain") == "auto":
             # The external toolchain's compiler would be a process of the target's, held and

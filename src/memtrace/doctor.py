@@ -38,7 +38,6 @@ from memtrace.target import TargetSpec
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 SECTIONS = ("host", "device", "stock iPhone", "target")
 # Tracers whose entry points exist only on Darwin: missing elsewhere is expected, not a failure.
-DARWIN_TRACERS = ("iosurface", "purgeable", "probe")
 SELF_TEST_CALLS = 1000
 SELF_TEST_SIZE = 65536 + 1000       # stacked and live at the default thresholds, unlike anything else
 CAP_SYS_PTRACE = 19
@@ -185,7 +184,7 @@ def device_checks(report: Report, device: Any, lockdown: Callable[[str], Any] | 
         report.add("device", launch.name, OK if launch.ok else WARN, launch.detail)
         shared = (symbols or ios.check_device_symbols)(device.id)
         report.add("device", shared.name, OK if shared.ok else WARN, shared.detail)
-    return platform
+    return platform if isinstance(platform, str) else None
 
 
 def _lockdown_checks(report: Report, udid: str, factory: Callable[[str], Any]) -> None:
@@ -295,7 +294,7 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0,
     resumed = False
     try:
         for tracer in tracers.all_tracers().values():
-            resumed = _tracer_checks(report, host, tracer.name, tracer.agent_name, resumed)
+            resumed = _tracer_checks(report, host, tracer, resumed)
             if not host.alive():
                 # What was checked stands; the rest cannot be, and a crash is the finding.
                 report.checks = [c for c in report.checks if not c.name.startswith(f"{tracer.name}: ")]
@@ -313,24 +312,25 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0,
         host.close()
 
 
-def _tracer_checks(report: Report, host: Any, name: str, agent: str, resumed: bool) -> bool:
-    """One tracer's agent: load, recon, install, (malloc) self-test, (probe) the probe; returns resumed."""
-    from memtrace.capture_loop import AGENT_DEFAULTS
-
+def _tracer_checks(report: Report, host: Any, tracer: tracers.Tracer, resumed: bool) -> bool:
+    """One tracer's agent: load, recon, install, the checks it declares (malloc's runtime and
+    self-test, the probe's result); returns resumed."""
+    name, agent = tracer.name, tracer.agent_name
     try:
         host.load(agent)
         hello = host.rpc("hello", "hello")
-        init = host.rpc("init", "init", {**AGENT_DEFAULTS, **_DOCTOR_CONFIG.get(name, {})}, host.c_sources(agent))
+        init = host.rpc("init", "init", {**tracer.agent_config(None, {}), **tracer.doctor_config},
+                        host.c_sources(agent))
     except MemtraceError as e:
         report.add("target", f"{name}: agent", FAIL, f"cannot load or initialise: {e}")
         _unload(host)
         return resumed
-    if name == "malloc":
+    if "runtime" in tracer.doctor_checks:
         status, detail = version_verdict(_frida_version(), str(hello.get("fridaVersion")))
         report.add("device", "frida-server", status, f"agent runtime {detail}", version=hello.get("fridaVersion"))
         info = init.get("info") or {}
         fallback = f" (external toolchain failed: {info['toolchainError']})" if info.get("toolchainError") else ""
-        report.add("target", "CModule build", OK, f"malloc core compiled with the {info.get('toolchain')} "
+        report.add("target", "CModule build", OK, f"{name} core compiled with the {info.get('toolchain')} "
                                                   f"toolchain{fallback}", toolchain=info.get("toolchain"))
     warnings = _drain(host)
     try:
@@ -340,9 +340,9 @@ def _tracer_checks(report: Report, host: Any, name: str, agent: str, resumed: bo
             resumed = True
         time.sleep(0.2)
         messages = _drain(host)
-        if name == "malloc":
+        if "self-test" in tracer.doctor_checks:
             _self_test(report, host)
-        if name == "probe":
+        if "probe-result" in tracer.doctor_checks:
             _probe_result(report, messages + _drain(host))
         host.rpc("stop", "stop", timeout=10)
         warnings += messages + _drain(host)
@@ -358,10 +358,6 @@ def _tracer_checks(report: Report, host: Any, name: str, agent: str, resumed: bo
     return resumed
 
 
-# Tracer options that change what the doctor sees: the purgeable stand-in's madvise on Linux.
-_DOCTOR_CONFIG = {"purgeable": {"standinMadvise": True}}
-
-
 def hook_verdict(tracer: str, recon: list[dict[str, Any]], failed: list[str], platform: str) -> Check:
     """Every hook point of one tracer: found, MISSING, failed to attach; and what that means."""
     points = [{"name": r.get("name"), "module": r.get("module"), "role": r.get("role"),
@@ -369,7 +365,9 @@ def hook_verdict(tracer: str, recon: list[dict[str, Any]], failed: list[str], pl
                ("found" if r.get("status") == "found" else "missing")} for r in recon]
     found = [str(p["name"]) for p in points if p["status"] == "found"]
     missing = [str(p["name"]) for p in points if p["status"] == "missing"]
-    native = platform == "darwin" or tracer not in DARWIN_TRACERS
+    registered = tracers.get(tracer)
+    hooks = registered.hooks_platform if registered is not None else None
+    native = hooks is None or platform == hooks
     counts = f"{len(found)} found, {len(missing)} missing, {len(failed)} fail to attach"
     if failed:
         status, detail = FAIL, f"{counts}: cannot hook {', '.join(failed)}"

@@ -149,14 +149,3 @@ def demangle_nested(symbol: str) -> str:
 def stack_key(frames: list[Frame] | tuple[Frame, ...]) -> tuple[tuple[Any, ...], ...]:
     """Rows are keyed by the whole symbolized stack: identical symbolized stacks merge."""
     return tuple(f.key() for f in frames)
-
-
-def named_stack_lists(doc: dict[str, Any], prefix: str = "") -> list[tuple[str, list[dict[str, Any]]]]:
-    """Every list of rows with "frames" anywhere in an entry, with its dotted name."""
-    out = []
-    for k, v in doc.items():
-        if isinstance(v, list) and v and all(isinstance(r, dict) and "frames" in r for r in v):
-            out.append((prefix + k, v))
-        elif isinstance(v, dict):
-            out += named_stack_lists(v, prefix + k + ".")
-    return out

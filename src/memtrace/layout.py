@@ -213,6 +213,7 @@ AGG_FIELDS: dict[str, int] = {
     "failed": 17,           # allocation calls on this stack that returned NULL (never in the others)
 }
 AGG_STRIDE = 24
+MAX_LANES = 64                 # lanes per row at most (runtime/core.js clamps the aggLanes option to it)
 AGG_SNAP_FIELDS = frozenset({"snap_epoch", "snap_bytes", "snap_count"})
 # An AGG record carries the fields of its mask (bit = field index), each the stack's running total.
 AGG_SHIPPED_MASK = sum(1 << i for k, i in AGG_FIELDS.items() if k not in AGG_SNAP_FIELDS)
@@ -309,11 +310,20 @@ LOGGER_INFLIGHT_STRIDE = 16    # gints between shards
 
 # Every thread of the target but the caller and Frida's own, held by a ptrace helper (Linux): for the
 # leak scan's roots, and around every patch of a hooked function's first bytes.
+# process.c's descriptor guard (fork/exec): the bitmap covers descriptors below FD_GUARD_MAX, and
+# at most FD_RANGES ranges of them are guarded (runtime/process.js sizes and fills both).
+FD_GUARD_MAX = 65536
+FD_RANGES = 6
+# Darwin's VM user tag of thread stacks (VM_MEMORY_STACK): the leak scan's roots.  DEVICE-UNVERIFIED
+VM_MEMORY_STACK = 30
 WORLD_REGS = 34                # u64 registers kept per stopped thread (x86-64 and arm64 both fit)
 WORLD_THREAD = Layout("MtWorldThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtWorld.regs
 # MtWorld.state, written by the stopper and by the helper process.
 WORLD_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume": 3, "resumed": 4, "failed": 5}
-# MtWorld.error (cmodule/world.c MT_WORLD_E_*): why the world, or a thread, could not be stopped.
+# MtWorld.error: why the world, or a thread, could not be stopped (C: MT_WORLD_E_ATTACH ...), and
+# what each code means.
+WORLD_STOP_TIMEOUT_US = 10_000_000    # how long stopping may take when MtWorld.stop_timeout_us is 0
+WORLD_ERROR_CODES: dict[str, int] = {"attach": 1, "clone": 2, "timeout": 3, "seccomp": 4, "inside": 5}
 WORLD_ERRORS: dict[int, str] = {
     1: "a thread could not be attached", 2: "the ptrace helper could not be made",
     3: "the ptrace helper did not stop the world in time",
@@ -332,7 +342,7 @@ WORLD = Layout("MtWorld", (
     ("tracer_stack", "u64"), ("tracer_stack_size", "u64"),
     ("tracer_pid", "u64"),
     ("error", "u64"),              # WORLD_ERRORS
-    ("stop_timeout_us", "u64"),    # how long stopping may take (0: MT_WORLD_STOP_TIMEOUT_US)
+    ("stop_timeout_us", "u64"),    # how long stopping may take (0: WORLD_STOP_TIMEOUT_US)
 ))
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
@@ -521,6 +531,7 @@ C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RE
 C_ENUMS: dict[str, str] = {
     "KINDS": "K", "COUNTERS": "C", "AGG_FIELDS": "A", "LOGGER_OPS": "OP", "PURGEABLE_ENTRIES": "PF",
     "PURGABLE_CONTROLS": "PURGABLE", "LEAK_STATES": "LEAK", "LEAK_MARKS": "LEAK", "WORLD_STATES": "WORLD", "FORK_ORIGINS": "ORIGIN",
+    "WORLD_ERROR_CODES": "WORLD_E",
 }
 # Values C needs that are not a constant of their own here.
 C_DERIVED: dict[str, int] = {"N_PSEUDO_STACKS": len(PSEUDO_STACKS)}

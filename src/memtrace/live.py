@@ -12,7 +12,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from memtrace.capture import COUNTER_NAMES, alloc_totals, calls_total
+from memtrace.capture import alloc_totals, calls_total
+from memtrace.layout import COUNTERS
 from memtrace.units import fmt_bytes
 
 Row = tuple[str, str]
@@ -118,8 +119,7 @@ class CoreStats(LiveStats):
         return alloc_totals(self.counters)[1]
 
     def dropped(self) -> int:
-        names = {v: k for k, v in COUNTER_NAMES.items()}
-        return self.counters[names["dropped_records"]] + self.counters[names["dropped_stacks"]]
+        return self.counters[COUNTERS["dropped_records"]] + self.counters[COUNTERS["dropped_stacks"]]
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = {"counters": self.counters, "live": self.live, "stacks": self.stacks}

@@ -37,8 +37,8 @@ def _by_top_function(path: Path) -> dict[str | None, tuple[int, int]]:
     """(allocations, bytes) per innermost function of the stacked allocations."""
     s = summarize(read_records(path))
     out: dict[str | None, tuple[int, int]] = {}
-    for sid, st in s.by_stack.items():
-        frames = s.stack(sid)
+    for sid, st in s.stack_stats.items():
+        frames = s.stack_frames(sid)
         name = frames[0].function if frames else None
         n, b = out.get(name, (0, 0))
         out[name] = (n + st.count, b + st.bytes)

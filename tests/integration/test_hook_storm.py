@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from memtrace import tracers
 from memtrace.agentbuild import build_agent
-from memtrace.capture_loop import AGENT_DEFAULTS
 
 from ..conftest import ROOT  # noqa: TID252
 
@@ -59,7 +59,7 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, tracer: 
         script = session.create_script(agent.source)
         script.load()
         api = script.exports_sync
-        api.init(dict(AGENT_DEFAULTS), agent.c_sources, agent.process_sources)
+        api.init(tracers.all_tracers()[tracer].agent_config(None, {}), agent.c_sources, agent.process_sources)
         api.start()
         time.sleep(0.5)
         world = api.stop()["world"]

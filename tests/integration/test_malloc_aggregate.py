@@ -52,7 +52,7 @@ def test_peak_of_a_burst_freed_at_once_and_the_live_set_by_stack(compile_c, tmp_
     assert summary.live_dump_complete
     dumped = Counter()
     for _ptr, size, sid, _tick in summary.live_blocks:
-        dumped[summary.stack(sid)[0].function] += size
+        dumped[summary.stack_frames(sid)[0].function] += size
     assert dumped == {"keep_early": 4 * MIB, "keep_late": 512 * 1024}
 
 

@@ -19,8 +19,9 @@ from memtrace import layout
 from memtrace.agentbuild import build_agent
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import AllocRecord, RecordType, decode_agent_records, read_records
-from memtrace.capture_loop import AGENT_SIZING_DARWIN, CaptureOptions, run_capture
+from memtrace.capture_loop import CaptureOptions, run_capture
 from memtrace.target import TargetSpec
+from memtrace.tracers.malloc import AGENT_SIZING_DARWIN
 from memtrace.ui import SilentUI
 
 from ..conftest import ROOT  # noqa: TID252
@@ -121,7 +122,7 @@ def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_pa
     failures and another task's VM are left out and counted, and every realloc race ends right -- in the
     core's per-stack totals, its peak and temporaries, and with --events in the per-event stream too."""
     prog = standin_program(compile_c, demo_bin, "standin_malloc")
-    # The device's layered default (capture_loop.AGENT_SIZING_DARWIN), as the stand-in stands for one.
+    # The device's layered default (tracers.malloc.AGENT_SIZING_DARWIN), as the stand-in stands for one.
     layered = {k: AGENT_SIZING_DARWIN[k] for k in ("liveThreshold", "stackThreshold")}
     result = run_capture("malloc", TargetSpec(device="local", argv=[str(prog)]),
                          CaptureOptions(tracer="malloc", window=30, out=tmp_path / "c",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from memtrace import layout
-from memtrace.capture_loop import AGENT_DEFAULTS, agent_config_for
+from memtrace import layout, tracers
+from memtrace.tracers.malloc import AGENT_DEFAULTS, AGENT_SIZING_DARWIN
+
+MALLOC = tracers.all_tracers()["malloc"]
+agent_config_for = MALLOC.agent_config
 
 SLOT_BYTES, GLOBALS_BYTES, CORE_BYTES, DEFS_BYTES = 2048, 65536, 4096, 1 << 20   # runtime/core.js
 
@@ -29,3 +32,14 @@ def test_darwin_targets_get_small_tables_and_user_options_still_win() -> None:
     assert agent_config_for("darwin", {"ringKb": 1024})["ringKb"] == 1024
     assert agent_config_for("darwin", {"liveThreshold": 1})["liveThreshold"] == 1
     assert agent_config_for(None, {}) == AGENT_DEFAULTS
+
+
+def test_only_malloc_is_sent_mallocs_defaults() -> None:
+    # The core's sizing and thresholds are malloc's: every other tracer's agent gets its own options only.
+    for t in tracers.all_tracers().values():
+        config = t.agent_config("darwin", {"censusAt": 5, "top": None})
+        if t.name == "malloc":
+            assert config == {**AGENT_DEFAULTS, **AGENT_SIZING_DARWIN, "censusAt": 5}
+        else:
+            assert config == {"censusAt": 5}, t.name
+            assert not set(t.agent_config("linux", {})) & set(AGENT_DEFAULTS), t.name

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from memtrace import agentbuild, layout
-from memtrace.agentbuild import AGENTS, Agent, build_agent
+from memtrace import agentbuild, layout, tracers
+from memtrace.agentbuild import Agent, build_agent
 from memtrace.errors import MemtraceError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,17 +35,40 @@ def counted_compiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+AGENTS = agentbuild.agents()
+TRACER_AGENTS = agentbuild.tracer_agents()
+
+
+def test_the_registry_is_the_tracer_list() -> None:
+    # Every registered tracer has its agent, and no agent is a tracer the registry does not know.
+    registered = tracers.all_tracers()
+    assert {t.agent_name: t.c_sources for t in registered.values()} == TRACER_AGENTS
+    assert set(TRACER_AGENTS) == {"malloc", "iosurface", "purgeable", "probe", "fds", "threads"}
+    assert (*TRACER_AGENTS, "census", "limit") == AGENTS
+    for t in registered.values():
+        assert (agentbuild.AGENT_DIR / f"{t.agent_name}.js").is_file()
+        for f in t.c_sources:
+            assert (agentbuild.cmodule_dir() / f).is_file(), f"{t.name}: cmodule/{f}"
+    # The report's order is declared on each tracer: the three lines first.
+    assert tracers.names() == ("malloc", "iosurface", "purgeable", "probe", "fds", "threads")
+    with pytest.raises(MemtraceError, match="no agent named 'nope'"):
+        build_agent("nope")
+
+
 @pytest.mark.parametrize("name", AGENTS)
 def test_every_agent_bundles(name: str, tmp_path: Path) -> None:
+    # Every registered tracer's agent (and the standalone ones): bundled, its C sources read.
     agent = build_agent(name, cache_dir=tmp_path)
     assert isinstance(agent, Agent) and agent.name == name
+    assert len(agent.c_sources) == (len(TRACER_AGENTS[name]) + 1 if TRACER_AGENTS.get(name) else 0)
+    assert len(agent.process_sources) == (1 + len(agentbuild.PROCESS_SOURCES) if name in TRACER_AGENTS else 0)
     # Frida's package format: the entry module first, then its source map.
-    entry = f"_main_{name}.js" if name in agentbuild.TRACERS else f"{name}.js"
+    entry = f"_main_{name}.js" if name in TRACER_AGENTS else f"{name}.js"
     head = agent.source.split("\n", 3)
     assert head[0] == "📦" and re.fullmatch(rf"\d+ /agents/{re.escape(entry)}", head[1])
     assert "import " not in agent.source.split("✄", 2)[1]       # bundled: no module is left to load
     assert "rpc.exports" in agent.source
-    if name in agentbuild.TRACERS:
+    if name in TRACER_AGENTS:
         # Every tracer gets the runtime's rpc table; its own module exports the tracer.
         assert "function serve(" in agent.source
         assert re.search(rf"^export const tracer = \{{\n  name: '{name}',", (agentbuild.AGENT_DIR / f"{name}.js").read_text(),
@@ -176,8 +199,8 @@ def test_an_installed_wheel_builds_every_agent(tmp_path: Path) -> None:
     probe = ("import json, sys\n"
              f"sys.path.insert(0, {str(site)!r})\n"
              "import memtrace\n"
-             "from memtrace.agentbuild import AGENTS, build_agent\n"
-             "out = {n: [len(a.source), len(a.c_sources)] for n in AGENTS for a in [build_agent(n)]}\n"
+             "from memtrace.agentbuild import agents, build_agent\n"
+             "out = {n: [len(a.source), len(a.c_sources)] for n in agents() for a in [build_agent(n)]}\n"
              "print(json.dumps({'from': memtrace.__file__, 'agents': out}))\n")
     env = {**os.environ, "MEMTRACE_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("PYTHONPATH", None)

@@ -41,3 +41,20 @@ def test_the_header_carries_layouts_values() -> None:
     assert header["MT_TIER_MAX_3"] == 8192 and "MT_TIER_MAX_5" not in header
     assert header["MT_NO_STACK"] == 0xFFFFFFFF and header["MT_N_PSEUDO_STACKS"] == 3
     assert header["MT_N_COUNTERS"] == layout.N_COUNTERS
+
+
+def test_no_other_language_mirrors_a_hand_written_c_constant() -> None:
+    # A value the agent or the host shares with the C is layout.py's (the header's): a hand-written
+    # #define that JavaScript or Python names ("core.c's MT_MAX_LANES") is a copy that can drift.
+    own = {name for text in c_sources().values() for name in re.findall(r"^\s*#\s*define\s+(MT_[A-Z0-9_]+)", text, re.M)}
+    root = agentbuild.PACKAGE_DIR
+    named = {(p.relative_to(root).as_posix(), m) for p in sorted([*root.rglob("*.js"), *root.rglob("*.py")])
+             for m in re.findall(r"\bMT_[A-Z0-9_]+\b", p.read_text(encoding="utf-8"))}
+    assert {(f, m) for f, m in named if m in own} == set()
+    # The constants that were mirrored by hand before, now generated.
+    header = header_defines()
+    for name, value in (("MT_MAX_LANES", layout.MAX_LANES), ("MT_FD_GUARD_MAX", layout.FD_GUARD_MAX),
+                        ("MT_FD_RANGES", layout.FD_RANGES), ("MT_VM_MEMORY_STACK", layout.VM_MEMORY_STACK),
+                        ("MT_WORLD_E_TIMEOUT", layout.WORLD_ERROR_CODES["timeout"])):
+        assert int(header[name].rstrip("u"), 0) == value
+    assert set(layout.WORLD_ERROR_CODES.values()) == set(layout.WORLD_ERRORS)

@@ -183,7 +183,7 @@ def test_cross_thread_free_before_alloc_pairs_up(tmp_path: Path) -> None:
                 + encode_agent_records(2, [FreeRecord(2, 3, 0xC000, 0)]))
     s = summarize(read_records(p))
     assert (s.live_count, s.live_bytes, s.unmatched_frees) == (2, 18000, 0)
-    assert s.by_stack[5].count == 4
+    assert s.stack_stats[5].count == 4
 
 
 def test_export_prints_what_was_flushed_and_flags_a_torn_tail(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def test_summary_from_totals_peak_and_samples(tmp_path: Path) -> None:
                     LiveRecord(layout.NESTED_STACK, 0xC000, 5000, 2, 0)]))
     s = summarize(read_records(p))
     assert s.aggregates and s.mode == "aggregate"
-    one, two, nested = s.by_stack[1], s.by_stack[2], s.by_stack[layout.NESTED_STACK]
+    one, two, nested = s.stack_stats[1], s.stack_stats[2], s.stack_stats[layout.NESTED_STACK]
     assert (one.count, one.bytes, one.live_count, one.live_bytes, one.temp_count) == (2, 20000, 0, 0, 1)
     assert (two.count, two.bytes, two.live_count, two.live_bytes) == (1, 10000, 2, 10100)
     assert two.est_bytes == 10000 + 4096 and round(two.est_count, 2) == round(1 + 4096 / 100, 2)
@@ -123,8 +123,8 @@ def test_a_first_frame_in_no_module_is_kept_and_says_unknown(tmp_path: Path) -> 
             w.write(RecordType.SYMBOLS, {"rows": [[hex(app), "app", app - 0x555500000000, "main", None, None]],
                                          "by": "synthetic"})
             counters = [0] * layout.N_COUNTERS
-            counters[0] = 1
-            counters[16] = 4096
+            counters[layout.C_CALLS + layout.KINDS["malloc"]] = 1
+            counters[layout.C_BYTES + layout.KINDS["malloc"]] = 4096
             data = encode_agent_records(1, [StackRecord(1, 1, (jit, app)),
                                             AllocRecord(1, 0, 1, 1, 0x1000, 4096, 4096)])
             w.write(RecordType.BATCH, {"type": "events:batch", "counters": counters}, data)

@@ -157,6 +157,32 @@ def test_a_new_tracer_module_is_reachable_everywhere(added_tracer: str, tmp_path
     (t,) = result.document["targets"]
     assert sorted(e["regions"] for e in t[added_tracer]) == [0, 2]
     assert f"## {added_tracer}" in result.markdown
+    # Its views: the default one, its summary's stack rows, through the views protocol.
+    from memtrace.views import load
+    from memtrace.views.diff import diff
+    from memtrace.views.profile import profile
+
+    loaded = load(folder / "more.mtc")
+    assert loaded.tracer.views == ("gross",)
+    p = profile(loaded)
+    assert (p.tracer, p.view, p.missing, p.total_bytes, p.total_count) == (added_tracer, "gross", None, 12288, 2)
+    assert "a zz_regions capture has its stack rows only" in (profile(loaded, "live").missing or "")
+    (pair,) = diff(folder / "capture.mtc", folder / "more.mtc")["pairs"]
+    assert pair["tracer"] == added_tracer and pair["views"]["gross"]["total"] == {"base": 0, "new": 12288,
+                                                                                 "delta": 12288}
+
+
+def test_a_tracer_whose_analyzer_returns_another_type_is_refused() -> None:
+    malloc = tracers.get("malloc")
+    assert malloc is not None
+    from dataclasses import replace
+
+    from memtrace.analyze.fds import FdsSummary
+
+    wrong = replace(malloc, summary_type=FdsSummary)
+    with pytest.raises(TypeError, match="not the malloc tracer's FdsSummary"):
+        wrong.summarize([])
+    assert type(malloc.summarize([])) is malloc.summary_type
 
 
 def test_registry_modules_import_cleanly() -> None:

@@ -16,7 +16,7 @@
 
 import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, LEAK_JOB, LEAK_MARKS, LEAK_RANGE,
   LEAK_RANGE_FRIDA, LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, VM_TAG_MALLOC_FIRST,
-  VM_TAG_MALLOC_LAST, WORLD_ERRORS } from './layout.js';
+  VM_MEMORY_STACK, VM_TAG_MALLOC_LAST, WORLD_ERRORS } from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
@@ -91,7 +91,7 @@ function isMallocRegion(range) {
 function stackShaped(range, guards) {
   if (IS_DARWIN) {
     const tag = fn('mt_leak_region_tag', 'int', ['uint64'])(uint64(range.base.toString()));
-    return tag === 30;    // VM_MEMORY_STACK (DEVICE-UNVERIFIED)
+    return tag === VM_MEMORY_STACK;    // DEVICE-UNVERIFIED
   }
   // A module's data can sit above a hole the loader made inaccessible: not a stack.
   if (range.file !== undefined || Process.findModuleByAddress(range.base) !== null)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from memtrace.analyze.profile import ALL_ROWS, Profile, Sample, named_stack_lists, rows_at, samples_of
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import Record, RecordType
 from memtrace.frames import Frame, stack_key
@@ -55,7 +56,20 @@ SCHEMA_VERSION = 1
 
 @dataclass
 class CaptureContext:
-    """The fields :func:`fold_context` fills, for analyzers to inherit, and the stack views they share."""
+    """The fields :func:`fold_context` fills, for analyzers to inherit, and the stack views they share.
+
+    Every summary answers the views protocol: :meth:`profile` makes one of its tracer's views
+    (``Tracer.views``), :meth:`measured_views` names those it holds per stack id (the flame graph
+    and parquet read those in one pass), :meth:`snapshot_counters` says what a SNAPSHOT record
+    counts.  The defaults fit a tracer whose summary lists stack rows; a summary class overrides
+    what its tracer does otherwise.
+    """
+
+    tracer_name: ClassVar[str] = "?"
+    # Views whose stacks weigh objects, not bytes: {view: (dotted path of a stack-row list in the
+    # summary's JSON, weighed by its rows' "count"; what the view is)}.  Empty: the one "gross"
+    # view, the summary's first stack-row list.
+    count_views: ClassVar[Mapping[str, tuple[str, str]]] = {}
 
     meta: dict[str, Any] = field(default_factory=dict)
     end: dict[str, Any] = field(default_factory=dict)
@@ -100,6 +114,42 @@ class CaptureContext:
             if f.module is None or not f.module.startswith(skip_modules) or not skip_modules:
                 return f.function or f.name()
         return frames[0].name() if frames else None
+
+    def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
+        """The summary as ``--json`` and report.json carry it (docs/json-schema.md)."""
+        raise NotImplementedError(f"{type(self).__name__} has no JSON form")
+
+    # -- the views protocol ------------------------------------------------------------------
+
+    def profile(self, view: str, capture_version: int | None = None) -> Profile:
+        """One of this tracer's views (the registry checked ``view``) as stack samples.
+        ``capture_version``: the capture file's format version, for saying why a view is missing."""
+        p = Profile(tracer=self.tracer_name, view=view, target=self.meta.get("target", {}).get("label"))
+        if self.count_views:
+            path, meaning = self.count_views[view]
+            p.unit = "count"
+            rows = [r for r in rows_at(self.to_json(capture=None, top=0), path) or [] if r.get("frames")]
+            if not rows:
+                p.missing = f"no {meaning} in this capture"
+                return p
+            for r in rows:
+                n = int(r.get("count") or 0)
+                p.samples.append(Sample([Frame.from_json(f) for f in r["frames"]], n, n))
+            return p
+        lists = named_stack_lists(self.to_json(capture=None, top=ALL_ROWS))
+        if not lists:
+            p.missing = f"this {self.tracer_name} capture has no stacks"
+            return p
+        p.samples = samples_of(lists[0][1])
+        return p
+
+    def measured_views(self) -> list[str]:
+        """The views this summary holds as totals per stack id (none by default: :meth:`profile`)."""
+        return []
+
+    def snapshot_counters(self, body: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        """A SNAPSHOT record's figures as (counter name, value): the events so far."""
+        return [("events", body.get("events", 0))]
 
 
 def frames_json(frames: list[Frame]) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno as errno_names
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -42,6 +42,11 @@ class OpenFd:
 
 @dataclass
 class FdsSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "fds"
+    count_views: ClassVar[Mapping[str, tuple[str, str]]] = {
+        "open": ("open_at_end.by_stack", "descriptors open at the end, by the stack that opened them"),
+        "failed": ("failures_by_stack", "failed opens (EMFILE, ENFILE, ...), by stack"),
+    }
     calls: Counter[str] = field(default_factory=Counter)          # successful creating calls
     opened: int = 0                                               # descriptors they created
     closes: Counter[str] = field(default_factory=Counter)         # releases of an open descriptor

@@ -42,6 +42,7 @@ class Surface:
 
 @dataclass
 class IOSurfaceSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "iosurface"
     surfaces: list[Surface] = field(default_factory=list)
     failed: int = 0
     releases_untracked: int = 0     # references dropped on surfaces created before the capture

@@ -11,13 +11,14 @@ event (:mod:`memtrace.analyze.malloc_events`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.analyze.leaks import LeakScan, is_leak_result, resolve
 from memtrace.analyze.malloc_events import EventFold
+from memtrace.analyze.profile import ALL_ROWS, UNSTACKED, Profile, Sample, samples_of
 from memtrace.analyze.vm import VM_KINDS, VmFold
 from memtrace.capture import (
     AGG_FIELDS,
@@ -116,11 +117,16 @@ class Peak:
 
 @dataclass
 class MallocSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "malloc"
+    # gross: every allocation; live: tracked blocks alive at the end; peak: the live set at the
+    # footprint's peak; leaked: the --leaks scan's unreachable blocks; temporary: blocks freed soon
+    # after they were made.
+    VIEWS: ClassVar[tuple[str, ...]] = ("gross", "live", "peak", "leaked", "temporary")
     counters: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
     stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    # Shadows CaptureContext.by_stack (a method) with a table: the interface break issue 24 names.
-    by_stack: dict[int, StackStats] = field(default_factory=dict)  # type: ignore[assignment]
+    # Each stack id's totals (CaptureContext.by_stack, the grouping by symbolized stack, is another thing).
+    stack_stats: dict[int, StackStats] = field(default_factory=dict)
     mode: str = "events"        # "aggregate" | "events" (--events) ; older captures: "events"
     aggregates: bool = False    # the summary comes from the core's per-stack totals
     live_count: int = 0
@@ -204,14 +210,15 @@ class MallocSummary(CaptureContext):
                 "sample_bytes": sample, "frames": number("frames"), "text": text}
 
     def row(self, stack_id: int) -> StackStats:
-        """The stack's row in ``by_stack``, created empty on first use."""
-        st = self.by_stack.get(stack_id)
+        """The stack's row in ``stack_stats``, created empty on first use."""
+        st = self.stack_stats.get(stack_id)
         if st is None:
-            st = self.by_stack[stack_id] = StackStats(stack_id)
+            st = self.stack_stats[stack_id] = StackStats(stack_id)
         return st
 
-    def stack(self, stack_id: int) -> list[Frame]:  # type: ignore[override]  # by id, not addresses (issue 24)
-        """A stack's frames, innermost first, inlined calls expanded."""
+    def stack_frames(self, stack_id: int) -> list[Frame]:
+        """A stack id's frames, innermost first, inlined calls expanded (:meth:`stack` symbolizes
+        return addresses)."""
         frames = self.stacks.get(stack_id)
         if frames is None:
             return [Frame(0, function=_PSEUDO_NAMES.get(stack_id, f"<stack {stack_id} not in capture>"))]
@@ -236,13 +243,13 @@ class MallocSummary(CaptureContext):
         ``measure``: "gross" (the default), "live", "temporary" or "peak"."""
         value = MEASURES[measure or ("live" if live else "gross")]
         rows: dict[tuple[Any, ...], StackRow] = {}
-        for st in self.by_stack.values():
+        for st in self.stack_stats.values():
             est, count, exact = value(st)
             if est <= 0:
                 continue
             memo = self._keyed.get(st.stack_id) if self._keyed is not None else None
             if memo is None:
-                frames = self.stack(st.stack_id) if st.stack_id != NO_STACK else []
+                frames = self.stack_frames(st.stack_id) if st.stack_id != NO_STACK else []
                 # (stack_key(frames), each frame's key once: frames are shared between stacks)
                 key: tuple[Any, ...] = tuple(self._frame_keys[id(f)] if id(f) in self._frame_keys
                             else self._frame_keys.setdefault(id(f), f.key()) for f in frames)
@@ -261,8 +268,10 @@ class MallocSummary(CaptureContext):
         return out if n is None else out[:n]
 
     def top_stacks(self, n: int = 10, live: bool = False) -> list[StackStats]:
-        key = (lambda s: s.live_est_bytes) if live else (lambda s: s.est_bytes)
-        rows = [s for s in self.by_stack.values() if key(s) > 0]
+        def key(s: StackStats) -> float:
+            return s.live_est_bytes if live else s.est_bytes
+
+        rows = [s for s in self.stack_stats.values() if key(s) > 0]
         rows.sort(key=lambda s: (-key(s), s.stack_id))
         return rows[:n]
 
@@ -303,23 +312,30 @@ class MallocSummary(CaptureContext):
                 out["footprint"]["delta_without_agent"] = out["footprint"]["delta"] - agent_delta
         return out
 
+    @property
+    def peak_exact(self) -> bool:
+        """The peak is the true high-water mark: its composition was shipped, and no new high was
+        missed (peak_missed: one the core could not record, TinyCC builds only)."""
+        return self.peak is not None and self.peak.exact and self.counter("peak_missed") == 0
+
+    def temporary_rows(self, top: int | None) -> list[StackRow]:
+        """Temporary allocations by stack, most calls first (``count`` is calls)."""
+        rows = sorted(self.stack_rows(None, measure="temporary"),
+                      key=lambda r: (-round(r.count), -round(r.est_bytes), min(r.stack_ids)))
+        return rows if top is None else rows[:top]
+
     def peak_json(self, top: int) -> dict[str, Any] | None:
         p = self.peak
         if p is None:
             return None
-        # peak_missed: a new high the core could not record (TinyCC builds): the peak may be low.
-        return {"bytes": p.bytes, "count": p.count, "t": p.t_s,
-                "exact": p.exact and self.counter("peak_missed") == 0,
+        return {"bytes": p.bytes, "count": p.count, "t": p.t_s, "exact": self.peak_exact,
                 "by_stack": [r.to_json() for r in self.stack_rows(top, measure="peak")]}
 
     def temporary_json(self, top: int) -> dict[str, Any] | None:
         if not self.aggregates:
             return None
         rows = []
-        # Ranked by calls, then bytes, as their JSON says them (rounded); only the top ones made JSON.
-        ranked = sorted(self.stack_rows(None, measure="temporary"),
-                        key=lambda r: (-round(r.count), -round(r.est_bytes), min(r.stack_ids)))
-        for r in ranked[:top]:
+        for r in self.temporary_rows(top):
             j = r.to_json()
             j["calls"] = j.pop("count")
             del j["exact_bytes"]
@@ -345,7 +361,7 @@ class MallocSummary(CaptureContext):
                     order.append(sid)
                 series[sid][i] = live
         largest = set(sorted(order, key=lambda sid: -max(v or 0 for v in series[sid]))[:TIMELINE_STACKS])
-        cols["stacks"] = [{"stack_id": sid, "frames": [f.to_json() for f in self.stack(sid)], "live": series[sid]}
+        cols["stacks"] = [{"stack_id": sid, "frames": [f.to_json() for f in self.stack_frames(sid)], "live": series[sid]}
                           for sid in order if sid in largest]
         return cols
 
@@ -395,6 +411,77 @@ class MallocSummary(CaptureContext):
             out["timeline"] = self.timeline_json()
         return out
 
+    # -- the views protocol ------------------------------------------------------------------
+
+    def profile(self, view: str, capture_version: int | None = None) -> Profile:
+        """A view's samples; each view's total is the summary's figure for it (gross, peak and
+        temporary include the bytes no stack covers, as one "(no stack)" sample)."""
+        p = Profile(tracer=self.tracer_name, view=view, target=self.meta.get("target", {}).get("label"))
+        if view in ("gross", "live"):
+            live = view == "live"
+            for r in self.stack_rows(None, live=live):
+                frames = r.frames if r.frames and r.stack_ids != [NO_STACK] else [UNSTACKED]
+                p.samples.append(Sample(frames, int(round(r.est_bytes)), int(round(r.count))))
+            if not live:
+                # Bytes no stack covers (below the stack threshold, unsampled): one sample, so the
+                # view adds up to the gross bytes.
+                stacked = self.coverage()["estimated_bytes_with_sampling"]
+                rest = self.gross_bytes - stacked
+                if rest > 0:
+                    p.samples.append(Sample([UNSTACKED], rest,
+                                            max(0, self.alloc_calls - sum(x.count for x in p.samples))))
+            return p
+        if view == "leaked":
+            leaks = self.leaks_json(None)
+            if leaks is None:
+                p.missing = "no leak scan in this capture (capture with --leaks)"
+            else:
+                p.samples = samples_of(leaks["leaked"]["by_stack"])
+            return p
+        if view in ("peak", "temporary"):
+            # The section alone: the whole to_json would rank every stack by every measure.
+            sec = self.peak_json(ALL_ROWS) if view == "peak" else self.temporary_json(ALL_ROWS)
+            if sec is None and type(self).to_json is not MallocSummary.to_json:
+                # A summary class that adds the section in its own to_json (a newer analyzer's shape).
+                own = self.to_json(top=ALL_ROWS).get(view)
+                sec = own if isinstance(own, dict) else None
+            if sec is None or not isinstance(sec.get("by_stack"), list):
+                p.missing = f"the {view} view is not in this capture ({self._why_no_aggregates(capture_version)})"
+            else:
+                p.samples = samples_of(sec["by_stack"])
+                # As in the gross view, what no stack covers is one sample, so the total is the summary's.
+                rest = int(sec.get("bytes") or 0) - sum(x.bytes for x in p.samples)
+                calls = sec.get("calls", sec.get("count", sec.get("blocks")))
+                if rest > 0:
+                    rest_count = int(calls) - sum(x.count for x in p.samples) if isinstance(calls, int) else 0
+                    p.samples.append(Sample([UNSTACKED], rest, max(0, rest_count)))
+            return p
+        raise ValueError(f"unknown view {view!r} (one of {', '.join(self.VIEWS)})")
+
+    def _why_no_aggregates(self, capture_version: int | None) -> str:
+        """Why there is no peak or temporary section: only the in-target aggregates keep them."""
+        if capture_version == 1 or self.mode != "events":
+            return "recorded by a memtrace that did not keep it yet"
+        return "an --events capture: the in-target aggregates that keep it were off"
+
+    def measured_views(self) -> list[str]:
+        """The views ``stack_stats`` holds per stack id: gross and live, and the peak and temporary
+        views when the in-target aggregates kept them."""
+        views = ["gross", "live"]
+        if self.aggregates and self.peak is not None:
+            views.append("peak")
+        if self.aggregates:
+            views.append("temporary")
+        return views
+
+    def snapshot_counters(self, body: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        """A SNAPSHOT's tracked live blocks (when it has them) and gross bytes so far."""
+        out: list[tuple[str, Any]] = []
+        if "live" in body:
+            out.append(("tracked live blocks", body.get("live") or 0))
+        out.append(("gross bytes allocated", body.get("bytes")))
+        return out
+
     def leaks_json(self, top: int | None = 10) -> dict[str, Any] | None:
         if self.leaks is None:
             return None
@@ -403,7 +490,7 @@ class MallocSummary(CaptureContext):
         return self.leaks.to_json(self._frames_of, top, live_table_full=self.dropped["live_table_full"])
 
     def _frames_of(self, sid: int) -> list[Frame]:
-        return self.stack(sid) if sid != NO_STACK else []
+        return self.stack_frames(sid) if sid != NO_STACK else []
 
 
 _PSEUDO_NAMES = {DROPPED_STACK: "<stack dropped>", NESTED_STACK: "<nested call: stack skipped>",
@@ -523,7 +610,7 @@ class _AggFold:
         return None if self.t0 is None else round((t_ms - self.t0) / 1000, 3)
 
     def finish(self, s: MallocSummary) -> None:
-        by_stack = s.by_stack
+        by_stack = s.stack_stats
         pseudo = set(PSEUDO_STACKS)
         for sid, t in self.totals.items():
             exact_count = t[_F["allocs"]] + t[_F["untracked"]] - t[_F["sampled"]]

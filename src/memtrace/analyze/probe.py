@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.capture import Record, RecordType, Result
@@ -21,6 +21,7 @@ LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reus
 
 @dataclass
 class ProbeSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "probe"
     result: dict[str, Any] | None = None
 
     def failure(self) -> str | None:

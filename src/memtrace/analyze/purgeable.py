@@ -40,6 +40,7 @@ class Group:
 
 @dataclass
 class PurgeableSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "purgeable"
     counts: dict[str, Any] = field(default_factory=dict)
     transitions: dict[str, int] = field(default_factory=dict)
     transition_bytes: dict[str, int] = field(default_factory=dict)
@@ -56,7 +57,8 @@ class PurgeableSummary(CaptureContext):
     # -- derived ----------------------------------------------------------------
 
     def _controls(self) -> dict[str, dict[str, int]]:
-        return self.counts.get("controls", {})
+        controls: dict[str, dict[str, int]] = self.counts.get("controls", {})
+        return controls
 
     @property
     def set_calls(self) -> int:

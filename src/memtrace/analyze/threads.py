@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno as errno_names
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,6 +50,12 @@ class ThreadRecord:
 
 @dataclass
 class ThreadsSummary(CaptureContext):
+    tracer_name: ClassVar[str] = "threads"
+    count_views: ClassVar[Mapping[str, tuple[str, str]]] = {
+        "created": ("created_by_stack", "threads created, by the stack that created them"),
+        "running": ("running_at_end.by_stack", "threads still running at the end, by creating stack"),
+        "leaked": ("leaked.by_stack", "threads never joined nor detached, by creating stack"),
+    }
     records: list[ThreadRecord] = field(default_factory=list)
     existing: int = 0                       # threads alive when the window began
     failures: Counter[tuple[int, tuple[int, ...], int | None]] = field(default_factory=Counter)

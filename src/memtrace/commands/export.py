@@ -9,12 +9,12 @@ from typing import IO
 
 import click
 
+from memtrace import tracers
 from memtrace.capture import CaptureError, CaptureInfo, damage_at, read_records, record_to_json
 from memtrace.errors import MemtraceError
 from memtrace.exports import BINARY, FORMATS, folded
 from memtrace.files import open_text_atomic, save_bytes
 from memtrace.views import load
-from memtrace.views.profile import VIEWS
 
 
 @click.command("export")
@@ -25,7 +25,7 @@ from memtrace.views.profile import VIEWS
                    "pprof: gzipped profile.proto (a Go heap profile for malloc's gross and live); chrome-trace: "
                    "trace events for the Perfetto UI; parquet: a row per stack and view with its frames and the "
                    "capture's identity (needs pyarrow: pip install 'memtrace[parquet]').")
-@click.option("--view", type=click.Choice(VIEWS), default="gross", show_default=True,
+@click.option("--view", type=click.Choice(tracers.all_views()), default="gross", show_default=True,
               help="Which bytes the stack formats weigh (malloc).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Write to this file (atomically) instead of standard output.")

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
+from memtrace import tracers
 from memtrace.errors import InputError
 from memtrace.files import save_text
 from memtrace.reporters.html import flame_data, flamegraph_page, has_stacks
 from memtrace.views import load
 from memtrace.views.flame import MIN_FRACTION
-from memtrace.views.profile import COUNT_VIEWS, VIEWS
 
-ALL_VIEWS = tuple(dict.fromkeys([*VIEWS, *(v for views in COUNT_VIEWS.values() for v in views)]))
+ALL_VIEWS = tracers.all_views()
 
 
 @click.command("flamegraph")

@@ -27,7 +27,7 @@ def show(capture: Path, as_json: bool, top: int | None, sort: str | None) -> int
     Exit status 1 when the capture is incomplete -- cut short, damaged (bad records are skipped and
     the first named), or without an END record: the summary covers what was read."""
     loaded = load(capture)
-    if sort is not None and loaded.tracer.name != "malloc":
+    if sort is not None and sort not in loaded.tracer.sorts:
         raise InputError(f"{loaded.path}: --sort orders malloc's stack table; {loaded.tracer.name} captures' "
                          "tables are ordered by count")
     if top is None:

@@ -31,8 +31,9 @@ TIMELINE_COUNTERS = {"tracked_bytes": "tracked live bytes", "tracked_blocks": "t
 
 def _name(ev: dict[str, Any]) -> str:
     for key in ("type", "event", "op", "kind"):
-        if isinstance(ev.get(key), str):
-            return ev[key]
+        value = ev.get(key)
+        if isinstance(value, str):
+            return value
     return "event"
 
 
@@ -65,10 +66,8 @@ def document(loaded: Any) -> dict[str, Any]:
                 at_agent(t, counter("allocator in-use", 0, use))
         elif rec.type == RecordType.SNAPSHOT:
             ts = float(b.get("t") or 0) * 1e6
-            if "live" in b and loaded.tracer.name == "malloc":
-                events.append(counter("tracked live blocks", ts, b.get("live") or 0))
-            events.append(counter("gross bytes allocated" if loaded.tracer.name == "malloc" else "events", ts,
-                                  b.get("bytes") if loaded.tracer.name == "malloc" else b.get("events", 0)))
+            for name, value in loaded.summary.snapshot_counters(b):
+                events.append(counter(name, ts, value))
         elif rec.type == RecordType.EVENTS:
             for ev in b.get("events") or []:
                 args = {k: v for k, v in ev.items() if k not in ("frames", "t")}
@@ -114,7 +113,7 @@ def stack_counters(loaded: Any, counter: Any) -> list[dict[str, Any]]:
     stacks share it)."""
     from memtrace.views.profile import timeline
 
-    tl = timeline(loaded) if loaded.tracer.name == "malloc" else {}
+    tl = timeline(loaded, snapshots=False)      # the summary's own timeline: the stacks it follows
     out: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     for st in tl.get("stacks") or []:

@@ -30,7 +30,7 @@ from memtrace.errors import InputError
 from memtrace.exports.limits import clamp_int64
 from memtrace.layout import PSEUDO_STACKS
 from memtrace.report.chapters import UNSTACKED
-from memtrace.views.profile import profile, views_of
+from memtrace.views.profile import profile
 
 FRAME_FIELDS = ("function", "module", "file", "line", "offset", "address", "inlined")
 
@@ -59,17 +59,19 @@ def rows(loaded: Any) -> list[dict[str, Any]]:
         out.append({"view": view, "unit": unit, "stack_id": sid, "family": family, "bytes": int(round(b)),
                     "count": int(round(c)), "leaf": frames[0].name() if frames else None, "frames": _frames(frames)})
 
-    if loaded.tracer.name == "malloc":
+    views = s.measured_views()
+    if views:
+        # A summary with per-stack-id totals (malloc): a row per stack id and view, then each
+        # view's bytes no stack covers, then the views it does not hold per stack (leaked).
         from memtrace.analyze.malloc import MEASURES
 
         # Stackless rows (the pseudo stacks of the aggregate core, NO_STACK) count in the live set,
         # their gross bytes in the unstacked row -- as the report's family table counts them.
         stackless = set(PSEUDO_STACKS) if s.aggregates else {NO_STACK}
-        views = ["gross", "live"] + (["peak"] if s.aggregates and s.peak else []) + (["temporary"] if s.aggregates else [])
         stacked_count = 0
-        for sid, st in s.by_stack.items():
+        for sid, st in s.stack_stats.items():
             stacked = sid not in stackless
-            frames = s.stack(sid) if sid != NO_STACK else []
+            frames = s.stack_frames(sid) if sid != NO_STACK else []
             family = rules.classify(frames) if stacked else UNSTACKED
             for view in views:
                 b, c, _ = MEASURES[view](st)
@@ -90,7 +92,7 @@ def rows(loaded: Any) -> list[dict[str, Any]]:
         for smp in leaked.samples:
             add("leaked", "bytes", None, rules.classify(smp.frames), smp.bytes, smp.count, smp.frames)
         return out
-    for view in views_of(loaded.tracer.name):
+    for view in loaded.tracer.views:
         p = profile(loaded, view)
         for smp in p.samples:
             add(view, p.unit, None, rules.classify(smp.frames), smp.bytes, smp.count, smp.frames)

@@ -125,7 +125,7 @@ class _Builder:
 
 
 def build(loaded: Any, view: str) -> Any:
-    if loaded.tracer.name == "malloc" and view in ("gross", "live"):
+    if view in loaded.tracer.heap_views:
         return build_heap(loaded, view)
     p = profile(loaded, view)
     if p.missing:
@@ -145,7 +145,7 @@ def build(loaded: Any, view: str) -> Any:
 
 
 def build_heap(loaded: Any, view: str) -> Any:
-    """A malloc capture as Go's heap profiles are: each stack with its allocations (alloc_objects,
+    """A capture as Go's heap profiles are (malloc's gross and live views): each stack with its allocations (alloc_objects,
     alloc_space: every allocation in the window) and what it still held at the end (inuse_objects,
     inuse_space: tracked live blocks); ``view`` picks the default sample type."""
     from memtrace.frames import stack_key
@@ -168,7 +168,7 @@ def build_heap(loaded: Any, view: str) -> Any:
         out.sample.add(location_id=[b.location(f) for f in frames],
                        value=[clamp_int64(v, f"pprof: a sample's {name}", loaded)
                               for v, (name, _) in zip(values, HEAP_TYPES, strict=True)])
-    out.comment.append(b.sid(f"memtrace malloc heap (default {view}): {loaded.path}"))
+    out.comment.append(b.sid(f"memtrace {loaded.tracer.name} heap (default {view}): {loaded.path}"))
     return out
 
 

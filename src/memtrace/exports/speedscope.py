@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from memtrace.views.profile import profile, views_of
+from memtrace.views.profile import profile
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
@@ -15,7 +15,7 @@ def document(loaded: Any, view: str | None = None) -> dict[str, Any]:
     frames: list[dict[str, Any]] = []
     index: dict[tuple[Any, ...], int] = {}
     profiles = []
-    for v in [view] if view else views_of(loaded.tracer.name):
+    for v in [view] if view else loaded.tracer.views:
         p = profile(loaded, v)
         if p.missing or not p.samples:
             continue

@@ -105,16 +105,10 @@ def _calibration(doc: dict[str, Any]) -> list[str]:
              "bytes at end / allocator in-use Δ.", ""]
     rows = []
     for c in doc["calibration"]:
-        if c["tracer"] == "malloc" and c.get("gross_bytes") == 0:
-            detail = "no allocation captured"
-        elif c["tracer"] == "malloc" and "gross_bytes" in c:
-            detail = (f"stacks {fmt_bytes(c['stacked_bytes'])} of {fmt_bytes(c['gross_bytes'])} = "
-                      f"{fmt_pct(c['stack_coverage'])}; in-use {fmt_bytes(c['in_use_before'])} → "
-                      f"{fmt_bytes(c['in_use_after'])} ({c['allocator_source'] or '—'}); live "
-                      f"{fmt_bytes(c['live_bytes'])} = {fmt_pct(c['live_coverage'])} of in-use Δ; footprint Δ "
-                      f"{fmt_bytes(c['footprint_delta'], signed=True)} ({c['footprint_source'] or '—'})")
-            if c["dropped"]:
-                detail += "; dropped " + ", ".join(f"{k} {v:,}" for k, v in c["dropped"].items())
+        tracer = tracers.get(c["tracer"])
+        own = chapter_of(tracer).calibration_text(c) if tracer is not None else None
+        if own is not None:
+            detail = own
         elif not c["analyzed"]:
             detail = "not analyzed (see Captures skipped)"
         else:

@@ -1,18 +1,21 @@
 """The tracer registry: each tracer says, in one module of this package, everything it is.
 
-A :class:`Tracer` names its options (the click command and batch plan keys are both made from
-them), its agent (``agents/<agent>.js``, plus ``cmodule/<agent>.c`` when it has C), its
-analyzer, the type of its summary, its console view, its report chapter and the statistics the
-live view shows while it runs.  ``cli``, ``batch``, ``report`` and the live view find tracers
-here and nowhere else; a module of this package that defines ``TRACER`` is registered by being
-there (see docs/architecture.md, "Adding a tracer").
+This is the only list of tracers.  A :class:`Tracer` names its options (the click command and
+batch plan keys are both made from them), its agent (``agents/<agent>.js``) and the ``cmodule/``
+files its CModule compiles, the agent defaults its options start from, its analyzer and the type
+of its summary, its views (what ``flamegraph``, ``export`` and ``diff`` show; the summary's
+``profile(view)`` makes them), its place in the report, its console view, its report chapter,
+its doctor checks and the statistics the live view shows while it runs.  ``cli``, ``batch``,
+``agentbuild``, ``report``, ``doctor``, the views and the live view find tracers here and
+nowhere else; a module of this package that defines ``TRACER`` is registered by being there
+(docs/architecture.md, "Adding a tracer").
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +49,28 @@ class Tracer:
     # (option values, target, capture options) -> the AgentHost to capture through, or None for
     # Frida's: malloc --backend dvt records through a stock device's Instruments services.
     host: Callable[[dict[str, Any], Any, Any], Any] | None = None
+    # cmodule/ files the agent's CModule compiles, in order, after the generated layout header
+    # (every tracer agent also compiles agentbuild.PROCESS_SOURCES on its own).
+    c_sources: tuple[str, ...] = ()
+    # The agent config before the options: what the agent needs that no option sets (table sizes),
+    # and per platform (``hello``'s ``platform``) what differs there.  Only this tracer's agent
+    # is sent them.
+    agent_defaults: Mapping[str, Any] = field(default_factory=dict)
+    agent_sizing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The views of its captures, the default first (the summary's profile(view) makes each).
+    views: tuple[str, ...] = ("gross",)
+    # Views pprof writes as a heap profile (alloc and inuse sample types together).
+    heap_views: tuple[str, ...] = ()
+    # ``show --sort`` orders (the first is the default); empty: the tables have one order.
+    sorts: tuple[str, ...] = ()
+    report_order: int = 100                           # the report tells tracers in this order, then by name
+    # doctor: the checks beyond load/install/hook points (names doctor.py knows) and the agent
+    # config it loads the agent with, on top of the defaults.
+    doctor_checks: tuple[str, ...] = ()
+    # The platform whose entry points it hooks ("darwin": iosurface, purgeable, probe); None: every
+    # platform's (doctor: missing hook points elsewhere are expected, not a fault).
+    hooks_platform: str | None = None
+    doctor_config: Mapping[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     # What the capture reader checks this tracer's JSON against (memtrace/schema.py): its event
     # types (capture.Event subclasses, by their TYPE) and its RESULT record's (a capture.Result).
@@ -57,7 +82,17 @@ class Tracer:
         return self.agent or self.name
 
     def summarize(self, records: Iterable[Record]) -> Any:
-        return importlib.import_module(self.analyzer).summarize(records)
+        summary = importlib.import_module(self.analyzer).summarize(records)
+        if not isinstance(summary, self.summary_type):
+            raise TypeError(f"{self.analyzer}.summarize returned a {type(summary).__name__}, "
+                            f"not the {self.name} tracer's {self.summary_type.__name__}")
+        return summary
+
+    def agent_config(self, platform: str | None, explicit: Mapping[str, Any]) -> dict[str, Any]:
+        """The agent config for a target platform: this tracer's defaults, then the platform's
+        sizing, then what the user asked for (an option left unset is None: the platform's)."""
+        return {**self.agent_defaults, **self.agent_sizing.get(platform or "", {}),
+                **{k: v for k, v in explicit.items() if v is not None}}
 
 
 def _discover() -> dict[str, Tracer]:
@@ -71,12 +106,9 @@ def _discover() -> dict[str, Tracer]:
             if tracer.name in found:
                 raise RuntimeError(f"two tracers are named {tracer.name!r}")
             found[tracer.name] = tracer
-    return dict(sorted(found.items(), key=lambda kv: (ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER),
-                                                       kv[0])))
+    return dict(sorted(found.items(), key=lambda kv: (kv[1].report_order, kv[0])))
 
 
-# The three lines first, as the report tells them; any other tracer after, by name.
-ORDER = ("malloc", "iosurface", "purgeable", "probe", "fds", "threads")
 _REGISTRY: dict[str, Tracer] | None = None
 
 
@@ -101,3 +133,8 @@ def names() -> tuple[str, ...]:
 
 def get(name: str) -> Tracer | None:
     return all_tracers().get(name)
+
+
+def all_views() -> tuple[str, ...]:
+    """Every view some tracer has (a command's --view choices), each once, in registry order."""
+    return tuple(dict.fromkeys(v for t in all_tracers().values() for v in t.views))

@@ -94,6 +94,8 @@ TRACER = Tracer(
     console=console_view,
     live=FdsStats,
     chapter=FdsChapter,
+    report_order=4,
+    views=tuple(FdsSummary.count_views),
 )
 
 

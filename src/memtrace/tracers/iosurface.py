@@ -58,4 +58,6 @@ TRACER = Tracer(
     console=console_view,
     live=event_stats(_rows),
     chapter=IOSurfaceChapter,
+    hooks_platform="darwin",
+    report_order=1,
 )

@@ -42,6 +42,30 @@ class MallocStats(CoreStats):
 
 SORTS = ("bytes", "calls", "live")
 
+# The agent core's sizing, overridable by malloc's own options (agent keys of the same name).
+# A local target is traced completely: every allocation gets a stack and every block is tracked
+# (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
+# as they are used (docs/agents.md, "Memory budget"): 4,194,304 stack ids, 4,194,304 live-table
+# entries, 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
+# them is counted and said, never silent.
+AGENT_DEFAULTS: dict[str, Any] = {
+    "liveThreshold": 0, "stackThreshold": 0, "frames": 64, "sampleBytes": 0, "ringKb": 1024,
+    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 22, "liveTable": 1 << 22, "defsKb": 8192,
+    "toolchain": "auto", "backend": "auto",
+}
+# Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app
+# extensions are jetsammed in the tens of MB), so the core's tables and rings are sized for that
+# (~6.5 MiB reserved; only what is used becomes resident): 8192 stacks with one aggregate lane each
+# (a row's cache line shared by threads), 65536 live blocks -- and the layered capture stays the
+# default there: stacks for allocations of 8 KiB and up, blocks of 4 KiB and up tracked (every
+# summary says so in its "covers" line).  DEVICE-UNVERIFIED: not measured on a device.
+# An option the user sets still wins.
+AGENT_SIZING_DARWIN: dict[str, Any] = {
+    "liveThreshold": 4096, "stackThreshold": 8192, "frames": 28,
+    "ringKb": 256, "rings": 16, "threadSlots": 256, "stackTable": 1 << 13, "liveTable": 1 << 16, "aggLanes": 1,
+    "defsKb": 1024,
+}
+
 
 def sorted_stack_rows(summary: MallocSummary, top: int | None, sort: str) -> list[Any]:
     """The stack table ``memtrace show --sort`` asks for: by gross bytes, by calls, or by live bytes."""
@@ -63,23 +87,23 @@ def sorted_tables(summary: MallocSummary, top: int, sort: str) -> list[tuple[str
 
 
 def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any]) -> None:
-    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 10))
-    header(console, "malloc", s)
-    line(console, ("covers", s["covers"]["text"]))
+    top = opts.get("top", 10)
+    header(console, "malloc", summary.header_json("malloc", opts.get("capture")))
+    line(console, ("covers", summary.covers["text"]))
     calls = Table(title="calls by kind", show_edge=False)
     calls.add_column("kind")
     calls.add_column("calls", justify="right")
-    for k, v in s["calls"].items():
+    for k, v in summary.calls.items():
         if v:
             calls.add_row(k, f"{v:,}")
     console.print(calls)
-    line(console, ("gross bytes allocated",
-                   f"{fmt_bytes(s['gross_bytes'])} ({s['gross_bytes']:,} B in {s['alloc_calls']:,} calls)"))
-    failed = {k: v for k, v in s["failed"].items() if v}
+    gross = summary.gross_bytes
+    line(console, ("gross bytes allocated", f"{fmt_bytes(gross)} ({gross:,} B in {summary.alloc_calls:,} calls)"))
+    failed = {k: v for k, v in summary.failed.items() if v}
     if failed:
         line(console, ("failed calls (returned NULL; no bytes counted)",
                        ", ".join(f"{k} {v:,}" for k, v in failed.items())))
-        rows = summary.stack_rows(opts.get("top", 10), measure="failed")
+        rows = summary.stack_rows(top, measure="failed")
         if rows:
             console.print(stack_table("failed calls by stack", [("calls", "right"), ("frames", "left")],
                                       [[f"{round(r.count):,}", frames_text(r.frames) if r.frames
@@ -88,40 +112,40 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
     for col in ("size", "calls", "bytes"):
         tiers.add_column(col, justify="right")
     prev = 0
-    for t in s["tiers"]:
+    for t in summary.tiers:
         label = f"{prev + 1 if prev else 0}–{t['max_bytes']}" if t["max_bytes"] is not None else f"> {prev}"
         tiers.add_row(label, f"{t['calls']:,}", fmt_bytes(t["bytes"]))
         prev = t["max_bytes"] or prev
     console.print(tiers)
-    live = s["live"]
-    line(console, ("live at end (tracked blocks)", f"{live['count']:,} blocks, {fmt_bytes(live['bytes'])}"))
-    for title, rows in sorted_tables(summary, opts.get("top", 10), opts.get("sort") or "bytes"):
+    line(console, ("live at end (tracked blocks)", f"{summary.live_count:,} blocks, {fmt_bytes(summary.live_bytes)}"))
+    for title, rows in sorted_tables(summary, top, opts.get("sort") or "bytes"):
         if rows:
             console.print(stack_table(title, [("bytes", "right"), ("count", "right"), ("frames", "left")],
                                       [[fmt_bytes(r.est_bytes), f"{round(r.count):,}",
                                         frames_text(r.frames) if r.frames else plain("(no stack)")] for r in rows]))
-    if s.get("peak"):
-        _peak(console, s["peak"])
-    if s.get("temporary"):
-        _temporary(console, s["temporary"])
-    nested = s["nested"]
-    if nested["calls"] or nested["allocator_internal"]:
+    if summary.aggregates and summary.peak is not None:
+        _peak(console, summary, top)
+    if summary.aggregates:
+        _temporary(console, summary, top)
+    nested_calls, nested_internal = summary.counter("nested_calls"), summary.counter("nested_internal")
+    if nested_calls or nested_internal:
         line(console, ("calls made inside a hook (signal handlers)",
-                       f"{nested['calls']:,} counted ({fmt_bytes(nested['bytes'])}), stacks skipped"),
-             ("allocator's own, counted once", f"{nested['allocator_internal']:,}"))
-        if nested["unreconciled"]:
+                       f"{nested_calls:,} counted ({fmt_bytes(summary.counter('nested_bytes'))}), stacks skipped"),
+             ("allocator's own, counted once", f"{nested_internal:,}"))
+        if summary.counter("nested_unreconciled"):
             line(console, ("nested calls not checked against their entry (may count twice)",
-                           f"{nested['unreconciled']:,}"))
-    if s.get("leaks"):
-        leaks_view(console, s["leaks"])
-    dropped = {k: v for k, v in s["dropped"].items() if v}
+                           f"{summary.counter('nested_unreconciled'):,}"))
+    leaks = summary.leaks_json(top)      # the scan's own document: what it examined, by category
+    if leaks:
+        leaks_view(console, leaks)
+    dropped = {k: v for k, v in summary.dropped.items() if v}
     line(console, ("dropped", dropped or "nothing"))
-    if s["mode"] == "events" and s["dropped"]["dropped_records"]:
-        console.print(plain(f"events mode: {s['dropped']['dropped_records']:,} event records dropped "
+    if summary.mode == "events" and summary.dropped["dropped_records"]:
+        console.print(plain(f"events mode: {summary.dropped['dropped_records']:,} event records dropped "
                             "(the per-event stream is incomplete; the counts and per-stack totals above "
                             "are not affected)"), style="yellow")
-    line(console, ("coverage", "; ".join(_coverage(s)) or "n/a"))
-    footer(console, s)
+    line(console, ("coverage", "; ".join(_coverage(summary)) or "n/a"))
+    footer(console, {"missing": summary.missing, "capture": opts.get("capture")})
 
 
 def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
@@ -174,35 +198,37 @@ def _check_backend(values: dict[str, Any]) -> None:
         require_platform(values, "darwin", "--backend logger", "malloc_logger exists only in Darwin's libmalloc")
 
 
-def _peak(console: Console, peak: dict[str, Any]) -> None:
-    when = f" at {peak['t']:.3f} s" if peak.get("t") is not None else ""
-    exact = "" if peak["exact"] else " (the target ended before its last peak was read: an earlier peak)"
-    line(console, ("peak of tracked live bytes", f"{fmt_bytes(peak['bytes'])} in {peak['count']:,} blocks"
+def _peak(console: Console, summary: MallocSummary, top: int) -> None:
+    peak = summary.peak
+    assert peak is not None
+    when = f" at {peak.t_s:.3f} s" if peak.t_s is not None else ""
+    exact = "" if summary.peak_exact else " (the target ended before its last peak was read: an earlier peak)"
+    line(console, ("peak of tracked live bytes", f"{fmt_bytes(peak.bytes)} in {peak.count:,} blocks"
                    f"{when}{exact}"))
-    rows = peak["by_stack"]
+    rows = summary.stack_rows(top, measure="peak")
     if rows:
         console.print(stack_table("at the peak, by stack", [("bytes", "right"), ("blocks", "right"), ("frames", "left")],
-                                  [[fmt_bytes(r["bytes"]), f"{r['count']:,}",
-                                    frames_text(r["frames"]) if r["frames"] else plain("(no stack)")] for r in rows]))
+                                  [[fmt_bytes(round(r.est_bytes)), f"{round(r.count):,}",
+                                    frames_text(r.frames) if r.frames else plain("(no stack)")] for r in rows]))
 
 
-def _temporary(console: Console, temp: dict[str, Any]) -> None:
+def _temporary(console: Console, summary: MallocSummary, top: int) -> None:
     line(console, ("temporary allocations (freed before the thread's next allocation)",
-                   f"{temp['calls']:,} calls, {fmt_bytes(temp['bytes'])}"))
-    rows = temp["by_stack"]
+                   f"{summary.counter('temp_calls'):,} calls, {fmt_bytes(summary.counter('temp_bytes'))}"))
+    rows = summary.temporary_rows(top)
     if rows:
         console.print(stack_table("temporary allocations by stack", [("calls", "right"), ("bytes", "right"),
                                                                      ("frames", "left")],
-                                  [[f"{r['calls']:,}", fmt_bytes(r["bytes"]),
-                                    frames_text(r["frames"]) if r["frames"] else plain("(no stack)")] for r in rows]))
+                                  [[f"{round(r.count):,}", fmt_bytes(round(r.est_bytes)),
+                                    frames_text(r.frames) if r.frames else plain("(no stack)")] for r in rows]))
 
 
-def _coverage(s: dict[str, Any]) -> list[str]:
-    cov = s["coverage"]
+def _coverage(summary: MallocSummary) -> list[str]:
+    cov = summary.coverage()
     parts = []
     if cov.get("stack_coverage") is not None:
         parts.append(f"stacks cover {fmt_pct(cov['stack_coverage'])} of gross bytes")
-    if cov.get("estimated_coverage") is not None and s.get("sampled"):
+    if cov.get("estimated_coverage") is not None and summary.counter("sampled"):
         parts.append(f"{fmt_pct(cov['estimated_coverage'])} with sampling")
     if "allocator" in cov:
         a = cov["allocator"]
@@ -260,4 +286,12 @@ TRACER = Tracer(
     window_end=at_window_end,
     before_launch=_check_backend,
     host=_host_for,
+    c_sources=("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "world.c", "leaks.c"),
+    agent_defaults=AGENT_DEFAULTS,
+    agent_sizing={"darwin": AGENT_SIZING_DARWIN},
+    views=MallocSummary.VIEWS,
+    heap_views=("gross", "live"),
+    sorts=SORTS,
+    report_order=0,
+    doctor_checks=("runtime", "self-test"),
 )

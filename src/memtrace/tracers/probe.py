@@ -87,4 +87,7 @@ TRACER = Tracer(
     chapter=ProbeChapter,
     before_launch=_check_markdown,
     extra={"console_always": True},      # the Markdown file is written even with --json/--quiet
+    hooks_platform="darwin",
+    report_order=3,
+    doctor_checks=("probe-result",),
 )

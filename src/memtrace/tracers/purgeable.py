@@ -75,4 +75,8 @@ TRACER = Tracer(
     console=console_view,
     live=event_stats(_rows),
     chapter=PurgeableChapter,
+    hooks_platform="darwin",
+    report_order=2,
+    c_sources=("purgeable.c",),
+    doctor_config={"standinMadvise": True},     # the stand-in's madvise on Linux
 )

@@ -61,4 +61,6 @@ TRACER = Tracer(
     console=console_view,
     live=event_stats(_rows),
     chapter=ThreadsChapter,
+    report_order=5,
+    views=tuple(ThreadsSummary.count_views),
 )

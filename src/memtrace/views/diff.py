@@ -17,7 +17,7 @@ from memtrace.errors import InputError
 from memtrace.frames import Frame
 from memtrace.report.chapters import chapter_of
 from memtrace.views import Loaded, load
-from memtrace.views.profile import profile, views_of
+from memtrace.views.profile import profile
 
 CAPTURE_SUFFIX = ".mtc"
 
@@ -108,7 +108,7 @@ def _stacks(a: Side, b: Side, view: str, top: int | None) -> dict[str, Any]:
 
 
 def compare(a: Side, b: Side, top: int | None = 10) -> dict[str, Any]:
-    views = views_of(a.loaded.tracer.name)
+    views = a.loaded.tracer.views
     return {"target": a.key[0] if a.key[0] == b.key[0] else f"{a.key[0]} → {b.key[0]}", "tracer": a.key[1],
             "base": str(a.loaded.path), "new": str(b.loaded.path),
             "families": _families(a, b)[:top] if top is not None else _families(a, b),

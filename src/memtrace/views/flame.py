@@ -98,7 +98,7 @@ class Tree:
     def add_addresses(self, addresses: tuple[int, ...], symbols: Any) -> int:
         """The node of one captured stack (return addresses innermost first): each address is
         symbolized once for the whole tree.  Leading addresses in no module are skipped, as
-        :meth:`memtrace.analyze.malloc.MallocSummary.stack` does (an Interceptor trampoline's)."""
+        :meth:`memtrace.analyze.malloc.MallocSummary.stack_frames` does (an Interceptor trampoline's)."""
         i = 0
         while i < len(addresses) - 1 and symbols.frame(addresses[i]).module is None:
             i += 1
@@ -213,29 +213,25 @@ def flame_view(samples: Iterable[Any], names: Strings, wheres: Strings, by_line:
     return tree.encode(leaves, names, wheres, min_fraction)
 
 
-def malloc_leaves(loaded: Any, tree: Tree) -> dict[str, Iterable[tuple[int, int, int]]]:
-    """The malloc views the per-stack totals hold (gross, live, and peak and temporary when the
-    capture kept them), as leaves of one shared tree: every stack is walked once for all views.
+def stack_leaves(loaded: Any, tree: Tree) -> dict[str, Iterable[tuple[int, int, int]]]:
+    """The views a summary holds per stack id (``measured_views()``: malloc's gross, live, and peak
+    and temporary when the capture kept them), as leaves of one shared tree: every stack is walked once for all views.
 
     The same numbers as :func:`memtrace.views.profile.profile` (tests/unit/test_flame.py checks
     the totals): each stack's figure, and for gross, peak and temporary the bytes no stack covers
     as one "(no stack)" leaf, so each view adds up to the summary's figure."""
     from memtrace.analyze.malloc import MEASURES
+    from memtrace.analyze.profile import UNSTACKED
     from memtrace.capture import NO_STACK
-    from memtrace.views.profile import UNSTACKED
 
     s = loaded.summary
     unstacked = tree.add([UNSTACKED])
-    views = ["gross", "live"]
-    if s.aggregates and s.peak is not None:
-        views.append("peak")
-    if s.aggregates:
-        views.append("temporary")
+    views = s.measured_views()
     # Three flat arrays per view (node, bytes, count): a tuple per stack and view would weigh more
     # than the tree on a capture with a hundred thousand stacks.
     cols = {v: (array("q"), array("q"), array("q")) for v in views}
     measures = [(cols[v], MEASURES[v]) for v in views]
-    for st in s.by_stack.values():
+    for st in s.stack_stats.values():
         node = -1
         for (nodes, sizes, counts), measure in measures:
             est, cnt, _ = measure(st)
@@ -245,7 +241,7 @@ def malloc_leaves(loaded: Any, tree: Tree) -> dict[str, Iterable[tuple[int, int,
                 sid = st.stack_id
                 raw = s.stacks.get(sid)
                 node = unstacked if sid == NO_STACK else (tree.add_addresses(raw, s.symbols) if raw
-                                                          else tree.add(s.stack(sid)))
+                                                          else tree.add(s.stack_frames(sid)))
             nodes.append(node)
             # The columns are int64 arrays: a damaged capture's absurd value is capped, not a crash.
             sizes.append(min(int(round(est)), INT64_MAX))

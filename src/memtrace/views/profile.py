@@ -1,175 +1,54 @@
 """A capture as a stack profile: (stack, bytes, count) samples for one view.
 
 The flame graph, the folded/speedscope/pprof exports and ``diff`` all read profiles, so they
-show the same numbers as the summary: a view's total is the summary's figure for it (the gross
-view includes the bytes no stack covers, as one "(no stack)" sample).
+show the same numbers as the summary: a view's total is the summary's figure for it.
 
-Views (malloc): ``gross`` every allocation; ``live`` tracked blocks alive at the end; ``leaked``
-the --leaks scan's unreachable blocks; ``peak`` the live set at the footprint's peak and
-``temporary`` blocks freed soon after they were made (both from the summary's ``peak`` and
-``temporary`` sections, which older captures lack: the view is then "not in this capture").
-Other tracers: their summary's stack rows.
+Which views a capture has is its tracer's declaration (``Tracer.views``, the default first);
+the summary makes each (``summary.profile(view)``, :mod:`memtrace.analyze.profile`): malloc's
+gross, live, peak, leaked and temporary views, the count views of fds and threads, the stack
+rows of the other tracers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from memtrace.analyze.malloc import TIMELINE_STACKS, MallocSummary
-from memtrace.capture import NO_STACK, RecordType, read_records
-from memtrace.frames import Frame
+from memtrace import tracers
+from memtrace.analyze.malloc import TIMELINE_STACKS
+from memtrace.analyze.profile import BEFORE_TRACING, UNSTACKED, Profile, Sample
+from memtrace.capture import RecordType, read_records
 
-VIEWS = ("gross", "live", "peak", "leaked", "temporary")
-UNSTACKED = Frame(0, function="(no stack: below the stack threshold)")
-BEFORE_TRACING = Frame(0, function="(allocated before tracing: no stack)")    # --leaks: found by the allocator walk
-_ALL = 10 ** 9      # "every row" for summaries whose to_json slices by top
-
-
-@dataclass
-class Sample:
-    frames: list[Frame]          # innermost first
-    bytes: int
-    count: int
-
-
-@dataclass
-class Profile:
-    tracer: str
-    view: str
-    target: str | None
-    samples: list[Sample] = field(default_factory=list)
-    missing: str | None = None   # why this view has nothing: "not in this capture"
-    unit: str = "bytes"          # what a sample's ``bytes`` weighs: "bytes", or "count" (fds, threads)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.bytes for s in self.samples)
-
-    @property
-    def total_count(self) -> int:
-        return sum(s.count for s in self.samples)
-
-
-def _rows(rows: Iterable[dict[str, Any]]) -> list[Sample]:
-    out = []
-    for r in rows:
-        frames = [Frame.from_json(f) for f in r.get("frames") or []] or \
-            [BEFORE_TRACING if r.get("allocated_before_tracing") else UNSTACKED]
-        count = r.get("count", r.get("blocks", r.get("calls", 1)))
-        out.append(Sample(frames, int(round(r.get("bytes") or 0)), int(round(count or 0))))
-    return out
-
-
-def _section(doc: dict[str, Any], key: str) -> dict[str, Any] | None:
-    sec = doc.get(key)
-    return sec if isinstance(sec, dict) else None
+__all__ = ["BEFORE_TRACING", "UNSTACKED", "Profile", "Sample", "profile", "timeline", "views_of"]
 
 
 def profile(loaded: Any, view: str = "gross") -> Profile:
-    """The ``view`` of a loaded capture (:func:`memtrace.views.load`)."""
-    s = loaded.summary
-    name = loaded.tracer.name
-    target = getattr(s, "meta", {}).get("target", {}).get("label")
-    p = Profile(tracer=name, view=view, target=target)
-    if name != "malloc":
-        return _generic(p, s, view)
-    if view in ("gross", "live"):
-        live = view == "live"
-        for r in s.stack_rows(None, live=live):
-            frames = r.frames if r.frames and r.stack_ids != [NO_STACK] else [UNSTACKED]
-            p.samples.append(Sample(frames, int(round(r.est_bytes)), int(round(r.count))))
-        if not live:
-            # Bytes no stack covers (below the stack threshold, unsampled): one sample, so the
-            # view adds up to the gross bytes.
-            stacked = s.coverage()["estimated_bytes_with_sampling"]
-            rest = s.gross_bytes - stacked
-            if rest > 0:
-                p.samples.append(Sample([UNSTACKED], rest, max(0, s.alloc_calls - sum(x.count for x in p.samples))))
-        return p
-    if view == "leaked":
-        leaks = s.leaks_json(None)
-        if leaks is None:
-            p.missing = "no leak scan in this capture (capture with --leaks)"
+    """The ``view`` of a loaded capture (:func:`memtrace.views.load`): ``view`` checked against
+    the tracer's views ("gross", every tracer's default, is its first view), then made by the
+    summary."""
+    tracer = loaded.tracer
+    if view not in tracer.views:
+        owners = [t.name for t in tracers.all_tracers().values() if view in t.views]
+        if not owners:
+            raise ValueError(f"unknown view {view!r} (one of {', '.join(tracers.all_views())})")
+        if view == "gross":
+            view = tracer.views[0]
         else:
-            p.samples = _rows(leaks["leaked"]["by_stack"])
-        return p
-    if view in ("peak", "temporary"):
-        # The section alone: the whole to_json would rank every stack by every measure.
-        sec = s.peak_json(_ALL) if view == "peak" else s.temporary_json(_ALL)
-        if sec is None and type(s).to_json is not MallocSummary.to_json:
-            # A summary class that adds the section in its own to_json (a newer analyzer's shape).
-            sec = _section(s.to_json(top=_ALL), view)
-        if sec is None or not isinstance(sec.get("by_stack"), list):
-            p.missing = f"the {view} view is not in this capture ({_why_no_aggregates(loaded)})"
-        else:
-            p.samples = _rows(sec["by_stack"])
-            # As in the gross view, what no stack covers is one sample, so the total is the summary's.
-            rest = int(sec.get("bytes") or 0) - sum(x.bytes for x in p.samples)
-            calls = sec.get("calls", sec.get("count", sec.get("blocks")))
-            if rest > 0:
-                rest_count = int(calls) - sum(x.count for x in p.samples) if isinstance(calls, int) else 0
-                p.samples.append(Sample([UNSTACKED], rest, max(0, rest_count)))
-        return p
-    raise ValueError(f"unknown view {view!r} (one of {', '.join(VIEWS)})")
-
-
-# Tracers whose stacks weigh objects, not bytes: their views, each a list of stack rows in the
-# summary's JSON (a dotted path) weighed by its rows' "count".
-COUNT_VIEWS: dict[str, dict[str, tuple[str, str]]] = {
-    "fds": {"open": ("open_at_end.by_stack", "descriptors open at the end, by the stack that opened them"),
-            "failed": ("failures_by_stack", "failed opens (EMFILE, ENFILE, ...), by stack")},
-    "threads": {"created": ("created_by_stack", "threads created, by the stack that created them"),
-                "running": ("running_at_end.by_stack", "threads still running at the end, by creating stack"),
-                "leaked": ("leaked.by_stack", "threads never joined nor detached, by creating stack")},
-}
+            p = Profile(tracer=tracer.name, view=view, target=loaded.summary.meta.get("target", {}).get("label"))
+            if tracer.views == ("gross",):
+                p.missing = f"the {view} view is {owners[0]}'s; a {tracer.name} capture has its stack rows only"
+            else:
+                p.missing = f"the {view} view is not a {tracer.name} view (its views: {', '.join(tracer.views)})"
+            return p
+    version = getattr(getattr(loaded, "info", None), "version", None)
+    made: Profile = loaded.summary.profile(view, capture_version=version if isinstance(version, int) else None)
+    made.tracer = tracer.name         # the registry's name, whatever the summary class calls itself
+    return made
 
 
 def views_of(tracer: str) -> tuple[str, ...]:
     """The views a tracer's captures have, the default first."""
-    if tracer == "malloc":
-        return VIEWS
-    return tuple(COUNT_VIEWS.get(tracer, {"gross": ("", "")}))
-
-
-def _counted(p: Profile, s: Any, view: str) -> Profile:
-    path, meaning = COUNT_VIEWS[p.tracer][view]
-    node: Any = s.to_json(capture=None, top=0)
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    p.unit = "count"
-    rows = [r for r in node or [] if isinstance(r, dict) and r.get("frames")]
-    if not rows:
-        p.missing = f"no {meaning} in this capture"
-        return p
-    for r in rows:
-        n = int(r.get("count") or 0)
-        p.samples.append(Sample([Frame.from_json(f) for f in r["frames"]], n, n))
-    return p
-
-
-def _generic(p: Profile, s: Any, view: str) -> Profile:
-    from memtrace.frames import named_stack_lists as _named_stack_lists
-
-    if p.tracer in COUNT_VIEWS:
-        if view == "gross":
-            # The default view of every tracer (export --view gross, older callers): its first.
-            view = p.view = next(iter(COUNT_VIEWS[p.tracer]))
-        if view not in COUNT_VIEWS[p.tracer]:
-            views = ", ".join(COUNT_VIEWS[p.tracer])
-            p.missing = f"the {view} view is not a {p.tracer} view (its views: {views})"
-            return p
-        return _counted(p, s, view)
-    if view != "gross":
-        p.missing = f"the {view} view is malloc's; a {p.tracer} capture has its stack rows only"
-        return p
-    lists = _named_stack_lists(s.to_json(capture=None, top=_ALL))
-    if not lists:
-        p.missing = f"this {p.tracer} capture has no stacks"
-        return p
-    p.samples = _rows(lists[0][1])
-    return p
+    t = tracers.get(tracer)
+    return t.views if t is not None else ("gross",)
 
 
 # The summary timeline's byte columns the page draws, and their names on it (tracked_blocks is a
@@ -177,15 +56,7 @@ def _generic(p: Profile, s: Any, view: str) -> Profile:
 TIMELINE_SERIES = {"tracked_bytes": "tracked live", "in_use": "allocator in use", "footprint": "footprint"}
 
 
-def _why_no_aggregates(loaded: Any) -> str:
-    """Why a malloc capture has no peak or temporary section: only the in-target aggregates keep them."""
-    info = getattr(loaded, "info", None)
-    if getattr(info, "version", None) == 1 or getattr(loaded.summary, "mode", None) != "events":
-        return "recorded by a memtrace that did not keep it yet"
-    return "an --events capture: the in-target aggregates that keep it were off"
-
-
-def timeline(loaded: Any) -> dict[str, Any]:
+def timeline(loaded: Any, snapshots: bool = True) -> dict[str, Any]:
     """The memory timeline above a flame graph: ``{"t": [...] seconds, "series": {name: [...]},
     "unit": "bytes" | None, "source"}``.
 
@@ -193,7 +64,8 @@ def timeline(loaded: Any) -> dict[str, Any]:
     drain), starting from the window's start where the capture calibrated it (nothing tracked yet;
     the allocator's in-use and the footprint as read before the window), so that a target that
     lives for less than a drain still shows how it grew. Else from the capture's once-a-second
-    SNAPSHOT records (gross bytes so far, tracked live blocks).
+    SNAPSHOT records (gross bytes so far, tracked live blocks); with ``snapshots`` False, ``{}``
+    instead (a caller that wants the summary's own timeline only).
     """
     own = getattr(loaded.summary, "timeline", None)
     if isinstance(own, list) and own and isinstance(own[0], dict):
@@ -223,10 +95,12 @@ def timeline(loaded: Any) -> dict[str, Any]:
             stacks = []
             for sid in _timeline_stacks(own):
                 per_sample = [dict(x["top"]).get(sid) if isinstance(x.get("top"), list) else None for x in samples]
-                stacks.append({"frames": loaded.summary.stack(sid), "live": per_sample})
+                stacks.append({"frames": loaded.summary.stack_frames(sid), "live": per_sample})
             if stacks:
                 out["stacks"] = stacks
             return out
+    if not snapshots:
+        return {}
     t = []
     gross: list[int] = []
     live: list[int] = []

@@ -9,8 +9,8 @@
  * until it is used.
  */
 
-import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_RINGS, N_COUNTERS,
-  N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
+import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_LANES, MAX_RINGS,
+  N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withoutHoldEnv } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
@@ -20,7 +20,6 @@ const SLOT_BYTES = 4096;          // per MtSlot (its unwind-rule cache is 2 KiB)
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
 const CORE_BYTES = 4096;          // MtCore; mt_core_size() must fit
 const DEFAULT_LANES = 8;          // aggregate lanes: threads that get one of their own add without atomics
-const MAX_LANES = 64;             // core.c's MT_MAX_LANES
 
 export const core = {
   tables: [],       // [{base, size}]: every table the agent mapped (calibration measures what is resident)

@@ -36,7 +36,7 @@
  * once (`world` in the stop result and a warning).
  */
 
-import { WORLD, WORLD_ERRORS, WORLD_REGS, WORLD_STATES, WORLD_THREAD } from '../layout.js';
+import { WORLD, WORLD_ERROR_CODES, WORLD_ERRORS, WORLD_REGS, WORLD_STATES, WORLD_THREAD } from '../layout.js';
 import { IS_DARWIN } from './platform.js';
 import { writeStruct } from './structs.js';
 
@@ -47,7 +47,7 @@ const CLEAR_TRIES = 400;            // stops tried until no thread sits in a pro
 const CLEAR_PAUSE_US = 500;
 const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
 const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
-const WORLD_TIMEOUT = 3;            // MtWorld.error: MT_WORLD_E_TIMEOUT
+const WORLD_TIMEOUT = WORLD_ERROR_CODES.timeout;
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;

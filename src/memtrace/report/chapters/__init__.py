@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from memtrace.analyze.families import FamilyRules
+from memtrace.analyze.profile import named_stack_lists, rows_at
 from memtrace.frames import Frame
-from memtrace.frames import named_stack_lists as _named_stack_lists
 from memtrace.reporters.markdown import Markup, cell, code, table, text
 from memtrace.units import fmt_bytes
 
@@ -29,6 +29,7 @@ class Chapter(Protocol):
     def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]: ...
     def calibration(self, entry: dict[str, Any]) -> dict[str, Any]: ...
+    def calibration_text(self, row: dict[str, Any]) -> str | None: ...
 
 
 class BaseChapter:
@@ -38,7 +39,7 @@ class BaseChapter:
     stack_tables: tuple[str, ...] = ()       # dotted paths of the entry's row lists that carry frames
 
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
-        j = summary.to_json(capture=rel, top=top)
+        j: dict[str, Any] = summary.to_json(capture=rel, top=top)
         j["analyzed"] = True
         for path in self.stack_tables:
             for row in _rows_at(j, path):
@@ -56,6 +57,10 @@ class BaseChapter:
 
     def calibration(self, entry: dict[str, Any]) -> dict[str, Any]:
         return {}
+
+    def calibration_text(self, row: dict[str, Any]) -> str | None:
+        """The report's coverage cell for a calibration row (None: "—", or "not analyzed")."""
+        return None
 
 
 class GenericChapter(BaseChapter):
@@ -81,7 +86,7 @@ class GenericChapter(BaseChapter):
             scalars = [[k, v] for k, v in e.items() if isinstance(v, int | float | str) and not isinstance(v, bool)
                        and k not in ("capture", "path", "tracer", "target")]
             lines += table(["figure", "value"], "lr", scalars)
-            for key, rows in _named_stack_lists(e):
+            for key, rows in named_stack_lists(e):
                 lines += [f"{text(key, line_start=True)}:", ""]
                 lines += table(["count", "bytes", "family", "frames"], "rrll",
                                [[r.get("count", "—"), fmt_bytes(r.get("bytes")), r.get("family", "—"),
@@ -95,14 +100,11 @@ def chapter_of(tracer: Any) -> Chapter:
 
 
 def _rows_at(doc: dict[str, Any], path: str) -> list[dict[str, Any]]:
-    node: Any = doc
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return [r for r in node or [] if isinstance(r, dict)] if isinstance(node, list) else []
+    return rows_at(doc, path) or []
 
 
 def _stack_lists(doc: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    return [rows for _, rows in _named_stack_lists(doc)]
+    return [rows for _, rows in named_stack_lists(doc)]
 
 
 # ---- pieces the chapters share ------------------------------------------------------------------

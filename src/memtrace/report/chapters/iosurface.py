@@ -14,7 +14,7 @@ class IOSurfaceChapter(BaseChapter):
     name = "iosurface"
 
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
-        j = summary.to_json(capture=rel, top=top)
+        j: dict[str, Any] = summary.to_json(capture=rel, top=top)
         j["analyzed"] = True
         j.pop("surface_list", None)          # one row per surface: not needed, and unbounded
         # Families of surface stacks too: the IOSurface half of a business fingerprint.

@@ -29,15 +29,15 @@ class MallocChapter(BaseChapter):
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
         """The summary plus per-family totals, computed once per distinct stack."""
         s = summary
-        j = s.to_json(capture=rel, top=top)
+        j: dict[str, Any] = s.to_json(capture=rel, top=top)
         j["analyzed"] = True
         fam: dict[str, dict[str, Any]] = {}
         # The aggregate core counts blocks without a stack (nested calls, a full stack table) outside
         # the stacked bytes: they belong to the unstacked row, as blocks below the threshold do.
         stackless = set(PSEUDO_STACKS) if s.aggregates else {NO_STACK}
-        for sid, st in s.by_stack.items():
+        for sid, st in s.stack_stats.items():
             stacked = sid not in stackless
-            name = rules.classify(s.stack(sid)) if stacked else UNSTACKED
+            name = rules.classify(s.stack_frames(sid)) if stacked else UNSTACKED
             f = fam.get(name)
             if f is None:
                 f = fam[name] = {"bytes": 0, "count": 0, "live_bytes": 0, "live_count": 0, "stacks": 0}
@@ -245,6 +245,20 @@ class MallocChapter(BaseChapter):
                 "live_bytes": e["live"]["bytes"], "live_coverage": cov.get("live_coverage"),
                 "footprint_delta": f.get("delta"), "footprint_source": f.get("source"),
                 "dropped": {k: v for k, v in (e.get("dropped") or {}).items() if v}}
+
+    def calibration_text(self, c: dict[str, Any]) -> str | None:
+        if c.get("gross_bytes") == 0:
+            return "no allocation captured"
+        if "gross_bytes" not in c:
+            return None
+        detail = (f"stacks {fmt_bytes(c['stacked_bytes'])} of {fmt_bytes(c['gross_bytes'])} = "
+                  f"{fmt_pct(c['stack_coverage'])}; in-use {fmt_bytes(c['in_use_before'])} → "
+                  f"{fmt_bytes(c['in_use_after'])} ({c['allocator_source'] or '—'}); live "
+                  f"{fmt_bytes(c['live_bytes'])} = {fmt_pct(c['live_coverage'])} of in-use Δ; footprint Δ "
+                  f"{fmt_bytes(c['footprint_delta'], signed=True)} ({c['footprint_source'] or '—'})")
+        if c["dropped"]:
+            detail += "; dropped " + ", ".join(f"{k} {v:,}" for k, v in c["dropped"].items())
+        return detail
 
 
 def merge_stacks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,9 +17,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memtrace.analyze.malloc import MallocSummary
-from memtrace.views.flame import MIN_FRACTION, NODE_FIELDS, Strings, Tree, flame_view, malloc_leaves
-from memtrace.views.profile import profile, timeline, views_of
+from memtrace.views.flame import MIN_FRACTION, NODE_FIELDS, Strings, Tree, flame_view, stack_leaves
+from memtrace.views.profile import profile, timeline
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,8 +42,9 @@ def flame_data(loaded: Any, view: str = "gross", by_line: bool = False,
     names, wheres = Strings(), Strings()
     views: dict[str, Any] = {}
     tree = Tree(by_line)
-    fast = malloc_leaves(loaded, tree) if isinstance(loaded.summary, MallocSummary) else {}
-    for v in views_of(loaded.tracer.name):
+    # Views the summary holds per stack id come from one walk of its stacks; the others from profile().
+    fast = stack_leaves(loaded, tree) if loaded.summary.measured_views() else {}
+    for v in loaded.tracer.views:
         if v in fast:
             views[v] = {"missing": None, "unit": "bytes",
                         "nodes": tree.encode(fast[v], names, wheres, min_fraction)}

@@ -373,7 +373,6 @@ mt_mask_threads (const guint64 * tids, guint64 n, guint64 mask, guint8 * stack, 
 #define MT_CLOSE_RANGE_MAX_FD ~0U
 
 #define MT_FD_KEPT 0                /* mt_fd_state: closes of a guarded descriptor kept open */
-#define MT_FD_DUP_REFUSED 14        /* dup2/dup3 onto a guarded descriptor refused */
 #define MT_EBUSY 16
 
 /* mt_fd_state: [0] descriptors kept open, [1] ranges of Frida's code, then [lo, hi) pairs, [14]

@@ -314,6 +314,9 @@ LOGGER_INFLIGHT_STRIDE = 16    # gints between shards
 # at most FD_RANGES ranges of them are guarded (runtime/process.js sizes and fills both).
 FD_GUARD_MAX = 65536
 FD_RANGES = 6
+# mt_fd_state's word counting dup2/dup3 calls onto a guarded descriptor, refused with EBUSY ([0]
+# closes kept open, [1] ranges of Frida's code, then FD_RANGES [lo, hi) pairs).
+FD_DUP_REFUSED = 2 + 2 * FD_RANGES
 # Darwin's VM user tag of thread stacks (VM_MEMORY_STACK): the leak scan's roots.  DEVICE-UNVERIFIED
 VM_MEMORY_STACK = 30
 WORLD_REGS = 34                # u64 registers kept per stopped thread (x86-64 and arm64 both fit)

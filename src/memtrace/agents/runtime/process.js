@@ -14,7 +14,7 @@
  * key's destructor, which is retired by deleting the key, see core.js).
  */
 
-import { FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
+import { FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
 import { applyPatches, buildWorld, fridaThreads, notePatched, world } from './world.js';
@@ -24,7 +24,6 @@ const STUB_SIZE = 16;
 const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
 const FD_GUARD_SCAN = 4096;           // descriptors asked of Cloak at each refresh
 const FD_GUARD_REFRESH_MS = 1000;
-const FD_DUP_REFUSED = 14;            // process.c's MT_FD_DUP_REFUSED: mt_fd_state's dup2/dup3 count
 const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
 const MASK_HELPER_STACK = 64 * 1024;  // process.c's mt_mask_threads helper
 const MASK_MAX_THREADS = 1024;        // Frida's threads masked per call

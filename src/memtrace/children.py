@@ -33,6 +33,7 @@ from memtrace.errors import MemtraceError
 
 CHILD_WAIT_S = 10.0          # a fork child waits this long at most for its agent (--follow-children)
 HELD_CLAIM_S = 1.0           # a spawn or exec the agent reports: its held image is looked for this long
+HELD_WAIT_S = 30.0           # ... or this long, when the process is one the hold will post
 EXEC_SETTLE_S = 2.0          # a vfork/posix_spawn child is attached to once it has exec'd (local)
 JOIN_GRACE_S = 60.0          # a followed capture's teardown after the window, at most
 MAX_CHILD_LINES = 3          # child processes named on screen (every one is in the capture)
@@ -146,17 +147,22 @@ class Family:
             self.claims[pid] = (time.monotonic(), child)
         self.follow_process(capture, warn, root_pid, child, None, held=file)
 
-    def wait_claim(self, pid: int, since: float, timeout: float = HELD_CLAIM_S) -> Child | None:
-        """The held image of ``pid`` followed since ``since``, waiting a little for the watcher."""
-        end = time.monotonic() + timeout
+    def wait_claim(self, pid: int, since: float, timeout: float = HELD_CLAIM_S, unmatched: bool = False) -> Child | None:
+        """The held image of ``pid`` followed since ``since`` -- or, with ``unmatched`` (a new
+        process's first image), one no report has matched yet: under load the agent's report can
+        come seconds after the claim -- waiting for
+        the watcher: ``timeout``, or up to ``HELD_WAIT_S`` while the process is one the hold will
+        post (a dynamic image started with the hold in its environment), so it is never followed
+        twice."""
+        start = time.monotonic()
         while True:
             with self.lock:
                 claim = self.claims.get(pid)
-            if claim is not None and claim[0] >= since:
-                with self.lock:
+                if claim is not None and (claim[0] >= since or (unmatched and id(claim[1]) not in self.matched)):
                     self.matched.add(id(claim[1]))
-                return claim[1]
-            if time.monotonic() >= end:
+                    return claim[1]
+            waited = time.monotonic() - start
+            if waited >= HELD_WAIT_S or (waited >= timeout and not _held_by_the_hold(pid)):
                 return None
             time.sleep(0.005)
 
@@ -247,6 +253,31 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+def _held_by_the_hold(pid: int) -> bool:
+    """Whether ``pid``'s image will wait in the hold (memtrace.hold): it runs a dynamic executable
+    (the hold is an LD_AUDIT library, which only the dynamic loader runs) and was started with the
+    hold in its environment (the kernel's copy of it: what the image was started with, whatever it
+    did to its own since)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if not any(v.startswith(b"LD_AUDIT=") for v in f.read().split(b"\0")):
+                return False
+        with open(f"/proc/{pid}/exe", "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return False        # not a 64-bit little-endian ELF: no hold here (hold/ is x86-64 and arm64)
+            phoff = int.from_bytes(head[0x20:0x28], "little")
+            phentsize = int.from_bytes(head[0x36:0x38], "little")
+            phnum = int.from_bytes(head[0x38:0x3A], "little")
+            f.seek(phoff)
+            table = f.read(phentsize * min(phnum, 256))
+    except (OSError, IndexError):
+        return False
+    PT_INTERP = 3
+    return any(int.from_bytes(table[i:i + 4], "little") == PT_INTERP
+               for i in range(0, len(table) - 3, max(phentsize, 1)))
+
+
 def _exe(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/exe")
@@ -300,7 +331,7 @@ class ChildFollower:
         held = None
         if self.follow and child.origin != "fork" and self.family.held_dir is not None:
             # Its image waited before its constructors and is followed from there already.
-            held = self.family.wait_claim(child.pid, since=child.seen - 2.0)
+            held = self.family.wait_claim(child.pid, since=child.seen - 2.0, unmatched=True)
         if held is not None:
             held.path = child.path or held.path     # as the target named it
             self.children[-1] = child = held        # one record: the followed image's

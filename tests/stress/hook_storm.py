@@ -43,6 +43,9 @@ MODES: dict[str, tuple[str, tuple[str, ...], str, bool]] = {
     # Darwin tracers on Linux: their hooks on the stand-in library (demo/darwin), as the tests run them.
     "iosurface": ("iosurface", (), "iosurface", True),
     "purgeable": ("purgeable", (), "purgeable", True),
+    # The routing probe patches nothing of its own (it calls the stand-in's entries once): what
+    # goes in and out is the execve hook and the descriptor guard every tracer carries.
+    "probe": ("probe", (), "purgeable", True),
 }
 STANDIN_KINDS = ("iosurface", "purgeable")
 

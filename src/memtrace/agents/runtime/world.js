@@ -51,6 +51,7 @@ const WORLD_TIMEOUT = 3;            // MtWorld.error: MT_WORLD_E_TIMEOUT
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
+const DRAIN_MS = 3000;           // threads inside Frida's code waited for (drain)
 const SCRATCH = 64 * 1024;
 
 export const world = {
@@ -62,9 +63,18 @@ export const world = {
   warned: false,
   later: [],
   deferred: [],         // Interceptor calls to make right before the stop (deferPatch)
-  log: [],              // [what, sites rewritten while stopped] per applyPatches            // warnings held back until the queued patches are in (a send() applies them)
+  afterFlush: [],       // ... and right after it (deferUntilFlushed)
+  log: [],              // [what, sites rewritten while stopped] per applyPatches
+  listenerHolds: new Map(),   // site -> memtrace's JavaScript listeners on it now
+  otherSites: new Set(),      // sites memtrace also redirects (replaceFast/replace: malloc, execve, guard)
+  pristine: new Map(),        // site -> its first PROLOGUE_BYTES before memtrace's first patch (read stopped)
   stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
-    rewritten_stopped: 0 },  // sites whose bytes the flush changed while the world was stopped
+    rewritten_stopped: 0,     // sites whose bytes the flush changed while the world was stopped
+    // JavaScript listeners (releaseListenerSites): sites put back to their pristine bytes by memtrace
+    // with the world stopped; sites left for Frida's own restore (shared with a redirect); threads
+    // found inside Frida's code (maybe holding a level of Interceptor's transaction) at a flush;
+    // drains (the world seen with no thread in Frida's code) and how many did not end so in time.
+    restored_stopped: 0, restored_by_frida: 0, busy_at_flush: 0, drained: 0, drain_tries: 0, not_drained: 0 },
 };
 
 function exclusive(cm, name, ret, args) {
@@ -227,18 +237,44 @@ export function deferPatch(call) {
   world.deferred.push(call);
 }
 
-/* `address` is about to be patched (or restored): no stopped thread may be inside its first bytes. */
-export function notePatched(address) {
-  if (address !== null && address !== undefined)
-    world.sites.add(ptr(address).toString());
+/* An Interceptor.attach on a site memtrace already redirects (the descriptor guard's close): it
+ * rewrites no code -- the function is already Frida's -- but its listener is live the moment it
+ * is made, and a thread waiting in it for the script's lock would hold the flush back.  So it is
+ * made after the flush, once the world runs again. */
+export function deferUntilFlushed(call) {
+  world.afterFlush.push(call);
+}
+
+/* True when memtrace redirects `address` already (a replace or replaceFast noted by notePatched). */
+export function isRedirected(address) {
+  return world.otherSites.has(ptr(address).toString());
+}
+
+/* `address` is about to be patched (or restored): no stopped thread may be inside its first bytes.
+ * `listener`: by a JavaScript listener (attachListener), which memtrace restores itself
+ * (releaseListenerSites); anything else (a replaceFast, a replace) is left to Frida's restore. */
+export function notePatched(address, listener = false) {
+  if (address === null || address === undefined)
+    return;
+  const site = ptr(address).toString();
+  world.sites.add(site);
+  if (!listener)
+    world.otherSites.add(site);
+}
+
+/* A JavaScript listener of memtrace's is on `address` now (its Interceptor.attach succeeded). */
+export function holdListenerSite(address) {
+  const site = ptr(address).toString();
+  world.listenerHolds.set(site, (world.listenerHolds.get(site) || 0) + 1);
 }
 
 /*
  * Applies every queued Interceptor change with the world stopped (Linux), with it running
  * elsewhere.  `what` names the change in a warning.  Returns true when the world was stopped.
  */
-export function applyPatches(what, write = null) {
-  // write: a patch of memtrace's own (Memory.patchCode), made while the world is stopped too.
+export function applyPatches(what, write = null, settle = null) {
+  // write: a patch of memtrace's own (Memory.patchCode), made while the world is stopped too;
+  // settle: run after Interceptor.flush(), still stopped (releaseListenerSites' own restores).
   world.stats.applied++;
   // Queued back to back: nothing between them, or between them and the stop, ends the transaction.
   for (const call of world.deferred.splice(0))
@@ -247,11 +283,15 @@ export function applyPatches(what, write = null) {
     if (write !== null)
       write();
     Interceptor.flush();
+    if (settle !== null)
+      settle();
     world.stats.running++;
     if (!IS_DARWIN && !world.warned) {
       world.warned = true;
       warnLater(`hooks patched with the world running: ${world.why}`);
     }
+    for (const call of world.afterFlush.splice(0))
+      call();
     sendLater();
     return false;
   }
@@ -262,9 +302,24 @@ export function applyPatches(what, write = null) {
     // Which sites the flush rewrites, as seen while the world is still stopped (the proof that
     // the bytes changed under the stop, not after it).
     const before = [...world.sites].map(a => new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES)));
+    // The bytes of a site before memtrace's first patch there (nothing is written before the
+    // flush below): what releaseListenerSites puts back.
+    [...world.sites].forEach((a, i) => {
+      if (!world.pristine.has(a))
+        world.pristine.set(a, before[i]);
+    });
+    // A thread inside Frida's code may hold a level of Interceptor's process-wide transaction
+    // (every thread entering a JavaScript callback takes one before it waits for the script's
+    // lock, which this thread holds): the flush then writes nothing now, and the last such thread
+    // to leave writes it later, with the world running.  Counted; releaseListenerSites and
+    // applyListenerPatches drain those threads first so that it does not happen.
+    if (stopped && world.fridaCode.length !== 0)
+      world.stats.busy_at_flush += threadsReferring(world.fridaCode);
     if (write !== null)
       write();
     Interceptor.flush();
+    if (settle !== null)
+      settle();
     [...world.sites].forEach((a, i) => {
       const after = new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES));
       if (after.some((b, k) => b !== before[i][k]))
@@ -274,6 +329,8 @@ export function applyPatches(what, write = null) {
     if (stopped)
       world.fns.resume(world.mem.world);
   }
+  for (const call of world.afterFlush.splice(0))
+    call();
   if (stopped) {
     world.stats.stopped++;
     world.stats.rewritten_stopped += rewritten;
@@ -288,6 +345,114 @@ export function applyPatches(what, write = null) {
   }
   sendLater();
   return stopped;
+}
+
+/* How many stopped threads have a pc, a register or a stack word (REFS_DEPTH from sp) in `ranges`. */
+function threadsReferring(ranges) {
+  const n = writeRanges(ranges);
+  return Number(world.fns.refs(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH));
+}
+
+/*
+ * Waits (bounded) until no thread of the target is inside Frida's code: none then runs a
+ * JavaScript callback of ours or waits for the script's lock, so none holds a level of
+ * Interceptor's transaction, and the next flush made with the world stopped writes everything
+ * queued.  Waiting means Thread.sleep(), which lets go of the script's lock (the threads waiting
+ * for it run their callback and leave) and of this thread's level of the transaction: the last
+ * thread to leave applies whatever is queued, with the world running.  So call it only when
+ * nothing queued can hurt: before any Interceptor call of the change to come
+ * (applyListenerPatches), or once the queued restores are already written (releaseListenerSites).
+ * New callers are not let in meanwhile only if no listener of ours is live or the live ones' sites
+ * are back to their own bytes.  Returns true when drained.
+ */
+export function drain() {
+  if (world.fns === null || world.fridaCode.length === 0)
+    return false;
+  const deadline = Date.now() + DRAIN_MS;
+  for (;;) {
+    world.stats.drain_tries++;
+    let busy = null;
+    if (stopClear([])) {
+      try {
+        busy = threadsReferring(world.fridaCode);
+      } finally {
+        world.fns.resume(world.mem.world);
+      }
+    }
+    if (busy === 0) {
+      world.stats.drained++;
+      return true;
+    }
+    if (Date.now() > deadline)
+      break;
+    Thread.sleep(0.002);
+  }
+  world.stats.not_drained++;
+  return false;
+}
+
+/*
+ * Listeners in: the tracer's Interceptor.attach calls were deferred (attachListener); threads still
+ * inside Frida's code (an earlier listener, a thread observer) are drained first -- nothing is
+ * queued yet --, then the calls are made back to back and written with the world stopped.
+ */
+export function applyListenerPatches(what) {
+  drain();
+  return applyPatches(what);
+}
+
+/*
+ * Listeners out: `addresses` are the sites of listeners just detached (l.detach(): Frida stops
+ * calling them at once, and queues the restore of the bytes).  Every site no listener of ours is
+ * left on, and that no redirect of memtrace's shares, is put back to its pristine bytes by
+ * memtrace itself with the world stopped (clear of its first bytes), right after Frida's flush: if
+ * a thread waiting in a listener holds Interceptor's transaction open, Frida's own restore is
+ * written later, by that thread, with the world running -- but then it writes the very bytes
+ * already there, which no running thread can trip over.  Then the threads still in Frida's code
+ * are drained, so that the patches that follow (the descriptor guard, the execve hook) are written
+ * with the world stopped.  A site shared with a redirect keeps its bytes (Frida's function context
+ * stays); it is restored when the redirect comes out.
+ */
+export function releaseListenerSites(addresses, what) {
+  const mine = [];
+  for (const a of addresses) {
+    const site = ptr(a).toString();
+    const left = (world.listenerHolds.get(site) || 0) - 1;
+    if (left > 0) {
+      world.listenerHolds.set(site, left);
+      continue;
+    }
+    world.listenerHolds.delete(site);
+    if (world.otherSites.has(site) || !world.pristine.has(site))
+      world.stats.restored_by_frida++;
+    else
+      mine.push(site);
+  }
+  const stopped = applyPatches(what, null, () => {
+    for (const site of mine) {
+      if (restorePristine(site))
+        world.stats.restored_stopped++;
+    }
+  });
+  drain();
+  Interceptor.flush();    // Frida's restores, if a thread held them back: the same bytes again
+  return stopped;
+}
+
+/* Writes back the bytes of `site` that differ from its pristine ones; true when any did. */
+function restorePristine(site) {
+  const want = world.pristine.get(site);
+  const now = new Uint8Array(ptr(site).readByteArray(want.length));
+  let last = -1;
+  for (let i = 0; i < want.length; i++) {
+    if (now[i] !== want[i])
+      last = i;
+  }
+  if (last < 0)
+    return false;
+  const bytes = Array.from(want.subarray(0, last + 1));
+  Memory.patchCode(ptr(site), bytes.length, code => code.writeByteArray(bytes));
+  return true;
 }
 
 /*

@@ -7,7 +7,7 @@ functions in a tight loop:
     no thread left in its code before unloading;
   - the storm itself (tests/stress/hook_storm.py, shortened): attach/detach cycles in every mode
     through the real CLI, counting the targets that died.  MEMTRACE_HOOK_STORM_CYCLES cycles per
-    mode (default 12: 108 cycles over the 9 modes).
+    mode (default 12: 120 cycles over the 10 modes; docs/hook-storm.md has the long runs).
 """
 
 from __future__ import annotations
@@ -107,13 +107,14 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(CYCLES * 60 + 120)
 @pytest.mark.parametrize("mode", ["pid", "spawn", "leaks", "sample-bytes", "events",
                                   "fds", "threads", "iosurface", "purgeable", "probe"])
 def test_a_storm_of_cycles_kills_no_target(mode: str, tmp_path: Path) -> None:
     log = tmp_path / "log.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     res = subprocess.run([sys.executable, str(STRESS / "hook_storm.py"), "--mode", mode, "--cycles", str(CYCLES),
-                          "--log", str(log)], capture_output=True, text=True, env=env, timeout=CYCLES * 400)
+                          "--log", str(log)], capture_output=True, text=True, env=env, timeout=CYCLES * 60)
     lines = res.stdout.strip().splitlines()
     assert lines[0] == "mode cycles deaths failures seconds", res.stdout + res.stderr
     name, cycles, deaths, _failures, _seconds = lines[1].split()

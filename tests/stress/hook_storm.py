@@ -50,6 +50,8 @@ MODES: dict[str, tuple[str, tuple[str, ...], str, bool]] = {
 STANDIN_KINDS = ("iosurface", "purgeable")
 
 
+CYCLE_TIMEOUT = 300    # seconds one memtrace run may take on a loaded machine before it counts as hung
+
 # Endings of a spawned target's capture that mean the target died (memtrace/deaths.py).
 TARGET_DIED = ("target-exited", "launch-storm")
 
@@ -109,7 +111,11 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 cmd += ["--pid", str(target.pid)]
             else:
                 cmd += ["--", str(exe), kind, str(threads)]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=target_env(exe))
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=CYCLE_TIMEOUT, env=target_env(exe))
+            except subprocess.TimeoutExpired as e:
+                # memtrace itself hung (killed by run): a failure, and the target is looked at below.
+                res = subprocess.CompletedProcess(cmd, -1, _text(e.stdout), _text(e.stderr) + "\n(hung: killed)")
             died = None
             if attach:
                 assert target is not None
@@ -127,7 +133,8 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
             shutil.rmtree(out, ignore_errors=True)
             if progress:
-                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended}", file=sys.stderr, flush=True)
+                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended} rc={res.returncode}", file=sys.stderr,
+                      flush=True)
             if died is not None:
                 deaths += 1
                 if attach:
@@ -137,6 +144,10 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             target.send_signal(signal.SIGKILL)
             target.wait()
     return deaths, failures
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
 
 
 def ended_as(stdout: str) -> str | None:

@@ -51,7 +51,7 @@ const WORLD_TIMEOUT = 3;            // MtWorld.error: MT_WORLD_E_TIMEOUT
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
-const DRAIN_MS = 3000;           // threads inside Frida's code waited for (drain)
+const DRAIN_MS = 1500;           // threads inside Frida's code waited for (drain)
 const SCRATCH = 64 * 1024;
 
 export const world = {

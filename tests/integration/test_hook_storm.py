@@ -116,8 +116,8 @@ def test_a_storm_of_cycles_kills_no_target(mode: str, tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, str(STRESS / "hook_storm.py"), "--mode", mode, "--cycles", str(CYCLES),
                           "--log", str(log)], capture_output=True, text=True, env=env, timeout=CYCLES * 60)
     lines = res.stdout.strip().splitlines()
-    assert lines[0] == "mode cycles deaths failures seconds", res.stdout + res.stderr
-    name, cycles, deaths, _failures, _seconds = lines[1].split()
+    assert lines[0] == "mode cycles deaths failures seconds deaths_at_injection", res.stdout + res.stderr
+    name, cycles, deaths, _failures, _seconds, _at_injection = lines[1].split()
     assert (name, int(cycles)) == (mode, CYCLES)
     assert int(deaths) == 0, log.read_text()
     assert res.returncode == 0, res.stderr

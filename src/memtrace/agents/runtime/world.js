@@ -46,6 +46,7 @@ const PROLOGUE_BYTES = 32;          // rewritten at most: 5..16 bytes on x86-64,
 const CLEAR_TRIES = 400;            // stops tried until no thread sits in a prologue
 const CLEAR_PAUSE_US = 500;
 const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
+const FRIDA_TRIES = 200;            // strict stops retried because a stopped thread was in Frida's code
 const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
 const WORLD_TIMEOUT = 3;            // MtWorld.error: MT_WORLD_E_TIMEOUT
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
@@ -71,10 +72,10 @@ export const world = {
   stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
     rewritten_stopped: 0,     // sites whose bytes the flush changed while the world was stopped
     // JavaScript listeners (releaseListenerSites): sites put back to their pristine bytes by memtrace
-    // with the world stopped; sites left for Frida's own restore (shared with a redirect); threads
-    // found inside Frida's code (maybe holding a level of Interceptor's transaction) at a flush;
+    // with the world stopped; sites left for Frida's own restore (shared with a redirect);
     // drains (the world seen with no thread in Frida's code) and how many did not end so in time.
-    restored_stopped: 0, restored_by_frida: 0, busy_at_flush: 0, drained: 0, drain_tries: 0, not_drained: 0 },
+    restored_stopped: 0, restored_by_frida: 0, drained: 0, drain_tries: 0, not_drained: 0,
+    frida_retries: 0, frida_busy: 0 },  // strict stops: retried for a thread in Frida's code; given up
 };
 
 function exclusive(cm, name, ret, args) {
@@ -126,6 +127,7 @@ export function buildWorld(cm) {
     refs: exclusive(cm, 'mt_world_refs', 'uint64', ['pointer', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64']),
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
+    write: exclusive(cm, 'mt_world_write', 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'uint64']),
   };
   if (fns.seccomp(Process.id) === 1) {
     world.why = WORLD_ERRORS[4];
@@ -143,6 +145,12 @@ export function buildWorld(cm) {
   world.mem.world.writeByteArray(new Array(WORLD.size).fill(0));    // no helper yet (tracer_pid 0)
   world.fns = fns;
   world.fridaCode = fridaCodeRanges();
+  world.mem.fridaRanges = Memory.alloc(Math.max(1, world.fridaCode.length) * 16);
+  world.fridaCode.forEach(([lo, hi], i) => {
+    world.mem.fridaRanges.add(i * 16).writePointer(lo);
+    world.mem.fridaRanges.add(i * 16 + 8).writePointer(hi);
+  });
+  world.mprotect = Module.findGlobalExportByName('mprotect');
   world.why = null;
 }
 
@@ -179,10 +187,16 @@ function onlyListedHeld(listed) {
 }
 
 /* Stops the world clear of `ranges` ([start, end) pairs) holding only threads listed beforehand;
- * true when stopped (then resume() is owed). */
-function stopClear(ranges) {
+ * true when stopped (then resume() is owed).  `strict`: and with no stopped thread inside Frida's
+ * code (pc, register or stack word: world.fridaCode) -- such a thread may hold one of Frida's locks
+ * (its heap's, the interceptor's, a spinlock), which whatever runs under the stop (Interceptor.flush,
+ * any memory access from JavaScript) may want: the world is let go and stopped again.  The threads
+ * tracer's storm found it: a thread stopped inside Frida's thread registry, the agent spinning. */
+function stopClear(ranges, strict = false) {
   let timeouts = 0;
-  for (let attempt = 0; attempt < NEW_THREAD_TRIES; attempt++) {
+  let newThreads = 0;
+  let inFrida = 0;
+  for (;;) {
     const listed = prepare();
     const n = writeRanges(ranges);
     if (world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) !== 1) {
@@ -193,12 +207,29 @@ function stopClear(ranges) {
       }
       return false;
     }
-    if (onlyListedHeld(listed))
+    if (!onlyListedHeld(listed)) {
+      world.fns.resume(world.mem.world);
+      world.stats.retries++;
+      if (++newThreads >= NEW_THREAD_TRIES)
+        return false;
+      continue;
+    }
+    if (!strict || fridaBusy() === 0)
       return true;
     world.fns.resume(world.mem.world);
-    world.stats.retries++;
+    world.stats.frida_retries++;
+    if (++inFrida >= FRIDA_TRIES) {
+      world.stats.frida_busy++;
+      return false;
+    }
   }
-  return false;
+}
+
+/* How many stopped threads are inside Frida's code (its ranges written once, at build: no
+ * JavaScript memory access is needed for the question). */
+function fridaBusy() {
+  return Number(world.fns.refs(world.mem.world, world.mem.fridaRanges, world.fridaCode.length, REFS_DEPTH,
+    world.mem.scratch, SCRATCH));
 }
 
 function readErrorCode() {
@@ -272,9 +303,8 @@ export function holdListenerSite(address) {
  * Applies every queued Interceptor change with the world stopped (Linux), with it running
  * elsewhere.  `what` names the change in a warning.  Returns true when the world was stopped.
  */
-export function applyPatches(what, write = null, settle = null) {
-  // write: a patch of memtrace's own (Memory.patchCode), made while the world is stopped too;
-  // settle: run after Interceptor.flush(), still stopped (releaseListenerSites' own restores).
+export function applyPatches(what, write = null) {
+  // write: a patch of memtrace's own (Memory.patchCode), made while the world is stopped too.
   world.stats.applied++;
   // Queued back to back: nothing between them, or between them and the stop, ends the transaction.
   for (const call of world.deferred.splice(0))
@@ -283,8 +313,6 @@ export function applyPatches(what, write = null, settle = null) {
     if (write !== null)
       write();
     Interceptor.flush();
-    if (settle !== null)
-      settle();
     world.stats.running++;
     if (!IS_DARWIN && !world.warned) {
       world.warned = true;
@@ -296,7 +324,7 @@ export function applyPatches(what, write = null, settle = null) {
     return false;
   }
   const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
-  const stopped = stopClear(avoid);
+  const stopped = stopClear(avoid, true);
   let rewritten = 0;
   try {
     // Which sites the flush rewrites, as seen while the world is still stopped (the proof that
@@ -308,18 +336,9 @@ export function applyPatches(what, write = null, settle = null) {
       if (!world.pristine.has(a))
         world.pristine.set(a, before[i]);
     });
-    // A thread inside Frida's code may hold a level of Interceptor's process-wide transaction
-    // (every thread entering a JavaScript callback takes one before it waits for the script's
-    // lock, which this thread holds): the flush then writes nothing now, and the last such thread
-    // to leave writes it later, with the world running.  Counted; releaseListenerSites and
-    // applyListenerPatches drain those threads first so that it does not happen.
-    if (stopped && world.fridaCode.length !== 0)
-      world.stats.busy_at_flush += threadsReferring(world.fridaCode);
     if (write !== null)
       write();
     Interceptor.flush();
-    if (settle !== null)
-      settle();
     [...world.sites].forEach((a, i) => {
       const after = new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES));
       if (after.some((b, k) => b !== before[i][k]))
@@ -347,12 +366,6 @@ export function applyPatches(what, write = null, settle = null) {
   return stopped;
 }
 
-/* How many stopped threads have a pc, a register or a stack word (REFS_DEPTH from sp) in `ranges`. */
-function threadsReferring(ranges) {
-  const n = writeRanges(ranges);
-  return Number(world.fns.refs(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH));
-}
-
 /*
  * Waits (bounded) until no thread of the target is inside Frida's code: none then runs a
  * JavaScript callback of ours or waits for the script's lock, so none holds a level of
@@ -374,7 +387,7 @@ export function drain() {
     let busy = null;
     if (stopClear([])) {
       try {
-        busy = threadsReferring(world.fridaCode);
+        busy = fridaBusy();
       } finally {
         world.fns.resume(world.mem.world);
       }
@@ -428,31 +441,51 @@ export function releaseListenerSites(addresses, what) {
     else
       mine.push(site);
   }
-  const stopped = applyPatches(what, null, () => {
-    for (const site of mine) {
-      if (restorePristine(site))
-        world.stats.restored_stopped++;
-    }
-  });
+  restoreStopped(mine, what + ' (memtrace)');
   drain();
-  Interceptor.flush();    // Frida's restores, if a thread held them back: the same bytes again
-  return stopped;
+  return applyPatches(what);   // Frida's restores, if still queued: the same bytes again
 }
 
-/* Writes back the bytes of `site` that differ from its pristine ones; true when any did. */
-function restorePristine(site) {
-  const want = world.pristine.get(site);
-  const now = new Uint8Array(ptr(site).readByteArray(want.length));
-  let last = -1;
-  for (let i = 0; i < want.length; i++) {
-    if (now[i] !== want[i])
-      last = i;
+/*
+ * Puts `sites` back to their pristine bytes with the world stopped (clear of their first bytes and
+ * of Frida's code by pc).  Threads waiting in a listener for the script's lock are still there (they
+ * are drained after), so nothing that may take one of Frida's locks runs under this stop: the bytes
+ * are staged before it and written by cmodule/world.c's mt_world_write (mprotect and stores only).
+ */
+function restoreStopped(sites, what) {
+  const staged = [];
+  for (const site of sites) {
+    const want = world.pristine.get(site);
+    const now = new Uint8Array(ptr(site).readByteArray(want.length));
+    let last = -1;
+    for (let i = 0; i < want.length; i++) {
+      if (now[i] !== want[i])
+        last = i;
+    }
+    if (last < 0)
+      continue;   // Frida's restore is in already
+    const buf = Memory.alloc(last + 1);
+    buf.writeByteArray(Array.from(want.subarray(0, last + 1)));
+    staged.push([ptr(site), buf, last + 1]);
   }
-  if (last < 0)
-    return false;
-  const bytes = Array.from(want.subarray(0, last + 1));
-  Memory.patchCode(ptr(site), bytes.length, code => code.writeByteArray(bytes));
-  return true;
+  if (staged.length === 0 || world.fns === null || world.mprotect === null)
+    return;
+  const avoid = sites.map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
+  if (!stopClear(avoid)) {
+    world.stats.failed++;
+    return;    // left to Frida's restore (maybe with the world running): counted as failed
+  }
+  let written = 0;
+  try {
+    for (const [site, buf, len] of staged)
+      written += world.fns.write(site, buf, len, world.mprotect, Process.pageSize);
+  } finally {
+    world.fns.resume(world.mem.world);
+  }
+  world.stats.restored_stopped += written;
+  world.stats.stopped++;
+  world.stats.applied++;
+  world.log.push([what, written]);
 }
 
 /*

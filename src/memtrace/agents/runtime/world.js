@@ -15,11 +15,18 @@
  *      the agent counts the sites whose bytes changed while the world was stopped.
  *   2. applyPatches stops every thread of the target but this one and Frida's own (Frida cloaks
  *      them), until no stopped thread's pc lies inside the bytes about to be rewritten, nor
- *      inside Frida's own code (a thread there may hold a lock of Frida's that the patching
- *      takes): such a thread is let go and the world stopped again -- as it is when a thread
- *      started between the listing of Frida's threads and the stop (it may be Frida's, and none
- *      of Frida's may be held while Frida's locks are wanted).  Then Interceptor.flush()
- *      writes every queued patch, and the world resumes.
+ *      inside Frida's own code -- by pc, and (a *strict* stop) by any register or stack word: a
+ *      thread there may hold a lock of Frida's that the patching takes (its heap's, the
+ *      interceptor's, a spinlock of its thread registry): such a thread is let go and the world
+ *      stopped again -- as it is when a thread started between the listing of Frida's threads
+ *      and the stop (it may be Frida's, and none of Frida's may be held while Frida's locks are
+ *      wanted).  Then Interceptor.flush() writes every queued patch, and the world resumes.
+ *   2b. JavaScript listeners (listeners.js): a thread that entered one holds a level of
+ *      Interceptor's process-wide transaction while it waits for the script's lock, and the flush
+ *      then writes nothing.  So none of ours is live while anything else goes in, a detached
+ *      listener's site gets its pristine bytes back from memtrace itself under a stop that runs
+ *      nothing of Frida's (restoreStopped, mt_world_write), and such threads are drained (drain)
+ *      before the next flush.  docs/domain/frida.md has the frida-gum source behind this.
  *   3. Before the malloc tracer's C module can be freed, quiesce() stops the world until no
  *      thread runs in it or will return into it (its pc, a register or a word of its stack
  *      pointing into the module or into Interceptor's trampolines).
@@ -27,7 +34,8 @@
  * Deadlock-freedom, from the JavaScript side: every call into world.c is a NativeFunction with
  * `exclusive` scheduling, so this thread keeps the script's lock (no stopped thread can be holding
  * it, and no queued patch is applied early by a cooperative call), and between the stop and the
- * resume nothing runs but Interceptor.flush() -- no send(), no Thread.sleep(), no allocation by
+ * resume nothing runs but Interceptor.flush() and reads of the patched bytes (under a strict stop
+ * only), or world.c's own code writer (restoreStopped) -- no send(), no Thread.sleep(), no allocation by
  * the target's allocator, no Process.enumerateThreads() (on Linux it reads each thread's registers
  * through a ptrace helper of Frida's own, which cannot attach to a thread we hold).
  *

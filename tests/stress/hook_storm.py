@@ -96,7 +96,7 @@ def death_of(status: int | None) -> str | None:
 
 
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
-             log: list[dict[str, object]], progress: bool, keep: Path | None = None) -> tuple[int, int]:
+             log: list[dict[str, object]], progress: bool, keep: Path | None = None) -> tuple[int, int, int]:
     tracer, extra, kind, attach = MODES[mode]
     deaths = failures = injection_deaths = 0
     target = start_target(exe, kind, threads) if attach else None

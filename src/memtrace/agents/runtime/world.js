@@ -55,12 +55,14 @@ const CLEAR_TRIES = 400;            // stops tried until no thread sits in a pro
 const CLEAR_PAUSE_US = 500;
 const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
 const FRIDA_TRIES = 200;            // strict stops retried because a stopped thread was in Frida's code
+const FRIDA_MS = 1500;              // ... for at most this long
+const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
 const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
 const WORLD_TIMEOUT = 3;            // MtWorld.error: MT_WORLD_E_TIMEOUT
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
-const DRAIN_MS = 1500;           // threads inside Frida's code waited for (drain)
+const DRAIN_MS = 1000;           // threads inside Frida's code waited for (drain)
 const SCRATCH = 64 * 1024;
 
 export const world = {
@@ -204,6 +206,7 @@ function stopClear(ranges, strict = false) {
   let timeouts = 0;
   let newThreads = 0;
   let inFrida = 0;
+  const started = Date.now();
   for (;;) {
     const listed = prepare();
     const n = writeRanges(ranges);
@@ -224,19 +227,22 @@ function stopClear(ranges, strict = false) {
     }
     if (!strict || fridaBusy() === 0)
       return true;
+    // Bounded by time as well: a loaded machine makes every stop slow, and the host waits for
+    // the rpc.  Past the bound the stop is kept as a plain one (pc clear of Frida's code, as
+    // before strict stops), counted in frida_busy: a stall is likelier than a deadlock there.
+    if (++inFrida >= FRIDA_TRIES || Date.now() > started + FRIDA_MS) {
+      world.stats.frida_busy++;
+      return true;
+    }
     world.fns.resume(world.mem.world);
     world.stats.frida_retries++;
-    if (++inFrida >= FRIDA_TRIES) {
-      world.stats.frida_busy++;
-      return false;
-    }
   }
 }
 
 /* How many stopped threads are inside Frida's code (its ranges written once, at build: no
  * JavaScript memory access is needed for the question). */
 function fridaBusy() {
-  return Number(world.fns.refs(world.mem.world, world.mem.fridaRanges, world.fridaCode.length, REFS_DEPTH,
+  return Number(world.fns.refs(world.mem.world, world.mem.fridaRanges, world.fridaCode.length, FRIDA_DEPTH,
     world.mem.scratch, SCRATCH));
 }
 

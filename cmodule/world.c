@@ -582,4 +582,32 @@ mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 de
   return n;
 }
 
+
+/*
+ * Writes `len` bytes of code at `dst` (a hooked function's prologue, memtrace's own restore)
+ * while the world is stopped, touching nothing of Frida's: a stopped thread may hold one of
+ * Frida's locks (its heap's, a spinlock) and Memory.patchCode allocates from Frida's heap.
+ * `mprotect_fn` is libc's mprotect, given by the agent (this file links in two CModules with
+ * different symbols).  The pages go RWX, never non-executable, and back to RX.  Returns 1 when
+ * written.
+ */
+typedef gint (* MtMprotectFunc) (gpointer address, gsize length, gint prot);
+extern void gum_clear_cache (gpointer address, gsize size);
+
+gint
+mt_world_write (guint8 * dst, const guint8 * src, guint64 len, gpointer mprotect_fn, guint64 page_size)
+{
+  MtMprotectFunc protect = (MtMprotectFunc) mprotect_fn;
+  guint64 start = (guint64) dst & ~(page_size - 1);
+  guint64 end = ((guint64) dst + len + page_size - 1) & ~(page_size - 1);
+  guint64 k;
+  if (protect ((gpointer) start, end - start, 1 | 2 | 4) != 0)
+    return 0;
+  for (k = 0; k != len; k++)
+    ((volatile guint8 *) dst)[k] = src[k];
+  protect ((gpointer) start, end - start, 1 | 4);
+  gum_clear_cache ((gpointer) start, end - start);
+  return 1;
+}
+
 #endif

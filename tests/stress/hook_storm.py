@@ -9,7 +9,8 @@ must end "completed" (memtrace --json `ended`).
     python tests/stress/hook_storm.py --mode pid --cycles 500
     python tests/stress/hook_storm.py --mode all --cycles 20       # every mode, 20 cycles each
 
-Prints one line per mode: `mode cycles deaths failures seconds`, and exits 1 when any target died.
+Prints one line per mode: `mode cycles deaths failures seconds deaths_at_injection` (the deaths that
+came before memtrace's agent ran, inside Frida's injection), and exits 1 when any target died.
 tests/integration/test_hook_storm.py runs it shortened in CI.
 """
 
@@ -43,9 +44,14 @@ MODES: dict[str, tuple[str, tuple[str, ...], str, bool]] = {
     # Darwin tracers on Linux: their hooks on the stand-in library (demo/darwin), as the tests run them.
     "iosurface": ("iosurface", (), "iosurface", True),
     "purgeable": ("purgeable", (), "purgeable", True),
+    # The routing probe patches nothing of its own (it calls the stand-in's entries once): what
+    # goes in and out is the execve hook and the descriptor guard every tracer carries.
+    "probe": ("probe", (), "purgeable", True),
 }
 STANDIN_KINDS = ("iosurface", "purgeable")
 
+
+CYCLE_TIMEOUT = 300    # seconds one memtrace run may take on a loaded machine before it counts as hung
 
 # Endings of a spawned target's capture that mean the target died (memtrace/deaths.py).
 TARGET_DIED = ("target-exited", "launch-storm")
@@ -90,9 +96,9 @@ def death_of(status: int | None) -> str | None:
 
 
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
-             log: list[dict[str, object]], progress: bool, keep: Path | None = None) -> tuple[int, int]:
+             log: list[dict[str, object]], progress: bool, keep: Path | None = None) -> tuple[int, int, int]:
     tracer, extra, kind, attach = MODES[mode]
-    deaths = failures = 0
+    deaths = failures = injection_deaths = 0
     target = start_target(exe, kind, threads) if attach else None
     try:
         for cycle in range(cycles):
@@ -106,25 +112,37 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 cmd += ["--pid", str(target.pid)]
             else:
                 cmd += ["--", str(exe), kind, str(threads)]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=target_env(exe))
+            try:
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=CYCLE_TIMEOUT, env=target_env(exe))
+            except subprocess.TimeoutExpired as e:
+                # memtrace itself hung (killed by run): a failure, and the target is looked at below.
+                res = subprocess.CompletedProcess(cmd, -1, _text(e.stdout), _text(e.stderr) + "\n(hung: killed)")
             died = None
             if attach:
                 assert target is not None
                 time.sleep(0.2)    # a death at detach shows within moments
                 died = death_of(target.poll())
             ended = ended_as(res.stdout)
+            why = reason_of(res.stdout)
             if not attach and ended in TARGET_DIED:
                 died = ended          # the spawned target did not live through the window
             if (res.returncode != 0 or ended != "completed") and died is None:
                 failures += 1
+            # Frida's injector gives up on a starved target (its own timeout) and unmaps the
+            # bootstrap code under it: a death before memtrace's agent ran, told apart.
+            at_injection = died is not None and why is not None and "during injection" in why
+            if at_injection:
+                injection_deaths += 1
             log.append({"mode": mode, "cycle": cycle, "rc": res.returncode, "died": died, "ended": ended,
+                        "reason": why, "at_injection": at_injection,
                         "stderr": res.stderr.strip().splitlines()[-3:]})
             if died is not None and keep is not None:
                 shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
                 (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
             shutil.rmtree(out, ignore_errors=True)
             if progress:
-                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended}", file=sys.stderr, flush=True)
+                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended} rc={res.returncode}"
+                      f"{' (at injection)' if at_injection else ''}", file=sys.stderr, flush=True)
             if died is not None:
                 deaths += 1
                 if attach:
@@ -133,7 +151,21 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
         if target is not None and target.poll() is None:
             target.send_signal(signal.SIGKILL)
             target.wait()
-    return deaths, failures
+    return deaths, failures, injection_deaths
+
+
+def _text(out: str | bytes | None) -> str:
+    return out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+
+
+def reason_of(stdout: str) -> str | None:
+    """Why the capture ended as it did (memtrace --json `reason`), when it says."""
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return None
+    why = doc.get("reason") if isinstance(doc, dict) else None
+    return why if isinstance(why, str) else None
 
 
 def ended_as(stdout: str) -> str | None:
@@ -168,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         exe = build_target(work)
         if any(MODES[m][2] in STANDIN_KINDS for m in modes):
             build_standin(work)
-        print("mode cycles deaths failures seconds", flush=True)
+        print("mode cycles deaths failures seconds deaths_at_injection", flush=True)
         for m in modes:
             t0 = time.monotonic()
-            deaths, failures = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress,
+            deaths, failures, at_injection = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress,
                                         args.keep)
             any_death |= deaths > 0
-            print(f"{m} {args.cycles} {deaths} {failures} {time.monotonic() - t0:.0f}", flush=True)
+            print(f"{m} {args.cycles} {deaths} {failures} {time.monotonic() - t0:.0f} {at_injection}", flush=True)
     if args.log is not None:
         args.log.write_text(json.dumps(log, indent=1))
     return 1 if any_death else 0

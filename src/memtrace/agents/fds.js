@@ -20,8 +20,7 @@
  */
 
 import { emitJson, warn } from './runtime/flush.js';
-import { attachListener, detachListeners } from './runtime/listeners.js';
-import { applyPatches } from './runtime/world.js';
+import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport, libcExport, libcModule } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
@@ -372,7 +371,7 @@ export const tracer = {
     });
     attach('fclose', closesStream('fclose', fds.fileno === null ? null : p => fds.fileno(p)));
     attach('closedir', closesStream('closedir', fds.dirfd === null ? null : p => fds.dirfd(p)));
-    applyPatches('fds hooks in');
+    applyListeners('fds hooks in');
   },
 
   uninstall() {

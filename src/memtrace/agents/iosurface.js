@@ -28,8 +28,7 @@
  */
 
 import { emitJson } from './runtime/flush.js';
-import { attachListener, detachListeners } from './runtime/listeners.js';
-import { applyPatches } from './runtime/world.js';
+import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
@@ -245,7 +244,7 @@ export const tracer = {
         emitJson({ type: 'release', via: RELEASE, id, tid: this.threadId, frames: entryFrames(this.context, 4) });
       });
     }
-    applyPatches('iosurface hooks in');
+    applyListeners('iosurface hooks in');
   },
 
   uninstall() {

@@ -29,8 +29,7 @@ import {
   PC_MADVISE_SLOTS, PC_NESTED, PURGABLE_CONTROLS, PURGEABLE_ENTRIES, PURGEABLE_N_COUNTS,
 } from './layout.js';
 import { emitJson } from './runtime/flush.js';
-import { attachListener, detachListeners } from './runtime/listeners.js';
-import { applyPatches } from './runtime/world.js';
+import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
 import { entryFrames, walkFrames } from './runtime/stacks.js';
 
@@ -450,7 +449,7 @@ export const tracer = {
     for (const name of CREATION)
       hookC(name, 'create_enter', 'create_leave');
     installFramework();
-    applyPatches('purgeable hooks in');
+    applyListeners('purgeable hooks in');
     purg.timer = setInterval(() => emitJson(countsEvent()), 1000);
   },
 

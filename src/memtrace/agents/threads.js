@@ -12,8 +12,7 @@
  */
 
 import { emitJson, warn } from './runtime/flush.js';
-import { attachListener, detachListeners } from './runtime/listeners.js';
-import { applyPatches } from './runtime/world.js';
+import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, libcExport } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
@@ -132,6 +131,13 @@ export const tracer = {
     attach('pthread_exit', function (args) {
       emitJson({ type: 'pthread-exit', handle: currentHandle(), tid: Process.getCurrentThreadId() });
     });
+    // The listeners in first, with no JavaScript callback live (the observer's run on every
+    // thread started: one waiting for the script's lock would hold the flush back, world.js).
+    applyListeners('threads hooks in');
+    // Frida hooks libc's thread start, exit and rename for the observer (gum's thread registry,
+    // created here on first use) with its own Interceptor transaction, ended by this call, with
+    // the world running; they stay until Frida's agent unloads.  Not ours to stop: the registry
+    // takes glibc's thread-list lock while it hooks, which a stopped thread may hold.
     if (typeof Process.attachThreadObserver === 'function') {
       thr.observer = Process.attachThreadObserver({
         onAdded(t) {
@@ -161,10 +167,11 @@ export const tracer = {
       warn('this Frida has no Process.attachThreadObserver (16.7+): ' +
         'thread starts and exits are not seen, only creations, joins and detaches');
     }
-    applyPatches('threads hooks in');
   },
 
   uninstall() {
+    // The observer first: no thread enters our JavaScript through it any more (its callbacks
+    // under way are drained with the listeners', world.js).
     if (thr.observer !== null) {
       thr.observer.detach();
       thr.observer = null;

@@ -483,15 +483,12 @@ function hookFdGuard() {
     if (target === null)
       return;
     notePatched(target);
-    try {
-      const original = Interceptor.replaceFast(target, replacement);
-      if (realSlot !== null)
-        realSlot.writePointer(original);
-    } catch (e) {
-      if (realSlot !== null)
-        realSlot.writePointer(target);
-      Interceptor.replace(target, replacement);
-    }
+    // Interceptor.replace, not replaceFast: the fds tracer's listeners go on close after this
+    // (rpc.js: ours first), and only a replace shares a function with listeners.  The
+    // replacement calling `target` reaches the original.
+    if (realSlot !== null)
+      realSlot.writePointer(target);
+    Interceptor.replace(target, replacement);
     hooked.push(target);
   };
   redirect('close', proc.cm.mt_close, proc.mem.realClose);

@@ -137,12 +137,15 @@ export function serve(tracer) {
     },
     start() {
       announceModules();
-      if (tracer.install)
-        tracer.install(life.config);
       proc.onExec = beforeExec;
       listenForAcks();
-      watchModules(moduleLoaded);
+      // Ours (execve, the descriptor guard) before the tracer's, out after them: once a tracer's
+      // JavaScript listener is live, a flush made with the world stopped may write nothing
+      // (runtime/world.js, drain), so every other patch goes in before and out after them.
       hookExec();
+      if (tracer.install)
+        tracer.install(life.config);
+      watchModules(moduleLoaded);
       watchCrash();
       // After every hook is in (Frida's, the tracer's, ours): what a fork child must undo.
       const patches = recordPatches();
@@ -166,10 +169,10 @@ export function serve(tracer) {
       if (life.timer !== null)
         clearInterval(life.timer);
       setEnabled(false);
-      unhookExec();
-      unwatchModules();
       if (tracer.uninstall)
         tracer.uninstall(life.config);
+      unhookExec();
+      unwatchModules();
       flush();
       reportChildren();
       announceModules();
@@ -212,10 +215,10 @@ export function serve(tracer) {
       // allocator entries still in place hangs the exiting process.
       setEnabled(false);
       try {
-        unhookExec();
-        unwatchModules();
         if (first && tracer.uninstall)
           tracer.uninstall(life.config);
+        unhookExec();
+        unwatchModules();
         Interceptor.detachAll();
         applyPatches('teardown');
         if (first) {

@@ -15,11 +15,18 @@
  *      the agent counts the sites whose bytes changed while the world was stopped.
  *   2. applyPatches stops every thread of the target but this one and Frida's own (Frida cloaks
  *      them), until no stopped thread's pc lies inside the bytes about to be rewritten, nor
- *      inside Frida's own code (a thread there may hold a lock of Frida's that the patching
- *      takes): such a thread is let go and the world stopped again -- as it is when a thread
- *      started between the listing of Frida's threads and the stop (it may be Frida's, and none
- *      of Frida's may be held while Frida's locks are wanted).  Then Interceptor.flush()
- *      writes every queued patch, and the world resumes.
+ *      inside Frida's own code -- by pc, and (a *strict* stop) by any register or stack word: a
+ *      thread there may hold a lock of Frida's that the patching takes (its heap's, the
+ *      interceptor's, a spinlock of its thread registry): such a thread is let go and the world
+ *      stopped again -- as it is when a thread started between the listing of Frida's threads
+ *      and the stop (it may be Frida's, and none of Frida's may be held while Frida's locks are
+ *      wanted).  Then Interceptor.flush() writes every queued patch, and the world resumes.
+ *   2b. JavaScript listeners (listeners.js): a thread that entered one holds a level of
+ *      Interceptor's process-wide transaction while it waits for the script's lock, and the flush
+ *      then writes nothing.  So none of ours is live while anything else goes in, a detached
+ *      listener's site gets its pristine bytes back from memtrace itself under a stop that runs
+ *      nothing of Frida's (restoreStopped, mt_world_write), and such threads are drained (drain)
+ *      before the next flush.  docs/domain/frida.md has the frida-gum source behind this.
  *   3. Before the malloc tracer's C module can be freed, quiesce() stops the world until no
  *      thread runs in it or will return into it (its pc, a register or a word of its stack
  *      pointing into the module or into Interceptor's trampolines).
@@ -27,7 +34,8 @@
  * Deadlock-freedom, from the JavaScript side: every call into world.c is a NativeFunction with
  * `exclusive` scheduling, so this thread keeps the script's lock (no stopped thread can be holding
  * it, and no queued patch is applied early by a cooperative call), and between the stop and the
- * resume nothing runs but Interceptor.flush() -- no send(), no Thread.sleep(), no allocation by
+ * resume nothing runs but Interceptor.flush() and reads of the patched bytes (under a strict stop
+ * only), or world.c's own code writer (restoreStopped) -- no send(), no Thread.sleep(), no allocation by
  * the target's allocator, no Process.enumerateThreads() (on Linux it reads each thread's registers
  * through a ptrace helper of Frida's own, which cannot attach to a thread we hold).
  *
@@ -46,11 +54,15 @@ const PROLOGUE_BYTES = 32;          // rewritten at most: 5..16 bytes on x86-64,
 const CLEAR_TRIES = 400;            // stops tried until no thread sits in a prologue
 const CLEAR_PAUSE_US = 500;
 const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
+const FRIDA_TRIES = 200;            // strict stops retried because a stopped thread was in Frida's code
+const FRIDA_MS = 1500;              // ... for at most this long
+const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
 const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
 const WORLD_TIMEOUT = WORLD_ERROR_CODES.timeout;
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
+const DRAIN_MS = 1000;           // threads inside Frida's code waited for (drain)
 const SCRATCH = 64 * 1024;
 
 export const world = {
@@ -62,9 +74,18 @@ export const world = {
   warned: false,
   later: [],
   deferred: [],         // Interceptor calls to make right before the stop (deferPatch)
-  log: [],              // [what, sites rewritten while stopped] per applyPatches            // warnings held back until the queued patches are in (a send() applies them)
+  afterFlush: [],       // ... and right after it (deferUntilFlushed)
+  log: [],              // [what, sites rewritten while stopped] per applyPatches
+  listenerHolds: new Map(),   // site -> memtrace's JavaScript listeners on it now
+  otherSites: new Set(),      // sites memtrace also redirects (replaceFast/replace: malloc, execve, guard)
+  pristine: new Map(),        // site -> its first PROLOGUE_BYTES before memtrace's first patch (read stopped)
   stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
-    rewritten_stopped: 0 },  // sites whose bytes the flush changed while the world was stopped
+    rewritten_stopped: 0,     // sites whose bytes the flush changed while the world was stopped
+    // JavaScript listeners (releaseListenerSites): sites put back to their pristine bytes by memtrace
+    // with the world stopped; sites left for Frida's own restore (shared with a redirect);
+    // drains (the world seen with no thread in Frida's code) and how many did not end so in time.
+    restored_stopped: 0, restored_by_frida: 0, drained: 0, drain_tries: 0, not_drained: 0,
+    frida_retries: 0, frida_busy: 0 },  // strict stops: retried for a thread in Frida's code; given up
 };
 
 function exclusive(cm, name, ret, args) {
@@ -116,6 +137,7 @@ export function buildWorld(cm) {
     refs: exclusive(cm, 'mt_world_refs', 'uint64', ['pointer', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64']),
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
+    write: exclusive(cm, 'mt_world_write', 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'uint64']),
   };
   if (fns.seccomp(Process.id) === 1) {
     world.why = WORLD_ERRORS[4];
@@ -133,6 +155,12 @@ export function buildWorld(cm) {
   world.mem.world.writeByteArray(new Array(WORLD.size).fill(0));    // no helper yet (tracer_pid 0)
   world.fns = fns;
   world.fridaCode = fridaCodeRanges();
+  world.mem.fridaRanges = Memory.alloc(Math.max(1, world.fridaCode.length) * 16);
+  world.fridaCode.forEach(([lo, hi], i) => {
+    world.mem.fridaRanges.add(i * 16).writePointer(lo);
+    world.mem.fridaRanges.add(i * 16 + 8).writePointer(hi);
+  });
+  world.mprotect = Module.findGlobalExportByName('mprotect');
   world.why = null;
 }
 
@@ -169,10 +197,17 @@ function onlyListedHeld(listed) {
 }
 
 /* Stops the world clear of `ranges` ([start, end) pairs) holding only threads listed beforehand;
- * true when stopped (then resume() is owed). */
-function stopClear(ranges) {
+ * true when stopped (then resume() is owed).  `strict`: and with no stopped thread inside Frida's
+ * code (pc, register or stack word: world.fridaCode) -- such a thread may hold one of Frida's locks
+ * (its heap's, the interceptor's, a spinlock), which whatever runs under the stop (Interceptor.flush,
+ * any memory access from JavaScript) may want: the world is let go and stopped again.  The threads
+ * tracer's storm found it: a thread stopped inside Frida's thread registry, the agent spinning. */
+function stopClear(ranges, strict = false) {
   let timeouts = 0;
-  for (let attempt = 0; attempt < NEW_THREAD_TRIES; attempt++) {
+  let newThreads = 0;
+  let inFrida = 0;
+  const started = Date.now();
+  for (;;) {
     const listed = prepare();
     const n = writeRanges(ranges);
     if (world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) !== 1) {
@@ -183,12 +218,32 @@ function stopClear(ranges) {
       }
       return false;
     }
-    if (onlyListedHeld(listed))
+    if (!onlyListedHeld(listed)) {
+      world.fns.resume(world.mem.world);
+      world.stats.retries++;
+      if (++newThreads >= NEW_THREAD_TRIES)
+        return false;
+      continue;
+    }
+    if (!strict || fridaBusy() === 0)
       return true;
+    // Bounded by time as well: a loaded machine makes every stop slow, and the host waits for
+    // the rpc.  Past the bound the stop is kept as a plain one (pc clear of Frida's code, as
+    // before strict stops), counted in frida_busy: a stall is likelier than a deadlock there.
+    if (++inFrida >= FRIDA_TRIES || Date.now() > started + FRIDA_MS) {
+      world.stats.frida_busy++;
+      return true;
+    }
     world.fns.resume(world.mem.world);
-    world.stats.retries++;
+    world.stats.frida_retries++;
   }
-  return false;
+}
+
+/* How many stopped threads are inside Frida's code (its ranges written once, at build: no
+ * JavaScript memory access is needed for the question). */
+function fridaBusy() {
+  return Number(world.fns.refs(world.mem.world, world.mem.fridaRanges, world.fridaCode.length, FRIDA_DEPTH,
+    world.mem.scratch, SCRATCH));
 }
 
 function readErrorCode() {
@@ -227,10 +282,35 @@ export function deferPatch(call) {
   world.deferred.push(call);
 }
 
-/* `address` is about to be patched (or restored): no stopped thread may be inside its first bytes. */
-export function notePatched(address) {
-  if (address !== null && address !== undefined)
-    world.sites.add(ptr(address).toString());
+/* An Interceptor.attach on a site memtrace already redirects (the descriptor guard's close): it
+ * rewrites no code -- the function is already Frida's -- but its listener is live the moment it
+ * is made, and a thread waiting in it for the script's lock would hold the flush back.  So it is
+ * made after the flush, once the world runs again. */
+export function deferUntilFlushed(call) {
+  world.afterFlush.push(call);
+}
+
+/* True when memtrace redirects `address` already (a replace or replaceFast noted by notePatched). */
+export function isRedirected(address) {
+  return world.otherSites.has(ptr(address).toString());
+}
+
+/* `address` is about to be patched (or restored): no stopped thread may be inside its first bytes.
+ * `listener`: by a JavaScript listener (attachListener), which memtrace restores itself
+ * (releaseListenerSites); anything else (a replaceFast, a replace) is left to Frida's restore. */
+export function notePatched(address, listener = false) {
+  if (address === null || address === undefined)
+    return;
+  const site = ptr(address).toString();
+  world.sites.add(site);
+  if (!listener)
+    world.otherSites.add(site);
+}
+
+/* A JavaScript listener of memtrace's is on `address` now (its Interceptor.attach succeeded). */
+export function holdListenerSite(address) {
+  const site = ptr(address).toString();
+  world.listenerHolds.set(site, (world.listenerHolds.get(site) || 0) + 1);
 }
 
 /*
@@ -252,16 +332,24 @@ export function applyPatches(what, write = null) {
       world.warned = true;
       warnLater(`hooks patched with the world running: ${world.why}`);
     }
+    for (const call of world.afterFlush.splice(0))
+      call();
     sendLater();
     return false;
   }
   const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
-  const stopped = stopClear(avoid);
+  const stopped = stopClear(avoid, true);
   let rewritten = 0;
   try {
     // Which sites the flush rewrites, as seen while the world is still stopped (the proof that
     // the bytes changed under the stop, not after it).
     const before = [...world.sites].map(a => new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES)));
+    // The bytes of a site before memtrace's first patch there (nothing is written before the
+    // flush below): what releaseListenerSites puts back.
+    [...world.sites].forEach((a, i) => {
+      if (!world.pristine.has(a))
+        world.pristine.set(a, before[i]);
+    });
     if (write !== null)
       write();
     Interceptor.flush();
@@ -274,6 +362,8 @@ export function applyPatches(what, write = null) {
     if (stopped)
       world.fns.resume(world.mem.world);
   }
+  for (const call of world.afterFlush.splice(0))
+    call();
   if (stopped) {
     world.stats.stopped++;
     world.stats.rewritten_stopped += rewritten;
@@ -288,6 +378,128 @@ export function applyPatches(what, write = null) {
   }
   sendLater();
   return stopped;
+}
+
+/*
+ * Waits (bounded) until no thread of the target is inside Frida's code: none then runs a
+ * JavaScript callback of ours or waits for the script's lock, so none holds a level of
+ * Interceptor's transaction, and the next flush made with the world stopped writes everything
+ * queued.  Waiting means Thread.sleep(), which lets go of the script's lock (the threads waiting
+ * for it run their callback and leave) and of this thread's level of the transaction: the last
+ * thread to leave applies whatever is queued, with the world running.  So call it only when
+ * nothing queued can hurt: before any Interceptor call of the change to come
+ * (applyListenerPatches), or once the queued restores are already written (releaseListenerSites).
+ * New callers are not let in meanwhile only if no listener of ours is live or the live ones' sites
+ * are back to their own bytes.  Returns true when drained.
+ */
+export function drain() {
+  if (world.fns === null || world.fridaCode.length === 0)
+    return false;
+  const deadline = Date.now() + DRAIN_MS;
+  for (;;) {
+    world.stats.drain_tries++;
+    let busy = null;
+    if (stopClear([])) {
+      try {
+        busy = fridaBusy();
+      } finally {
+        world.fns.resume(world.mem.world);
+      }
+    }
+    if (busy === 0) {
+      world.stats.drained++;
+      return true;
+    }
+    if (Date.now() > deadline)
+      break;
+    Thread.sleep(0.002);
+  }
+  world.stats.not_drained++;
+  return false;
+}
+
+/*
+ * Listeners in: the tracer's Interceptor.attach calls were deferred (attachListener); threads still
+ * inside Frida's code (an earlier listener, a thread observer) are drained first -- nothing is
+ * queued yet --, then the calls are made back to back and written with the world stopped.
+ */
+export function applyListenerPatches(what) {
+  drain();
+  return applyPatches(what);
+}
+
+/*
+ * Listeners out: `addresses` are the sites of listeners just detached (l.detach(): Frida stops
+ * calling them at once, and queues the restore of the bytes).  Every site no listener of ours is
+ * left on, and that no redirect of memtrace's shares, is put back to its pristine bytes by
+ * memtrace itself with the world stopped (clear of its first bytes), right after Frida's flush: if
+ * a thread waiting in a listener holds Interceptor's transaction open, Frida's own restore is
+ * written later, by that thread, with the world running -- but then it writes the very bytes
+ * already there, which no running thread can trip over.  Then the threads still in Frida's code
+ * are drained, so that the patches that follow (the descriptor guard, the execve hook) are written
+ * with the world stopped.  A site shared with a redirect keeps its bytes (Frida's function context
+ * stays); it is restored when the redirect comes out.
+ */
+export function releaseListenerSites(addresses, what) {
+  const mine = [];
+  for (const a of addresses) {
+    const site = ptr(a).toString();
+    const left = (world.listenerHolds.get(site) || 0) - 1;
+    if (left > 0) {
+      world.listenerHolds.set(site, left);
+      continue;
+    }
+    world.listenerHolds.delete(site);
+    if (world.otherSites.has(site) || !world.pristine.has(site))
+      world.stats.restored_by_frida++;
+    else
+      mine.push(site);
+  }
+  restoreStopped(mine, what + ' (memtrace)');
+  drain();
+  return applyPatches(what);   // Frida's restores, if still queued: the same bytes again
+}
+
+/*
+ * Puts `sites` back to their pristine bytes with the world stopped (clear of their first bytes and
+ * of Frida's code by pc).  Threads waiting in a listener for the script's lock are still there (they
+ * are drained after), so nothing that may take one of Frida's locks runs under this stop: the bytes
+ * are staged before it and written by cmodule/world.c's mt_world_write (mprotect and stores only).
+ */
+function restoreStopped(sites, what) {
+  const staged = [];
+  for (const site of sites) {
+    const want = world.pristine.get(site);
+    const now = new Uint8Array(ptr(site).readByteArray(want.length));
+    let last = -1;
+    for (let i = 0; i < want.length; i++) {
+      if (now[i] !== want[i])
+        last = i;
+    }
+    if (last < 0)
+      continue;   // Frida's restore is in already
+    const buf = Memory.alloc(last + 1);
+    buf.writeByteArray(Array.from(want.subarray(0, last + 1)));
+    staged.push([ptr(site), buf, last + 1]);
+  }
+  if (staged.length === 0 || world.fns === null || world.mprotect === null)
+    return;
+  const avoid = sites.map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
+  if (!stopClear(avoid)) {
+    world.stats.failed++;
+    return;    // left to Frida's restore (maybe with the world running): counted as failed
+  }
+  let written = 0;
+  try {
+    for (const [site, buf, len] of staged)
+      written += world.fns.write(site, buf, len, world.mprotect, Process.pageSize);
+  } finally {
+    world.fns.resume(world.mem.world);
+  }
+  world.stats.restored_stopped += written;
+  world.stats.stopped++;
+  world.stats.applied++;
+  world.log.push([what, written]);
 }
 
 /*

@@ -100,6 +100,13 @@ g_get_monotonic_time (void)
   return (gint64) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* world.c's own patch writer (mt_world_write) flushes the instruction cache after a store. */
+void
+gum_clear_cache (gpointer address, gsize size)
+{
+  __builtin___clear_cache ((char *) address, (char *) address + size);
+}
+
 /* Replacements are called directly here, as replaceFast calls them: no invocation context. */
 void *
 gum_interceptor_get_current_invocation (void)

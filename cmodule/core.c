@@ -708,7 +708,9 @@ mt_ring_reserve (MtSlot * s, guint64 len)
     r->reserved = 0;
     r->reserved2 = 0;
     r->length = (guint32) pad;
-    s->head += pad;
+    /* Release: the drain that sees the new head sees the padding record too (a plain store here
+     * let it copy the ring's old bytes as the record: the sanitizer harness's events-mode race). */
+    mt_store_release (&s->head, s->head + pad);
     off = 0;
   }
   return s->ring + off;

@@ -285,6 +285,8 @@ def test_large_flamegraph_page_is_small_and_renders(browser: Any, large: tuple[P
     assert p.errors == [], p.errors
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_report_of_many_large_captures_is_small(browser: Any, large: tuple[Path, dict[str, int]],
                                                 tmp_path: Path) -> None:
     import shutil

@@ -12,6 +12,10 @@
  * The result gives the leaked and the still reachable blocks by stack id ([stack id, blocks,
  * bytes]), and the leaked blocks' addresses (the first MAX_LEAKED_LISTED); the host names the
  * stacks from the definitions every drain ships.
+ *
+ * Its figures are JavaScript Numbers on purpose: each counts blocks, threads or bytes of memory
+ * mapped in the process at the scan's instant, bounded by the 48-bit address space (< 2^48), so
+ * exact; nothing here accumulates over time (runtime/calibrate.js says the same of its sizes).
  */
 
 import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, LEAK_JOB, LEAK_MARKS, LEAK_RANGE,

@@ -1,6 +1,11 @@
 /*
  * Calibration: what the allocator and the kernel say the process uses, at start and at exit,
  * so the host can state how much of it the trace explains.
+ *
+ * Its values are read as JavaScript Numbers on purpose: each is a size of memory mapped in one
+ * process at one instant (in use, resident, footprint), bounded by the 48-bit address space
+ * (< 2^48), so exact.  Counters that grow with time (calls, gross bytes, the peak) never pass
+ * through a Number (runtime/core.js, drainOnce; memtrace/exact.py on the host).
  */
 
 import { core, ownBytes } from './core.js';

@@ -730,21 +730,10 @@ mt_ring_commit (MtSlot * s, guint64 len)
 
 /* ---- stacks ----------------------------------------------------------- */
 
+/* The frame-pointer chain from fp within [lo, hi), appended to out[n, max): the frame count. */
 static inline guint
-mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncated)
+mt_walk_fp_chain (guint64 fp, guint64 lo, guint64 hi, guint64 * out, guint n, guint max, gboolean * truncated)
 {
-  guint n = 0;
-  guint64 fp = (guint64) fp0;
-  guint64 lo = (guint64) &n;
-  guint64 hi = s->stack_hi;
-  *truncated = FALSE;
-  if (hi == 0)
-    hi = lo + 16;   /* unknown stack: only our own frame is safe to read */
-#ifdef MT_UNWIND
-  /* Modules without frame pointers have unwind tables (unwind.c). */
-  if (mt_unwind_count != 0)
-    return mt_unwind_walk (fp, lo, hi, out, max, truncated, &s->ucache);
-#endif
   while (fp >= lo && fp + 16 <= hi && (fp & 7) == 0)
   {
     /* Swift sets bit 60 of the frame pointer an async frame saves: cleared to follow the chain. */
@@ -763,6 +752,23 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
     fp = next;
   }
   return n;
+}
+
+static inline guint
+mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncated)
+{
+  guint64 fp = (guint64) fp0;
+  guint64 lo = (guint64) &fp;
+  guint64 hi = s->stack_hi;
+  *truncated = FALSE;
+  if (hi == 0)
+    hi = lo + 16;   /* unknown stack: only our own frame is safe to read */
+#ifdef MT_UNWIND
+  /* Modules without frame pointers have unwind tables (unwind.c). */
+  if (mt_unwind_count != 0)
+    return mt_unwind_walk (fp, lo, hi, out, max, truncated, &s->ucache);
+#endif
+  return mt_walk_fp_chain (fp, lo, hi, out, 0, max, truncated);
 }
 
 /* A stack's 64-bit hash, taken as its identity (the index keeps no frames: two stacks that collide

@@ -262,23 +262,7 @@ mt_walk_invocation (MtSlot * s, guint64 * frames, guint max, gboolean * truncate
     return mt_unwind_walk_regs (ra, sp, fp, hi, frames, max, truncated, &s->ucache);
 #endif
   frames[n++] = ra;
-  while (fp >= sp && fp + 16 <= hi && (fp & 7) == 0)
-  {
-    guint64 next = ((guint64 *) fp)[0] & ~(1ULL << 60);
-    guint64 ret = ((guint64 *) fp)[1] & mt_config.code_mask;
-    if (ret < 4096)
-      break;
-    if (n == max)
-    {
-      *truncated = TRUE;
-      break;
-    }
-    frames[n++] = ret;
-    if (next <= fp)
-      break;
-    fp = next;
-  }
-  return n;
+  return mt_walk_fp_chain (fp, sp, hi, frames, n, max, truncated);
 }
 
 /* The stack of the call being hooked: frames[0] is the caller's return address. */

@@ -1388,10 +1388,11 @@ def iter_stacks_and_aggs(data: bytes, allocs: bool = False) -> Iterator[tuple[An
                 pos += size
             elif rtype == REC_STACK:
                 head = stack_from(mv, pos)
-                size = head_size + 8 * head[1]
+                nframes = head[1] | head[2] << 8     # nframes_hi: stacks of 256 frames and more
+                size = head_size + 8 * nframes
                 if pos + size > stop:
                     break
-                yield (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + head_size))
+                yield (*head, struct.unpack_from(f"<{nframes}Q", mv, pos + head_size))
                 pos += size
             elif rtype == REC_AGG:
                 head = agg_from(mv, pos)

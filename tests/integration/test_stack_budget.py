@@ -30,14 +30,14 @@ def test_262144_distinct_stacks_all_kept(compile_c, tmp_path: Path) -> None:
     assert all(v == 0 for v in s["dropped"].values()), s["dropped"]
     assert s["coverage"]["stack_coverage"] == 1.0
     summary = summarize(read_records(out))
-    leaves = [st for st in summary.by_stack.values() if st.bytes == 24]
+    leaves = [st for st in summary.stack_stats.values() if st.bytes == 24]
     # Every path its own stack, each with its one 24-byte block: no stack shared, none dropped.
     assert len(leaves) == 1 << DEPTH
     assert all((st.count, st.live_count) == (1, 0) for st in leaves)
     # Distinct frames for each: the leaf's caller chain differs in at least one return address.
     assert len({summary.stacks[st.stack_id] for st in leaves}) == 1 << DEPTH
     # One of them symbolized, innermost first: leaf, then DEPTH levels of left/right, then main.
-    names = [f.function for f in summary.stack(leaves[0].stack_id)]
+    names = [f.function for f in summary.stack_frames(leaves[0].stack_id)]
     assert names[0] == "leaf" and set(names[1:DEPTH + 1]) <= {"left", "right"} and names[DEPTH + 1] == "main", names
 
 
@@ -47,9 +47,9 @@ def test_deep_stack_keeps_innermost_256_frames_marked_truncated(compile_c, tmp_p
                       compile_c("many_stacks"), "deep", "300")
     assert s["covers"]["frames"] == 256
     summary = summarize(read_records(out))
-    [deep] = [st for st in summary.by_stack.values() if st.bytes == 4242]
+    [deep] = [st for st in summary.stack_stats.values() if st.bytes == 4242]
     assert (deep.count, deep.live_count) == (1, 0)
-    names = [f.function for f in summary.stack(deep.stack_id)]
+    names = [f.function for f in summary.stack_frames(deep.stack_id)]
     # The innermost 256 return addresses: recurse's 256 own frames (300 deep), then the mark.
     assert names == ["recurse"] * 256 + ["<truncated: outer frames not walked>"], (names[:3], len(names))
     assert s["truncated_stacks"] >= 1
@@ -57,6 +57,6 @@ def test_deep_stack_keeps_innermost_256_frames_marked_truncated(compile_c, tmp_p
     s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap64", "--",
                       compile_c("many_stacks"), "deep", "300")
     summary = summarize(read_records(tmp_path / "cap64"))
-    [deep] = [st for st in summary.by_stack.values() if st.bytes == 4242]
-    assert [f.function for f in summary.stack(deep.stack_id)] == ["recurse"] * 64 + [
+    [deep] = [st for st in summary.stack_stats.values() if st.bytes == 4242]
+    assert [f.function for f in summary.stack_frames(deep.stack_id)] == ["recurse"] * 64 + [
         "<truncated: outer frames not walked>"]

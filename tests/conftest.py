@@ -46,6 +46,18 @@ def compile_c(build_dir: Path) -> Callable[..., Path]:
     return compile_one
 
 
+def build_ctor_user(build_dir: Path) -> Path:
+    """tests/programs/ctor_user linked against libctor_lib.so, whose constructor allocates 12,345 B."""
+    lib = build_dir / "libctor_lib.so"
+    exe = build_dir / "ctor_user"
+    flags = ["-g", "-fno-omit-frame-pointer"]
+    subprocess.run(["gcc", *flags, "-shared", "-fPIC", "-o", str(lib), str(ROOT / "tests/programs/ctor_lib.c")],
+                   check=True)
+    subprocess.run(["gcc", *flags, "-o", str(exe), str(ROOT / "tests/programs/ctor_user.c"), "-L", str(build_dir),
+                    "-lctor_lib", f"-Wl,-rpath,{build_dir}"], check=True)
+    return exe
+
+
 def run_memtrace(*args: str | Path, timeout: float = 120, check: bool = True,
                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess, exactly as a user runs it."""

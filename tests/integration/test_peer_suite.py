@@ -24,7 +24,7 @@ from memtrace.capture_loop import CaptureOptions, run_capture
 from memtrace.target import TargetSpec
 from memtrace.ui import SilentUI
 
-from ..conftest import ROOT, run_memtrace  # noqa: TID252
+from ..conftest import ROOT, build_ctor_user, run_memtrace  # noqa: TID252
 
 pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux"),
               pytest.mark.slow]
@@ -105,14 +105,7 @@ def test_every_allocation_entry_with_its_exact_size_and_stack(peer_kinds: Path, 
 
 @pytest.fixture(scope="module")
 def ctor_user(build_dir: Path) -> Path:
-    lib = build_dir / "libctor_lib.so"
-    exe = build_dir / "ctor_user"
-    flags = ["-g", "-fno-omit-frame-pointer"]
-    subprocess.run(["gcc", *flags, "-shared", "-fPIC", "-o", str(lib), str(ROOT / "tests/programs/ctor_lib.c")],
-                   check=True)
-    subprocess.run(["gcc", *flags, "-o", str(exe), str(ROOT / "tests/programs/ctor_user.c"), "-L", str(build_dir),
-                    "-lctor_lib", f"-Wl,-rpath,{build_dir}"], check=True)
-    return exe
+    return build_ctor_user(build_dir)
 
 
 def _child_of(out: Path) -> tuple[dict, list]:

@@ -15,7 +15,7 @@ import pytest
 
 from memtrace.capture import RecordType, read_records
 
-from ..conftest import ROOT, memtrace_json, run_memtrace  # noqa: TID252
+from ..conftest import ROOT, build_ctor_user, memtrace_json, run_memtrace  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -181,13 +181,7 @@ def test_failed_calls_are_counted_by_kind_with_their_stacks_and_no_bytes(mode: s
 
 def test_library_constructors_are_traced_before_main(build_dir: Path, tmp_path: Path) -> None:
     # Before, Frida's spawn injected after every library constructor: this 12,345 B was unseen.
-    lib = build_dir / "libctor_lib.so"
-    exe = build_dir / "ctor_user"
-    flags = ["-g", "-fno-omit-frame-pointer"]
-    subprocess.run(["gcc", *flags, "-shared", "-fPIC", "-o", str(lib), str(ROOT / "tests/programs/ctor_lib.c")],
-                   check=True)
-    subprocess.run(["gcc", *flags, "-o", str(exe), str(ROOT / "tests/programs/ctor_user.c"), "-L", str(build_dir),
-                    "-lctor_lib", f"-Wl,-rpath,{build_dir}"], check=True)
+    exe = build_ctor_user(build_dir)
     s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--out", tmp_path / "c", "--", exe)
     assert s["ended"] == "target-exited"
     rows = [x for x in s["top_stacks"] if x["exact_bytes"] == 12345]

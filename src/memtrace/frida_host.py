@@ -541,10 +541,17 @@ def _local_pid_alive(pid: int) -> bool:
 def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
     """Attach to ``pid`` and load agent ``agent`` for a one-shot job (census, limit): (session, script).
 
-    Tracers go through :class:`FridaHost` and the capture loop instead."""
+    Tracers go through :class:`FridaHost` and the capture loop instead.
+
+    Without Frida's exit monitor: these agents have nothing to save when the process exits, and
+    the monitor hangs a process that calls exit() while the agent is being torn down after our
+    detach (docs/domain/sessions.md, "A target that exits as we detach")."""
     source = build_agent(agent).source
     try:
-        session = device.attach(pid)
+        try:
+            session = device.attach(pid, exit_monitor=False)
+        except (TypeError, AttributeError):       # frida < 17.10 has no such option
+            session = device.attach(pid)
     except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,
             frida.NotSupportedError, frida.TransportError) as e:
         raise TargetError(f"cannot attach to pid {pid}: {str(e).splitlines()[0] if str(e) else e}") from None

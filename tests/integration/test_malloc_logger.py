@@ -8,9 +8,13 @@ vm_allocate 16, vm_deallocate 32, cleared 64, mapped_file 128; VM tag in the top
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import frida
 import pytest
@@ -220,6 +224,45 @@ def test_the_agents_own_heap_is_taken_out_of_the_calibration(agent) -> None:
     api.stop()
 
 
+# One step of a session (an attach, an rpc, an unload): init compiles the C core with gcc inside a
+# target whose four threads never rest, ~25 s at load 30 on 2 CPUs; nothing else takes a second.
+STEP_BOUND_S = 180
+
+
+def _threads_of(pid: int) -> str:
+    """Each thread of `pid`: state, kernel wait channel and ptrace tracer (a world stop's helper)."""
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            tracer = next(line.split()[1] for line in (task / "status").read_text().splitlines()
+                          if line.startswith("TracerPid:"))
+            out.append(f"{task.name}:{state}/{(task / 'wchan').read_text() or '-'}/tracer {tracer}")
+    return ", ".join(out) or "gone"
+
+
+def bounded(what: str, pid: int, call: Callable[[], Any]) -> Any:
+    """`call()` on a thread of its own: a step that does not return fails the test, naming the step
+    and where the target's threads wait, instead of stalling the suite until pytest-timeout."""
+    done: list[Any] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(call())
+        except BaseException as e:  # noqa: BLE001 - re-raised on the test's thread
+            failed.append(e)
+
+    worker = threading.Thread(target=run, daemon=True, name=f"bounded {what}")
+    worker.start()
+    worker.join(STEP_BOUND_S)
+    if worker.is_alive():
+        pytest.fail(f"{what} did not return in {STEP_BOUND_S} s; the target's threads: {_threads_of(pid)}")
+    if failed:
+        raise failed[0]
+    return done[0]
+
+
 @pytest.mark.slow
 def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) -> None:
     """Restoring malloc_logger and unloading the script at once could leave a thread inside the freed
@@ -233,27 +276,32 @@ def test_unloading_while_threads_are_in_the_logger(compile_c, demo_bin: Path) ->
     device.resume(pid)
     agent = build_agent("malloc")
     config = {"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
-              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": "external",
-              "backend": "logger"}
+              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "backend": "logger"}
     keys: list[int] = []
     try:
         time.sleep(0.3)
-        for _ in range(8):
-            session = device.attach(pid)
+        for cycle in range(8):
+            # The first session's core is compiled by gcc (Linux's default), the others' by TinyCC (the
+            # device's): gcc runs inside the target, where its four threads leave it a sliver of 2 CPUs
+            # (~30 s a session at load 30, eight of them near the suite's 600 s), TinyCC takes 0.3 s.
+            config["toolchain"] = "external" if cycle == 0 else "internal"
+            session = bounded(f"cycle {cycle}: attach", pid, lambda: device.attach(pid))
             script = session.create_script(agent.source)
-            script.load()
+            bounded(f"cycle {cycle}: load", pid, script.load)
             api = script.exports_sync
-            info = api.init(config, agent.c_sources, agent.process_sources)["info"]
+            info = bounded(f"cycle {cycle}: init", pid,
+                           functools.partial(api.init, config, agent.c_sources, agent.process_sources))["info"]
             assert info["backend"] == "logger"
-            api.start()
+            bounded(f"cycle {cycle}: start", pid, api.start)
             time.sleep(0.05)
-            api.stop()
-            drain = api.logger_drain()
+            bounded(f"cycle {cycle}: stop", pid, api.stop)
+            drain = bounded(f"cycle {cycle}: logger_drain", pid, api.logger_drain)
             assert drain["drained"] is True and drain["inflight"] == 0
-            assert api.thread_key() == {"key": info["tlsKey"], "retired": "kept"}
+            assert bounded(f"cycle {cycle}: thread_key", pid, api.thread_key) == {"key": info["tlsKey"],
+                                                                                  "retired": "kept"}
             keys.append(info["tlsKey"])
-            script.unload()
-            session.detach()
+            bounded(f"cycle {cycle}: unload", pid, script.unload)
+            bounded(f"cycle {cycle}: detach", pid, session.detach)
         time.sleep(0.2)
         assert any(p.pid == pid for p in device.enumerate_processes())
         assert len(set(keys)) == len(keys), keys

@@ -357,7 +357,37 @@ export function markFridaThreads(cell) {
     }
   }
   words.forEach((w, i) => cell.add(i * 8).writeU64(uint64(w.toString())));
-  return { threads: tids.length, code_ranges: words[OWN_N_CODE] };
+  return { threads: tids.length, code_ranges: words[OWN_N_CODE], forgotten: 0 };
+}
+
+/* A listed thread of Frida's that has exited is forgotten (its entry zeroed: one aligned store, which
+ * the core reads whole), so that a thread of the target's given its id later is counted: thread ids
+ * wrap at pid_max (32768 by default), and GLib's pool workers exit after 15 s idle.  Only from a
+ * complete listing.  Returns how many were forgotten. */
+let taskBuf = null;
+
+export function forgetExitedFridaThreads(cell) {
+  const n = Math.min(OWN_TIDS, Number(cell.add(OWN_N_TIDS * 8).readU64()));
+  if (n === 0)
+    return 0;
+  taskBuf = taskBuf || Memory.alloc(MAX_THREADS * 8);
+  const total = IS_DARWIN ? Number(fn('mt_leak_darwin_threads', 'uint64', ['pointer', 'uint64'])(taskBuf, MAX_THREADS))
+    : Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, taskBuf, MAX_THREADS));
+  if (total === 0 || total >= MAX_THREADS)
+    return 0;
+  const alive = new Set();
+  for (let i = 0; i < total; i++)
+    alive.add(Number(taskBuf.add(i * 8).readU64()));
+  let forgotten = 0;
+  for (let i = 0; i < n; i++) {
+    const at = cell.add((OWN_TID + i) * 8);
+    const tid = Number(at.readU64());
+    if (tid !== 0 && !alive.has(tid)) {
+      at.writeU64(0);
+      forgotten++;
+    }
+  }
+  return forgotten;
 }
 
 /* Linux: the executable mappings of the file that holds `address` (only its own mapping when it

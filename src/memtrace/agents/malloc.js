@@ -13,7 +13,7 @@
  */
 
 import { C_BYTES, C_CALLS, KINDS, LOGGER_EVENT, N_SITES, OWN_THREADS_WORDS, SITE } from './layout.js';
-import { LEAKS_LIVE_TABLE, leakSymbols, markFridaThreads, scanLeaks } from './leaks.js';
+import { LEAKS_LIVE_TABLE, forgetExitedFridaThreads, leakSymbols, markFridaThreads, scanLeaks } from './leaks.js';
 import { buildCore, core, exactU64, retireThreadKey, setEnabled } from './runtime/core.js';
 import { setBatchHook, warn } from './runtime/flush.js';
 import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbols, loggerVariable,
@@ -39,6 +39,7 @@ const mallocState = {
   agentThreadIgnored: false,
   ownThreads: null,        // the core's table of Frida's own threads (mt_own_threads)
   fridaThreads: null,      // what markFridaThreads wrote there
+  fridaThreadsChecked: 0,  // when exited ones were last forgotten (now())
   replaced: [],
   trampolines: [],         // Interceptor's relocated prologues our C calls the real entries through
   quiesce: null,           // how the last uninstall's wait for threads inside our code ended
@@ -250,6 +251,11 @@ function moveCounter(counters, i, amount, add) {
 }
 
 function onBatch(payload, info, last) {
+  // Once a second: Frida's listed threads that have exited are forgotten before their ids come back.
+  if (mallocState.fridaThreads !== null && payload.t - mallocState.fridaThreadsChecked >= 1000) {
+    mallocState.fridaThreadsChecked = payload.t;
+    mallocState.fridaThreads.forgotten += forgetExitedFridaThreads(mallocState.ownThreads);
+  }
   for (const [from, to, calls, bytes] of aliasMoves()) {
     moveCounter(payload.counters, C_CALLS + from, calls, false);
     moveCounter(payload.counters, C_CALLS + to, calls, true);

@@ -151,9 +151,9 @@ def malloc_agent(compile_c, request) -> Iterator[tuple]:
 
 def test_fridas_own_threads_never_count_as_the_targets(malloc_agent) -> None:
     """A thread Frida starts after the hooks are in (Process.enumerateThreads reads registers from
-    one, which callocs, reallocs and frees with the target's malloc: 3, 6 and 51 calls counted as the
-    program's before) is Frida's: its calls pass through as memtrace's own (own_calls), never in the
-    target's counts.  The same holds for Frida's threads from before the hooks (a GLib pool worker
+    one, which callocs, reallocs and frees with the target's malloc: 3 listings were counted as the
+    program's 3 callocs, 6 reallocs and 51 frees) is Frida's: its calls pass through as memtrace's
+    own (own_calls), never in the target's counts.  The same holds for Frida's threads from before the hooks (a GLib pool worker
     freeing its cache as it exits: test_fridas_idle_threads_exiting_count_nothing)."""
     api, batches = malloc_agent
     api.start()

@@ -512,9 +512,17 @@ mt_own_thread (guint64 tid)
   guint64 i, n;
 #ifndef MT_DARWIN
   guint64 off = own[MT_OWN_START_OFFSET];
-  if (off != 0)
+  guint64 self = (guint64) pthread_self ();
+# ifdef __x86_64__
+  /* glibc's descriptor starts with its TCB header, whose first word points to itself: a thread
+   * whose %fs is something else's (a runtime's own TLS) is not read through. */
+  gboolean descriptor = self != 0 && *(volatile guint64 *) self == self;
+# else
+  gboolean descriptor = self != 0;
+# endif
+  if (off != 0 && descriptor)
   {
-    guint64 start = *(volatile guint64 *) ((guint64) pthread_self () + off);
+    guint64 start = *(volatile guint64 *) (self + off);
     n = MIN (own[MT_OWN_N_CODE], MT_OWN_CODE_RANGES);
     for (i = 0; i != n; i++)
     {

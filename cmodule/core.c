@@ -42,7 +42,7 @@
 
 /* What the thread's slot is doing (MtSlot.busy); a hooked call that finds it non-zero is nested:
  * made by a signal handler, by the allocator inside one of its own entries, or by memtrace. */
-#define MT_BUSY_OWN 1        /* memtrace's own thread set-up (mt_assign): its calls are not the target's */
+#define MT_BUSY_OWN 1        /* mt_assign's set-up, and Frida's threads for good: their calls are not the target's */
 #define MT_BUSY_HOOK 2       /* inside a hook: a nested call is a signal handler's, counted */
 #define MT_BUSY_COMPOUND 3   /* inside the real call of an entry that may call the family itself */
 #define MT_BUSY_SHARED 4     /* the shared slot (mt_slots[n_slots]): for good, see mt_shared_slot */
@@ -192,6 +192,8 @@ extern volatile guint64 mt_alias_kinds;
  * agent at start-up (0 = unknown: use pthread_getspecific).  Reading it through %fs saves
  * the call that was the single largest cost of an uninteresting malloc/free. */
 extern volatile guint64 mt_tls_offset;
+/* Frida's own threads, told apart when a thread gets its slot (mt_own_thread; layout.py, OWN_*). */
+extern volatile guint64 mt_own_threads[];
 
 extern gpointer pthread_getspecific (guint key);
 extern gint pthread_setspecific (guint key, gconstpointer value);
@@ -495,6 +497,49 @@ mt_shared_slot (void)
   return s;
 }
 
+/* Whether the calling thread is Frida's own (the agent's JavaScript thread, its loader and main
+ * loop, GLib's pool workers): its calls are then memtrace's, never the target's.  Frida's threads
+ * allocate with the target's malloc too (the DTV of a thread they start, their libc calls), and a
+ * GLib pool worker idle for 15 s exits, its glibc freeing its tcache's blocks (6 and 12 free calls
+ * in a program that never calls free, counted as the program's).  Two signs, both set before the
+ * hooks go in: the thread ids Frida cloaked then, and (glibc) a start routine inside Frida's code,
+ * for the threads Frida starts afterwards.  glibc's exiting thread calls its key's destructor
+ * before freeing its tcache, so such a thread is asked again for the slot it gets then. */
+static gboolean
+mt_own_thread (guint64 tid)
+{
+  volatile guint64 * own = mt_own_threads;
+  guint64 i, n;
+#ifndef MT_DARWIN
+  guint64 off = own[MT_OWN_START_OFFSET];
+  guint64 self = (guint64) pthread_self ();
+# ifdef __x86_64__
+  /* glibc's descriptor starts with its TCB header, whose first word points to itself: a thread
+   * whose %fs is something else's (a runtime's own TLS) is not read through. */
+  gboolean descriptor = self != 0 && *(volatile guint64 *) self == self;
+# else
+  gboolean descriptor = self != 0;
+# endif
+  if (off != 0 && descriptor)
+  {
+    guint64 start = *(volatile guint64 *) (self + off);
+    n = MIN (own[MT_OWN_N_CODE], MT_OWN_CODE_RANGES);
+    for (i = 0; i != n; i++)
+    {
+      if (start >= own[MT_OWN_CODE + 2 * i] && start < own[MT_OWN_CODE + 2 * i + 1])
+        return TRUE;
+    }
+  }
+#endif
+  n = MIN (own[MT_OWN_N_TIDS], MT_OWN_TIDS);
+  for (i = 0; i != n; i++)
+  {
+    if (own[MT_OWN_TID + i] == tid)
+      return TRUE;
+  }
+  return FALSE;
+}
+
 /* Called when pthread_getspecific() gave NULL.  pthread_setspecific may itself
  * allocate (glibc, keys >= 32): a nested call on this thread finds its stack
  * address registered in `assigning` and passes straight through. */
@@ -574,7 +619,7 @@ mt_assign (void)
     s->state = MT_SLOT_LIVE;
     pthread_setspecific ((guint) mt_config.tls_key, s);
     mt_fetch_stack_bounds (s);
-    s->busy = 0;
+    s->busy = mt_own_thread (s->tid) ? MT_BUSY_OWN : 0;
   }
 
   else

@@ -174,6 +174,15 @@ MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call
 TOP_STACKS = 8                 # stacks by live bytes in each timeline sample
 N_SITES = 256                  # call sites remembered for an entry point several names share
+# Threads that are Frida's, never the target's (core.c, mt_own_thread): mt_own_threads is u64
+# words -- [OWN_START_OFFSET] the offset of start_routine in glibc's struct pthread (0: unknown),
+# [OWN_N_CODE] ranges of Frida's code, [OWN_N_TIDS] thread ids, then OWN_CODE_RANGES [start, end)
+# pairs from OWN_CODE, then OWN_TIDS thread ids from OWN_TID.
+OWN_CODE_RANGES = 16
+OWN_TIDS = 256
+OWN_START_OFFSET, OWN_N_CODE, OWN_N_TIDS, OWN_CODE = 0, 1, 2, 3
+OWN_TID = OWN_CODE + 2 * OWN_CODE_RANGES
+OWN_THREADS_WORDS = OWN_TID + OWN_TIDS
 
 # A call site of an aliased entry (glibc's memalign is also aligned_alloc): the agent tells which name
 # the caller used from the call instruction at `ra` and moves the site's counts to that kind.

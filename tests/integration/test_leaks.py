@@ -7,12 +7,19 @@ reachable.  (tests/integration/test_leak_parity.py holds memtrace against valgri
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
+import frida
 import pytest
 from tests.conftest import memtrace_json, run_memtrace
+
+from memtrace import layout
+from memtrace.agentbuild import build_agent
 
 LEAKED = {"leak_dropped": (5, 25000), "leak_cycle": (2, 12000)}
 REACHABLE = {"keep_global": (4, 28000), "keep_nested": (1, 8000), "keep_nested_child": (1, 9000),
@@ -113,6 +120,85 @@ def test_the_scan_does_not_show_in_the_targets_counts(compile_c, tmp_path: Path)
         counts.append(doc["calls"])
     assert counts[1] == counts[0]
     assert counts[0]["malloc"] > 0
+
+
+@pytest.fixture(params=["internal", "external"])
+def malloc_agent(compile_c, request) -> Iterator[tuple]:
+    """The malloc agent, started with every call stacked (as --leaks has it), in leak_pattern held
+    at its first instruction: the program itself makes no call, so any counted call is someone else's."""
+    device = frida.get_local_device()
+    pid = device.spawn([str(compile_c("leak_pattern")), "60"], stdio="pipe")
+    session = device.attach(pid)
+    agent = build_agent("malloc")
+    script = session.create_script(agent.source)
+    batches: list[dict] = []
+    script.on("message", lambda m, d: batches.append(m["payload"])
+              if m.get("type") == "send" and m["payload"].get("type") == "events:batch" else None)
+    script.load()
+    api = script.exports_sync
+    init = api.init({"liveThreshold": 0, "stackThreshold": 0, "frames": 16, "sampleBytes": 0, "ringKb": 64,
+                     "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096,
+                     "toolchain": request.param, "backend": "auto"}, agent.c_sources)
+    assert init["info"]["toolchain"] == request.param
+    try:
+        yield api, batches
+        api.stop()
+        session.detach()
+    finally:
+        with contextlib.suppress(frida.ProcessNotFoundError):
+            device.kill(pid)
+
+
+def test_fridas_own_threads_never_count_as_the_targets(malloc_agent) -> None:
+    """A thread Frida starts after the hooks are in (Process.enumerateThreads reads registers from
+    one, which callocs, reallocs and frees with the target's malloc: 3 listings were counted as the
+    program's 3 callocs, 6 reallocs and 51 frees) is Frida's: its calls pass through as memtrace's
+    own (own_calls), never in the target's counts.  The same holds for Frida's threads from before the hooks (a GLib pool worker
+    freeing its cache as it exits: test_fridas_idle_threads_exiting_count_nothing)."""
+    api, batches = malloc_agent
+    api.start()
+    own = api.frida_threads()
+    assert own["threads"] >= 2 and own["code_ranges"] >= 1     # the loader and JavaScript threads at least
+
+    def counters() -> list[int]:
+        api.flush()
+        time.sleep(0.3)
+        return batches[-1]["counters"]
+
+    before = counters()
+    api.list_threads_through_frida(5)
+    after = counters()
+    calls = {k: after[layout.C_CALLS + v] - before[layout.C_CALLS + v] for k, v in layout.KINDS.items()}
+    assert calls == dict.fromkeys(layout.KINDS, 0)
+    nested, own_calls = layout.COUNTERS["nested_calls"], layout.COUNTERS["own_calls"]
+    assert after[nested] == before[nested]
+    assert after[own_calls] - before[own_calls] >= 5 * 10    # the helper thread's calls did go through the hooks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("malloc_agent", ["external"], indirect=True)
+def test_fridas_idle_threads_exiting_count_nothing(malloc_agent) -> None:
+    """GLib's pool workers in Frida's agent exit after 15 s idle; glibc then frees each one's tcache
+    with the target's free (12 and 6 calls, 3 runs in 3, counted as the program's, which never calls
+    free: the 6 frees --leaks once showed when its window outlasted 15 s).  They are Frida's: nothing
+    counts, and the agent forgets their ids once they have exited (ids wrap at pid_max)."""
+    api, batches = malloc_agent
+    api.start()
+    api.flush()
+    time.sleep(0.3)
+    before = batches[-1]["counters"]
+    deadline = time.monotonic() + 60
+    while api.frida_threads()["forgotten"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert api.frida_threads()["forgotten"] >= 1
+    api.flush()
+    time.sleep(0.3)
+    after = batches[-1]["counters"]
+    calls = {k: after[layout.C_CALLS + v] - before[layout.C_CALLS + v] for k, v in layout.KINDS.items()}
+    assert calls == dict.fromkeys(layout.KINDS, 0)
+    own_calls = layout.COUNTERS["own_calls"]
+    assert after[own_calls] - before[own_calls] >= 1     # its exit's frees did go through the hooks, as own
 
 
 def test_pages_never_touched_are_not_read(compile_c, tmp_path: Path) -> None:

@@ -19,7 +19,8 @@
  */
 
 import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, LEAK_JOB, LEAK_MARKS, LEAK_RANGE,
-  LEAK_RANGE_FRIDA, LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, VM_TAG_MALLOC_FIRST,
+  LEAK_RANGE_FRIDA, LEAK_RANGE_STACK, LEAK_REGS, LEAK_SEG, LEAK_STATES, LEAK_THREAD, OWN_CODE, OWN_CODE_RANGES,
+  OWN_N_CODE, OWN_N_TIDS, OWN_START_OFFSET, OWN_THREADS_WORDS, OWN_TID, OWN_TIDS, VM_TAG_MALLOC_FIRST,
   VM_MEMORY_STACK, VM_TAG_MALLOC_LAST, WORLD_ERRORS } from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
@@ -309,7 +310,7 @@ function alloc(size, own) {
  * allocation: opendir would call the allocator we are tracing).  Not Process.enumerateThreads():
  * on Linux it starts a thread of its own to read the others' registers, and that thread's
  * mallocs and its exit's frees (its tcache flushed) would show in the app's counts. */
-function cloakedTids() {
+export function cloakedTids() {
   const buf = Memory.alloc(MAX_THREADS * 8);
   if (IS_DARWIN) {
     // The task's thread ports (task_threads); Frida's thread ids are those ports (DEVICE-UNVERIFIED).
@@ -323,6 +324,101 @@ function cloakedTids() {
     return out;
   }
   return fridaThreads(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']), buf);
+}
+
+/*
+ * Frida's own threads for the core (cmodule/core.c, mt_own_thread): their malloc calls are never
+ * the target's.  Filled before the hooks go in: the threads Frida cloaks now, and (Linux, glibc)
+ * the code Frida starts its threads in -- the library holding this thread's start routine (this
+ * is Frida's JavaScript thread, started by GLib there) -- for the threads it starts later.  Not any
+ * memory Frida cloaks: a thread memtrace itself starts from a CModule (doctor's self-test) runs
+ * code the target's threads would, and is the target's.  Returns {threads, code_ranges}.
+ */
+export function markFridaThreads(cell) {
+  const words = new Array(OWN_THREADS_WORDS).fill(0);
+  const tids = cloakedTids().slice(0, OWN_TIDS);
+  tids.forEach((tid, i) => { words[OWN_TID + i] = tid; });
+  words[OWN_N_TIDS] = tids.length;
+  const field = IS_DARWIN ? null : findExport('_thread_db_pthread_start_routine');  // glibc: {bits, count, offset}
+  if (field !== null && field.readU32() === 64 && field.add(4).readU32() === 1) {
+    const offset = field.add(8).readU32();
+    const self = new NativeFunction(findExport('pthread_self'), 'pointer', [])();
+    const start = self.add(offset).readPointer();
+    // Frida's own (cloaked) code only: were this thread started from a library the target uses
+    // too (libc, libstdc++), every thread started there would be taken for Frida's.
+    const code = Cloak.hasRangeContaining(start) ? mappingsOf(uint64(start.toString())).slice(0, OWN_CODE_RANGES) : [];
+    if (code.length > 0) {
+      words[OWN_START_OFFSET] = offset;
+      code.forEach(([start, end], i) => {
+        words[OWN_CODE + 2 * i] = start;
+        words[OWN_CODE + 2 * i + 1] = end;
+      });
+      words[OWN_N_CODE] = code.length;
+    }
+  }
+  words.forEach((w, i) => cell.add(i * 8).writeU64(uint64(w.toString())));
+  return { threads: tids.length, code_ranges: words[OWN_N_CODE], forgotten: 0 };
+}
+
+/* A listed thread of Frida's that has exited is forgotten (its entry zeroed: one aligned store, which
+ * the core reads whole), so that a thread of the target's given its id later is counted: thread ids
+ * wrap at pid_max (32768 by default), and GLib's pool workers exit after 15 s idle.  Only from a
+ * complete listing.  Returns how many were forgotten. */
+let taskBuf = null;
+
+export function forgetExitedFridaThreads(cell) {
+  const n = Math.min(OWN_TIDS, Number(cell.add(OWN_N_TIDS * 8).readU64()));
+  if (n === 0)
+    return 0;
+  taskBuf = taskBuf || Memory.alloc(MAX_THREADS * 8);
+  const total = IS_DARWIN ? Number(fn('mt_leak_darwin_threads', 'uint64', ['pointer', 'uint64'])(taskBuf, MAX_THREADS))
+    : Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, taskBuf, MAX_THREADS));
+  if (total === 0 || total >= MAX_THREADS)
+    return 0;
+  const alive = new Set();
+  for (let i = 0; i < total; i++)
+    alive.add(Number(taskBuf.add(i * 8).readU64()));
+  let forgotten = 0;
+  for (let i = 0; i < n; i++) {
+    const at = cell.add((OWN_TID + i) * 8);
+    const tid = Number(at.readU64());
+    if (tid !== 0 && !alive.has(tid)) {
+      at.writeU64(0);
+      forgotten++;
+    }
+  }
+  return forgotten;
+}
+
+/* Linux: the executable mappings of the file that holds `address` (only its own mapping when it
+ * is anonymous), adjacent ones joined: [start, end) UInt64 pairs; [] when none holds it. */
+function mappingsOf(address) {
+  let maps;
+  try {
+    maps = File.readAllText('/proc/self/maps');
+  } catch (e) {
+    return [];
+  }
+  const exec = [];
+  for (const line of maps.split('\n')) {
+    const f = line.trim().split(/\s+/);
+    if (f.length < 5 || f[1][2] !== 'x')
+      continue;
+    const [lo, hi] = f[0].split('-').map(h => uint64('0x' + h));
+    exec.push({ lo, hi, path: f.slice(5).join(' ') });
+  }
+  const home = exec.find(m => address.compare(m.lo) >= 0 && address.compare(m.hi) < 0);
+  if (home === undefined)
+    return [];
+  const out = [];
+  for (const m of home.path === '' ? [home] : exec.filter(e => e.path === home.path)) {
+    const last = out[out.length - 1];
+    if (last !== undefined && last[1].equals(m.lo))
+      last[1] = m.hi;
+    else
+      out.push([m.lo, m.hi]);
+  }
+  return out;
 }
 
 /* The candidates' table size: every tracked block, and room for the in-use chunks the live table

@@ -12,8 +12,8 @@
  *         stand-in libmtmalloc (tests/integration/test_malloc_logger.py).
  */
 
-import { C_BYTES, C_CALLS, KINDS, LOGGER_EVENT, N_SITES, SITE } from './layout.js';
-import { LEAKS_LIVE_TABLE, leakSymbols, scanLeaks } from './leaks.js';
+import { C_BYTES, C_CALLS, KINDS, LOGGER_EVENT, N_SITES, OWN_THREADS_WORDS, SITE } from './layout.js';
+import { LEAKS_LIVE_TABLE, forgetExitedFridaThreads, leakSymbols, markFridaThreads, scanLeaks } from './leaks.js';
 import { buildCore, core, exactU64, retireThreadKey, setEnabled } from './runtime/core.js';
 import { setBatchHook, warn } from './runtime/flush.js';
 import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbols, loggerVariable,
@@ -37,6 +37,9 @@ const mallocState = {
   tlsKey: null,
   keyRetired: null,        // how the core's pthread key ended (retireThreadKey): 'kept', 'replaced', ...
   agentThreadIgnored: false,
+  ownThreads: null,        // the core's table of Frida's own threads (mt_own_threads)
+  fridaThreads: null,      // what markFridaThreads wrote there
+  fridaThreadsChecked: 0,  // when exited ones were last forgotten (now())
   replaced: [],
   trampolines: [],         // Interceptor's relocated prologues our C calls the real entries through
   quiesce: null,           // how the last uninstall's wait for threads inside our code ended
@@ -248,6 +251,11 @@ function moveCounter(counters, i, amount, add) {
 }
 
 function onBatch(payload, info, last) {
+  // Once a second: Frida's listed threads that have exited are forgotten before their ids come back.
+  if (mallocState.fridaThreads !== null && payload.t - mallocState.fridaThreadsChecked >= 1000) {
+    mallocState.fridaThreadsChecked = payload.t;
+    mallocState.fridaThreads.forgotten += forgetExitedFridaThreads(mallocState.ownThreads);
+  }
   for (const [from, to, calls, bytes] of aliasMoves()) {
     moveCounter(payload.counters, C_CALLS + from, calls, false);
     moveCounter(payload.counters, C_CALLS + to, calls, true);
@@ -303,6 +311,8 @@ export const tracer = {
       extra['real_' + name] = slot;
     }
     Object.assign(extra, leakSymbols(), loggerSymbols());
+    mallocState.ownThreads = Memory.alloc(OWN_THREADS_WORDS * 8);
+    extra.mt_own_threads = mallocState.ownThreads;
     const info = buildCore(config, sources, extra);
     mallocState.backend = chooseBackend(config);
     info.backend = mallocState.backend;
@@ -314,7 +324,8 @@ export const tracer = {
 
   install(config) {
     const cm = core.cm;
-    // The agent's JavaScript thread (rpcs, timers, symbolization) allocates for the agent only.
+    // Frida's threads (this one included: rpcs, timers, symbolization) allocate for Frida only.
+    mallocState.fridaThreads = markFridaThreads(mallocState.ownThreads);
     mallocState.agentThreadIgnored = ignoreAgentThread(cm);
     mallocState.tStart = now();
     allocatorInUse();    // its NativeFunction made now, not in the first drain
@@ -436,6 +447,19 @@ export const tracer = {
     /* How the last uninstall drained the logger: {drained, waited_ms, inflight} (null: no logger). */
     loggerDrain() {
       return mallocState.drain || null;
+    },
+    /* Process.enumerateThreads(): on Linux Frida reads the threads' registers from a thread it
+     * starts for it, which allocates and frees with the target's malloc (tests: none of it may
+     * count).  Returns how many threads it listed. */
+    listThreadsThroughFrida(times) {
+      let n = 0;
+      for (let i = 0; i < times; i++)
+        n = Process.enumerateThreads().length;
+      return n;
+    },
+    /* Frida's threads as the core tells them apart: {threads, code_ranges} (null: not installed). */
+    fridaThreads() {
+      return mallocState.fridaThreads;
     },
     /* The core's pthread key and how it was retired at uninstall (null: not yet). */
     threadKey() {

@@ -87,26 +87,160 @@ mt_ucache_slot (guint64 key)
   return (key ^ (key >> 7) ^ (key >> 17)) & (MT_UCACHE_ENTRIES - 1);
 }
 
-/* Return addresses from the frame whose frame pointer is fp0 (the hook's own frame) outwards.
- * lo: the walk's own stack (nothing below it is read); hi: the top of the thread's stack;
- * cache: the thread's rule cache (or NULL). */
 /* Swift sets bit 60 of the frame pointer an async frame saves: cleared before it is followed
  * (as core.c's frame-pointer walk does). */
 #define MT_SWIFT_ASYNC_MASK (~(1ULL << 60))
 
-/* The walk from a frame being left: pc its return address, sp the caller's stack pointer after
- * the return, fp the frame pointer register then. */
-static guint
-mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * out, guint max,
-    gboolean * truncated, MtUnwindCache * cache)
+/* ---- the frame cache: incremental walks ---------------------------------------------------
+ *
+ * A thread's allocations mostly come from the same outer frames (main, the interpreter's loop, a
+ * compiler pass): a walk through tables pays a chain of dependent loads and rule lookups for each
+ * of them, every time.  Each thread keeps its last walk, level by level: the state entering the level
+ * (pc, the stack pointer, the frame pointer) and where the step out of it read the caller's frame
+ * pointer.  A walk that reaches a state the cache holds checks the rest instead of walking it.
+ *
+ * Why that is exact.  A step is a function of the state and of the words it reads: the caller's
+ * return address, always at (next sp - 8), and, where the rule restores it, the caller's frame
+ * pointer.  The cache stores those words (they are the next level's pc and fp), so if every word
+ * the cached walk read still holds the value it read -- a restored frame pointer only where the walk
+ * on uses it -- the walk from the matched state is the cached walk, frame for frame and to the same
+ * end.  The checks' addresses come from the cache, not from
+ * the previous load, so they run side by side in the CPU where the walk was one load after another.
+ * A level's frame pointer only has to match where the walk from there uses it before reloading it
+ * from the stack (MT_FC_NEED_FP; a frame pointer register that merely passes through frames built
+ * without one holds whatever the code left in it); from the match on the true frame pointer is
+ * followed beside the cached one.  Any word changed: the walk starts again from the beginning,
+ * without the cache.  The cache is emptied with the unwind registry's generation (a pc's rule
+ * may change) and is only used with the same stack top and frame limit. */
+#define MT_FC_NEED_FP 1ULL        /* (level fpaddr bit) the walk from this level uses its fp */
+#define MT_FC_USES_FP 2ULL        /* (level fpaddr bit, while walking) this level's step reads fp */
+#define MT_FC_END 0               /* the last level's step stopped at a check of its state */
+#define MT_FC_END_PC 1            /* ... read a return address below 4096 (term_addr, term_val) */
+#define MT_FC_TRUNC 2             /* e[0] is the state at the frame limit, not a frame */
+
+typedef struct
 {
-  guint n = 0;
+  guint64 pc;
+  guint64 sp;
+  guint64 fp;
+  guint64 fpaddr;     /* where the step out of this level read the caller's fp (0: kept), | flags */
+} MtUnwindLevel;
+
+typedef struct
+{
+  guint64 gen;        /* mt_unwind_count + 1 when the levels were cached; 0: empty */
+  guint64 hi;
+  guint64 max;
+  guint64 m;          /* cached levels: e[0] the outermost .. e[m - 1] the innermost */
+  guint64 term;       /* how the walk ended after e[0] (MT_FC_*) */
+  guint64 term_addr;
+  guint64 term_val;
+  guint64 reused;     /* the last walk reused cached levels (the caller counts frame_cache_walks) */
+  MtUnwindLevel e[MT_FRAME_CACHE_LEVELS];
+  MtUnwindLevel w[MT_FRAME_CACHE_LEVELS];   /* this walk's levels, innermost first */
+} MtFrameCache;
+
+/* The agent sizes the caches from the layout (FRAME_CACHE_BYTES per slot): a mismatch fails to compile. */
+typedef char mt_frame_cache_size_check[(sizeof (MtFrameCache) == MT_FRAME_CACHE_BYTES) ? 1 : -1];
+
+/* One MtFrameCache per slot (mt_slots' indices); mt_frame_cache_on: 0 off, else on. */
+extern guint8 mt_frame_caches[];
+extern volatile guint64 mt_frame_cache_on;
+
+/* Levels w[0, nw) of this walk (innermost first, the outermost one's need for fp given) get their
+ * MT_FC_NEED_FP, outermost first, and go into e[at ...] the other way round. */
+static void
+mt_fc_store (MtFrameCache * fc, guint nw, guint64 at, gboolean outer_needs_fp)
+{
+  gboolean need = outer_needs_fp;
+  gint i;
+  for (i = (gint) nw - 1; i >= 0; i--)
+  {
+    MtUnwindLevel * l = &fc->w[i];
+    guint64 addr = l->fpaddr & ~(guint64) 7;
+    need = (l->fpaddr & MT_FC_USES_FP) != 0 || (addr == 0 && need);
+    fc->e[at + (guint64) (nw - 1 - (guint) i)].pc = l->pc;
+    fc->e[at + (guint64) (nw - 1 - (guint) i)].sp = l->sp;
+    fc->e[at + (guint64) (nw - 1 - (guint) i)].fp = l->fp;
+    fc->e[at + (guint64) (nw - 1 - (guint) i)].fpaddr = addr | (need ? MT_FC_NEED_FP : 0);
+  }
+  fc->m = at + nw;
+}
+
+#define MT_FC_REUSED 0
+#define MT_FC_CONTINUE 1
+#define MT_FC_CHANGED 2
+
+/* The walk reached cached level t: the rest from the cache, each word it read checked.  REUSED: out
+ * and n hold the whole walk; CONTINUE: the cache ends at the frame limit before this walk's, and
+ * *pc, *sp, *fp are the state to walk on from; CHANGED: a word differs (out is to be walked again). */
+static gint
+mt_fc_reuse (const MtFrameCache * fc, gint64 t, guint64 * fp, guint64 * out, guint * np, guint max,
+    gboolean * truncated, guint64 * pc, guint64 * sp)
+{
+  guint n = *np;
+  guint64 fp_true = *fp;
+  gint64 u;
+  for (u = t; ; u--)
+  {
+    const MtUnwindLevel * l = &fc->e[u];
+    const MtUnwindLevel * next;
+    guint64 addr;
+    if (n == max)
+    {
+      *truncated = TRUE;
+      *np = n;
+      return MT_FC_REUSED;
+    }
+    if (u == 0 && fc->term == MT_FC_TRUNC)
+    {
+      *pc = l->pc;
+      *sp = l->sp;
+      *fp = fp_true;
+      *np = n;
+      return MT_FC_CONTINUE;
+    }
+    out[n++] = l->pc;
+    if (u == 0)
+    {
+      if (fc->term == MT_FC_END_PC && *(const volatile guint64 *) (gsize) fc->term_addr != fc->term_val)
+        return MT_FC_CHANGED;
+      *np = n;
+      return MT_FC_REUSED;
+    }
+    next = &fc->e[u - 1];
+    if (*(const volatile guint64 *) (gsize) (next->sp - 8) != next->pc)
+      return MT_FC_CHANGED;
+    addr = l->fpaddr & ~(guint64) 7;
+    if (addr != 0)
+    {
+      /* The frame pointer this step restores: checked only where the walk on uses it (a register
+       * that merely passes through, saved and restored, holds the program's data). */
+      fp_true = *(const volatile guint64 *) (gsize) addr & MT_SWIFT_ASYNC_MASK;
+      if ((next->fpaddr & MT_FC_NEED_FP) != 0 && fp_true != next->fp)
+        return MT_FC_CHANGED;
+    }
+  }
+}
+
+/* The walk from a frame being left: pc its return address, sp the caller's stack pointer after
+ * the return, fp the frame pointer register then.  hi: the top of the thread's stack; cache: the
+ * thread's rule cache (or NULL); fc: its frame cache (or NULL). */
+static guint
+mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 * out, guint max,
+    gboolean * truncated, MtUnwindCache * cache, MtFrameCache * fc)
+{
+  guint n = 0, nw = 0;
   guint64 gen = mt_unwind_count;
+  guint64 pc = pc0, sp = sp0, fp = fp0 & MT_SWIFT_ASYNC_MASK;
+  guint term = MT_FC_END;
+  gboolean record = fc != NULL;
+  gint64 t = -1;
   /* The last frame's module, kept in registers: consecutive frames mostly share one, and a
    * frame of a module that keeps frame pointers then costs one compare more than core.c's loop. */
   const MtUnwindModule * m = NULL;
   guint64 m_start = 0, m_size = 0, m_rows = 0;
-  fp &= MT_SWIFT_ASYNC_MASK;
+  *truncated = FALSE;
   if (cache != NULL && cache->gen != gen)
   {
     guint i;
@@ -114,14 +248,58 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
       cache->e[i] = 0;
     cache->gen = gen;
   }
+  if (fc != NULL)
+  {
+    fc->reused = 0;
+    if (fc->gen == gen + 1 && fc->hi == hi && fc->max == max)
+      t = (gint64) fc->m - 1;
+  }
   while (pc >= 4096)
   {
-    guint64 bits, key = pc - 1, at = 0;
+    guint64 bits, key = pc - 1, at = 0, fpaddr = 0;
     guint cfa_reg;
     if (n == max)
     {
       *truncated = TRUE;
+      term = MT_FC_TRUNC;
       break;
+    }
+    if (t >= 0)
+    {
+      const MtUnwindLevel * c;
+      while (t >= 0 && fc->e[t].sp < sp)
+        t--;
+      if (t >= 0 && (c = &fc->e[t])->sp == sp && c->pc == pc && ((c->fpaddr & MT_FC_NEED_FP) == 0 || c->fp == fp))
+      {
+        gint r = mt_fc_reuse (fc, t, &fp, out, &n, max, truncated, &pc, &sp);
+        fc->reused = r != MT_FC_CHANGED;
+        if (r == MT_FC_REUSED)
+        {
+          /* This walk's own levels go in front of the cached ones it reused. */
+          if (record && (guint64) t + 1 + nw <= MT_FRAME_CACHE_LEVELS)
+          {
+            /* (Its fp, where it need not have matched, is this walk's: what the levels stored in
+             * front of it restore it to.) */
+            fc->e[t].fp = fp;
+            mt_fc_store (fc, nw, (guint64) t + 1, (fc->e[t].fpaddr & MT_FC_NEED_FP) != 0);
+          }
+          return n;
+        }
+        /* Past the cache's end the walk goes on by itself (the cache is left as it was); where a word
+         * changed it starts again from the beginning, without the cache. */
+        record = r == MT_FC_CHANGED && fc != NULL;
+        t = -1;
+        if (r == MT_FC_CHANGED)
+        {
+          n = 0;
+          nw = 0;
+          pc = pc0;
+          sp = sp0;
+          fp = fp0 & MT_SWIFT_ASYNC_MASK;
+          *truncated = FALSE;
+        }
+        continue;
+      }
     }
     out[n++] = pc;
     if (cache != NULL && cache->e[2 * (at = mt_ucache_slot (key))] == key)
@@ -149,6 +327,19 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
     }
     /* The row's bytes: start u32, cfa_offset u16, cfa_reg u8, fp_slot u8 (layout.UNWIND_ROW). */
     cfa_reg = (guint) ((bits >> 48) & 0xff);
+    if (record)
+    {
+      if (nw == MT_FRAME_CACHE_LEVELS)
+        record = FALSE;   /* deeper than the cache: walked in full every time */
+      else
+      {
+        fc->w[nw].pc = pc;
+        fc->w[nw].sp = sp;
+        fc->w[nw].fp = fp;
+        fc->w[nw].fpaddr = cfa_reg == MT_UNWIND_CFA_SP ? 0 : MT_FC_USES_FP;
+        nw++;
+      }
+    }
     if (cfa_reg != MT_UNWIND_NONE)
     {
       guint fp_slot = (guint) (bits >> 56);
@@ -162,6 +353,7 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
         if (slot < sp)
           break;
         fp = *(guint64 *) slot & MT_SWIFT_ASYNC_MASK;
+        fpaddr = slot;
       }
       sp = cfa;
     }
@@ -172,19 +364,49 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
         break;
       pc = ((guint64 *) fp)[1];
       sp = fp + 16;
+      fpaddr = fp;
       fp = ((guint64 *) fp)[0] & MT_SWIFT_ASYNC_MASK;
     }
+    if (record)
+      fc->w[nw - 1].fpaddr |= fpaddr;
+    if (pc < 4096)
+      term = MT_FC_END_PC;
+  }
+  if (record && nw != 0)
+  {
+    if (term == MT_FC_TRUNC)
+    {
+      /* The state at the limit, as the outermost level: the walk from it is unknown, so it needs fp. */
+      if (nw == MT_FRAME_CACHE_LEVELS)
+        return n;
+      fc->w[nw].pc = pc;
+      fc->w[nw].sp = sp;
+      fc->w[nw].fp = fp;
+      fc->w[nw].fpaddr = MT_FC_USES_FP;
+      nw++;
+    }
+    fc->term = term;
+    fc->term_addr = sp - 8;
+    fc->term_val = pc;
+    fc->gen = gen + 1;
+    fc->hi = hi;
+    fc->max = max;
+    mt_fc_store (fc, nw, 0, FALSE);
   }
   return n;
 }
 
 static guint
 mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, gboolean * truncated,
-    MtUnwindCache * cache)
+    MtUnwindCache * cache, MtFrameCache * fc)
 {
   if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
+  {
+    if (fc != NULL)
+      fc->reused = 0;
     return 0;
+  }
   return mt_unwind_walk_regs (((guint64 *) fp0)[1], fp0 + 16, ((guint64 *) fp0)[0], hi, out, max, truncated,
-      cache);
+      cache, fc);
 }
 #endif

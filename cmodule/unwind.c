@@ -109,11 +109,12 @@ mt_ucache_slot (guint64 key)
  * A level's frame pointer only has to match where the walk from there uses it before reloading it
  * from the stack (MT_FC_NEED_FP; a frame pointer register that merely passes through frames built
  * without one holds whatever the code left in it); from the match on the true frame pointer is
- * followed beside the cached one.  Any word changed: the walk starts again from the beginning,
- * without the cache.  The cache is emptied with the unwind registry's generation (a pc's rule
- * may change) and is only used with the same stack top and frame limit. */
+ * followed beside the cached one.  Where a word changed (or the cache ends at its walk's frame limit)
+ * the walk goes on by itself from the last level it checked, and the cache is rebuilt from the levels
+ * it walked and those it checked.  The cache is emptied with the unwind registry's generation (a pc's
+ * rule may change) and is only used with the same stack top and frame limit. */
 #define MT_FC_NEED_FP 1ULL        /* (level fpaddr bit) the walk from this level uses its fp */
-#define MT_FC_USES_FP 2ULL        /* (level fpaddr bit, while walking) this level's step reads fp */
+#define MT_FC_USES_FP 2ULL        /* (level fpaddr bit) this level's step reads fp */
 #define MT_FC_END 0               /* the last level's step stopped at a check of its state */
 #define MT_FC_END_PC 1            /* ... read a return address below 4096 (term_addr, term_val) */
 #define MT_FC_TRUNC 2             /* e[0] is the state at the frame limit, not a frame */
@@ -147,80 +148,96 @@ typedef char mt_frame_cache_size_check[(sizeof (MtFrameCache) == MT_FRAME_CACHE_
 extern guint8 mt_frame_caches[];
 extern volatile guint64 mt_frame_cache_on;
 
-/* Levels w[0, nw) of this walk (innermost first, the outermost one's need for fp given) get their
- * MT_FC_NEED_FP, outermost first, and go into e[at ...] the other way round. */
+/* Levels w[from, from + count) of this walk (innermost first; the need for fp of the level outside
+ * the outermost of them given) get their MT_FC_NEED_FP and go into e[at, at + count), outermost first. */
 static void
-mt_fc_store (MtFrameCache * fc, guint nw, guint64 at, gboolean outer_needs_fp)
+mt_fc_store (MtFrameCache * fc, guint from, guint count, guint64 at, gboolean outer_needs_fp)
 {
   gboolean need = outer_needs_fp;
-  gint i;
-  for (i = (gint) nw - 1; i >= 0; i--)
+  guint i;
+  for (i = count; i != 0; i--)
   {
-    MtUnwindLevel * l = &fc->w[i];
+    const MtUnwindLevel * l = &fc->w[from + i - 1];
+    MtUnwindLevel * e = &fc->e[at + (guint64) (count - i)];
     guint64 addr = l->fpaddr & ~(guint64) 7;
     need = (l->fpaddr & MT_FC_USES_FP) != 0 || (addr == 0 && need);
-    fc->e[at + (guint64) (nw - 1 - (guint) i)].pc = l->pc;
-    fc->e[at + (guint64) (nw - 1 - (guint) i)].sp = l->sp;
-    fc->e[at + (guint64) (nw - 1 - (guint) i)].fp = l->fp;
-    fc->e[at + (guint64) (nw - 1 - (guint) i)].fpaddr = addr | (need ? MT_FC_NEED_FP : 0);
+    e->pc = l->pc;
+    e->sp = l->sp;
+    e->fp = l->fp;
+    e->fpaddr = addr | (l->fpaddr & MT_FC_USES_FP) | (need ? MT_FC_NEED_FP : 0);
   }
-  fc->m = at + nw;
+}
+
+/* Cached levels e[at, at + count) (outermost first) below a level whose need for fp changed: theirs again. */
+static void
+mt_fc_renew_need (MtFrameCache * fc, guint64 at, guint64 count, gboolean outer_needs_fp)
+{
+  gboolean need = outer_needs_fp;
+  guint64 i;
+  for (i = at; i != at + count; i++)
+  {
+    MtUnwindLevel * e = &fc->e[i];
+    need = (e->fpaddr & MT_FC_USES_FP) != 0 || ((e->fpaddr & ~(guint64) 7) == 0 && need);
+    e->fpaddr = (e->fpaddr & ~MT_FC_NEED_FP) | (need ? MT_FC_NEED_FP : 0);
+  }
 }
 
 #define MT_FC_REUSED 0
 #define MT_FC_CONTINUE 1
-#define MT_FC_CHANGED 2
 
-/* The walk reached cached level t: the rest from the cache, each word it read checked.  REUSED: out
- * and n hold the whole walk; CONTINUE: the cache ends at the frame limit before this walk's, and
- * *pc, *sp, *fp are the state to walk on from; CHANGED: a word differs (out is to be walked again). */
+/* The walk reached cached level t: the rest from the cache, each word it read checked.  REUSED: out and
+ * *np hold the whole walk.  CONTINUE: the walk goes on by itself from cached level *stop, whose state
+ * is *pc, *sp, *fp (the frames before it in out, *np of them): the cache ends there at the frame limit
+ * of its walk, or the step out of it read a word that changed. */
 static gint
 mt_fc_reuse (const MtFrameCache * fc, gint64 t, guint64 * fp, guint64 * out, guint * np, guint max,
-    gboolean * truncated, guint64 * pc, guint64 * sp)
+    gboolean * truncated, guint64 * pc, guint64 * sp, gint64 * stop)
 {
   guint n = *np;
   guint64 fp_true = *fp;
+  const MtUnwindLevel * l = &fc->e[t];
   gint64 u;
   for (u = t; ; u--)
   {
-    const MtUnwindLevel * l = &fc->e[u];
     const MtUnwindLevel * next;
-    guint64 addr;
+    guint64 addr, fp_next = fp_true;
+    l = &fc->e[u];
     if (n == max)
     {
       *truncated = TRUE;
       *np = n;
       return MT_FC_REUSED;
     }
-    if (u == 0 && fc->term == MT_FC_TRUNC)
-    {
-      *pc = l->pc;
-      *sp = l->sp;
-      *fp = fp_true;
-      *np = n;
-      return MT_FC_CONTINUE;
-    }
-    out[n++] = l->pc;
     if (u == 0)
     {
-      if (fc->term == MT_FC_END_PC && *(const volatile guint64 *) (gsize) fc->term_addr != fc->term_val)
-        return MT_FC_CHANGED;
+      if (fc->term == MT_FC_TRUNC
+          || (fc->term == MT_FC_END_PC && *(const volatile guint64 *) (gsize) fc->term_addr != fc->term_val))
+        break;
+      out[n++] = l->pc;
       *np = n;
       return MT_FC_REUSED;
     }
     next = &fc->e[u - 1];
     if (*(const volatile guint64 *) (gsize) (next->sp - 8) != next->pc)
-      return MT_FC_CHANGED;
+      break;
     addr = l->fpaddr & ~(guint64) 7;
     if (addr != 0)
     {
       /* The frame pointer this step restores: checked only where the walk on uses it (a register
        * that merely passes through, saved and restored, holds the program's data). */
-      fp_true = *(const volatile guint64 *) (gsize) addr & MT_SWIFT_ASYNC_MASK;
-      if ((next->fpaddr & MT_FC_NEED_FP) != 0 && fp_true != next->fp)
-        return MT_FC_CHANGED;
+      fp_next = *(const volatile guint64 *) (gsize) addr & MT_SWIFT_ASYNC_MASK;
+      if ((next->fpaddr & MT_FC_NEED_FP) != 0 && fp_next != next->fp)
+        break;
     }
+    out[n++] = l->pc;
+    fp_true = fp_next;
   }
+  *pc = l->pc;
+  *sp = l->sp;
+  *fp = fp_true;
+  *np = n;
+  *stop = u;
+  return MT_FC_CONTINUE;
 }
 
 /* The walk from a frame being left: pc its return address, sp the caller's stack pointer after
@@ -235,7 +252,9 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
   guint64 pc = pc0, sp = sp0, fp = fp0 & MT_SWIFT_ASYNC_MASK;
   guint term = MT_FC_END;
   gboolean record = fc != NULL;
-  gint64 t = -1;
+  gint64 t = -1, t_match = -1, t_stop = -1;
+  guint inner = 0xFFFFFFFFu;          /* after a CONTINUE: w[0, inner) this walk's own inner levels */
+  guint64 fp_at_match = 0;
   /* The last frame's module, kept in registers: consecutive frames mostly share one, and a
    * frame of a module that keeps frame pointers then costs one compare more than core.c's loop. */
   const MtUnwindModule * m = NULL;
@@ -271,33 +290,29 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
         t--;
       if (t >= 0 && (c = &fc->e[t])->sp == sp && c->pc == pc && ((c->fpaddr & MT_FC_NEED_FP) == 0 || c->fp == fp))
       {
-        gint r = mt_fc_reuse (fc, t, &fp, out, &n, max, truncated, &pc, &sp);
-        fc->reused = r != MT_FC_CHANGED;
+        guint64 fp_match = fp;
+        gint64 stop = t;
+        gint r = mt_fc_reuse (fc, t, &fp, out, &n, max, truncated, &pc, &sp, &stop);
+        fc->reused = r == MT_FC_REUSED || stop != t;
         if (r == MT_FC_REUSED)
         {
-          /* This walk's own levels go in front of the cached ones it reused. */
+          /* This walk's own levels go in front of the cached ones it reused.  (The matched level's
+           * fp, where it need not have matched, becomes this walk's: the one they restore it to.) */
           if (record && (guint64) t + 1 + nw <= MT_FRAME_CACHE_LEVELS)
           {
-            /* (Its fp, where it need not have matched, is this walk's: what the levels stored in
-             * front of it restore it to.) */
-            fc->e[t].fp = fp;
-            mt_fc_store (fc, nw, (guint64) t + 1, (fc->e[t].fpaddr & MT_FC_NEED_FP) != 0);
+            fc->e[t].fp = fp_match;
+            mt_fc_store (fc, 0, nw, (guint64) t + 1, (fc->e[t].fpaddr & MT_FC_NEED_FP) != 0);
+            fc->m = (guint64) t + 1 + nw;
           }
           return n;
         }
-        /* Past the cache's end the walk goes on by itself (the cache is left as it was); where a word
-         * changed it starts again from the beginning, without the cache. */
-        record = r == MT_FC_CHANGED && fc != NULL;
+        /* From cached level `stop` on the walk goes by itself, recording the levels it walks after
+         * its own inner ones (the cache is rebuilt at the end). */
+        t_match = t;
+        t_stop = stop;
+        inner = nw;
+        fp_at_match = fp_match;
         t = -1;
-        if (r == MT_FC_CHANGED)
-        {
-          n = 0;
-          nw = 0;
-          pc = pc0;
-          sp = sp0;
-          fp = fp0 & MT_SWIFT_ASYNC_MASK;
-          *truncated = FALSE;
-        }
         continue;
       }
     }
@@ -385,13 +400,38 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
       fc->w[nw].fpaddr = MT_FC_USES_FP;
       nw++;
     }
+    if (inner != 0xFFFFFFFFu)
+    {
+      /* Went on from cached level t_stop (the first level walked since): the levels walked from there
+       * go below the cached e[t_stop + 1, t_match] it checked, their need for fp made again, and this
+       * walk's inner levels above them. */
+      guint nout = nw - inner;
+      guint64 i, tm = (guint64) t_match, ts = (guint64) t_stop, keep = tm - ts;
+      if (nout == 0 || (guint64) nout + keep + inner > MT_FRAME_CACHE_LEVELS)
+        return n;
+      if (nout > ts + 1)
+        for (i = tm; i != ts; i--)
+          fc->e[i - ts - 1 + nout] = fc->e[i];
+      else if (nout < ts + 1)
+        for (i = ts + 1; i <= tm; i++)
+          fc->e[i - ts - 1 + nout] = fc->e[i];
+      mt_fc_store (fc, inner, nout, 0, FALSE);
+      mt_fc_renew_need (fc, nout, keep, (fc->e[nout - 1].fpaddr & MT_FC_NEED_FP) != 0);
+      fc->e[nout - 1 + keep].fp = fp_at_match;
+      mt_fc_store (fc, 0, inner, nout + keep, (fc->e[nout - 1 + keep].fpaddr & MT_FC_NEED_FP) != 0);
+      fc->m = nout + keep + inner;
+    }
+    else
+    {
+      mt_fc_store (fc, 0, nw, 0, FALSE);
+      fc->m = nw;
+    }
     fc->term = term;
     fc->term_addr = sp - 8;
     fc->term_val = pc;
     fc->gen = gen + 1;
     fc->hi = hi;
     fc->max = max;
-    mt_fc_store (fc, nw, 0, FALSE);
   }
   return n;
 }

@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = ("direct", "strdup", "deep")
 
 
-def walk_alone(tmp: Path, n: int) -> list[tuple[str, int, int, float, float]]:
-    """(shape, frames by frame pointers, frames with tables, ns fp, ns tables) from unwind_walk.c."""
+def walk_alone(tmp: Path, n: int) -> list[tuple[str, int, int, float, float, float]]:
+    """(shape, frames by frame pointers, frames with tables, ns fp, ns tables, ns tables with the frame
+    cache) from unwind_walk.c."""
     from memtrace.agentbuild import c_layout_header, cmodule_dir
     from memtrace.symbols.cfi import build_table
 
@@ -43,7 +44,7 @@ def walk_alone(tmp: Path, n: int) -> list[tuple[str, int, int, float, float]]:
     (d / "glib.h").write_text("typedef unsigned char guint8; typedef unsigned short guint16;\n"
                               "typedef unsigned int guint32; typedef int gint32; typedef unsigned long long guint64;\n"
                               "typedef long long gint64; typedef unsigned long gsize; typedef unsigned int guint;\n"
-                              "typedef int gboolean;\n")
+                              "typedef int gboolean; typedef int gint;\n")
     (d / "walk.c").write_text(c_layout_header() + "\n" + (ROOT / "bench" / "unwind_walk.c").read_text())
     exe = d / "unwind_walk"
     subprocess.run(["gcc", "-O2", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-I", str(d), "-I",
@@ -57,7 +58,8 @@ def walk_alone(tmp: Path, n: int) -> list[tuple[str, int, int, float, float]]:
                 (d / "tables" / f"{alias}.rows").write_bytes(table.rows)
                 (d / "tables" / f"{alias}.index").write_bytes(table.index)
     out = subprocess.run([str(exe), str(d / "tables"), str(n)], capture_output=True, text=True, check=True).stdout
-    return [(s, int(a), int(b), float(x), float(y)) for s, a, b, x, y in (line.split() for line in out.splitlines())]
+    return [(s, int(a), int(b), float(x), float(y), float(z))
+            for s, a, b, x, y, z in (line.split() for line in out.splitlines())]
 
 
 def build(tmp: Path) -> Path:
@@ -95,13 +97,13 @@ def main() -> None:
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     times: dict[tuple[str, str], list[float]] = {}
     stacks: dict[tuple[str, str], list[str]] = {}
-    walks: dict[str, list[tuple[int, int, float, float]]] = {}
+    walks: dict[str, list[tuple[int, int, float, float, float]]] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         exe = build(tmp)
         for r in range(repeats):
-            for shape, nf, nt, tf, tt in walk_alone(tmp / f"w{r}", n):
-                walks.setdefault(shape, []).append((nf, nt, tf, tt))
+            for shape, nf, nt, tf, tt, tc in walk_alone(tmp / f"w{r}", n):
+                walks.setdefault(shape, []).append((nf, nt, tf, tt, tc))
             for mode in MODES:
                 times.setdefault((mode, "native"), []).append(native(exe, n, mode))
                 for unwind in ("off", "on"):
@@ -109,12 +111,14 @@ def main() -> None:
                     times.setdefault((mode, unwind), []).append(t)
                     stacks[(mode, unwind)] = frames
     print(f"1. The walk alone: {n:,} walks per shape, median of {repeats} runs")
-    print(f"{'shape':8} {'frames fp':>9} {'frames tables':>13} {'ns fp':>8} {'ns tables':>10} {'+ns':>7} {'x fp':>6}")
+    print(f"{'shape':8} {'frames fp':>9} {'frames tables':>13} {'ns fp':>8} {'ns tables':>10} {'+ns':>7} {'x fp':>6} "
+          f"{'ns cached':>10}")
     for shape, rows in walks.items():
         nf, nt = rows[0][0], rows[0][1]
         tf = statistics.median(r[2] for r in rows)
         tt = statistics.median(r[3] for r in rows)
-        print(f"{shape:8} {nf:9} {nt:13} {tf:8.1f} {tt:10.1f} {tt - tf:+7.1f} {tt / tf:6.2f}")
+        tc = statistics.median(r[4] for r in rows)
+        print(f"{shape:8} {nf:9} {nt:13} {tf:8.1f} {tt:10.1f} {tt - tf:+7.1f} {tt / tf:6.2f} {tc:10.1f}")
     print()
     print(f"2. End to end: {n:,} allocations per run, every one stacked; median of {repeats} interleaved runs")
     print(f"{'path':8} {'walk':28} {'ns/alloc':>9} {'+ns vs fp':>10} {'x fp walk':>10}  frames")

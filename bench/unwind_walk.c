@@ -4,7 +4,8 @@
  * from /proc/self/maps with the tables the bench wrote (DIR/<module>.rows, DIR/<module>.index;
  * a module with neither keeps frame pointers).
  *
- *   unwind_walk DIR N   prints, per stack shape, "shape frames_fp frames_tables ns_fp ns_tables"
+ *   unwind_walk DIR N   prints, per stack shape, "shape frames_fp frames_tables ns_fp ns_tables ns_cached"
+ *   (ns_cached: the table walk with its frame cache, the same stack again; checked equal to the full walk)
  *
  * Shapes: direct (our frame-pointer code down to main), deep (20 frame-pointer frames more),
  * libc (the walking function is qsort's comparator: the first frame is glibc's, as strdup's is). */
@@ -20,6 +21,8 @@
 #define MT_LINUX 1
 volatile guint64 mt_unwind_count;
 MtUnwindModule mt_unwind_modules[MT_MAX_UNWIND_MODULES];
+guint8 mt_frame_caches[1];
+volatile guint64 mt_frame_cache_on;
 #include "unwind.c"
 
 /* core.c's mt_walk loop, as it runs when the agent has no tables. */
@@ -63,19 +66,33 @@ now_ns (void)
 __attribute__((noinline)) static void
 measure (void)
 {
-  guint64 frames[28], fp0 = (guint64) __builtin_frame_address (0), lo = (guint64) &frames[0];
-  gboolean truncated;
-  guint nf = 0, nt = 0;
-  double a, b, c;
+  static MtFrameCache fc;
+  static MtUnwindCache rules;
+  guint64 frames[28], cached[28], fp0 = (guint64) __builtin_frame_address (0), lo = (guint64) &frames[0];
+  gboolean truncated, truncated_c;
+  guint nf = 0, nt = 0, nc = 0, full, got;
+  double a, b, c, d;
   long i;
   a = now_ns ();
   for (i = 0; i < g_n; i++)
     nf += fp_walk (fp0, lo, g_hi, frames, 28, &truncated);
   b = now_ns ();
   for (i = 0; i < g_n; i++)
-    nt += mt_unwind_walk (fp0, lo, g_hi, frames, 28, &truncated, NULL);
+    nt += mt_unwind_walk (fp0, lo, g_hi, frames, 28, &truncated, &rules, NULL);
   c = now_ns ();
-  printf ("%s %u %u %.2f %.2f\n", g_shape, nf / (guint) g_n, nt / (guint) g_n, (b - a) / g_n, (c - b) / g_n);
+  for (i = 0; i < g_n; i++)
+    nc += mt_unwind_walk (fp0, lo, g_hi, cached, 28, &truncated_c, &rules, &fc);
+  d = now_ns ();
+  /* The cached walk must give the full walk's stack exactly. */
+  full = mt_unwind_walk (fp0, lo, g_hi, frames, 28, &truncated, &rules, NULL);
+  got = mt_unwind_walk (fp0, lo, g_hi, cached, 28, &truncated_c, &rules, &fc);
+  if (got != full || truncated != truncated_c || memcmp (frames, cached, full * 8) != 0)
+  {
+    fprintf (stderr, "%s: the frame cache's walk differs from the full walk\n", g_shape);
+    exit (1);
+  }
+  printf ("%s %u %u %.2f %.2f %.2f\n", g_shape, nf / (guint) g_n, nt / (guint) g_n, (b - a) / g_n, (c - b) / g_n,
+      (d - c) / g_n);
 }
 
 static int

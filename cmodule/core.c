@@ -608,6 +608,8 @@ mt_assign (void)
     mt_claim_lane (s, i);
 #ifdef MT_UNWIND
     s->ucache.gen = ~(guint64) 0;   /* a reused slot's rules may be another registry's: emptied first */
+    if (mt_frame_cache_on != 0)
+      ((MtFrameCache *) (mt_frame_caches + (guint64) i * MT_FRAME_CACHE_BYTES))->gen = 0;
 #endif
     s->ring = (ring >= 0) ? mt_ring_pool + (guint64) ring * mt_config.ring_size : NULL;
     s->tid = mt_current_tid ();
@@ -799,6 +801,17 @@ mt_walk_fp_chain (guint64 fp, guint64 lo, guint64 hi, guint64 * out, guint n, gu
   return n;
 }
 
+#ifdef MT_UNWIND
+/* The thread's frame cache (unwind.c), or NULL when the agent turned it off. */
+static inline MtFrameCache *
+mt_frame_cache (MtSlot * s)
+{
+  if (mt_frame_cache_on == 0)
+    return NULL;
+  return (MtFrameCache *) (mt_frame_caches + mt_slot_index (s) * (guint64) MT_FRAME_CACHE_BYTES);
+}
+#endif
+
 static inline guint
 mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncated)
 {
@@ -811,7 +824,13 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
 #ifdef MT_UNWIND
   /* Modules without frame pointers have unwind tables (unwind.c). */
   if (mt_unwind_count != 0)
-    return mt_unwind_walk (fp, lo, hi, out, max, truncated, &s->ucache);
+  {
+    MtFrameCache * fc = mt_frame_cache (s);
+    guint n = mt_unwind_walk (fp, lo, hi, out, max, truncated, &s->ucache, fc);
+    if (fc != NULL)
+      s->counters[MT_C_FRAME_CACHE_WALKS] += fc->reused;
+    return n;
+  }
 #endif
   return mt_walk_fp_chain (fp, lo, hi, out, 0, max, truncated);
 }

@@ -259,7 +259,13 @@ mt_walk_invocation (MtSlot * s, guint64 * frames, guint max, gboolean * truncate
     return 0;
 #ifdef MT_UNWIND
   if (mt_unwind_count != 0)
-    return mt_unwind_walk_regs (ra, sp, fp, hi, frames, max, truncated, &s->ucache);
+  {
+    MtFrameCache * fc = mt_frame_cache (s);
+    n = mt_unwind_walk_regs (ra, sp, fp, hi, frames, max, truncated, &s->ucache, fc);
+    if (fc != NULL)
+      s->counters[MT_C_FRAME_CACHE_WALKS] += fc->reused;
+    return n;
+  }
 #endif
   frames[n++] = ra;
   return mt_walk_fp_chain (fp, sp, hi, frames, n, max, truncated);

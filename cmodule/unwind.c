@@ -87,26 +87,179 @@ mt_ucache_slot (guint64 key)
   return (key ^ (key >> 7) ^ (key >> 17)) & (MT_UCACHE_ENTRIES - 1);
 }
 
-/* Return addresses from the frame whose frame pointer is fp0 (the hook's own frame) outwards.
- * lo: the walk's own stack (nothing below it is read); hi: the top of the thread's stack;
- * cache: the thread's rule cache (or NULL). */
 /* Swift sets bit 60 of the frame pointer an async frame saves: cleared before it is followed
  * (as core.c's frame-pointer walk does). */
 #define MT_SWIFT_ASYNC_MASK (~(1ULL << 60))
 
-/* The walk from a frame being left: pc its return address, sp the caller's stack pointer after
- * the return, fp the frame pointer register then. */
-static guint
-mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * out, guint max,
-    gboolean * truncated, MtUnwindCache * cache)
+/* ---- the frame cache: incremental walks ---------------------------------------------------
+ *
+ * A thread's allocations mostly come from the same outer frames (main, the interpreter's loop, a
+ * compiler pass): a walk through tables pays a chain of dependent loads and rule lookups for each
+ * of them, every time.  Each thread keeps its last walk, level by level: the state entering the level
+ * (pc, the stack pointer, the frame pointer) and where the step out of it read the caller's frame
+ * pointer.  A walk that reaches a state the cache holds checks the rest instead of walking it.
+ *
+ * Why that is exact.  A step is a function of the state and of the words it reads: the caller's
+ * return address, always at (next sp - 8), and, where the rule restores it, the caller's frame
+ * pointer.  The cache stores those words (they are the next level's pc and fp), so if every word
+ * the cached walk read still holds the value it read -- a restored frame pointer only where the walk
+ * on uses it -- the walk from the matched state is the cached walk, frame for frame and to the same
+ * end.  The checks' addresses come from the cache, not from
+ * the previous load, so they run side by side in the CPU where the walk was one load after another.
+ * A level's frame pointer only has to match where the walk from there uses it before reloading it
+ * from the stack (MT_FC_NEED_FP; a frame pointer register that merely passes through frames built
+ * without one holds whatever the code left in it); from the match on the true frame pointer is
+ * followed beside the cached one.  Where a word changed (or the cache ends at its walk's frame limit)
+ * the walk goes on by itself from the last level it checked, and the cache is rebuilt from the levels
+ * it walked and those it checked.  The cache is emptied with the unwind registry's generation (a pc's
+ * rule may change) and is only used with the same stack top and frame limit. */
+#define MT_FC_NEED_FP 1ULL        /* (level fpaddr bit) the walk from this level uses its fp */
+#define MT_FC_USES_FP 2ULL        /* (level fpaddr bit) this level's step reads fp */
+#define MT_FC_END 0               /* the last level's step stopped at a check of its state */
+#define MT_FC_END_PC 1            /* ... read a return address below 4096 (term_addr, term_val) */
+#define MT_FC_TRUNC 2             /* e[0] is the state at the frame limit, not a frame */
+
+typedef struct
 {
-  guint n = 0;
+  guint64 pc;
+  guint64 sp;
+  guint64 fp;
+  guint64 fpaddr;     /* where the step out of this level read the caller's fp (0: kept), | flags */
+} MtUnwindLevel;
+
+typedef struct
+{
+  guint64 gen;        /* mt_unwind_count + 1 when the levels were cached; 0: empty */
+  guint64 hi;
+  guint64 max;
+  guint64 m;          /* cached levels: e[0] the outermost .. e[m - 1] the innermost */
+  guint64 term;       /* how the walk ended after e[0] (MT_FC_*) */
+  guint64 term_addr;
+  guint64 term_val;
+  guint64 reused;     /* the last walk reused cached levels (the caller counts frame_cache_walks) */
+  MtUnwindLevel e[MT_FRAME_CACHE_LEVELS];
+  MtUnwindLevel w[MT_FRAME_CACHE_LEVELS];   /* this walk's levels, innermost first */
+} MtFrameCache;
+
+/* The agent sizes the caches from the layout (FRAME_CACHE_BYTES per slot): a mismatch fails to compile. */
+typedef char mt_frame_cache_size_check[(sizeof (MtFrameCache) == MT_FRAME_CACHE_BYTES) ? 1 : -1];
+
+/* One MtFrameCache per slot (mt_slots' indices); mt_frame_cache_on: 0 off, else on. */
+extern guint8 mt_frame_caches[];
+extern volatile guint64 mt_frame_cache_on;
+
+/* Levels w[from, from + count) of this walk (innermost first; the need for fp of the level outside
+ * the outermost of them given) get their MT_FC_NEED_FP and go into e[at, at + count), outermost first. */
+static void
+mt_fc_store (MtFrameCache * fc, guint from, guint count, guint64 at, gboolean outer_needs_fp)
+{
+  gboolean need = outer_needs_fp;
+  guint i;
+  for (i = count; i != 0; i--)
+  {
+    const MtUnwindLevel * l = &fc->w[from + i - 1];
+    MtUnwindLevel * e = &fc->e[at + (guint64) (count - i)];
+    guint64 addr = l->fpaddr & ~(guint64) 7;
+    need = (l->fpaddr & MT_FC_USES_FP) != 0 || (addr == 0 && need);
+    e->pc = l->pc;
+    e->sp = l->sp;
+    e->fp = l->fp;
+    e->fpaddr = addr | (l->fpaddr & MT_FC_USES_FP) | (need ? MT_FC_NEED_FP : 0);
+  }
+}
+
+/* Cached levels e[at, at + count) (outermost first) below a level whose need for fp changed: theirs again. */
+static void
+mt_fc_renew_need (MtFrameCache * fc, guint64 at, guint64 count, gboolean outer_needs_fp)
+{
+  gboolean need = outer_needs_fp;
+  guint64 i;
+  for (i = at; i != at + count; i++)
+  {
+    MtUnwindLevel * e = &fc->e[i];
+    need = (e->fpaddr & MT_FC_USES_FP) != 0 || ((e->fpaddr & ~(guint64) 7) == 0 && need);
+    e->fpaddr = (e->fpaddr & ~MT_FC_NEED_FP) | (need ? MT_FC_NEED_FP : 0);
+  }
+}
+
+#define MT_FC_REUSED 0
+#define MT_FC_CONTINUE 1
+
+/* The walk reached cached level t: the rest from the cache, each word it read checked.  REUSED: out and
+ * *np hold the whole walk.  CONTINUE: the walk goes on by itself from cached level *stop, whose state
+ * is *pc, *sp, *fp (the frames before it in out, *np of them): the cache ends there at the frame limit
+ * of its walk, or the step out of it read a word that changed. */
+static gint
+mt_fc_reuse (const MtFrameCache * fc, gint64 t, guint64 * fp, guint64 * out, guint * np, guint max,
+    gboolean * truncated, guint64 * pc, guint64 * sp, gint64 * stop)
+{
+  guint n = *np;
+  guint64 fp_true = *fp;
+  const MtUnwindLevel * l = &fc->e[t];
+  gint64 u;
+  for (u = t; ; u--)
+  {
+    const MtUnwindLevel * next;
+    guint64 addr, fp_next = fp_true;
+    l = &fc->e[u];
+    if (n == max)
+    {
+      *truncated = TRUE;
+      *np = n;
+      return MT_FC_REUSED;
+    }
+    if (u == 0)
+    {
+      if (fc->term == MT_FC_TRUNC
+          || (fc->term == MT_FC_END_PC && *(const volatile guint64 *) (gsize) fc->term_addr != fc->term_val))
+        break;
+      out[n++] = l->pc;
+      *np = n;
+      return MT_FC_REUSED;
+    }
+    next = &fc->e[u - 1];
+    if (*(const volatile guint64 *) (gsize) (next->sp - 8) != next->pc)
+      break;
+    addr = l->fpaddr & ~(guint64) 7;
+    if (addr != 0)
+    {
+      /* The frame pointer this step restores: checked only where the walk on uses it (a register
+       * that merely passes through, saved and restored, holds the program's data). */
+      fp_next = *(const volatile guint64 *) (gsize) addr & MT_SWIFT_ASYNC_MASK;
+      if ((next->fpaddr & MT_FC_NEED_FP) != 0 && fp_next != next->fp)
+        break;
+    }
+    out[n++] = l->pc;
+    fp_true = fp_next;
+  }
+  *pc = l->pc;
+  *sp = l->sp;
+  *fp = fp_true;
+  *np = n;
+  *stop = u;
+  return MT_FC_CONTINUE;
+}
+
+/* The walk from a frame being left: pc its return address, sp the caller's stack pointer after
+ * the return, fp the frame pointer register then.  hi: the top of the thread's stack; cache: the
+ * thread's rule cache (or NULL); fc: its frame cache (or NULL). */
+static guint
+mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 * out, guint max,
+    gboolean * truncated, MtUnwindCache * cache, MtFrameCache * fc)
+{
+  guint n = 0, nw = 0;
   guint64 gen = mt_unwind_count;
+  guint64 pc = pc0, sp = sp0, fp = fp0 & MT_SWIFT_ASYNC_MASK;
+  guint term = MT_FC_END;
+  gboolean record = fc != NULL;
+  gint64 t = -1, t_match = -1, t_stop = -1;
+  guint inner = 0xFFFFFFFFu;          /* after a CONTINUE: w[0, inner) this walk's own inner levels */
+  guint64 fp_at_match = 0;
   /* The last frame's module, kept in registers: consecutive frames mostly share one, and a
    * frame of a module that keeps frame pointers then costs one compare more than core.c's loop. */
   const MtUnwindModule * m = NULL;
   guint64 m_start = 0, m_size = 0, m_rows = 0;
-  fp &= MT_SWIFT_ASYNC_MASK;
+  *truncated = FALSE;
   if (cache != NULL && cache->gen != gen)
   {
     guint i;
@@ -114,14 +267,54 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
       cache->e[i] = 0;
     cache->gen = gen;
   }
+  if (fc != NULL)
+  {
+    fc->reused = 0;
+    if (fc->gen == gen + 1 && fc->hi == hi && fc->max == max)
+      t = (gint64) fc->m - 1;
+  }
   while (pc >= 4096)
   {
-    guint64 bits, key = pc - 1, at = 0;
+    guint64 bits, key = pc - 1, at = 0, fpaddr = 0;
     guint cfa_reg;
     if (n == max)
     {
       *truncated = TRUE;
+      term = MT_FC_TRUNC;
       break;
+    }
+    if (t >= 0)
+    {
+      const MtUnwindLevel * c;
+      while (t >= 0 && fc->e[t].sp < sp)
+        t--;
+      if (t >= 0 && (c = &fc->e[t])->sp == sp && c->pc == pc && ((c->fpaddr & MT_FC_NEED_FP) == 0 || c->fp == fp))
+      {
+        guint64 fp_match = fp;
+        gint64 stop = t;
+        gint r = mt_fc_reuse (fc, t, &fp, out, &n, max, truncated, &pc, &sp, &stop);
+        fc->reused = r == MT_FC_REUSED || stop != t;
+        if (r == MT_FC_REUSED)
+        {
+          /* This walk's own levels go in front of the cached ones it reused.  (The matched level's
+           * fp, where it need not have matched, becomes this walk's: the one they restore it to.) */
+          if (record && (guint64) t + 1 + nw <= MT_FRAME_CACHE_LEVELS)
+          {
+            fc->e[t].fp = fp_match;
+            mt_fc_store (fc, 0, nw, (guint64) t + 1, (fc->e[t].fpaddr & MT_FC_NEED_FP) != 0);
+            fc->m = (guint64) t + 1 + nw;
+          }
+          return n;
+        }
+        /* From cached level `stop` on the walk goes by itself, recording the levels it walks after
+         * its own inner ones (the cache is rebuilt at the end). */
+        t_match = t;
+        t_stop = stop;
+        inner = nw;
+        fp_at_match = fp_match;
+        t = -1;
+        continue;
+      }
     }
     out[n++] = pc;
     if (cache != NULL && cache->e[2 * (at = mt_ucache_slot (key))] == key)
@@ -149,6 +342,19 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
     }
     /* The row's bytes: start u32, cfa_offset u16, cfa_reg u8, fp_slot u8 (layout.UNWIND_ROW). */
     cfa_reg = (guint) ((bits >> 48) & 0xff);
+    if (record)
+    {
+      if (nw == MT_FRAME_CACHE_LEVELS)
+        record = FALSE;   /* deeper than the cache: walked in full every time */
+      else
+      {
+        fc->w[nw].pc = pc;
+        fc->w[nw].sp = sp;
+        fc->w[nw].fp = fp;
+        fc->w[nw].fpaddr = cfa_reg == MT_UNWIND_CFA_SP ? 0 : MT_FC_USES_FP;
+        nw++;
+      }
+    }
     if (cfa_reg != MT_UNWIND_NONE)
     {
       guint fp_slot = (guint) (bits >> 56);
@@ -162,6 +368,7 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
         if (slot < sp)
           break;
         fp = *(guint64 *) slot & MT_SWIFT_ASYNC_MASK;
+        fpaddr = slot;
       }
       sp = cfa;
     }
@@ -172,19 +379,74 @@ mt_unwind_walk_regs (guint64 pc, guint64 sp, guint64 fp, guint64 hi, guint64 * o
         break;
       pc = ((guint64 *) fp)[1];
       sp = fp + 16;
+      fpaddr = fp;
       fp = ((guint64 *) fp)[0] & MT_SWIFT_ASYNC_MASK;
     }
+    if (record)
+      fc->w[nw - 1].fpaddr |= fpaddr;
+    if (pc < 4096)
+      term = MT_FC_END_PC;
+  }
+  if (record && nw != 0)
+  {
+    if (term == MT_FC_TRUNC)
+    {
+      /* The state at the limit, as the outermost level: the walk from it is unknown, so it needs fp. */
+      if (nw == MT_FRAME_CACHE_LEVELS)
+        return n;
+      fc->w[nw].pc = pc;
+      fc->w[nw].sp = sp;
+      fc->w[nw].fp = fp;
+      fc->w[nw].fpaddr = MT_FC_USES_FP;
+      nw++;
+    }
+    if (inner != 0xFFFFFFFFu)
+    {
+      /* Went on from cached level t_stop (the first level walked since): the levels walked from there
+       * go below the cached e[t_stop + 1, t_match] it checked, their need for fp made again, and this
+       * walk's inner levels above them. */
+      guint nout = nw - inner;
+      guint64 i, tm = (guint64) t_match, ts = (guint64) t_stop, keep = tm - ts;
+      if (nout == 0 || (guint64) nout + keep + inner > MT_FRAME_CACHE_LEVELS)
+        return n;
+      if (nout > ts + 1)
+        for (i = tm; i != ts; i--)
+          fc->e[i - ts - 1 + nout] = fc->e[i];
+      else if (nout < ts + 1)
+        for (i = ts + 1; i <= tm; i++)
+          fc->e[i - ts - 1 + nout] = fc->e[i];
+      mt_fc_store (fc, inner, nout, 0, FALSE);
+      mt_fc_renew_need (fc, nout, keep, (fc->e[nout - 1].fpaddr & MT_FC_NEED_FP) != 0);
+      fc->e[nout - 1 + keep].fp = fp_at_match;
+      mt_fc_store (fc, 0, inner, nout + keep, (fc->e[nout - 1 + keep].fpaddr & MT_FC_NEED_FP) != 0);
+      fc->m = nout + keep + inner;
+    }
+    else
+    {
+      mt_fc_store (fc, 0, nw, 0, FALSE);
+      fc->m = nw;
+    }
+    fc->term = term;
+    fc->term_addr = sp - 8;
+    fc->term_val = pc;
+    fc->gen = gen + 1;
+    fc->hi = hi;
+    fc->max = max;
   }
   return n;
 }
 
 static guint
 mt_unwind_walk (guint64 fp0, guint64 lo, guint64 hi, guint64 * out, guint max, gboolean * truncated,
-    MtUnwindCache * cache)
+    MtUnwindCache * cache, MtFrameCache * fc)
 {
   if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
+  {
+    if (fc != NULL)
+      fc->reused = 0;
     return 0;
+  }
   return mt_unwind_walk_regs (((guint64 *) fp0)[1], fp0 + 16, ((guint64 *) fp0)[0], hi, out, max, truncated,
-      cache);
+      cache, fc);
 }
 #endif

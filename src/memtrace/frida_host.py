@@ -285,6 +285,8 @@ class FridaHost:
         hello = self.rpc("hello", "hello")
         platform = hello.get("platform") if isinstance(hello, dict) else None
         config, sources = config_for(platform), self.c_sources(agent)
+        # The unwind walk's frame cache (cmodule/unwind.c) off: every stack walked in full (tests compare).
+        config["frameCache"] = os.environ.get("MEMTRACE_FRAME_CACHE", "on") != "off"
         asm = self._precompiled_cmodule(hello, config, sources)
         if asm is not None:
             config["cmoduleAsm"] = asm

@@ -156,7 +156,10 @@ COUNTERS: dict[str, int] = {
 }
 # Allocation calls that returned NULL, by kind (also in C_CALLS + kind; never in bytes or tiers).
 C_FAILED = 72                  # + kind
-N_COUNTERS = C_FAILED + N_KINDS
+# Stack walks through unwind tables that reused frames of the thread's previous walk (cmodule/unwind.c,
+# the frame cache): every word they reused was checked, the stack is the full walk's.
+COUNTERS["frame_cache_walks"] = C_FAILED + N_KINDS
+N_COUNTERS = C_FAILED + N_KINDS + 1
 # Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0
 # (capture.py pads every counters list to N_COUNTERS).
 MIN_COUNTERS = 64
@@ -170,6 +173,12 @@ MAX_FRAMES = 512
 # --frames is at most MAX_FRAMES - 1).
 TRUNCATED_FRAME = 1
 LIVE_WAYS = 8                  # pointers per live-table bucket
+# Each thread's last stack walk through unwind tables, frame by frame (cmodule/unwind.c, "the frame
+# cache"): a walk that reaches one of its frames unchanged copies the rest.  Levels held at most
+# (a stack deeper than this is walked in full every time), and the bytes of one thread's cache: a
+# 64-byte header, then the cached levels and the walk's own, 32 bytes each.
+FRAME_CACHE_LEVELS = 128
+FRAME_CACHE_BYTES = 64 + 2 * FRAME_CACHE_LEVELS * 32
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call
 TOP_STACKS = 8                 # stacks by live bytes in each timeline sample

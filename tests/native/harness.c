@@ -75,6 +75,8 @@ volatile guint64 mt_main_stack[3];       /* zeros: every thread's bounds from pt
 gsize (* volatile mt_usable_size) (gconstpointer);   /* NULL: the harness's threads are never memtrace's own */
 volatile guint64 mt_unwind_count;        /* no unwind tables: frame-pointer walks */
 MtUnwindModule mt_unwind_modules[MT_MAX_UNWIND_MODULES];
+guint8 mt_frame_caches[(N_SLOTS + 1) * MT_FRAME_CACHE_BYTES] ALIGNED;   /* unwind.c's, unused without tables */
+volatile guint64 mt_frame_cache_on = 1;
 volatile guint32 mt_self_task;
 gsize (* volatile mt_block_size) (gconstpointer);
 volatile gint mt_inflight[MT_LOGGER_INFLIGHT_SHARDS * MT_LOGGER_INFLIGHT_STRIDE];

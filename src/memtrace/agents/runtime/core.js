@@ -9,8 +9,8 @@
  * until it is used.
  */
 
-import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_LANES, MAX_RINGS,
-  N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
+import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
+  MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withoutHoldEnv } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
@@ -181,6 +181,12 @@ export function buildCore(config, sources, extraSymbols) {
   }, unwindSymbols(), extraSymbols);
   if (Process.arch === 'arm64')
     symbols.mt_full_fence = fullFence();      // core.c's mt_barrier under TinyCC
+  if (!IS_DARWIN && Process.arch === 'x64') {
+    // unwind.c's frame caches, one per slot, resident only as threads walk (MEMTRACE_FRAME_CACHE=off: none).
+    const on = config.frameCache !== false;
+    symbols.mt_frame_caches = on ? budgetPages((nSlots + 1) * FRAME_CACHE_BYTES) : rawPages(8);
+    symbols.mt_frame_cache_on = Memory.alloc(8).writeU64(on ? 1 : 0);
+  }
   symbols.mt_usable_size = usableSizeCell();
   if (IS_DARWIN) {
     symbols.pthread_get_stackaddr_np = findExport('pthread_get_stackaddr_np');

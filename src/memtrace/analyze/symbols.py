@@ -68,6 +68,7 @@ class SymbolTable:
         # and keying their Frame objects took seconds a table.
         self._key_ids: dict[tuple[Any, ...], int] = {}
         self._addr_keys: dict[int, tuple[int, ...]] = {}
+        self._addr_key: dict[int, int] = {}     # the addresses that stand for one frame: its key's int
         self.version = 0            # bumped by every change that may change an address's frames
 
     def add_rows(self, rows: list[list[Any]]) -> None:
@@ -83,6 +84,7 @@ class SymbolTable:
             self._rows[addr] = [*inlined, outer]
             self._cache.pop(addr, None)
             self._addr_keys.pop(addr, None)
+            self._addr_key.pop(addr, None)
         self.version += 1
 
     def add_modules(self, modules: list[dict[str, Any]]) -> None:
@@ -125,14 +127,15 @@ class SymbolTable:
         k = self._addr_keys.get(address)
         if k is None:
             k = self._addr_keys[address] = tuple(self.key_id(f.key()) for f in self.frames_of(address))
+            if len(k) == 1:
+                self._addr_key[address] = k[0]
         return k
 
     def stack_key(self, addresses: Sequence[int]) -> tuple[int, ...]:
         """The key of ``stack(addresses)``: equal exactly when the stacks' frames' keys are equal,
         frame by frame, inlined calls expanded (Frame.key() of each, as key_id ints)."""
-        known = self._addr_keys
-        try:
-            return tuple(chain.from_iterable(map(known.__getitem__, addresses)))
+        try:        # every address one frame, each seen before (most stacks): one pass in C
+            return tuple(map(self._addr_key.__getitem__, addresses))
         except KeyError:
             return tuple(chain.from_iterable(map(self._keys_of, addresses)))
 

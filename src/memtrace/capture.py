@@ -25,13 +25,7 @@ length says that what follows is one zstd frame of the JSON and the agent record
 batch's counters are most of it; zstd is smaller than zlib and several times faster to write and
 read: cc1plus's agent records 1.42 MB with zlib, 1.28 MB with zstd), and a large JSON record (SYMBOLS: a third of a complete
 capture) may be a zstd frame of its JSON -- told by the frame's magic number, which no JSON text
-starts with.  Version 5 keeps every version-4 record and adds one: the BATCH records of a capture
-share one zstd stream, each record's JSON and agent records one flushed piece of it (bit 29 of its
-json length; with bit 30, the first piece of a stream), so what repeats from one 100 ms drain to
-the next -- the counters, the stacks' totals -- is stored once (sqlite3's capture: 72 KB with a
-frame per batch, 41 KB so, heaptrack's 44 KB).  A stream is ended after ZSTREAM_BYTES of input and a
-large drain is a frame of its own, so a damaged piece loses at most the rest of its stream (each
-record later in it is skipped and named).  A reader reads versions 1 to 4 as they were written.
+starts with.  A version-4 reader reads versions 1 to 3 as they were written.
 
 Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in per-thread chunks
 ``u32 tid | u32 length | records``:
@@ -100,21 +94,11 @@ def _zstd_module() -> Any:
 
 _zstd: Any = _zstd_module()
 MAGIC = b"MEMTRACE"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 4
 BATCH_ZLIB = 0x80000000        # in a BATCH's json length (version >= 3): its agent records are zlib data
 BATCH_ZSTD = 0x40000000        # in a BATCH's json length (version >= 4): its JSON and agent records are a zstd frame
-# (version >= 5) alone: its JSON and agent records are the next piece of the capture's zstd stream;
-# with BATCH_ZSTD: the first piece of a new stream.
-BATCH_ZSTREAM = 0x20000000
 BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
-JSON_ZSTD_MIN = 128            # (version >= 4) a JSON payload this large is stored as a zstd frame (if smaller so)
-# (version >= 5) a stream is ended after this much input, so damage to one piece loses at most the
-# rest of its stream; a drain of ZSTD_FAST_FROM or more is a frame of its own, and a new stream
-# starts after it.
-ZSTREAM_BYTES = 16 << 20
-# The stream's level: cc1plus's batches 1.21 MB in 0.26 s of the host's CPU over the run (level 6:
-# 1.30 MB, 0.18 s; 19: 0.97 MB, 10.9 s); sqlite3's 33.9 KB (level 6: 35.0 KB).
-ZSTREAM_LEVEL = 9
+JSON_ZSTD_MIN = 4096           # (version >= 4) a JSON payload this large is stored as a zstd frame
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_LEVEL = 6                 # cc1plus's agent records: 1.28 MB in 0.40 s (zlib level 6: 1.42 MB, 0.72 s)
 # A drain this large (--events on a busy target: 4 MiB every 100 ms) is compressed at level 3
@@ -739,38 +723,6 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
-def _frame_payload(rtype: RecordType | int, payload: bytes) -> bytes:
-    head = RECORD_HEADER_V1.pack(int(rtype), 0, _head_check(int(rtype), len(payload)), len(payload))
-    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
-
-
-class _BatchStream:
-    """The writer's zstd stream of BATCH records (version 5): each record one flushed piece."""
-
-    def __init__(self) -> None:
-        self._c: Any = None
-        self._fed = 0
-
-    def encode(self, body: Any, data: bytes) -> bytes | None:
-        """The BATCH record as the stream's next piece; None when it is to be a record of its own
-        (a large drain: compressed faster, by itself)."""
-        if _zstd is None or not BATCH_ZLIB_ON or len(data) >= ZSTD_FAST_FROM:
-            self._c = None      # and the next small one starts a new stream: a place to read on from
-            return None
-        blob = _dumps(body)
-        flags = BATCH_ZSTREAM
-        if self._c is None:
-            self._c, self._fed = _zstd.ZstdCompressor(level=ZSTREAM_LEVEL), 0
-            flags |= BATCH_ZSTD
-        self._fed += len(blob) + len(data)
-        end = self._fed >= ZSTREAM_BYTES
-        piece = self._c.compress(blob + data, _zstd.ZstdCompressor.FLUSH_FRAME if end
-                                 else _zstd.ZstdCompressor.FLUSH_BLOCK)
-        if end:
-            self._c = None
-        return _frame_payload(RecordType.BATCH, struct.pack("<I", len(blob) | flags) + piece)
-
-
 def _head_check(rtype: int, length: int) -> int:
     return zlib.crc32(struct.pack("<BBI", rtype, 0, length)) & 0xFFFF
 
@@ -823,7 +775,6 @@ class CaptureWriter:
         self.end_written = False
         self._end_tried = False
         self._held: list[bytes] = []       # after a failure: SYMBOLS/MODULES to write before END
-        self._stream = _BatchStream()
         self._fsync_interval = fsync_interval
         self._reserve: Path | None = self.path.with_name(f".{self.path.name}.reserve") if reserve else None
         try:
@@ -848,11 +799,7 @@ class CaptureWriter:
         if rtype == RecordType.END:
             self._write_end(body)
             return
-        frame = None
-        if rtype == RecordType.BATCH and self.error is None:
-            frame = self._stream.encode(body, data)
-        if frame is None:
-            frame = encode_record(rtype, body, data)
+        frame = encode_record(rtype, body, data)
         if self.error is not None:
             if rtype in (RecordType.SYMBOLS, RecordType.MODULES) and sum(map(len, self._held)) + len(frame) <= HELD_MAX:
                 self._held.append(frame)    # what makes the records already written readable
@@ -1118,7 +1065,6 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
         frame = RECORD_HEADER_V1 if version == 1 else RECORD_HEADER
         size = os.fstat(f.fileno()).st_size
         offset = HEADER.size
-        stream = _ReadStream()
         while True:
             rh = f.read(frame.size)
             if not rh:
@@ -1136,7 +1082,6 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
                     return
                 info.skip(offset, f"record header checksum mismatch; {found - offset} bytes skipped to the next "
                                   f"intact record")
-                stream.lost()
                 offset = found
                 f.seek(offset)
                 continue
@@ -1157,12 +1102,10 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
             # that fails is skipped, said, and the next one read.
             if check and zlib.crc32(payload, zlib.crc32(rh[:8])) != check[0]:
                 info.skip(offset, f"{_type_name(rtype)} record: checksum mismatch")
-                if rtype == RecordType.BATCH:
-                    stream.lost()
                 offset += frame.size + length
                 continue
             try:
-                record = _decode(rtype, payload, version, stream)
+                record = _decode(rtype, payload, version)
             except _Damaged as e:
                 info.skip(offset, str(e))
                 offset += frame.size + length
@@ -1243,43 +1186,7 @@ def _stop(info: CaptureInfo, offset: int, why: str, corrupt: bool = True) -> Non
     info.truncation = f"{'corrupt' if corrupt else 'truncated'} at byte {offset}: {why}"
 
 
-class _ReadStream:
-    """A reader's place in the capture's zstd stream of BATCH records (version 5)."""
-
-    def __init__(self) -> None:
-        self._d: Any = None
-        self._broken = False        # a piece was lost or damaged: the rest of the stream is unreadable
-
-    def lost(self) -> None:
-        self._d, self._broken = None, True
-
-    def piece(self, data: bytes | memoryview, starts: bool) -> bytes:
-        if _zstd is None:
-            raise _Damaged("BATCH record: zstd data, and no zstd module here (pip install backports.zstd)")
-        if starts:
-            self._d, self._broken = _zstd.ZstdDecompressor(), False
-        elif self._d is None:
-            why = ("an earlier piece of it was damaged or is missing" if self._broken
-                   else "the record that starts it is missing")
-            raise _Damaged(f"BATCH record continues a zstd stream, and {why}")
-        d = self._d
-        try:
-            out = d.decompress(data, BATCH_MAX_BYTES)
-        except (_zstd.ZstdError, EOFError) as e:
-            self.lost()
-            raise _Damaged(f"BATCH record: bad zstd stream data ({e})") from None
-        if not d.eof and not d.needs_input:
-            self.lost()
-            raise _Damaged(f"BATCH record: zstd stream piece inflates past {BATCH_MAX_BYTES:,} bytes")
-        if d.eof:
-            if d.unused_data:
-                self.lost()
-                raise _Damaged(f"BATCH record: {len(d.unused_data)} bytes after its zstd stream's end")
-            self._d = None
-        return out
-
-
-def _decode(rtype: int, payload: bytes, version: int, stream: _ReadStream | None = None) -> Record | None:
+def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
     try:
         kind = RecordType(rtype)
     except ValueError:
@@ -1291,16 +1198,8 @@ def _decode(rtype: int, payload: bytes, version: int, stream: _ReadStream | None
         if len(payload) < 4:
             raise _Damaged("BATCH record shorter than its JSON length")
         (n,) = struct.unpack_from("<I", payload)
-        known = (BATCH_ZLIB | BATCH_ZSTD | BATCH_ZSTREAM if version >= 5 else BATCH_ZLIB | BATCH_ZSTD if version >= 4
-                 else BATCH_ZLIB if version >= 3 else 0)
-        flags = n & known
+        flags = n & (BATCH_ZLIB | BATCH_ZSTD) if version >= 4 else n & BATCH_ZLIB if version >= 3 else 0
         n &= ~flags
-        if flags & BATCH_ZSTREAM:       # the next piece of the capture's stream (version 5)
-            if flags & BATCH_ZLIB:
-                raise _Damaged("BATCH record says its agent records are both zlib data and a zstd stream")
-            piece = memoryview(payload)[4:]
-            payload = b"\0\0\0\0" + (stream or _ReadStream()).piece(piece, starts=bool(flags & BATCH_ZSTD))
-            flags = 0
         if flags == BATCH_ZLIB | BATCH_ZSTD:
             raise _Damaged("BATCH record says its agent records are both zlib and zstd data")
         if flags == BATCH_ZSTD:         # its JSON and agent records, one zstd frame

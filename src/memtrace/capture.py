@@ -98,7 +98,10 @@ FORMAT_VERSION = 4
 BATCH_ZLIB = 0x80000000        # in a BATCH's json length (version >= 3): its agent records are zlib data
 BATCH_ZSTD = 0x40000000        # in a BATCH's json length (version >= 4): its JSON and agent records are a zstd frame
 BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
-JSON_ZSTD_MIN = 4096           # (version >= 4) a JSON payload this large is stored as a zstd frame
+# (version >= 4) a JSON payload this large is stored as a zstd frame when that is smaller: SYMBOLS
+# rounds and SNAPSHOTs of a few hundred bytes each are much of a short run's capture (sqlite3's:
+# 72 KB with 4096 here, 60 KB so)
+JSON_ZSTD_MIN = 128
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_LEVEL = 6                 # cc1plus's agent records: 1.28 MB in 0.40 s (zlib level 6: 1.42 MB, 0.72 s)
 # A drain this large (--events on a busy target: 4 MiB every 100 ms) is compressed at level 3

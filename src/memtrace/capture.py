@@ -1472,6 +1472,8 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     alloc_size, free_size, chunk_size = _ALLOC.size, _FREE.size, _CHUNK.size
     head_size = _STACK_HEAD.size       # every record starts with an 8-byte head (PAD's too)
     kinds, max_block = _KNOWN_KINDS, MAX_BLOCK
+    agg_masks: dict[int, int] = {}      # AGG masks found good in this data: how many values each names
+    max_total = MAX_TOTAL
     try:
         while pos + chunk_size <= end:
             tid, length = _CHUNK.unpack_from(mv, pos)
@@ -1531,11 +1533,14 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
                         pos = stop
                         break
                     values = struct.unpack_from(f"<{head[1]}Q", mv, pos + _AGG_HEAD.size)
-                    problem = _agg_problem(head, values)
-                    if problem is not None:
-                        bad(pos, problem)
-                        pos += size
-                        continue
+                    # The checks of _agg_problem, a mask seen good once not counted again (hot path).
+                    if head[2] or head[5] or agg_masks.get(head[4]) != head[1] or (values and max(values) > max_total):
+                        problem = _agg_problem(head, values)
+                        if problem is not None:
+                            bad(pos, problem)
+                            pos += size
+                            continue
+                        agg_masks[head[4]] = head[1]
                     r = (*head, values)
                     pos += size
                     if used is not None and head[3] not in used:

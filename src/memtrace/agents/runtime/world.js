@@ -58,7 +58,8 @@ const FRIDA_TRIES = 200;            // strict stops retried because a stopped th
 const FRIDA_MS = 1500;              // ... for at most this long
 const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
 const PARKED_LOOKS = 10;            // skipParkedAtExit's looks at most,
-const PARKED_PAUSE_MS = 2;          // ... this far apart
+const PARKED_PAUSE_MS = 2;          // ... this far apart,
+const PARKED_IDLE_LOOKS = 3;        // ... and only this many while no thread is in Frida's code
 const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
 const WORLD_TIMEOUT = WORLD_ERROR_CODES.timeout;
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
@@ -261,6 +262,8 @@ export function skipParkedAtExit() {
     return 0;
   let before = inFridaCode();
   for (let look = 1; look < PARKED_LOOKS && world.parked.size === 0; look++) {
+    if (before.size === 0 && look >= PARKED_IDLE_LOOKS)
+      break;      // no thread in Frida's code at all: nothing is held there (each look is a stop)
     Thread.sleep(PARKED_PAUSE_MS / 1000);
     const now = inFridaCode();
     for (const [tid, pc] of now) {

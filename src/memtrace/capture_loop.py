@@ -488,8 +488,11 @@ class CaptureLoop:
             if self.source.spawned and not self.options.keep_running:
                 self.source.kill()
             self.ending.window_end = "killed" if self.source.spawned and not self.options.keep_running else "left running"
-        time.sleep(0.05)
-        self.drain()
+        if self.ending.detach_reason not in ("process-terminated", "process-replaced"):
+            # What the detach or the kill shook loose.  A target Frida saw end said its last before
+            # Frida's "detached" (delivered in order, drained above): no wait (issue 21, item 6).
+            time.sleep(0.05)
+            self.drain()
 
     def _end(self, interrupted: bool) -> CaptureResult:
         self._crash_frames()

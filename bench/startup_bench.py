@@ -1,6 +1,7 @@
 """memtrace's fixed cost per run next to heaptrack's, measured in the same run (issue 21 item 6):
 
     python bench/startup_bench.py [repeats]      # default 5, interleaved
+    python bench/startup_bench.py 5 --baseline OLD/src     # and another memtrace's src/, interleaved
 
 The target is a program that does nothing but write CLOCK_MONOTONIC at the top of main() to a file
 and exit.  For each tool:
@@ -15,7 +16,15 @@ CLOCK_MONOTONIC is one clock for every process of the machine, so the difference
 machine is shared, so medians of interleaved runs.  memtrace runs with its caches warm (a first
 untimed run fills them: the agent bundle, the compiled CModule, the unwind tables, the symbols),
 which is the case the target figure (≤ 0.5 s to start, ≤ 1 s of symbolization) is about; a cold
-run (empty MEMTRACE_CACHE_DIR) is printed too.  Also printed: the Python import time of the CLI.
+run (empty MEMTRACE_CACHE_DIR) is printed too.  Also printed: the Python import time of the CLI and
+the load average.
+
+Python's bytecode is cached as an installed memtrace has it (pip compiles it at install): the runs
+get PYTHONPYCACHEPREFIX (a folder of the bench's) and never PYTHONDONTWRITEBYTECODE, which some
+environments set -- without the cache every run compiles memtrace's sources first (about 1 s here).
+``--baseline SRC`` times the memtrace in SRC (a checkout's src/, e.g. ``git worktree add /tmp/old
+main``) too, interleaved with this one, so a change is measured against what it changes on one
+machine at one load.
 """
 
 from __future__ import annotations
@@ -46,6 +55,15 @@ int main(void) {
 """
 
 
+def python_env(tmp: Path, src: Path | None = None) -> dict[str, str]:
+    """The environment of a memtrace run: bytecode cached as installed (see above); ``src``: that
+    memtrace's sources instead of this one's."""
+    env = {"PYTHONPYCACHEPREFIX": str(tmp / "pycache"), "PYTHONDONTWRITEBYTECODE": ""}
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    return env
+
+
 def memtrace_cmd(tmp: Path, probe: Path) -> list[str]:
     out = tmp / "capture"
     shutil.rmtree(out, ignore_errors=True)
@@ -62,9 +80,11 @@ def heaptrack_cmd(tmp: Path, probe: Path) -> list[str]:
 def timed(cmd: list[str], stamp: Path, env: dict[str, str]) -> tuple[float, float, float]:
     """(start, end, total) seconds of one run of ``cmd``."""
     stamp.unlink(missing_ok=True)
+    full = {**os.environ, **env, "STARTUP_STAMP": str(stamp)}
+    if not full.get("PYTHONDONTWRITEBYTECODE"):
+        full.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env={**os.environ, **env, "STARTUP_STAMP": str(stamp)},
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t1 = time.monotonic()
     if proc.returncode != 0 or not stamp.exists():
         raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
@@ -72,14 +92,22 @@ def timed(cmd: list[str], stamp: Path, env: dict[str, str]) -> tuple[float, floa
     return t_main - t0, t1 - t_main, t1 - t0
 
 
-def import_time() -> float:
+def import_time(env: dict[str, str]) -> float:
+    full = {**os.environ, **env}
+    full.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import memtrace.cli"], check=True)
+    subprocess.run([sys.executable, "-c", "import memtrace.cli"], check=True, env=full)
     return time.monotonic() - t0
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    args = sys.argv[1:]
+    baseline: Path | None = None
+    if "--baseline" in args:
+        at = args.index("--baseline")
+        baseline = Path(args[at + 1]).resolve()
+        del args[at:at + 2]
+    repeats = int(args[0]) if args else 5
     have_heaptrack = shutil.which("heaptrack") is not None
     with tempfile.TemporaryDirectory(prefix="memtrace-startup-") as d:
         tmp = Path(d)
@@ -88,18 +116,26 @@ def main() -> None:
         subprocess.run(["gcc", "-O2", "-o", str(probe), str(tmp / "probe.c")], check=True)
         stamp = tmp / "stamp"
         cold_cache = tmp / "cold-cache"
-        cold = timed(memtrace_cmd(tmp, probe), stamp, {"MEMTRACE_CACHE_DIR": str(cold_cache)})
-        warm_env: dict[str, str] = {}
+        warm_env = python_env(tmp)
+        base_env = python_env(tmp / "base", baseline) if baseline is not None else None
+        cold = timed(memtrace_cmd(tmp, probe), stamp, {**warm_env, "MEMTRACE_CACHE_DIR": str(cold_cache)})
         timed(memtrace_cmd(tmp, probe), stamp, warm_env)         # fills the user's caches
-        runs: dict[str, list[tuple[float, float, float]]] = {"memtrace": [], "heaptrack": []}
+        if base_env is not None:
+            timed(memtrace_cmd(tmp, probe), stamp, base_env)
+        runs: dict[str, list[tuple[float, float, float]]] = {"memtrace": [], "baseline": [], "heaptrack": []}
         imports = []
         for _ in range(repeats):
             runs["memtrace"].append(timed(memtrace_cmd(tmp, probe), stamp, warm_env))
+            if base_env is not None:
+                runs["baseline"].append(timed(memtrace_cmd(tmp, probe), stamp, base_env))
             if have_heaptrack:
                 runs["heaptrack"].append(timed(heaptrack_cmd(tmp, probe), stamp, {}))
-            imports.append(import_time())
-    print(f"fixed cost of one run, median of {repeats} (seconds; target: memtrace start <= 0.5, end <= 1)")
-    print(f"{'tool':10} {'start':>7} {'end':>7} {'total':>7}")
+            imports.append(import_time(warm_env))
+        if base_env is None:
+            del runs["baseline"]
+    print(f"fixed cost of one run, median of {repeats} (seconds; target: memtrace start <= 0.5, end <= 1); "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'tool':10} {'start':>7} {'end':>7} {'total':>7}" + (f"   (baseline: {baseline})" if baseline else ""))
     for tool, rows in runs.items():
         if not rows:
             print(f"{tool:10} (not installed)")

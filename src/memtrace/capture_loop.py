@@ -12,6 +12,7 @@ tracer's registry entry.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import signal
@@ -198,6 +199,7 @@ class CaptureLoop:
         self.ending = Ending()
         self.live: LiveStats = tracer.live()
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
+        self._host_symbols = False     # a local target: the host symbolizes (_launch_and_attach)
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
         self._platform: str | None = None
@@ -349,7 +351,12 @@ class CaptureLoop:
         self.ui.phase("launching")
         self.device_info = self.source.open()
         if self.source.is_local:
-            self.stacks.symbolize_on_host()
+            # The host symbolizes (symbolic, pyelftools): imported on a thread of its own while
+            # Frida launches and injects, and made at the first symbolization (_symbolize), not
+            # before the target runs (issue 21, item 6).
+            self._host_symbols = True
+            threading.Thread(target=_import_quietly, args=("memtrace.symbols.service",), daemon=True,
+                             name="memtrace-import").start()
         else:
             from memtrace.symbols.device import local_tree
 
@@ -481,8 +488,11 @@ class CaptureLoop:
             if self.source.spawned and not self.options.keep_running:
                 self.source.kill()
             self.ending.window_end = "killed" if self.source.spawned and not self.options.keep_running else "left running"
-        time.sleep(0.05)
-        self.drain()
+        if self.ending.detach_reason not in ("process-terminated", "process-replaced"):
+            # What the detach or the kill shook loose.  A target Frida saw end said its last before
+            # Frida's "detached" (delivered in order, drained above): no wait (issue 21, item 6).
+            time.sleep(0.05)
+            self.drain()
 
     def _end(self, interrupted: bool) -> CaptureResult:
         self._crash_frames()
@@ -711,6 +721,8 @@ class CaptureLoop:
     # -- helpers --------------------------------------------------------------
 
     def _symbolize(self, final: bool = False) -> None:
+        if self._host_symbols and self.stacks.host is None:
+            self.stacks.symbolize_on_host()
         usable = self.clock.start is not None and not self.ending.gone and self.ending.timeout_info is None
         for rows, by in self.stacks.symbolize(self.source.symbolize if usable else None, final=final):
             body: dict[str, Any] = {"rows": rows, "by": by}
@@ -795,6 +807,11 @@ def _as_return_addresses(stack: list[Any]) -> list[int]:
     if out:
         out[0] += 1
     return out
+
+
+def _import_quietly(name: str) -> None:
+    with contextlib.suppress(Exception):       # the import is tried again where it is used
+        importlib.import_module(name)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

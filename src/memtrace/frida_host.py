@@ -290,6 +290,9 @@ class FridaHost:
         asm = self._precompiled_cmodule(hello, config, sources)
         if asm is not None:
             config["cmoduleAsm"] = asm
+            shim = gcc_cache_shim(default_cache_dir(), frida.__version__)
+            if shim is not None:
+                config["cmoduleGccDir"] = str(shim)
         init = self.rpc("init", "init", config, sources, self.process_sources(agent))
         notices: list[Notice] = []
         # Local targets (followed children too): unwind tables for modules without frame pointers.
@@ -563,6 +566,71 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
     except (*GONE_ERRORS, frida.InvalidArgumentError, frida.NotSupportedError) as e:
         raise TargetError(f"cannot load the {agent} agent into pid {pid}: {_first_line(e)}") from None
     return session, script
+
+
+# Frida's external CModule toolchain runs "gcc <flags> module.c -o module.so" in a new folder, with
+# the module's headers beside it, from inside the target: ~0.1-0.25 s of every run's start, even
+# for the assembly the host precompiled (agentbuild.precompiled_cmodule), as Frida loads no prebuilt
+# module on Linux.  This stand-in for gcc, first on the target's PATH while the core compiles
+# (runtime/process.js withPathFirst), keeps each module.so by a hash of gcc's arguments and the
+# source, and hands a copy back the next time; anything else, or a miss, runs the real gcc.  Its
+# folder is named after Frida's version (the headers it writes) and the real gcc (path, size,
+# mtime), is the user's alone (0700), and an entry is only ever written whole (a rename).
+_GCC_SHIM = """#!/bin/sh
+# memtrace: Frida's CModule builds kept by source (memtrace/frida_host.py gcc_cache_shim).
+real={real}
+dir={dir}
+out= prev= src=
+for a in "$@"; do
+  [ "$prev" = -o ] && out=$a
+  case $a in *.c) src=$a ;; esac
+  prev=$a
+done
+case $out in *.so) ;; *) exec "$real" "$@" ;; esac
+[ -n "$src" ] && [ -r "$src" ] || exec "$real" "$@"
+key=$({{ printf '%s\\n' "$@"; cat "$src"; }} 2>/dev/null | sha256sum 2>/dev/null | cut -c1-40)
+case $key in ????????????????????????????????????????) ;; *) exec "$real" "$@" ;; esac
+if [ -f "$dir/$key.so" ] && cp "$dir/$key.so" "$out" 2>/dev/null; then
+  exit 0
+fi
+"$real" "$@" || exit $?
+tmp="$dir/.$key.$$"
+cp "$out" "$tmp" 2>/dev/null && mv -f "$tmp" "$dir/$key.so" 2>/dev/null
+rm -f "$tmp" 2>/dev/null
+exit 0
+"""
+GCC_SHIM_VERSION = 1
+
+
+def gcc_cache_shim(cache_dir: Path, frida_version: str) -> Path | None:
+    """The folder holding the gcc stand-in (and the modules it keeps), made on first use; None
+    when there is no gcc here or the folder cannot be made (the target then runs gcc itself)."""
+    real = shutil.which("gcc")
+    if real is None:
+        return None
+    real = os.path.realpath(real)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    import hashlib
+    import shlex
+
+    ident = repr((GCC_SHIM_VERSION, frida_version, real, st.st_size, st.st_mtime_ns)).encode()
+    folder = cache_dir / f"cmodule-gcc-{hashlib.sha256(ident).hexdigest()[:16]}"
+    shim = folder / "gcc"
+    if shim.is_file():
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        tmp = folder / f".gcc.{os.getpid()}"
+        tmp.write_text(_GCC_SHIM.format(real=shlex.quote(real), dir=shlex.quote(str(folder))), encoding="utf-8")
+        os.chmod(tmp, 0o700)
+        os.replace(tmp, shim)
+    except OSError:
+        return None
+    return folder
 
 
 def _first_line(e: BaseException) -> str:

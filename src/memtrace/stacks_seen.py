@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memtrace.analyze.families import builtin_rules
 from memtrace.analyze.families import classify as classify_family
@@ -26,7 +26,9 @@ from memtrace.capture import (
     agg_values,
     iter_stacks_and_aggs,
 )
-from memtrace.symbols import HostSymbolizer
+
+if TYPE_CHECKING:
+    from memtrace.symbols import HostSymbolizer
 
 Rows = list[list[Any]]
 # A stack's gross bytes from its aggregate totals: tracked + untracked + sampled weights - sampled sizes.
@@ -48,6 +50,8 @@ class StacksSeen:
         self.device_tree: Path | None = None             # a remote device's shared-cache symbols, if here
 
     def symbolize_on_host(self) -> None:
+        from memtrace.symbols import HostSymbolizer  # symbolic: imported here, not at a capture's start
+
         self.host = HostSymbolizer(self.symtab.modules)
 
     def modules(self, modules: list[dict[str, Any]]) -> None:

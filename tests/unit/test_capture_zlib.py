@@ -178,3 +178,17 @@ def test_a_zstd_batch_cannot_claim_unbounded_memory(tmp_path: Path, monkeypatch:
     info = CaptureInfo(p)
     assert list(read_records(p, info)) == []
     assert info.problem is not None and "inflates past" in info.problem
+
+
+def test_a_small_json_record_is_stored_compressed_when_that_is_smaller(tmp_path: Path) -> None:
+    """A SYMBOLS round of a few rows (a short run writes several) is a zstd frame; a record that
+    zstd would not shrink (a short META) is stored as it is."""
+    rows = [[hex(0x5555_0000 + 16 * i), "prog", 16 * i, f"function_{i % 3}", "prog.c", i] for i in range(6)]
+    p = tmp_path / "c.mtc"
+    with CaptureWriter(p) as w:
+        w.write(RecordType.META, {"tracer": "malloc"})
+        w.write(RecordType.SYMBOLS, {"rows": rows, "by": "host"})
+    raw = p.read_bytes()
+    assert b'{"tracer":"malloc"}' in raw and b"function_1" not in raw and capture.ZSTD_MAGIC in raw
+    (sym,) = [r for r in read_records(p) if r.type == RecordType.SYMBOLS]
+    assert sym.body["rows"] == rows

@@ -132,3 +132,40 @@ def test_a_first_frame_in_no_module_is_kept_and_says_unknown(tmp_path: Path) -> 
         frames = fold(read(path)).stack_rows(1)[0].frames
         names = [f.name() for f in frames]
         assert names == (["0x7f00dead0010 (unknown)", "main (app)"] if exact else ["main (app)"]), names
+
+
+def test_rows_group_stacks_by_their_symbolized_frames(tmp_path: Path) -> None:
+    """Stack ids whose frames read the same (two call sites on one line; one inlined call expanded
+    the same way) are one row; a stack cut by the core, or one frame more, is a row of its own;
+    only the rows a table returns are symbolized, each with its first stack id's frames."""
+    p = tmp_path / "c.mtc"
+    cut = layout.TRUNCATED_FRAME
+    with CaptureWriter(p) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        w.write(RecordType.MODULES, {"modules": [{"name": "prog", "path": "/prog", "base": "0x1000", "size": 4096}]})
+        w.write(RecordType.SYMBOLS, {"by": "host", "rows": [
+            ["0x1010", "prog", 16, "work", "w.c", 7], ["0x1018", "prog", 24, "work", "w.c", 7],
+            ["0x1020", "prog", 32, "main", "m.c", 3, [["helper", "h.h", 9]]],
+            ["0x1028", "prog", 40, "main", "m.c", 3, [["helper", "h.h", 9]]],
+            ["0x1030", "prog", 48, "main", "m.c", 4]]})
+        w.write(RecordType.BATCH, body(200), encode_agent_records(0, [
+            StackRecord(0, 1, (0x1010, 0x1020)), StackRecord(0, 2, (0x1018, 0x1028)),
+            StackRecord(0, 3, (0x1010, 0x1020, cut)), StackRecord(0, 4, (0x1010, 0x1030)),
+            StackRecord(0, 5, (0x1010,)),
+            AggRecord(1, {"allocs": 1, "bytes": 100}), AggRecord(2, {"allocs": 2, "bytes": 300}),
+            AggRecord(3, {"allocs": 1, "bytes": 50}), AggRecord(4, {"allocs": 1, "bytes": 1000}),
+            AggRecord(5, {"allocs": 1, "bytes": 10})]))
+    s = summarize(read_records(p))
+    rows = s.stack_rows(None)
+    assert [(r.stack_ids, r.est_bytes, r.count) for r in rows] == [([4], 1000, 1), ([1, 2], 400, 3), ([3], 50, 1),
+                                                                   ([5], 10, 1)]
+    assert [f.function for f in rows[1].frames] == ["work", "helper", "main"]
+    assert [f.address for f in rows[1].frames] == [0x1010, 0x1020, 0x1020]      # stack 1's, the first id
+    assert rows[2].frames[-1].function == "<truncated: outer frames not walked>"
+    top = s.stack_rows(1)
+    assert [(r.stack_ids, [f.function for f in r.frames]) for r in top] == [([4], ["work", "main"])]
+    by_calls = s.stack_rows(2, order=lambda r: (-r.count, min(r.stack_ids)))
+    assert [r.stack_ids for r in by_calls] == [[1, 2], [3]]
+    # Symbols that arrive later change the rows: a new line for 0x1018 splits stacks 1 and 2.
+    s.symbols.add_rows([["0x1018", "prog", 24, "work", "w.c", 8]])
+    assert [r.stack_ids for r in s.stack_rows(None)] == [[4], [2], [1], [3], [5]]

@@ -23,8 +23,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memtrace.errors import InputError
 from memtrace.files import load_yaml, read_user_text
 from memtrace.frames import Frame
@@ -201,6 +199,8 @@ def parse_rules(doc: Any, source: str) -> FamilyRules:
 
 
 def load_file(path: Path | str) -> FamilyRules:
+    import yaml  # here: not on a capture's start (issue 21, item 6)
+
     p = Path(path)
     try:
         text = read_user_text(p, "family rules file")

@@ -142,9 +142,9 @@ class MallocSummary(CaptureContext):
     live_dump_complete: bool = False
     leaks: LeakScan | None = None      # --leaks: the scan, joined with the live blocks it ran on
     vm: VmFold = field(default_factory=VmFold)     # Darwin's VM line, apart from the malloc family
-    # stack id -> (frames, row key) while to_json runs (stack_rows ranks the same stacks several ways)
-    _keyed: dict[int, tuple[list[Frame], tuple[Any, ...]]] | None = field(default=None, repr=False, compare=False)
-    _frame_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict, repr=False, compare=False)
+    # stack id -> its row key (_row_key), valid for the (symbols' version, stacks defined) it was made with
+    _row_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict, repr=False, compare=False)
+    _row_keys_version: tuple[int, int] = field(default=(-1, -1), repr=False, compare=False)
 
     # -- derived ----------------------------------------------------------------
 
@@ -216,12 +216,12 @@ class MallocSummary(CaptureContext):
             st = self.stack_stats[stack_id] = StackStats(stack_id)
         return st
 
-    def stack_frames(self, stack_id: int) -> list[Frame]:
-        """A stack id's frames, innermost first, inlined calls expanded (:meth:`stack` symbolizes
-        return addresses)."""
+    def _stack_addresses(self, stack_id: int) -> tuple[tuple[int, ...] | None, bool]:
+        """A stack id's return addresses as its frames show them (None: not in the capture), and
+        whether the core cut it (kept the innermost frames of a deeper stack)."""
         frames = self.stacks.get(stack_id)
         if frames is None:
-            return [Frame(0, function=_PSEUDO_NAMES.get(stack_id, f"<stack {stack_id} not in capture>"))]
+            return None, False
         cut = bool(frames) and frames[-1] == TRUNCATED_FRAME
         if cut:
             frames = frames[:-1]
@@ -232,40 +232,74 @@ class MallocSummary(CaptureContext):
             # a frame in no module (JIT code, an anonymous mapping) is kept: "0x7f... (unknown)".
             while i < len(frames) - 1 and self.symbols.frame(frames[i]).module is None:
                 i += 1
-        out = self.symbols.stack(frames[i:])
-        if cut:   # the core kept the innermost frames of a deeper stack
-            out.append(Frame(0, function="<truncated: outer frames not walked>"))
+        return tuple(frames[i:]), cut
+
+    def stack_frames(self, stack_id: int) -> list[Frame]:
+        """A stack id's frames, innermost first, inlined calls expanded (:meth:`stack` symbolizes
+        return addresses)."""
+        addresses, cut = self._stack_addresses(stack_id)
+        if addresses is None:
+            return [Frame(0, function=_PSEUDO_NAMES.get(stack_id, f"<stack {stack_id} not in capture>"))]
+        out = self.symbols.stack(addresses)
+        if cut:
+            out.append(_TRUNCATED)
         return out
 
-    def stack_rows(self, n: int | None = 10, live: bool = False, measure: str | None = None) -> list[StackRow]:
+    def _row_key(self, stack_id: int) -> tuple[Any, ...]:
+        """What makes stacks one row: their frames' keys (Frame.key(), as SymbolTable.key_id
+        ints), frame by frame; a stack without frames is a row of its own.  Memoized while the
+        symbols stay as they are (a table ranks the same stacks several ways)."""
+        symbols = self.symbols
+        if self._row_keys_version != (symbols.version, len(self.stacks)):
+            self._row_keys.clear()
+            self._row_keys_version = (symbols.version, len(self.stacks))
+        key = self._row_keys.get(stack_id)
+        if key is not None:
+            return key
+        if stack_id == NO_STACK:
+            key = ("no-stack", stack_id)
+        else:
+            addresses, cut = self._stack_addresses(stack_id)
+            if addresses is None:
+                key = tuple(symbols.key_id(f.key()) for f in self.stack_frames(stack_id))
+            else:
+                key = symbols.stack_key(addresses)
+                if cut:
+                    key += (symbols.key_id(_TRUNCATED.key()),)
+            if not key:
+                key = ("no-stack", stack_id)
+        self._row_keys[stack_id] = key
+        return key
+
+    def stack_rows(self, n: int | None = 10, live: bool = False, measure: str | None = None,
+                   order: Callable[[StackRow], Any] | None = None) -> list[StackRow]:
         """Rows keyed by the whole symbolized stack (several stack ids with the same frames --
-        an unrolled loop, several call sites on one source line -- are one row), largest first.
-        ``measure``: "gross" (the default), "live", "temporary" or "peak"."""
+        an unrolled loop, several call sites on one source line -- are one row), largest first
+        (or by ``order``).  ``measure``: "gross" (the default), "live", "temporary" or "peak".
+        Only the rows returned are symbolized (given the frames of the row's first stack id)."""
         value = MEASURES[measure or ("live" if live else "gross")]
         rows: dict[tuple[Any, ...], StackRow] = {}
+        row_key = self._row_key
         for st in self.stack_stats.values():
             est, count, exact = value(st)
             if est <= 0:
                 continue
-            memo = self._keyed.get(st.stack_id) if self._keyed is not None else None
-            if memo is None:
-                frames = self.stack_frames(st.stack_id) if st.stack_id != NO_STACK else []
-                # (stack_key(frames), each frame's key once: frames are shared between stacks)
-                key: tuple[Any, ...] = tuple(self._frame_keys[id(f)] if id(f) in self._frame_keys
-                            else self._frame_keys.setdefault(id(f), f.key()) for f in frames)
-                memo = (frames, key if frames else ("no-stack", st.stack_id))
-                if self._keyed is not None:
-                    self._keyed[st.stack_id] = memo
-            frames, key = memo
+            key = row_key(st.stack_id)
             row = rows.get(key)
             if row is None:
-                row = rows[key] = StackRow(frames=frames, stack_ids=[])
-            row.stack_ids.append(st.stack_id)
-            row.est_bytes += est
-            row.count += count
-            row.exact_bytes += exact
-        out = sorted(rows.values(), key=lambda r: (-r.est_bytes, min(r.stack_ids)))
-        return out if n is None else out[:n]
+                rows[key] = StackRow(frames=[], stack_ids=[st.stack_id], est_bytes=est, count=count, exact_bytes=exact)
+            else:
+                row.stack_ids.append(st.stack_id)
+                row.est_bytes += est
+                row.count += count
+                row.exact_bytes += exact
+        out = sorted(rows.values(), key=order or (lambda r: (-r.est_bytes, min(r.stack_ids))))
+        if n is not None:
+            out = out[:n]
+        for row in out:
+            if row.stack_ids[0] != NO_STACK:
+                row.frames = self.stack_frames(row.stack_ids[0])
+        return out
 
     def top_stacks(self, n: int = 10, live: bool = False) -> list[StackStats]:
         def key(s: StackStats) -> float:
@@ -320,9 +354,8 @@ class MallocSummary(CaptureContext):
 
     def temporary_rows(self, top: int | None) -> list[StackRow]:
         """Temporary allocations by stack, most calls first (``count`` is calls)."""
-        rows = sorted(self.stack_rows(None, measure="temporary"),
-                      key=lambda r: (-round(r.count), -round(r.est_bytes), min(r.stack_ids)))
-        return rows if top is None else rows[:top]
+        return self.stack_rows(top, measure="temporary",
+                               order=lambda r: (-round(r.count), -round(r.est_bytes), min(r.stack_ids)))
 
     def peak_json(self, top: int) -> dict[str, Any] | None:
         p = self.peak
@@ -366,17 +399,6 @@ class MallocSummary(CaptureContext):
         return cols
 
     def to_json(self, capture: str | None = None, top: int = 10) -> dict[str, Any]:
-        # The tables below rank the same stacks several ways: each stack is symbolized and keyed
-        # once (cc1plus: 100,000 stacks of 64 frames took ~20 s a table), for this call only (the
-        # symbols may grow between calls).
-        self._keyed = {}
-        try:
-            return self._to_json(capture, top)
-        finally:
-            self._keyed = None
-            self._frame_keys.clear()
-
-    def _to_json(self, capture: str | None, top: int) -> dict[str, Any]:
         out = {
             **self.header_json("malloc", capture),
             "mode": self.mode,
@@ -493,6 +515,7 @@ class MallocSummary(CaptureContext):
         return self.stack_frames(sid) if sid != NO_STACK else []
 
 
+_TRUNCATED = Frame(0, function="<truncated: outer frames not walked>")
 _PSEUDO_NAMES = {DROPPED_STACK: "<stack dropped>", NESTED_STACK: "<nested call: stack skipped>",
                  NO_STACK: "<no stack>"}
 

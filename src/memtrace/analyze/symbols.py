@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from memtrace.frames import Frame, split_part
@@ -61,6 +62,14 @@ class SymbolTable:
         self._rows: dict[int, list[Frame]] = {}
         self.modules = ModuleMap()
         self._cache: dict[int, list[Frame]] = {}
+        # Row keys (stack_key): each distinct Frame.key() as a small int, each address as the ints
+        # of its frames.  A stack table groups ~100,000 stacks of 64 frames (cc1plus): keying them
+        # as tuples of ints, made in C from these, costs a fraction of a second where building
+        # and keying their Frame objects took seconds a table.
+        self._key_ids: dict[tuple[Any, ...], int] = {}
+        self._addr_keys: dict[int, tuple[int, ...]] = {}
+        self._addr_key: dict[int, int] = {}     # the addresses that stand for one frame: its key's int
+        self.version = 0            # bumped by every change that may change an address's frames
 
     def add_rows(self, rows: list[list[Any]]) -> None:
         for row in rows:
@@ -74,9 +83,13 @@ class SymbolTable:
                             for i in (row[6] if len(row) > 6 and isinstance(row[6], list) else ()))
             self._rows[addr] = [*inlined, outer]
             self._cache.pop(addr, None)
+            self._addr_keys.pop(addr, None)
+            self._addr_key.pop(addr, None)
+        self.version += 1
 
     def add_modules(self, modules: list[dict[str, Any]]) -> None:
         self.modules.add(modules)
+        self.version += 1
 
     def frames_of(self, address: int) -> list[Frame]:
         """The frames one return address stands for: inlined calls (innermost first), then its function."""
@@ -102,6 +115,29 @@ class SymbolTable:
         return out
 
     stack_frames = stack
+
+    def key_id(self, key: tuple[Any, ...]) -> int:
+        """A Frame.key() as a small int, the same int for equal keys (in this table)."""
+        n = self._key_ids.get(key)
+        if n is None:
+            n = self._key_ids[key] = len(self._key_ids)
+        return n
+
+    def _keys_of(self, address: int) -> tuple[int, ...]:
+        k = self._addr_keys.get(address)
+        if k is None:
+            k = self._addr_keys[address] = tuple(self.key_id(f.key()) for f in self.frames_of(address))
+            if len(k) == 1:
+                self._addr_key[address] = k[0]
+        return k
+
+    def stack_key(self, addresses: Sequence[int]) -> tuple[int, ...]:
+        """The key of ``stack(addresses)``: equal exactly when the stacks' frames' keys are equal,
+        frame by frame, inlined calls expanded (Frame.key() of each, as key_id ints)."""
+        try:        # every address one frame, each seen before (most stacks): one pass in C
+            return tuple(map(self._addr_key.__getitem__, addresses))
+        except KeyError:
+            return tuple(chain.from_iterable(map(self._keys_of, addresses)))
 
     def labels(self, frames: tuple[int, ...] | list[int]) -> list[str]:
         return [self.frame(a).name() for a in frames]

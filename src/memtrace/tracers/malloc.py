@@ -72,8 +72,7 @@ def sorted_stack_rows(summary: MallocSummary, top: int | None, sort: str) -> lis
     if sort == "live":
         return summary.stack_rows(top, live=True)
     if sort == "calls":
-        rows = sorted(summary.stack_rows(None), key=lambda r: (-r.count, -r.est_bytes, min(r.stack_ids)))
-        return rows if top is None else rows[:top]
+        return summary.stack_rows(top, order=lambda r: (-r.count, -r.est_bytes, min(r.stack_ids)))
     return summary.stack_rows(top)
 
 

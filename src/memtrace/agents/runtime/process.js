@@ -95,6 +95,33 @@ export function withoutHoldEnv(fn) {
   }
 }
 
+/* fn() with `dir` first on the process's PATH (null: as it is): where the host keeps its stand-in
+ * for gcc, which hands back a module Frida's external toolchain built before from the same
+ * source (frida_host.py gcc_cache_shim).  Like withoutHoldEnv, for the compile only. */
+export function withPathFirst(dir, fn) {
+  if (!dir)
+    return fn();
+  restoreEnviron();
+  const getenv = nf('getenv', 'pointer', ['pointer']);
+  const setenv = nf('setenv', 'int', ['pointer', 'pointer', 'int']);
+  const unsetenv = nf('unsetenv', 'int', ['pointer']);
+  if (getenv === null || setenv === null || unsetenv === null)
+    return fn();
+  const name = Memory.allocUtf8String('PATH');
+  const value = getenv(name);
+  const saved = value.isNull() ? null : Memory.allocUtf8String(value.readUtf8String());
+  const old = saved === null ? '/usr/local/bin:/usr/bin:/bin' : saved.readUtf8String();
+  setenv(name, Memory.allocUtf8String(`${dir}:${old}`), 1);
+  try {
+    return fn();
+  } finally {
+    if (saved === null)
+      unsetenv(name);
+    else
+      setenv(name, saved, 1);
+  }
+}
+
 /* A program held before its constructors (memtrace.hold) had libc's initializer run on Frida's
  * injecting thread with no environment: until the program goes on, `environ` is NULL, and the
  * compiler the external toolchain starts from here would get none (gcc then cannot find cc1).

@@ -18,7 +18,7 @@ import {
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
 import { unwindLoad, unwindModules } from './unwind.js';
-import { applyPatches, worldReport } from './world.js';
+import { applyPatches, skipParkedAtExit, worldReport } from './world.js';
 
 const DRAIN_INTERVAL_MS = 100;
 const MODULE_SCAN_TICKS = 10;     // modules rescanned every 10th flush
@@ -214,6 +214,13 @@ export function serve(tracer) {
       // Take our hooks out before Frida tears the agent down: its teardown with replaced
       // allocator entries still in place hangs the exiting process.
       setEnabled(false);
+      if (reason === 'exit') {
+        try {
+          skipParkedAtExit();     // the exiting thread, held by Frida until we return (world.js)
+        } catch (e) {
+          // the patches below are then made as before
+        }
+      }
       try {
         if (first && tracer.uninstall)
           tracer.uninstall(life.config);
@@ -240,6 +247,7 @@ export function serve(tracer) {
           status: null,
           how: reason === 'exec' ? 'process exec' : 'process exit',
           calibration,
+          world: worldReport(),     // how the exit's patches went (tests/integration/test_exit_patches.py)
         });
       }
       // The key first (its stub turns into a return), then every other stub, and the wait for

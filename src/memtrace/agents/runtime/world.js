@@ -57,6 +57,9 @@ const NEW_THREAD_TRIES = 20;        // stops retried because a thread started be
 const FRIDA_TRIES = 200;            // strict stops retried because a stopped thread was in Frida's code
 const FRIDA_MS = 1500;              // ... for at most this long
 const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
+const PARKED_LOOKS = 10;            // skipParkedAtExit's looks at most,
+const PARKED_PAUSE_MS = 2;          // ... this far apart,
+const PARKED_IDLE_LOOKS = 3;        // ... and only this many while no thread is in Frida's code
 const TIMEOUT_TRIES = 3;            // stops tried when the helper timed out (cmodule/world.c)
 const WORLD_TIMEOUT = WORLD_ERROR_CODES.timeout;
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
@@ -85,7 +88,9 @@ export const world = {
     // with the world stopped; sites left for Frida's own restore (shared with a redirect);
     // drains (the world seen with no thread in Frida's code) and how many did not end so in time.
     restored_stopped: 0, restored_by_frida: 0, drained: 0, drain_tries: 0, not_drained: 0,
-    frida_retries: 0, frida_busy: 0 },  // strict stops: retried for a thread in Frida's code; given up
+    frida_retries: 0, frida_busy: 0,   // strict stops: retried for a thread in Frida's code; given up
+    parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
+  parked: new Set(),          // their ids (skipParkedAtExit)
 };
 
 function exclusive(cm, name, ret, args) {
@@ -138,6 +143,7 @@ export function buildWorld(cm) {
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
     write: exclusive(cm, 'mt_world_write', 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'uint64']),
+    pc: exclusive(cm, 'mt_world_pc', 'uint64', ['pointer', 'uint64']),
   };
   if (fns.seccomp(Process.id) === 1) {
     world.why = WORLD_ERRORS[4];
@@ -170,6 +176,10 @@ function prepare() {
   const mem = world.mem;
   const listed = new Set();
   const skip = fridaThreads(world.fns.listTasks, mem.skip, listed);
+  for (const tid of world.parked) {
+    if (listed.has(tid))
+      skip.push(tid);
+  }
   skip.forEach((tid, i) => mem.skip.add(i * 8).writeU64(tid));
   writeStruct(mem.world, WORLD, {
     state: WORLD_STATES.idle, tgid: Process.id, self_tid: Process.getCurrentThreadId(),
@@ -237,6 +247,50 @@ function stopClear(ranges, strict = false) {
     world.fns.resume(world.mem.world);
     world.stats.frida_retries++;
   }
+}
+
+/* At process exit Frida's exit monitor holds the exiting thread inside Frida's own code until the
+ * script's dispose has returned (rpc.js): it runs nothing of the target's meanwhile, yet a patch's
+ * stop, which must find no thread in Frida's code (stopClear), never found it clear -- each of the
+ * exit's three patches spent its CLEAR_TRIES stops (0.5-1.2 s each, 1.8-2.5 s per run) and then
+ * patched with the world running.  Called by dispose at exit: a thread seen in Frida's code at
+ * one same address in two looks in a row (blocked there: the held thread; threads passing
+ * through Frida's code move on) is left out of every later stop; the others are stopped as
+ * before.  Returns how many were left out. */
+export function skipParkedAtExit() {
+  if (world.fns === null)
+    return 0;
+  let before = inFridaCode();
+  for (let look = 1; look < PARKED_LOOKS && world.parked.size === 0; look++) {
+    if (before.size === 0 && look >= PARKED_IDLE_LOOKS)
+      break;      // no thread in Frida's code at all: nothing is held there (each look is a stop)
+    Thread.sleep(PARKED_PAUSE_MS / 1000);
+    const now = inFridaCode();
+    for (const [tid, pc] of now) {
+      if (before.get(tid) === pc)
+        world.parked.add(tid);
+    }
+    before = now;
+  }
+  world.stats.parked_at_exit = world.parked.size;
+  return world.parked.size;
+}
+
+/* Thread id -> pc of the threads whose pc is in Frida's code, from one plain stop (read after the
+ * resume: nothing runs in JavaScript while the world is stopped). */
+function inFridaCode() {
+  const out = new Map();
+  prepare();
+  if (world.fns.stopClear(world.mem.world, world.mem.ranges, 0, 1, 0) !== 1)
+    return out;
+  world.fns.resume(world.mem.world);      // the stop's threads and registers stay in its buffers
+  const n = Number(world.mem.world.add(WORLD.fields.n_threads[0]).readU64());
+  for (let i = 0; i < n; i++) {
+    const pc = ptr(world.fns.pc(world.mem.world, i).toString());
+    if (world.fridaCode.some(([lo, hi]) => pc.compare(lo) >= 0 && pc.compare(hi) < 0))
+      out.set(Number(world.mem.threads.add(i * WORLD_THREAD.size).readU64()), pc.toString());
+  }
+  return out;
 }
 
 /* How many stopped threads are inside Frida's code (its ranges written once, at build: no

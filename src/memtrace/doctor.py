@@ -388,7 +388,7 @@ def _self_test(report: Report, host: Any) -> None:
     """N malloc calls of a known size from a named C function: exact count, one stack, found in it."""
     from memtrace import layout
     from memtrace.agentbuild import cmodule_dir
-    from memtrace.capture import C_CALLS, AggRecord, AllocRecord, StackRecord, decode_agent_records
+    from memtrace.capture import AggRecord, AllocRecord, StackRecord, decode_agent_records
 
     host.rpc("flush", "flush")
     before = _counters(_drain(host))
@@ -401,8 +401,8 @@ def _self_test(report: Report, host: Any) -> None:
         return
     messages = _drain(host)
     after = _counters(messages)
-    malloc_kind = layout.KINDS["malloc"]
-    calls = (after[C_CALLS + malloc_kind] - (before or after)[C_CALLS + malloc_kind]) if after and before else None
+    malloc_calls = layout.calls_at("malloc")
+    calls = (after[malloc_calls] - before[malloc_calls]) if after and before else None
     allocs: list[AllocRecord] = []
     totals: dict[int, dict[str, int]] = {}
     stacks: dict[int, tuple[int, ...]] = {}

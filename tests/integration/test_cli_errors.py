@@ -46,6 +46,7 @@ def static_prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---- launch ---------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_non_executable_file_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     msg = one_line_error(in_dir(tmp_path, "malloc", "--device", "local", "--", "/etc/passwd"))
     assert msg == "memtrace: error: cannot launch /etc/passwd: not an executable file (no execute permission)"

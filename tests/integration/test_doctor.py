@@ -73,6 +73,7 @@ def test_target_with_the_darwin_stand_in_runs_the_probe(demo_bin: Path) -> None:
     assert {"SET_STATE VOLATILE", "SET_STATE NONVOLATILE", "SET_STATE EMPTY"} <= driving
 
 
+@pytest.mark.smoke
 def test_a_target_no_tracer_can_work_in_exits_1(tmp_path: Path) -> None:
     exe = tmp_path / "steady_static"
     subprocess.run(["gcc", "-static", "-O1", "-o", str(exe), str(PROGRAMS / "steady.c")], check=True)

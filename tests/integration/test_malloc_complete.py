@@ -27,6 +27,7 @@ def rows_by_function(rows: list[dict]) -> dict[str, tuple[int, int]]:
     return out
 
 
+@pytest.mark.smoke
 def test_default_peak_counts_every_small_block_with_its_stack(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("small_peak"))
     assert s["covers"]["complete"] is True

@@ -108,6 +108,7 @@ def test_an_attached_process_keeps_the_default_window(tmp_path: Path) -> None:
 
 # -- 6. the crash frame ---------------------------------------------------------------------------
 
+@pytest.mark.smoke
 def test_the_faulting_pc_is_named_as_itself(compile_c, tmp_path: Path) -> None:
     # crash_first faults on its first byte, right after before_crash: read as a return address
     # (pc - 1) it was named before_crash.

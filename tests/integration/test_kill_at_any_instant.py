@@ -111,6 +111,7 @@ def kill_at_random_instants(exe: Path, folder: Path, runs: int, seed: int) -> di
     return stages
 
 
+@pytest.mark.slow
 def test_a_target_killed_during_its_injection_leaves_a_named_capture(compile_c, tmp_path: Path) -> None:
     stages = kill_at_random_instants(compile_c("steady"), tmp_path, runs=6, seed=26)
     assert sum(n for s, n in stages.items() if s in STAGES) == 6

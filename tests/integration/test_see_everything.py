@@ -346,6 +346,7 @@ def test_every_posix_spawn_is_noticed_and_listed(compile_c, tmp_path: Path) -> N
     assert len({c["pid"] for c in end["children"]}) == 3
 
 
+@pytest.mark.slow
 def test_short_lived_spawned_children_are_traced_from_before_their_constructors(compile_c, tmp_path: Path) -> None:
     # Three posix_spawn children that live a few ms each: before, none could be attached to in
     # time ("could not follow").  Each now waits at the hold point until its hooks are in.
@@ -404,6 +405,7 @@ def _gcc_compiles_small_c(tmp_path: Path, *flags: str) -> tuple[Path, dict]:
     return out, _records(out / "capture.mtc", RecordType.END)[0]
 
 
+@pytest.mark.slow
 def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
     # gcc runs cc1 and as (vfork + exec: only the first of them was ever noticed, and neither
     # lived long enough to be attached to): each is now a capture of its own, listed under gcc.

@@ -20,3 +20,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.integration)
+            # make test-fast leaves slow tests out, so a slow smoke test would silently run nowhere fast.
+            if item.get_closest_marker("smoke") and item.get_closest_marker("slow"):
+                raise pytest.UsageError(f"{item.nodeid} is marked both smoke and slow: a smoke test must be fast")

@@ -1,7 +1,7 @@
 # memtrace: two commands do all set-up on a fresh clone.
 #   make demo   virtualenv + install + build the demo workload + capture it on this machine + report
 #   make test   virtualenv + install + lint + type check + the whole test suite (CI runs this)
-#   make test-fast   unit tests and the fast integration tests (no `slow` marker): ~1-2 min
+#   make test-fast   unit tests and the integration smoke tests (see CONTRIBUTING.md): about a minute
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -30,14 +30,21 @@ demo: $(STAMP) programs
 	$(BIN)/memtrace report demo-out
 	@echo "report: demo-out/REPORT.md and demo-out/report.html"
 
+# pytest-xdist workers (`make test JOBS=0` runs in one process).  Most of a traced test is waiting
+# (the target, Frida's injection, the CModule build), so two workers overlap it even on 2 CPUs;
+# loadfile keeps a module's tests, and its module-scoped captures, on one worker.
+JOBS ?= 2
+XDIST := -n $(JOBS) --dist loadfile
+
 # lint and typecheck first: CI (.ci/run) is `make test`, so ruff and mypy gate it too.
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
-# The tier to run while editing: every test not marked slow (see CONTRIBUTING.md), each cut off
-# after 120 s so a hang shows up as a failure.
+# The tier to run while editing (CONTRIBUTING.md, "The test tiers"): the unit tests not marked
+# slow and the integration tests marked smoke, each cut off after 120 s so a hang shows up as a
+# failure.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" --timeout 120
+	$(BIN)/python -m pytest -q $(XDIST) -m "(smoke or not integration) and not slow" --timeout 120
 
 bench: $(STAMP) programs
 	$(BIN)/python bench/malloc_bench.py

@@ -32,13 +32,17 @@ def demo_bin(build_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def compile_c(build_dir: Path) -> Callable[..., Path]:
-    """Compile tests/programs/NAME.c (once) and return the executable."""
-    built: dict[str, Path] = {}
+    """Compile tests/programs/NAME.c (once per set of extra flags) and return the executable."""
+    built: dict[tuple[str, ...], Path] = {}
 
     def compile_one(name: str, *extra: str) -> Path:
-        key = name + " ".join(extra)
+        key = (name, *extra)
         if key not in built:
-            exe = build_dir / name
+            # Each variant in a folder of its own: the file keeps NAME (tests read it as the module's
+            # name in frames) and one variant never overwrites another.
+            folder = build_dir / f"variant{len(built)}" if extra else build_dir
+            folder.mkdir(exist_ok=True)
+            exe = folder / name
             subprocess.run(["gcc", *CFLAGS, "-o", str(exe), str(PROGRAMS / f"{name}.c"), *extra], check=True)
             built[key] = exe
         return built[key]

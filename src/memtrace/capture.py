@@ -160,14 +160,15 @@ RELEASE_KINDS = layout.RELEASE_KINDS     # free, vm_deallocate: calls that give 
 
 def calls_total(counters: list[int]) -> int:
     """Every call the core counted, releases and Darwin's VM line included: the event rate's count."""
-    return sum(counters[C_CALLS + k] for k in KIND_NAMES)
+    return sum(counters[layout.calls_at(name)] for name in layout.KINDS)
 
 
 def alloc_totals(counters: list[int]) -> tuple[int, int]:
     """Allocation calls and gross bytes of the malloc family from the agent's counters (releases and
     Darwin's VM line excluded: a VM region is not a malloc call)."""
-    kinds = [k for k in KIND_NAMES if k not in RELEASE_KINDS and k not in layout.VM_KINDS]
-    return sum(counters[C_CALLS + k] for k in kinds), sum(counters[C_BYTES + k] for k in kinds)
+    kinds = [name for name, k in layout.KINDS.items() if k not in RELEASE_KINDS and k not in layout.VM_KINDS]
+    return (sum(counters[layout.calls_at(name)] for name in kinds),
+            sum(counters[layout.bytes_at(name)] for name in kinds))
 
 
 _CHUNK = struct.Struct(layout.CHUNK_HEADER.format)

@@ -79,12 +79,8 @@ def host_checks(report: Report, local: bool) -> None:
 
     report.add("host", "frida", OK, f"frida {frida.__version__} (Python {sys.version.split()[0]})",
                version=frida.__version__)
-    try:
-        tools = importlib.metadata.version("frida-tools")
-        report.add("host", "frida-tools", OK, f"frida-tools {tools}", version=tools)
-    except importlib.metadata.PackageNotFoundError:
-        report.add("host", "frida-tools", WARN, "not installed (memtrace does not need it; frida-ps, frida-ls-devices "
-                                                "help diagnose a device)")
+    status, detail, tools = frida_tools_check()
+    report.add("host", "frida-tools", status, detail, version=tools)
     if local and sys.platform.startswith("linux"):
         status, detail = ptrace_verdict(_read("/proc/sys/kernel/yama/ptrace_scope"), os.geteuid(),
                                         _cap_eff(_read("/proc/self/status")))
@@ -95,6 +91,62 @@ def host_checks(report: Report, local: bool) -> None:
                                                    f"a local Linux target; TinyCC otherwise)", path=compiler)
     else:
         report.add("host", "CModule compiler", OK, "TinyCC only (Frida's built-in compiler; no gcc/cc on PATH)")
+
+
+def frida_tools_check() -> tuple[str, str, str | None]:
+    """frida-tools is a dependency, not a convenience: every Frida call of a capture runs on its
+    ``frida_tools.application.Reactor`` (memtrace.frida_host).  Status, detail, installed version."""
+    try:
+        version: str | None = importlib.metadata.version("frida-tools")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    import_error = None
+    if version is not None:
+        try:
+            from frida_tools.application import Reactor  # noqa: F401 -- what FridaHost runs on
+        except ImportError as e:
+            import_error = _first_line(e)
+    status, detail = frida_tools_verdict(version, import_error, _required_minimum("frida-tools"))
+    return status, detail, version
+
+
+def frida_tools_verdict(version: str | None, import_error: str | None, minimum: str | None) -> tuple[str, str]:
+    """Whether frida-tools can serve FridaHost: installed, at least memtrace's minimum, and its
+    Reactor importable."""
+    need = f"frida-tools>={minimum}" if minimum else "frida-tools"
+    if version is None:
+        return FAIL, (f"not installed: memtrace runs every Frida call on frida-tools' Reactor "
+                      f"(pip install '{need}')")
+    if minimum is not None and _version_key(version) < _version_key(minimum):
+        return FAIL, f"frida-tools {version} is older than memtrace needs ({need}): pip install '{need}'"
+    if import_error is not None:
+        return FAIL, f"frida-tools {version}: frida_tools.application.Reactor cannot be imported ({import_error})"
+    return OK, f"frida-tools {version} (its Reactor runs memtrace's Frida calls)"
+
+
+def _required_minimum(dist: str) -> str | None:
+    """The lowest version of ``dist`` memtrace's own metadata asks for (``dist>=X``), if any."""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        for req in importlib.metadata.requires("memtrace") or []:
+            name = re.match(rf"{re.escape(dist)}\s*(?:\[[^]]*\])?\s*([^;]*)", req)
+            if name is None or re.match(r"[A-Za-z0-9_.-]", name.group(1)[:1]):
+                continue            # another distribution whose name starts with dist's
+            low = re.search(r">=\s*([0-9][0-9.]*)", name.group(1))
+            return low.group(1).rstrip(".") if low else None
+    return None
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string (``14.13.0`` -> (14, 13, 0); ``15.0rc1`` -> (15, 0))."""
+    parts = []
+    for piece in version.split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.end() != len(piece):
+            break
+    return tuple(parts)
 
 
 def ptrace_verdict(scope_text: str | None, euid: int, cap_eff: int) -> tuple[str, str]:
@@ -277,8 +329,11 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0,
                   ) -> None:
     import frida
 
-    from memtrace.frida_host import FridaHost
-
+    try:
+        from memtrace.frida_host import FridaHost
+    except ImportError as e:        # frida-tools missing or broken: the host section says how to fix it
+        report.add("target", "attach", FAIL, f"cannot load an agent: {_first_line(e)}")
+        return
     host = FridaHost(target, rpc_timeout)
     try:
         host.open()
@@ -388,7 +443,7 @@ def _self_test(report: Report, host: Any) -> None:
     """N malloc calls of a known size from a named C function: exact count, one stack, found in it."""
     from memtrace import layout
     from memtrace.agentbuild import cmodule_dir
-    from memtrace.capture import C_CALLS, AggRecord, AllocRecord, StackRecord, decode_agent_records
+    from memtrace.capture import AggRecord, AllocRecord, StackRecord, decode_agent_records
 
     host.rpc("flush", "flush")
     before = _counters(_drain(host))
@@ -401,8 +456,8 @@ def _self_test(report: Report, host: Any) -> None:
         return
     messages = _drain(host)
     after = _counters(messages)
-    malloc_kind = layout.KINDS["malloc"]
-    calls = (after[C_CALLS + malloc_kind] - (before or after)[C_CALLS + malloc_kind]) if after and before else None
+    malloc_calls = layout.calls_at("malloc")
+    calls = (after[malloc_calls] - before[malloc_calls]) if after and before else None
     allocs: list[AllocRecord] = []
     totals: dict[int, dict[str, int]] = {}
     stacks: dict[int, tuple[int, ...]] = {}

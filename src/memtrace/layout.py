@@ -164,6 +164,33 @@ N_COUNTERS = C_FAILED + N_KINDS + 1
 # (capture.py pads every counters list to N_COUNTERS).
 MIN_COUNTERS = 64
 
+
+# Where a per-kind or per-tier counter sits, by the kind's name (a KINDS key) or the tier's number
+# (an index into TIER_MAX_BYTES): Python asks these instead of adding offsets to C_* itself, so the
+# block arithmetic lives here only, beside the layout it describes.
+def calls_at(kind: str) -> int:
+    return C_CALLS + KINDS[kind]
+
+
+def bytes_at(kind: str) -> int:
+    return C_BYTES + KINDS[kind]
+
+
+def failed_at(kind: str) -> int:
+    return C_FAILED + KINDS[kind]
+
+
+def tier_calls_at(tier: int) -> int:
+    if not 0 <= tier < N_TIERS:
+        raise IndexError(f"no size tier {tier} (there are {N_TIERS})")
+    return C_TIER_CALLS + tier
+
+
+def tier_bytes_at(tier: int) -> int:
+    if not 0 <= tier < N_TIERS:
+        raise IndexError(f"no size tier {tier} (there are {N_TIERS})")
+    return C_TIER_BYTES + tier
+
 # ---- the CModule core's tables, sized by the agent --------------------------------------------
 
 # Frames a stack record holds at most (--frames up to MAX_FRAMES - 1, issue 21: at least 256); the

@@ -69,6 +69,7 @@ def probe() -> Any:
     session.detach()
 
 
+@pytest.mark.smoke
 def test_layout_js_evaluates_to_the_python_layout(probe: Any) -> None:
     assert probe.layout() == agentbuild.layout_constants()
 

@@ -158,6 +158,7 @@ def test_cli_census_table(heavy: list[subprocess.Popen[str]]) -> None:
     assert "toucher" in res.stdout and "total" in res.stdout
 
 
+@pytest.mark.smoke
 def test_census_agent_loads_in_frida17_on_linux() -> None:
     # The Darwin agent cannot measure anything on Linux, but it must load under Frida 17 and
     # report the missing Darwin exports instead of failing.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.conftest import PROGRAMS, ROOT, run_memtrace
+from tests.conftest import ROOT, run_memtrace
 
 from memtrace.capture import RecordType, read_records
 from memtrace.capture_loop import CaptureOptions, run_capture
@@ -37,15 +37,14 @@ def in_dir(cwd: Path, *args: str | Path, check: bool = False) -> subprocess.Comp
 
 
 @pytest.fixture(scope="module")
-def static_prog(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    exe = tmp_path_factory.mktemp("static") / "steady_static"
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(exe), str(PROGRAMS / "steady.c")], check=True)
-    return exe
+def static_prog(compile_c) -> Path:
+    return compile_c("steady", "-static")       # one build for this module and test_doctor's
 
 
 # ---- launch ---------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_non_executable_file_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     msg = one_line_error(in_dir(tmp_path, "malloc", "--device", "local", "--", "/etc/passwd"))
     assert msg == "memtrace: error: cannot launch /etc/passwd: not an executable file (no execute permission)"

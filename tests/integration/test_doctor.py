@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import PROGRAMS, run_memtrace
+from tests.conftest import run_memtrace
 
 from memtrace import doctor
 
@@ -73,9 +72,9 @@ def test_target_with_the_darwin_stand_in_runs_the_probe(demo_bin: Path) -> None:
     assert {"SET_STATE VOLATILE", "SET_STATE NONVOLATILE", "SET_STATE EMPTY"} <= driving
 
 
-def test_a_target_no_tracer_can_work_in_exits_1(tmp_path: Path) -> None:
-    exe = tmp_path / "steady_static"
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(exe), str(PROGRAMS / "steady.c")], check=True)
+@pytest.mark.smoke
+def test_a_target_no_tracer_can_work_in_exits_1(compile_c) -> None:
+    exe = compile_c("steady", "-static")
     proc = run_memtrace("doctor", "--device", "local", "--json", "--", exe, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     doc = json.loads(proc.stdout)

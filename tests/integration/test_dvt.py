@@ -381,6 +381,7 @@ def test_the_real_parser_and_the_translator_give_exact_counts() -> None:
 
 # ---- the whole command ------------------------------------------------------------------------------
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("device", [{"stream": workload()[0]}], indirect=True)
 def test_malloc_backend_dvt_gives_the_same_summary_as_a_frida_capture(device: Device, tmp_path: Path) -> None:
     out = tmp_path / "cap"

@@ -28,6 +28,7 @@ def _run(compile_c: Callable[..., Path], tmp_path: Path, *opts: str) -> dict:
                          compile_c("fd_leaker"), work)
 
 
+@pytest.mark.smoke
 def test_every_descriptor_with_its_stack(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     s = _run(compile_c, tmp_path)
     work = tmp_path / "files"

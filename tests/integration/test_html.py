@@ -236,6 +236,7 @@ def widest(nodes: Any) -> Any:
     return nodes.nth(widths.index(max(widths)))
 
 
+@pytest.mark.slow
 def test_large_flamegraph_page_is_small_and_renders(browser: Any, large: tuple[Path, dict[str, int]],
                                                     tmp_path: Path) -> None:
     import time
@@ -315,6 +316,7 @@ def test_report_of_many_large_captures_is_small(browser: Any, large: tuple[Path,
     ("fds", "fd_leaker", "open", "open_config_files"),
     ("threads", "thread_leaker", "created", "leak_joinable"),
 ])
+@pytest.mark.slow
 def test_fds_and_threads_flame_graphs_count_objects(browser: Any, compile_c: Any, tmp_path: Path, tracer: str,
                                                     program: str, view: str, function: str) -> None:
     work = tmp_path / "files"

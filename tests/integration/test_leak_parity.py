@@ -112,6 +112,7 @@ def test_parity_with_valgrind_on_perl(tmp_path: Path) -> None:
     assert oracle.memtrace_by_key(doc["leaks"], oracle.first_caller) == expected
 
 
+@pytest.mark.slow
 def test_blocks_allocated_before_tracing_are_found_and_sorted(compile_c, tmp_path: Path) -> None:
     """--attach-delay: the blocks made before the hooks went in are found in glibc's heaps (freed
     ones on the tcache and fastbin lists left out) and in mappings of their own (glibc's mmapped

@@ -27,6 +27,7 @@ def rows_by_function(rows: list[dict]) -> dict[str, tuple[int, int]]:
     return out
 
 
+@pytest.mark.smoke
 def test_default_peak_counts_every_small_block_with_its_stack(compile_c, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("small_peak"))
     assert s["covers"]["complete"] is True
@@ -72,6 +73,7 @@ def test_two_thousand_threads_alive_at_once_all_counted(compile_c, tmp_path: Pat
     assert s["dropped"]["dropped_stacks"] <= 20
 
 
+@pytest.mark.slow
 def test_threads_past_the_slot_table_are_counted_and_said(compile_c, tmp_path: Path) -> None:
     exe = compile_c("many_threads")
     full = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "a", "--", exe, "300", "10",

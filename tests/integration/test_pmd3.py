@@ -183,6 +183,7 @@ def test_ios16_lockdown_image_and_a_suspended_launch(device: Device) -> None:
     device.assert_real_signatures()
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("device", [{"version": "17.5.1", "mounted": True}], indirect=True)
 def test_ios17_goes_through_the_tunnel_and_closes_both_clients(device: Device) -> None:
     assert asyncio.run(launchers.pmd3_launch("UDID", "com.example.app")) == 4242

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tests.conftest import frame_names, memtrace_json
 
 MIB = 1024 * 1024
@@ -173,6 +174,7 @@ def standin_program(compile_c, demo_bin: Path, name: str) -> Path:
                      f"-Wl,-rpath,{demo_bin}")
 
 
+@pytest.mark.smoke
 def test_stand_in_nests_as_xnu_and_each_call_counts_once(demo_bin: Path, tmp_path: Path) -> None:
     """vm_purgable_control calls mach_vm_purgable_control and vm_allocate calls mach_vm_allocate in the
     stand-in, as in xnu's libsyscall: the inner calls are counted apart, never twice."""

@@ -15,7 +15,7 @@ import pytest
 
 from memtrace.capture import RecordType, read_records
 
-from ..conftest import ROOT, build_ctor_user, memtrace_json, run_memtrace  # noqa: TID252
+from ..conftest import ROOT, build_ctor_user, memtrace_json, run_memtrace, wait_streaming  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -95,19 +95,32 @@ def test_a_window_cut_with_keep_running_leaves_it_running(tmp_path: Path) -> Non
 
 
 def test_an_attached_process_keeps_the_default_window(tmp_path: Path) -> None:
-    target = subprocess.Popen(["sleep", "3"])
+    # The target ends once the capture streams (not after a fixed few seconds, which a loaded machine
+    # could spend before the attach): the default window would have run on for a minute.
+    target = subprocess.Popen(["sleep", "600"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--json", "--device", "local",
+                           "--pid", str(target.pid), "--out", str(tmp_path / "c")],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        s = memtrace_json("malloc", "--device", "local", "--pid", str(target.pid), "--out", tmp_path / "c")
+        wait_streaming(tmp_path / "c" / "capture.mtc", timeout=120)
+        target.terminate()
+        out, err = mt.communicate(timeout=120)
     finally:
-        target.kill()
-        target.wait()
+        for p in (target, mt):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert mt.returncode == 0, err
+    s = json.loads(out)
     meta = _records(tmp_path / "c" / "capture.mtc", RecordType.META)[0]
     assert meta["options"]["window"] == 60.0
-    assert s["ended"] == "target-exited"
+    assert s["ended"] == "target-exited", s["reason"]
 
 
 # -- 6. the crash frame ---------------------------------------------------------------------------
 
+@pytest.mark.smoke
 def test_the_faulting_pc_is_named_as_itself(compile_c, tmp_path: Path) -> None:
     # crash_first faults on its first byte, right after before_crash: read as a return address
     # (pc - 1) it was named before_crash.
@@ -333,6 +346,7 @@ def test_every_posix_spawn_is_noticed_and_listed(compile_c, tmp_path: Path) -> N
     assert len({c["pid"] for c in end["children"]}) == 3
 
 
+@pytest.mark.slow
 def test_short_lived_spawned_children_are_traced_from_before_their_constructors(compile_c, tmp_path: Path) -> None:
     # Three posix_spawn children that live a few ms each: before, none could be attached to in
     # time ("could not follow").  Each now waits at the hold point until its hooks are in.
@@ -391,6 +405,7 @@ def _gcc_compiles_small_c(tmp_path: Path, *flags: str) -> tuple[Path, dict]:
     return out, _records(out / "capture.mtc", RecordType.END)[0]
 
 
+@pytest.mark.slow
 def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
     # gcc runs cc1 and as (vfork + exec: only the first of them was ever noticed, and neither
     # lived long enough to be attached to): each is now a capture of its own, listed under gcc.

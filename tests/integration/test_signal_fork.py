@@ -29,6 +29,7 @@ RUNS = 5
 FORKS = 200
 
 
+@pytest.mark.slow
 def test_signal_handler_mallocs_across_fork_never_hang(compile_c, tmp_path: Path) -> None:
     prog = compile_c("signal_fork")
     for i in range(RUNS):

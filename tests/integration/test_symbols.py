@@ -72,6 +72,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     return build_demo(tmp_path_factory.mktemp("symdemo"))
 
 
+@pytest.mark.smoke
 def test_function_file_line_and_demangled_cpp_name(demo: Demo) -> None:
     sym = Symbolizer(demo.modules(), system_dirs=NO_SYSTEM_DIRS)
     row = sym.row(demo.fill)

@@ -24,6 +24,7 @@ def _rows(rows: list[dict]) -> list[tuple]:
     return sorted((k[0], k[1], v[0], v[1]) for k, v in out.items())
 
 
+@pytest.mark.smoke
 def test_creations_joins_detaches_and_leaks(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     s = memtrace_json("threads", "--device", "local", "--window", "30", "--out", tmp_path / "c", "--",
                       compile_c("thread_leaker"))

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device te
 THREADS = 1100
 
 
+@pytest.mark.slow
 def test_every_one_of_1100_threads_is_stopped(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     exe = compile_c("sleeping_threads")
     target = subprocess.Popen([str(exe), str(THREADS)], stdout=subprocess.PIPE, text=True)

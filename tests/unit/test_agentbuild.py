@@ -181,6 +181,7 @@ def test_old_bundles_are_pruned(tmp_path: Path) -> None:
     assert f"iosurface-{5:024x}.js" in left and f"iosurface-{0:024x}.js" not in left
 
 
+@pytest.mark.slow
 def test_an_installed_wheel_builds_every_agent(tmp_path: Path) -> None:
     """The wheel carries every agent module and cmodule/ source: built from it alone (in a
     fresh interpreter that cannot see this checkout), every agent bundles and finds its C."""

@@ -190,6 +190,7 @@ def replaced(value: Any, at: tuple[Any, ...], new: Any) -> Any:
 WRONG = (None, True, -1, 2.5, "0xZZ", "", [], {}, [[]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tracer", ["malloc", "purgeable"])
 def test_any_json_node_of_any_type_never_reaches_an_analyzer_malformed(scratch: Path, tracer: str) -> None:
     """Each node of each record replaced by each JSON type (checksums valid): the reader refuses
@@ -213,6 +214,7 @@ def test_any_json_node_of_any_type_never_reaches_an_analyzer_malformed(scratch: 
     assert tried > 300
 
 
+@pytest.mark.slow
 def test_real_records_with_wrong_types_never_traceback(scratch: Path) -> None:
     """The same over the records of the real-shaped captures in tests/data (one node of each kind)."""
     v = scratch / "c" / "capture.mtc"
@@ -310,6 +312,7 @@ def test_random_absurd_values_through_every_command(scratch: Path, seed: int) ->
     run_every_command(random_absurd(seed), scratch / "w")
 
 
+@pytest.mark.slow
 def test_every_absurd_value_of_every_record_never_tracebacks(scratch: Path) -> None:
     """Each agent field and each JSON number of every record type at 0, 2^31, 2^32-1, 2^63-1,
     2^63, 2^64-1 (and -1, 2^64, 10^30, 1e308 in JSON): the reader skips what cannot be, the

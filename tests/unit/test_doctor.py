@@ -32,6 +32,33 @@ def test_version_verdict(client: str, server: str, status: str) -> None:
     assert doctor.version_verdict(client, server)[0] == status
 
 
+@pytest.mark.parametrize(("version", "import_error", "minimum", "status", "fragment"), [
+    ("14.13.0", None, "14", "ok", "frida-tools 14.13.0"),
+    ("15.0rc1", None, "14", "ok", "frida-tools 15.0rc1"),
+    (None, None, "14", "fail", "pip install 'frida-tools>=14'"),
+    ("13.7.1", None, "14", "fail", "older than memtrace needs"),
+    ("14.13.0", "No module named 'frida_tools.application'", "14", "fail", "Reactor cannot be imported"),
+])
+def test_frida_tools_is_a_dependency(version: str | None, import_error: str | None, minimum: str,
+                                     status: str, fragment: str) -> None:
+    got, detail = doctor.frida_tools_verdict(version, import_error, minimum)
+    assert got == status and fragment in detail
+
+
+def test_frida_tools_check_here_and_with_its_reactor_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+    import sys
+
+    # memtrace's own metadata is where the minimum comes from (pyproject: frida-tools>=14).
+    assert doctor._required_minimum("frida-tools") == "14"
+    assert doctor._required_minimum("frida") == "17.0"       # not frida-tools' line, though it starts alike
+    status, detail, version = doctor.frida_tools_check()
+    assert (status, version) == ("ok", importlib.metadata.version("frida-tools")), detail
+    monkeypatch.setitem(sys.modules, "frida_tools.application", None)     # import now raises ImportError
+    status, detail, _ = doctor.frida_tools_check()
+    assert status == "fail" and "Reactor cannot be imported" in detail
+
+
 def recon(found: list[str], missing: list[str]) -> list[dict[str, Any]]:
     return [{"name": n, "status": "found"} for n in found] + [{"name": n, "status": "MISSING"} for n in missing]
 

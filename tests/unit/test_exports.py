@@ -189,6 +189,7 @@ def test_pprof_other_views_weigh_their_own_bytes(tmp_path: Path, view: str, type
     assert sum(x.value[0] for x in prof.sample) == s[view]["bytes"]
 
 
+@pytest.mark.slow
 def test_chrome_trace_has_counter_tracks_and_one_instant_per_event() -> None:
     doc = json.loads(export(WORKLOAD, "chrome-trace"))
     ev = doc["traceEvents"]

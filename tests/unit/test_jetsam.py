@@ -230,6 +230,7 @@ json_values = st.recursive(
     max_leaves=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(st.sampled_from(["ios12", "ios15", "ios17"]), st.data())
 def test_fuzz_structural_mutations(style: str, data: st.DataObject) -> None:

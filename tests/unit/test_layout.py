@@ -86,6 +86,28 @@ def test_python_reader_agrees_with_the_c_writer(compiled_layout: dict[str, int])
     assert max(layout.KINDS.values()) < layout.N_KINDS
 
 
+def test_counters_by_name_are_the_slots_the_c_core_bumps(compiled_layout: dict[str, int]) -> None:
+    """Python indexes per-kind and per-tier counters by name (layout.calls_at & co); each is the slot
+    the C core computes from the header, and no two name the same slot."""
+    c = compiled_layout
+    seen: list[int] = list(layout.COUNTERS.values())
+    for name in layout.KINDS:
+        k = c[f"MT_K_{name.upper()}"]
+        assert layout.calls_at(name) == c["MT_C_CALLS"] + k
+        assert layout.bytes_at(name) == c["MT_C_BYTES"] + k
+        assert layout.failed_at(name) == c["MT_C_FAILED"] + k
+        seen += [layout.calls_at(name), layout.bytes_at(name), layout.failed_at(name)]
+    for tier in range(layout.N_TIERS):
+        assert layout.tier_calls_at(tier) == c["MT_C_TIER_CALLS"] + tier
+        assert layout.tier_bytes_at(tier) == c["MT_C_TIER_BYTES"] + tier
+        seen += [layout.tier_calls_at(tier), layout.tier_bytes_at(tier)]
+    assert len(set(seen)) == len(seen) and max(seen) < c["MT_N_COUNTERS"]
+    with pytest.raises(KeyError):
+        layout.calls_at("mmap")
+    with pytest.raises(IndexError):
+        layout.tier_bytes_at(layout.N_TIERS)
+
+
 def test_cmodule_sources_define_nothing_the_layout_header_does() -> None:
     """A #define of a layout name in cmodule/ would be a second source (and shadow the first)."""
     generated = set(_header_defines()) | {s.c_name for s in layout.C_STRUCTS}

@@ -22,11 +22,7 @@ from memtrace.analyze.profile import ALL_ROWS, UNSTACKED, Profile, Sample, sampl
 from memtrace.analyze.vm import VM_KINDS, VmFold
 from memtrace.capture import (
     AGG_FIELDS,
-    C_CALLS,
-    C_TIER_BYTES,
-    C_TIER_CALLS,
     DROPPED_STACK,
-    KIND_NAMES,
     NESTED_STACK,
     NO_STACK,
     REC_AGG,
@@ -46,12 +42,16 @@ from memtrace.frames import Frame
 from memtrace.layout import (
     AGG_FP_SHIFT,
     AGG_STRIDE,
-    C_FAILED,
     COUNTERS,
+    KINDS,
     N_COUNTERS,
     PSEUDO_STACKS,
     RELEASE_KINDS,
     TRUNCATED_FRAME,
+    calls_at,
+    failed_at,
+    tier_bytes_at,
+    tier_calls_at,
 )
 from memtrace.units import fmt_bytes
 
@@ -150,7 +150,7 @@ class MallocSummary(CaptureContext):
 
     @property
     def calls(self) -> dict[str, int]:
-        return {name: self.counters[C_CALLS + k] for k, name in KIND_NAMES.items()}
+        return {name: self.counters[calls_at(name)] for name in KINDS}
 
     @property
     def gross_bytes(self) -> int:
@@ -162,13 +162,13 @@ class MallocSummary(CaptureContext):
 
     @property
     def tiers(self) -> list[dict[str, Any]]:
-        return [{"max_bytes": m, "calls": self.counters[C_TIER_CALLS + i], "bytes": self.counters[C_TIER_BYTES + i]}
+        return [{"max_bytes": m, "calls": self.counters[tier_calls_at(i)], "bytes": self.counters[tier_bytes_at(i)]}
                 for i, m in enumerate(TIER_MAX_BYTES)]
 
     @property
     def failed(self) -> dict[str, int]:
         """Allocation calls that returned NULL, by kind (in ``calls``, never in bytes or tiers)."""
-        return {name: self.counters[C_FAILED + k] for k, name in KIND_NAMES.items()
+        return {name: self.counters[failed_at(name)] for name, k in KINDS.items()
                 if k not in RELEASE_KINDS and k not in VM_KINDS}
 
     def counter(self, name: str) -> int:

@@ -82,10 +82,10 @@ class VmFold:
                  "kinds": sorted(st.kinds), "live_count": st.live_count, "live_bytes": st.live_bytes}
                 for tag, st in self.by_tag.items()]
         rows.sort(key=lambda r: (-r["bytes"], r["tag"]))
-        kinds = sorted(VM_KINDS)
+        kinds = [name for name, k in layout.KINDS.items() if k in VM_KINDS]    # by number, as KINDS is
         return {
-            "calls": {layout_kind_name(k): counters[layout.C_CALLS + k] for k in kinds},
-            "bytes": {layout_kind_name(k): counters[layout.C_BYTES + k] for k in kinds},
+            "calls": {name: counters[layout.calls_at(name)] for name in kinds},
+            "bytes": {name: counters[layout.bytes_at(name)] for name in kinds},
             "by_tag": rows,
             "live": {"count": len(self.live), "bytes": sum(size for _, size in self.live.values())},
             "left_out": {name.removeprefix("vm_"): counters[layout.COUNTERS[name]] for name in LEFT_OUT},

@@ -125,25 +125,25 @@ class EventTranslator:
     def feed(self, ev: Event) -> None:
         t = ev.type
         if t == EV_MALLOC:
-            self._alloc(ev, K["malloc"], ev.address, ev.size)
+            self._alloc(ev, "malloc", ev.address, ev.size)
         elif t == EV_REALLOC:
             if ev.argument:
                 self._release(ev.thread, ev.argument)
-            self._alloc(ev, K["realloc"], ev.address, ev.size)
+            self._alloc(ev, "realloc", ev.address, ev.size)
         elif t == EV_FREE:
-            self._count(K["free"], None)
+            self._count("free", None)
             self._release(ev.thread, ev.address)
         elif t == EV_VM_ALLOCATE:
-            self._count(K["vm_allocate"], None, ev.size)
+            self._count("vm_allocate", None, ev.size)
             self._records(ev.thread).append(AllocRecord(ev.thread, K["vm_allocate"], FLAG_LIVE,
                                                         self._stack(ev), ev.address, ev.size, ev.size))
         elif t == EV_VM_DEALLOCATE:
-            self._count(K["vm_deallocate"], None, ev.size)
+            self._count("vm_deallocate", None, ev.size)
             self._records(ev.thread).append(FreeRecord(ev.thread, K["vm_deallocate"], ev.address, ev.size))
         else:
             self.other_events += 1
 
-    def _alloc(self, ev: Event, kind: int, ptr: int, size: int) -> None:
+    def _alloc(self, ev: Event, kind: str, ptr: int, size: int) -> None:
         if ptr == 0:        # the allocation failed: a failed call, never bytes
             self._count(kind, None)
             self.counters[C["failed_allocs"]] += 1
@@ -201,13 +201,13 @@ class EventTranslator:
             row = self._totals[sid] = _Totals()
         return row
 
-    def _count(self, kind: int, tier_size: int | None, nbytes: int = 0) -> None:
-        self.counters[layout.C_CALLS + kind] += 1
-        self.counters[layout.C_BYTES + kind] += nbytes
+    def _count(self, kind: str, tier_size: int | None, nbytes: int = 0) -> None:
+        self.counters[layout.calls_at(kind)] += 1
+        self.counters[layout.bytes_at(kind)] += nbytes
         if tier_size is not None:
             t = _tier(tier_size)
-            self.counters[layout.C_TIER_CALLS + t] += 1
-            self.counters[layout.C_TIER_BYTES + t] += tier_size
+            self.counters[layout.tier_calls_at(t)] += 1
+            self.counters[layout.tier_bytes_at(t)] += tier_size
 
     def _stack(self, ev: Event) -> int:
         frames = tuple(ev.backtrace)

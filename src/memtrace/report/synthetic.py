@@ -14,11 +14,8 @@ from typing import Any
 
 from memtrace import layout
 from memtrace.capture import (
-    C_BYTES,
-    C_CALLS,
-    C_TIER_BYTES,
-    C_TIER_CALLS,
     FLAG_LIVE,
+    KIND_NAMES,
     NO_STACK,
     TIER_MAX_BYTES,
     AgentRecord,
@@ -33,7 +30,8 @@ from memtrace.capture import (
     encode_agent_records,
 )
 
-MALLOC, CALLOC, REALLOC, FREE, POSIX_MEMALIGN = 0, 1, 2, 3, 4
+MALLOC, CALLOC, REALLOC, FREE, POSIX_MEMALIGN = (layout.KINDS[k] for k in
+                                                 ("malloc", "calloc", "realloc", "free", "posix_memalign"))
 MODULE_BASE = 0x5555_0000_0000
 MODULE_SIZE = 0x10_0000
 
@@ -117,17 +115,17 @@ class SyntheticCapture:
         return ptr
 
     def free(self, ptr: int, size: int) -> None:
-        self.counters[C_CALLS + FREE] += 1
+        self.counters[layout.calls_at("free")] += 1
         if size >= self.live_threshold:
             self._pending.append(FreeRecord(self.tid, FREE, ptr, 0))
 
     def _count(self, kind: int, size: int) -> None:
         c = self.counters
-        c[C_CALLS + kind] += 1
-        c[C_BYTES + kind] += size
+        c[layout.calls_at(KIND_NAMES[kind])] += 1
+        c[layout.bytes_at(KIND_NAMES[kind])] += size
         t = tier_of(size)
-        c[C_TIER_CALLS + t] += 1
-        c[C_TIER_BYTES + t] += size
+        c[layout.tier_calls_at(t)] += 1
+        c[layout.tier_bytes_at(t)] += size
 
     def calibration(self, phase: str, in_use: int, footprint: int) -> None:
         self.writer.write(RecordType.CALIBRATION, {
@@ -234,9 +232,9 @@ def write_large_capture(path: Path | str, stacks: int = 131_072, seed: int = 22,
         total_bytes += b
         total_allocs += allocs
         live_total += b - frees * size
-    counters[C_CALLS + MALLOC] = total_allocs
-    counters[C_BYTES + MALLOC] = total_bytes
-    counters[C_CALLS + FREE] = sum(t[2] for t in totals)
+    counters[layout.calls_at("malloc")] = total_allocs
+    counters[layout.bytes_at("malloc")] = total_bytes
+    counters[layout.calls_at("free")] = sum(t[2] for t in totals)
     top_live = sorted(range(stacks), key=lambda i: -(totals[i][1] - totals[i][3]))[:16]
     t0 = 1000
     per_batch = max(1, stacks // samples)

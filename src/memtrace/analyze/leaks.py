@@ -190,7 +190,9 @@ class LeakScan:
 
 
 def is_leak_result(body: dict[str, Any]) -> bool:
-    return body.get("kind") == "leaks" and body.get("tracer") == "malloc"
+    # Its kind says what it is: a leak scan is the only RESULT of that kind (malloc --leaks, or the
+    # device's own scan through --backend dvt), and only malloc's analyzer asks.
+    return body.get("kind") == "leaks"
 
 
 def resolve(body: dict[str, Any]) -> LeakScan:

@@ -59,7 +59,7 @@ def failure(summary: ProbeSummary) -> str | None:
 def summarize(records: Iterable[Record]) -> ProbeSummary:
     s = ProbeSummary()
     for rec in records:
-        if rec.type == RecordType.RESULT and rec.body.get("tracer") == "probe":
+        if rec.type == RecordType.RESULT and rec.body.get("tracer") == ProbeSummary.tracer_name:
             s.result = rec.body
         else:
             fold_context(s, rec)

@@ -182,7 +182,7 @@ def _host_for(values: dict[str, Any], target: Any, options: Any) -> Any:
         return None
     from memtrace.dvt.host import DvtHost
 
-    return DvtHost(target, options.thresholds.rpc_timeout)
+    return DvtHost(target, options.thresholds.rpc_timeout, tracer=TRACER.name)
 
 
 def _check_backend(values: dict[str, Any]) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.profile import ALL_ROWS, Profile, Sample, named_stack_lists, rows_at, samples_of
 from memtrace.analyze.symbols import SymbolTable
@@ -54,8 +56,7 @@ NO_END = "the capture ends without an END record (memtrace or the machine died)"
 SCHEMA_VERSION = 1
 
 
-@dataclass
-class CaptureContext:
+class CaptureContext(Struct):
     """The fields :func:`fold_context` fills, for analyzers to inherit, and the stack views they share.
 
     Every summary answers the views protocol: :meth:`profile` makes one of its tracer's views
@@ -71,13 +72,13 @@ class CaptureContext:
     # view, the summary's first stack-row list.
     count_views: ClassVar[Mapping[str, tuple[str, str]]] = {}
 
-    meta: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] = field(default_factory=dict)
-    recon: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
-    symbols: SymbolTable = field(default_factory=SymbolTable)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = msgspec.field(default_factory=dict)
+    end: dict[str, Any] = msgspec.field(default_factory=dict)
+    recon: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
+    missing: list[str] = msgspec.field(default_factory=list)
+    symbols: SymbolTable = msgspec.field(default_factory=SymbolTable)
+    warnings: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     def header_json(self, tracer: str, capture: str | None) -> dict[str, Any]:
         """What every summary's JSON opens with: which capture, which target, how it ended."""

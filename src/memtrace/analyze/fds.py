@@ -16,10 +16,10 @@ from __future__ import annotations
 import errno as errno_names
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
 from memtrace.capture import Event, Record
@@ -30,8 +30,7 @@ from memtrace.schema import UNSET, Count, Maybe, Row
 _LIBC_PREFIXES = ("libc.", "libc-", "libsystem_")
 
 
-@dataclass
-class OpenFd:
+class OpenFd(Struct):
     fd: int
     call: str
     path: str | None
@@ -40,28 +39,27 @@ class OpenFd:
     from_fd: int | None = None
 
 
-@dataclass
 class FdsSummary(CaptureContext):
     tracer_name: ClassVar[str] = "fds"
     count_views: ClassVar[Mapping[str, tuple[str, str]]] = {
         "open": ("open_at_end.by_stack", "descriptors open at the end, by the stack that opened them"),
         "failed": ("failures_by_stack", "failed opens (EMFILE, ENFILE, ...), by stack"),
     }
-    calls: Counter[str] = field(default_factory=Counter)          # successful creating calls
+    calls: Counter[str] = msgspec.field(default_factory=Counter)          # successful creating calls
     opened: int = 0                                               # descriptors they created
-    closes: Counter[str] = field(default_factory=Counter)         # releases of an open descriptor
+    closes: Counter[str] = msgspec.field(default_factory=Counter)         # releases of an open descriptor
     closes_unknown: int = 0             # releases of a descriptor not open as far as we knew
     replaced: int = 0                   # dup2/dup3 onto an open descriptor (an implicit close)
-    failures: dict[str, Counter[int]] = field(default_factory=dict)   # call -> errno -> count
-    failure_stacks: Counter[tuple[str, int, tuple[int, ...]]] = field(default_factory=Counter)
-    baseline: dict[int, str | None] = field(default_factory=dict)
+    failures: dict[str, Counter[int]] = msgspec.field(default_factory=dict)   # call -> errno -> count
+    failure_stacks: Counter[tuple[str, int, tuple[int, ...]]] = msgspec.field(default_factory=Counter)
+    baseline: dict[int, str | None] = msgspec.field(default_factory=dict)
     baseline_closed: int = 0
-    open: dict[int, OpenFd] = field(default_factory=dict)         # opened in the window, still open
-    censuses: list[dict[str, Any]] = field(default_factory=list)
+    open: dict[int, OpenFd] = msgspec.field(default_factory=dict)         # opened in the window, still open
+    censuses: list[dict[str, Any]] = msgspec.field(default_factory=list)
     peak: int = 0
     peak_t: int | None = None
-    frida_fds: set[int] = field(default_factory=set)   # Frida's own (cloaked) descriptors
-    _now_open: set[int] = field(default_factory=set)
+    frida_fds: set[int] = msgspec.field(default_factory=set)   # Frida's own (cloaked) descriptors
+    _now_open: set[int] = msgspec.field(default_factory=set)
 
     def _note_count(self, t: int | None) -> None:
         if len(self._now_open) > self.peak:

@@ -13,16 +13,17 @@ before the window (their count unknown) are counted apart, as ``untracked``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Event, Record, RecordType
 from memtrace.schema import UNSET, Count, Maybe
 
 
-@dataclass
-class Surface:
+class Surface(Struct):
     id: int | None
     surface: str
     alloc_size: int
@@ -40,10 +41,9 @@ class Surface:
     use_dec: int = 0
 
 
-@dataclass
 class IOSurfaceSummary(CaptureContext):
     tracer_name: ClassVar[str] = "iosurface"
-    surfaces: list[Surface] = field(default_factory=list)
+    surfaces: list[Surface] = msgspec.field(default_factory=list)
     failed: int = 0
     releases_untracked: int = 0     # references dropped on surfaces created before the capture
 

@@ -6,7 +6,6 @@ Pure: capture records in (the agent's RESULT record), a :class:`ProbeSummary` ou
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from memtrace.analyze.context import CaptureContext, fold_context
@@ -19,7 +18,6 @@ STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
 LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable")
 
 
-@dataclass
 class ProbeSummary(CaptureContext):
     tracer_name: ClassVar[str] = "probe"
     result: dict[str, Any] | None = None

@@ -11,8 +11,10 @@ they cause are already counted underneath, so counting them again would double t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Event, Record, RecordType
@@ -28,8 +30,7 @@ MADVISE_NAMES = {
 STATE_MACHINE_ENTRIES = ("vm_purgable_control", "mach_vm_purgable_control")
 
 
-@dataclass
-class Group:
+class Group(Struct):
     """Events sharing a key and a stack."""
 
     count: int = 0
@@ -38,21 +39,20 @@ class Group:
     frames: tuple[int, ...] = ()
 
 
-@dataclass
 class PurgeableSummary(CaptureContext):
     tracer_name: ClassVar[str] = "purgeable"
-    counts: dict[str, Any] = field(default_factory=dict)
-    transitions: dict[str, int] = field(default_factory=dict)
-    transition_bytes: dict[str, int] = field(default_factory=dict)
-    by_entry: dict[str, dict[str, int]] = field(default_factory=dict)
-    by_caller: dict[tuple[str, str, tuple[int, ...]], Group] = field(default_factory=dict)
+    counts: dict[str, Any] = msgspec.field(default_factory=dict)
+    transitions: dict[str, int] = msgspec.field(default_factory=dict)
+    transition_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    by_entry: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    by_caller: dict[tuple[str, str, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
     keep_current: int = 0
     failed_sets: int = 0
     set_events: int = 0
-    created: dict[tuple[str, tuple[int, ...]], Group] = field(default_factory=dict)
-    madvise: dict[tuple[str, int, tuple[int, ...]], Group] = field(default_factory=dict)
-    madvise_platform: dict[str, str] = field(default_factory=dict)
-    calls: dict[tuple[str, tuple[int, ...]], Group] = field(default_factory=dict)
+    created: dict[tuple[str, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
+    madvise: dict[tuple[str, int, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
+    madvise_platform: dict[str, str] = msgspec.field(default_factory=dict)
+    calls: dict[tuple[str, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
 
     # -- derived ----------------------------------------------------------------
 

@@ -14,16 +14,17 @@ from __future__ import annotations
 import errno as errno_names
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
 from memtrace.capture import Event, Record
 from memtrace.schema import Addr, Count
 
 
-@dataclass
-class ThreadRecord:
+class ThreadRecord(Struct):
     handle: str
     created: bool = False
     routine: int | None = None
@@ -48,7 +49,6 @@ class ThreadRecord:
                 and not self.detached_at_create)
 
 
-@dataclass
 class ThreadsSummary(CaptureContext):
     tracer_name: ClassVar[str] = "threads"
     count_views: ClassVar[Mapping[str, tuple[str, str]]] = {
@@ -56,16 +56,16 @@ class ThreadsSummary(CaptureContext):
         "running": ("running_at_end.by_stack", "threads still running at the end, by creating stack"),
         "leaked": ("leaked.by_stack", "threads never joined nor detached, by creating stack"),
     }
-    records: list[ThreadRecord] = field(default_factory=list)
+    records: list[ThreadRecord] = msgspec.field(default_factory=list)
     existing: int = 0                       # threads alive when the window began
-    failures: Counter[tuple[int, tuple[int, ...], int | None]] = field(default_factory=Counter)
+    failures: Counter[tuple[int, tuple[int, ...], int | None]] = msgspec.field(default_factory=Counter)
     pthread_exits: int = 0
-    unmatched: Counter[str] = field(default_factory=Counter)   # joins/detaches of threads not seen created
+    unmatched: Counter[str] = msgspec.field(default_factory=Counter)   # joins/detaches of threads not seen created
     alive: int = 0
     peak: int = 0
     peak_t: int | None = None
-    _by_handle: dict[str, ThreadRecord] = field(default_factory=dict)
-    _by_tid: dict[int, ThreadRecord] = field(default_factory=dict)
+    _by_handle: dict[str, ThreadRecord] = msgspec.field(default_factory=dict)
+    _by_tid: dict[int, ThreadRecord] = msgspec.field(default_factory=dict)
 
     def _current(self, handle: str, fresh_if: str) -> ThreadRecord:
         """The record a handle names now; a new one when this event cannot belong to it."""

@@ -22,7 +22,6 @@ CONSUMERS = ("report", "views", "reporters", "exports")
 # The same word meaning something else than a tracer, each with why.
 NOT_A_TRACER = {
     ("analyze/census.py", "purgeable"): "the census's sort key for the purgeable-memory columns",
-    ("analyze/fds.py", "fds"): "a census entry's descriptor list, dropped from the JSON",
 }
 
 

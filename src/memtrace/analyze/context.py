@@ -80,13 +80,34 @@ class CaptureContext(Struct):
     symbols: SymbolTable = msgspec.field(default_factory=SymbolTable)
     warnings: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
+    # -- what every capture says about itself (the console's header and footer read these) --------
+
+    @property
+    def target_label(self) -> str | None:
+        label = self.meta.get("target", {}).get("label")
+        return None if label is None else str(label)
+
+    @property
+    def ended(self) -> str:
+        return str(self.end.get("ended", "truncated"))
+
+    @property
+    def reason(self) -> str:
+        return str(self.end.get("reason", NO_END))
+
+    @property
+    def recorded_by(self) -> str | None:
+        """--backend dvt: what the device's service recorded (None: memtrace's own agent)."""
+        covers = self.info.get("covers")
+        return str(covers) if covers else None
+
     def header_json(self, tracer: str, capture: str | None) -> dict[str, Any]:
         """What every summary's JSON opens with: which capture, which target, how it ended."""
         out = {"schema_version": SCHEMA_VERSION, "capture": capture, "tracer": tracer,
                "target": self.meta.get("target", {}).get("label"),
                "ended": self.end.get("ended", "truncated"), "reason": self.end.get("reason", NO_END)}
-        if self.info.get("covers"):
-            out["recorded_by"] = self.info["covers"]      # --backend dvt: what the device's service recorded
+        if self.recorded_by:
+            out["recorded_by"] = self.info["covers"]
         return out
 
     def timing_json(self) -> dict[str, Any]:

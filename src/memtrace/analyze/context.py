@@ -150,13 +150,15 @@ class CaptureContext(Struct):
         if self.count_views:
             path, meaning = self.count_views[view]
             p.unit = "count"
-            rows = [r for r in rows_at(self.to_json(capture=None, top=0), path) or [] if r.get("frames")]
-            if not rows:
+            counted = self.counted_stacks(view)
+            if counted is None:         # no typed rows: the JSON's, at the view's path
+                counted = [([Frame.from_json(f) for f in r["frames"]], int(r.get("count") or 0))
+                           for r in rows_at(self.to_json(capture=None, top=0), path) or []]
+            counted = [(frames, n) for frames, n in counted if frames]
+            if not counted:
                 p.missing = f"no {meaning} in this capture"
                 return p
-            for r in rows:
-                n = int(r.get("count") or 0)
-                p.samples.append(Sample([Frame.from_json(f) for f in r["frames"]], n, n))
+            p.samples = [Sample(frames, n, n) for frames, n in counted]
             return p
         lists = named_stack_lists(self.to_json(capture=None, top=ALL_ROWS))
         if not lists:
@@ -164,6 +166,11 @@ class CaptureContext(Struct):
             return p
         p.samples = samples_of(lists[0][1])
         return p
+
+    def counted_stacks(self, view: str) -> list[tuple[list[Frame], int]] | None:
+        """A count view's (frames, count) per stack, every row, from the summary's typed rows;
+        None: read them from its JSON at the ``count_views`` path."""
+        return None
 
     def measured_views(self) -> list[str]:
         """The views this summary holds as totals per stack id (none by default: :meth:`profile`)."""

@@ -204,6 +204,10 @@ class FdsSummary(CaptureContext):
         by_stack.sort(key=lambda r: (-r.count, r.caller or ""))
         return by_stack[:top] if top else by_stack
 
+    def counted_stacks(self, view: str) -> list[tuple[list[Frame], int]] | None:
+        groups = self.open_groups(0) if view == "open" else self.failure_groups(0)
+        return [(g.frames, g.count) for g in groups]
+
     def open_by_kind(self) -> dict[str, int]:
         return dict(Counter(fd_kind(o.path) if o.path else o.call for o in self.open.values()).most_common())
 

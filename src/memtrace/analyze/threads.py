@@ -206,6 +206,11 @@ class ThreadsSummary(CaptureContext):
     def running_at_end(self, top: int = 20) -> ThreadSet:
         return self._set([r for r in self.created if not r.exited], top)
 
+    def counted_stacks(self, view: str) -> list[tuple[list[Frame], int]] | None:
+        groups = {"created": lambda: self._group(self.created, 0), "running": lambda: self.running_at_end(0).by_stack,
+                  "leaked": lambda: self.leaked(0).by_stack}[view]()
+        return [(g.frames, g.count) for g in groups]
+
     def failure_groups(self, top: int = 20) -> list[FailureGroup]:
         failures = [FailureGroup(e, errno_names.errorcode.get(e, str(e)), n, self._routine(routine),
                                  self.caller(stack), stack)

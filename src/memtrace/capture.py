@@ -1175,8 +1175,11 @@ def _note_json_stacks(record: Record, info: CaptureInfo) -> None:
     """Stack ids a JSON record names (a leak scan's rows): used, to be defined by a STACK record."""
     body = record.body
     rows: list[Any] = []
-    if record.type == RecordType.RESULT and body.get("tracer") == "malloc":
-        rows = [r for key in LEAK_ROW_KEYS for r in body.get(key) or ()]
+    if record.type == RecordType.RESULT:
+        # Rows of the keys its tracer's Result type declares (malloc's leak scan), which checked them.
+        result_type = _tracer_schemas()[1].get(body.get("tracer"))
+        declared = result_type.__struct_fields__ if result_type is not None else ()
+        rows = [r for key in LEAK_ROW_KEYS if key in declared for r in body.get(key) or ()]
     elif record.type == RecordType.BATCH and isinstance(body.get("sample"), dict):
         rows = body["sample"].get("top") or []
     for r in rows:

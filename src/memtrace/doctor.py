@@ -398,7 +398,7 @@ def _tracer_checks(report: Report, host: Any, tracer: tracers.Tracer, resumed: b
         if "self-test" in tracer.doctor_checks:
             _self_test(report, host)
         if "probe-result" in tracer.doctor_checks:
-            _probe_result(report, messages + _drain(host))
+            _probe_result(report, messages + _drain(host), tracer.name)
         host.rpc("stop", "stop", timeout=10)
         warnings += messages + _drain(host)
     except MemtraceError as e:
@@ -495,8 +495,8 @@ def _self_test(report: Report, host: Any) -> None:
                                               f"one stack through it", **summary)
 
 
-def _probe_result(report: Report, messages: list[tuple[str, Any, Any]]) -> None:
-    results = [p for p in _payloads(messages) if p.get("type") == "result" and p.get("tracer") == "probe"]
+def _probe_result(report: Report, messages: list[tuple[str, Any, Any]], tracer: str) -> None:
+    results = [p for p in _payloads(messages) if p.get("type") == "result" and p.get("tracer") == tracer]
     if not results:
         report.add("target", "purgeable routing probe", FAIL, "the probe agent sent no result")
         return

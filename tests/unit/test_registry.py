@@ -83,6 +83,7 @@ def test_every_registered_tracer_has_a_report_chapter(tmp_path: Path) -> None:
 
 REGIONS_ENTRY = '''
 from memtrace.live import LiveStats
+from memtrace.report.chapters import Column, GenericChapter
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, at_least
 
@@ -91,19 +92,36 @@ def console_view(console, summary, opts):
     console.print(f"regions: {summary.count}")
 
 
+class RegionsChapter(GenericChapter):
+    """Its part of the report's shared sections: a panorama column and a leaks column."""
+
+    panorama_columns = (Column("regions mapped", "r", 45, lambda r: r["zz_regions_mapped"] or "not traced"),)
+    panorama_legend = "regions mapped = mmap calls"
+    leak_headings = ("regions never unmapped",)
+    leak_legend = "regions: mapped and never unmapped."
+
+    def __init__(self):
+        super().__init__("zz_regions")
+
+    def panorama(self, agg):
+        return {"zz_regions_mapped": sum(e["regions"] for e in agg) if agg else None}
+
+    def leak_cells(self, agg):
+        return ([str(sum(e["regions"] for e in agg))] if agg else ["not traced"]), bool(agg)
+
+
 TRACER = Tracer(
     name="zz_regions", help="Trace mmap/munmap regions.", description="A tracer added by a test.",
     options=(Option("min_bytes", int, 4096, "Smallest region.", agent_key="minBytes", check=at_least(0)),),
     analyzer="zz_regions_analyzer", summary_type=object, console=console_view, live=LiveStats,
+    chapter=RegionsChapter,
 )
 '''
 
 REGIONS_ANALYZER = '''
-from dataclasses import dataclass
 from memtrace.analyze.context import CaptureContext, fold_events, frames_json
 
 
-@dataclass
 class RegionsSummary(CaptureContext):
     count: int = 0
     bytes: int = 0
@@ -157,6 +175,16 @@ def test_a_new_tracer_module_is_reachable_everywhere(added_tracer: str, tmp_path
     (t,) = result.document["targets"]
     assert sorted(e["regions"] for e in t[added_tracer]) == [0, 2]
     assert f"## {added_tracer}" in result.markdown
+    # Its parts of the shared sections, from its chapter alone: a panorama column (placed between
+    # purgeable's and the dominant families) and a leaks column.
+    assert result.document["panorama"][0]["zz_regions_mapped"] == 2
+    lines = result.markdown.splitlines()
+    heads = lines[lines.index("## Panorama: business × memory") + 4]
+    assert "| purgeable held | regions mapped | dominant families |" in heads
+    assert "purgeable held = VOLATILE/EMPTY bytes not counted in footprint; regions mapped = mmap calls." in result.markdown
+    assert "| target | malloc leaked | malloc still reachable | fds still open | threads leaked | " \
+           "regions never unmapped |" in lines
+    assert "| app | not traced | — | not traced | not traced | 2 |" in lines
     # Its views: the default one, its summary's stack rows, through the views protocol.
     from memtrace.views import load
     from memtrace.views.diff import diff

@@ -15,7 +15,7 @@ from memtrace.capture import FORMAT_VERSION, HEADER, NO_END, header_bytes
 from memtrace.commands.report import command
 from memtrace.errors import InputError
 from memtrace.report import build_report
-from memtrace.report.aggregate import fmt_bytes
+from memtrace.units import fmt_bytes
 
 _spec = importlib.util.spec_from_file_location(
     "make_captures", Path(__file__).resolve().parents[1] / "data" / "report" / "make_captures.py")
@@ -255,11 +255,12 @@ def test_header_constant_layout() -> None:
 
 
 def test_leaks_row_says_not_traced_or_not_scanned() -> None:
+    from memtrace.report.aggregate import chapters
     from memtrace.report.chapters.leaks import markdown
 
     targets = [{"target": "server", "fds": [{"open_at_end": {"count": 3}}]},
                {"target": "app", "malloc": {"captures": 1, "runs": [{"path": "a", "leaks": None}]},
                 "threads": [{"leaked": {"count": 2}}]}]
-    rows = {line.split(" | ")[0].strip("| "): line for line in markdown(targets) if line.startswith("| ")}
+    rows = {line.split(" | ")[0].strip("| "): line for line in markdown(targets, chapters()) if line.startswith("| ")}
     assert rows["server"] == "| server | not traced | — | 3 | not traced |"
     assert rows["app"] == "| app | not scanned (no --leaks) | — | not traced | 2 |"

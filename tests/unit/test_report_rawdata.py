@@ -15,7 +15,7 @@ from memtrace.analyze.iosurface import summarize as ios_summarize
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import read_records
 from memtrace.report import build_report
-from memtrace.report.aggregate import fmt_bytes
+from memtrace.units import fmt_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 

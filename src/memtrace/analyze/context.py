@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.profile import ALL_ROWS, Profile, Sample, named_stack_lists, rows_at, samples_of
 from memtrace.analyze.symbols import SymbolTable
@@ -54,8 +56,7 @@ NO_END = "the capture ends without an END record (memtrace or the machine died)"
 SCHEMA_VERSION = 1
 
 
-@dataclass
-class CaptureContext:
+class CaptureContext(Struct):
     """The fields :func:`fold_context` fills, for analyzers to inherit, and the stack views they share.
 
     Every summary answers the views protocol: :meth:`profile` makes one of its tracer's views
@@ -71,21 +72,42 @@ class CaptureContext:
     # view, the summary's first stack-row list.
     count_views: ClassVar[Mapping[str, tuple[str, str]]] = {}
 
-    meta: dict[str, Any] = field(default_factory=dict)
-    end: dict[str, Any] = field(default_factory=dict)
-    recon: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    missing: list[str] = field(default_factory=list)
-    symbols: SymbolTable = field(default_factory=SymbolTable)
-    warnings: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = msgspec.field(default_factory=dict)
+    end: dict[str, Any] = msgspec.field(default_factory=dict)
+    recon: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
+    missing: list[str] = msgspec.field(default_factory=list)
+    symbols: SymbolTable = msgspec.field(default_factory=SymbolTable)
+    warnings: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+    # -- what every capture says about itself (the console's header and footer read these) --------
+
+    @property
+    def target_label(self) -> str | None:
+        label = self.meta.get("target", {}).get("label")
+        return None if label is None else str(label)
+
+    @property
+    def ended(self) -> str:
+        return str(self.end.get("ended", "truncated"))
+
+    @property
+    def reason(self) -> str:
+        return str(self.end.get("reason", NO_END))
+
+    @property
+    def recorded_by(self) -> str | None:
+        """--backend dvt: what the device's service recorded (None: memtrace's own agent)."""
+        covers = self.info.get("covers")
+        return str(covers) if covers else None
 
     def header_json(self, tracer: str, capture: str | None) -> dict[str, Any]:
         """What every summary's JSON opens with: which capture, which target, how it ended."""
         out = {"schema_version": SCHEMA_VERSION, "capture": capture, "tracer": tracer,
                "target": self.meta.get("target", {}).get("label"),
                "ended": self.end.get("ended", "truncated"), "reason": self.end.get("reason", NO_END)}
-        if self.info.get("covers"):
-            out["recorded_by"] = self.info["covers"]      # --backend dvt: what the device's service recorded
+        if self.recorded_by:
+            out["recorded_by"] = self.info["covers"]
         return out
 
     def timing_json(self) -> dict[str, Any]:
@@ -128,13 +150,15 @@ class CaptureContext:
         if self.count_views:
             path, meaning = self.count_views[view]
             p.unit = "count"
-            rows = [r for r in rows_at(self.to_json(capture=None, top=0), path) or [] if r.get("frames")]
-            if not rows:
+            counted = self.counted_stacks(view)
+            if counted is None:         # no typed rows: the JSON's, at the view's path
+                counted = [([Frame.from_json(f) for f in r["frames"]], int(r.get("count") or 0))
+                           for r in rows_at(self.to_json(capture=None, top=0), path) or []]
+            counted = [(frames, n) for frames, n in counted if frames]
+            if not counted:
                 p.missing = f"no {meaning} in this capture"
                 return p
-            for r in rows:
-                n = int(r.get("count") or 0)
-                p.samples.append(Sample([Frame.from_json(f) for f in r["frames"]], n, n))
+            p.samples = [Sample(frames, n, n) for frames, n in counted]
             return p
         lists = named_stack_lists(self.to_json(capture=None, top=ALL_ROWS))
         if not lists:
@@ -142,6 +166,11 @@ class CaptureContext:
             return p
         p.samples = samples_of(lists[0][1])
         return p
+
+    def counted_stacks(self, view: str) -> list[tuple[list[Frame], int]] | None:
+        """A count view's (frames, count) per stack, every row, from the summary's typed rows;
+        None: read them from its JSON at the ``count_views`` path."""
+        return None
 
     def measured_views(self) -> list[str]:
         """The views this summary holds as totals per stack id (none by default: :meth:`profile`)."""

@@ -16,13 +16,14 @@ from __future__ import annotations
 import errno as errno_names
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
 from memtrace.capture import Event, Record
+from memtrace.frames import Frame
 from memtrace.schema import UNSET, Count, Maybe, Row
 
 # Frames in these modules are the C library's own plumbing (fopen -> open); the caller is the
@@ -30,8 +31,7 @@ from memtrace.schema import UNSET, Count, Maybe, Row
 _LIBC_PREFIXES = ("libc.", "libc-", "libsystem_")
 
 
-@dataclass
-class OpenFd:
+class OpenFd(Struct):
     fd: int
     call: str
     path: str | None
@@ -40,28 +40,91 @@ class OpenFd:
     from_fd: int | None = None
 
 
-@dataclass
+class Census(Struct):
+    """The descriptors open at one instant, as the agent listed them (at the start, on a step, at the end)."""
+
+    t: int | None
+    trigger: str
+    count: int                  # the target's own (Frida's left out)
+    frida: int
+    by_kind: dict[str, int]
+    fds: dict[int, str | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "trigger": self.trigger, "count": self.count, "frida": self.frida,
+                "by_kind": self.by_kind}
+
+
+class UnseenFd(Struct):
+    fd: int
+    path: str | None
+    kind: str
+
+
+class Reconciliation(Struct):
+    """The last census against what the hooks saw."""
+
+    census_count: int
+    opened_out_of_sight: list[UnseenFd]     # open at the end, and no hooked entry opened it
+    closed_out_of_sight: list[int]          # opened in the window, gone at the end, and no hooked entry closed it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"census_count": self.census_count,
+                "opened_out_of_sight": [{"fd": u.fd, "path": u.path, "kind": u.kind} for u in self.opened_out_of_sight],
+                "closed_out_of_sight": self.closed_out_of_sight}
+
+
+class OpenGroup(Struct):
+    """Descriptors opened in the window and still open at its end, with one opening stack."""
+
+    count: int
+    calls: dict[str, int]
+    caller: str | None
+    fds: list[int]
+    paths: list[str]            # the first 10, sorted
+    frames: list[Frame]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "calls": self.calls, "caller": self.caller, "fds": self.fds,
+                "paths": self.paths, "frames": frames_json(self.frames)}
+
+
+class FailureGroup(Struct):
+    """Failed creations by one call with one errno from one stack."""
+
+    call: str
+    errno: int
+    error: str
+    count: int
+    caller: str | None
+    frames: list[Frame]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"call": self.call, "errno": self.errno, "error": self.error, "count": self.count,
+                "caller": self.caller, "frames": frames_json(self.frames)}
+
+
 class FdsSummary(CaptureContext):
     tracer_name: ClassVar[str] = "fds"
     count_views: ClassVar[Mapping[str, tuple[str, str]]] = {
         "open": ("open_at_end.by_stack", "descriptors open at the end, by the stack that opened them"),
         "failed": ("failures_by_stack", "failed opens (EMFILE, ENFILE, ...), by stack"),
     }
-    calls: Counter[str] = field(default_factory=Counter)          # successful creating calls
+    calls: Counter[str] = msgspec.field(default_factory=Counter)          # successful creating calls
     opened: int = 0                                               # descriptors they created
-    closes: Counter[str] = field(default_factory=Counter)         # releases of an open descriptor
+    closes: Counter[str] = msgspec.field(default_factory=Counter)         # releases of an open descriptor
     closes_unknown: int = 0             # releases of a descriptor not open as far as we knew
     replaced: int = 0                   # dup2/dup3 onto an open descriptor (an implicit close)
-    failures: dict[str, Counter[int]] = field(default_factory=dict)   # call -> errno -> count
-    failure_stacks: Counter[tuple[str, int, tuple[int, ...]]] = field(default_factory=Counter)
-    baseline: dict[int, str | None] = field(default_factory=dict)
+    failures: dict[str, Counter[int]] = msgspec.field(default_factory=dict)   # call -> errno -> count
+    failure_stacks: Counter[tuple[str, int, tuple[int, ...]]] = msgspec.field(default_factory=Counter)
+    baseline: dict[int, str | None] = msgspec.field(default_factory=dict)
     baseline_closed: int = 0
-    open: dict[int, OpenFd] = field(default_factory=dict)         # opened in the window, still open
-    censuses: list[dict[str, Any]] = field(default_factory=list)
+    open: dict[int, OpenFd] = msgspec.field(default_factory=dict)         # opened in the window, still open
+    censuses: list[Census] = msgspec.field(default_factory=list)
     peak: int = 0
     peak_t: int | None = None
-    frida_fds: set[int] = field(default_factory=set)   # Frida's own (cloaked) descriptors
-    _now_open: set[int] = field(default_factory=set)
+    frida_fds: set[int] = msgspec.field(default_factory=set)   # Frida's own (cloaked) descriptors
+    _now_open: set[int] = msgspec.field(default_factory=set)
 
     def _note_count(self, t: int | None) -> None:
         if len(self._now_open) > self.peak:
@@ -117,41 +180,54 @@ class FdsSummary(CaptureContext):
             self.baseline = dict(own)
             self._now_open |= set(own)
             self._note_count(ev.get("t"))
-        self.censuses.append({"t": ev.get("t"), "trigger": trigger, "count": len(own),
-                              "frida": len(entries) - len(own),
-                              "by_kind": dict(Counter(fd_kind(p) for p in own.values()).most_common()),
-                              "fds": own})
+        self.censuses.append(Census(ev.get("t"), trigger, len(own), len(entries) - len(own),
+                                    dict(Counter(fd_kind(p) for p in own.values()).most_common()), own))
 
     # ---- views ---------------------------------------------------------------------------------
 
-    def reconciliation(self) -> dict[str, Any] | None:
-        ends = [c for c in self.censuses if c["trigger"] == "end"]
+    def reconciliation(self) -> Reconciliation | None:
+        ends = [c for c in self.censuses if c.trigger == "end"]
         if not ends:
             return None
-        final: dict[int, str | None] = ends[-1]["fds"]
+        final = ends[-1].fds
         unseen = {fd: p for fd, p in final.items()
                   if fd not in self.open and fd not in self.baseline and fd not in self.frida_fds}
         closed_unseen = sorted(fd for fd in self.open if fd not in final)
-        return {"census_count": len(final),
-                "opened_out_of_sight": [{"fd": fd, "path": p, "kind": fd_kind(p)} for fd, p in sorted(unseen.items())],
-                "closed_out_of_sight": closed_unseen}
+        return Reconciliation(len(final), [UnseenFd(fd, p, fd_kind(p)) for fd, p in sorted(unseen.items())],
+                              closed_unseen)
 
-    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
-        by_stack: list[dict[str, Any]] = [{"count": len(g), "calls": dict(Counter(o.call for o in g)),
-                     "caller": self.caller(frames, _LIBC_PREFIXES), "fds": sorted(o.fd for o in g),
-                     "paths": sorted({o.path for o in g if o.path is not None})[:10],
-                     "frames": frames_json(frames)}
+    def open_groups(self, top: int = 20) -> list[OpenGroup]:
+        """Still open at the end, by opening stack, most first."""
+        by_stack = [OpenGroup(len(g), dict(Counter(o.call for o in g)), self.caller(frames, _LIBC_PREFIXES),
+                              sorted(o.fd for o in g), sorted({o.path for o in g if o.path is not None})[:10], frames)
                     for frames, g in self.by_stack((o.frames, o) for o in self.open.values())]
-        by_stack.sort(key=lambda r: (-r["count"], r["caller"] or ""))
+        by_stack.sort(key=lambda r: (-r.count, r.caller or ""))
+        return by_stack[:top] if top else by_stack
+
+    def counted_stacks(self, view: str) -> list[tuple[list[Frame], int]] | None:
+        groups = self.open_groups(0) if view == "open" else self.failure_groups(0)
+        return [(g.frames, g.count) for g in groups]
+
+    def open_by_kind(self) -> dict[str, int]:
+        return dict(Counter(fd_kind(o.path) if o.path else o.call for o in self.open.values()).most_common())
+
+    def failure_groups(self, top: int = 20) -> list[FailureGroup]:
         fails: Counter[tuple[str, int, tuple[int, ...]]] = self.failure_stacks
-        failures: list[dict[str, Any]] = [{"call": call, "errno": err, "error": errno_names.errorcode.get(err, str(err)),
-                     "count": sum(fails[k] for k in keys), "caller": self.caller(frames, _LIBC_PREFIXES),
-                     "frames": frames_json(frames)}
+        failures = [FailureGroup(call, err, errno_names.errorcode.get(err, str(err)), sum(fails[k] for k in keys),
+                                 self.caller(frames, _LIBC_PREFIXES), frames)
                     for (call, err), groups in _by_call(fails).items()
                     for frames, keys in self.by_stack((k[2], k) for k in groups)]
-        failures.sort(key=lambda r: (-r["count"], r["call"], r["errno"]))
+        failures.sort(key=lambda r: (-r.count, r.call, r.errno))
+        return failures[:top] if top else failures
+
+    @property
+    def baseline_count(self) -> int:
+        """Descriptors open before the window (those closed in it included)."""
+        return len(self.baseline) + self.baseline_closed
+
+    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
         return {
-            **self.header_json("fds", capture),
+            **self.header_json(self.tracer_name, capture),
             "calls": dict(sorted(self.calls.items())),
             "opened": self.opened,
             "closed": dict(sorted(self.closes.items())),
@@ -159,14 +235,13 @@ class FdsSummary(CaptureContext):
             "replaced": self.replaced,
             "failed": {call: {errno_names.errorcode.get(e, str(e)): n for e, n in sorted(c.items())}
                        for call, c in sorted(self.failures.items())},
-            "failures_by_stack": failures[:top] if top else failures,
-            "baseline": {"count": len(self.baseline) + self.baseline_closed, "closed_in_window": self.baseline_closed},
+            "failures_by_stack": [f.to_json() for f in self.failure_groups(top)],
+            "baseline": {"count": self.baseline_count, "closed_in_window": self.baseline_closed},
             "peak": {"count": self.peak, "t_ms": self.peak_t},
-            "open_at_end": {"count": len(self.open), "by_stack": by_stack[:top] if top else by_stack,
-                            "by_kind": dict(Counter(fd_kind(o.path) if o.path else o.call
-                                                    for o in self.open.values()).most_common())},
-            "censuses": [{k: v for k, v in c.items() if k != "fds"} for c in self.censuses],
-            "reconciliation": self.reconciliation(),
+            "open_at_end": {"count": len(self.open), "by_stack": [g.to_json() for g in self.open_groups(top)],
+                            "by_kind": self.open_by_kind()},
+            "censuses": [c.to_json() for c in self.censuses],
+            "reconciliation": None if (rec := self.reconciliation()) is None else rec.to_json(),
             "missing": self.missing,
             "census_at": self.info.get("census_at"),
             "census_step": self.info.get("census_step"),

@@ -13,16 +13,18 @@ before the window (their count unknown) are counted apart, as ``untracked``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Event, Record, RecordType
+from memtrace.frames import Frame
 from memtrace.schema import UNSET, Count, Maybe
 
 
-@dataclass
-class Surface:
+class Surface(Struct):
     id: int | None
     surface: str
     alloc_size: int
@@ -40,10 +42,42 @@ class Surface:
     use_dec: int = 0
 
 
-@dataclass
+class SurfaceGroup(Struct):
+    """Surfaces created from one stack."""
+
+    bytes: int
+    count: int
+    caller: str | None
+    frames: list[Frame]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "count": self.count, "caller": self.caller, "frames": frames_json(self.frames)}
+
+
+Size = tuple[int | None, int | None, int | None, int]       # width, height, bytes per row, alloc size
+
+
+class FormatGroup(Struct):
+    """Surfaces of one pixel format, with the sizes they came in."""
+
+    format: str
+    count: int
+    bytes: int
+    sizes: list[Size]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "count": self.count, "bytes": self.bytes, "sizes": self.sizes}
+
+
+class SurfaceSet(Struct):
+    count: int
+    bytes: int
+    ids: list[int]
+
+
 class IOSurfaceSummary(CaptureContext):
     tracer_name: ClassVar[str] = "iosurface"
-    surfaces: list[Surface] = field(default_factory=list)
+    surfaces: list[Surface] = msgspec.field(default_factory=list)
     failed: int = 0
     releases_untracked: int = 0     # references dropped on surfaces created before the capture
 
@@ -51,37 +85,57 @@ class IOSurfaceSummary(CaptureContext):
     def release_visible(self) -> bool:
         return bool(self.info.get("release_hook")) and self.info["release_hook"] not in self.missing
 
-    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
-        by_format: dict[str, list[Surface]] = {}
-        for s in self.surfaces:
-            by_format.setdefault(s.format or "?", []).append(s)
-        stacks: list[dict[str, Any]] = [{"bytes": sum(x.alloc_size for x in group), "count": len(group), "caller": self.caller(frames),
-                   "frames": frames_json(frames)}
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.alloc_size for s in self.surfaces)
+
+    def by_creating_stack(self, top: int = 20) -> list[SurfaceGroup]:
+        stacks = [SurfaceGroup(sum(x.alloc_size for x in group), len(group), self.caller(frames), frames)
                   for frames, group in self.by_stack((s.frames, s) for s in self.surfaces)]
-        stacks.sort(key=lambda r: (-r["bytes"], -r["count"]))
-        formats: list[dict[str, Any]] = [{"format": f, "count": len(g), "bytes": sum(x.alloc_size for x in g),
-                    "sizes": sorted({(x.width, x.height, x.bytes_per_row, x.alloc_size) for x in g},
-                                    key=lambda size: tuple(-1 if v is None else v for v in size))}
-                   for f, g in by_format.items()]
-        formats.sort(key=lambda r: -r["bytes"])
-        released = [s for s in self.surfaces if s.released]
-        held = [s for s in self.surfaces if not s.released]
+        stacks.sort(key=lambda r: (-r.bytes, -r.count))
+        return stacks[:top] if top else stacks
+
+    def by_format(self) -> list[FormatGroup]:
+        groups: dict[str, list[Surface]] = {}
+        for s in self.surfaces:
+            groups.setdefault(s.format or "?", []).append(s)
+        formats = [FormatGroup(f, len(g), sum(x.alloc_size for x in g),
+                               sorted({(x.width, x.height, x.bytes_per_row, x.alloc_size) for x in g},
+                                      key=lambda size: tuple(-1 if v is None else v for v in size)))
+                   for f, g in groups.items()]
+        formats.sort(key=lambda r: -r.bytes)
+        return formats
+
+    def _set(self, released: bool) -> SurfaceSet:
+        some = [s for s in self.surfaces if s.released == released]
+        return SurfaceSet(len(some), sum(s.alloc_size for s in some), sorted(s.id for s in some if s.id is not None))
+
+    @property
+    def released(self) -> SurfaceSet:
+        return self._set(True)
+
+    @property
+    def held_at_end(self) -> SurfaceSet:
+        return self._set(False)
+
+    @property
+    def held_meaning(self) -> str:
+        return ("created in the window and not seen destroyed" if self.release_visible else
+                "still referenced by the app as far as we saw (no destruction entry is visible on this platform)")
+
+    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
+        released, held = self.released, self.held_at_end
         return {
-            **self.header_json("iosurface", capture),
+            **self.header_json(self.tracer_name, capture),
             "surfaces": len(self.surfaces),
-            "bytes": sum(s.alloc_size for s in self.surfaces),
-            "by_stack": stacks[:top] if top else stacks,
-            "by_format": formats,
-            "released": {"count": len(released), "bytes": sum(s.alloc_size for s in released),
-                         "ids": sorted(s.id for s in released if s.id is not None),
+            "bytes": self.total_bytes,
+            "by_stack": [g.to_json() for g in self.by_creating_stack(top)],
+            "by_format": [f.to_json() for f in self.by_format()],
+            "released": {"count": released.count, "bytes": released.bytes, "ids": released.ids,
                          "visible": self.release_visible,
                          "untracked": self.releases_untracked},
-            "held_at_end": {"count": len(held), "bytes": sum(s.alloc_size for s in held),
-                            "ids": sorted(s.id for s in held if s.id is not None),
-                            "meaning": ("created in the window and not seen destroyed"
-                                        if self.release_visible else
-                                        "still referenced by the app as far as we saw (no destruction "
-                                        "entry is visible on this platform)")},
+            "held_at_end": {"count": held.count, "bytes": held.bytes, "ids": held.ids,
+                            "meaning": self.held_meaning},
             "created_via": _count(s.via for s in self.surfaces),
             "use_count_calls": {"increment": sum(s.use_inc for s in self.surfaces),
                                 "decrement": sum(s.use_dec for s in self.surfaces)},

@@ -37,8 +37,10 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+from msgspec import Struct
 
 from memtrace import schema
 from memtrace.errors import InputError
@@ -64,8 +66,7 @@ class JetsamParseError(InputError):
     """A report that cannot be read as a JetsamEvent; the message is one line."""
 
 
-@dataclass
-class JetsamProcess:
+class JetsamProcess(Struct):
     pid: int | None
     name: str
     rpages: int | None
@@ -74,7 +75,7 @@ class JetsamProcess:
     reason: str | None = None
     kill_delta: int | None = None
     priority: int | None = None
-    states: list[str] = field(default_factory=list)
+    states: list[str] = msgspec.field(default_factory=list)
     fds: int | None = None
     purgeable: int | None = None
     coalition: int | None = None
@@ -90,8 +91,7 @@ class JetsamProcess:
         }
 
 
-@dataclass
-class JetsamReport:
+class JetsamReport(Struct):
     source: str
     product: str | None
     os_version: str | None

@@ -14,8 +14,10 @@ definitions, as everywhere else in memtrace.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.capture import Result
 from memtrace.frames import Frame, stack_key
@@ -94,11 +96,10 @@ def skipped_text(skipped: dict[str, int], fmt: Callable[[int], str]) -> list[str
     return out
 
 
-@dataclass
-class LeakGroup:
+class LeakGroup(Struct):
     blocks: int = 0
     bytes: int = 0
-    by_stack: dict[int, list[int]] = field(default_factory=dict)   # stack id -> [blocks, bytes]
+    by_stack: dict[int, list[int]] = msgspec.field(default_factory=dict)   # stack id -> [blocks, bytes]
 
     def add(self, sid: int, blocks: int, nbytes: int) -> None:
         self.blocks += blocks
@@ -129,12 +130,11 @@ class LeakGroup:
                  "frames": [f.to_json() for f in r["frames"]]} for r in out]
 
 
-@dataclass
-class LeakScan:
+class LeakScan(Struct):
     """One scan: what the agent measured, and its blocks by verdict."""
 
     scan: dict[str, Any]
-    groups: dict[str, LeakGroup] = field(default_factory=lambda: {name: LeakGroup() for name, _ in VERDICTS})
+    groups: dict[str, LeakGroup] = msgspec.field(default_factory=lambda: {name: LeakGroup() for name, _ in VERDICTS})
 
     @property
     def leaked(self) -> LeakGroup:
@@ -190,7 +190,9 @@ class LeakScan:
 
 
 def is_leak_result(body: dict[str, Any]) -> bool:
-    return body.get("kind") == "leaks" and body.get("tracer") == "malloc"
+    # Its kind says what it is: a leak scan is the only RESULT of that kind (malloc --leaks, or the
+    # device's own scan through --backend dvt), and only malloc's analyzer asks.
+    return body.get("kind") == "leaks"
 
 
 def resolve(body: dict[str, Any]) -> LeakScan:

@@ -12,8 +12,10 @@ event (:mod:`memtrace.analyze.malloc_events`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.analyze.leaks import LeakScan, is_leak_result, resolve
@@ -59,8 +61,7 @@ _F = AGG_FIELDS
 TIMELINE_STACKS = 16    # stack series in the timeline, the largest by their highest live bytes
 
 
-@dataclass
-class StackStats:
+class StackStats(Struct):
     stack_id: int
     count: int = 0              # exact allocations seen with this stack
     bytes: int = 0              # their exact bytes
@@ -87,8 +88,7 @@ MEASURES: dict[str, Measure] = {
 }
 
 
-@dataclass
-class StackRow:
+class StackRow(Struct):
     """One row of a stack table: every stack id whose symbolized frames are these."""
 
     frames: list[Frame]
@@ -103,8 +103,7 @@ class StackRow:
                 "frames": [f.to_json() for f in self.frames]}
 
 
-@dataclass
-class Peak:
+class Peak(Struct):
     """The high-water mark of bytes in tracked blocks and what held them at that instant."""
 
     bytes: int = 0
@@ -115,18 +114,17 @@ class Peak:
     exact: bool = True          # False: the target died before the composition of its last peak was shipped
 
 
-@dataclass
 class MallocSummary(CaptureContext):
     tracer_name: ClassVar[str] = "malloc"
     # gross: every allocation; live: tracked blocks alive at the end; peak: the live set at the
     # footprint's peak; leaked: the --leaks scan's unreachable blocks; temporary: blocks freed soon
     # after they were made.
     VIEWS: ClassVar[tuple[str, ...]] = ("gross", "live", "peak", "leaked", "temporary")
-    counters: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
-    calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
-    stacks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    counters: list[int] = msgspec.field(default_factory=lambda: [0] * N_COUNTERS)
+    calibration: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    stacks: dict[int, tuple[int, ...]] = msgspec.field(default_factory=dict)
     # Each stack id's totals (CaptureContext.by_stack, the grouping by symbolized stack, is another thing).
-    stack_stats: dict[int, StackStats] = field(default_factory=dict)
+    stack_stats: dict[int, StackStats] = msgspec.field(default_factory=dict)
     mode: str = "events"        # "aggregate" | "events" (--events) ; older captures: "events"
     aggregates: bool = False    # the summary comes from the core's per-stack totals
     live_count: int = 0
@@ -137,14 +135,14 @@ class MallocSummary(CaptureContext):
     unmatched_frees: int = 0
     batches: int = 0
     peak: Peak | None = None
-    timeline: list[dict[str, Any]] = field(default_factory=list)
-    live_blocks: list[tuple[int, int, int, int]] = field(default_factory=list)   # (ptr, size, stack id, tick)
+    timeline: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    live_blocks: list[tuple[int, int, int, int]] = msgspec.field(default_factory=list)   # (ptr, size, stack id, tick)
     live_dump_complete: bool = False
     leaks: LeakScan | None = None      # --leaks: the scan, joined with the live blocks it ran on
-    vm: VmFold = field(default_factory=VmFold)     # Darwin's VM line, apart from the malloc family
+    vm: VmFold = msgspec.field(default_factory=VmFold)     # Darwin's VM line, apart from the malloc family
     # stack id -> its row key (_row_key), valid for the (symbols' version, stacks defined) it was made with
-    _row_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict, repr=False, compare=False)
-    _row_keys_version: tuple[int, int] = field(default=(-1, -1), repr=False, compare=False)
+    _row_keys: dict[int, tuple[Any, ...]] = msgspec.field(default_factory=dict)
+    _row_keys_version: tuple[int, int] = (-1, -1)
 
     # -- derived ----------------------------------------------------------------
 

@@ -6,8 +6,10 @@ Pure: capture records in (the agent's RESULT record), a :class:`ProbeSummary` ou
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, fold_context
 from memtrace.capture import Record, RecordType, Result
@@ -19,7 +21,27 @@ STATE_NAMES = {0: "NONVOLATILE", 1: "VOLATILE", 2: "EMPTY", 3: "DENY"}
 LEDGER_KEYS = ("footprint", "purgeable_volatile", "purgeable_nonvolatile", "reusable")
 
 
-@dataclass
+class ProbeRow(Struct):
+    """One entry the probe drove: did it move the purgeable state machine, and the ledger's moves."""
+
+    entry: str | None = None
+    drives_state_machine: bool | None = None
+    state_before: int | None = None
+    state_after: int | None = None
+    ledger_delta: dict[str, int | float | None] | None = None
+    error: str | None = None
+
+
+class ProbeTable(Struct):
+    """The probe's result, typed: what the console prints (the JSON keeps the agent's rows as sent)."""
+
+    platform: str | None
+    bytes: int | None
+    madvise_entry: str | None
+    rows: list[ProbeRow]
+    errors: list[str]
+
+
 class ProbeSummary(CaptureContext):
     tracer_name: ClassVar[str] = "probe"
     result: dict[str, Any] | None = None
@@ -27,13 +49,22 @@ class ProbeSummary(CaptureContext):
     def failure(self) -> str | None:
         return failure(self)
 
+    def table(self) -> ProbeTable:
+        r = self.result or {}
+        errors = [str(e) for e in r.get("errors", [])]
+        if self.result is None:
+            errors.append("the agent sent no probe result")
+        # The capture reader checked the RESULT against ProbeResult: these rows convert.
+        return ProbeTable(r.get("platform"), r.get("bytes"), r.get("madvise_entry"),
+                          msgspec.convert(r.get("rows", []), list[ProbeRow]), errors)
+
     def to_json(self, capture: str | None = None, top: int = 0) -> dict[str, Any]:
         r = self.result or {}
         errors = list(r.get("errors", []))
         if self.result is None:
             errors.append("the agent sent no probe result")
         return {
-            **self.header_json("probe", capture),
+            **self.header_json(self.tracer_name, capture),
             "platform": r.get("platform"),
             "bytes": r.get("bytes"),
             "madvise_entry": r.get("madvise_entry"),
@@ -59,7 +90,7 @@ def failure(summary: ProbeSummary) -> str | None:
 def summarize(records: Iterable[Record]) -> ProbeSummary:
     s = ProbeSummary()
     for rec in records:
-        if rec.type == RecordType.RESULT and rec.body.get("tracer") == "probe":
+        if rec.type == RecordType.RESULT and rec.body.get("tracer") == ProbeSummary.tracer_name:
             s.result = rec.body
         else:
             fold_context(s, rec)

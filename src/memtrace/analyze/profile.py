@@ -10,8 +10,10 @@ read profiles, never a tracer's name.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.frames import Frame
 
@@ -20,19 +22,17 @@ BEFORE_TRACING = Frame(0, function="(allocated before tracing: no stack)")    # 
 ALL_ROWS = 10 ** 9      # "every row" for summaries whose to_json slices by top
 
 
-@dataclass
-class Sample:
+class Sample(Struct):
     frames: list[Frame]          # innermost first
     bytes: int
     count: int
 
 
-@dataclass
-class Profile:
+class Profile(Struct):
     tracer: str
     view: str
     target: str | None
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[Sample] = msgspec.field(default_factory=list)
     missing: str | None = None   # why this view has nothing: "not in this capture"
     unit: str = "bytes"          # what a sample's ``bytes`` weighs: "bytes", or "count" (fds, threads)
 

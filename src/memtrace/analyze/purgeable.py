@@ -11,8 +11,10 @@ they cause are already counted underneath, so counting them again would double t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_context, frames_json
 from memtrace.capture import Event, Record, RecordType
@@ -28,8 +30,7 @@ MADVISE_NAMES = {
 STATE_MACHINE_ENTRIES = ("vm_purgable_control", "mach_vm_purgable_control")
 
 
-@dataclass
-class Group:
+class Group(Struct):
     """Events sharing a key and a stack."""
 
     count: int = 0
@@ -38,21 +39,20 @@ class Group:
     frames: tuple[int, ...] = ()
 
 
-@dataclass
 class PurgeableSummary(CaptureContext):
     tracer_name: ClassVar[str] = "purgeable"
-    counts: dict[str, Any] = field(default_factory=dict)
-    transitions: dict[str, int] = field(default_factory=dict)
-    transition_bytes: dict[str, int] = field(default_factory=dict)
-    by_entry: dict[str, dict[str, int]] = field(default_factory=dict)
-    by_caller: dict[tuple[str, str, tuple[int, ...]], Group] = field(default_factory=dict)
+    counts: dict[str, Any] = msgspec.field(default_factory=dict)
+    transitions: dict[str, int] = msgspec.field(default_factory=dict)
+    transition_bytes: dict[str, int] = msgspec.field(default_factory=dict)
+    by_entry: dict[str, dict[str, int]] = msgspec.field(default_factory=dict)
+    by_caller: dict[tuple[str, str, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
     keep_current: int = 0
     failed_sets: int = 0
     set_events: int = 0
-    created: dict[tuple[str, tuple[int, ...]], Group] = field(default_factory=dict)
-    madvise: dict[tuple[str, int, tuple[int, ...]], Group] = field(default_factory=dict)
-    madvise_platform: dict[str, str] = field(default_factory=dict)
-    calls: dict[tuple[str, tuple[int, ...]], Group] = field(default_factory=dict)
+    created: dict[tuple[str, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
+    madvise: dict[tuple[str, int, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
+    madvise_platform: dict[str, str] = msgspec.field(default_factory=dict)
+    calls: dict[tuple[str, tuple[int, ...]], Group] = msgspec.field(default_factory=dict)
 
     # -- derived ----------------------------------------------------------------
 
@@ -76,51 +76,68 @@ class PurgeableSummary(CaptureContext):
         first = (outside or frames)[0] if frames else None
         return None if first is None else first.short_function() or first.name()
 
-    def to_json(self, capture: str | None = None, top: int = 50) -> dict[str, Any]:
-        def group_rows(items: Iterable[tuple[tuple[Any, ...], Group]], keys: tuple[str, ...]) -> list[dict[str, Any]]:
-            # A row per key and whole symbolized stack: several call sites on one source line merge,
-            # two business paths through one wrapper stay two rows.
-            merged: dict[tuple[Any, ...], tuple[list[Frame], Group, int]] = {}
-            for key, g in items:
-                frames = self.stack(g.frames)
-                k = (*key[:-1], stack_key(frames))
-                if k not in merged:
-                    merged[k] = (frames, Group(), 0)
-                first, total, n = merged[k]
-                total.count += g.count
-                total.bytes += g.bytes
-                total.unknown_bytes += g.unknown_bytes
-                merged[k] = (first, total, n + 1)
-            rows = []
-            for k, (frames, g, n) in merged.items():
-                row = dict(zip(keys, k[:-1], strict=True))
-                row.update({"caller": self.caller(frames), "count": g.count,
-                            "bytes": g.bytes if g.unknown_bytes < g.count else None,
-                            "stacks": n, "frames": frames_json(frames)})
-                if g.unknown_bytes and g.unknown_bytes < g.count:
-                    row["events_without_size"] = g.unknown_bytes
-                rows.append(row)
-            rows.sort(key=lambda r: (-r["count"], -(r["bytes"] or 0), str(r.get("caller"))))
-            return rows[:top] if top else rows
+    def groups(self, table: dict[Any, Group], top: int = 50) -> list[CallerGroup]:
+        """A table's events, one group per key and whole symbolized stack, most first: several call
+        sites on one source line merge, two business paths through one wrapper stay two groups.
+        (A key's last member is the stack; the others are what the table is keyed by.)"""
+        merged: dict[tuple[Any, ...], tuple[list[Frame], Group, int]] = {}
+        for key, g in table.items():
+            frames = self.stack(g.frames)
+            k = (*key[:-1], stack_key(frames))
+            if k not in merged:
+                merged[k] = (frames, Group(), 0)
+            first, total, n = merged[k]
+            total.count += g.count
+            total.bytes += g.bytes
+            total.unknown_bytes += g.unknown_bytes
+            merged[k] = (first, total, n + 1)
+        rows = [CallerGroup(k[:-1], self.caller(frames), g.count, g.bytes if g.unknown_bytes < g.count else None,
+                            n, frames, g.unknown_bytes if g.unknown_bytes < g.count else 0)
+                for k, (frames, g, n) in merged.items()]
+        rows.sort(key=lambda r: (-r.count, -(r.bytes or 0), str(r.caller)))
+        return rows[:top] if top else rows
 
-        madvise_counts: dict[str, int] = {}
-        madvise_bytes: dict[str, int] = {}
-        standin_counts: dict[str, int] = {}
+    def framework_calls(self, top: int = 50) -> dict[str, FrameworkEntry]:
+        """Framework entries (IOSurface, Core Animation) and who called them; their transitions are
+        counted underneath, at the state machine."""
+        out: dict[str, FrameworkEntry] = {}
+        for row in self.groups(self.calls, top):
+            e = out.setdefault(row.key[0], FrameworkEntry(0, []))
+            e.calls += row.count
+            e.by_caller.append(row)
+        return out
+
+    def madvise_figures(self) -> Madvise:
+        counts: dict[str, int] = {}
+        nbytes: dict[str, int] = {}
+        standin: dict[str, int] = {}
         for (entry, advice, _), g in self.madvise.items():
-            target = standin_counts if entry == "mtdarwin_madvise" else madvise_counts
+            target = standin if entry == "mtdarwin_madvise" else counts
             target[str(advice)] = target.get(str(advice), 0) + g.count
             if entry != "mtdarwin_madvise":
-                madvise_bytes[str(advice)] = madvise_bytes.get(str(advice), 0) + g.bytes
+                nbytes[str(advice)] = nbytes.get(str(advice), 0) + g.bytes
         platform = self.madvise_platform.get("madvise") or self.counts.get("madvise_platform") or "linux"
-        created_bytes = sum(g.bytes for (entry, _), g in self.created.items())
-        calls_json: dict[str, Any] = {}
-        for row in group_rows(self.calls.items(), ("entry",)):
-            e = calls_json.setdefault(row.pop("entry"), {"calls": 0, "by_caller": []})
-            row.pop("bytes", None)
-            e["calls"] += row["count"]
-            e["by_caller"].append(row)
+        names = {a: MADVISE_NAMES.get(platform, {}).get(int(a)) for a in counts}
+        return Madvise(counts, nbytes, standin, platform, names)
+
+    @property
+    def stolen(self) -> tuple[int, int]:
+        """(count, bytes) of 2->0: EMPTY objects the kernel took, found on reacquire."""
+        return self.transitions.get("2->0", 0), self.transition_bytes.get("2->0", 0)
+
+    @property
+    def created_purgeable(self) -> int:
+        return sum(g.count for g in self.created.values())
+
+    @property
+    def created_bytes(self) -> int:
+        return sum(g.bytes for g in self.created.values())
+
+    def to_json(self, capture: str | None = None, top: int = 50) -> dict[str, Any]:
+        mad = self.madvise_figures()
+        stolen = self.stolen
         return {
-            **self.header_json("purgeable", capture),
+            **self.header_json(self.tracer_name, capture),
             "transitions": dict(sorted(self.transitions.items())),
             "transition_bytes": dict(sorted(self.transition_bytes.items())),
             "set_calls": self.set_calls,
@@ -130,27 +147,70 @@ class PurgeableSummary(CaptureContext):
             "by_entry": self.by_entry,
             "keep_current": self.keep_current,
             "failed_sets": self.failed_sets,
-            "stolen": {"count": self.transitions.get("2->0", 0), "bytes": self.transition_bytes.get("2->0", 0)},
-            "created_purgeable": sum(g.count for g in self.created.values()),
-            "created_bytes": created_bytes,
-            "created_by": group_rows(self.created.items(), ("entry",)),
+            "stolen": {"count": stolen[0], "bytes": stolen[1]},
+            "created_purgeable": self.created_purgeable,
+            "created_bytes": self.created_bytes,
+            "created_by": [r.to_json(("entry",)) for r in self.groups(self.created, top)],
             "creation_calls": self.counts.get("creation_calls", {}),
             # Calls made inside another traced entry (xnu: vm_allocate -> mach_vm_allocate): each call
             # counts once, at its outermost entry, so these are apart and never in the figures above.
             "nested_calls": {k: v for k, v in self.counts.get("nested_calls", {}).items() if v},
             "madvise_allocator_internal": self.counts.get("madvise_allocator_internal", 0),
-            "madvise": madvise_counts,
-            "madvise_bytes": madvise_bytes,
-            "madvise_platform": platform,
-            "madvise_names": {a: MADVISE_NAMES.get(platform, {}).get(int(a)) for a in madvise_counts},
+            "madvise": mad.counts,
+            "madvise_bytes": mad.bytes,
+            "madvise_platform": mad.platform,
+            "madvise_names": mad.names,
             "madvise_all_advice": self.counts.get("madvise_all", {}),
-            "madvise_standin": standin_counts,
-            "madvise_by_caller": group_rows(self.madvise.items(), ("entry", "advice")),
-            "by_caller": group_rows(self.by_caller.items(), ("entry", "transition")),
-            "framework_calls": calls_json,
+            "madvise_standin": mad.standin,
+            "madvise_by_caller": [r.to_json(MADVISE_KEY) for r in self.groups(self.madvise, top)],
+            "by_caller": [r.to_json(TRANSITION_KEY) for r in self.groups(self.by_caller, top)],
+            "framework_calls": {entry: {"calls": e.calls, "by_caller": [r.to_json((), with_bytes=False)
+                                                                        for r in e.by_caller]}
+                                for entry, e in self.framework_calls(top).items()},
             "missing": self.missing,
             **self.timing_json(),
         }
+
+
+TRANSITION_KEY = ("entry", "transition")
+MADVISE_KEY = ("entry", "advice")
+
+
+class CallerGroup(Struct):
+    """Events with one key (an entry, and its transition or advice) from one symbolized stack."""
+
+    key: tuple[Any, ...]            # the table's key values, without the stack
+    caller: str | None
+    count: int
+    bytes: int | None               # None when most events' object size was not seen
+    stacks: int                     # stack ids merged into this stack
+    frames: list[Frame]
+    events_without_size: int = 0
+
+    def to_json(self, keys: tuple[str, ...], with_bytes: bool = True) -> dict[str, Any]:
+        row: dict[str, Any] = dict(zip(keys, self.key[len(self.key) - len(keys):], strict=True))
+        row.update({"caller": self.caller, "count": self.count})
+        if with_bytes:
+            row["bytes"] = self.bytes
+        row.update({"stacks": self.stacks, "frames": frames_json(self.frames)})
+        if self.events_without_size:
+            row["events_without_size"] = self.events_without_size
+        return row
+
+
+class FrameworkEntry(Struct):
+    calls: int
+    by_caller: list[CallerGroup]
+
+
+class Madvise(Struct):
+    """The reusable-page line: madvise calls by advice value (never a purgeable transition)."""
+
+    counts: dict[str, int]
+    bytes: dict[str, int]
+    standin: dict[str, int]         # the Linux stand-in's madvise, reported apart
+    platform: str
+    names: dict[str, str | None]
 
 
 def _bump(table: dict[Any, Group], key: Any, frames: tuple[int, ...], nbytes: int | None) -> None:

@@ -14,16 +14,18 @@ from __future__ import annotations
 import errno as errno_names
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import msgspec
+from msgspec import Struct
 
 from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
 from memtrace.capture import Event, Record
+from memtrace.frames import Frame
 from memtrace.schema import Addr, Count
 
 
-@dataclass
-class ThreadRecord:
+class ThreadRecord(Struct):
     handle: str
     created: bool = False
     routine: int | None = None
@@ -48,7 +50,44 @@ class ThreadRecord:
                 and not self.detached_at_create)
 
 
-@dataclass
+class ThreadGroup(Struct):
+    """Threads with one creating stack and one start routine (a row of a by-stack table)."""
+
+    count: int
+    routine: str | None
+    caller: str | None
+    stack_bytes: int
+    frames: list[Frame]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "routine": self.routine, "caller": self.caller,
+                "stack_bytes": self.stack_bytes, "frames": frames_json(self.frames)}
+
+
+class FailureGroup(Struct):
+    """Failed pthread_create calls with one errno, creating stack and start routine."""
+
+    errno: int
+    error: str
+    count: int
+    routine: str | None
+    caller: str | None
+    frames: list[Frame]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"errno": self.errno, "error": self.error, "count": self.count, "routine": self.routine,
+                "caller": self.caller, "frames": frames_json(self.frames)}
+
+
+class ThreadSet(Struct):
+    """Some of the threads created in the window: how many, their stacks' bytes, by creating stack."""
+
+    count: int
+    stack_bytes: int
+    joinable: int
+    by_stack: list[ThreadGroup]
+
+
 class ThreadsSummary(CaptureContext):
     tracer_name: ClassVar[str] = "threads"
     count_views: ClassVar[Mapping[str, tuple[str, str]]] = {
@@ -56,16 +95,16 @@ class ThreadsSummary(CaptureContext):
         "running": ("running_at_end.by_stack", "threads still running at the end, by creating stack"),
         "leaked": ("leaked.by_stack", "threads never joined nor detached, by creating stack"),
     }
-    records: list[ThreadRecord] = field(default_factory=list)
+    records: list[ThreadRecord] = msgspec.field(default_factory=list)
     existing: int = 0                       # threads alive when the window began
-    failures: Counter[tuple[int, tuple[int, ...], int | None]] = field(default_factory=Counter)
+    failures: Counter[tuple[int, tuple[int, ...], int | None]] = msgspec.field(default_factory=Counter)
     pthread_exits: int = 0
-    unmatched: Counter[str] = field(default_factory=Counter)   # joins/detaches of threads not seen created
+    unmatched: Counter[str] = msgspec.field(default_factory=Counter)   # joins/detaches of threads not seen created
     alive: int = 0
     peak: int = 0
     peak_t: int | None = None
-    _by_handle: dict[str, ThreadRecord] = field(default_factory=dict)
-    _by_tid: dict[int, ThreadRecord] = field(default_factory=dict)
+    _by_handle: dict[str, ThreadRecord] = msgspec.field(default_factory=dict)
+    _by_tid: dict[int, ThreadRecord] = msgspec.field(default_factory=dict)
 
     def _current(self, handle: str, fresh_if: str) -> ThreadRecord:
         """The record a handle names now; a new one when this event cannot belong to it."""
@@ -140,28 +179,53 @@ class ThreadsSummary(CaptureContext):
         # addresses) answers for the byte before, so ask one byte in (the session does too).
         return None if address is None else self._symbol(address + 1)
 
-    def _group(self, records: list[ThreadRecord], top: int) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
+    def _group(self, records: list[ThreadRecord], top: int) -> list[ThreadGroup]:
+        rows: list[ThreadGroup] = []
         for frames, g in self.by_stack((r.frames, r) for r in records):
             by_routine: dict[int | None, list[ThreadRecord]] = {}
             for r in g:
                 by_routine.setdefault(r.routine, []).append(r)
-            rows += [{"count": len(rs), "routine": self._routine(routine), "caller": self.caller(frames),
-                      "stack_bytes": sum(r.stack_size or 0 for r in rs), "frames": frames_json(frames)}
+            rows += [ThreadGroup(len(rs), self._routine(routine), self.caller(frames),
+                                 sum(r.stack_size or 0 for r in rs), frames)
                      for routine, rs in by_routine.items()]
-        rows.sort(key=lambda x: (-x["count"], x["caller"] or "", x["routine"] or ""))
+        rows.sort(key=lambda x: (-x.count, x.caller or "", x.routine or ""))
         return rows[:top] if top else rows
 
-    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
-        created = [r for r in self.records if r.created]
-        leaked = [r for r in created if r.leaked]
-        running = [r for r in created if not r.exited]
-        failures = [{"errno": e, "error": errno_names.errorcode.get(e, str(e)), "count": n,
-                     "routine": self._routine(routine), "caller": self.caller(stack), "frames": frames_json(stack)}
+    @property
+    def created(self) -> list[ThreadRecord]:
+        return [r for r in self.records if r.created]
+
+    def _set(self, records: list[ThreadRecord], top: int) -> ThreadSet:
+        return ThreadSet(len(records), sum(r.stack_size or 0 for r in records),
+                         sum(1 for r in records if not (r.detached or r.detached_at_create)), self._group(records, top))
+
+    def leaked(self, top: int = 20) -> ThreadSet:
+        """Joinable threads that exited and were never joined or detached."""
+        return self._set([r for r in self.created if r.leaked], top)
+
+    def running_at_end(self, top: int = 20) -> ThreadSet:
+        return self._set([r for r in self.created if not r.exited], top)
+
+    def counted_stacks(self, view: str) -> list[tuple[list[Frame], int]] | None:
+        groups = {"created": lambda: self._group(self.created, 0), "running": lambda: self.running_at_end(0).by_stack,
+                  "leaked": lambda: self.leaked(0).by_stack}[view]()
+        return [(g.frames, g.count) for g in groups]
+
+    def failure_groups(self, top: int = 20) -> list[FailureGroup]:
+        failures = [FailureGroup(e, errno_names.errorcode.get(e, str(e)), n, self._routine(routine),
+                                 self.caller(stack), stack)
                     for (e, frames, routine), n in self.failures.most_common()
                     for stack in (self.stack(frames),)]
+        return failures[:top] if top else failures
+
+    def failed_by_error(self) -> dict[str, int]:
+        return {errno_names.errorcode.get(e, str(e)): n for e, n in sorted(_sum_by_errno(self.failures).items())}
+
+    def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
+        created = self.created
+        leaked, running = self.leaked(top), self.running_at_end(top)
         return {
-            **self.header_json("threads", capture),
+            **self.header_json(self.tracer_name, capture),
             "created": len(created),
             "created_detached": sum(r.detached_at_create for r in created),
             "detached": sum(r.detached for r in created),
@@ -169,22 +233,24 @@ class ThreadsSummary(CaptureContext):
             "exited": sum(r.exited for r in created),
             "pthread_exit_calls": self.pthread_exits,
             "unmatched": dict(self.unmatched),
-            "failed": {errno_names.errorcode.get(e, str(e)): n for e, n in sorted(_sum_by_errno(self.failures).items())},
-            "failures_by_stack": failures[:top] if top else failures,
+            "failed": self.failed_by_error(),
+            "failures_by_stack": [f.to_json() for f in self.failure_groups(top)],
             "existing_at_start": self.existing,
             "peak": {"count": self.peak, "t_ms": self.peak_t},
-            "leaked": {"count": len(leaked), "stack_bytes": sum(r.stack_size or 0 for r in leaked),
-                       "by_stack": self._group(leaked, top),
-                       "meaning": "joinable threads that exited and were never joined or detached: "
-                                  "each still holds its stack and thread descriptor"},
-            "running_at_end": {"count": len(running), "joinable": sum(1 for r in running
-                                                                      if not (r.detached or r.detached_at_create)),
-                               "by_stack": self._group(running, top)},
-            "created_by_stack": self._group(created, top),
+            "leaked": {"count": leaked.count, "stack_bytes": leaked.stack_bytes,
+                       "by_stack": [g.to_json() for g in leaked.by_stack],
+                       "meaning": LEAKED_MEANING},
+            "running_at_end": {"count": running.count, "joinable": running.joinable,
+                               "by_stack": [g.to_json() for g in running.by_stack]},
+            "created_by_stack": [g.to_json() for g in self._group(created, top)],
             "default_stack_size": self.info.get("default_stack_size"),
             "missing": self.missing,
             **self.timing_json(),
         }
+
+
+LEAKED_MEANING = ("joinable threads that exited and were never joined or detached: each still holds its stack "
+                  "and thread descriptor")
 
 
 def _sum_by_errno(failures: Counter[tuple[int, tuple[int, ...], int | None]]) -> Counter[int]:

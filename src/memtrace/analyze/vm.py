@@ -9,8 +9,10 @@ family's gross bytes, tiers, stacks or live set: this module folds those records
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
+from msgspec import Struct
 
 from memtrace import layout
 
@@ -35,22 +37,20 @@ def is_vm(kind: int) -> bool:
     return kind in VM_KINDS
 
 
-@dataclass
-class TagStats:
+class TagStats(Struct):
     calls: int = 0
     bytes: int = 0
     live_count: int = 0
     live_bytes: int = 0
-    kinds: set[str] = field(default_factory=set)
+    kinds: set[str] = msgspec.field(default_factory=set)
 
 
-@dataclass
-class VmFold:
+class VmFold(Struct):
     """ALLOC/FREE records of the VM kinds, one at a time (the malloc fold hands them over)."""
 
-    by_tag: dict[int, TagStats] = field(default_factory=dict)
-    live: dict[int, tuple[int, int]] = field(default_factory=dict)     # ptr -> (tag, size)
-    early: dict[int, int] = field(default_factory=dict)               # frees seen before their alloc
+    by_tag: dict[int, TagStats] = msgspec.field(default_factory=dict)
+    live: dict[int, tuple[int, int]] = msgspec.field(default_factory=dict)     # ptr -> (tag, size)
+    early: dict[int, int] = msgspec.field(default_factory=dict)               # frees seen before their alloc
     frees: int = 0
     freed_bytes: int = 0
 

@@ -55,12 +55,15 @@ class DvtHost:
     """A RecordSource whose "agent" is the device's Allocations service."""
 
     def __init__(self, target: Any, rpc_timeout: float, api_factory: Callable[[], SimpleNamespace] | None = None,
-                 with_vm: bool = False) -> None:
+                 with_vm: bool = False, tracer: str | None = None) -> None:
         if not target.app:
             raise InputError("--backend dvt launches an app through Instruments: give --app BUNDLE_ID")
         if target.pid is not None or target.name is not None or target.argv:
             raise InputError("--backend dvt records from an app's launch: give --app BUNDLE_ID, not --pid/--name/PROGRAM")
         self.target = target
+        # The one tracer whose records Instruments' Allocations gives (the registry entry that
+        # returns this host names itself); None: whichever loads first.
+        self.tracer = tracer
         self.rpc_timeout = rpc_timeout
         self._api_factory = api_factory
         self.events: queue.Queue[SourceEvent] = queue.Queue()
@@ -275,8 +278,8 @@ class DvtHost:
             return None
 
     def load(self, agent: str) -> None:
-        if agent != "malloc":
-            raise InputError(f"--backend dvt records malloc only (Instruments' Allocations), not {agent}")
+        if self.tracer is not None and agent != self.tracer:
+            raise InputError(f"--backend dvt records {self.tracer} only (Instruments' Allocations), not {agent}")
 
     def instrument(self, agent: str, config_for: ConfigFor) -> Instrumented:
         self.load(agent)

@@ -4,7 +4,8 @@ Everything here works on the compact entries from :mod:`memtrace.report.collect`
 the ``report.json`` document, and ``REPORT.md`` is rendered from that document alone, so the two
 always carry the same numbers.  Each tracer's chapter (found through the tracer registry)
 aggregates its own entries and computes its own findings; this module joins them per target
-and builds the panorama across the lines.
+and builds the panorama across the lines from what each chapter contributes to it
+(``report.chapters``: the panorama, families and measurable parts of the protocol).
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import re
 from typing import Any
 
 from memtrace import tracers
-from memtrace.report.chapters import UNSTACKED, chapter_of, leaks
+from memtrace.report.chapters import Lines, chapter_of, leaks
 from memtrace.report.collect import Skipped
-from memtrace.units import fmt_bytes
 
 REPORT_VERSION = 1
 DEATHS = ("launch-storm", "perpetual-stream", "slow-start", "anti-debug", "detached", "truncated")
@@ -42,7 +42,13 @@ def _ended(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ended": "completed", "reason": None, "tracer": None}
 
 
-def build_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chapters() -> Lines:
+    """Every registered tracer's chapter, in registry order."""
+    return Lines([chapter_of(t) for t in tracers.all_tracers().values()])
+
+
+def build_targets(entries: list[dict[str, Any]], lines: Lines | None = None) -> list[dict[str, Any]]:
+    lines = lines or chapters()
     by_target: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
         by_target.setdefault(e["target"], []).append(e)
@@ -54,62 +60,46 @@ def build_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "unanalyzed": [{"path": e["path"], "tracer": e["tracer"]}
                                             for e in es if not e.get("analyzed")]}
         ok = [e for e in es if e.get("analyzed")]
-        for name, tracer in tracers.all_tracers().items():
-            group = [e for e in ok if e["tracer"] == name]
-            t[name] = chapter_of(tracer).aggregate(group) if group else None
-        m = t.get("malloc")
-        t["measurable"] = not (m is not None and all(r["alloc_calls"] == 0 for r in m["runs"])
-                               and t["ended"] in DEATHS)
+        for c in lines.chapters:
+            group = [e for e in ok if e["tracer"] == c.name]
+            t[c.name] = c.aggregate(group) if group else None
+        # A death before a line saw any of its calls leaves nothing to measure.
+        t["measurable"] = not (any(c.measured_nothing(agg) for c, agg in lines.traced(t)) and t["ended"] in DEATHS)
         targets.append(t)
     return targets
 
 
-def families_line(t: dict[str, Any], n: int = 3) -> list[str]:
-    """The dominant families, one line per malloc capture (captures are compared, never added
-    up), then IOSurface's; [] when nothing was stacked."""
-    out = []
-    m = t.get("malloc")
-    if m:
-        runs = [" · ".join([f"{f['family']} {fmt_bytes(f['bytes'])}" for f in r["families"]
-                            if f["family"] != UNSTACKED and f["bytes"] > 0][:n]) for r in m["runs"]]
-        if any(runs):
-            out += [r or "—" for r in runs]
-    s = t.get("iosurface")
-    if s and s["families"]:
-        out.append("IOSurface: " + " · ".join(f"{f['family']} {fmt_bytes(f['bytes'])}"
-                                              for f in s["families"][:n] if f.get("bytes")))
-    return out
+FAMILIES_PLACE = 50     # the dominant families' place among the panorama's fields and columns
 
 
-def panorama(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def families_line(t: dict[str, Any], lines: Lines) -> list[str]:
+    """The dominant families of each line that has stacks, in registry order; [] when nothing was stacked."""
+    return [x for c, agg in lines.traced(t) for x in c.families_line(agg)]
+
+
+def panorama(targets: list[dict[str, Any]], lines: Lines) -> list[dict[str, Any]]:
+    """One row per target: how it ended, each line's figures (its chapter's ``panorama``), the
+    dominant families."""
     rows = []
+    parts = sorted(lines.chapters, key=lambda c: c.panorama_place)
     for t in targets:
-        m, s, p = t.get("malloc"), t.get("iosurface"), t.get("purgeable")
-        row: dict[str, Any] = {"target": t["target"], "ended": t["ended"], "reason": t["reason"],
-                               "iosurface_bytes": s["bytes"] if s else None,
-                               "iosurface_surfaces": s["surfaces"] if s else None,
-                               "purgeable_held_bytes": p["held_bytes"] if p else None,
-                               "families": families_line(t)}
-        if m:
-            # One entry per capture, side by side; the row's own figures are the last capture's.
-            runs = [{"path": r["path"], "malloc_gross_bytes": r["gross_bytes"], "malloc_calls": r["alloc_calls"],
-                     "captured_s": r["captured_s"], "window_s": r["window_s"],
-                     "in_use_delta": r["in_use_delta"], "live_bytes": r["live_bytes"],
-                     "survivors": r["live_count"], "stack_coverage": r["stack_coverage"],
-                     "live_coverage": r["live_coverage"]} for r in m["runs"]]
-            row.update({k: v for k, v in runs[-1].items() if k != "path"})
-            row["malloc_runs"] = runs
+        row: dict[str, Any] = {"target": t["target"], "ended": t["ended"], "reason": t["reason"]}
+        for c in parts:
+            if "families" not in row and c.panorama_place > FAMILIES_PLACE:
+                row["families"] = families_line(t, lines)
+            row.update(c.panorama(t.get(c.name)))
+        row.setdefault("families", families_line(t, lines))
         if not t["measurable"]:
             row["not_measurable"] = f"{t['ended']}: {t['reason']}"
         rows.append(row)
     return rows
 
 
-def findings(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def findings(targets: list[dict[str, Any]], lines: Lines) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for tracer in tracers.all_tracers().values():
-        out += chapter_of(tracer).findings(targets)
-    return out + leaks.findings(targets)
+    for c in lines.chapters:
+        out += c.findings(targets, lines)
+    return out + leaks.findings(targets, lines)
 
 
 def calibration_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -129,12 +119,13 @@ def calibration_rows(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def build_document(folder_name: str, entries: list[dict[str, Any]], skipped: list[Skipped],
                    census: list[dict[str, Any]], jetsam: list[dict[str, Any]]) -> dict[str, Any]:
-    targets = build_targets(entries)
+    lines = chapters()
+    targets = build_targets(entries, lines)
     return {
         "kind": "report", "version": REPORT_VERSION, "folder": folder_name,
         "units": "bytes; KB/MB/GB in REPORT.md are binary (1 MB = 1048576 B)",
-        "panorama": panorama(targets),
-        "findings": findings(targets),
+        "panorama": panorama(targets, lines),
+        "findings": findings(targets, lines),
         "targets": targets,
         "calibration": calibration_rows(entries),
         "census": census,

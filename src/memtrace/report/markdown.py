@@ -6,23 +6,25 @@ import importlib
 from typing import Any
 
 from memtrace import tracers
-from memtrace.report.chapters import chapter_of, leaks
+from memtrace.report.aggregate import FAMILIES_PLACE, chapters
+from memtrace.report.chapters import Column, Lines, chapter_of, leaks
 from memtrace.reporters.markdown import cell, lines, table, text
-from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds
+from memtrace.units import fmt_seconds
 
 
 def render(doc: dict[str, Any]) -> str:
+    report = chapters()
     lines = [f"# Memory report: {text(doc['folder'])}", ""]
     targets = doc["targets"]
     lines.append(f"{len(targets)} target(s), {len(doc['calibration'])} capture(s) read, "
                  f"{len(doc['skipped'])} skipped. Sizes in binary units (1 MB = 1048576 B).")
     lines.append("")
-    lines += _panorama(doc)
+    lines += _panorama(doc, report)
     lines += _findings(doc)
-    lines += _families(targets)
-    lines += leaks.markdown(targets)
-    for tracer in tracers.all_tracers().values():
-        lines += chapter_of(tracer).markdown(targets)
+    lines += _families(targets, report)
+    lines += leaks.markdown(targets, report)
+    for chapter in report.chapters:
+        lines += chapter.markdown(targets)
     for key, module in (("census", "memtrace.analyze.census"), ("jetsam", "memtrace.analyze.jetsam")):
         for d in doc[key]:
             lines.append(importlib.import_module(module).render_markdown(d).rstrip())
@@ -32,36 +34,27 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _panorama(doc: dict[str, Any]) -> list[str]:
-    rows = []
-    for r in doc["panorama"]:
-        if r.get("not_measurable"):
-            malloc = f"not measurable ({r['not_measurable']})"
-            net = "—"
-        elif "malloc_gross_bytes" in r:
-            runs = r.get("malloc_runs") or [r]
-            # Several captures of one target: one line each, side by side in the cell.
-            malloc = lines(f"{fmt_bytes(x['malloc_gross_bytes'])} / {fmt_seconds(x['captured_s'])} "
-                           f"(window {fmt_seconds(x['window_s'])}) · {x['malloc_calls']:,} calls" for x in runs)
-            net = lines(f"in-use {fmt_bytes(x['in_use_delta'], signed=True)} · live {fmt_bytes(x['live_bytes'])} "
-                        f"· {x['survivors']:,} survivors" for x in runs)
-        else:
-            malloc, net = "not traced", "—"
-        ios = "not traced" if r["iosurface_bytes"] is None else \
-            f"{fmt_bytes(r['iosurface_bytes'])} ({r['iosurface_surfaces']:,} surfaces)"
-        purg = "not traced" if r["purgeable_held_bytes"] is None else fmt_bytes(r["purgeable_held_bytes"])
-        # A run the window cut says so ("window ended after 60 s; the target was killed").
-        ended = r["ended"] if r["ended"] == "completed" and not (r["reason"] or "").startswith("window ended") \
-            else f"{r['ended']}: {r['reason']}"
-        cov = "—" if r.get("stack_coverage") is None else f"stacks {fmt_pct(r['stack_coverage'])}" + (
-            f" · live {fmt_pct(r['live_coverage'])}" if r.get("live_coverage") is not None else "")
-        rows.append([r["target"], ios, malloc, net, purg, lines(r["families"]) if r["families"] else "—", ended, cov])
-    return ["## Panorama: business × memory", "",
-            "IOSurface = surfaces created; malloc gross = allocation pressure; in-use Δ (allocator statistics), "
-            "live at end and survivors = net holding; purgeable held = VOLATILE/EMPTY bytes not counted in "
-            "footprint.", "",
-            *table(["target", "IOSurface created", "malloc gross / time · calls", "net change", "purgeable held",
-                    "dominant families", "ended", "coverage"], "lrrrrlll", rows)]
+def _ended(r: dict[str, Any]) -> str:
+    # A run the window cut says so ("window ended after 60 s; the target was killed").
+    return r["ended"] if r["ended"] == "completed" and not (r["reason"] or "").startswith("window ended") \
+        else f"{r['ended']}: {r['reason']}"
+
+
+# The panorama's own columns; each chapter adds its own (``panorama_columns``), all in place order.
+OWN_COLUMNS = (Column("target", "l", 0, lambda r: r["target"]),
+               Column("dominant families", "l", FAMILIES_PLACE,
+                      lambda r: lines(r["families"]) if r["families"] else "—"),
+               Column("ended", "l", 60, _ended))
+
+
+def _panorama(doc: dict[str, Any], report: Lines) -> list[str]:
+    columns = sorted([*OWN_COLUMNS, *(col for c in report.chapters for col in c.panorama_columns)],
+                     key=lambda col: col.place)
+    rows = [[col.cell(r) for col in columns] for r in doc["panorama"]]
+    legend = "; ".join(c.panorama_legend for c in sorted(report.chapters, key=lambda c: min(
+        (col.place for col in c.panorama_columns), default=0)) if c.panorama_legend)
+    return ["## Panorama: business × memory", "", f"{legend}.", "",
+            *table([col.heading for col in columns], "".join(col.align for col in columns), rows)]
 
 
 def _findings(doc: dict[str, Any]) -> list[str]:
@@ -76,22 +69,13 @@ def _findings(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _families(targets: list[dict[str, Any]]) -> list[str]:
+def _families(targets: list[dict[str, Any]], report: Lines) -> list[str]:
     lines = ["## Stack families", "",
              "Each stack belongs to exactly one family, by its first frames outside the allocator and the "
              "runtime; unmatched stacks are named by their top frame.", ""]
     any_rows = False
     for t in targets:
-        m, s = t.get("malloc"), t.get("iosurface")
-        rows = []
-        if m:
-            for r in m["runs"]:
-                where = "malloc" if m["captures"] == 1 else f"malloc ({r['path']})"
-                rows += [[where, f["family"], fmt_bytes(f["bytes"]), f"{f['count']:,}",
-                          fmt_bytes(f["live_bytes"]), f"{f['live_count']:,}"] for f in r["families"]]
-        if s:
-            rows += [["IOSurface", f["family"], fmt_bytes(f["bytes"]), f"{f['count']:,}", "—", "—"]
-                     for f in s["families"]]
+        rows = [row for c, agg in report.traced(t) for row in c.family_rows(agg)]
         if rows:
             any_rows = True
             lines += [f"### {cell(t['target'])}", ""]

@@ -8,7 +8,7 @@ as itself, not crash rich or restyle the screen, and control characters are show
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -45,21 +45,37 @@ def frames_text(frames: Iterable[Frame | dict[str, Any]], shown: int = FRAMES_SH
     return plain("\n".join(lines) or "—")
 
 
-def header(console: Console, tracer: str, s: dict[str, Any]) -> None:
+class Captured(Protocol):
+    """What a summary says about its capture (``analyze.context.CaptureContext`` has it all)."""
+
+    tracer_name: ClassVar[str]
+    missing: list[str]
+
+    @property
+    def target_label(self) -> str | None: ...
+    @property
+    def ended(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def recorded_by(self) -> str | None: ...
+
+
+def header(console: Console, summary: Captured) -> None:
     """What every tracer's summary opens with: the rule and how the capture ended."""
-    console.rule(plain(f"memtrace {tracer} · {s.get('target') or ''}"))
-    style = ENDED_STYLE.get(s["ended"], "red")
-    console.print(Text.assemble(("ended: ", "bold"), (s["ended"], style), " — ", plain(s["reason"])))
-    if s.get("recorded_by"):
+    console.rule(plain(f"memtrace {summary.tracer_name} · {summary.target_label or ''}"))
+    style = ENDED_STYLE.get(summary.ended, "red")
+    console.print(Text.assemble(("ended: ", "bold"), (summary.ended, style), " — ", plain(summary.reason)))
+    if summary.recorded_by:
         # Not memtrace's own agent (a stock device's Instruments service): what that recording covers.
-        console.print(Text.assemble(("recorded by: ", "bold"), plain(s["recorded_by"])))
+        console.print(Text.assemble(("recorded by: ", "bold"), plain(summary.recorded_by)))
 
 
-def footer(console: Console, s: dict[str, Any]) -> None:
+def footer(console: Console, summary: Captured, capture: Any) -> None:
     """...and closes with: the hook symbols the target lacked, and where the capture is."""
-    if s.get("missing"):
-        console.print(Text.assemble(("MISSING hook symbols: ", "yellow"), plain(", ".join(s["missing"]))))
-    console.print(Text.assemble(("capture: ", "bold"), plain(s.get("capture"))))
+    if summary.missing:
+        console.print(Text.assemble(("MISSING hook symbols: ", "yellow"), plain(", ".join(summary.missing))))
+    console.print(Text.assemble(("capture: ", "bold"), plain(capture)))
 
 
 def line(console: Console, *parts: tuple[str, Any]) -> None:

@@ -37,43 +37,43 @@ class FdsStats(LiveStats):
 
 
 def console_view(console: Console, summary: FdsSummary, opts: dict[str, Any]) -> None:
-    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 20))
-    header(console, "fds", s)
-    if s["calls"]:
-        console.print(stack_table(f"creating calls (descriptors created: {s['opened']:,})",
+    top = opts.get("top", 20)
+    header(console, summary)
+    if summary.calls:
+        console.print(stack_table(f"creating calls (descriptors created: {summary.opened:,})",
                                   [("call", "left"), ("calls", "right")],
-                                  [[k, f"{v:,}"] for k, v in s["calls"].items()]))
+                                  [[k, f"{v:,}"] for k, v in sorted(summary.calls.items())]))
     else:
         line(console, ("creating calls", "none"))
-    closed = ", ".join(f"{k} {v:,}" for k, v in s["closed"].items()) or "none"
-    line(console, ("released", closed), ("dup onto open", f"{s['replaced']:,}"),
-         ("releases of unknown fds", f"{s['closes_of_unknown_fds']:,}"))
-    line(console, ("baseline", f"{s['baseline']['count']:,} open before the window "
-                               f"({s['baseline']['closed_in_window']:,} closed in it)"),
-         ("peak open", f"{s['peak']['count']:,}"))
-    at_end = s["open_at_end"]
-    line(console, ("opened in the window and still open", f"{at_end['count']:,}{_kinds(at_end['by_kind'])}"))
-    if at_end["by_stack"]:
+    closed = ", ".join(f"{k} {v:,}" for k, v in sorted(summary.closes.items())) or "none"
+    line(console, ("released", closed), ("dup onto open", f"{summary.replaced:,}"),
+         ("releases of unknown fds", f"{summary.closes_unknown:,}"))
+    line(console, ("baseline", f"{summary.baseline_count:,} open before the window "
+                               f"({summary.baseline_closed:,} closed in it)"),
+         ("peak open", f"{summary.peak:,}"))
+    line(console, ("opened in the window and still open", f"{len(summary.open):,}{_kinds(summary.open_by_kind())}"))
+    groups = summary.open_groups(top)
+    if groups:
         rows = []
-        for r in at_end["by_stack"]:
-            paths = "\n".join(r["paths"][:3]) + ("\n…" if len(r["paths"]) > 3 else "")
-            rows.append([f"{r['count']:,}", ", ".join(f"{k} ×{v}" for k, v in r["calls"].items()), paths,
-                         frames_text(r["frames"], 6)])
+        for r in groups:
+            paths = "\n".join(r.paths[:3]) + ("\n…" if len(r.paths) > 3 else "")
+            rows.append([f"{r.count:,}", ", ".join(f"{k} ×{v}" for k, v in r.calls.items()), paths,
+                         frames_text(r.frames, 6)])
         console.print(stack_table("still open, by opening stack", [("count", "right"), ("calls", "left"),
                                                                    ("paths", "left"), ("frames", "left")], rows))
-    if s["failures_by_stack"]:
+    failures = summary.failure_groups(top)
+    if failures:
         console.print(stack_table("failed creations", [("call", "left"), ("error", "left"), ("count", "right"),
                                                        ("caller", "left")],
-                                  [[r["call"], r["error"], f"{r['count']:,}", str(r["caller"])]
-                                   for r in s["failures_by_stack"]]))
-    for c in s["censuses"]:
-        line(console, ("census", f"({c['trigger']}, t={c['t']} ms): {c['count']:,} open{_kinds(c['by_kind'])}"))
-    rec = s["reconciliation"]
-    if rec and rec["opened_out_of_sight"]:
+                                  [[r.call, r.error, f"{r.count:,}", str(r.caller)] for r in failures]))
+    for c in summary.censuses:
+        line(console, ("census", f"({c.trigger}, t={c.t} ms): {c.count:,} open{_kinds(c.by_kind)}"))
+    rec = summary.reconciliation()
+    if rec and rec.opened_out_of_sight:
         console.print(plain("opened out of sight (no hooked entry saw them): "
-                            + ", ".join(f"{r['fd']} {r['path']}" for r in rec["opened_out_of_sight"][:10])),
+                            + ", ".join(f"{u.fd} {u.path}" for u in rec.opened_out_of_sight[:10])),
                       style="yellow")
-    footer(console, s)
+    footer(console, summary, opts.get("capture"))
 
 
 TRACER = Tracer(

@@ -23,27 +23,27 @@ def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
 
 
 def console_view(console: Console, summary: IOSurfaceSummary, opts: dict[str, Any]) -> None:
-    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 20))
-    header(console, "iosurface", s)
-    line(console, ("surfaces created", f"{s['surfaces']:,} ({fmt_bytes(s['bytes'])}, kernel memory outside every "
-                                       f"malloc zone)"))
-    if s["by_format"]:
+    header(console, summary)
+    line(console, ("surfaces created", f"{len(summary.surfaces):,} ({fmt_bytes(summary.total_bytes)}, kernel memory "
+                                       f"outside every malloc zone)"))
+    formats = summary.by_format()
+    if formats:
         console.print(stack_table("by pixel format", [("format", "left"), ("count", "right"), ("bytes", "right"),
                                                       ("sizes (w×h, row bytes, alloc)", "left")],
-                                  [[f["format"], f"{f['count']:,}", fmt_bytes(f["bytes"]),
-                                    "; ".join(f"{w}×{h}, {r}, {fmt_bytes(a)}" for w, h, r, a in f["sizes"])]
-                                   for f in s["by_format"]]))
-    if s["by_stack"]:
+                                  [[f.format, f"{f.count:,}", fmt_bytes(f.bytes),
+                                    "; ".join(f"{w}×{h}, {r}, {fmt_bytes(a)}" for w, h, r, a in f.sizes)]
+                                   for f in formats]))
+    stacks = summary.by_creating_stack(opts.get("top", 20))
+    if stacks:
         console.print(stack_table("by creating stack", [("bytes", "right"), ("count", "right"), ("frames", "left")],
-                                  [[fmt_bytes(r["bytes"]), f"{r['count']:,}", frames_text(r["frames"], 6)]
-                                   for r in s["by_stack"]]))
-    rel, held = s["released"], s["held_at_end"]
-    line(console, ("released", f"{rel['count']:,} ({fmt_bytes(rel['bytes'])})"
-                   + ("" if rel["visible"] else " — no destruction entry visible on this platform")
-                   + (f"; {rel['untracked']:,} references dropped on surfaces made before the window"
-                      if rel.get("untracked") else "")))
-    line(console, ("held at end", f"{held['count']:,} ({fmt_bytes(held['bytes'])}): {held['meaning']}"))
-    footer(console, s)
+                                  [[fmt_bytes(r.bytes), f"{r.count:,}", frames_text(r.frames, 6)] for r in stacks]))
+    rel, held = summary.released, summary.held_at_end
+    line(console, ("released", f"{rel.count:,} ({fmt_bytes(rel.bytes)})"
+                   + ("" if summary.release_visible else " — no destruction entry visible on this platform")
+                   + (f"; {summary.releases_untracked:,} references dropped on surfaces made before the window"
+                      if summary.releases_untracked else "")))
+    line(console, ("held at end", f"{held.count:,} ({fmt_bytes(held.bytes)}): {summary.held_meaning}"))
+    footer(console, summary, opts.get("capture"))
 
 
 TRACER = Tracer(

@@ -87,7 +87,7 @@ def sorted_tables(summary: MallocSummary, top: int, sort: str) -> list[tuple[str
 
 def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any]) -> None:
     top = opts.get("top", 10)
-    header(console, "malloc", summary.header_json("malloc", opts.get("capture")))
+    header(console, summary)
     line(console, ("covers", summary.covers["text"]))
     calls = Table(title="calls by kind", show_edge=False)
     calls.add_column("kind")
@@ -144,7 +144,7 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
                             "(the per-event stream is incomplete; the counts and per-stack totals above "
                             "are not affected)"), style="yellow")
     line(console, ("coverage", "; ".join(_coverage(summary)) or "n/a"))
-    footer(console, {"missing": summary.missing, "capture": opts.get("capture")})
+    footer(console, summary, opts.get("capture"))
 
 
 def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
@@ -181,7 +181,7 @@ def _host_for(values: dict[str, Any], target: Any, options: Any) -> Any:
         return None
     from memtrace.dvt.host import DvtHost
 
-    return DvtHost(target, options.thresholds.rpc_timeout)
+    return DvtHost(target, options.thresholds.rpc_timeout, tracer=TRACER.name)
 
 
 def _check_backend(values: dict[str, Any]) -> None:

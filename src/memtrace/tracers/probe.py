@@ -26,29 +26,30 @@ def _check_markdown(opts: dict[str, Any]) -> None:
 
 
 def console_view(console: Console, summary: ProbeSummary, opts: dict[str, Any]) -> None:
-    doc = summary.to_json(capture=opts.get("capture"))
     if opts.get("markdown") is not None:
-        write_markdown(Path(opts["markdown"]), render_markdown(doc))
+        # A file is an edge: it is written from the JSON document, as the report's chapter is.
+        write_markdown(Path(opts["markdown"]), render_markdown(summary.to_json(capture=opts.get("capture"))))
     if not opts.get("quiet"):
-        print_truth_table(console, doc)
+        print_truth_table(console, summary)
 
 
 # Short state names for the terminal (the Markdown file keeps the numbers and the full names).
 SHORT_STATES = {0: "NONVOL", 1: "VOL", 2: "EMPTY", 3: "DENY"}
 
 
-def print_truth_table(console: Console, doc: dict[str, Any]) -> None:
+def print_truth_table(console: Console, summary: ProbeSummary) -> None:
     """The probe's truth table for a terminal: the entry whole, ledger moves in KB/MB (the
     Markdown written with --markdown keeps exact bytes)."""
-    console.rule(plain(f"Purgeable routing probe — {doc.get('target') or ''}"))
-    if doc.get("bytes"):
-        line(console, ("mapping", f"{fmt_bytes(doc['bytes'])} purgeable (mach_vm_allocate ANYWHERE|PURGABLE)"),
-             ("madvise entry", doc.get("madvise_entry") or "—"), ("platform", doc.get("platform") or "—"))
-    for e in doc.get("errors", []):
+    probe = summary.table()
+    console.rule(plain(f"Purgeable routing probe — {summary.target_label or ''}"))
+    if probe.bytes:
+        line(console, ("mapping", f"{fmt_bytes(probe.bytes)} purgeable (mach_vm_allocate ANYWHERE|PURGABLE)"),
+             ("madvise entry", probe.madvise_entry or "—"), ("platform", probe.platform or "—"))
+    for e in probe.errors:
         line(console, ("error", e))
-    if doc.get("missing"):
-        line(console, ("MISSING", ", ".join(map(str, doc["missing"]))))
-    if not doc.get("rows"):
+    if summary.missing:
+        line(console, ("MISSING", ", ".join(map(str, summary.missing))))
+    if not probe.rows:
         return
     # The byte columns never wrap (a cut number is a wrong number); the entry and state wrap by word.
     t = Table(show_edge=False, box=None, padding=(0, 1), show_lines=False,
@@ -58,14 +59,14 @@ def print_truth_table(console: Console, doc: dict[str, Any]) -> None:
     t.add_column("state", min_width=8)
     for head in ("footprint", "volatile", "nonvol", "reusable"):
         t.add_column(head, justify="right", no_wrap=True, min_width=8)
-    for row in doc["rows"]:
-        drives = row.get("drives_state_machine")
-        d = row.get("ledger_delta") or {}
+    for row in probe.rows:
+        drives = row.drives_state_machine
+        d = row.ledger_delta or {}
         states = " → ".join("—" if v is None else SHORT_STATES.get(v, str(v))
-                            for v in (row.get("state_before"), row.get("state_after")))
-        t.add_row(plain(row.get("entry") or ""),
-                  plain(row["error"]) if row.get("error") else ("—" if drives is None else "yes" if drives else "no"),
-                  states, *(fmt_bytes(d[k], signed=True) if isinstance(d.get(k), int) else "—" for k in LEDGER_KEYS))
+                            for v in (row.state_before, row.state_after))
+        t.add_row(plain(row.entry or ""),
+                  plain(row.error) if row.error else ("—" if drives is None else "yes" if drives else "no"),
+                  states, *(fmt_bytes(v, signed=True) if isinstance(v := d.get(k), int) else "—" for k in LEDGER_KEYS))
     console.print(t)
 
 

@@ -23,40 +23,44 @@ def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
 
 
 def console_view(console: Console, summary: PurgeableSummary, opts: dict[str, Any]) -> None:
-    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 50))
-    header(console, "purgeable", s)
-    if s["transitions"]:
+    top = opts.get("top", 50)
+    header(console, summary)
+    if summary.transitions:
         console.print(stack_table("transitions (0 NONVOL, 1 VOL, 2 EMPTY)",
                                   [("transition", "right"), ("count", "right"), ("bytes", "right")],
-                                  [[k, f"{n:,}", fmt_bytes(s["transition_bytes"].get(k))]
-                                   for k, n in s["transitions"].items()]))
+                                  [[k, f"{n:,}", fmt_bytes(summary.transition_bytes.get(k))]
+                                   for k, n in sorted(summary.transitions.items())]))
     else:
         line(console, ("transitions", "none"))
-    line(console, ("SET calls", f"{s['set_calls']:,}"), ("GET calls", f"{s['get_calls']:,}"),
-         ("stolen (2→0)", f"{s['stolen']['count']:,} ({fmt_bytes(s['stolen']['bytes'])})"),
-         ("created purgeable", f"{s['created_purgeable']:,} ({fmt_bytes(s['created_bytes'])})"))
-    if s["by_caller"]:
+    stolen, stolen_bytes = summary.stolen
+    line(console, ("SET calls", f"{summary.set_calls:,}"), ("GET calls", f"{summary.get_calls:,}"),
+         ("stolen (2→0)", f"{stolen:,} ({fmt_bytes(stolen_bytes)})"),
+         ("created purgeable", f"{summary.created_purgeable:,} ({fmt_bytes(summary.created_bytes)})"))
+    by_caller = summary.groups(summary.by_caller, top)
+    if by_caller:
         console.print(stack_table("transitions by caller and stack",
                                   [("entry", "left"), ("transition", "left"), ("count", "right"), ("bytes", "right"),
                                    ("stack", "left")],
-                                  [[r["entry"], r["transition"], f"{r['count']:,}", fmt_bytes(r["bytes"]),
-                                    frames_text(r["frames"], 4)] for r in s["by_caller"]]))
-    if s["framework_calls"]:
+                                  [[*r.key, f"{r.count:,}", fmt_bytes(r.bytes), frames_text(r.frames, 4)]
+                                   for r in by_caller]))
+    calls = summary.framework_calls(top)
+    if calls:
         console.print(stack_table("framework entries (their transitions are counted underneath)",
                                   [("entry", "left"), ("calls", "right"), ("callers", "left")],
-                                  [[entry, f"{v['calls']:,}",
-                                    ", ".join(f"{c['caller']} ×{c['count']}" for c in v["by_caller"])]
-                                   for entry, v in s["framework_calls"].items()]))
-    if s["madvise_by_caller"]:
+                                  [[entry, f"{e.calls:,}", ", ".join(f"{c.caller} ×{c.count}" for c in e.by_caller)]
+                                   for entry, e in calls.items()]))
+    madvise = summary.groups(summary.madvise, top)
+    if madvise:
+        mad = summary.madvise_figures()
         rows = []
-        for r in s["madvise_by_caller"]:
-            name = s["madvise_names"].get(str(r["advice"])) if r["entry"] == "madvise" else f"darwin {r['advice']}"
-            rows.append([r["entry"], f"{r['advice']} {name or ''}", f"{r['count']:,}", fmt_bytes(r["bytes"]),
-                         str(r["caller"])])
-        console.print(stack_table(f"reusable line: madvise ({s['madvise_platform']} advice values; never a "
+        for r in madvise:
+            entry, advice = r.key
+            name = mad.names.get(str(advice)) if entry == "madvise" else f"darwin {advice}"
+            rows.append([entry, f"{advice} {name or ''}", f"{r.count:,}", fmt_bytes(r.bytes), str(r.caller)])
+        console.print(stack_table(f"reusable line: madvise ({mad.platform} advice values; never a "
                                   f"transition)", [("entry", "left"), ("advice", "left"), ("count", "right"),
                                                    ("bytes", "right"), ("caller", "left")], rows))
-    footer(console, s)
+    footer(console, summary, opts.get("capture"))
 
 
 TRACER = Tracer(

@@ -24,29 +24,31 @@ def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
 
 
 def console_view(console: Console, summary: ThreadsSummary, opts: dict[str, Any]) -> None:
-    s = summary.to_json(capture=opts.get("capture"), top=opts.get("top", 20))
-    header(console, "threads", s)
-    line(console, ("created", f"{s['created']:,} ({s['created_detached']:,} detached at creation)"),
-         ("joined", f"{s['joined']:,}"), ("detached", f"{s['detached']:,}"), ("exited", f"{s['exited']:,}"))
-    line(console, ("threads alive", f"{s['existing_at_start']:,} at start, peak {s['peak']['count']:,}"),
-         ("running at end", f"{s['running_at_end']['count']:,} created in the window "
-                            f"({s['running_at_end']['joinable']:,} joinable)"))
-    leaked = s["leaked"]
+    top = opts.get("top", 20)
+    created = summary.created
+    header(console, summary)
+    line(console, ("created", f"{len(created):,} ({sum(r.detached_at_create for r in created):,} detached at "
+                              f"creation)"),
+         ("joined", f"{sum(r.joined for r in created):,}"), ("detached", f"{sum(r.detached for r in created):,}"),
+         ("exited", f"{sum(r.exited for r in created):,}"))
+    leaked, running = summary.leaked(top), summary.running_at_end(top)
+    line(console, ("threads alive", f"{summary.existing:,} at start, peak {summary.peak:,}"),
+         ("running at end", f"{running.count:,} created in the window ({running.joinable:,} joinable)"))
     line(console, ("leaked (exited, never joined or detached)",
-                   f"{leaked['count']:,} holding {fmt_bytes(leaked['stack_bytes'])} of stack"))
-    for title, rows in (("leaked threads, by creating stack", leaked["by_stack"]),
-                        ("still running at the end, by creating stack", s["running_at_end"]["by_stack"])):
+                   f"{leaked.count:,} holding {fmt_bytes(leaked.stack_bytes)} of stack"))
+    for title, rows in (("leaked threads, by creating stack", leaked.by_stack),
+                        ("still running at the end, by creating stack", running.by_stack)):
         if rows:
             console.print(stack_table(title, [("count", "right"), ("routine", "left"), ("stack", "right"),
                                               ("frames", "left")],
-                                      [[f"{r['count']:,}", str(r["routine"]), fmt_bytes(r["stack_bytes"]),
-                                        frames_text(r["frames"], 6)] for r in rows]))
-    if s["failures_by_stack"]:
+                                      [[f"{r.count:,}", str(r.routine), fmt_bytes(r.stack_bytes),
+                                        frames_text(r.frames, 6)] for r in rows]))
+    failures = summary.failure_groups(top)
+    if failures:
         console.print(stack_table("failed pthread_create", [("error", "left"), ("count", "right"),
                                                             ("routine", "left"), ("caller", "left")],
-                                  [[r["error"], f"{r['count']:,}", str(r["routine"]), str(r["caller"])]
-                                   for r in s["failures_by_stack"]]))
-    footer(console, s)
+                                  [[r.error, f"{r.count:,}", str(r.routine), str(r.caller)] for r in failures]))
+    footer(console, summary, opts.get("capture"))
 
 
 TRACER = Tracer(

@@ -4,10 +4,28 @@ findings and its Markdown chapter.
 Every method works on JSON-ready data (the ``report.json`` document is the report; REPORT.md
 is rendered from it alone).  A tracer without a chapter of its own gets :class:`GenericChapter`,
 which shows each capture's scalar figures and its stack tables.
+
+The report's shared sections -- the panorama, the stack families, the leaks table, the measurable
+verdict -- are made of what each chapter contributes through the methods below (the defaults
+contribute nothing), so adding a tracer adds its part of them without editing the report:
+
+- ``panorama(agg)`` its fields of a target's panorama row (``agg`` is its aggregate, None when the
+  target was not traced by it), placed by ``panorama_place``; ``panorama_columns`` the panorama
+  table's columns it renders from those fields; ``panorama_legend`` what they mean;
+- ``families_line(agg)`` / ``family_rows(agg)`` its part of the panorama's dominant families and of
+  the "Stack families" tables;
+- ``measured_nothing(agg)`` True when its captures saw none of the calls it counts (with a death,
+  the target is "not measurable");
+- ``heap(agg)`` the process heap's figures (``live_bytes``, ``gross_bytes``) when it is the heap line
+  (another chapter compares against them: :meth:`Lines.heap`);
+- ``leak_headings`` / ``leak_legend`` / ``leak_cells(agg)`` / ``leak_items(t, agg)`` /
+  ``leak_details(t, agg)`` its columns, explanation, row cells, findings and sections in "Leaks".
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memtrace.analyze.families import FamilyRules
@@ -21,22 +39,76 @@ FRAMES_SHOWN = 6
 UNSTACKED = "(no stack: below the stack threshold)"
 
 
+Row = dict[str, Any]
+Cell = Any          # a table cell: text, a number, or Markup
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column a chapter adds to the panorama table: its heading, its alignment (a
+    ``reporters.markdown.table`` letter), its place among all columns (the report's own:
+    target 0, dominant families 50, ended 60) and its cell, from the panorama row."""
+
+    heading: str
+    align: str
+    place: int
+    cell: Callable[[Row], Cell]
+
+
 class Chapter(Protocol):
     name: str
+    panorama_place: int
+    panorama_columns: tuple[Column, ...]
+    panorama_legend: str
+    leak_headings: tuple[str, ...]
+    leak_legend: str
 
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]: ...
     def aggregate(self, entries: list[dict[str, Any]]) -> Any: ...
-    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    def findings(self, targets: list[dict[str, Any]], chapters: Lines) -> list[dict[str, Any]]: ...
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]: ...
     def calibration(self, entry: dict[str, Any]) -> dict[str, Any]: ...
     def calibration_text(self, row: dict[str, Any]) -> str | None: ...
+    def panorama(self, agg: Any) -> Row: ...
+    def families_line(self, agg: Any) -> list[str]: ...
+    def family_rows(self, agg: Any) -> list[list[Cell]]: ...
+    def measured_nothing(self, agg: Any) -> bool: ...
+    def heap(self, agg: Any) -> Row | None: ...
+    def leak_cells(self, agg: Any) -> tuple[list[Cell], bool]: ...
+    def leak_items(self, t: Row, agg: Any) -> list[Row]: ...
+    def leak_details(self, t: Row, agg: Any) -> list[str]: ...
+
+
+class Lines:
+    """The report's chapters in registry order, as the report and each chapter's findings see them."""
+
+    def __init__(self, chapters: Sequence[Chapter]) -> None:
+        self.chapters = list(chapters)
+
+    def traced(self, t: Row) -> list[tuple[Chapter, Any]]:
+        """(chapter, its aggregate) for every line that traced target ``t``."""
+        return [(c, t.get(c.name)) for c in self.chapters if t.get(c.name)]
+
+    def heap(self, t: Row) -> Row | None:
+        """The process heap's figures for ``t`` (live_bytes, gross_bytes), from the line that has them."""
+        for c in self.chapters:
+            figures = c.heap(t.get(c.name)) if t.get(c.name) else None
+            if figures is not None:
+                return figures
+        return None
 
 
 class BaseChapter:
-    """Defaults every chapter can lean on: the summary's JSON, families on every stack row."""
+    """Defaults every chapter can lean on: the summary's JSON, families on every stack row, and no
+    part in the report's shared sections."""
 
     name = "?"
     stack_tables: tuple[str, ...] = ()       # dotted paths of the entry's row lists that carry frames
+    panorama_place = 100                     # the order of its fields in a panorama row
+    panorama_columns: tuple[Column, ...] = ()
+    panorama_legend = ""
+    leak_headings: tuple[str, ...] = ()
+    leak_legend = ""
 
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
         j: dict[str, Any] = summary.to_json(capture=rel, top=top)
@@ -49,7 +121,7 @@ class BaseChapter:
     def aggregate(self, entries: list[dict[str, Any]]) -> Any:
         return entries
 
-    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def findings(self, targets: list[dict[str, Any]], chapters: Lines) -> list[dict[str, Any]]:
         return []
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
@@ -61,6 +133,38 @@ class BaseChapter:
     def calibration_text(self, row: dict[str, Any]) -> str | None:
         """The report's coverage cell for a calibration row (None: "—", or "not analyzed")."""
         return None
+
+    def own(self, t: Row) -> Any:
+        """This chapter's aggregate for target ``t`` (None: the target was not traced by it)."""
+        return t.get(self.name)
+
+    # ---- contributions to the report's shared sections (none by default) ----------------------
+
+    def panorama(self, agg: Any) -> Row:
+        return {}
+
+    def families_line(self, agg: Any) -> list[str]:
+        return []
+
+    def family_rows(self, agg: Any) -> list[list[Cell]]:
+        return []
+
+    def measured_nothing(self, agg: Any) -> bool:
+        return False
+
+    def heap(self, agg: Any) -> Row | None:
+        return None
+
+    def leak_cells(self, agg: Any) -> tuple[list[Cell], bool]:
+        """Its cells of a target's row in the leaks table, and whether they say anything (a row is
+        shown when some line's do)."""
+        return ["not traced"] * len(self.leak_headings), False
+
+    def leak_items(self, t: Row, agg: Any) -> list[Row]:
+        return []
+
+    def leak_details(self, t: Row, agg: Any) -> list[str]:
+        return []
 
 
 class GenericChapter(BaseChapter):
@@ -77,7 +181,7 @@ class GenericChapter(BaseChapter):
         return j
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
-        runs = [(t["target"], e) for t in targets for e in t.get(self.name) or []]
+        runs = [(t["target"], e) for t in targets for e in self.own(t) or []]
         if not runs:
             return []
         lines = [f"## {self.name}", ""]
@@ -123,6 +227,12 @@ def _frame(f: Any) -> Frame:
     if isinstance(f, dict):
         return Frame.from_json(f)
     return Frame(0, function=str(f))
+
+
+def where(frames: list[Any]) -> str:
+    """A stack's first three functions, for one line of text (a finding's item)."""
+    names = [f.get("function") or f.get("module") or "?" for f in frames[:3]] if frames else ["(no stack)"]
+    return " ← ".join(names)
 
 
 def arrow(key: str) -> str:

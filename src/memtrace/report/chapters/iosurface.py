@@ -5,13 +5,46 @@ from __future__ import annotations
 from typing import Any
 
 from memtrace.analyze.families import FamilyRules
-from memtrace.report.chapters import TOP, BaseChapter, add, family_rows, frames_cell, merge_families
+from memtrace.report.chapters import (
+    TOP,
+    BaseChapter,
+    Cell,
+    Column,
+    Lines,
+    Row,
+    add,
+    family_rows,
+    frames_cell,
+    merge_families,
+)
 from memtrace.reporters.markdown import cell, table
 from memtrace.units import fmt_bytes
 
 
+def _created(r: Row) -> str:
+    return "not traced" if r["iosurface_bytes"] is None else \
+        f"{fmt_bytes(r['iosurface_bytes'])} ({r['iosurface_surfaces']:,} surfaces)"
+
+
 class IOSurfaceChapter(BaseChapter):
     name = "iosurface"
+    panorama_place = 10
+    panorama_columns = (Column("IOSurface created", "r", 10, _created),)
+    panorama_legend = "IOSurface = surfaces created"
+
+    def panorama(self, agg: Any) -> Row:
+        return {"iosurface_bytes": agg["bytes"] if agg else None,
+                "iosurface_surfaces": agg["surfaces"] if agg else None}
+
+    def families_line(self, agg: Any) -> list[str]:
+        if not agg or not agg["families"]:
+            return []
+        return ["IOSurface: " + " · ".join(f"{f['family']} {fmt_bytes(f['bytes'])}"
+                                           for f in agg["families"][:3] if f.get("bytes"))]
+
+    def family_rows(self, agg: Any) -> list[list[Cell]]:
+        return [["IOSurface", f["family"], fmt_bytes(f["bytes"]), f"{f['count']:,}", "—", "—"]
+                for f in agg["families"]] if agg else []
 
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
         j: dict[str, Any] = summary.to_json(capture=rel, top=top)
@@ -46,10 +79,10 @@ class IOSurfaceChapter(BaseChapter):
         out["families"] = family_rows(fam)
         return out
 
-    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def findings(self, targets: list[dict[str, Any]], chapters: Lines) -> list[dict[str, Any]]:
         two = []
         for t in targets:
-            s, m = t.get("iosurface"), t.get("malloc")
+            s, m = self.own(t), chapters.heap(t)
             if s and s["bytes"] and m:
                 two.append({"target": t["target"], "iosurface_bytes": s["bytes"], "surfaces": s["surfaces"],
                             "malloc_live_bytes": m["live_bytes"], "malloc_gross_bytes": m["gross_bytes"],
@@ -63,12 +96,12 @@ class IOSurfaceChapter(BaseChapter):
                          "churn-dominated.", "items": two}]
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
-        ss = [t for t in targets if t.get("iosurface")]
+        ss = [t for t in targets if self.own(t)]
         if not ss:
             return []
         lines = ["## IOSurface", ""]
         for t in ss:
-            s = t["iosurface"]
+            s = self.own(t)
             lines += [f"### {cell(t['target'])}", "", f"{s['surfaces']:,} surfaces created, {fmt_bytes(s['bytes'])}."
                       + (f" Held at end: {_held(s['held_at_end'])}." if s["held_at_end"] is not None else ""), ""]
             rows = [[fmt_bytes(r.get("bytes")), f"{int(r.get('count') or 0):,}", r.get("family", "—"),

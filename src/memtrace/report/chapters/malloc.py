@@ -6,25 +6,163 @@ from __future__ import annotations
 from typing import Any
 
 from memtrace.analyze.families import FamilyRules
+from memtrace.analyze.leaks import examined_text, leak_no_stack, skipped_text
 from memtrace.capture import NO_STACK
 from memtrace.layout import PSEUDO_STACKS
 from memtrace.report.chapters import (
     TOP,
     UNSTACKED,
     BaseChapter,
+    Cell,
+    Column,
+    Lines,
+    Row,
     family_rows,
     frames_cell,
     frames_key,
     merge_families,
+    where,
 )
 from memtrace.reporters.markdown import cell, table
-from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds
+from memtrace.reporters.markdown import lines as cell_lines
+from memtrace.units import fmt_bytes, fmt_pct, fmt_seconds, plural
 
 TIER_LABELS = ("≤ 256 B", "257 B–1 KB", "1–4 KB", "4–8 KB", "8–64 KB", "> 64 KB")
+LEAKS_SHOWN = 5          # leaked stacks listed per capture in the Leaks chapter
+
+
+# ---- the panorama's malloc columns, from the fields MallocChapter.panorama puts in a row ----------
+
+def _gross(r: Row) -> Cell:
+    if r.get("not_measurable"):
+        return f"not measurable ({r['not_measurable']})"
+    if "malloc_gross_bytes" not in r:
+        return "not traced"
+    # Several captures of one target: one line each, side by side in the cell.
+    return cell_lines(f"{fmt_bytes(x['malloc_gross_bytes'])} / {fmt_seconds(x['captured_s'])} "
+                 f"(window {fmt_seconds(x['window_s'])}) · {x['malloc_calls']:,} calls"
+                 for x in r.get("malloc_runs") or [r])
+
+
+def _net(r: Row) -> Cell:
+    if r.get("not_measurable") or "malloc_gross_bytes" not in r:
+        return "—"
+    return cell_lines(f"in-use {fmt_bytes(x['in_use_delta'], signed=True)} · live {fmt_bytes(x['live_bytes'])} "
+                 f"· {x['survivors']:,} survivors" for x in r.get("malloc_runs") or [r])
+
+
+def _coverage(r: Row) -> Cell:
+    return "—" if r.get("stack_coverage") is None else f"stacks {fmt_pct(r['stack_coverage'])}" + (
+        f" · live {fmt_pct(r['live_coverage'])}" if r.get("live_coverage") is not None else "")
 
 
 class MallocChapter(BaseChapter):
     name = "malloc"
+    panorama_place = 60              # after the dominant families, as report.json has always had them
+    panorama_columns = (Column("malloc gross / time · calls", "r", 20, _gross), Column("net change", "r", 30, _net),
+                        Column("coverage", "l", 70, _coverage))
+    panorama_legend = ("malloc gross = allocation pressure; in-use Δ (allocator statistics), live at end and "
+                       "survivors = net holding")
+    leak_headings = ("malloc leaked", "malloc still reachable")
+    leak_legend = ("malloc: the --leaks scan (a conservative reachability scan in the target, as valgrind "
+                   "memcheck's and LeakSanitizer's): leaked = definitely lost (no pointer from live memory -- "
+                   "threads' stacks and registers, modules' data, TLS, mappings that are not the allocator's "
+                   "heap -- nor from any other block) + indirectly lost (pointed at only from lost blocks), "
+                   "cycles included; what valgrind --leak-check=full counts as lost.")
+
+    # ---- the report's shared sections --------------------------------------------------------
+
+    def panorama(self, agg: Any) -> Row:
+        if not agg:
+            return {}
+        # One entry per capture, side by side; the row's own figures are the last capture's.
+        runs = [{"path": r["path"], "malloc_gross_bytes": r["gross_bytes"], "malloc_calls": r["alloc_calls"],
+                 "captured_s": r["captured_s"], "window_s": r["window_s"],
+                 "in_use_delta": r["in_use_delta"], "live_bytes": r["live_bytes"],
+                 "survivors": r["live_count"], "stack_coverage": r["stack_coverage"],
+                 "live_coverage": r["live_coverage"]} for r in agg["runs"]]
+        return {**{k: v for k, v in runs[-1].items() if k != "path"}, f"{self.name}_runs": runs}
+
+    def families_line(self, agg: Any) -> list[str]:
+        """The dominant families, one line per capture (captures are compared, never added up)."""
+        if not agg:
+            return []
+        runs = [" · ".join([f"{f['family']} {fmt_bytes(f['bytes'])}" for f in r["families"]
+                            if f["family"] != UNSTACKED and f["bytes"] > 0][:3]) for r in agg["runs"]]
+        return [r or "—" for r in runs] if any(runs) else []
+
+    def family_rows(self, agg: Any) -> list[list[Cell]]:
+        rows: list[list[Cell]] = []
+        for r in agg["runs"] if agg else []:
+            line = self.name if agg["captures"] == 1 else f"{self.name} ({r['path']})"
+            rows += [[line, f["family"], fmt_bytes(f["bytes"]), f"{f['count']:,}",
+                      fmt_bytes(f["live_bytes"]), f"{f['live_count']:,}"] for f in r["families"]]
+        return rows
+
+    def measured_nothing(self, agg: Any) -> bool:
+        return all(r["alloc_calls"] == 0 for r in agg["runs"])
+
+    def heap(self, agg: Any) -> Row | None:
+        return {"live_bytes": agg["live_bytes"], "gross_bytes": agg["gross_bytes"]}
+
+    def _scans(self, t: Row, agg: Any) -> list[tuple[str, Row]]:
+        """(label, leak scan) for every capture of the target that ran one (--leaks)."""
+        if not agg:
+            return []
+        return [(t["target"] if agg["captures"] == 1 else f"{t['target']} ({r['path']})", r["leaks"])
+                for r in agg["runs"] if r.get("leaks")]
+
+    def leak_cells(self, agg: Any) -> tuple[list[Cell], bool]:
+        scans = [lk for _, lk in self._scans({"target": ""}, agg)]
+        leaked = cell_lines(f"{lk['leaked']['blocks']:,} blocks, {fmt_bytes(lk['leaked']['bytes'])}"
+                       + ("" if lk["scan"]["complete"] else " (scan incomplete)") for lk in scans) or (
+            "not scanned (no --leaks)" if agg else "not traced")
+        reach = cell_lines(f"{lk['reachable']['blocks']:,} blocks, {fmt_bytes(lk['reachable']['bytes'])}"
+                      for lk in scans) or "—"
+        return [leaked, reach], bool(scans)
+
+    def leak_items(self, t: Row, agg: Any) -> list[Row]:
+        items = []
+        for label, lk in self._scans(t, agg):
+            g = lk["leaked"]
+            if not g["blocks"]:
+                continue
+            top = g["by_stack"][0] if g["by_stack"] else None
+            at = f", most at {where(top['frames'])} ({top['blocks']:,} blocks, {fmt_bytes(top['bytes'])})" if top else ""
+            items.append({"target": label, "line": self.name, "count": g["blocks"], "bytes": g["bytes"],
+                          "text": f"{label}: malloc leaked {g['blocks']:,} blocks, {fmt_bytes(g['bytes'])}{at}"})
+        return items
+
+    def leak_details(self, t: Row, agg: Any) -> list[str]:
+        out: list[str] = []
+        for label, lk in self._scans(t, agg):
+            if lk["leaked"]["by_stack"]:
+                out += [f"### {cell(label)}: leaked malloc blocks, by allocating stack", ""]
+                out += table(["bytes", "blocks", "frames (innermost first)"], "rrl",
+                             [[fmt_bytes(r["bytes"]), f"{r['blocks']:,}",
+                               frames_cell(r["frames"]) if r["frames"] else leak_no_stack(r)]
+                              for r in lk["leaked"]["by_stack"][:LEAKS_SHOWN]])
+            if lk.get("definitely_lost") is not None:
+                out += [f"{cell(label)}: definitely lost {lk['definitely_lost']['blocks']:,} blocks "
+                        f"({fmt_bytes(lk['definitely_lost']['bytes'])}), indirectly lost "
+                        f"{lk['indirectly_lost']['blocks']:,} ({fmt_bytes(lk['indirectly_lost']['bytes'])}), "
+                        f"possibly lost {lk['possibly_lost']['blocks']:,} "
+                        f"({fmt_bytes(lk['possibly_lost']['bytes'])}, not counted as leaked). "
+                        f"Examined: {examined_text(lk['scan'])}.", ""]
+            scan = lk["scan"]
+            skipped = skipped_text({k: v for k, v in (scan.get("skipped") or {}).items()
+                                    if k != "candidates_over_capacity"}, fmt_bytes)
+            note = (f"Scan at {scan['when']}: {plural(scan['threads_stopped'] or 0, 'thread')} stopped"
+                    + (f", {scan['threads_not_stopped']} could not be" if scan.get("threads_not_stopped") else "")
+                    + f"; {fmt_bytes(scan['root_bytes'])} of roots and {fmt_bytes(scan['block_bytes'])} of blocks read"
+                    + (f"; world stopped {scan['world_stopped_ms']:,} ms, scanning {scan.get('scan_ms') or 0:,} ms"
+                       if scan.get("world_stopped_ms") is not None else "")
+                    + ("" if scan["complete"] else "; INCOMPLETE: the time budget ran out, leaked means possibly leaked")
+                    + ("; not read: " + ", ".join(skipped) if skipped else "") + ".")
+            out += [f"{cell(label)}: {note}", ""]
+        return out
+
+    # ---- its own chapter -----------------------------------------------------------------------
 
     def entry(self, summary: Any, rel: str, rules: FamilyRules, top: int) -> dict[str, Any]:
         """The summary plus per-family totals, computed once per distinct stack."""
@@ -122,10 +260,9 @@ class MallocChapter(BaseChapter):
             "by_stack": merge_stacks([{**r, "count": r["calls"]} for r in temp["by_stack"]])}
         return m
 
-    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def findings(self, targets: list[dict[str, Any]], chapters: Lines) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        churn = [(run_label(t, m), m) for t in targets if t.get("malloc") and t["measurable"]
-                 for m in t["malloc"]["runs"] if m["gross_bytes"] > 0]
+        churn = [(self.label(t, m), m) for t, m in self.runs_of(targets) if t["measurable"] and m["gross_bytes"] > 0]
         if churn:
             ranked = sorted(churn, key=lambda tm: (-(tm[1]["churn_ratio"] or float("inf")), tm[0]))
             # Targets whose heap did not grow at all are the purest churn: they rank first.
@@ -143,8 +280,8 @@ class MallocChapter(BaseChapter):
                         "text": f"Allocation pressure and real holding are two measures: the largest churn is "
                                 f"{items[0]['text']}.", "items": items})
         dom = []
-        for t, m in runs_of(targets):
-            label = run_label(t, m)
+        for t, m in self.runs_of(targets):
+            label = self.label(t, m)
             fams = [f for f in m["families"] if f["family"] != UNSTACKED and f["bytes"] > 0]
             attributed = sum(f["bytes"] for f in fams)
             if not fams or not attributed:
@@ -161,14 +298,14 @@ class MallocChapter(BaseChapter):
         return out
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
-        runs = runs_of(targets)
+        runs = self.runs_of(targets)
         if not runs:
             return []
         lines = ["## malloc", "", "One row per capture: several captures of one target are shown side by side, "
                  "never added up.", "", "### Churn vs net", ""]
         rows = []
         for t, m in runs:
-            label = run_label(t, m)
+            label = self.label(t, m)
             if not t["measurable"]:
                 rows.append([label, f"not measurable ({t['ended']})", *["—"] * 7])
                 continue
@@ -180,7 +317,7 @@ class MallocChapter(BaseChapter):
         lines += table(["target", "gross", "calls", "captured", "in-use Δ", "live at end", "survivors",
                         "churn (gross / in-use Δ)", "footprint Δ"], "lrrrrrrrr", rows)
         lines += ["### Size tiers (calls / bytes)", ""]
-        rows = [[run_label(t, m), *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in m["tiers"])]
+        rows = [[self.label(t, m), *(f"{x['calls']:,} / {fmt_bytes(x['bytes'])}" for x in m["tiers"])]
                 for t, m in runs if t["measurable"]]
         lines += table(["target", *TIER_LABELS], "l" + "r" * len(TIER_LABELS), rows)
         lines += self._peak_and_temporary(runs)
@@ -192,14 +329,14 @@ class MallocChapter(BaseChapter):
                          UNSTACKED if r.get("unstacked") else frames_cell(r["frames"])]
                         for r in m[key]]
                 if rows:
-                    lines += [f"**{cell(run_label(t, m))}**", ""]
+                    lines += [f"**{cell(self.label(t, m))}**", ""]
                     lines += table(["bytes", "count", "family", "frames (innermost first)"], "rrll", rows)
         return lines
 
     def _peak_and_temporary(self, runs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[str]:
         """Sections only captures from the aggregate core have (older ones carry neither figure)."""
         lines: list[str] = []
-        peaks = [(run_label(t, m), m) for t, m in runs if t["measurable"] and m.get("peak")]
+        peaks = [(self.label(t, m), m) for t, m in runs if t["measurable"] and m.get("peak")]
         if peaks:
             lines += ["### Peak of tracked live bytes", "",
                       "The high-water mark of the bytes in tracked blocks (at least the live threshold, or with a "
@@ -215,7 +352,7 @@ class MallocChapter(BaseChapter):
                 if rows:
                     lines += [f"**{cell(label)}** at its peak", ""]
                     lines += table(["bytes", "blocks", "family", "frames (innermost first)"], "rrll", rows)
-        temps = [(run_label(t, m), m) for t, m in runs if t["measurable"] and m.get("temporary")]
+        temps = [(self.label(t, m), m) for t, m in runs if t["measurable"] and m.get("temporary")]
         if temps:
             lines += ["### Temporary allocations", "",
                       "Freed by the thread that made them before its next allocation (heaptrack's definition): "
@@ -232,6 +369,14 @@ class MallocChapter(BaseChapter):
                     lines += [f"**{cell(label)}** temporaries by stack", ""]
                     lines += table(["calls", "bytes", "family", "frames (innermost first)"], "rrll", rows)
         return lines
+
+    def runs_of(self, targets: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(target, run) for every malloc capture of every target, in order."""
+        return [(t, m) for t in targets if self.own(t) for m in self.own(t)["runs"]]
+
+    def label(self, t: dict[str, Any], m: dict[str, Any]) -> str:
+        """The target's name, and the capture's path when the target has several."""
+        return t["target"] if self.own(t)["captures"] == 1 else f"{t['target']} ({m['path']})"
 
     def calibration(self, e: dict[str, Any]) -> dict[str, Any]:
         cov = e.get("coverage")
@@ -277,12 +422,3 @@ def merge_stacks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             m["exact_bytes"] += r.get("exact_bytes", 0)
     return sorted(merged.values(), key=lambda r: (-r["bytes"], str(frames_key(r["frames"]))))[:TOP]
 
-
-def runs_of(targets: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(target, run) for every malloc capture of every target, in order."""
-    return [(t, m) for t in targets if t.get("malloc") for m in t["malloc"]["runs"]]
-
-
-def run_label(t: dict[str, Any], m: dict[str, Any]) -> str:
-    """The target's name, and the capture's path when the target has several."""
-    return t["target"] if t["malloc"]["captures"] == 1 else f"{t['target']} ({m['path']})"

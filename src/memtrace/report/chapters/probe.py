@@ -13,7 +13,7 @@ class ProbeChapter(BaseChapter):
     name = "probe"
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
-        probes = [(t["target"], e) for t in targets for e in t.get("probe") or []]
+        probes = [(t["target"], e) for t in targets for e in self.own(t) or []]
         if not probes:
             return []
         lines = ["## Probe truth tables", ""]

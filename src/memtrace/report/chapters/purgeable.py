@@ -4,16 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrace.report.chapters import TOP, BaseChapter, add, arrow, frames_cell
+from memtrace.report.chapters import TOP, BaseChapter, Column, Lines, Row, add, arrow, frames_cell
 from memtrace.reporters.markdown import cell, code, table, text
 from memtrace.units import fmt_bytes
 
 MATRIX = ("0->1", "1->0", "0->2", "2->0", "1->2", "2->1", "0->0", "1->1", "2->2")
 
 
+def _held(r: Row) -> str:
+    return "not traced" if r["purgeable_held_bytes"] is None else fmt_bytes(r["purgeable_held_bytes"])
+
+
 class PurgeableChapter(BaseChapter):
     name = "purgeable"
     stack_tables = ("by_caller",)
+    panorama_place = 20
+    panorama_columns = (Column("purgeable held", "r", 40, _held),)
+    panorama_legend = "purgeable held = VOLATILE/EMPTY bytes not counted in footprint"
+
+    def panorama(self, agg: Any) -> Row:
+        return {"purgeable_held_bytes": agg["held_bytes"] if agg else None}
 
     def aggregate(self, entries: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {"captures": len(entries), "transitions": {}, "transition_bytes": {}, "set_calls": 0,
@@ -45,10 +55,10 @@ class PurgeableChapter(BaseChapter):
         out["by_caller"] = out["by_caller"][:TOP * 2]
         return out
 
-    def findings(self, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def findings(self, targets: list[dict[str, Any]], chapters: Lines) -> list[dict[str, Any]]:
         held = []
         for t in targets:
-            p = t.get("purgeable")
+            p = self.own(t)
             if p and p["held_bytes"] > 0:
                 held.append({"target": t["target"], "held_bytes": p["held_bytes"], "formula": p["held_formula"],
                              "text": f"{t['target']}: {fmt_bytes(p['held_bytes'])} held VOLATILE/EMPTY at the end "
@@ -61,15 +71,15 @@ class PurgeableChapter(BaseChapter):
                          "reading does not show.", "items": held}]
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
-        ps = [t for t in targets if t.get("purgeable")]
+        ps = [t for t in targets if self.own(t)]
         if not ps:
             return []
-        cols = [k for k in MATRIX if any(t["purgeable"]["transitions"].get(k) for t in ps)] or ["0->1", "1->0"]
+        cols = [k for k in MATRIX if any(self.own(t)["transitions"].get(k) for t in ps)] or ["0->1", "1->0"]
         lines = ["## purgeable", "", "### Transition matrix (SET calls, old → new state: 0 NONVOLATILE, "
                  "1 VOLATILE, 2 EMPTY; 2→0 = stolen by the kernel, found on reacquire)", ""]
         rows = []
         for t in ps:
-            p = t["purgeable"]
+            p = self.own(t)
             tr, tb = p["transitions"], p["transition_bytes"]
             rows.append([t["target"], *(f"{tr.get(k, 0):,} ({fmt_bytes(tb.get(k, 0))})" for k in cols),
                          f"{p['set_calls']:,}", f"{p['get_calls']:,}",
@@ -78,7 +88,7 @@ class PurgeableChapter(BaseChapter):
         lines += table(["target", *map(arrow, cols), "SET", "GET", "stolen 2→0", "created purgeable", "held"],
                        "l" + "r" * (len(cols) + 5), rows)
         for t in ps:
-            p = t["purgeable"]
+            p = self.own(t)
             lines += [f"### {cell(t['target'])}: callers, by transition and stack", ""]
             rows = [[r.get("entry", "—"), arrow(str(r.get("transition", "—"))), f"{int(r.get('count') or 0):,}",
                      fmt_bytes(r.get("bytes")), r.get("family", "—"), frames_cell(r.get("frames") or [])]

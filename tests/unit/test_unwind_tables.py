@@ -161,7 +161,7 @@ def test_c_lookup_agrees_with_a_binary_search(tmp_path: Path) -> None:
     table = build_table(libc)
     assert table is not None and table.n_rows > 10000
     glib = "typedef unsigned char guint8; typedef unsigned short guint16; typedef unsigned int guint32;\n" \
-           "typedef int gint32; typedef unsigned long long guint64; typedef long long gint64;\n" \
+           "typedef int gint; typedef int gint32; typedef unsigned long long guint64; typedef long long gint64;\n" \
            "typedef unsigned long gsize; typedef unsigned int guint; typedef int gboolean;\n"
     (tmp_path / "glib.h").write_text(glib)
     (tmp_path / "unwind.c").write_text((ROOT / "cmodule" / "unwind.c").read_text())

@@ -16,7 +16,7 @@
  * the C library functions both are given.
  *
  * Linux: a helper process that shares our memory (clone(CLONE_VM), not a thread, since a thread
- * may not ptrace its own thread group) PTRACE_ATTACHes every thread of the process but the caller
+ * may not ptrace its own thread group) seizes and interrupts every thread of the process but the caller
  * and Frida's own (the agent lists them: Frida cloaks them), reads their registers, and holds them
  * until told to let go -- LeakSanitizer's StopTheWorld.  ptrace stops are transparent to the
  * stopped threads: a sleep in progress resumes where it was (a signal-handler stop would end it
@@ -72,14 +72,16 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 #define MT_WALL 0x40000000
 #define MT_WCLONE 0x80000000
 #define MT_PTRACE_CONT 7
-#define MT_PTRACE_ATTACH 16
+#define MT_PTRACE_SEIZE 0x4206
+#define MT_PTRACE_INTERRUPT 0x4207
+#define MT_PTRACE_EVENT_STOP 128
+#define MT_WNOHANG 1
 #define MT_PTRACE_DETACH 17
 #define MT_PTRACE_GETREGSET 0x4204
 #define MT_NT_PRSTATUS 1
 #define MT_PR_SET_PDEATHSIG 1
 #define MT_PR_SET_PTRACER 0x59616d61
 #define MT_SIGKILL 9
-#define MT_SIGSTOP 19
 #ifdef MT_ARM64
 # define MT_SYS_GETDENTS64 61
 # define MT_SYS_TGKILL 131
@@ -134,22 +136,42 @@ mt_world_is_held (MtWorld * w, guint64 tid)
   return FALSE;
 }
 
-/* Attach to one thread and wait for it to stop.  A signal that arrives before our SIGSTOP is
- * handed back to the thread (PTRACE_CONT with it) and we wait again, as LeakSanitizer does. */
+/* Attach to one thread and wait, a bounded time, for it to stop.  PTRACE_SEIZE + PTRACE_INTERRUPT,
+ * not PTRACE_ATTACH: ATTACH's stop is a SIGSTOP, and a SIGCONT sent to the process meanwhile (job
+ * control, a supervisor, a debugger) discards a pending SIGSTOP -- the thread never stopped and the
+ * wait for it never ended: the agent's JavaScript thread hung for good at start (seen once in a
+ * loaded run, in mt_mask_threads).  INTERRUPT's stop is no signal: nothing can cancel it.  A signal
+ * that arrives first is handed back to the thread (PTRACE_CONT with it; the interrupt stays
+ * pending) and we wait again, as LeakSanitizer does.  A thread still running after
+ * MT_WORLD_ATTACH_TRIES waits is given up (FALSE): it stays seized, harmlessly, until the helper
+ * ends, when the kernel lets go of every tracee the helper still has. */
+#define MT_WORLD_ATTACH_TRIES 5000                /* x MT_WORLD_WAIT_US: 1 s at most per thread */
 static gboolean
 mt_world_attach (gint tid)
 {
-  gint status = 0, tries;
-  if (ptrace (MT_PTRACE_ATTACH, tid, NULL, NULL) != 0)
+  gint status = 0, got, waits = 0, signals = 0;
+  if (ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
     return FALSE;
-  for (tries = 0; tries != 64; tries++)
+  if (ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
+    return FALSE;                                 /* gone meanwhile */
+  for (;;)
   {
-    if (waitpid (tid, &status, MT_WALL) != tid)
+    got = waitpid (tid, &status, MT_WALL | MT_WNOHANG);
+    if (got == 0)
+    {
+      if (++waits == MT_WORLD_ATTACH_TRIES)
+        return FALSE;
+      usleep (MT_WORLD_WAIT_US);
+      continue;
+    }
+    if (got != tid)
       return FALSE;
     if ((status & 0xff) != 0x7f)
       return FALSE;                               /* exited meanwhile */
-    if (((status >> 8) & 0xff) == MT_SIGSTOP)
-      return TRUE;
+    if ((status >> 16) == MT_PTRACE_EVENT_STOP)
+      return TRUE;                                /* our interrupt's stop (or a group stop) */
+    if (++signals == 64)
+      break;
     ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
   }
   ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
@@ -412,10 +434,9 @@ mt_world_stop (MtWorld * w)
   if (w->tracer_pid != 0)
   {
     /* A helper that timed out earlier still uses this MtWorld and its stack: never a second one
-     * beside it (nor a kill: a tracer killed while its tracee is in its SIGSTOP's delivery stop
-     * could leave the process stopped). */
+     * beside it (nor a kill: it may be in the middle of giving a tracee back its signal). */
     gint status = 0;
-    if (waitpid ((gint) w->tracer_pid, &status, MT_WCLONE | 1 /* WNOHANG */) != (gint) w->tracer_pid)
+    if (waitpid ((gint) w->tracer_pid, &status, MT_WCLONE | MT_WNOHANG) != (gint) w->tracer_pid)
     {
       w->error = MT_WORLD_E_TIMEOUT;
       return 0;

@@ -32,6 +32,7 @@ from memtrace.children import CHILD_WAIT_S, Child, ChildFollower, ChildUI, Famil
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
 from memtrace.exact import exact_batch_ints
+from memtrace.exitwatch import local_pid_alive
 from memtrace.leakscan import leak_progress
 from memtrace.live import CoreStats, LiveStats
 from memtrace.record_source import AgentError, DeviceLost, Ended, Notice, RecordSource, SourceEvent
@@ -215,6 +216,7 @@ class CaptureLoop:
         # What memtrace was doing to the target, for the END record of a target that dies:
         # spawn, injection, agent load, window, detach (issue 26).
         self.stage = "start"
+        self._pid_seen_at_start = False
         # A program memtrace starts runs to its end unless --window limits it; an app or a running
         # process gets the default window.
         # A followed child (window None) ends with its family's window, whatever that is.
@@ -247,6 +249,9 @@ class CaptureLoop:
             _ending_signal.clear()
         for sig in previous:
             signal.signal(sig, _raise_interrupt)
+        # A --pid process seen alive (here: /proc) before its capture began: one the launch then
+        # finds gone was killed meanwhile -- its capture stays, death named (not "no such process").
+        self._pid_seen_at_start = self.target.pid is not None and local_pid_alive(self.target.pid)
         try:
             self._write_meta()
             if self.write_error is not None:        # nothing launched yet: no capture, one error
@@ -326,12 +331,17 @@ class CaptureLoop:
         """The target existed and is gone now: an attach that failed because the target was
         killed under it, not because it cannot be attached.  A process memtrace launched; or one
         it attaches to (--pid, --name) once injection began -- the pid was there to inject."""
-        if self.source.pid is None:
+        pid = self.source.pid
+        vanished_at_launch = (self.stage == "spawn" and self._pid_seen_at_start and self.source.is_local
+                              and not self.source.spawned)
+        if pid is None and vanished_at_launch:
+            pid = self.target.pid       # the launch's own check found it gone: no pid was taken
+        if pid is None:
             return False
-        if not self.source.spawned and self.stage not in ("injection", "agent load"):
+        if not self.source.spawned and self.stage not in ("injection", "agent load") and not vanished_at_launch:
             return False
         end = time.monotonic() + 1.0        # a SIGKILL takes a moment to be final
-        while self.source.alive():
+        while self.source.alive() if self.source.pid is not None else local_pid_alive(pid):
             if time.monotonic() >= end:
                 return False
             time.sleep(0.02)

@@ -110,6 +110,21 @@ class ChildExitWatcher:
         return self.result
 
 
+def local_pid_alive(pid: int) -> bool:
+    """Whether pid is a live process on this machine (a zombie is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def reaped_status_readable() -> bool:
     """Whether this kernel keeps a reaped process's status for its pidfds (Linux 6.15+)."""
     if not hasattr(os, "pidfd_open") or not hasattr(os, "fork"):

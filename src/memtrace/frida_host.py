@@ -32,7 +32,7 @@ from frida_tools.application import Reactor
 from memtrace import devices, launchers
 from memtrace.agentbuild import build_agent, default_cache_dir, precompiled_cmodule
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
-from memtrace.exitwatch import ChildExitWatcher
+from memtrace.exitwatch import ChildExitWatcher, local_pid_alive
 from memtrace.files import write_text_atomic
 from memtrace.hold import HeldImage, Hold
 from memtrace.hold import library as hold_library
@@ -240,7 +240,7 @@ class FridaHost:
         if pid is None:
             return False
         if self.is_local:
-            return _local_pid_alive(pid)
+            return local_pid_alive(pid)
         # Remote: ask for that one pid (not the whole process list), at most once a second -- the
         # attach-delay wait polls every 100 ms.
         now = time.monotonic()
@@ -527,20 +527,6 @@ def _pump(read_fd: int, fd: int, output: Callable[[int, bytes], None] | None) ->
                     output(fd, data)
     with contextlib.suppress(OSError):
         os.close(read_fd)
-
-
-def _local_pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:

@@ -17,7 +17,8 @@ from tests.conftest import ROOT, run_memtrace
 
 from memtrace.capture import RecordType, read_records
 from memtrace.capture_loop import CaptureOptions, run_capture
-from memtrace.frida_host import FridaHost, _local_pid_alive
+from memtrace.exitwatch import local_pid_alive
+from memtrace.frida_host import FridaHost
 from memtrace.target import TargetSpec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="local Linux device")
@@ -96,9 +97,9 @@ def test_attach_failure_after_spawn_is_one_line_kills_the_process_and_leaves_not
     end = [r.body for r in read_records(result.path) if r.type == RecordType.END]
     assert end and end[0]["evidence"]["stage"] == "injection"
     deadline = time.monotonic() + 5
-    while _local_pid_alive(host.pid) and time.monotonic() < deadline:
+    while local_pid_alive(host.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _local_pid_alive(host.pid)
+    assert not local_pid_alive(host.pid)
 
 
 def test_unreachable_remote_device_is_one_line(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@
 import { FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
-import { applyPatches, buildWorld, fridaThreads, moduleCode, notePatched, quiesce, world } from './world.js';
+import { applyPatches, buildWorld, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world } from './world.js';
 
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
@@ -515,7 +515,7 @@ function unhookFdGuard() {
   proc.fdGuard = null;
   clearInterval(guard.timer);
   for (const target of guard.hooked)
-    Interceptor.revert(target);
+    revertWhenStopped(target);
   applyPatches('descriptor guard out');
   const kept = Number(proc.mem.fdState.readU64());
   const refused = Number(proc.mem.fdState.add(FD_DUP_REFUSED * 8).readU64());
@@ -619,7 +619,7 @@ export function unhookExec() {
       applyPatches('execve hook out', () => Memory.patchCode(target, JUMP_BYTES, code => code.writeByteArray(saved)));
       proc.execSaved = null;
     } else {
-      Interceptor.revert(proc.execTarget);
+      revertWhenStopped(proc.execTarget);
       applyPatches('execve hook out');
     }
     proc.execHooked = false;

@@ -75,6 +75,7 @@ export const world = {
   later: [],
   deferred: [],         // Interceptor calls to make right before the stop (deferPatch)
   afterFlush: [],       // ... and right after it (deferUntilFlushed)
+  reverts: [],          // Interceptor.revert targets, reverted once the world is stopped (revertWhenStopped)
   log: [],              // [what, sites rewritten while stopped] per applyPatches
   listenerHolds: new Map(),   // site -> memtrace's JavaScript listeners on it now
   otherSites: new Set(),      // sites memtrace also redirects (replaceFast/replace: malloc, execve, guard)
@@ -291,6 +292,19 @@ export function deferUntilFlushed(call) {
   world.afterFlush.push(call);
 }
 
+/*
+ * Interceptor.revert(target), made by applyPatches once the world is stopped, right before its
+ * flush.  revert() does not wait for the flush: it clears the function context's replacement at
+ * once, and _gum_function_context_begin_invocation reads that field twice -- `if (replacement !=
+ * NULL)` ... `*next_hop = replacement` (two loads in Frida 17.2's build) -- so a thread entering the
+ * function in between jumps to address 0 with the caller's return address already turned into the
+ * on_leave trampoline: the fds storm's other SIGSEGV (pc 0, docs/hook-storm.md), its threads being in
+ * close() without pause.  With the world stopped clear of Frida's code no thread is in between.
+ */
+export function revertWhenStopped(target) {
+  world.reverts.push(target);
+}
+
 /* True when memtrace redirects `address` already (a replace or replaceFast noted by notePatched). */
 export function isRedirected(address) {
   return world.otherSites.has(ptr(address).toString());
@@ -325,6 +339,8 @@ export function applyPatches(what, write = null) {
   for (const call of world.deferred.splice(0))
     call();
   if (world.fns === null) {
+    for (const target of world.reverts.splice(0))
+      Interceptor.revert(target);
     if (write !== null)
       write();
     Interceptor.flush();
@@ -355,6 +371,8 @@ export function applyPatches(what, write = null) {
       if (!world.pristine.has(a))
         world.pristine.set(a, before[i]);
     });
+    for (const target of world.reverts.splice(0))
+      Interceptor.revert(target);
     if (write !== null)
       write();
     Interceptor.flush();

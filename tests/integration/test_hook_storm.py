@@ -115,15 +115,22 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
     assert world["quiesced"] == (2 if tracer == "malloc" else 1) and world["not_quiesced"] == 0, world
 
 
+# A cycle is a whole memtrace run (start-up, injection, agent build, 1 s window, hooks out, report):
+# 5-10 s on an idle machine, a minute and more on a loaded one (docs/hook-storm.md).  The budget is
+# for a loaded CI machine: a storm cut short by its timeout proves nothing either way.
+CYCLE_BUDGET_S = 150
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(CYCLES * 60 + 120)
+@pytest.mark.timeout(CYCLES * CYCLE_BUDGET_S + 120)
 @pytest.mark.parametrize("mode", ["pid", "spawn", "leaks", "sample-bytes", "events",
                                   "fds", "threads", "iosurface", "purgeable", "probe"])
 def test_a_storm_of_cycles_kills_no_target(mode: str, tmp_path: Path) -> None:
     log = tmp_path / "log.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     res = subprocess.run([sys.executable, str(STRESS / "hook_storm.py"), "--mode", mode, "--cycles", str(CYCLES),
-                          "--log", str(log)], capture_output=True, text=True, env=env, timeout=CYCLES * 60)
+                          "--log", str(log)], capture_output=True, text=True, env=env,
+                         timeout=CYCLES * CYCLE_BUDGET_S)
     lines = res.stdout.strip().splitlines()
     assert lines[0] == "mode cycles deaths failures seconds deaths_at_injection", res.stdout + res.stderr
     name, cycles, deaths, _failures, _seconds, _at_injection = lines[1].split()

@@ -17,7 +17,9 @@
 import { FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
-import { applyPatches, buildWorld, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world } from './world.js';
+import {
+  applyPatches, buildWorld, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
+} from './world.js';
 
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;

@@ -296,7 +296,7 @@ export function deferUntilFlushed(call) {
  * Interceptor.revert(target), made by applyPatches once the world is stopped, right before its
  * flush.  revert() does not wait for the flush: it clears the function context's replacement at
  * once, and _gum_function_context_begin_invocation reads that field twice -- `if (replacement !=
- * NULL)` ... `*next_hop = replacement` (two loads in Frida 17.2's build) -- so a thread entering the
+ * NULL)` ... `*next_hop = replacement` (two loads in Frida 17.26.2's x86-64 build) -- so a thread entering the
  * function in between jumps to address 0 with the caller's return address already turned into the
  * on_leave trampoline: the fds storm's other SIGSEGV (pc 0, docs/hook-storm.md), its threads being in
  * close() without pause.  With the world stopped clear of Frida's code no thread is in between.

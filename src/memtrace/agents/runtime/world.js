@@ -53,7 +53,8 @@ const HELPER_STACK = 64 * 1024;
 const PROLOGUE_BYTES = 32;          // rewritten at most: 5..16 bytes on x86-64, 4..16 on arm64
 const CLEAR_TRIES = 400;            // stops tried until no thread sits in a prologue
 const CLEAR_PAUSE_US = 500;
-const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
+const NEW_THREAD_TRIES = 100;       // stops retried because a thread started between listing and stop (the
+                                    // threads storm starts them without pause: 20 ran out under load)
 const FRIDA_TRIES = 200;            // strict stops retried because a stopped thread was in Frida's code
 const FRIDA_MS = 1500;              // ... for at most this long
 const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)

@@ -473,7 +473,9 @@ class CaptureLoop:
             try:
                 if self.tracer.window_end is not None:
                     self.tracer.window_end(self)
-                self.source.stop(timeout=10)
+                # Hooks out under stopped worlds (agents/runtime/world.js) can take seconds on a
+                # loaded machine; a host that leaves mid-stop unloads the agent early.
+                self.source.stop(timeout=max(10.0, self.options.thresholds.rpc_timeout))
                 self.drain()
                 after = self.source.calibrate(timeout=10)
                 self._write(RecordType.CALIBRATION, {"phase": "after", **after})

@@ -13,6 +13,7 @@ functions in a tight loop:
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -90,6 +91,10 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
     assert world["applied"] >= 4 and world["stopped"] == world["applied"], world
     assert world["running"] == 0 and world["failed"] == 0, world
     assert world["frida_code_ranges"] >= 1, world
+    if platform.machine() == "x86_64":
+        # Interceptor's way in (the guard's trampoline slices, the enter thunk) kept clear of the
+        # stops too: a thread on it when a hook comes out would resume into a freed context.
+        assert world["entry_ranges"] >= 2, world
     # The proof that the bytes changed under the stop: every site rewritten going in while the
     # world was stopped, and every one restored under it going out (the guard's close is shared
     # with the fds tracer's listener: rewritten once going in, restored once going out).
@@ -105,19 +110,27 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
     if tracer in ("fds", "threads", "iosurface", "purgeable"):
         restored = next(n for what, n in world["log"] if what == "listeners out (memtrace)")
         assert restored >= 1 and world["restored_stopped"] == restored and world["drained"] >= 2, world
-    if tracer == "malloc":
-        assert world["quiesced"] == 1 and world["not_quiesced"] == 0, world
+    # Before the agent's code can be freed, no thread was left in it: process.c's (the descriptor
+    # guard's mt_close, the execve hook) for every tracer, and the malloc tracer's own module.
+    assert world["quiesced"] == (2 if tracer == "malloc" else 1) and world["not_quiesced"] == 0, world
+
+
+# A cycle is a whole memtrace run (start-up, injection, agent build, 1 s window, hooks out, report):
+# 5-10 s on an idle machine, a minute and more on a loaded one (docs/hook-storm.md).  The budget is
+# for a loaded CI machine: a storm cut short by its timeout proves nothing either way.
+CYCLE_BUDGET_S = 150
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(CYCLES * 60 + 120)
+@pytest.mark.timeout(CYCLES * CYCLE_BUDGET_S + 120)
 @pytest.mark.parametrize("mode", ["pid", "spawn", "leaks", "sample-bytes", "events",
                                   "fds", "threads", "iosurface", "purgeable", "probe"])
 def test_a_storm_of_cycles_kills_no_target(mode: str, tmp_path: Path) -> None:
     log = tmp_path / "log.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     res = subprocess.run([sys.executable, str(STRESS / "hook_storm.py"), "--mode", mode, "--cycles", str(CYCLES),
-                          "--log", str(log)], capture_output=True, text=True, env=env, timeout=CYCLES * 60)
+                          "--log", str(log)], capture_output=True, text=True, env=env,
+                         timeout=CYCLES * CYCLE_BUDGET_S)
     lines = res.stdout.strip().splitlines()
     assert lines[0] == "mode cycles deaths failures seconds deaths_at_injection", res.stdout + res.stderr
     name, cycles, deaths, _failures, _seconds, _at_injection = lines[1].split()

@@ -49,6 +49,8 @@ MODES: dict[str, tuple[str, tuple[str, ...], str, bool]] = {
     "probe": ("probe", (), "purgeable", True),
 }
 STANDIN_KINDS = ("iosurface", "purgeable")
+# The routing probe traces no calls: its capture ends "slow-start" (no traced activity) when all went well.
+ENDINGS_OK = {"probe": ("completed", "slow-start")}
 
 
 CYCLE_TIMEOUT = 300    # seconds one memtrace run may take on a loaded machine before it counts as hung
@@ -96,7 +98,8 @@ def death_of(status: int | None) -> str | None:
 
 
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
-             log: list[dict[str, object]], progress: bool, keep: Path | None = None) -> tuple[int, int, int]:
+             log: list[dict[str, object]], progress: bool, keep: Path | None = None,
+             log_path: Path | None = None) -> tuple[int, int, int]:
     tracer, extra, kind, attach = MODES[mode]
     deaths = failures = injection_deaths = 0
     target = start_target(exe, kind, threads) if attach else None
@@ -112,6 +115,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 cmd += ["--pid", str(target.pid)]
             else:
                 cmd += ["--", str(exe), kind, str(threads)]
+            t0 = time.monotonic()
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=CYCLE_TIMEOUT, env=target_env(exe))
             except subprocess.TimeoutExpired as e:
@@ -126,22 +130,26 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             why = reason_of(res.stdout)
             if not attach and ended in TARGET_DIED:
                 died = ended          # the spawned target did not live through the window
-            if (res.returncode != 0 or ended != "completed") and died is None:
+            if (res.returncode != 0 or ended not in ENDINGS_OK.get(mode, ("completed",))) and died is None:
                 failures += 1
             # Frida's injector gives up on a starved target (its own timeout) and unmaps the
             # bootstrap code under it: a death before memtrace's agent ran, told apart.
             at_injection = died is not None and why is not None and "during injection" in why
             if at_injection:
                 injection_deaths += 1
+            seconds = time.monotonic() - t0
             log.append({"mode": mode, "cycle": cycle, "rc": res.returncode, "died": died, "ended": ended,
-                        "reason": why, "at_injection": at_injection,
+                        "reason": why, "at_injection": at_injection, "seconds": round(seconds, 1),
                         "stderr": res.stderr.strip().splitlines()[-3:]})
+            if log_path is not None:
+                # after every cycle: a run cut short still tells what it saw
+                log_path.write_text(json.dumps(log, indent=1))
             if died is not None and keep is not None:
                 shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
                 (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
             shutil.rmtree(out, ignore_errors=True)
             if progress:
-                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended} rc={res.returncode}"
+                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended} rc={res.returncode} {seconds:.0f} s"
                       f"{' (at injection)' if at_injection else ''}", file=sys.stderr, flush=True)
             if died is not None:
                 deaths += 1
@@ -204,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in modes:
             t0 = time.monotonic()
             deaths, failures, at_injection = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress,
-                                        args.keep)
+                                                      args.keep, args.log)
             any_death |= deaths > 0
             print(f"{m} {args.cycles} {deaths} {failures} {time.monotonic() - t0:.0f} {at_injection}", flush=True)
     if args.log is not None:

@@ -21,7 +21,7 @@ import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbol
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
 import { selfTaskVmInfo } from './runtime/taskinfo.js';
-import { applyPatches, notePatched, quiesce, warnLater } from './runtime/world.js';
+import { applyPatches, notePatched, quiesce, revertWhenStopped, warnLater } from './runtime/world.js';
 
 /* The replaced entries; each one's call kind is KINDS[name] (layout.js), its C replacement mt_<name>. */
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
@@ -422,7 +422,7 @@ export const tracer = {
     // them): a call that entered a replacement just before the revert finishes there.
     const hadHooks = mallocState.replaced.length > 0;
     for (const target of mallocState.replaced)
-      Interceptor.revert(target);
+      revertWhenStopped(target);    // (a fallback Interceptor.replace races a running revert: world.js)
     mallocState.replaced = [];
     applyPatches('malloc hooks out');
     if (hadHooks) {

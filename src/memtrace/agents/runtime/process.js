@@ -17,7 +17,9 @@
 import { FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
-import { applyPatches, buildWorld, fridaThreads, notePatched, world } from './world.js';
+import {
+  applyPatches, buildWorld, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
+} from './world.js';
 
 const STUB_PAGE = 4096;
 const STUB_SIZE = 16;
@@ -62,6 +64,7 @@ export const proc = {
   busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
   onExec: null,       // (path, argv) before the traced process execs (rpc.js)
   mark: null,         // our session's mark (claimProcess), or null
+  quiesce: null,      // how the wait for threads inside process.c's code ended (unhookExec)
 };
 
 function nf(name, ret, args) {
@@ -541,7 +544,7 @@ function unhookFdGuard() {
   proc.fdGuard = null;
   clearInterval(guard.timer);
   for (const target of guard.hooked)
-    Interceptor.revert(target);
+    revertWhenStopped(target);
   applyPatches('descriptor guard out');
   const kept = Number(proc.mem.fdState.readU64());
   const refused = Number(proc.mem.fdState.add(FD_DUP_REFUSED * 8).readU64());
@@ -632,22 +635,45 @@ function hookSpawn() {
 }
 
 export function unhookExec() {
+  const guarded = proc.fdGuard !== null;
   unhookFdGuard();
   for (const h of proc.spawnHooks.splice(0))
     h.detach();
-  if (!proc.execHooked)
-    return;
-  writeField(proc.mem.proc, PROC, 'exec_notify', 0);
-  if (proc.execSaved !== null) {
-    const saved = proc.execSaved;
-    const target = proc.execTarget;
-    applyPatches('execve hook out', () => Memory.patchCode(target, JUMP_BYTES, code => code.writeByteArray(saved)));
-    proc.execSaved = null;
-  } else {
-    Interceptor.revert(proc.execTarget);
-    applyPatches('execve hook out');
+  const execHooked = proc.execHooked;
+  if (execHooked) {
+    writeField(proc.mem.proc, PROC, 'exec_notify', 0);
+    if (proc.execSaved !== null) {
+      const saved = proc.execSaved;
+      const target = proc.execTarget;
+      applyPatches('execve hook out', () => Memory.patchCode(target, JUMP_BYTES, code => code.writeByteArray(saved)));
+      proc.execSaved = null;
+    } else {
+      revertWhenStopped(proc.execTarget);
+      applyPatches('execve hook out');
+    }
+    proc.execHooked = false;
   }
-  proc.execHooked = false;
+  if (guarded || execHooked)
+    quiesceProcessCode();
+}
+
+/* The hooks are out, but a thread that entered one just before -- mt_close, which a program that
+ * opens and closes descriptors in a loop is nearly always in, or mt_execve -- may still run in
+ * process.c's code or be about to return into it (from the close system call, say), and Frida
+ * frees that code when the agent unloads: the fds storm's SIGSEGVs (docs/hook-storm.md).  So wait
+ * (bounded, world.js quiesce) until no thread's pc, register or stack word points into it. */
+function quiesceProcessCode() {
+  if (proc.cm === null)
+    return;
+  proc.quiesce = quiesce(moduleCode(proc.cm));
+  if (!proc.quiesce.clear && proc.quiesce.threads !== null) {
+    try {
+      send({ type: 'agent:warning', message: `${proc.quiesce.threads} thread(s) still inside memtrace's ` +
+        `descriptor guard or execve hook after ${proc.quiesce.tries} looks; the agent unloads regardless` });
+    } catch (e) {
+      // going away
+    }
+  }
 }
 
 /* The process is about to lose its image (exec) or its life (a crash): the thread waits here

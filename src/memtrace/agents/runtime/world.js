@@ -53,7 +53,8 @@ const HELPER_STACK = 64 * 1024;
 const PROLOGUE_BYTES = 32;          // rewritten at most: 5..16 bytes on x86-64, 4..16 on arm64
 const CLEAR_TRIES = 400;            // stops tried until no thread sits in a prologue
 const CLEAR_PAUSE_US = 500;
-const NEW_THREAD_TRIES = 20;        // stops retried because a thread started between listing and stop
+const NEW_THREAD_TRIES = 100;       // stops retried because a thread started between listing and stop (the
+                                    // threads storm starts them without pause: 20 ran out under load)
 const FRIDA_TRIES = 200;            // strict stops retried because a stopped thread was in Frida's code
 const FRIDA_MS = 1500;              // ... for at most this long
 const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
@@ -78,10 +79,12 @@ export const world = {
   later: [],
   deferred: [],         // Interceptor calls to make right before the stop (deferPatch)
   afterFlush: [],       // ... and right after it (deferUntilFlushed)
+  reverts: [],          // Interceptor.revert targets, reverted once the world is stopped (revertWhenStopped)
   log: [],              // [what, sites rewritten while stopped] per applyPatches
   listenerHolds: new Map(),   // site -> memtrace's JavaScript listeners on it now
   otherSites: new Set(),      // sites memtrace also redirects (replaceFast/replace: malloc, execve, guard)
   pristine: new Map(),        // site -> its first PROLOGUE_BYTES before memtrace's first patch (read stopped)
+  entryCode: new Map(),       // 'lo-hi' -> [lo, hi): Interceptor's trampoline slices and enter thunk (entryRanges)
   stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
     rewritten_stopped: 0,     // sites whose bytes the flush changed while the world was stopped
     // JavaScript listeners (releaseListenerSites): sites put back to their pristine bytes by memtrace
@@ -344,6 +347,19 @@ export function deferUntilFlushed(call) {
   world.afterFlush.push(call);
 }
 
+/*
+ * Interceptor.revert(target), made by applyPatches once the world is stopped, right before its
+ * flush.  revert() does not wait for the flush: it clears the function context's replacement at
+ * once, and _gum_function_context_begin_invocation reads that field twice -- `if (replacement !=
+ * NULL)` ... `*next_hop = replacement` (two loads in Frida 17.26.2's x86-64 build) -- so a thread entering the
+ * function in between jumps to address 0 with the caller's return address already turned into the
+ * on_leave trampoline: the fds storm's other SIGSEGV (pc 0, docs/hook-storm.md), its threads being in
+ * close() without pause.  With the world stopped clear of Frida's code no thread is in between.
+ */
+export function revertWhenStopped(target) {
+  world.reverts.push(target);
+}
+
 /* True when memtrace redirects `address` already (a replace or replaceFast noted by notePatched). */
 export function isRedirected(address) {
   return world.otherSites.has(ptr(address).toString());
@@ -378,6 +394,8 @@ export function applyPatches(what, write = null) {
   for (const call of world.deferred.splice(0))
     call();
   if (world.fns === null) {
+    for (const target of world.reverts.splice(0))
+      Interceptor.revert(target);
     if (write !== null)
       write();
     Interceptor.flush();
@@ -391,9 +409,13 @@ export function applyPatches(what, write = null) {
     sendLater();
     return false;
   }
-  const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
+  // Nor inside Interceptor's way in (entryRanges): a flush that takes a function's hook out frees
+  // its context, and a thread on the way in has not yet counted itself in.
+  const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode,
+    [...world.entryCode.values()]);
   const stopped = stopClear(avoid, true);
   let rewritten = 0;
+  const afters = [];
   try {
     // Which sites the flush rewrites, as seen while the world is still stopped (the proof that
     // the bytes changed under the stop, not after it).
@@ -404,6 +426,8 @@ export function applyPatches(what, write = null) {
       if (!world.pristine.has(a))
         world.pristine.set(a, before[i]);
     });
+    for (const target of world.reverts.splice(0))
+      Interceptor.revert(target);
     if (write !== null)
       write();
     Interceptor.flush();
@@ -411,11 +435,14 @@ export function applyPatches(what, write = null) {
       const after = new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES));
       if (after.some((b, k) => b !== before[i][k]))
         rewritten++;
+      afters.push([ptr(a), after]);
     });
   } finally {
     if (stopped)
       world.fns.resume(world.mem.world);
   }
+  for (const [site, bytes] of afters)
+    noteEntryRanges(site, bytes);
   for (const call of world.afterFlush.splice(0))
     call();
   if (stopped) {
@@ -432,6 +459,68 @@ export function applyPatches(what, write = null) {
   }
   sendLater();
   return stopped;
+}
+
+/*
+ * Interceptor's way into a hooked function, as [start, end) ranges (x86-64).  A redirected site
+ * jumps to its function context's on_enter trampoline (`push [ctx]; jmp enter_thunk`, in a
+ * 256-byte code slice that starts with the context's address and also holds the relocated
+ * prologue), and the enter thunk calls _gum_function_context_begin_invocation, whose first act is
+ * to count the thread in (trampoline_usage_counter).  A flush that takes the function's last hook
+ * out destroys its context -- and frees the slice -- when that count is 0
+ * (gum_interceptor_transaction_end): a thread stopped anywhere on that way in (neither in the
+ * prologue nor in Frida's library) would resume into freed memory.  That is the fds storm's
+ * SIGSEGV: a thread in close() read the freed context's listener array (docs/hook-storm.md).  So
+ * every flush's stop is clear of these ranges too.  They are read from the site's bytes right after
+ * the flush that put the hook in (a listener site memtrace restores itself keeps its ranges
+ * recorded).  ARCH-UNVERIFIED: arm64's redirects are not decoded (nothing recorded there).
+ */
+function noteEntryRanges(site, bytes) {
+  if (Process.arch !== 'x64')
+    return;
+  const enter = jumpTarget(site, bytes, 0);
+  if (enter === null)
+    return;
+  let code;
+  try {
+    code = new Uint8Array(enter.readByteArray(32));
+  } catch (e) {
+    return;
+  }
+  let k = endbr(code, 0);
+  // push qword [rip + disp32]: the context's address, at the slice's start
+  if (code[k] !== 0xff || code[k + 1] !== 0x35)
+    return;     // not a Frida trampoline (a replaceFast goes straight to its replacement)
+  const slice = enter.add(k + 6).add(readS32(code, k + 2));
+  k += 6;
+  const thunk = jumpTarget(enter.add(k), code.subarray(k), 0);
+  for (const lo of thunk === null ? [slice] : [slice, thunk]) {
+    const hi = lo.add(TRAMPOLINE_BYTES);
+    world.entryCode.set(`${lo}-${hi}`, [lo, hi]);
+  }
+}
+
+/* Where an x86-64 jmp at bytes[k] (code at address `at`) goes: jmp rel32, or jmp [rip+0] with the
+ * address after it; after an endbr64.  null for anything else. */
+function jumpTarget(at, bytes, k) {
+  k = endbr(bytes, k);
+  if (bytes.length >= k + 5 && bytes[k] === 0xe9)
+    return at.add(k + 5).add(readS32(bytes, k + 1));
+  if (bytes.length >= k + 14 && bytes[k] === 0xff && bytes[k + 1] === 0x25 && readS32(bytes, k + 2) === 0) {
+    let v = 0n;
+    for (let i = 7; i >= 0; i--)
+      v = (v << 8n) | BigInt(bytes[k + 6 + i]);
+    return ptr('0x' + v.toString(16));
+  }
+  return null;
+}
+
+function endbr(bytes, k) {
+  return bytes[k] === 0xf3 && bytes[k + 1] === 0x0f && bytes[k + 2] === 0x1e && bytes[k + 3] === 0xfa ? k + 4 : k;
+}
+
+function readS32(bytes, k) {
+  return (bytes[k] | (bytes[k + 1] << 8) | (bytes[k + 2] << 16) | (bytes[k + 3] << 24));
 }
 
 /*
@@ -586,8 +675,28 @@ export function quiesce(ranges) {
   return { clear: false, tries, threads, why: threads === null ? readError() : null };
 }
 
+/* The code of a CModule `cm` as [start, end) pairs, for quiesce(): TinyCC's section bounds (Frida
+ * hides the module's pages from Process's ranges); without them its functions' span, a page on. */
+export function moduleCode(cm) {
+  if (cm.__start_text instanceof NativePointer && cm.__stop_text instanceof NativePointer &&
+      cm.__stop_text.compare(cm.__start_text) > 0)
+    return [[cm.__start_text, cm.__stop_text]];
+  const addrs = Object.keys(cm).map(k => cm[k]).filter(p => p instanceof NativePointer && !p.isNull());
+  if (addrs.length === 0)
+    return [];
+  let lo = addrs[0];
+  let hi = addrs[0];
+  for (const p of addrs) {
+    if (p.compare(lo) < 0)
+      lo = p;
+    if (p.compare(hi) > 0)
+      hi = p;
+  }
+  return [[lo, hi.add(Process.pageSize)]];
+}
+
 /* What the host records: how every patch went. */
 export function worldReport() {
   return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
-    log: world.log }, world.stats);
+    entry_ranges: world.entryCode.size, log: world.log }, world.stats);
 }

@@ -21,7 +21,7 @@ import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbol
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
 import { selfTaskVmInfo } from './runtime/taskinfo.js';
-import { applyPatches, notePatched, quiesce, revertWhenStopped, warnLater } from './runtime/world.js';
+import { applyPatches, moduleCode, notePatched, quiesce, revertWhenStopped, warnLater } from './runtime/world.js';
 
 /* The replaced entries; each one's call kind is KINDS[name] (layout.js), its C replacement mt_<name>. */
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
@@ -67,16 +67,7 @@ function ownCode(cm, trampolines) {
   if (range !== null) {
     ranges.push([range.base, range.base.add(range.size)]);
   } else {
-    const addrs = Object.keys(cm).map(k => cm[k]).filter(p => p instanceof NativePointer);
-    let lo = addrs[0];
-    let hi = addrs[0];
-    for (const p of addrs) {
-      if (p.compare(lo) < 0)
-        lo = p;
-      if (p.compare(hi) > 0)
-        hi = p;
-    }
-    ranges.push([lo, hi.add(Process.pageSize)]);
+    ranges.push(...moduleCode(cm));
   }
   for (const t of trampolines)
     ranges.push([t, t.add(TRAMPOLINE_BYTES)]);

@@ -79,23 +79,7 @@ function nf(name, ret, args) {
 const HOLD_CHILDREN_ENV = 'MEMTRACE_HOLD_CHILDREN';
 
 export function withoutHoldEnv(fn) {
-  restoreEnviron();
-  const getenv = nf('getenv', 'pointer', ['pointer']);
-  const setenv = nf('setenv', 'int', ['pointer', 'pointer', 'int']);
-  const unsetenv = nf('unsetenv', 'int', ['pointer']);
-  if (getenv === null || setenv === null || unsetenv === null)
-    return fn();
-  const name = Memory.allocUtf8String(HOLD_CHILDREN_ENV);
-  const value = getenv(name);
-  if (value.isNull())
-    return fn();
-  const saved = Memory.allocUtf8String(value.readUtf8String());
-  unsetenv(name);
-  try {
-    return fn();
-  } finally {
-    setenv(name, saved, 1);
-  }
+  return withEnv(HOLD_CHILDREN_ENV, old => (old === null ? undefined : null), fn);
 }
 
 /* fn() with `dir` first on the process's PATH (null: as it is): where the host keeps its stand-in
@@ -104,24 +88,35 @@ export function withoutHoldEnv(fn) {
 export function withPathFirst(dir, fn) {
   if (!dir)
     return fn();
+  return withEnv('PATH', old => `${dir}:${old === null ? '/usr/local/bin:/usr/bin:/bin' : old}`, fn);
+}
+
+/* fn() with environment variable `name` set to change(its value, or null) -- null unsets it,
+ * undefined leaves it as it is -- and put back as it was afterwards. */
+function withEnv(name, change, fn) {
   restoreEnviron();
   const getenv = nf('getenv', 'pointer', ['pointer']);
   const setenv = nf('setenv', 'int', ['pointer', 'pointer', 'int']);
   const unsetenv = nf('unsetenv', 'int', ['pointer']);
   if (getenv === null || setenv === null || unsetenv === null)
     return fn();
-  const name = Memory.allocUtf8String('PATH');
-  const value = getenv(name);
+  const cname = Memory.allocUtf8String(name);
+  const value = getenv(cname);
   const saved = value.isNull() ? null : Memory.allocUtf8String(value.readUtf8String());
-  const old = saved === null ? '/usr/local/bin:/usr/bin:/bin' : saved.readUtf8String();
-  setenv(name, Memory.allocUtf8String(`${dir}:${old}`), 1);
+  const wanted = change(saved === null ? null : saved.readUtf8String());
+  if (wanted === undefined)
+    return fn();
+  if (wanted === null)
+    unsetenv(cname);
+  else
+    setenv(cname, Memory.allocUtf8String(wanted), 1);
   try {
     return fn();
   } finally {
     if (saved === null)
-      unsetenv(name);
+      unsetenv(cname);
     else
-      setenv(name, saved, 1);
+      setenv(cname, saved, 1);
   }
 }
 

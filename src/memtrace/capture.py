@@ -673,6 +673,10 @@ class BatchData(bytes):
 
     info: CaptureInfo | None = None     # set by the reader
     offset: int = -1
+    # Stack ids its BATCH's JSON names (the sample's top rows): they count as used once these
+    # agent records, which define them, are decoded -- a read that never decodes them cannot
+    # know the definitions, and must not call the ids undefined.
+    json_stacks: tuple[int, ...] = ()
 
     def skip(self, within: int, why: str) -> None:
         if self.info is not None:
@@ -1182,6 +1186,9 @@ def _note_json_stacks(record: Record, info: CaptureInfo) -> None:
         rows = [r for key in LEAK_ROW_KEYS if key in declared for r in body.get(key) or ()]
     elif record.type == RecordType.BATCH and isinstance(body.get("sample"), dict):
         rows = body["sample"].get("top") or []
+        if isinstance(record.data, BatchData):
+            record.data.json_stacks = tuple(r[0] for r in rows)
+            return
     for r in rows:
         if r[0] not in info.stacks_used:
             info.stacks_used[r[0]] = record.offset
@@ -1461,6 +1468,9 @@ def _iter_records(data: bytes, with_tid: bool) -> Iterator[Any]:
     used = info.stacks_used if info is not None else None
     defined = info.stacks_defined if info is not None else None
     at = sink.offset if sink is not None else -1
+    if sink is not None:
+        for sid in sink.json_stacks:
+            sink.use_stack(sid)
 
     def bad(where: int, why: str) -> None:
         if sink is None:

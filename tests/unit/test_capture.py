@@ -353,3 +353,36 @@ def test_replace_records_keeps_every_other_byte_in_either_version(tmp_path: Path
         replace_records(p, RecordType.BATCH, [])
     with pytest.raises(CaptureError, match="no such capture"):
         replace_records(tmp_path / "none.mtc", RecordType.SYMBOLS, [])
+
+
+def _batch_naming_stack(path: Path, defined: bool) -> None:
+    """A BATCH whose JSON sample names stack 5 among its top stacks; its agent records define it
+    (or, `defined` False, use it without defining it)."""
+    records = [StackRecord(1, 5, (0x10,))] if defined else []
+    records.append(AllocRecord(1, 0, capture.FLAG_LIVE, 5, 0xB000, 9000, 9000))
+    with CaptureWriter(path) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        w.write(RecordType.BATCH, {"t": 1, "counters": [0] * layout.N_COUNTERS, "sample": {"top": [[5, 9000]]}},
+                encode_agent_records(1, records))
+        w.write(RecordType.END, {"ended": "completed", "reason": "done"})
+
+
+def test_a_stack_the_batch_json_names_is_checked_against_its_agent_records(tmp_path: Path) -> None:
+    """The sample's top stacks are defined by the same BATCH's agent records: a read that decodes
+    them finds the definition (no problem); one that never decodes them (a quick look at the
+    records) cannot tell, and says nothing -- it once called every capture's stack 0 undefined.
+    An id the decoded records use and nothing defines is still said, by its BATCH's byte."""
+    for defined in (True, False):
+        p = tmp_path / f"c{defined}.mtc"
+        _batch_naming_stack(p, defined)
+        glance = CaptureInfo(p)
+        assert len(list(read_records(p, glance))) == 3 and glance.problem is None
+        info = CaptureInfo(p)
+        for r in read_records(p, info):
+            if r.type == RecordType.BATCH:
+                list(decode_agent_records(r.data))
+        if defined:
+            assert info.problem is None
+        else:
+            assert info.undefined_stacks() == [5]
+            assert info.problem is not None and "stack id 5 is used but no STACK record defines it" in info.problem

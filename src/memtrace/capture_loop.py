@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
 from datetime import datetime, timezone
@@ -259,7 +260,8 @@ class CaptureLoop:
                 raise CaptureWriteError(f"{self.writer.path}: cannot start the capture: {self.writer.error}")
             try:
                 try:
-                    self._launch_and_attach()
+                    with _frida_errors_as_lost(self):
+                        self._launch_and_attach()
                 except MemtraceError as e:
                     self._note_frida_signal(e)
                     if (self.stage == "spawn" and self.ending.spawn_status is not None) or self._died_meanwhile():
@@ -277,7 +279,8 @@ class CaptureLoop:
                         # (writing its END to the discarded file was an EBADF error).
                         raise MemtraceError(f"{self.target.describe()}: {e}", e.exit_code) from None
                     raise
-                self._instrument()
+                with _frida_errors_as_lost(self):
+                    self._instrument()
                 self._window()
             except KeyboardInterrupt:
                 interrupted = True
@@ -824,6 +827,20 @@ def _as_return_addresses(stack: list[Any]) -> list[int]:
 def _import_quietly(name: str) -> None:
     with contextlib.suppress(Exception):       # the import is tried again where it is used
         importlib.import_module(name)
+
+
+@contextlib.contextmanager
+def _frida_errors_as_lost(loop: Any) -> Iterator[None]:
+    """A Frida error no call site mapped (the process killed under Frida's injector: "failed to
+    open file /proc/N/auxv: No such process") becomes TargetLost at the loop's stage, so the
+    capture already begun is ended with the death named, or discarded -- never left without END."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__module__.split(".")[0] not in ("frida", "_frida"):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TargetLost(f"{loop.stage}: {first}") from None
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -384,18 +384,22 @@ mt_world_tracer (gpointer data)
       return 0;
   }
   /* Threads started while we attach are caught by the next pass; stop when a pass finds none. */
-  for (pass = 0; pass != 16; pass++)
+  for (pass = 0; pass != 16 && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0; pass++)
   {
     guint64 added = 0;
     mt_world_each_task (w->tgid, mt_world_attach_one, w, &added);
     if (added == 0)
       break;
   }
+  /* STOPPED is a plain store: it can overwrite the RESUME of a stopper that timed out meanwhile,
+   * which then never says RESUME again -- the world was held stopped until the hold limit, 600 s
+   * (the threads storm's hang).  So such a stopper also sets `abandoned` (before its RESUME), read
+   * here after our store: whichever order the two stores took, one of the checks sees it. */
   mt_world_barrier (w);
   w->state = MT_WORLD_STOPPED;
   mt_world_barrier (w);
   waited = 0;
-  while (mt_world_state (w) != MT_WORLD_RESUME)
+  while (mt_world_state (w) != MT_WORLD_RESUME && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0)
   {
     usleep (MT_WORLD_WAIT_US);
     waited += MT_WORLD_WAIT_US;
@@ -447,6 +451,7 @@ mt_world_stop (MtWorld * w)
   w->n_threads = 0;
   w->n_failed = 0;
   w->error = 0;
+  w->abandoned = 0;
   mt_world_barrier (w);
   if (mt_world_seccomp (w->tgid))
   {
@@ -472,6 +477,8 @@ mt_world_stop (MtWorld * w)
      * gone before this MtWorld and its stack are used again.  Told to let go, it detaches what it
      * holds once it gets there; until it is reaped (here or by the next stop) no other starts. */
     gint status = 0;
+    mt_world_barrier (w);
+    w->abandoned = 1;
     mt_world_barrier (w);
     w->state = MT_WORLD_RESUME;
     mt_world_barrier (w);

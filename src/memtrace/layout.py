@@ -391,6 +391,7 @@ WORLD = Layout("MtWorld", (
     ("tracer_pid", "u64"),
     ("error", "u64"),              # WORLD_ERRORS
     ("stop_timeout_us", "u64"),    # how long stopping may take (0: WORLD_STOP_TIMEOUT_US)
+    ("abandoned", "u64"),          # the stopper gave up waiting: the helper lets go at once
 ))
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
@@ -444,6 +445,7 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("tracer_pid", "u64"),
     ("error", "u64"),              # first errno seen while stopping
     ("stop_timeout_us", "u64"),    # how long stopping may take: the scan's budget, at most 10 s
+    ("abandoned", "u64"),          # as MtWorld's
     ("ranges", "u64"), ("n_ranges", "u64"),             # MtLeakRange[]
     ("blocks", "u64"), ("blocks_cap", "u64"), ("n_blocks", "u64"), ("blocks_total", "u64"),
     ("marks", "u64"),              # u8 per block: its LEAK_MARKS verdict

@@ -63,25 +63,27 @@ TRACERS = {
 def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin: Path, tracer: str) -> None:
     kind, extra = TRACERS[tracer]
     target = _start(storm_exe, kind, demo_bin)
-    agent = build_agent(tracer)
-    session = frida.get_local_device().attach(target.pid)
     try:
-        script = session.create_script(agent.source)
-        script.on("message", lambda message, data: None)
-        script.load()
-        api = script.exports_sync
-        api.init({**tracers.all_tracers()[tracer].agent_config(None, {}), **extra}, agent.c_sources,
-                 agent.process_sources)
-        api.start()
-        time.sleep(0.5)
-        world = api.stop()["world"]
-        script.unload()
-    finally:
-        session.detach()
-    time.sleep(0.3)
-    alive = target.poll() is None
-    target.kill()
-    target.wait()
+        agent = build_agent(tracer)
+        session = frida.get_local_device().attach(target.pid)
+        try:
+            script = session.create_script(agent.source)
+            script.on("message", lambda message, data: None)
+            script.load()
+            api = script.exports_sync
+            api.init({**tracers.all_tracers()[tracer].agent_config(None, {}), **extra}, agent.c_sources,
+                     agent.process_sources)
+            api.start()
+            time.sleep(0.5)
+            world = api.stop()["world"]
+            script.unload()
+        finally:
+            session.detach()
+        time.sleep(0.3)
+        alive = target.poll() is None
+    finally:        # a failure above must not leave 4 spinning threads behind for the rest of the run
+        target.kill()
+        target.wait()
     assert alive, f"the target died: {target.returncode}"
     assert world["why"] is None, world
     # Ours in first (execve, the descriptor guard), the tracer's after; out in the reverse order.

@@ -539,6 +539,7 @@ export function scanLeaks(config, when) {
     tracer_stack: uint64(tracerStack.toString()), tracer_stack_size: TRACER_STACK, tracer_pid: 0, error: 0,
     // The stop is part of the scan's time: it gets the budget, at most world.c's own bound.
     stop_timeout_us: Math.round(Math.min((config.leaksBudget || 30) * 1e6, 10e6)),
+    abandoned: 0,
     ranges: uint64(rangeBuf.toString()), n_ranges: roots.length,
     blocks: uint64(blocks.toString()), blocks_cap: cap, n_blocks: 0, blocks_total: 0,
     marks: uint64(marks.toString()), worklist: uint64(worklist.toString()), n_work: 0,

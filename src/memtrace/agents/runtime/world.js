@@ -193,6 +193,7 @@ function prepare() {
     // tracer_pid kept: a helper that timed out is reaped by the next stop before another starts
     tracer_pid: mem.world.add(WORLD.fields.tracer_pid[0]).readU64(), error: 0,
     stop_timeout_us: 0,    // world.c's own bound
+    abandoned: 0,
   });
   return listed;
 }

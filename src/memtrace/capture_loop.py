@@ -288,8 +288,13 @@ class CaptureLoop:
                 self._note_frida_signal(e)
                 self.ending.target_gone("process-terminated", self.clock)
             except AgentTimeout as e:
-                self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
-                self.ui.warning(str(e))
+                if self._died_meanwhile():
+                    # Killed while the agent was being started: its rpc never answered because
+                    # the process is gone -- a death at this stage, not a hung script.
+                    self.ending.target_gone("process-terminated", self.clock)
+                else:
+                    self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
+                    self.ui.warning(str(e))
             except TargetLost as e:
                 if self.clock.attach is None and not self.source.spawned:
                     raise MemtraceError(f"{self.target.describe()}: {e}") from None

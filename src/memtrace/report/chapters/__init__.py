@@ -167,6 +167,34 @@ class BaseChapter:
         return []
 
 
+
+class CountedLeakChapter(BaseChapter):
+    """A chapter whose leak is one count per run with the stacks behind it (descriptors still open,
+    threads never joined): one Leaks column of the runs' counts, and a finding per run naming its
+    top stack."""
+
+    leak_key = ""                 # the run's entry holding {"count", "by_stack"}
+    leak_top_words = "most from"  # how a finding names the top stack
+
+    def leak_text(self, target: str, count: int, at: str) -> str:
+        raise NotImplementedError
+
+    def leak_cells(self, agg: Any) -> tuple[list[Cell], bool]:
+        counts = [e[self.leak_key]["count"] for e in agg or []]
+        return [" / ".join(f"{n:,}" for n in counts) or "not traced"], bool(counts)
+
+    def leak_items(self, t: Row, agg: Any) -> list[Row]:
+        items = []
+        for e in agg or []:
+            leaked = e.get(self.leak_key) or {}
+            if not leaked.get("count"):
+                continue
+            top = leaked["by_stack"][0] if leaked["by_stack"] else None
+            at = f", {self.leak_top_words} {where(top['frames'])} ({top['count']:,})" if top else ""
+            items.append({"target": t["target"], "line": self.name, "count": leaked["count"],
+                          "text": self.leak_text(t["target"], leaked["count"], at)})
+        return items
+
 class GenericChapter(BaseChapter):
     """Each capture's numbers and its stack tables, for a tracer with no chapter of its own."""
 

@@ -4,32 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrace.report.chapters import BaseChapter, Cell, Row, frames_cell, where
+from memtrace.report.chapters import CountedLeakChapter, frames_cell
 from memtrace.reporters.markdown import Markup, cell, table, text
 
 
-class FdsChapter(BaseChapter):
+class FdsChapter(CountedLeakChapter):
     name = "fds"
     stack_tables = ("open_at_end.by_stack",)
     leak_headings = ("fds still open",)
     leak_legend = "fds: opened in the window, still open at its end."
 
-    def leak_cells(self, agg: Any) -> tuple[list[Cell], bool]:
-        counts = [e["open_at_end"]["count"] for e in agg or []]
-        return [" / ".join(f"{n:,}" for n in counts) or "not traced"], bool(counts)
+    leak_key = "open_at_end"
+    leak_top_words = "most from"
 
-    def leak_items(self, t: Row, agg: Any) -> list[Row]:
-        items = []
-        for e in agg or []:
-            o = e.get("open_at_end") or {}
-            if not o.get("count"):
-                continue
-            top = o["by_stack"][0] if o["by_stack"] else None
-            at = f", most from {where(top['frames'])} ({top['count']:,})" if top else ""
-            items.append({"target": t["target"], "line": self.name, "count": o["count"],
-                          "text": f"{t['target']}: {o['count']:,} file descriptors opened in the window and "
-                                  f"still open at its end{at}"})
-        return items
+    def leak_text(self, target: str, count: int, at: str) -> str:
+        return f"{target}: {count:,} file descriptors opened in the window and still open at its end{at}"
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
         runs = [(t["target"], e) for t in targets for e in self.own(t) or []]

@@ -4,33 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtrace.report.chapters import BaseChapter, Cell, Row, frames_cell, where
+from memtrace.report.chapters import CountedLeakChapter, frames_cell
 from memtrace.reporters.markdown import cell, table
 from memtrace.units import fmt_bytes
 
 
-class ThreadsChapter(BaseChapter):
+class ThreadsChapter(CountedLeakChapter):
     name = "threads"
     stack_tables = ("leaked.by_stack", "running_at_end.by_stack", "created_by_stack")
     leak_headings = ("threads leaked",)
     leak_legend = "threads: exited without being joined or detached."
 
-    def leak_cells(self, agg: Any) -> tuple[list[Cell], bool]:
-        counts = [e["leaked"]["count"] for e in agg or []]
-        return [" / ".join(f"{n:,}" for n in counts) or "not traced"], bool(counts)
+    leak_key = "leaked"
+    leak_top_words = "most created at"
 
-    def leak_items(self, t: Row, agg: Any) -> list[Row]:
-        items = []
-        for e in agg or []:
-            lk = e.get("leaked") or {}
-            if not lk.get("count"):
-                continue
-            top = lk["by_stack"][0] if lk["by_stack"] else None
-            at = f", most created at {where(top['frames'])} ({top['count']:,})" if top else ""
-            items.append({"target": t["target"], "line": self.name, "count": lk["count"],
-                          "text": f"{t['target']}: {lk['count']:,} leaked threads (exited, never joined nor "
-                                  f"detached){at}"})
-        return items
+    def leak_text(self, target: str, count: int, at: str) -> str:
+        return f"{target}: {count:,} leaked threads (exited, never joined nor detached){at}"
 
     def markdown(self, targets: list[dict[str, Any]]) -> list[str]:
         runs = [(t["target"], e) for t in targets for e in self.own(t) or []]

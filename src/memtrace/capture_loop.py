@@ -31,7 +31,15 @@ from memtrace import __version__
 from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
 from memtrace.children import CHILD_WAIT_S, Child, ChildFollower, ChildUI, Family
 from memtrace.deaths import DeathThresholds, classify_end
-from memtrace.errors import AgentTimeout, InputError, MemtraceError, TargetGone, TargetLost
+from memtrace.errors import (
+    AgentTimeout,
+    InputError,
+    MemtraceError,
+    TargetGone,
+    TargetLost,
+    first_line,
+    is_frida_error,
+)
 from memtrace.exact import exact_batch_ints
 from memtrace.exitwatch import local_pid_alive
 from memtrace.leakscan import leak_progress
@@ -842,10 +850,9 @@ def _frida_errors_as_lost(loop: Any) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if type(e).__module__.split(".")[0] not in ("frida", "_frida"):
+        if not is_frida_error(e):
             raise
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise TargetLost(f"{loop.stage}: {first}") from None
+        raise TargetLost(f"{loop.stage}: {first_line(e)}") from None
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -17,7 +17,7 @@ import click
 from memtrace import __version__, tracers
 from memtrace.capture import CaptureError
 from memtrace.commands.trace import make_command
-from memtrace.errors import MemtraceError
+from memtrace.errors import MemtraceError, first_line, is_frida_error
 from memtrace.reporters.console import inert as _inert
 
 COMMANDS = ("doctor", "census", "limit", "jetsam", "report", "batch", "export", "symbolize", "show", "diff",
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         # The last net for Frida: each place that calls it maps the errors it expects with
         # context; any other Frida error is still one line, not a traceback.
-        if type(e).__module__.split(".")[0] not in ("frida", "_frida"):
+        if not is_frida_error(e):
             raise
         click.echo(f"memtrace: error: frida: {inert(first_line(e))}", err=True)
         sys.exit(2)
@@ -106,11 +106,6 @@ def _drop_stdout() -> None:
 def inert(value: object) -> str:
     """An error line: control characters shown, and a newline in quoted data cannot start another."""
     return _inert(value).replace("\n", "\\n")
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 if __name__ == "__main__":

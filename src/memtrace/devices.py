@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtrace.errors import InputError, TargetError
+from memtrace.errors import first_line as _first_line
 
 FRIDA_REMOTE_PORT = 27042
 # How long `auto` waits for a USB device that is attached but not yet enumerated: usbmuxd reports
@@ -210,6 +211,3 @@ def find_pid(device: Any, name: str) -> int:
     return matches[0].pid
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

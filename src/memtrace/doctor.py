@@ -32,6 +32,7 @@ from typing import Any
 
 from memtrace import devices, tracers
 from memtrace.errors import MemtraceError
+from memtrace.errors import first_line as _first_line
 from memtrace.exact import exact_int
 from memtrace.target import TargetSpec
 
@@ -562,11 +563,6 @@ def _frida_version() -> str:
     import frida
 
     return str(frida.__version__)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def run(target: TargetSpec | None, device_spec: str, lockdown: Callable[[str], Any] | None = None) -> Report:

@@ -34,3 +34,15 @@ class TargetGone(Exception):  # noqa: N818 -- an outcome, not a failure
 
 class TargetLost(MemtraceError):
     """The target, or the connection to it, went away while memtrace was talking to it."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message in one line (its type's name when it has none): errors from Frida
+    and the device services carry register dumps and tracebacks after their first line."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def is_frida_error(e: BaseException) -> bool:
+    """Whether e is one of Frida's own exceptions (frida.*), whatever its class."""
+    return type(e).__module__.split(".")[0] in ("frida", "_frida")

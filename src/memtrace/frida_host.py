@@ -32,6 +32,7 @@ from frida_tools.application import Reactor
 from memtrace import devices, launchers
 from memtrace.agentbuild import build_agent, default_cache_dir, precompiled_cmodule
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
+from memtrace.errors import first_line as _first_line
 from memtrace.exitwatch import ChildExitWatcher, local_pid_alive
 from memtrace.files import write_text_atomic
 from memtrace.hold import HeldImage, Hold
@@ -617,11 +618,6 @@ def gcc_cache_shim(cache_dir: Path, frida_version: str) -> Path | None:
     except OSError:
         return None
     return folder
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 if TYPE_CHECKING:

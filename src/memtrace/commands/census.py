@@ -12,6 +12,7 @@ from rich import box
 
 from memtrace import devices
 from memtrace.analyze import census as analysis
+from memtrace.errors import first_line as _first_line
 from memtrace.files import save_json
 from memtrace.reporters.console import cells, plain
 
@@ -54,10 +55,6 @@ def collect(device_spec: str, host_process: str, source: str = "auto") -> dict[s
         doc["notes"].append(f"frida-server did not answer ({_first_line(frida_error)}): measured through "
                             "Instruments' Sysmontap instead")
         return doc
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip() or type(e).__name__).splitlines()[0]
 
 
 # Columns by how much they matter: a narrow terminal drops the last ones (named below the table)

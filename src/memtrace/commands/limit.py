@@ -10,7 +10,7 @@ import click
 
 from memtrace import devices
 from memtrace.analyze.census import format_bytes as fb
-from memtrace.errors import InputError
+from memtrace.errors import InputError, is_frida_error
 from memtrace.limit import IOSLimitProbe, limit_document, linux_sample, watch_series
 from memtrace.reporters.console import cells, plain
 
@@ -156,7 +156,7 @@ def _stock(frida_device: Any) -> bool:
     try:
         frida_device.query_system_parameters()
     except Exception as e:  # noqa: BLE001 -- Frida's own errors: no frida-server to reach
-        return type(e).__module__.split(".")[0] in ("frida", "_frida")
+        return is_frida_error(e)
     return False
 
 

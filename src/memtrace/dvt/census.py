@@ -21,8 +21,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from memtrace.analyze import census as analysis
-from memtrace.dvt.loop import first_line as _first_line
 from memtrace.errors import MemtraceError, TargetError
+from memtrace.errors import first_line as _first_line
 
 SAMPLE_TIMEOUT_S = 30.0
 INTERVAL_MS = 500

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from memtrace.dvt.loop import first_line as _first_line
+from memtrace.errors import first_line as _first_line
 
 TIMEOUT_S = 20.0
 SECTION = "stock iPhone"

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from memtrace import devices
 from memtrace.dvt.allocations import EventTranslator
 from memtrace.dvt.loop import ServiceLoop
-from memtrace.dvt.loop import first_line as _first_line
 from memtrace.errors import InputError, MemtraceError, TargetError
+from memtrace.errors import first_line as _first_line
 from memtrace.launchers import Launched
 from memtrace.record_source import ConfigFor, Ended, Instrumented, Notice, Records, RecordSource, SourceEvent
 

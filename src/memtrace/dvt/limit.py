@@ -27,8 +27,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
-from memtrace.dvt.loop import ServiceLoop, first_line
-from memtrace.errors import TargetError
+from memtrace.dvt.loop import ServiceLoop
+from memtrace.errors import TargetError, first_line
 
 T = TypeVar("T")
 CALL_TIMEOUT_S = 30.0

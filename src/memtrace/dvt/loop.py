@@ -19,11 +19,6 @@ from memtrace.errors import TargetError
 T = TypeVar("T")
 
 
-def first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
-
-
 class ServiceLoop:
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()

@@ -38,7 +38,7 @@ XDIST := -n $(JOBS) --dist loadfile
 
 # lint and typecheck first: CI (.ci/run) is `make test`, so ruff and mypy gate it too.
 test: lint typecheck
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(BIN)/python -m pytest -q $(XDIST) --durations=30
 
 # The tier to run while editing (CONTRIBUTING.md, "The test tiers"): the unit tests not marked
 # slow and the integration tests marked smoke, each cut off after 120 s so a hang shows up as a

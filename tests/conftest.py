@@ -6,10 +6,56 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+# A test still running after this long is named on stderr (and again every period) by the process
+# that reports results -- under xdist the controller, which sees every worker's tests start and end.
+# pytest-timeout (600 s, thread method) fails a hung test by ending its worker; this says which test
+# it was even when the whole run is cut short from outside (CI's total budget), where a plain `-q`
+# log would show only dots.
+SLOW_TEST_NOTICE_S = float(os.environ.get("MEMTRACE_SLOW_TEST_NOTICE_S", "300"))
+
+
+class _SlowTestWatch:
+    def __init__(self) -> None:
+        self.running: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        with self.lock:
+            self.running[nodeid] = time.monotonic()
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        with self.lock:
+            self.running.pop(nodeid, None)
+
+    def watch(self) -> None:
+        noticed: dict[str, float] = {}
+        while True:
+            time.sleep(min(15.0, SLOW_TEST_NOTICE_S))
+            now = time.monotonic()
+            with self.lock:
+                long_ones = [(n, now - t) for n, t in self.running.items() if now - t >= SLOW_TEST_NOTICE_S]
+            for nodeid, age in long_ones:
+                if now - noticed.get(nodeid, 0.0) >= SLOW_TEST_NOTICE_S:
+                    noticed[nodeid] = now
+                    print(f"\n[still running after {age:.0f} s, {(now - self.started) / 60:.0f} min into the run] "
+                          f"{nodeid}", file=sys.__stderr__, flush=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return      # an xdist worker: its controller watches
+    watch = _SlowTestWatch()
+    config.pluginmanager.register(watch, "memtrace-slow-test-watch")
+    threading.Thread(target=watch.watch, name="slow-test-watch", daemon=True).start()
+
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"

@@ -58,6 +58,47 @@ def test_stdin_from_a_file_and_json_stays_clean(tmp_path: Path) -> None:
     assert "2000" in r.stderr.decode().split()
 
 
+
+def test_a_terminal_as_stdin_is_the_programs_own(tmp_path: Path) -> None:
+    # memtrace run on a terminal (a pty): the program sees a terminal as its stdin (isatty) and
+    # reads the line typed there.
+    import pty
+    import select
+    import time
+
+    argv = [sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--quiet", "--out",
+            str(tmp_path / "c"), "--", "/bin/sh", "-c", "if test -t 0; then echo tty-yes; else echo tty-no; fi; "
+            "read line; echo got-$line"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    pid, fd = pty.fork()
+    if pid == 0:                                    # the child: memtrace on the pty
+        os.execve(sys.executable, argv, env)
+    out, typed, status = b"", False, None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(fd, 4096)
+                except OSError:                     # EIO: every holder of the pty closed it
+                    break
+                if not data:
+                    break
+                out += data
+                if b"tty-" in out and not typed:
+                    os.write(fd, b"typed\n")
+                    typed = True
+    finally:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == 0:
+            os.kill(pid, 9)
+            _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    lines = out.decode().replace("\r", "").splitlines()
+    assert "tty-yes" in lines and "got-typed" in lines, lines
+
 # -- 4. windows -----------------------------------------------------------------------------------
 
 def test_a_program_runs_to_its_end_without_a_window(tmp_path: Path) -> None:
@@ -190,6 +231,70 @@ def test_failed_calls_are_counted_by_kind_with_their_stacks_and_no_bytes(mode: s
     assert "failed calls (returned NULL; no bytes counted): malloc 1, calloc 1, realloc 1," in shown.replace("\n", " ")
 
 
+
+def _every_command(capture: Path, whole: Path, out: Path) -> dict[str, tuple[int, str]]:
+    """Every command that reads a capture, in this process: {command line: (exit status, stderr)}."""
+    import contextlib
+    import io
+
+    from memtrace import cli
+
+    out.mkdir()
+    commands = [["show", capture], ["show", "--json", capture], ["export", capture],
+                ["export", "--format", "pprof", "-o", out / "p.pb", capture],
+                ["flamegraph", "-o", out / "f.html", capture], ["report", capture.parent, "--out", out / "r"],
+                ["diff", whole, capture], ["diff", capture, whole],
+                ["symbolize", capture]]              # last: it rewrites the capture
+    done = {}
+    for cmd in commands:
+        args = [str(a) for a in cmd]
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                cli.main(args)
+                code = 0
+            except SystemExit as e:
+                code = int(e.code or 0)
+        done[" ".join(cmd[:1] + [a for a in args[1:] if a.startswith("-")])] = (code, err.getvalue())
+    return done
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_damaged_or_cut_real_capture_fails_every_command_and_only_the_bad_record_is_lost(compile_c,
+                                                                                          tmp_path: Path) -> None:
+    # A real capture with failed calls: one BATCH damaged, the reader skips it (naming its byte)
+    # and reads every record after it, END included; cut short, it reads what is there.  Either
+    # way every command that reads it exits 1 and says where.
+    from memtrace.capture import CaptureInfo
+
+    run_memtrace("malloc", "--device", "local", "--quiet", "--out", tmp_path / "c", "--", compile_c("failing"))
+    whole = tmp_path / "c" / "capture.mtc"
+    blob = whole.read_bytes()
+    records = list(read_records(whole))
+    batch = next(r for r in records if r.type == RecordType.BATCH)
+    damaged = tmp_path / "damaged" / "capture.mtc"
+    damaged.parent.mkdir()
+    flipped = bytearray(blob)
+    flipped[batch.offset + 20] ^= 0x10
+    damaged.write_bytes(bytes(flipped))
+    info = CaptureInfo(damaged)
+    read = list(read_records(damaged, info))
+    assert [r.offset for r in read] == [r.offset for r in records if r.offset != batch.offset]
+    assert info.problem is not None and info.problem.startswith(f"corrupt at byte {batch.offset}: "), info.problem
+    assert read[-1].type == RecordType.END and read[-1].body["ended"] == "target-exited"
+
+    cut = tmp_path / "cut" / "capture.mtc"
+    cut.parent.mkdir()
+    cut.write_bytes(blob[:records[len(records) // 2].offset + 7])
+    for capture, said in ((damaged, f"corrupt at byte {batch.offset}"), (cut, "truncated at byte")):
+        results = _every_command(capture, whole, tmp_path / f"out-{capture.parent.name}")
+        for command, (code, err) in results.items():
+            assert code == 1, (capture.parent.name, command, code, err)
+            assert said in err, (capture.parent.name, command, err)
+            assert "Traceback" not in err
+
+
 # -- 1. before the first constructor --------------------------------------------------------------
 
 def test_library_constructors_are_traced_before_main(build_dir: Path, tmp_path: Path) -> None:
@@ -253,6 +358,68 @@ def test_a_dlopened_plugin_is_recorded_as_it_loads_and_walked_through(build_dir:
                      ("main", "dlopen_user")]
     modules = [m for r in _records(tmp_path / "c" / "capture.mtc", RecordType.MODULES) for m in r["modules"]]
     assert [m["path"] for m in modules if m["name"] == "plugin.so"] == [str(plugin)]
+
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="jit_frame's generated code is x86-64")
+def test_an_address_in_no_module_is_shown_and_walked_past(compile_c, tmp_path: Path) -> None:
+    # jit_callee is called from generated code in an anonymous executable mapping (as a JIT's):
+    # its return address is in no module.  It is kept as "0x... (unknown)", and the walk goes on
+    # past it (the generated code keeps a frame record) to through_jit and main.
+    exe = compile_c("jit_frame")
+    r = run_memtrace("malloc", "--device", "local", "--json", "--stack-threshold", "0", "--out", tmp_path / "c",
+                     "--", exe)
+    s = json.loads(r.stdout)
+    assert s["ended"] == "target-exited" and "exit status 0" in s["reason"], s["reason"]
+    code = int(next(ln for ln in r.stderr.splitlines() if ln.startswith("jit "))[4:], 16)
+    rows = [x for x in s["top_stacks"] if x["exact_bytes"] == 3 * 8123]
+    assert len(rows) == 1 and rows[0]["count"] == 3, s["top_stacks"]
+    frames = rows[0]["frames"]
+    assert [f["function"] for f in frames[:4]] == ["jit_callee", None, "through_jit", "main"]
+    unknown = frames[1]
+    assert unknown["module"] is None and int(unknown["address"], 16) == code + 12   # after its call *%rax
+    shown = run_memtrace("show", tmp_path / "c").stdout
+    assert f"{code + 12:#x} (unknown)" in shown
+
+
+def _json_extension(python: str) -> str | None:
+    r = subprocess.run([python, "-c", "import _json; print(getattr(_json, '__file__', ''))"], capture_output=True,
+                       text=True, timeout=30)
+    return r.stdout.strip() or None if r.returncode == 0 else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_cpython_extension_modules_frames_stay_on_the_stack(tmp_path: Path) -> None:
+    # json.dumps runs in the _json extension module, loaded at run time: before, its frames and
+    # every caller below them were dropped (half of a CPython flame graph was garbage).  Now the
+    # stack goes from CPython's list growth through _json's (unnamed: the module is stripped)
+    # frames to the interpreter loop that called it, and the module is recorded with its path.
+    python = next((p for p in ("/usr/bin/python3", sys.executable) if os.path.exists(p) and _json_extension(p)), None)
+    if python is None:
+        pytest.skip("no CPython with _json as an extension module")
+    extension = _json_extension(python)
+    script = tmp_path / "dump.py"
+    script.write_text("import json\nprint(len(json.dumps([{'k%d' % i: 'v' * 50} for i in range(20000)])))\n")
+    s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--out", tmp_path / "c", "--",
+                      python, script, timeout=240)
+    assert s["ended"] == "target-exited" and "exit status 0" in s["reason"], s["reason"]
+    name = Path(str(extension)).name
+    through = []
+    for row in s["top_stacks"]:
+        mods = [f["module"] for f in row["frames"]]
+        if name in mods:
+            first = mods.index(name)
+            last = len(mods) - 1 - mods[::-1].index(name)
+            through.append((row, mods[:first], mods[last + 1:]))
+    assert through, [[f["module"] for f in r["frames"]] for r in s["top_stacks"]]
+    for row, above, below in through:
+        # what _json called (CPython's allocating functions) above, the interpreter that called it below
+        assert above and above[0] is not None, row["frames"]
+        assert below and all(m is not None for m in below), row["frames"]
+        assert "_PyEval_EvalFrameDefault" in [f["function"] for f in row["frames"]], row["frames"]
+    modules = [m for r in _records(tmp_path / "c" / "capture.mtc", RecordType.MODULES) for m in r["modules"]]
+    assert [m["path"] for m in modules if m["name"] == name] == [os.path.realpath(str(extension))]
 
 
 # -- 9. a peer profiler's test programs, our own equivalents -------------------------------------

@@ -524,6 +524,8 @@ class CaptureLoop:
 
     def _end(self, interrupted: bool) -> CaptureResult:
         self._crash_frames()
+        assert self.follower is not None
+        self.follower.settle(self.ending.exec_info if self.ending.replaced else None)
         now = time.monotonic()
         e, c = self.ending, self.clock
         exit_status = (self.source.exit_status(1.0) or e.spawn_status) if e.gone else None

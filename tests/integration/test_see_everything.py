@@ -528,6 +528,69 @@ def test_short_lived_spawned_children_are_traced_from_before_their_constructors(
         assert _top_rows(out / child["capture"])["leaf_work"] == (2, 2 * 6666)
 
 
+
+def _ends(out: Path) -> dict[str, dict]:
+    return {p.name: _records(p, RecordType.END)[0] for p in sorted(out.glob("*.mtc"))}
+
+
+def test_children_of_children_by_posix_spawn_are_each_traced_from_their_first_line(compile_c, tmp_path: Path) -> None:
+    # peer_fork chain: a posix_spawn child that makes 1 x 7,272 B and posix_spawns a grandchild
+    # making 2 x 6,666 B; each lives about a millisecond.  Each waits at the hold until traced.
+    exe = compile_c("peer_fork")
+    out = tmp_path / "c"
+    r = run_memtrace("malloc", "--device", "local", "--follow-children", "--stack-threshold", "0",
+                     "--out", out, "--", exe, "chain")
+    assert "chain 0" in r.stdout
+    ends = _ends(out)
+    (child,) = ends["capture.mtc"]["children"]
+    assert (child["origin"], child["ended"]) == ("spawn", "target-exited"), child
+    (grandchild,) = ends[child["capture"]]["children"]
+    assert (grandchild["origin"], grandchild["ppid"], grandchild["ended"]) == ("spawn", child["pid"], "target-exited")
+    assert _top_rows(out / child["capture"])["mid_work"] == (1, 7272)
+    assert _top_rows(out / grandchild["capture"])["leaf_work"] == (2, 2 * 6666)
+    assert sorted(ends) == sorted(["capture.mtc", child["capture"], grandchild["capture"]])
+    shown = run_memtrace("show", out).stdout
+    assert f"\n  pid {child['pid']} spawn /proc/self/exe: target-exited -> {child['capture']}\n" in shown
+    assert f"\n    pid {grandchild['pid']} spawn /proc/self/exe: target-exited -> {grandchild['capture']}\n" in shown
+    # report too: the program, its child under it, the grandchild under that, each with its capture.
+    run_memtrace("report", out)
+    (tree,) = json.loads((out / "report.json").read_text())["processes"]
+    (c,) = tree["children"]
+    (g,) = c["children"]
+    assert (tree["path"], c["capture"], g["capture"]) == ("capture.mtc", child["capture"], grandchild["capture"])
+    assert (c["figures"], g["figures"]) == ("malloc: 7.1 KB in 1 calls", "malloc: 13.0 KB in 2 calls")
+    text = (out / "REPORT.md").read_text()
+    assert (f"\n  - pid {child['pid']} spawn `/proc/self/exe`: target-exited → `{child['capture']}` "
+            f"(malloc: 7.1 KB in 1 calls)\n    - pid {grandchild['pid']} spawn `/proc/self/exe`: target-exited → "
+            f"`{grandchild['capture']}` (malloc: 13.0 KB in 2 calls)\n") in text
+
+
+def test_an_end_names_a_capture_file_only_if_it_exists(compile_c, tmp_path: Path) -> None:
+    # The grandchild is a static executable (no dynamic loader, so no hold) living a millisecond:
+    # it is gone before it can be attached to, and its capture is discarded.  Before, the
+    # child's END (written while the grandchild's follow was still trying) named that file.
+    exe = compile_c("peer_fork")
+    static = compile_c("peer_fork", "-static")
+    out = tmp_path / "c"
+    r = run_memtrace("malloc", "--device", "local", "--follow-children", "--stack-threshold", "0",
+                     "--out", out, "--", exe, "chain", static)
+    assert "chain 0" in r.stdout
+    ends = _ends(out)
+    (child,) = ends["capture.mtc"]["children"]
+    (grandchild,) = ends[child["capture"]]["children"]
+    assert grandchild["path"] == str(static)
+    named = [c["capture"] for e in ends.values() for c in e.get("children") or [] if c.get("capture")]
+    assert all((out / n).is_file() for n in named), (named, sorted(ends))
+    if "capture" not in grandchild:          # (attached in time on a fast machine: then it exists)
+        assert grandchild["ended"] == "not-followed" and grandchild["reason"].startswith("could not follow")
+        shown = run_memtrace("show", out).stdout.replace("\n", "")        # (the console wraps long lines)
+        assert f"pid {grandchild['pid']} spawn {static}: not-followed (no capture)" in shown
+    for line in r.stderr.splitlines():       # a message names a file only once it exists
+        for word in line.split():
+            if word.endswith(".mtc"):
+                assert (out / word).is_file(), line
+
+
 def test_the_image_a_forked_child_execs_is_traced(compile_c, tmp_path: Path) -> None:
     # Before, it was announced as "exec-PID.mtc", a file that never existed.
     exe = compile_c("peer_fork")

@@ -135,13 +135,16 @@ def test_a_window_cut_with_keep_running_leaves_it_running(tmp_path: Path) -> Non
             os.kill(end["pid"], 9)
 
 
-def test_an_attached_process_keeps_the_default_window(tmp_path: Path) -> None:
+@pytest.mark.parametrize("by", ["--pid", "--name"])
+def test_an_attached_process_keeps_the_default_window(by: str, tmp_path: Path) -> None:
     # The target ends once the capture streams (not after a fixed few seconds, which a loaded machine
     # could spend before the attach): the default window would have run on for a minute.
-    target = subprocess.Popen(["sleep", "600"])
+    sleeper = tmp_path / f"sleeper-{os.getpid()}"        # a name no other process has
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", sleeper)
+    target = subprocess.Popen([str(sleeper), "600"])
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--json", "--device", "local",
-                           "--pid", str(target.pid), "--out", str(tmp_path / "c")],
+                           by, str(target.pid) if by == "--pid" else sleeper.name, "--out", str(tmp_path / "c")],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_streaming(tmp_path / "c" / "capture.mtc", timeout=120)

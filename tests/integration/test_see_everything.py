@@ -453,6 +453,19 @@ def test_peer_case_every_allocation_with_its_size_and_stack(case: str, size: int
     rows = [x for x in s["top_stacks"] if x["exact_bytes"] == size * count and x["count"] == count]
     assert len(rows) == 1, s["top_stacks"]
     assert [f["function"] for f in rows[0]["frames"][:len(top)]] == top
+    if case == "throw":
+        # The exceptions' own allocations too: 5 exception objects (libstdc++'s 128 B header + a
+        # 16 B std::runtime_error) and 5 messages (a 24 B string header + "unwind" and its NUL),
+        # each on the stack of the throw.
+        rows = [x for x in s["top_stacks"] if x["exact_bytes"] == 5 * 144 and x["count"] == 5]
+        assert len(rows) == 1, s["top_stacks"]
+        assert [f["function"] for f in rows[0]["frames"][:4]] == ["__cxa_allocate_exception", "throw_deeper(int)",
+                                                                   "alloc_then_throw(int)", "main"]
+        rows = [x for x in s["top_stacks"] if x["exact_bytes"] == 5 * 31 and x["count"] == 5]
+        assert len(rows) == 1, s["top_stacks"]
+        names = [f["function"] for f in rows[0]["frames"]]
+        assert names[:1] == ["operator new(unsigned long)"] and "std::runtime_error::runtime_error(char const*)" in names
+        assert names[names.index("throw_deeper(int)"):][:3] == ["throw_deeper(int)", "alloc_then_throw(int)", "main"]
 
 
 def _top_rows(capture: Path) -> dict[str, tuple[int, int]]:

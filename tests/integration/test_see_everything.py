@@ -205,6 +205,31 @@ def test_split_functions_are_named_by_their_parent(lang: str, compile_c, build_d
     assert ".cold" not in shown and "build_index" in shown
 
 
+
+def test_cloned_and_partly_inlined_functions_are_named_by_their_parent(build_dir: Path, tmp_path: Path) -> None:
+    # GCC's IPA-CP, ISRA and partial-inlining clones (make_block.constprop.0,
+    # from_cfg.constprop.0.isra.0, maybe_grow.part.0): each named by its parent, the part a field.
+    exe = build_dir / "split_clones"
+    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-o", str(exe),
+                    str(ROOT / "tests" / "programs" / "split_clones.c")], check=True)
+    symbols = subprocess.run(["nm", str(exe)], capture_output=True, text=True, check=True).stdout
+    clones = {"from_cfg.constprop.0.isra.0", "make_block.constprop.0", "maybe_grow.part.0"}
+    if not clones <= {line.split()[-1] for line in symbols.splitlines()}:
+        pytest.skip(f"this gcc made other clones: {sorted(n for n in symbols.split() if '.' in n and '_' in n)}")
+    s = memtrace_json("malloc", "--device", "local", "--stack-threshold", "0", "--out", tmp_path / "c", "--", exe)
+    by_bytes = {x["exact_bytes"]: x for x in s["top_stacks"] if x["frames"]}
+    expected = {2 * 2345: (2, [("from_cfg", "constprop.0.isra.0"), ("main", None)]),
+                3 * 4321: (3, [("make_block", "constprop.0"), ("main", None)]),
+                # the part, then its parent's inlined early return in grow_a (as addr2line -i says)
+                5432: (1, [("maybe_grow", "part.0"), ("maybe_grow", None), ("grow_a", None)])}
+    for nbytes, (count, top) in expected.items():
+        row = by_bytes[nbytes]
+        assert row["count"] == count
+        assert [(f["function"], f.get("part")) for f in row["frames"][:len(top)]] == top, row["frames"]
+    shown = run_memtrace("show", tmp_path / "c").stdout
+    assert not any(clone in shown for clone in clones) and "make_block" in shown
+
+
 # -- 8. failing calls -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["aggregate", "events"])

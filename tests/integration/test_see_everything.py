@@ -593,6 +593,10 @@ def test_children_of_children_by_posix_spawn_are_each_traced_from_their_first_li
     shown = run_memtrace("show", out).stdout
     assert f"\n  pid {child['pid']} spawn /proc/self/exe: target-exited -> {child['capture']}\n" in shown
     assert f"\n    pid {grandchild['pid']} spawn /proc/self/exe: target-exited -> {grandchild['capture']}\n" in shown
+    doc = memtrace_json("show", out)
+    (c,) = doc["processes"]
+    assert (c["pid"], c["capture"], c["children"][0]["pid"], c["children"][0]["capture"]) == (
+        child["pid"], child["capture"], grandchild["pid"], grandchild["capture"])
     # report too: the program, its child under it, the grandchild under that, each with its capture.
     run_memtrace("report", out)
     (tree,) = json.loads((out / "report.json").read_text())["processes"]

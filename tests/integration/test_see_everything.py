@@ -386,6 +386,11 @@ def test_a_dlopened_plugin_is_recorded_as_it_loads_and_walked_through(build_dir:
                      ("main", "dlopen_user")]
     modules = [m for r in _records(tmp_path / "c" / "capture.mtc", RecordType.MODULES) for m in r["modules"]]
     assert [m["path"] for m in modules if m["name"] == "plugin.so"] == [str(plugin)]
+    # Recorded, the unloaded plugin can be symbolized again later from its file: every address in it.
+    out = run_memtrace("symbolize", tmp_path / "c" / "capture.mtc").stdout
+    (line,) = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["plugin.so"]]
+    named, total = line[1].split("/")
+    assert named == total and int(total) >= 2 and f"<- {plugin} (module file)" in out, out
 
 
 

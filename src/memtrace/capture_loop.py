@@ -287,6 +287,8 @@ class CaptureLoop:
                         # (writing its END to the discarded file was an EBADF error).
                         raise MemtraceError(f"{self.target.describe()}: {e}", e.exit_code) from None
                     raise
+                if self.child is not None:
+                    self.child.attached = True      # its file stays: the parent's END may name it
                 with _frida_errors_as_lost(self):
                     self._instrument()
                 self._window()

@@ -52,9 +52,10 @@ class Child:
     ended: str | None = None
     reason: str | None = None
     seen: float = field(default_factory=time.monotonic)     # when the host learned of it
+    attached: bool = False       # its capture is attached: its file stays (set by its capture loop)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if v is not None and k != "seen"}
+        return {k: v for k, v in vars(self).items() if v is not None and k not in ("seen", "attached")}
 
 
 class Outcome(Protocol):
@@ -385,13 +386,14 @@ class ChildFollower:
 
     def settle(self, exec_info: dict[str, Any] | None) -> None:
         """Before the END: wait until the capture of each process this target made (and of the
-        image it exec'd) has ended -- the root's join has waited for all of them; a followed
-        child's END is written while its own children may still be attaching -- so the END names
-        a capture file only once it exists, and never one a failed follow discarded.  Bounded as
-        the join is: the window's end plus JOIN_GRACE_S, or the followed processes' own end."""
+        image it exec'd) has attached or ended -- the root's join has waited for all of them; a
+        followed child's END is written while its own children may still be attaching -- so the
+        END names a capture file only once it exists, and never one a failed follow discarded.
+        Bounded as the join is: the window's end plus JOIN_GRACE_S."""
         give_up = self.family.deadline + JOIN_GRACE_S
         followed = [c for c in [*self.children, self.replacement] if c is not None and c.capture is not None]
-        while any(c.ended is None for c in followed) and time.monotonic() < give_up \
+        # Attached is enough: from then on its file stays (only a capture that never attached is discarded).
+        while any(c.ended is None and not c.attached for c in followed) and time.monotonic() < give_up \
                 and not self.family.stopped.is_set():
             time.sleep(0.01)
         for c in followed:

@@ -700,6 +700,35 @@ def test_a_compiler_drivers_children_are_each_traced(tmp_path: Path) -> None:
     assert "cc1: target-exited -> child-" in shown.replace("\n", "")
 
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_compiler_drivers_grandchild_the_linker_is_traced(tmp_path: Path) -> None:
+    # gcc compiling and linking: cc1, as and collect2 under gcc, ld under collect2 (a child of a
+    # child, by vfork + exec): each a capture of its own, shown and reported as that tree.
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    src = tmp_path / "main.c"
+    src.write_text("int main(void) { return 0; }\n")
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--out", out, "--", gcc, src,
+                 "-o", tmp_path / "main", timeout=360)
+    assert subprocess.run([str(tmp_path / "main")], timeout=30).returncode == 0
+    tree = memtrace_json("show", out)["processes"]
+    by_tool = {Path(c["path"]).name: c for c in tree}
+    assert {"cc1", "collect2"} <= set(by_tool) and any(t.endswith("as") for t in by_tool), tree
+    (ld,) = by_tool["collect2"]["children"]
+    assert Path(ld["path"]).name.startswith("ld") and ld["ended"] == "target-exited", ld
+    assert ld["ppid"] == by_tool["collect2"]["pid"]
+    linked = memtrace_json("show", out / ld["capture"])
+    assert linked["alloc_calls"] > 0 and linked["gross_bytes"] > 0
+    run_memtrace("report", out)
+    (root,) = json.loads((out / "report.json").read_text())["processes"]
+    collect2 = next(c for c in root["children"] if Path(c["path"]).name == "collect2")
+    assert [c["capture"] for c in collect2["children"]] == [ld["capture"]]
+
+
 def test_every_vfork_exec_is_noticed_once_and_only_when_it_happened(tmp_path: Path) -> None:
     # gcc (libiberty's pex: vfork, then execvp over PATH): before, only cc1 was noticed; a
     # failed execvp attempt must not be a child.

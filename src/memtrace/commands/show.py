@@ -75,6 +75,9 @@ def children_tree(path: Path, end: dict[str, Any], depth: int = 0) -> list[dict[
                             child_end = r.body
                 except Exception:  # noqa: BLE001 -- a damaged child capture is listed, not followed
                     child_end = {}
+            if "ended" not in item and child_end.get("ended"):
+                # still running when this END was written: how its own capture ended
+                item["ended"], item["reason"] = child_end["ended"], child_end.get("reason")
             item["children"] = children_tree(path.parent / capture, child_end, depth + 1)
         out.append(item)
     return out

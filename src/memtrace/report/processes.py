@@ -54,6 +54,8 @@ def trees(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rel = posixpath.join(folder, c["capture"]) if c.get("capture") else None
             child = by_path.get(rel) if rel is not None else None
             if child is not None:
+                if "ended" not in item and child.get("ended"):
+                    item["ended"] = child["ended"]      # still running when the parent's END was written
                 item["capture"] = rel
                 item["figures"] = _figures(child)
                 item["children"] = node(child, depth + 1) if depth < MAX_DEPTH else []

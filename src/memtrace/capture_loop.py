@@ -287,6 +287,8 @@ class CaptureLoop:
                         # (writing its END to the discarded file was an EBADF error).
                         raise MemtraceError(f"{self.target.describe()}: {e}", e.exit_code) from None
                     raise
+                if self.child is not None:
+                    self.child.attached = True      # its file stays: the parent's END may name it
                 with _frida_errors_as_lost(self):
                     self._instrument()
                 self._window()
@@ -524,6 +526,8 @@ class CaptureLoop:
 
     def _end(self, interrupted: bool) -> CaptureResult:
         self._crash_frames()
+        assert self.follower is not None
+        self.follower.settle(self.ending.exec_info if self.ending.replaced else None)
         now = time.monotonic()
         e, c = self.ending, self.clock
         exit_status = (self.source.exit_status(1.0) or e.spawn_status) if e.gone else None

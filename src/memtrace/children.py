@@ -52,9 +52,10 @@ class Child:
     ended: str | None = None
     reason: str | None = None
     seen: float = field(default_factory=time.monotonic)     # when the host learned of it
+    attached: bool = False       # its capture is attached: its file stays (set by its capture loop)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if v is not None and k != "seen"}
+        return {k: v for k, v in vars(self).items() if v is not None and k not in ("seen", "attached")}
 
 
 class Outcome(Protocol):
@@ -317,6 +318,7 @@ class ChildFollower:
         self.capture = capture
         self.target_pid = target_pid
         self.children: list[Child] = []    # processes this target made (reported by its agent)
+        self.replacement: Child | None = None   # the image the target exec'd, when followed
 
     def watch_held(self, folder: Path) -> None:
         """The hold keeps every image the run's processes exec at its constructors: follow them."""
@@ -361,11 +363,13 @@ class ChildFollower:
         if self.follow and self.family.held_dir is not None:
             held = self.family.wait_claim(pid, since=since)
         if held is not None:
+            self.replacement = held
             info["followed"] = held.capture
             message = f"the target replaced itself (exec of {path}): following it"
         elif self.follow:
             child = Child(pid=pid, ppid=None, origin="exec", path=path)
             self.family.follow_process(self.capture, self.warn, pid, child, None)
+            self.replacement = child
             info["followed"] = child.capture
             message = f"the target replaced itself (exec of {path}): following it"
         else:
@@ -379,6 +383,27 @@ class ChildFollower:
         if self.family.threads:
             phase("waiting for followed children")
         self.family.join()
+
+    def settle(self, exec_info: dict[str, Any] | None) -> None:
+        """Before the END: wait until the capture of each process this target made (and of the
+        image it exec'd) has attached or ended -- the root's join has waited for all of them; a
+        followed child's END is written while its own children may still be attaching -- so the
+        END names a capture file only once it exists, and never one a failed follow discarded.
+        Bounded as the join is: the window's end plus JOIN_GRACE_S."""
+        give_up = self.family.deadline + JOIN_GRACE_S
+        followed = [c for c in [*self.children, self.replacement] if c is not None and c.capture is not None]
+        # Attached is enough: from then on its file stays (only a capture that never attached is discarded).
+        while any(c.ended is None and not c.attached for c in followed) and time.monotonic() < give_up \
+                and not self.family.stopped.is_set():
+            time.sleep(0.01)
+        for c in followed:
+            if c.capture is not None and not (self.family.folder / c.capture).is_file():
+                c.capture = None            # still attaching at the window's end, or discarded
+        if exec_info is not None and exec_info.get("followed") and (
+                self.replacement is None or self.replacement.capture is None):
+            del exec_info["followed"]
+            if self.replacement is not None:
+                exec_info["not_followed"] = self.replacement.reason or "its capture did not start"
 
     def evidence(self, root: bool) -> dict[str, Any]:
         """The END's account; the root's lists the held images no agent reported too."""

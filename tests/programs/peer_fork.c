@@ -5,7 +5,10 @@
  *             "leaf", which makes 2 x malloc(6666) in leaf_work
  *   leaf      (the exec'd image)
  *   spawns    3 x posix_spawn of this program with "leaf", one after another
- *   tree      fork; the child forks a grandchild that makes malloc(7070) in grandchild_work */
+ *   tree      fork; the child forks a grandchild that makes malloc(7070) in grandchild_work
+ *   chain [LEAF]  posix_spawn of this program with "mid [LEAF]", which makes malloc(7272) in mid_work
+ *             and posix_spawns LEAF (default: this program) with "leaf": a child and a grandchild
+ *             by posix_spawn, each living about a millisecond */
 #include <pthread.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -29,11 +32,20 @@ __attribute__((noinline)) void leaf_work(void) {
   for (int i = 0; i < 2; i++) sink[4 + i] = malloc(6666);
 }
 __attribute__((noinline)) void grandchild_work(void) { sink[6] = malloc(7070); }
+__attribute__((noinline)) void mid_work(void) { sink[7] = malloc(7272); }
+
+
 
 static int wait_for(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+static int spawn_wait(const char *path, char **args) {
+  pid_t pid;
+  if (posix_spawn(&pid, path, NULL, NULL, args, environ) != 0) return 127;
+  return wait_for(pid);
 }
 
 int main(int argc, char **argv) {
@@ -85,6 +97,17 @@ int main(int argc, char **argv) {
     int st = wait_for(pid);
     printf("tree %d\n", st);
     return st;
+  }
+  if (!strcmp(c, "chain")) {
+    char *args[] = {argv[0], "mid", argc > 2 ? argv[2] : NULL, NULL};
+    int st = spawn_wait("/proc/self/exe", args);
+    printf("chain %d\n", st);
+    return st;
+  }
+  if (!strcmp(c, "mid")) {
+    mid_work();
+    char *args[] = {argc > 2 ? argv[2] : argv[0], "leaf", NULL};
+    return spawn_wait(argc > 2 ? argv[2] : "/proc/self/exe", args);
   }
   return 2;
 }

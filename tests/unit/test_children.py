@@ -73,3 +73,48 @@ def test_the_follower_starts_a_capture_through_the_function_it_was_given(tmp_pat
     assert follower.evidence(root=True)["children"] == [
         {"pid": 78, "ppid": 4242, "origin": "fork", "capture": "child-78.mtc", "ended": "target-exited",
          "reason": "the target exited on its own"}]
+
+
+def test_settle_waits_for_a_slow_follow_and_names_no_file_a_failed_one_discarded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A followed child's END (no join: its own children may still be attaching) is settled first:
+    # a grandchild's capture that started late is waited for and named; one whose attach failed
+    # (its file discarded) is not named -- before, the END named both files at once.
+    import threading
+
+    from memtrace.children import ChildFollower, Family
+    from memtrace.errors import MemtraceError
+
+    release = threading.Event()
+
+    def capture(child, entry, held):  # type: ignore[no-untyped-def]
+        release.wait(5)
+        if child.pid == 91:
+            raise MemtraceError("--pid 91: no such process on Local System")
+        (tmp_path / child.capture).write_bytes(b"")
+        return type("Result", (), {"ended": "target-exited", "reason": "exited"})()
+
+    family = Family(folder=tmp_path, label="t", deadline=float("inf"), follow=True)
+    follower = ChildFollower(family, True, lambda t, body: None, lambda m: None, capture, lambda: 4242)
+    follower.on_child({"pid": 90, "ppid": 4242, "origin": "fork", "entry": "0x1"})
+    follower.on_child({"pid": 91, "ppid": 4242, "origin": "fork", "entry": "0x2"})
+    threading.Timer(0.2, release.set).start()
+    follower.settle(None)
+    children = follower.evidence(root=False)["children"]
+    assert [(c["pid"], c.get("capture"), c["ended"]) for c in children] == [
+        (90, "child-90.mtc", "target-exited"), (91, None, "not-followed")]
+
+
+def test_settle_drops_an_exec_capture_that_never_started(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from memtrace.children import ChildFollower, Family
+    from memtrace.errors import MemtraceError
+
+    def capture(child, entry, held):  # type: ignore[no-untyped-def]
+        raise MemtraceError("--pid 4242: no such process on Local System")
+
+    family = Family(folder=tmp_path, label="t", deadline=float("inf"), follow=True)
+    follower = ChildFollower(family, True, lambda t, body: None, lambda m: None, capture, lambda: 4242)
+    info = {"path": "/bin/true", "argv": ["true"]}
+    follower.on_replaced(info, since=0.0)
+    assert info["followed"] == "exec-4242.mtc"          # claimed before its capture starts
+    follower.settle(info)
+    assert "followed" not in info and info["not_followed"].startswith("could not follow: --pid 4242")

@@ -34,6 +34,7 @@ def show(capture: Path, as_json: bool, top: int | None, sort: str | None) -> int
         top = next((o.default for o in loaded.tracer.options if o.name == loaded.tracer.json_top_option), 10)
     if as_json:
         doc = loaded.summary.to_json(capture=str(loaded.path), top=top)
+        doc["processes"] = children_tree(loaded.path, getattr(loaded.summary, "end", None) or {})
         if sort is not None:
             from memtrace.tracers.malloc import sorted_stack_rows
 
@@ -50,39 +51,55 @@ def show(capture: Path, as_json: bool, top: int | None, sort: str | None) -> int
     return 0
 
 
-def show_children(console: Console, path: Path, end: dict[str, Any], depth: int = 0) -> None:
-    """The processes the target made, each with its capture (when one exists in the folder) and
-    how it ended, and theirs below them: a process is shown with its children."""
-    from rich.text import Text
-
+def children_tree(path: Path, end: dict[str, Any], depth: int = 0) -> list[dict[str, Any]]:
+    """The processes the target made, each with how it ended and its capture (when that file
+    exists in the folder), and theirs under them (``children``): ``show --json``'s ``processes``."""
     from memtrace.capture import RecordType, read_records
-    from memtrace.reporters.console import plain
 
-    children = list(end.get("children") or [])
+    children = [c for c in end.get("children") or [] if isinstance(c, dict)]
     exec_info = (end.get("evidence") or {}).get("exec") or {}
     if exec_info.get("followed"):       # the image it exec'd, traced in a capture of its own
         children.append({"pid": end.get("pid"), "origin": "exec", "path": exec_info.get("path"),
                          "capture": exec_info["followed"], "ended": "replaced it"})
-    if not children:
-        return
-    if depth == 0:
-        console.print(Text("processes it made:", style="bold"))
+    out = []
     for c in children:
+        item = {k: c.get(k) for k in ("pid", "ppid", "origin", "path", "ended", "reason") if c.get(k) is not None}
         capture = c.get("capture")
-        exists = capture is not None and (path.parent / capture).is_file()
-        what = f"{c.get('origin')}" + (f" {c['path']}" if c.get("path") else "")
-        status = c.get("ended") or "?"
-        where = f" -> {capture}" if exists else " (no capture)"
-        console.print(Text("  " * (depth + 1) + f"pid {c.get('pid')} {what}: {status}") + plain(where))
-        if exists and depth < 8:
+        if isinstance(capture, str) and (path.parent / capture).is_file():
+            item["capture"] = capture
             child_end: dict[str, Any] = {}
-            try:
-                for r in read_records(path.parent / capture):
-                    if r.type == RecordType.END:
-                        child_end = r.body
-            except Exception:  # noqa: BLE001 -- a damaged child capture is listed, not followed
-                child_end = {}
-            show_children(console, path.parent / capture, child_end, depth + 1)
+            if depth < 8:
+                try:
+                    for r in read_records(path.parent / capture):
+                        if r.type == RecordType.END:
+                            child_end = r.body
+                except Exception:  # noqa: BLE001 -- a damaged child capture is listed, not followed
+                    child_end = {}
+            if "ended" not in item and child_end.get("ended"):
+                # still running when this END was written: how its own capture ended
+                item["ended"], item["reason"] = child_end["ended"], child_end.get("reason")
+            item["children"] = children_tree(path.parent / capture, child_end, depth + 1)
+        out.append(item)
+    return out
+
+
+def show_children(console: Console, path: Path, end: dict[str, Any]) -> None:
+    """The processes the target made (:func:`children_tree`), nested: a process is shown with its children."""
+    from rich.text import Text
+
+    from memtrace.reporters.console import plain
+
+    def lines(tree: list[dict[str, Any]], depth: int) -> None:
+        for c in tree:
+            what = f"{c.get('origin')}" + (f" {c['path']}" if c.get("path") else "")
+            where = f" -> {c['capture']}" if c.get("capture") else " (no capture)"
+            console.print(Text("  " * (depth + 1) + f"pid {c.get('pid')} {what}: {c.get('ended') or '?'}") + plain(where))
+            lines(c.get("children") or [], depth + 1)
+
+    tree = children_tree(path, end)
+    if tree:
+        console.print(Text("processes it made:", style="bold"))
+        lines(tree, 0)
 
 
 command = show

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from memtrace import tracers
+from memtrace.report import processes
 from memtrace.report.chapters import Lines, chapter_of, leaks
 from memtrace.report.collect import Skipped
 
@@ -127,6 +128,7 @@ def build_document(folder_name: str, entries: list[dict[str, Any]], skipped: lis
         "panorama": panorama(targets, lines),
         "findings": findings(targets, lines),
         "targets": targets,
+        "processes": processes.trees(entries),
         "calibration": calibration_rows(entries),
         "census": census,
         "jetsam": jetsam,

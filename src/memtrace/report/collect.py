@@ -20,6 +20,7 @@ from memtrace import tracers
 from memtrace.analyze.families import FamilyRules
 from memtrace.capture import CaptureError, CaptureInfo, Record, RecordType, damage_at, read_records
 from memtrace.report.chapters import TOP, chapter_of
+from memtrace.report.processes import process_of
 
 CAPTURE_SUFFIX = ".mtc"
 
@@ -119,6 +120,8 @@ def analyze_capture(path: Path, root: Path, rules: FamilyRules, top: int = TOP,
     cut = info.truncated or not info.ended or bool(info.stopped)
     entry.update({"path": rel, "tracer": tracer, "target": entry.get("target") or target,
                   "records": info.records, "truncated": cut})
+    if last[0].type == RecordType.END:      # the processes it made (report.processes)
+        entry["process"] = process_of(last[0].body)
     if problem is None:
         return entry, None
     if cut:

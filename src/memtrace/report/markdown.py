@@ -6,6 +6,7 @@ import importlib
 from typing import Any
 
 from memtrace import tracers
+from memtrace.report import processes
 from memtrace.report.aggregate import FAMILIES_PLACE, chapters
 from memtrace.report.chapters import Column, Lines, chapter_of, leaks
 from memtrace.reporters.markdown import cell, lines, table, text
@@ -21,6 +22,7 @@ def render(doc: dict[str, Any]) -> str:
     lines.append("")
     lines += _panorama(doc, report)
     lines += _findings(doc)
+    lines += processes.markdown(doc.get("processes") or [])
     lines += _families(targets, report)
     lines += leaks.markdown(targets, report)
     for chapter in report.chapters:

@@ -181,6 +181,7 @@ export function leakedStub(target) {
       code.writeByteArray([0xff, 0x25, 0x02, 0x00, 0x00, 0x00, 0x90, 0x90]);   // jmp [rip+2]
       code.add(8).writePointer(target);
     } else {
+      // ARCH-UNVERIFIED: arm64 Linux stubs have never run (the tests run on x86-64).
       code.writeU32(0x58000050);                 // ldr x16, #8
       code.add(4).writeU32(0xd61f0200);          // br x16
       code.add(8).writePointer(target);

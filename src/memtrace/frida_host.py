@@ -109,6 +109,12 @@ class FridaHost:
         return self.launched is not None and self.launched.spawned
 
     @property
+    def program_held(self) -> bool:
+        """None of the program's own code runs yet: spawned suspended, or waiting at the hold
+        point before its constructors (not a --pid target, nor one resumed for an attach delay)."""
+        return self._hold is not None or (self.launched is not None and self.launched.suspended)
+
+    @property
     def is_local(self) -> bool:
         return devices.is_local(self.device)
 
@@ -291,7 +297,10 @@ class FridaHost:
         asm = self._precompiled_cmodule(hello, config, sources)
         if asm is not None:
             config["cmoduleAsm"] = asm
-            shim = gcc_cache_shim(default_cache_dir(), frida.__version__)
+            # The stand-in is found only through the target's PATH (GLib's spawn searches
+            # getenv("PATH"): gumcmodule.c gum_call_tool), which only setenv can change, and glibc's
+            # setenv races the program's own getenv/setenv: so only while none of its code runs.
+            shim = gcc_cache_shim(default_cache_dir(), frida.__version__) if self.program_held else None
             if shim is not None:
                 config["cmoduleGccDir"] = str(shim)
         init = self.rpc("init", "init", config, sources, self.process_sources(agent))
@@ -559,7 +568,8 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
 # the module's headers beside it, from inside the target: ~0.1-0.25 s of every run's start, even
 # for the assembly the host precompiled (agentbuild.precompiled_cmodule), as Frida loads no prebuilt
 # module on Linux.  This stand-in for gcc, first on the target's PATH while the core compiles
-# (runtime/process.js withPathFirst), keeps each module.so by a hash of gcc's arguments and the
+# (runtime/process.js withPathFirst; only in a program held before its own code runs, see
+# FridaHost.instrument -- a running one compiles with its own PATH's gcc), keeps each module.so by a hash of gcc's arguments and the
 # source, and hands a copy back the next time; anything else, or a miss, runs the real gcc.  Its
 # folder is named after Frida's version (the headers it writes) and the real gcc (path, size,
 # mtime), is the user's alone (0700), and an entry is only ever written whole (a rename).

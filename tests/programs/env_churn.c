@@ -20,15 +20,19 @@ static const char *start_path;
 static atomic_long path_reads, path_changes, churn_sets, churn_wrong;
 static atomic_int running = 1;
 
+/* One turn of a thread: `name` read back as `want` or counted wrong; then a pause. */
+static void check(const char *name, const char *want, atomic_long *turns, atomic_long *wrong) {
+  const char *got = getenv(name);
+  if (got == NULL || strcmp(got, want) != 0)
+    atomic_fetch_add(wrong, 1);
+  atomic_fetch_add(turns, 1);
+  pause_briefly();
+}
+
 static void *read_path(void *arg) {
   (void)arg;
-  while (atomic_load(&running)) {
-    const char *p = getenv("PATH");
-    if (p == NULL || strcmp(p, start_path) != 0)
-      atomic_fetch_add(&path_changes, 1);
-    atomic_fetch_add(&path_reads, 1);
-    pause_briefly();
-  }
+  while (atomic_load(&running))
+    check("PATH", start_path, &path_reads, &path_changes);
   return NULL;
 }
 
@@ -37,13 +41,8 @@ static void *churn(void *arg) {
   (void)arg;
   /* Only this thread writes MT_CHURN, so it reads back what it set unless someone else wrote. */
   for (long i = 0; atomic_load(&running); i++) {
-    const char *v = values[i % 10];
-    setenv("MT_CHURN", v, 1);
-    const char *got = getenv("MT_CHURN");
-    if (got == NULL || strcmp(got, v) != 0)
-      atomic_fetch_add(&churn_wrong, 1);
-    atomic_fetch_add(&churn_sets, 1);
-    pause_briefly();
+    setenv("MT_CHURN", values[i % 10], 1);
+    check("MT_CHURN", values[i % 10], &churn_sets, &churn_wrong);
   }
   return NULL;
 }

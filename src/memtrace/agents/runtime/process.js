@@ -85,9 +85,9 @@ export function withoutHoldEnv(fn) {
 /* fn() with `dir` first on the process's PATH (null: as it is): where the host keeps its stand-in
  * for gcc, which hands back a module Frida's external toolchain built before from the same
  * source (frida_host.py gcc_cache_shim).  Like withoutHoldEnv, for the compile only.  The host
- * gives a `dir` only to a program none of whose own code runs yet (spawned suspended or at the
- * hold point): setenv in a running process races its threads' getenv and setenv, and what they
- * read meanwhile would be our PATH (FridaHost.program_held). */
+ * gives a `dir` only to a program at the hold point, before its first constructor, so before
+ * any thread of its own: setenv in a running process races its threads' getenv and setenv, and
+ * what they read meanwhile would be our PATH (FridaHost.program_held). */
 export function withPathFirst(dir, fn) {
   if (!dir)
     return fn();

@@ -295,6 +295,8 @@ class FridaHost:
         config, sources = config_for(platform), self.c_sources(agent)
         # The unwind walk's frame cache (cmodule/unwind.c) off: every stack walked in full (tests compare).
         config["frameCache"] = os.environ.get("MEMTRACE_FRAME_CACHE", "on") != "off"
+        # The agent writes the environment its compiler gets only at the hold point (process.js withCompilerEnv).
+        config["programHeld"] = self.program_held
         asm = self._precompiled_cmodule(hello, config, sources)
         if asm is not None:
             config["cmoduleAsm"] = asm
@@ -569,7 +571,7 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
 # the module's headers beside it, from inside the target: ~0.1-0.25 s of every run's start, even
 # for the assembly the host precompiled (agentbuild.precompiled_cmodule), as Frida loads no prebuilt
 # module on Linux.  This stand-in for gcc, first on the target's PATH while the core compiles
-# (runtime/process.js withPathFirst; only in a program at the hold point, FridaHost.program_held:
+# (runtime/process.js withCompilerEnv; only in a program at the hold point, FridaHost.program_held:
 # a running one compiles with its own PATH's gcc), keeps each module.so by a hash of gcc's
 # arguments and the source, and hands a copy back the next time; anything else, or a miss, runs
 # the real gcc.  Its folder is named after Frida's version (the headers it writes) and the real gcc

@@ -49,12 +49,14 @@ def test_attaching_to_a_running_program_never_writes_its_environment(compile_c, 
         before = _seen(target)
         for i in range(ATTACHES):
             out = tmp_path / f"attach{i}"
-            run_memtrace("malloc", "--device", "local", "--pid", str(target.pid), "--window", "0.5",
-                         "--quiet", "--out", out, env={"MEMTRACE_CACHE_DIR": str(cache)}, timeout=120)
-            recon = next(r.body for r in read_records(out) if r.type == RecordType.RECON)
+            proc = run_memtrace("malloc", "--device", "local", "--pid", str(target.pid), "--window", "0.5",
+                                "--quiet", "--out", out, env={"MEMTRACE_CACHE_DIR": str(cache)}, timeout=120)
+            records = list(read_records(out))
+            recon = next(r.body for r in records if r.type == RecordType.RECON)
             # The precompiled core went through gcc inside the target: the path the stand-in served.
             assert recon["info"]["toolchain"] == "external" and recon["info"]["precompiled"] is True, recon
-            assert target.poll() is None, f"attach {i}: the target died ({target.returncode})"
+            assert target.poll() is None, (f"attach {i}: the target died ({target.returncode}); its END: "
+                                           f"{records[-1].body}; memtrace said: {proc.stderr.strip()}")
         after = _seen(target)
     finally:
         if target.stdin is not None:

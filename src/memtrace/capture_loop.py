@@ -347,19 +347,17 @@ class CaptureLoop:
 
     def _died_meanwhile(self) -> bool:
         """The target existed and is gone now: an attach that failed because the target was
-        killed under it, not because it cannot be attached.  A process memtrace launched; or one
-        it attaches to (--pid, --name) once injection began -- the pid was there to inject."""
-        pid = self.source.pid
-        vanished_at_launch = (self.stage == "spawn" and self._pid_seen_at_start and self.source.is_local
-                              and not self.source.spawned)
-        if pid is None and vanished_at_launch:
-            pid = self.target.pid       # the launch's own check found it gone: no pid was taken
-        if pid is None:
-            return False
-        if not self.source.spawned and self.stage not in ("injection", "agent load") and not vanished_at_launch:
+        killed under it, not because it cannot be attached.  That counts for a process memtrace
+        launched; for one it attaches to (--pid, --name) once injection began -- the pid was there
+        to inject; and for a local --pid process seen alive at the start that the launch found gone."""
+        counts = (self.source.spawned or self.stage in ("injection", "agent load")
+                  or (self.stage == "spawn" and self._pid_seen_at_start and self.source.is_local))
+        # The launcher's pid; a launch that found the --pid process gone took none: it is --pid's.
+        pid = self.source.pid if self.source.pid is not None else self.target.pid
+        if not counts or pid is None:
             return False
         end = time.monotonic() + 1.0        # a SIGKILL takes a moment to be final
-        while self.source.alive() if self.source.pid is not None else local_pid_alive(pid):
+        while local_pid_alive(pid) if self.source.is_local else self.source.alive():
             if time.monotonic() >= end:
                 return False
             time.sleep(0.02)

@@ -109,6 +109,13 @@ class FridaHost:
         return self.launched is not None and self.launched.spawned
 
     @property
+    def program_held(self) -> bool:
+        """The program waits at the hold point: loaded and relocated, not one constructor run, so
+        no thread of its own exists.  (Frida's spawn alone stops it after the libraries'
+        constructors, which may have started threads; a --pid target runs.)"""
+        return self._hold is not None
+
+    @property
     def is_local(self) -> bool:
         return devices.is_local(self.device)
 
@@ -288,10 +295,15 @@ class FridaHost:
         config, sources = config_for(platform), self.c_sources(agent)
         # The unwind walk's frame cache (cmodule/unwind.c) off: every stack walked in full (tests compare).
         config["frameCache"] = os.environ.get("MEMTRACE_FRAME_CACHE", "on") != "off"
+        # The agent writes the environment its compiler gets only at the hold point (process.js withCompilerEnv).
+        config["programHeld"] = self.program_held
         asm = self._precompiled_cmodule(hello, config, sources)
         if asm is not None:
             config["cmoduleAsm"] = asm
-            shim = gcc_cache_shim(default_cache_dir(), frida.__version__)
+            # The stand-in is found only through the target's PATH (GLib's spawn searches
+            # getenv("PATH"): gumcmodule.c gum_call_tool), which only setenv can change, and glibc's
+            # setenv races the program's own getenv/setenv: so only while no thread of its runs.
+            shim = gcc_cache_shim(default_cache_dir(), frida.__version__) if self.program_held else None
             if shim is not None:
                 config["cmoduleGccDir"] = str(shim)
         init = self.rpc("init", "init", config, sources, self.process_sources(agent))
@@ -559,10 +571,11 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
 # the module's headers beside it, from inside the target: ~0.1-0.25 s of every run's start, even
 # for the assembly the host precompiled (agentbuild.precompiled_cmodule), as Frida loads no prebuilt
 # module on Linux.  This stand-in for gcc, first on the target's PATH while the core compiles
-# (runtime/process.js withPathFirst), keeps each module.so by a hash of gcc's arguments and the
-# source, and hands a copy back the next time; anything else, or a miss, runs the real gcc.  Its
-# folder is named after Frida's version (the headers it writes) and the real gcc (path, size,
-# mtime), is the user's alone (0700), and an entry is only ever written whole (a rename).
+# (runtime/process.js withCompilerEnv; only in a program at the hold point, FridaHost.program_held:
+# a running one compiles with its own PATH's gcc), keeps each module.so by a hash of gcc's
+# arguments and the source, and hands a copy back the next time; anything else, or a miss, runs
+# the real gcc.  Its folder is named after Frida's version (the headers it writes) and the real gcc
+# (path, size, mtime), is the user's alone (0700), and an entry is only ever written whole (a rename).
 _GCC_SHIM = """#!/bin/sh
 # memtrace: Frida's CModule builds kept by source (memtrace/frida_host.py gcc_cache_shim).
 real={real}

@@ -2,7 +2,7 @@
 
 Frida's external toolchain runs ``gcc ... module.c -o module.so`` inside the target on every run
 (it loads no prebuilt module on Linux).  The host puts a stand-in for gcc first on the target's
-PATH for that compile (frida_host.gcc_cache_shim, runtime/process.js withPathFirst): it keeps each
+PATH for that compile (frida_host.gcc_cache_shim, runtime/process.js withCompilerEnv): it keeps each
 module by a hash of gcc's arguments and the source and hands a copy back next time (issue 21,
 item 6: the compile was 0.1-0.25 s of every start).  Proved on the real CLI with a cache folder of
 the test's own: the first run leaves one module there, the second takes it unchanged (the same

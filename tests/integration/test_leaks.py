@@ -7,19 +7,18 @@ reachable.  (tests/integration/test_leak_parity.py holds memtrace against valgri
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import frida
 import pytest
 from tests.conftest import memtrace_json, run_memtrace
 
 from memtrace import layout
-from memtrace.agentbuild import build_agent
+
+from .malloc_agent import HeldAgent, malloc_agent_in
 
 LEAKED = {"leak_dropped": (5, 25000), "leak_cycle": (2, 12000)}
 REACHABLE = {"keep_global": (4, 28000), "keep_nested": (1, 8000), "keep_nested_child": (1, 9000),
@@ -123,30 +122,12 @@ def test_the_scan_does_not_show_in_the_targets_counts(compile_c, tmp_path: Path)
 
 
 @pytest.fixture(params=["internal", "external"])
-def malloc_agent(compile_c, request) -> Iterator[tuple]:
+def malloc_agent(compile_c, request) -> Iterator[HeldAgent]:
     """The malloc agent, started with every call stacked (as --leaks has it), in leak_pattern held
     at its first instruction: the program itself makes no call, so any counted call is someone else's."""
-    device = frida.get_local_device()
-    pid = device.spawn([str(compile_c("leak_pattern")), "60"], stdio="pipe")
-    session = device.attach(pid)
-    agent = build_agent("malloc")
-    script = session.create_script(agent.source)
-    batches: list[dict] = []
-    script.on("message", lambda m, d: batches.append(m["payload"])
-              if m.get("type") == "send" and m["payload"].get("type") == "events:batch" else None)
-    script.load()
-    api = script.exports_sync
-    init = api.init({"liveThreshold": 0, "stackThreshold": 0, "frames": 16, "sampleBytes": 0, "ringKb": 64,
-                     "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096,
-                     "toolchain": request.param, "backend": "auto"}, agent.c_sources)
-    assert init["info"]["toolchain"] == request.param
-    try:
-        yield api, batches
-        api.stop()
-        session.detach()
-    finally:
-        with contextlib.suppress(frida.ProcessNotFoundError):
-            device.kill(pid)
+    with malloc_agent_in([compile_c("leak_pattern"), "60"], request.param,
+                         liveThreshold=0, stackThreshold=0, frames=16) as agent:
+        yield agent
 
 
 def test_fridas_own_threads_never_count_as_the_targets(malloc_agent) -> None:
@@ -155,19 +136,13 @@ def test_fridas_own_threads_never_count_as_the_targets(malloc_agent) -> None:
     program's 3 callocs, 6 reallocs and 51 frees) is Frida's: its calls pass through as memtrace's
     own (own_calls), never in the target's counts.  The same holds for Frida's threads from before the hooks (a GLib pool worker
     freeing its cache as it exits: test_fridas_idle_threads_exiting_count_nothing)."""
-    api, batches = malloc_agent
+    api = malloc_agent.api
     api.start()
     own = api.frida_threads()
     assert own["threads"] >= 2 and own["code_ranges"] >= 1     # the loader and JavaScript threads at least
-
-    def counters() -> list[int]:
-        api.flush()
-        time.sleep(0.3)
-        return batches[-1]["counters"]
-
-    before = counters()
+    before = malloc_agent.counters()
     api.list_threads_through_frida(5)
-    after = counters()
+    after = malloc_agent.counters()
     calls = {k: after[layout.C_CALLS + v] - before[layout.C_CALLS + v] for k, v in layout.KINDS.items()}
     assert calls == dict.fromkeys(layout.KINDS, 0)
     nested, own_calls = layout.COUNTERS["nested_calls"], layout.COUNTERS["own_calls"]
@@ -183,18 +158,14 @@ def test_fridas_idle_threads_exiting_count_nothing(malloc_agent) -> None:
     with the target's free (12 and 6 calls, 3 runs in 3, counted as the program's, which never calls
     free: the 6 frees --leaks once showed when its window outlasted 15 s).  They are Frida's: nothing
     counts, and the agent forgets their ids once they have exited (ids wrap at pid_max)."""
-    api, batches = malloc_agent
+    api = malloc_agent.api
     api.start()
-    api.flush()
-    time.sleep(0.3)
-    before = batches[-1]["counters"]
+    before = malloc_agent.counters()
     deadline = time.monotonic() + 60
     while api.frida_threads()["forgotten"] == 0 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert api.frida_threads()["forgotten"] >= 1
-    api.flush()
-    time.sleep(0.3)
-    after = batches[-1]["counters"]
+    after = malloc_agent.counters()
     calls = {k: after[layout.C_CALLS + v] - before[layout.C_CALLS + v] for k, v in layout.KINDS.items()}
     assert calls == dict.fromkeys(layout.KINDS, 0)
     own_calls = layout.COUNTERS["own_calls"]

@@ -43,7 +43,7 @@ def test_default_peak_counts_every_small_block_with_its_stack(compile_c, tmp_pat
     assert all(v == 0 for v in s["dropped"].values())
     # The core came from the host's compiled assembly (agentbuild.precompiled_cmodule), not a compile
     # in the target -- under the hold before constructors too (the assembler gets the program's
-    # environment back: runtime/process.js withoutHoldEnv).
+    # environment back: runtime/process.js withCompilerEnv).
     recon = next(r.body for r in read_records(tmp_path / "cap") if r.type == RecordType.RECON)
     info = recon["info"]
     assert recon["hold"] == {"held": True}, recon["hold"]

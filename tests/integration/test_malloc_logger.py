@@ -12,7 +12,7 @@ import functools
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from memtrace.tracers.malloc import AGENT_SIZING_DARWIN
 from memtrace.ui import SilentUI
 
 from ..conftest import ROOT  # noqa: TID252
+from .malloc_agent import HeldAgent, malloc_agent_in
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -41,30 +42,10 @@ KIB, MIB = 1024, 1024 * 1024
 
 # TinyCC ("internal") is the compiler an iPhone has; Linux defaults to the external gcc toolchain.
 @pytest.fixture(params=["external", "internal"])
-def agent(compile_c, request):
-    toolchain = request.param
-    device = frida.get_local_device()
-    pid = device.spawn([str(compile_c("steady"))], stdio="pipe")
-    session = device.attach(pid)
-    agent = build_agent("malloc")
-    script = session.create_script(agent.source)
-    batches: list[dict] = []
-    script.on("message", lambda m, d: batches.append(m["payload"])
-              if m.get("type") == "send" and m["payload"].get("type") == "events:batch" else None)
-    script.load()
-    api = script.exports_sync
-    init = api.init({"liveThreshold": 4096, "stackThreshold": 8192, "frames": 8, "sampleBytes": 0, "ringKb": 64,
-              "threadSlots": 64, "rings": 8, "stackTable": 1024, "liveTable": 4096, "toolchain": toolchain,
-              "backend": "auto"}, agent.c_sources)
-    assert init["info"]["toolchain"] == toolchain
-    yield api, batches
-    try:
-        api.stop()
-        session.detach()
-    finally:
-        # The target is never resumed; frida-core may already have reaped it on detach.
-        with contextlib.suppress(frida.ProcessNotFoundError):
-            device.kill(pid)
+def agent(compile_c, request) -> Iterator[HeldAgent]:
+    with malloc_agent_in([compile_c("steady")], request.param,
+                         liveThreshold=4096, stackThreshold=8192, frames=8) as held:
+        yield held
 
 
 @pytest.mark.parametrize("type_, args, expected", [
@@ -181,17 +162,11 @@ def test_stand_in_libmalloc_through_the_logger(compile_c, demo_bin: Path, tmp_pa
 def test_agent_thread_allocations_are_the_agents(agent) -> None:
     """Calls the agent's own JavaScript thread makes (symbolization loads CoreSymbolication on Darwin)
     are passed through uncounted (own_calls says how many)."""
-    api, batches = agent
+    api = agent.api
     api.start()
-
-    def counters() -> list[int]:
-        api.flush()
-        time.sleep(0.3)
-        return batches[-1]["counters"]
-
-    before = counters()
+    before = agent.counters()
     assert api.malloc_on_agent_thread(50, 10000) == {"ignored": True}
-    after = counters()
+    after = agent.counters()
     malloc, free, own = layout.KINDS["malloc"], layout.KINDS["free"], layout.COUNTERS["own_calls"]
     assert after[layout.C_CALLS + malloc] == before[layout.C_CALLS + malloc]
     assert after[layout.C_CALLS + free] == before[layout.C_CALLS + free]

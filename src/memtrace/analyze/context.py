@@ -185,6 +185,27 @@ def frames_json(frames: list[Frame]) -> list[dict[str, Any]]:
     return [f.to_json() for f in frames]
 
 
+class JsonRow(Struct):
+    """A result row whose --json form is its fields in declaration order, less ``json_omit``:
+    frames and nested rows as their own JSON, lists and dicts of them likewise."""
+
+    json_omit: ClassVar[frozenset[str]] = frozenset()
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: _json_value(getattr(self, name)) for name in self.__struct_fields__
+                if name not in self.json_omit}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, (JsonRow, Frame)):
+        return value.to_json()
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()}
+    return value
+
+
 class FoldsEvents(HasContext, Protocol):
     def fold_event(self, ev: dict[str, Any]) -> None: ...
 

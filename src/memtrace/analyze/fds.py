@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import msgspec
 from msgspec import Struct
 
-from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
+from memtrace.analyze.context import CaptureContext, JsonRow, event_frames, fold_events
 from memtrace.capture import Event, Record
 from memtrace.frames import Frame
 from memtrace.schema import UNSET, Count, Maybe, Row
@@ -40,7 +40,7 @@ class OpenFd(Struct):
     from_fd: int | None = None
 
 
-class Census(Struct):
+class Census(JsonRow):
     """The descriptors open at one instant, as the agent listed them (at the start, on a step, at the end)."""
 
     t: int | None
@@ -50,31 +50,24 @@ class Census(Struct):
     by_kind: dict[str, int]
     fds: dict[int, str | None]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"t": self.t, "trigger": self.trigger, "count": self.count, "frida": self.frida,
-                "by_kind": self.by_kind}
+    json_omit: ClassVar[frozenset[str]] = frozenset({"fds"})     # the descriptors stay in the capture
 
 
-class UnseenFd(Struct):
+class UnseenFd(JsonRow):
     fd: int
     path: str | None
     kind: str
 
 
-class Reconciliation(Struct):
+class Reconciliation(JsonRow):
     """The last census against what the hooks saw."""
 
     census_count: int
     opened_out_of_sight: list[UnseenFd]     # open at the end, and no hooked entry opened it
     closed_out_of_sight: list[int]          # opened in the window, gone at the end, and no hooked entry closed it
 
-    def to_json(self) -> dict[str, Any]:
-        return {"census_count": self.census_count,
-                "opened_out_of_sight": [{"fd": u.fd, "path": u.path, "kind": u.kind} for u in self.opened_out_of_sight],
-                "closed_out_of_sight": self.closed_out_of_sight}
 
-
-class OpenGroup(Struct):
+class OpenGroup(JsonRow):
     """Descriptors opened in the window and still open at its end, with one opening stack."""
 
     count: int
@@ -84,12 +77,8 @@ class OpenGroup(Struct):
     paths: list[str]            # the first 10, sorted
     frames: list[Frame]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "calls": self.calls, "caller": self.caller, "fds": self.fds,
-                "paths": self.paths, "frames": frames_json(self.frames)}
 
-
-class FailureGroup(Struct):
+class FailureGroup(JsonRow):
     """Failed creations by one call with one errno from one stack."""
 
     call: str
@@ -98,10 +87,6 @@ class FailureGroup(Struct):
     count: int
     caller: str | None
     frames: list[Frame]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"call": self.call, "errno": self.errno, "error": self.error, "count": self.count,
-                "caller": self.caller, "frames": frames_json(self.frames)}
 
 
 class FdsSummary(CaptureContext):

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import msgspec
 from msgspec import Struct
 
-from memtrace.analyze.context import CaptureContext, event_frames, fold_events, frames_json
+from memtrace.analyze.context import CaptureContext, JsonRow, event_frames, fold_events
 from memtrace.capture import Event, Record
 from memtrace.frames import Frame
 from memtrace.schema import Addr, Count
@@ -50,7 +50,7 @@ class ThreadRecord(Struct):
                 and not self.detached_at_create)
 
 
-class ThreadGroup(Struct):
+class ThreadGroup(JsonRow):
     """Threads with one creating stack and one start routine (a row of a by-stack table)."""
 
     count: int
@@ -59,12 +59,8 @@ class ThreadGroup(Struct):
     stack_bytes: int
     frames: list[Frame]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "routine": self.routine, "caller": self.caller,
-                "stack_bytes": self.stack_bytes, "frames": frames_json(self.frames)}
 
-
-class FailureGroup(Struct):
+class FailureGroup(JsonRow):
     """Failed pthread_create calls with one errno, creating stack and start routine."""
 
     errno: int
@@ -73,10 +69,6 @@ class FailureGroup(Struct):
     routine: str | None
     caller: str | None
     frames: list[Frame]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"errno": self.errno, "error": self.error, "count": self.count, "routine": self.routine,
-                "caller": self.caller, "frames": frames_json(self.frames)}
 
 
 class ThreadSet(Struct):

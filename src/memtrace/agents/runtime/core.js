@@ -12,7 +12,7 @@
 import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
   MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
-import { disarmStub, leakedStub, proc, withPathFirst, withoutHoldEnv } from './process.js';
+import { disarmStub, leakedStub, proc, withCompilerEnv } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 
@@ -219,10 +219,10 @@ export function buildCore(config, sources, extraSymbols) {
   if (wantExternal && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
     // only assembles it.  Any failure falls back to compiling the C below.  gcc runs as the C
-    // compile's does: with the program's environment, not held (withoutHoldEnv).
+    // compile's does: with the program's environment, not held (withCompilerEnv).
     try {
-      cm = withoutHoldEnv(() => withPathFirst(config.cmoduleGccDir, () => new CModule(
-        defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' })));
+      cm = withCompilerEnv(config, () => new CModule(
+        defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' }));
       toolchain = 'external';
       core.precompiled = true;
     } catch (e) {
@@ -232,8 +232,7 @@ export function buildCore(config, sources, extraSymbols) {
   }
   if (wantExternal && !cm) {
     try {
-      cm = withoutHoldEnv(() => withPathFirst(config.cmoduleGccDir,
-        () => new CModule(source, symbols, { toolchain: 'external' })));
+      cm = withCompilerEnv(config, () => new CModule(source, symbols, { toolchain: 'external' }));
       toolchain = 'external';
     } catch (e) {
       if (config.toolchain === 'external')

@@ -72,29 +72,31 @@ function nf(name, ret, args) {
   return p === null ? null : new NativeFunction(p, ret, args);
 }
 
-/* The external toolchain's compiler runs as a child of the target: under --follow-children's
- * hold (memtrace.hold) it would wait to be followed like any process the target starts.  The
- * hold's variable is out of the environment while `fn` runs (a target thread spawning meanwhile
- * gets a child that is not held: it is still followed from its spawn). */
+/* fn() -- a CModule built by Frida's external toolchain, whose compiler runs as a child of the
+ * target with the target's environment.  In a program at the hold point (config.programHeld,
+ * FridaHost.program_held: before its first constructor, so no thread of its own exists) that
+ * environment is the compiler's for fn's time: the hold's children variable out (under
+ * --follow-children's hold the compiler would wait to be followed like any process the target
+ * starts) and config.cmoduleGccDir first on PATH (the host's stand-in for gcc, which hands back a
+ * module built before from the same source: frida_host.py gcc_cache_shim).  In a running program
+ * nothing is written: setenv there races its threads' getenv and setenv, and would show them what
+ * only the compiler was to see (tests/integration/test_environ_untouched.py). */
 const HOLD_CHILDREN_ENV = 'MEMTRACE_HOLD_CHILDREN';
 
-export function withoutHoldEnv(fn) {
-  return withEnv(HOLD_CHILDREN_ENV, old => (old === null ? undefined : null), fn);
-}
-
-/* fn() with `dir` first on the process's PATH (null: as it is): where the host keeps its stand-in
- * for gcc, which hands back a module Frida's external toolchain built before from the same
- * source (frida_host.py gcc_cache_shim).  Like withoutHoldEnv, for the compile only. */
-export function withPathFirst(dir, fn) {
-  if (!dir)
+export function withCompilerEnv(config, fn) {
+  restoreEnviron();
+  if (!config.programHeld)
     return fn();
-  return withEnv('PATH', old => `${dir}:${old === null ? '/usr/local/bin:/usr/bin:/bin' : old}`, fn);
+  const gccDir = config.cmoduleGccDir;
+  const withPath = gccDir
+    ? () => withEnv('PATH', old => `${gccDir}:${old === null ? '/usr/local/bin:/usr/bin:/bin' : old}`, fn)
+    : fn;
+  return withEnv(HOLD_CHILDREN_ENV, old => (old === null ? undefined : null), withPath);
 }
 
 /* fn() with environment variable `name` set to change(its value, or null) -- null unsets it,
  * undefined leaves it as it is -- and put back as it was afterwards. */
 function withEnv(name, change, fn) {
-  restoreEnviron();
   const getenv = nf('getenv', 'pointer', ['pointer']);
   const setenv = nf('setenv', 'int', ['pointer', 'pointer', 'int']);
   const unsetenv = nf('unsetenv', 'int', ['pointer']);

@@ -373,6 +373,7 @@ class SnapshotRecord(Shape):
 class _Timing(Shape):
     launch_to_attach_s: Time | None = None
     captured_s: Time | None = None
+    phases: Maybe[dict[str, Num]] = UNSET       # the start's steps: CLOCK_MONOTONIC seconds by name
 
 
 class EndRecord(Shape):

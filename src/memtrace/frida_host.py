@@ -97,6 +97,8 @@ class FridaHost:
         self._reactor = Reactor(lambda reactor: self._closed.wait())
         self._reactor_started = False
         self._reactor_lock = threading.Lock()
+        # The start's steps (CLOCK_MONOTONIC by name; the capture's END timing.phases).
+        self.phases: dict[str, float] = {}
 
     # -- what the capture loop reads ---------------------------------------------------------
 
@@ -147,11 +149,13 @@ class FridaHost:
                 self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit, env=hold.env)
             else:
                 self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
+        self.phases["spawned"] = time.monotonic()
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
             self.exit_watch = ChildExitWatcher(self.launched.pid)
         if hold is not None:
             self._hold_at_constructors(hold)
+            self.phases["held"] = time.monotonic()
         return self.launched
 
     @contextlib.contextmanager
@@ -272,11 +276,15 @@ class FridaHost:
     def load(self, agent: str) -> None:
         """Create and load the agent's script (a load that never returns is anti-debug evidence)."""
         try:
-            self.script = self.session.create_script(build_agent(agent).source, name=f"memtrace-{agent}")
+            source = build_agent(agent).source
+            self.phases["agent built"] = time.monotonic()
+            self.script = self.session.create_script(source, name=f"memtrace-{agent}")
         except GONE_ERRORS as e:
             raise TargetLost(f"script creation: {e}") from None
+        self.phases["script created"] = time.monotonic()
         self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
         self.call("script load", self.script.load)
+        self.phases["script loaded"] = time.monotonic()
 
     def instrument(self, agent: str, config_for: ConfigFor) -> Instrumented:
         """Load the agent and initialize it: ``hello`` (the platform), then ``init`` with the
@@ -284,6 +292,7 @@ class FridaHost:
         be) and, for a local target, unwind tables for its modules without frame pointers."""
         self.load(agent)
         hello = self.rpc("hello", "hello")
+        self.phases["hello"] = time.monotonic()
         platform = hello.get("platform") if isinstance(hello, dict) else None
         config, sources = config_for(platform), self.c_sources(agent)
         # The unwind walk's frame cache (cmodule/unwind.c) off: every stack walked in full (tests compare).
@@ -294,12 +303,15 @@ class FridaHost:
             shim = gcc_cache_shim(default_cache_dir(), frida.__version__)
             if shim is not None:
                 config["cmoduleGccDir"] = str(shim)
+        self.phases["cmodule ready"] = time.monotonic()
         init = self.rpc("init", "init", config, sources, self.process_sources(agent))
+        self.phases["init"] = time.monotonic()
         notices: list[Notice] = []
         # Local targets (followed children too): unwind tables for modules without frame pointers.
         if self.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
             self.unwind = UnwindFeed(TableCache(default_cache_dir()))
             notices += self._feed_unwind(during_window=False)
+            self.phases["unwind fed"] = time.monotonic()
         return Instrumented(hello=hello, init=init, platform=platform, notices=notices,
                             unwind=self.unwind.info() if self.unwind else None)
 

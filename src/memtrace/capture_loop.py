@@ -382,12 +382,9 @@ class CaptureLoop:
         self.device_info = self.source.open()
         self.clock.phases["device"] = time.monotonic()
         if self.source.is_local:
-            # The host symbolizes (symbolic, pyelftools): imported on a thread of its own while
-            # Frida launches and injects, and made at the first symbolization (_symbolize), not
-            # before the target runs (issue 21, item 6).
+            # The host symbolizes (symbolic, pyelftools): imported while Frida injects (below),
+            # made at the first symbolization (_symbolize), not before the target runs.
             self._host_symbols = True
-            threading.Thread(target=_import_quietly, args=("memtrace.symbols.service",), daemon=True,
-                             name="memtrace-import").start()
         else:
             from memtrace.symbols.device import local_tree
 
@@ -413,8 +410,22 @@ class CaptureLoop:
             self._sleep_watching(self.options.attach_delay)
         self.ui.phase("attaching")
         self.stage = "injection"
+        self._preload()
         self.source.attach()
         self.clock.attach = self.clock.phases["attached"] = time.monotonic()
+
+    def _preload(self) -> None:
+        """Import what the capture uses later on a thread of its own while Frida injects the agent
+        (the main thread waits on Frida there, without the GIL): the unwind tables' reader and the
+        host symbolizer (a local target), the tracer's analyzer (the summary at the end) and the
+        console's rendering (the live panel's summary).  Before the target is spawned nothing is
+        imported that it does not need (issue 21, item 6)."""
+        names = [self.tracer.analyzer]
+        if self.source.is_local:
+            names[:0] = ["memtrace.symbols.cfi", "memtrace.symbols.service"]
+        if getattr(self.ui, "wants_families", False):
+            names.append("memtrace.reporters.console")
+        threading.Thread(target=_import_quietly, args=(names,), daemon=True, name="memtrace-import").start()
 
     def _sleep_watching(self, seconds: float) -> None:
         """Wait before attaching; a spawned target that exits meanwhile ends the capture."""
@@ -845,9 +856,10 @@ def _as_return_addresses(stack: list[Any]) -> list[int]:
     return out
 
 
-def _import_quietly(name: str) -> None:
-    with contextlib.suppress(Exception):       # the import is tried again where it is used
-        importlib.import_module(name)
+def _import_quietly(names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(Exception):       # the import is tried again where it is used
+            importlib.import_module(name)
 
 
 @contextlib.contextmanager

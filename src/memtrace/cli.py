@@ -18,7 +18,6 @@ from memtrace import __version__, tracers
 from memtrace.capture import CaptureError
 from memtrace.commands.trace import make_command
 from memtrace.errors import MemtraceError, first_line, is_frida_error
-from memtrace.reporters.console import inert as _inert
 
 COMMANDS = ("doctor", "census", "limit", "jetsam", "report", "batch", "export", "symbolize", "show", "diff",
             "flamegraph")
@@ -105,6 +104,9 @@ def _drop_stdout() -> None:
 
 def inert(value: object) -> str:
     """An error line: control characters shown, and a newline in quoted data cannot start another."""
+    # rich: imported on an error, not before every capture starts
+    from memtrace.reporters.console import inert as _inert
+
     return _inert(value).replace("\n", "\\n")
 
 

@@ -48,7 +48,6 @@ from memtrace.record_source import (
     RecordSource,
     SourceEvent,
 )
-from memtrace.symbols.cfi import TableCache, UnwindFeed
 from memtrace.target import TargetSpec
 
 Event = tuple[str, Any, Any]
@@ -309,6 +308,11 @@ class FridaHost:
         notices: list[Notice] = []
         # Local targets (followed children too): unwind tables for modules without frame pointers.
         if self.is_local and os.environ.get("MEMTRACE_UNWIND", "on") != "off":
+            # symbolic (the unwind tables' reader): imported here, while the target waits for
+            # its hooks anyway -- the capture loop preloads it during the attach -- not before
+            # the target is spawned (issue 21: fixed cost).
+            from memtrace.symbols.cfi import TableCache, UnwindFeed
+
             self.unwind = UnwindFeed(TableCache(default_cache_dir()))
             notices += self._feed_unwind(during_window=False)
             self.phases["unwind fed"] = time.monotonic()
@@ -633,4 +637,6 @@ def gcc_cache_shim(cache_dir: Path, frida_version: str) -> Path | None:
 
 
 if TYPE_CHECKING:
+    from memtrace.symbols.cfi import UnwindFeed
+
     _IS_A_SOURCE: type[RecordSource] = FridaHost     # mypy checks FridaHost against the protocol

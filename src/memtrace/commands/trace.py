@@ -13,11 +13,9 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 
 from memtrace.capture import read_records
 from memtrace.capture_loop import CAPTURE_OPTIONS, CaptureResult, capture_options, run_capture
-from memtrace.reporters.console import inert
 from memtrace.target import TARGET_OPTIONS, target_from_values
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, agent_config, apply
@@ -61,6 +59,10 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
     finally:
         if isinstance(ui, RichUI):
             ui.close()
+    from rich.console import Console
+
+    from memtrace.reporters.console import inert
+
     summary = tracer.summarize(read_records(result.path))
     host = {**values, "capture": str(result.path)}
     if values["json"]:

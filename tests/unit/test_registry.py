@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -36,7 +37,8 @@ def test_every_registered_tracer_has_a_cli_command_with_its_options(name: str) -
 
     tracer = tracers.get(name)
     assert tracer is not None
-    command = cli.commands[name]
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
     flags = {opt for p in command.params for opt in getattr(p, "opts", [])}
     for option in tracer.options:
         assert option.flag in flags, f"{name}: {option.flag} is declared but not on the command line"

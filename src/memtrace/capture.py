@@ -25,15 +25,18 @@ length says that what follows is one zstd frame of the JSON and the agent record
 batch's counters are most of it; zstd is smaller than zlib and several times faster to write and
 read: cc1plus's agent records 1.42 MB with zlib, 1.28 MB with zstd), and a large JSON record (SYMBOLS: a third of a complete
 capture) may be a zstd frame of its JSON -- told by the frame's magic number, which no JSON text
-starts with.  Version 5 adds grouped BATCH records: bit 29 of the json length says that what
-follows is one zstd frame of several drains, each ``u32 length | u32 json length | json | agent
-records`` (an uncompressed version-4 BATCH payload).  The writer groups the agent's drains (10
-a second) of up to GROUP_S seconds: a quiet drain is ~600 bytes compressed alone and ~380 beside
-its neighbours, which repeat its JSON keys, counters and stacks -- bench_real's sqlite3 run (116
-drains on a loaded machine): 98.8 KB alone, 61.6 KB grouped, heaptrack's file 63.0 KB.  A flipped
-byte still costs one record: a group, about GROUP_S of drains (the counters are running totals
-the next drain restores; a stack's AGG values, when that stack next changes); the first drain,
-the stack definitions, is never held.  What the writer holds is written before any other record,
+starts with.  Version 5 adds the GROUP record (type 12): one zstd frame of several BATCH,
+SNAPSHOT and EVENTS records, each ``u8 type | u8 0 | u16 0 | u32 length | payload`` with its
+uncompressed version-4 payload.  The writer groups what comes in up to GROUP_S seconds (the
+agent's drains come ten a second: a quiet drain is ~600 bytes compressed alone, a third of that
+beside its neighbours, which repeat its JSON keys, counters and stacks); SYMBOLS and MODULES rows,
+which name addresses, are written at once, ahead of a group held; any other record after it.
+bench_real's sqlite3 run, ~120 drains on a loaded machine: 98.8 KB with every drain alone, 61.6 KB
+with 1 s of drains grouped between other records (heaptrack's file 63.0 KB); sizes for GROUP_S
+and the level: bench/README.md, "capture_size_bench.py".  A flipped byte still
+costs one record: a group, about GROUP_S of drains (the counters are running totals the next
+drain restores; a stack's AGG values, when that stack next changes); the first drain, the stack
+definitions, is never held.  What the writer holds is written before any other record but those,
 at END and at close -- only memtrace itself killed (SIGKILL) loses it.  A version-5 reader reads
 versions 1 to 4 as they were written.
 
@@ -108,10 +111,12 @@ MAGIC = b"MEMTRACE"
 FORMAT_VERSION = 5
 BATCH_ZLIB = 0x80000000        # in a BATCH's json length (version >= 3): its agent records are zlib data
 BATCH_ZSTD = 0x40000000        # in a BATCH's json length (version >= 4): its JSON and agent records are a zstd frame
-BATCH_GROUP = 0x20000000       # in a BATCH's json length (version >= 5): a zstd frame of several drains
-BATCH_FLAGS = BATCH_ZLIB | BATCH_ZSTD | BATCH_GROUP
-GROUP_S = 1.0                  # the writer groups the drains of at most this long (a tenth of a second each)
-GROUP_MAX = 1 << 20            # ... and of at most this many bytes (a larger drain is a record of its own)
+GROUP_S = 2.0                  # the writer groups the records of at most this long (drains: ten a second)
+GROUP_MAX = 1 << 20            # ... and of at most this many bytes (a larger one is a record of its own)
+# A group of a quiet stretch (sqlite3's: ~40 KB of drains in 2 s) is compressed harder, ~7 ms a
+# group for 10 % less; a busy one (cc1plus's new stacks) at ZSTD_LEVEL, so the host keeps up.
+ZSTD_GROUP_LEVEL = 15
+ZSTD_GROUP_LEVEL_UP_TO = 256 << 10
 BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
 # (version >= 4) a JSON payload this large is stored as a zstd frame when that is smaller: SYMBOLS
 # rounds and SNAPSHOTs of a few hundred bytes each are much of a short run's capture (sqlite3's:
@@ -153,6 +158,14 @@ class RecordType(IntEnum):
     SNAPSHOT = 9      # periodic counters/rates, for death evidence
     END = 10          # how the capture ended, with evidence
     RESULT = 11       # a tracer's computed result (probe truth table, census, ...)
+    GROUP = 12        # (version >= 5) one zstd frame of several BATCH, SNAPSHOT and EVENTS records
+
+
+# What the writer groups (after the first BATCH: the stack definitions are written at once); what
+# it writes at once, ahead of a group it holds (their rows name addresses: order does not matter);
+# anything else is written after the group it holds.
+GROUPED = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS})
+AHEAD_OF_GROUP = frozenset({RecordType.SYMBOLS, RecordType.MODULES})
 
 
 # The agent's record layout and counters (memtrace/layout.py, shared with the agent's C and JS).
@@ -750,15 +763,19 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
-def encode_batch_group(drains: list[tuple[Any, bytes]]) -> bytes:
-    """One grouped BATCH record (version >= 5) of several drains' (JSON body, agent records)."""
-    assert _zstd is not None and len(drains) > 1
+def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
+    """One GROUP record (version >= 5): a zstd frame of several records, each ``u8 type | u8 0 |
+    u16 0 | u32 length | payload`` with its uncompressed payload (a BATCH's: ``u32 json length |
+    json | agent records``; the others': JSON)."""
+    assert _zstd is not None and len(records) > 1
     subs = []
-    for body, data in drains:
+    for rtype, body, data in records:
         blob = _dumps(body)
-        subs.append(struct.pack("<II", 4 + len(blob) + len(data), len(blob)) + blob + data)
-    payload = struct.pack("<I", BATCH_GROUP) + _zstd.compress(b"".join(subs), ZSTD_LEVEL)
-    head = RECORD_HEADER_V1.pack(int(RecordType.BATCH), 0, _head_check(int(RecordType.BATCH), len(payload)),
+        sub = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
+        subs.append(RECORD_HEADER_V1.pack(int(rtype), 0, 0, len(sub)) + sub)
+    raw = b"".join(subs)
+    payload = _zstd.compress(raw, ZSTD_GROUP_LEVEL if len(raw) <= ZSTD_GROUP_LEVEL_UP_TO else ZSTD_LEVEL)
+    head = RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, _head_check(int(RecordType.GROUP), len(payload)),
                                  len(payload))
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
@@ -817,9 +834,9 @@ class CaptureWriter:
         self._end_tried = False
         self._held: list[bytes] = []       # after a failure: SYMBOLS/MODULES to write before END
         self._fsync_interval = fsync_interval
-        # Drains held for the next grouped BATCH record: (body, agent records), the first one's
+        # Records held for the next GROUP record: (type, body, agent records), the first one's
         # monotonic time, their bytes; None: not grouping (no zstd, or MEMTRACE_CAPTURE_ZLIB=off).
-        self._group: list[tuple[Any, bytes]] | None = [] if BATCH_ZLIB_ON and _zstd is not None else None
+        self._group: list[tuple[RecordType, Any, bytes]] | None = [] if BATCH_ZLIB_ON and _zstd is not None else None
         self._group_t0 = 0.0
         self._group_bytes = 0
         self._batches = 0
@@ -843,21 +860,22 @@ class CaptureWriter:
 
     def write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         """Append one record; raises CaptureWriteError on the first write that fails."""
-        if rtype == RecordType.BATCH and self._group is not None and self.error is None:
-            self._batches += 1
+        if rtype in GROUPED and self._group is not None and self.error is None:
+            self._batches += rtype == RecordType.BATCH
             if self._batches > 1 and len(data) < GROUP_MAX:
                 if not self._group:
                     self._group_t0 = time.monotonic()
-                self._group.append((body, bytes(data)))
-                self._group_bytes += len(data)
+                self._group.append((rtype, body, bytes(data)))
+                self._group_bytes += len(data) + 256
                 if self._group_bytes >= GROUP_MAX or time.monotonic() - self._group_t0 >= GROUP_S:
                     self.flush()
                 return
-        try:
-            self.flush()                # what is held goes first: the records stay in order
-            flushed = True
-        except CaptureWriteError:
-            flushed = False             # this write is the one that failed: it says so, below
+        flushed = True
+        if rtype not in AHEAD_OF_GROUP:
+            try:
+                self.flush()            # what is held goes first: the records stay in order
+            except CaptureWriteError:
+                flushed = False         # this write is the one that failed: it says so, below
         if rtype == RecordType.END:
             self._write_end(body)
             return
@@ -878,18 +896,18 @@ class CaptureWriter:
         self._append(frame)
 
     def flush(self) -> None:
-        """Write the drains held for a grouped BATCH record (one alone: an ordinary BATCH)."""
+        """Write the records held for a GROUP record (one alone: as itself)."""
         if not self._group:
             return
         drains, self._group, self._group_bytes = self._group, [], 0
         if self.error is not None:
             self.lost_records += len(drains)
-            self.lost_bytes += sum(len(d) for _, d in drains)
+            self.lost_bytes += sum(len(d) for _, _, d in drains)
             return
-        frame = encode_record(RecordType.BATCH, *drains[0]) if len(drains) == 1 else encode_batch_group(drains)
+        frame = encode_record(*drains[0]) if len(drains) == 1 else encode_group(drains)
         try:
             if len(frame) > MAX_RECORD + RECORD_HEADER.size:
-                self._stop(f"a BATCH record of {len(frame)} bytes is larger than a capture holds "
+                self._stop(f"a GROUP record of {len(frame)} bytes is larger than a capture holds "
                            f"({MAX_RECORD} bytes)", len(frame))
                 raise CaptureWriteError(self.failure())
             self._append(frame)
@@ -1216,7 +1234,7 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
             yield from records
 
 
-_RECORD_START = re.compile(rb"[\x01-\x0b]\x00", re.DOTALL)    # a known record type, then its 0 byte
+_RECORD_START = re.compile(rb"[\x01-\x0c]\x00", re.DOTALL)    # a known record type, then its 0 byte
 
 
 def _next_intact_record(f: BinaryIO, start: int) -> int | None:
@@ -1287,19 +1305,19 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] |
         if version == 1:            # version 1 had exactly the types 1 to 11
             raise _Damaged(f"unknown record type {rtype}") from None
         return None                 # a record type from a newer writer (its checksum held)
+    if kind == RecordType.GROUP:
+        if version < 5:             # not this type then: a newer writer's, as above
+            if version == 1:
+                raise _Damaged(f"unknown record type {rtype}")
+            return None
+        return _decode_group(_unzstd(payload, BATCH_MAX_BYTES, "GROUP record"))
     data = b""
     if kind == RecordType.BATCH:
         if len(payload) < 4:
             raise _Damaged("BATCH record shorter than its JSON length")
         (n,) = struct.unpack_from("<I", payload)
-        known = BATCH_FLAGS if version >= 5 else BATCH_ZLIB | BATCH_ZSTD if version >= 4 else \
-            BATCH_ZLIB if version >= 3 else 0
-        flags = n & known
+        flags = n & (BATCH_ZLIB | BATCH_ZSTD) if version >= 4 else n & BATCH_ZLIB if version >= 3 else 0
         n &= ~flags
-        if flags & BATCH_GROUP:
-            if flags != BATCH_GROUP or n:
-                raise _Damaged("grouped BATCH record with other flags or a JSON length")
-            return _decode_group(_unzstd(memoryview(payload)[4:], BATCH_MAX_BYTES, "grouped BATCH record"), version)
         if flags == BATCH_ZLIB | BATCH_ZSTD:
             raise _Damaged("BATCH record says its agent records are both zlib and zstd data")
         if flags == BATCH_ZSTD:         # its JSON and agent records, one zstd frame
@@ -1329,22 +1347,29 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] |
     return Record(kind, body, data)
 
 
-def _decode_group(drains: bytes, version: int) -> list[Record]:
-    """The drains of a grouped BATCH record: ``u32 length | uncompressed BATCH payload``, each."""
+def _decode_group(records: bytes) -> list[Record]:
+    """The records of a GROUP record: ``u8 type | u8 0 | u16 0 | u32 length | payload``, each
+    payload as a version-4 record's uncompressed one."""
     out: list[Record] = []
     at = 0
-    while at < len(drains):
-        if at + 8 > len(drains):
-            raise _Damaged(f"grouped BATCH record: drain {len(out)} cut short")
-        (length, n) = struct.unpack_from("<II", drains, at)
-        if n & BATCH_FLAGS or length < 4 or at + 4 + length > len(drains):
-            raise _Damaged(f"grouped BATCH record: drain {len(out)}'s length or flags are wrong")
-        one = _decode(RecordType.BATCH, drains[at + 4:at + 4 + length], version)
+    while at < len(records):
+        if at + RECORD_HEADER_V1.size > len(records):
+            raise _Damaged(f"GROUP record: its record {len(out)} cut short")
+        rtype, zero, check, length = RECORD_HEADER_V1.unpack_from(records, at)
+        at += RECORD_HEADER_V1.size
+        if rtype not in GROUPED or zero or check or at + length > len(records):
+            raise _Damaged(f"GROUP record: its record {len(out)} has a wrong type, header or length")
+        payload = records[at:at + length]
+        if rtype == RecordType.BATCH and (len(payload) < 4 or struct.unpack_from("<I", payload)[0] & (BATCH_ZLIB | BATCH_ZSTD)):
+            raise _Damaged(f"GROUP record: its record {len(out)} is a BATCH compressed again")
+        if rtype != RecordType.BATCH and payload[:4] == ZSTD_MAGIC:
+            raise _Damaged(f"GROUP record: its record {len(out)} is compressed again")
+        one = _decode(rtype, payload, 5)
         assert isinstance(one, Record)
         out.append(one)
-        at += 4 + length
+        at += length
     if len(out) < 2:
-        raise _Damaged("grouped BATCH record of fewer than two drains")
+        raise _Damaged("GROUP record of fewer than two records")
     return out
 
 

@@ -1,5 +1,5 @@
-"""Grouped BATCH records (capture format 5): the agent's drains of up to GROUP_S seconds in one
-zstd frame -- a smaller capture, the same records, and a flipped byte still costs one record."""
+"""GROUP records (capture format 5): the agent's drains and the snapshots of up to GROUP_S seconds
+in one zstd frame -- a smaller capture, the same records, and a flipped byte still costs one record."""
 
 from __future__ import annotations
 
@@ -71,10 +71,8 @@ def test_drains_are_grouped_and_read_back_as_written(tmp_path: Path, monkeypatch
     assert list(decode_agent_records(batches[7].data)) == [AggRecord(s, {"allocs": 70 + s, "bytes": 7 * 4096}) for s in range(3)]
     # The first drain alone (written at once: its stack definitions), the other 29 in one record.
     kinds = [rtype for _, rtype, _ in frames(p)]
-    assert kinds == [RecordType.META, RecordType.BATCH, RecordType.BATCH, RecordType.END]
+    assert kinds == [RecordType.META, RecordType.BATCH, RecordType.GROUP, RecordType.END]
     grouped = frames(p)[2]
-    (flags,) = struct.unpack_from("<I", p.read_bytes(), grouped[0] + RECORD_HEADER.size)
-    assert flags == capture.BATCH_GROUP
     # Each drain alone (format 4) takes several times the room.
     alone = sum(len(encode_record(RecordType.BATCH, body, data)) for body, data in drains[1:])
     assert RECORD_HEADER.size + grouped[2] < alone / 4
@@ -88,19 +86,25 @@ def test_a_group_spans_at_most_group_s(tmp_path: Path, monkeypatch: pytest.Monke
     assert [(r.body, bytes(r.data)) for r in read_records(p) if r.type == RecordType.BATCH] == drains
 
 
-def test_held_drains_go_before_any_other_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_held_records_keep_their_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(capture, "GROUP_S", 3600.0)
     p = tmp_path / "c.mtc"
     with CaptureWriter(p) as w:
-        for i in range(4):
+        for i in range(3):
             w.write(RecordType.BATCH, *drain(i))
-        w.write(RecordType.SNAPSHOT, {"t": 350, "rows": []})
+        w.write(RecordType.SNAPSHOT, {"t": 250})                 # grouped with the drains
+        w.write(RecordType.SYMBOLS, {"rows": []})                # written at once, ahead of them
+        w.write(RecordType.BATCH, *drain(3))
+        w.write(RecordType.WARNING, {"message": "w", "t": 350})  # after what is held
         w.write(RecordType.BATCH, *drain(4))
         w.write(RecordType.BATCH, *drain(5))
     # No END: close() still writes what it held.
     assert [(r.type, r.body.get("t")) for r in read_records(p)] == [
-        (RecordType.BATCH, 0), (RecordType.BATCH, 100), (RecordType.BATCH, 200), (RecordType.BATCH, 300),
-        (RecordType.SNAPSHOT, 350), (RecordType.BATCH, 400), (RecordType.BATCH, 500)]
+        (RecordType.BATCH, 0), (RecordType.SYMBOLS, None), (RecordType.BATCH, 100), (RecordType.BATCH, 200),
+        (RecordType.SNAPSHOT, 250), (RecordType.BATCH, 300), (RecordType.WARNING, 350), (RecordType.BATCH, 400),
+        (RecordType.BATCH, 500)]
+    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.GROUP,
+                                                    RecordType.WARNING, RecordType.GROUP]
 
 
 def test_a_flipped_byte_in_a_group_costs_that_record_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,31 +118,36 @@ def test_a_flipped_byte_in_a_group_costs_that_record_only(tmp_path: Path, monkey
     info = CaptureInfo(p)
     records = list(read_records(p, info))
     assert [r.type for r in records] == [RecordType.META, RecordType.BATCH, RecordType.END]
-    assert info.n_skipped == 1 and info.skipped == [f"byte {grouped[0]}: BATCH record: checksum mismatch"]
+    assert info.n_skipped == 1 and info.skipped == [f"byte {grouped[0]}: GROUP record: checksum mismatch"]
+
+
+def sub(rtype: int, payload: bytes) -> bytes:
+    return capture.RECORD_HEADER_V1.pack(rtype, 0, 0, len(payload)) + payload
 
 
 @pytest.mark.parametrize("inside", [
-    b"",                                                        # no drain
-    struct.pack("<II", 12, 0) + b"{}",                          # a length past the frame's end
-    struct.pack("<II", 6, capture.BATCH_ZSTD) + b"{}",          # a drain that says it is compressed
+    b"",                                                                    # one record only
+    sub(RecordType.SNAPSHOT, b"{}")[:-1],                                   # a length past the frame's end
+    sub(RecordType.BATCH, struct.pack("<I", 2 | capture.BATCH_ZSTD) + b"{}"),   # a BATCH compressed again
+    sub(RecordType.END, b"{}"),                                             # a type no group holds
+    sub(RecordType.GROUP, b"{}"),                                           # a group in a group
 ])
 def test_a_malformed_group_is_skipped_and_said(tmp_path: Path, inside: bytes) -> None:
-    body, data = drain(1)
-    blob = capture._dumps(body)
-    one = struct.pack("<II", 4 + len(blob) + len(data), len(blob)) + blob + data
-    assert capture._zstd is not None
-    payload = struct.pack("<I", capture.BATCH_GROUP) + capture._zstd.compress(one + inside)
-    head = capture.RECORD_HEADER_V1.pack(int(RecordType.BATCH), 0, capture._head_check(int(RecordType.BATCH),
-                                                                                     len(payload)), len(payload))
     import zlib
 
+    body, data = drain(1)
+    blob = capture._dumps(body)
+    assert capture._zstd is not None
+    payload = capture._zstd.compress(sub(RecordType.BATCH, struct.pack("<I", len(blob)) + blob + data) + inside)
+    head = capture.RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, capture._head_check(int(RecordType.GROUP),
+                                                                                     len(payload)), len(payload))
     record = head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
     p = tmp_path / "c.mtc"
     p.write_bytes(header_bytes() + encode_record(RecordType.META, {"tracer": "malloc"}) + record
                   + encode_record(RecordType.END, {"ended": "completed", "reason": "done"}))
     info = CaptureInfo(p)
     assert [r.type for r in read_records(p, info)] == [RecordType.META, RecordType.END]
-    assert info.n_skipped == 1 and "grouped BATCH record" in info.skipped[0]
+    assert info.n_skipped == 1 and "GROUP record" in info.skipped[0], info.skipped
 
 
 def test_a_format_4_capture_still_reads(tmp_path: Path) -> None:

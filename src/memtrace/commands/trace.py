@@ -59,21 +59,24 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
     finally:
         if isinstance(ui, RichUI):
             ui.close()
-    from rich.console import Console
-
-    from memtrace.reporters.console import inert
-
     summary = tracer.summarize(read_records(result.path))
     host = {**values, "capture": str(result.path)}
     if values["json"]:
         emit_json(summary.to_json(capture=str(result.path), top=values.get(tracer.json_top_option, 20)))
         if tracer.extra.get("console_always"):
+            from rich.console import Console
+
             tracer.console(Console(stderr=True, quiet=True), summary, {**host, "quiet": True})
     elif not values["quiet"] or tracer.extra.get("console_always"):
+        # rich: a --quiet or --json run never imports it
+        from rich.console import Console
+
         tracer.console(Console(quiet=values["quiet"]), summary, host)
     # A summary that can say its tracer did not do its job (the probe could not run) fails the command.
     failed = summary.failure() if callable(getattr(summary, "failure", None)) else None
     if failed and not result.interrupted:
+        from memtrace.reporters.console import inert
+
         sys.stderr.write(f"memtrace: {tracer.name} could not run: {inert(failed)}\n")
         return 1
     return exit_code(result)

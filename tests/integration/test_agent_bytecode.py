@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from memtrace.agentbuild import build_agent
+from memtrace.capture import RecordType, read_records
 from memtrace.frida_host import agent_bytecode_path
 
 from ..conftest import run_memtrace  # noqa: TID252
@@ -40,3 +41,10 @@ def test_the_agent_is_made_from_its_kept_bytecode(compile_c, tmp_path: Path) -> 
     assert _rows(exe, tmp_path / "two", tmp_path / "p2") == (100_000, 1000)
     now = cached.stat()
     assert (now.st_ino, now.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns), "the bytecode was compiled again"
+    # END's timing.phases: the start's steps, in the order they happen (bench/startup_bench.py).
+    end = next(r.body for r in read_records(tmp_path / "two") if r.type == RecordType.END)
+    phases = end["timing"]["phases"]
+    steps = ["loop", "device", "source.spawned", "source.held", "attached", "source.script loaded",
+             "source.hello", "source.init", "started", "resumed"]
+    assert [k for k in phases if k in steps] == steps, phases
+    assert list(phases.values()) == sorted(phases.values())

@@ -13,7 +13,13 @@ and exit.  For each tool:
   total   the command's wall time.
 
 CLOCK_MONOTONIC is one clock for every process of the machine, so the difference is exact; the
-machine is shared, so medians of interleaved runs.  memtrace runs with its caches warm (a first
+machine is shared, so medians of interleaved runs.  Also printed: the CPU seconds each command used
+(its own and its children's: a figure the machine's load disturbs less than wall time) and, for
+memtrace, the start's steps from the capture's END record (``timing.phases``, CLOCK_MONOTONIC
+stamps: the command's Python start and imports up to the capture loop, the device, the spawn and
+the hold, Frida's injection, the agent's script, ``hello``, the CModule, ``init``, the unwind
+tables, the hooks in, the target released) -- each the median of its time since the command's
+exec.  A baseline older than those stamps shows only its totals.  memtrace runs with its caches warm (a first
 untimed run fills them: the agent bundle, the compiled CModule, the unwind tables, the symbols),
 which is the case the target figure (≤ 0.5 s to start, ≤ 1 s of symbolization) is about; a cold
 run (empty MEMTRACE_CACHE_DIR) is printed too.  Also printed: the Python import time of the CLI and
@@ -30,6 +36,7 @@ machine at one load.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -77,19 +84,45 @@ def heaptrack_cmd(tmp: Path, probe: Path) -> list[str]:
     return ["heaptrack", "-o", str(tmp / "ht"), str(probe)]
 
 
-def timed(cmd: list[str], stamp: Path, env: dict[str, str]) -> tuple[float, float, float]:
-    """(start, end, total) seconds of one run of ``cmd``."""
+Run = tuple[float, float, float, float, dict[str, float]]
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def start_phases(capture: Path, t0: float) -> dict[str, float]:
+    """The capture's END timing.phases as seconds since ``t0`` (empty: a memtrace without them)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from memtrace.capture import RecordType, read_records
+
+    for record in read_records(capture):
+        if record.type == RecordType.END:
+            phases = (record.body.get("timing") or {}).get("phases") or {}
+            return {name: at - t0 for name, at in phases.items()}
+    return {}
+
+
+def timed(cmd: list[str], stamp: Path, env: dict[str, str]) -> Run:
+    """(start, end, total, cpu) seconds of one run of ``cmd``, and memtrace's start phases."""
     stamp.unlink(missing_ok=True)
     full = {**os.environ, **env, "STARTUP_STAMP": str(stamp)}
     if not full.get("PYTHONDONTWRITEBYTECODE"):
         full.pop("PYTHONDONTWRITEBYTECODE", None)
+    cpu0 = children_cpu()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     t1 = time.monotonic()
+    cpu = children_cpu() - cpu0
     if proc.returncode != 0 or not stamp.exists():
         raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     t_main = float(stamp.read_text())
-    return t_main - t0, t1 - t_main, t1 - t0
+    phases: dict[str, float] = {}
+    if "--out" in cmd:
+        phases = start_phases(Path(cmd[cmd.index("--out") + 1]), t0)
+        phases["target main()"] = t_main - t0
+    return t_main - t0, t1 - t_main, t1 - t0, cpu, phases
 
 
 def import_time(env: dict[str, str]) -> float:
@@ -122,7 +155,7 @@ def main() -> None:
         timed(memtrace_cmd(tmp, probe), stamp, warm_env)         # fills the user's caches
         if base_env is not None:
             timed(memtrace_cmd(tmp, probe), stamp, base_env)
-        runs: dict[str, list[tuple[float, float, float]]] = {"memtrace": [], "baseline": [], "heaptrack": []}
+        runs: dict[str, list[Run]] = {"memtrace": [], "baseline": [], "heaptrack": []}
         imports = []
         for _ in range(repeats):
             runs["memtrace"].append(timed(memtrace_cmd(tmp, probe), stamp, warm_env))
@@ -135,19 +168,43 @@ def main() -> None:
             del runs["baseline"]
     print(f"fixed cost of one run, median of {repeats} (seconds; target: memtrace start <= 0.5, end <= 1); "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'tool':10} {'start':>7} {'end':>7} {'total':>7}" + (f"   (baseline: {baseline})" if baseline else ""))
+    print(f"{'tool':10} {'start':>7} {'end':>7} {'total':>7} {'cpu':>7}" + (f"   (baseline: {baseline})" if baseline else ""))
     for tool, rows in runs.items():
         if not rows:
             print(f"{tool:10} (not installed)")
             continue
-        start, end, total = (statistics.median(r[i] for r in rows) for i in range(3))
-        print(f"{tool:10} {start:7.2f} {end:7.2f} {total:7.2f}")
+        start, end, total, cpu = (statistics.median(float(r[i]) for r in rows) for i in range(4))
+        print(f"{tool:10} {start:7.2f} {end:7.2f} {total:7.2f} {cpu:7.2f}")
+    print_phases(runs)
     print(f"{'memtrace, cold caches':22} start {cold[0]:.2f} end {cold[1]:.2f} total {cold[2]:.2f}")
     print(f"python -c 'import memtrace.cli': {statistics.median(imports):.2f} s (part of memtrace's start)")
     if runs["heaptrack"]:
         m = statistics.median(r[0] for r in runs["memtrace"])
         h = statistics.median(r[0] for r in runs["heaptrack"])
         print(f"start ratio memtrace/heaptrack: {m / h:.1f}x")
+
+
+def print_phases(runs: dict[str, list[Run]]) -> None:
+    """Each start step's median time since the command's exec, and the step's own median length."""
+    tools = [t for t in ("memtrace", "baseline") if any(r[4] for r in runs.get(t, []))]
+    if not tools:
+        return
+    names = sorted({n for t in tools for r in runs[t] for n in r[4]},
+                   key=lambda n: statistics.median(r[4][n] for r in runs[tools[0]] if n in r[4])
+                   if any(n in r[4] for r in runs[tools[0]]) else float("inf"))
+    print("start steps (seconds since the command's exec, median; + the step itself):")
+    print(f"  {'step':24}" + "".join(f" {t:>17}" for t in tools))
+    for name in names:
+        cells = []
+        for t in tools:
+            at = [r[4][name] for r in runs[t] if name in r[4]]
+            own = []
+            for r in runs[t]:
+                if name in r[4]:
+                    before = [v for v in r[4].values() if v < r[4][name]]
+                    own.append(r[4][name] - max(before, default=0.0))
+            cells.append(f"{statistics.median(at):7.3f} +{statistics.median(own):6.3f}  " if at else f"{'—':>17}")
+        print(f"  {name:24}" + "".join(f" {c:>17}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A capture is a 16-byte header followed by checksummed, length-prefixed records, 
 arrives and handed to the OS after every record, so a reader can always get back everything up
 to the last write, whatever happened to the target or to memtrace.
 
-    header : b"MEMTRACE" | u16 format version (4) | u16 flags (0) | u32 crc32 of the 12 bytes before
+    header : b"MEMTRACE" | u16 format version (5) | u16 flags (0) | u32 crc32 of the 12 bytes before
     record : u8 type | u8 0 | u16 head check | u32 payload length | u32 crc32 of the 8 bytes before
              + payload | payload
 
@@ -25,7 +25,20 @@ length says that what follows is one zstd frame of the JSON and the agent record
 batch's counters are most of it; zstd is smaller than zlib and several times faster to write and
 read: cc1plus's agent records 1.42 MB with zlib, 1.28 MB with zstd), and a large JSON record (SYMBOLS: a third of a complete
 capture) may be a zstd frame of its JSON -- told by the frame's magic number, which no JSON text
-starts with.  A version-4 reader reads versions 1 to 3 as they were written.
+starts with.  Version 5 adds the GROUP record (type 12): one zstd frame of several BATCH,
+SNAPSHOT and EVENTS records, each ``u8 type | u8 0 | u16 0 | u32 length | payload`` with its
+uncompressed version-4 payload.  The writer groups what comes in up to GROUP_S seconds (the
+agent's drains come ten a second: a quiet drain is ~600 bytes compressed alone, a third of that
+beside its neighbours, which repeat its JSON keys, counters and stacks); SYMBOLS and MODULES rows,
+which name addresses, are written at once, ahead of a group held; any other record after it.
+bench_real's sqlite3 run, ~120 drains on a loaded machine: 98.8 KB with every drain alone, 61.6 KB
+with 1 s of drains grouped between other records (heaptrack's file 63.0 KB); sizes for GROUP_S
+and the level: bench/README.md, "capture_size_bench.py".  A flipped byte still
+costs one record: a group, about GROUP_S of drains (the counters are running totals the next
+drain restores; a stack's AGG values, when that stack next changes); the first drain, the stack
+definitions, is never held.  What the writer holds is written before any other record but those,
+at END and at close -- only memtrace itself killed (SIGKILL) loses it.  A version-5 reader reads
+versions 1 to 4 as they were written.
 
 Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in per-thread chunks
 ``u32 tid | u32 length | records``:
@@ -68,6 +81,7 @@ import shutil
 import stat
 import struct
 import tempfile
+import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -94,9 +108,15 @@ def _zstd_module() -> Any:
 
 _zstd: Any = _zstd_module()
 MAGIC = b"MEMTRACE"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 BATCH_ZLIB = 0x80000000        # in a BATCH's json length (version >= 3): its agent records are zlib data
 BATCH_ZSTD = 0x40000000        # in a BATCH's json length (version >= 4): its JSON and agent records are a zstd frame
+GROUP_S = 2.0                  # the writer groups the records of at most this long (drains: ten a second)
+GROUP_MAX = 1 << 20            # ... and of at most this many bytes (a larger one is a record of its own)
+# A group of a quiet stretch (sqlite3's: ~40 KB of drains in 2 s) is compressed harder, ~7 ms a
+# group for 10 % less; a busy one (cc1plus's new stacks) at ZSTD_LEVEL, so the host keeps up.
+ZSTD_GROUP_LEVEL = 15
+ZSTD_GROUP_LEVEL_UP_TO = 256 << 10
 BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
 # (version >= 4) a JSON payload this large is stored as a zstd frame when that is smaller: SYMBOLS
 # rounds and SNAPSHOTs of a few hundred bytes each are much of a short run's capture (sqlite3's:
@@ -138,6 +158,14 @@ class RecordType(IntEnum):
     SNAPSHOT = 9      # periodic counters/rates, for death evidence
     END = 10          # how the capture ended, with evidence
     RESULT = 11       # a tracer's computed result (probe truth table, census, ...)
+    GROUP = 12        # (version >= 5) one zstd frame of several BATCH, SNAPSHOT and EVENTS records
+
+
+# What the writer groups (after the first BATCH: the stack definitions are written at once); what
+# it writes at once, ahead of a group it holds (their rows name addresses: order does not matter);
+# anything else is written after the group it holds.
+GROUPED = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS})
+AHEAD_OF_GROUP = frozenset({RecordType.SYMBOLS, RecordType.MODULES})
 
 
 # The agent's record layout and counters (memtrace/layout.py, shared with the agent's C and JS).
@@ -373,6 +401,7 @@ class SnapshotRecord(Shape):
 class _Timing(Shape):
     launch_to_attach_s: Time | None = None
     captured_s: Time | None = None
+    phases: Maybe[dict[str, Num]] = UNSET       # the start's steps: CLOCK_MONOTONIC seconds by name
 
 
 class EndRecord(Shape):
@@ -677,10 +706,13 @@ class BatchData(bytes):
     # agent records, which define them, are decoded -- a read that never decodes them cannot
     # know the definitions, and must not call the ids undefined.
     json_stacks: tuple[int, ...] = ()
+    drain = 0                           # its place in a grouped BATCH (version 5)
 
     def skip(self, within: int, why: str) -> None:
         if self.info is not None:
-            self.info.skip(self.offset, f"BATCH agent record at offset {within}: {why}", within)
+            where = f" of drain {self.drain} of the group" if self.drain else ""
+            self.info.skip(self.offset, f"BATCH agent record at offset {within}{where}: {why}",
+                           (self.drain << 32) | within)
 
     def use_stack(self, sid: int) -> None:
         if self.info is not None and sid not in self.info.stacks_used:
@@ -731,6 +763,23 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
+def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
+    """One GROUP record (version >= 5): a zstd frame of several records, each ``u8 type | u8 0 |
+    u16 0 | u32 length | payload`` with its uncompressed payload (a BATCH's: ``u32 json length |
+    json | agent records``; the others': JSON)."""
+    assert _zstd is not None and len(records) > 1
+    subs = []
+    for rtype, body, data in records:
+        blob = _dumps(body)
+        sub = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
+        subs.append(RECORD_HEADER_V1.pack(int(rtype), 0, 0, len(sub)) + sub)
+    raw = b"".join(subs)
+    payload = _zstd.compress(raw, ZSTD_GROUP_LEVEL if len(raw) <= ZSTD_GROUP_LEVEL_UP_TO else ZSTD_LEVEL)
+    head = RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, _head_check(int(RecordType.GROUP), len(payload)),
+                                 len(payload))
+    return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
 def _head_check(rtype: int, length: int) -> int:
     return zlib.crc32(struct.pack("<BBI", rtype, 0, length)) & 0xFFFF
 
@@ -763,8 +812,9 @@ def _json_default(value: Any) -> Any:
 
 
 class CaptureWriter:
-    """Appends checksummed records straight to the OS (nothing is buffered in memtrace), so a
-    crash loses nothing written.
+    """Appends checksummed records straight to the OS, so a crash loses nothing written; the
+    agent's drains after the first are grouped, at most GROUP_S of them held here (module
+    docstring, version 5).
 
     When a write fails (disk full, quota, I/O error) the writer cuts the file back to its last
     complete record, raises :class:`CaptureWriteError` once, and from then on only counts what it
@@ -784,6 +834,12 @@ class CaptureWriter:
         self._end_tried = False
         self._held: list[bytes] = []       # after a failure: SYMBOLS/MODULES to write before END
         self._fsync_interval = fsync_interval
+        # Records held for the next GROUP record: (type, body, agent records), the first one's
+        # monotonic time, their bytes; None: not grouping (no zstd, or MEMTRACE_CAPTURE_ZLIB=off).
+        self._group: list[tuple[RecordType, Any, bytes]] | None = [] if BATCH_ZLIB_ON and _zstd is not None else None
+        self._group_t0 = 0.0
+        self._group_bytes = 0
+        self._batches = 0
         self._reserve: Path | None = self.path.with_name(f".{self.path.name}.reserve") if reserve else None
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
@@ -804,6 +860,22 @@ class CaptureWriter:
 
     def write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         """Append one record; raises CaptureWriteError on the first write that fails."""
+        if rtype in GROUPED and self._group is not None and self.error is None:
+            self._batches += rtype == RecordType.BATCH
+            if self._batches > 1 and len(data) < GROUP_MAX:
+                if not self._group:
+                    self._group_t0 = time.monotonic()
+                self._group.append((rtype, body, bytes(data)))
+                self._group_bytes += len(data) + 256
+                if self._group_bytes >= GROUP_MAX or time.monotonic() - self._group_t0 >= GROUP_S:
+                    self.flush()
+                return
+        flushed = True
+        if rtype not in AHEAD_OF_GROUP:
+            try:
+                self.flush()            # what is held goes first: the records stay in order
+            except CaptureWriteError:
+                flushed = False         # this write is the one that failed: it says so, below
         if rtype == RecordType.END:
             self._write_end(body)
             return
@@ -811,15 +883,37 @@ class CaptureWriter:
         if self.error is not None:
             if rtype in (RecordType.SYMBOLS, RecordType.MODULES) and sum(map(len, self._held)) + len(frame) <= HELD_MAX:
                 self._held.append(frame)    # what makes the records already written readable
-                return
-            self.lost_records += 1
-            self.lost_bytes += len(frame)
+            else:
+                self.lost_records += 1
+                self.lost_bytes += len(frame)
+            if not flushed:
+                raise CaptureWriteError(self.failure())
             return
         if len(frame) > MAX_RECORD + RECORD_HEADER.size:
             self._stop(f"a {rtype.name} record of {len(frame)} bytes is larger than a capture holds "
                        f"({MAX_RECORD} bytes)", len(frame))
             raise CaptureWriteError(self.failure())
         self._append(frame)
+
+    def flush(self) -> None:
+        """Write the records held for a GROUP record (one alone: as itself)."""
+        if not self._group:
+            return
+        drains, self._group, self._group_bytes = self._group, [], 0
+        if self.error is not None:
+            self.lost_records += len(drains)
+            self.lost_bytes += sum(len(d) for _, _, d in drains)
+            return
+        frame = encode_record(*drains[0]) if len(drains) == 1 else encode_group(drains)
+        try:
+            if len(frame) > MAX_RECORD + RECORD_HEADER.size:
+                self._stop(f"a GROUP record of {len(frame)} bytes is larger than a capture holds "
+                           f"({MAX_RECORD} bytes)", len(frame))
+                raise CaptureWriteError(self.failure())
+            self._append(frame)
+        except CaptureWriteError:
+            self.lost_records = len(drains)     # every drain of the group
+            raise CaptureWriteError(self.failure()) from None
 
     def _write_end(self, body: Any) -> None:
         self._end_tried = True
@@ -888,6 +982,8 @@ class CaptureWriter:
         if self._fd < 0:
             return
         try:
+            with contextlib.suppress(CaptureWriteError):      # said by failure(), as any write's
+                self.flush()
             os.fsync(self._fd)
         except OSError as e:
             if self.error is None:
@@ -1113,18 +1209,21 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
                 offset += frame.size + length
                 continue
             try:
-                record = _decode(rtype, payload, version)
+                decoded = _decode(rtype, payload, version)
             except _Damaged as e:
                 info.skip(offset, str(e))
                 offset += frame.size + length
                 continue
-            if record is None:
+            if decoded is None:
                 info.unknown[rtype] = info.unknown.get(rtype, 0) + 1
-            else:
+                decoded = []
+            # A grouped BATCH (version 5) is several drains: each a record at the group's byte.
+            records = decoded if isinstance(decoded, list) else [decoded]
+            for k, record in enumerate(records):
                 record.offset = offset
                 info.records += 1
                 if isinstance(record.data, BatchData):
-                    record.data.info, record.data.offset = info, offset
+                    record.data.info, record.data.offset, record.data.drain = info, offset, k
                 _note_json_stacks(record, info)
                 if record.type == RecordType.END:
                     info.ended = True
@@ -1132,11 +1231,10 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
                     info.stopped = (f"the capture stopped early at byte {err.get('at_byte')}: {err.get('error')}"
                                     if err else "")
             offset += frame.size + length
-            if record is not None:
-                yield record
+            yield from records
 
 
-_RECORD_START = re.compile(rb"[\x01-\x0b]\x00", re.DOTALL)    # a known record type, then its 0 byte
+_RECORD_START = re.compile(rb"[\x01-\x0c]\x00", re.DOTALL)    # a known record type, then its 0 byte
 
 
 def _next_intact_record(f: BinaryIO, start: int) -> int | None:
@@ -1200,13 +1298,19 @@ def _stop(info: CaptureInfo, offset: int, why: str, corrupt: bool = True) -> Non
     info.truncation = f"{'corrupt' if corrupt else 'truncated'} at byte {offset}: {why}"
 
 
-def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
+def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] | None:
     try:
         kind = RecordType(rtype)
     except ValueError:
         if version == 1:            # version 1 had exactly the types 1 to 11
             raise _Damaged(f"unknown record type {rtype}") from None
         return None                 # a record type from a newer writer (its checksum held)
+    if kind == RecordType.GROUP:
+        if version < 5:             # not this type then: a newer writer's, as above
+            if version == 1:
+                raise _Damaged(f"unknown record type {rtype}")
+            return None
+        return _decode_group(_unzstd(payload, BATCH_MAX_BYTES, "GROUP record"))
     data = b""
     if kind == RecordType.BATCH:
         if len(payload) < 4:
@@ -1241,6 +1345,32 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | None:
     if counters is not None and len(counters) < layout.N_COUNTERS:
         counters.extend([0] * (layout.N_COUNTERS - len(counters)))    # counters added since: none counted
     return Record(kind, body, data)
+
+
+def _decode_group(records: bytes) -> list[Record]:
+    """The records of a GROUP record: ``u8 type | u8 0 | u16 0 | u32 length | payload``, each
+    payload as a version-4 record's uncompressed one."""
+    out: list[Record] = []
+    at = 0
+    while at < len(records):
+        if at + RECORD_HEADER_V1.size > len(records):
+            raise _Damaged(f"GROUP record: its record {len(out)} cut short")
+        rtype, zero, check, length = RECORD_HEADER_V1.unpack_from(records, at)
+        at += RECORD_HEADER_V1.size
+        if rtype not in GROUPED or zero or check or at + length > len(records):
+            raise _Damaged(f"GROUP record: its record {len(out)} has a wrong type, header or length")
+        payload = records[at:at + length]
+        if rtype == RecordType.BATCH and (len(payload) < 4 or struct.unpack_from("<I", payload)[0] & (BATCH_ZLIB | BATCH_ZSTD)):
+            raise _Damaged(f"GROUP record: its record {len(out)} is a BATCH compressed again")
+        if rtype != RecordType.BATCH and payload[:4] == ZSTD_MAGIC:
+            raise _Damaged(f"GROUP record: its record {len(out)} is compressed again")
+        one = _decode(rtype, payload, 5)
+        assert isinstance(one, Record)
+        out.append(one)
+        at += length
+    if len(out) < 2:
+        raise _Damaged("GROUP record of fewer than two records")
+    return out
 
 
 def _inflate(data: bytes) -> bytes:

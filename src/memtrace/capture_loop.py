@@ -135,6 +135,9 @@ class Clock:
     attach: float | None = None
     start: float | None = None
     gone: float | None = None
+    # The start's steps (issue 21, item 6: the fixed cost), CLOCK_MONOTONIC seconds by name, in
+    # order: the capture loop's, then its source's (FridaHost.phases), into END's timing.phases.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -235,6 +238,7 @@ class CaptureLoop:
     # -- public ---------------------------------------------------------------
 
     def run(self) -> CaptureResult:
+        self.clock.phases["loop"] = time.monotonic()
         out = self.options.out or default_out_dir(self.target, self.options.tracer)
         made = not out.exists()
         try:
@@ -376,13 +380,11 @@ class CaptureLoop:
     def _launch_and_attach(self) -> None:
         self.ui.phase("launching")
         self.device_info = self.source.open()
+        self.clock.phases["device"] = time.monotonic()
         if self.source.is_local:
-            # The host symbolizes (symbolic, pyelftools): imported on a thread of its own while
-            # Frida launches and injects, and made at the first symbolization (_symbolize), not
-            # before the target runs (issue 21, item 6).
+            # The host symbolizes (symbolic, pyelftools): imported while Frida injects (below),
+            # made at the first symbolization (_symbolize), not before the target runs.
             self._host_symbols = True
-            threading.Thread(target=_import_quietly, args=("memtrace.symbols.service",), daemon=True,
-                             name="memtrace-import").start()
         else:
             from memtrace.symbols.device import local_tree
 
@@ -391,6 +393,7 @@ class CaptureLoop:
         # With an attach delay the target is to run first: no hold before its constructors.
         launched = self.source.launch(hold_constructors=self.options.attach_delay <= 0,
                                       follow_children=self.child is None and self.options.follow_children)
+        self.clock.phases["launched"] = time.monotonic()
         held = self.source.held_images()
         if held is not None and self.follower is not None:
             self.follower.watch_held(held)
@@ -407,8 +410,22 @@ class CaptureLoop:
             self._sleep_watching(self.options.attach_delay)
         self.ui.phase("attaching")
         self.stage = "injection"
+        self._preload()
         self.source.attach()
-        self.clock.attach = time.monotonic()
+        self.clock.attach = self.clock.phases["attached"] = time.monotonic()
+
+    def _preload(self) -> None:
+        """Import what the capture uses later on a thread of its own while Frida injects the agent
+        (the main thread waits on Frida there, without the GIL): the unwind tables' reader and the
+        host symbolizer (a local target), the tracer's analyzer (the summary at the end) and the
+        console's rendering (the live panel's summary).  Before the target is spawned nothing is
+        imported that it does not need (issue 21, item 6)."""
+        names = [self.tracer.analyzer]
+        if self.source.is_local:
+            names[:0] = ["memtrace.symbols.cfi", "memtrace.symbols.service"]
+        if getattr(self.ui, "wants_families", False):
+            names.append("memtrace.reporters.console")
+        threading.Thread(target=_import_quietly, args=(names,), daemon=True, name="memtrace-import").start()
 
     def _sleep_watching(self, seconds: float) -> None:
         """Wait before attaching; a spawned target that exits meanwhile ends the capture."""
@@ -444,7 +461,7 @@ class CaptureLoop:
         self._write(RecordType.CALIBRATION, {"phase": "before", **self.source.calibrate()})
         started = self.source.start()
         self.process_info.update(started.get("process") or {})
-        self.clock.start = time.monotonic()
+        self.clock.start = self.clock.phases["started"] = time.monotonic()
         assert self.family is not None
         if self.child is None:
             self.family.deadline = self.clock.start + self.window
@@ -452,6 +469,7 @@ class CaptureLoop:
             # A fork child waits in its atfork handler until its own agent is in.
             self.source.release_fork(self.release, self.child.pid)
         self.source.resume()
+        self.clock.phases["resumed"] = time.monotonic()
 
     def _window(self) -> None:
         self.ui.phase("capturing")
@@ -563,6 +581,7 @@ class CaptureLoop:
         end_body["timing"] = {
             "launch_to_attach_s": None if c.launch is None or c.attach is None else round(c.attach - c.launch, 3),
             "captured_s": None if c.start is None else round((c.gone if e.gone and c.gone else now) - c.start, 3),
+            "phases": _start_phases(c.phases, getattr(self.source, "phases", None)),
         }
         self._write(RecordType.END, end_body)
         assert self.writer is not None
@@ -839,9 +858,10 @@ def _as_return_addresses(stack: list[Any]) -> list[int]:
     return out
 
 
-def _import_quietly(name: str) -> None:
-    with contextlib.suppress(Exception):       # the import is tried again where it is used
-        importlib.import_module(name)
+def _import_quietly(names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(Exception):       # the import is tried again where it is used
+            importlib.import_module(name)
 
 
 @contextlib.contextmanager
@@ -869,6 +889,13 @@ def _raise_interrupt(signum: int, frame: object) -> None:
                 os.dup2(devnull, fd)
             os.close(devnull)
     raise KeyboardInterrupt
+
+
+def _start_phases(loop: dict[str, float], source: dict[str, float] | None) -> dict[str, float]:
+    """The start's steps in the order they happened, CLOCK_MONOTONIC seconds (one clock for every
+    process of the machine: bench/start_bench.py subtracts its own)."""
+    merged = {**loop, **{f"source.{k}": v for k, v in (source or {}).items()}}
+    return {k: round(v, 4) for k, v in sorted(merged.items(), key=lambda kv: kv[1])}
 
 
 def _iso_now() -> str:

@@ -18,22 +18,26 @@ from memtrace import __version__, tracers
 from memtrace.capture import CaptureError
 from memtrace.commands.trace import make_command
 from memtrace.errors import MemtraceError, first_line, is_frida_error
-from memtrace.reporters.console import inert as _inert
 
 COMMANDS = ("doctor", "census", "limit", "jetsam", "report", "batch", "export", "symbolize", "show", "diff",
             "flamegraph")
 
 
 class _Commands(click.Group):
-    """The tracer commands, and the others (COMMANDS) imported when asked for: a capture's start
-    does not pay for importing the report, export and census machinery (issue 21: fixed cost)."""
+    """The tracer commands (made from the registry) and the others (COMMANDS, imported), each
+    when asked for: a capture's start does not pay for the report, export and census machinery,
+    nor for the other tracers' commands (issue 21: fixed cost)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*super().list_commands(ctx), *(n for n in COMMANDS if n not in self.commands)]
+        return [*sorted(tracers.names()), *(n for n in COMMANDS if n not in tracers.names())]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in COMMANDS and cmd_name not in self.commands:
-            self.add_command(importlib.import_module(f"memtrace.commands.{cmd_name}").command)
+        if cmd_name not in self.commands:
+            tracer = tracers.get(cmd_name)
+            if tracer is not None:
+                self.add_command(make_command(tracer))
+            elif cmd_name in COMMANDS:
+                self.add_command(importlib.import_module(f"memtrace.commands.{cmd_name}").command)
         return super().get_command(ctx, cmd_name)
 
 
@@ -41,10 +45,6 @@ class _Commands(click.Group):
 @click.version_option(__version__, prog_name="memtrace")
 def cli() -> None:
     """Trace how much memory a process allocates, what it allocates, and when it makes memory discardable."""
-
-
-for _tracer in tracers.all_tracers().values():
-    cli.add_command(make_command(_tracer))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,6 +105,9 @@ def _drop_stdout() -> None:
 
 def inert(value: object) -> str:
     """An error line: control characters shown, and a newline in quoted data cannot start another."""
+    # rich: imported on an error, not before every capture starts
+    from memtrace.reporters.console import inert as _inert
+
     return _inert(value).replace("\n", "\\n")
 
 

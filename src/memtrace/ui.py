@@ -5,16 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
-
-from memtrace.reporters.console import plain
 from memtrace.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console, Group
+
+# rich is imported by RichUI, not with this module: --quiet and --json runs (SilentUI) start
+# without it (issue 21: fixed cost).
 
 
 @dataclass
@@ -87,6 +86,9 @@ class RichUI(SilentUI):
     wants_families = True
 
     def __init__(self, console: Console | None = None, stdout_to_stderr: bool = False) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
         super().__init__(passthrough=True, stdout_to_stderr=stdout_to_stderr)
         self.console = console or Console(stderr=True)
         self._phase = "starting"
@@ -117,6 +119,10 @@ class RichUI(SilentUI):
         self._refresh()
 
     def warning(self, message: str) -> None:
+        from rich.text import Text
+
+        from memtrace.reporters.console import plain
+
         super().warning(message)
         # Agent warnings carry target data (paths, symbol names): inert text, never markup.
         self.console.print(Text.assemble(("warning: ", "yellow"), plain(message)))
@@ -126,6 +132,8 @@ class RichUI(SilentUI):
         # them would clear the panel); without it they pass through as the program wrote them,
         # as when it runs on its own.
         if self._started:
+            from memtrace.reporters.console import plain
+
             for text_line in data.decode(errors="replace").rstrip("\n").split("\n"):
                 self._live.console.print(plain(text_line), highlight=False)
         else:
@@ -141,6 +149,13 @@ class RichUI(SilentUI):
             self._live.update(self._render())
 
     def _render(self) -> Group:
+        from rich.console import Group, RenderableType
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        from memtrace.reporters.console import plain
+
         p = self._last
         waited = time.monotonic() - self._phase_at
         head = Text.assemble(("memtrace ", "bold"), (phase_text(self._phase), "cyan"),

@@ -8,10 +8,12 @@ with an analyzer -- and checks it appears everywhere with nothing else changed.
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -35,7 +37,8 @@ def test_every_registered_tracer_has_a_cli_command_with_its_options(name: str) -
 
     tracer = tracers.get(name)
     assert tracer is not None
-    command = cli.commands[name]
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
     flags = {opt for p in command.params for opt in getattr(p, "opts", [])}
     for option in tracer.options:
         assert option.flag in flags, f"{name}: {option.flag} is declared but not on the command line"
@@ -210,7 +213,34 @@ def test_a_tracer_whose_analyzer_returns_another_type_is_refused() -> None:
     wrong = replace(malloc, summary_type=FdsSummary)
     with pytest.raises(TypeError, match="not the malloc tracer's FdsSummary"):
         wrong.summarize([])
-    assert type(malloc.summarize([])) is malloc.summary_type
+    assert type(malloc.summarize([])) is malloc.summary_class
+
+
+def test_importing_the_registry_imports_no_analysis_nor_report() -> None:
+    """A capture's start pays for what it uses (issue 21, item 6): the registry names each
+    tracer's analyzer, summary type, chapter and schemas by reference; they are imported when used."""
+    code = "import sys, memtrace.cli; print('\\n'.join(sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    heavy = {m for m in out.stdout.split() if m.startswith(("memtrace.analyze.", "memtrace.report.", "memtrace.views",
+                                                            "memtrace.exports")) or m == "memtrace.report"}
+    # memtrace.analyze.families and .symbols: the capture loop's (names stacks as they come).
+    assert heavy - {"memtrace.analyze.families", "memtrace.analyze.symbols"} == set(), heavy
+
+
+def test_every_tracer_reference_resolves_to_what_it_declares() -> None:
+    from memtrace.capture import Event, Result
+    from memtrace.report.chapters import BaseChapter
+
+    for t in tracers.all_tracers().values():
+        assert isinstance(t.summary_class, type), t.name
+        assert all(isinstance(e, type) and issubclass(e, Event) for e in t.event_types), t.name
+        assert t.result_type is None or issubclass(t.result_type, Result), t.name
+        if t.chapter is not None:
+            assert isinstance(t.chapter(), BaseChapter) and t.chapter().name == t.name, t.name
+        # The views are written out in the tracer's module (not imported from its summary): the same.
+        declared = getattr(t.summary_class, "VIEWS", None) or tuple(getattr(t.summary_class, "count_views", ()))
+        if declared:
+            assert t.views == tuple(declared), t.name
 
 
 def test_registry_modules_import_cleanly() -> None:

@@ -34,11 +34,11 @@ def test_every_tracers_event_types_come_from_its_tracer() -> None:
     assert declared["create"] == {"memtrace.analyze.purgeable", "memtrace.analyze.threads"}
     assert results == {"malloc": LeakResult, "probe": ProbeResult}
     for tracer in tracers.all_tracers().values():
-        for event_type in tracer.events:
+        for event_type in tracer.event_types:
             assert issubclass(event_type, capture.Event) and event_type.TYPE, (tracer.name, event_type)
-    assert tracers.get("fds").events == fds_analysis.EVENTS      # type: ignore[union-attr]
-    assert tracers.get("threads").events == threads_analysis.EVENTS      # type: ignore[union-attr]
-    assert tracers.get("purgeable").events == purgeable_analysis.EVENTS      # type: ignore[union-attr]
+    assert tracers.get("fds").event_types == fds_analysis.EVENTS      # type: ignore[union-attr]
+    assert tracers.get("threads").event_types == threads_analysis.EVENTS      # type: ignore[union-attr]
+    assert tracers.get("purgeable").event_types == purgeable_analysis.EVENTS      # type: ignore[union-attr]
 
 
 def test_an_event_is_checked_by_the_type_its_tracer_declares() -> None:

@@ -13,11 +13,9 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 
 from memtrace.capture import read_records
 from memtrace.capture_loop import CAPTURE_OPTIONS, CaptureResult, capture_options, run_capture
-from memtrace.reporters.console import inert
 from memtrace.target import TARGET_OPTIONS, target_from_values
 from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, agent_config, apply
@@ -66,12 +64,19 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
     if values["json"]:
         emit_json(summary.to_json(capture=str(result.path), top=values.get(tracer.json_top_option, 20)))
         if tracer.extra.get("console_always"):
+            from rich.console import Console
+
             tracer.console(Console(stderr=True, quiet=True), summary, {**host, "quiet": True})
     elif not values["quiet"] or tracer.extra.get("console_always"):
+        # rich: a --quiet or --json run never imports it
+        from rich.console import Console
+
         tracer.console(Console(quiet=values["quiet"]), summary, host)
     # A summary that can say its tracer did not do its job (the probe could not run) fails the command.
     failed = summary.failure() if callable(getattr(summary, "failure", None)) else None
     if failed and not result.interrupted:
+        from memtrace.reporters.console import inert
+
         sys.stderr.write(f"memtrace: {tracer.name} could not run: {inert(failed)}\n")
         return 1
     return exit_code(result)

@@ -9,6 +9,13 @@ its doctor checks and the statistics the live view shows while it runs.  ``cli``
 ``agentbuild``, ``report``, ``doctor``, the views and the live view find tracers here and
 nowhere else; a module of this package that defines ``TRACER`` is registered by being there
 (docs/architecture.md, "Adding a tracer").
+
+A tracer module is light: what a capture's start needs (options, agent, live statistics) is
+imported with it; its analyzer, summary type, report chapter and schemas are named by reference
+(``"module:attribute"``, :func:`resolve`) and imported when first used, and its console view
+imports its rendering when it renders -- a capture's start does not pay for importing every
+tracer's analysis and report (issue 21: fixed cost; tests/unit/test_registry.py checks that
+importing the registry imports none of them).
 """
 
 from __future__ import annotations
@@ -29,6 +36,26 @@ if TYPE_CHECKING:
     from memtrace.live import LiveStats
 
 
+# "package.module:attribute": imported by resolve() when first used.
+Ref = str
+
+
+def resolve(ref: Any) -> Any:
+    """What a :data:`Ref` names (imported now); anything else is itself."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def lazy(ref: Ref) -> Callable[[], Any]:
+    """A function that makes what ``ref`` names (a class: an instance) when called, importing it then."""
+    def make() -> Any:
+        return resolve(ref)()
+    make.__qualname__ = make.__name__ = ref.rpartition(":")[2]
+    return make
+
+
 @dataclass(frozen=True)
 class Tracer:
     name: str
@@ -36,11 +63,12 @@ class Tracer:
     description: str                                  # the command's docstring body
     options: tuple[Option, ...]
     analyzer: str                                     # module with summarize(records) -> summary_type
-    summary_type: type
+    summary_type: type | Ref                          # the class, or a Ref to it (resolved when used)
     console: Callable[[Console, Any, dict[str, Any]], None]   # (console, summary, host options)
     live: Callable[[], LiveStats]                     # a fresh live statistics tally per capture
     # A report.chapters.Chapter (report.chapters.chapter_of: None is the generic one); typed Any
-    # so the registry does not import the report (no import cycle: tests/unit/test_import_graph.py).
+    # so the registry does not import the report (no import cycle: tests/unit/test_import_graph.py);
+    # lazy(ref) makes one without importing the report before it is needed.
     chapter: Callable[[], Any] | None = None
     agent: str = ""                                   # default: the tracer's name
     json_top_option: str = "top"                      # the option that bounds JSON rows
@@ -73,9 +101,10 @@ class Tracer:
     doctor_config: Mapping[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     # What the capture reader checks this tracer's JSON against (memtrace/schema.py): its event
-    # types (capture.Event subclasses, by their TYPE) and its RESULT record's (a capture.Result).
-    events: tuple[type[Event], ...] = ()
-    result: type[Result] | None = None
+    # types (capture.Event subclasses, by their TYPE) and its RESULT record's (a capture.Result);
+    # either may be a Ref, resolved when a capture is first read.
+    events: tuple[type[Event], ...] | Ref = ()
+    result: type[Result] | Ref | None = None
 
     @property
     def agent_name(self) -> str:
@@ -83,10 +112,25 @@ class Tracer:
 
     def summarize(self, records: Iterable[Record]) -> Any:
         summary = importlib.import_module(self.analyzer).summarize(records)
-        if not isinstance(summary, self.summary_type):
+        if not isinstance(summary, self.summary_class):
             raise TypeError(f"{self.analyzer}.summarize returned a {type(summary).__name__}, "
-                            f"not the {self.name} tracer's {self.summary_type.__name__}")
+                            f"not the {self.name} tracer's {self.summary_class.__name__}")
         return summary
+
+    @property
+    def summary_class(self) -> type:
+        found = resolve(self.summary_type)
+        assert isinstance(found, type), f"{self.name}: summary_type {self.summary_type!r} is no class"
+        return found
+
+    @property
+    def event_types(self) -> tuple[type[Event], ...]:
+        return tuple(resolve(self.events))
+
+    @property
+    def result_type(self) -> type[Result] | None:
+        found: type[Result] | None = resolve(self.result)
+        return found
 
     def agent_config(self, platform: str | None, explicit: Mapping[str, Any]) -> dict[str, Any]:
         """The agent config for a target platform: this tracer's defaults, then the platform's
@@ -120,7 +164,7 @@ def all_tracers() -> dict[str, Tracer]:
 
 
 def _schemas() -> list[tuple[str, tuple[type[Event], ...], type[Result] | None]]:
-    return [(t.name, t.events, t.result) for t in all_tracers().values()]
+    return [(t.name, t.event_types, t.result_type) for t in all_tracers().values()]
 
 
 # The capture reader checks each tracer's events and results by the types the tracer declares.

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-from memtrace.analyze import fds as fds_analysis
-from memtrace.analyze.fds import FdsSummary
 from memtrace.live import LiveStats, Row
-from memtrace.report.chapters.fds import FdsChapter
-from memtrace.reporters.console import footer, frames_text, header, line, plain, stack_table
-from memtrace.tracers import Tracer
+from memtrace.tracers import Tracer, lazy
 from memtrace.tracers.options import Option, at_least
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memtrace.analyze.fds import FdsSummary
 
 
 class FdsStats(LiveStats):
@@ -37,6 +36,8 @@ class FdsStats(LiveStats):
 
 
 def console_view(console: Console, summary: FdsSummary, opts: dict[str, Any]) -> None:
+    from memtrace.reporters.console import footer, frames_text, header, line, plain, stack_table
+
     top = opts.get("top", 20)
     header(console, summary)
     if summary.calls:
@@ -89,13 +90,13 @@ TRACER = Tracer(
         Option("top", int, 20, "Rows per stack table.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.fds",
-    events=fds_analysis.EVENTS,
-    summary_type=FdsSummary,
+    events="memtrace.analyze.fds:EVENTS",
+    summary_type="memtrace.analyze.fds:FdsSummary",
     console=console_view,
     live=FdsStats,
-    chapter=FdsChapter,
+    chapter=lazy("memtrace.report.chapters.fds:FdsChapter"),
     report_order=4,
-    views=tuple(FdsSummary.count_views),
+    views=("open", "failed"),                       # FdsSummary.count_views
 )
 
 

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-from memtrace.analyze import iosurface as iosurface_analysis
-from memtrace.analyze.iosurface import IOSurfaceSummary
 from memtrace.live import LiveStats, Row, event_stats
-from memtrace.report.chapters.iosurface import IOSurfaceChapter
-from memtrace.reporters.console import footer, frames_text, header, line, stack_table
-from memtrace.tracers import Tracer
+from memtrace.tracers import Tracer, lazy
 from memtrace.tracers.options import Option, at_least
 from memtrace.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memtrace.analyze.iosurface import IOSurfaceSummary
 
 
 def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
@@ -23,6 +22,8 @@ def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
 
 
 def console_view(console: Console, summary: IOSurfaceSummary, opts: dict[str, Any]) -> None:
+    from memtrace.reporters.console import footer, frames_text, header, line, stack_table
+
     header(console, summary)
     line(console, ("surfaces created", f"{len(summary.surfaces):,} ({fmt_bytes(summary.total_bytes)}, kernel memory "
                                        f"outside every malloc zone)"))
@@ -53,11 +54,11 @@ TRACER = Tracer(
                 "where visible; what is held at the end.",
     options=(Option("top", int, 20, "Rows per caller table.", check=at_least(0)),),
     analyzer="memtrace.analyze.iosurface",
-    events=iosurface_analysis.EVENTS,
-    summary_type=IOSurfaceSummary,
+    events="memtrace.analyze.iosurface:EVENTS",
+    summary_type="memtrace.analyze.iosurface:IOSurfaceSummary",
     console=console_view,
     live=event_stats(_rows),
-    chapter=IOSurfaceChapter,
+    chapter=lazy("memtrace.report.chapters.iosurface:IOSurfaceChapter"),
     hooks_platform="darwin",
     report_order=1,
 )

@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from memtrace.analyze.leaks import LEAK_GROUPS, LeakResult, examined_text, leak_no_stack, skipped_text
-from memtrace.analyze.malloc import MallocSummary
 from memtrace.capture import calls_total
 from memtrace.errors import InputError
-from memtrace.frames import Frame
 from memtrace.layout import MAX_FRAMES
 from memtrace.leakscan import DEFAULT_BUDGET_S, at_window_end
 from memtrace.live import CoreStats, Row
-from memtrace.report.chapters.malloc import MallocChapter
-from memtrace.reporters.console import footer, frames_text, header, line, plain, stack_table
-from memtrace.tracers import Tracer
+from memtrace.tracers import Tracer, lazy
 from memtrace.tracers.options import Option, at_least, positive
 from memtrace.units import fmt_bytes, fmt_pct, plural
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memtrace.analyze.malloc import MallocSummary
 
 
 class MallocStats(CoreStats):
@@ -86,6 +84,10 @@ def sorted_tables(summary: MallocSummary, top: int, sort: str) -> list[tuple[str
 
 
 def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from memtrace.reporters.console import footer, frames_text, header, line, plain, stack_table
+
     top = opts.get("top", 10)
     header(console, summary)
     line(console, ("covers", summary.covers["text"]))
@@ -149,6 +151,10 @@ def console_view(console: Console, summary: MallocSummary, opts: dict[str, Any])
 
 def leaks_view(console: Console, leaks: dict[str, Any]) -> None:
     """--leaks: blocks by valgrind's categories and by stack, and what the scan examined and could not see."""
+    from memtrace.analyze.leaks import LEAK_GROUPS, examined_text, leak_no_stack, skipped_text
+    from memtrace.frames import Frame
+    from memtrace.reporters.console import frames_text, line, plain, stack_table
+
     scan = leaks["scan"]
     for key, title in LEAK_GROUPS:
         g = leaks.get(key)
@@ -198,6 +204,8 @@ def _check_backend(values: dict[str, Any]) -> None:
 
 
 def _peak(console: Console, summary: MallocSummary, top: int) -> None:
+    from memtrace.reporters.console import frames_text, line, plain, stack_table
+
     peak = summary.peak
     assert peak is not None
     when = f" at {peak.t_s:.3f} s" if peak.t_s is not None else ""
@@ -212,6 +220,8 @@ def _peak(console: Console, summary: MallocSummary, top: int) -> None:
 
 
 def _temporary(console: Console, summary: MallocSummary, top: int) -> None:
+    from memtrace.reporters.console import frames_text, line, plain, stack_table
+
     line(console, ("temporary allocations (freed before the thread's next allocation)",
                    f"{summary.counter('temp_calls'):,} calls, {fmt_bytes(summary.counter('temp_bytes'))}"))
     rows = summary.temporary_rows(top)
@@ -277,18 +287,18 @@ TRACER = Tracer(
         Option("top", int, 10, "Stacks in the summary.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.malloc",
-    result=LeakResult,
-    summary_type=MallocSummary,
+    result="memtrace.analyze.leaks:LeakResult",
+    summary_type="memtrace.analyze.malloc:MallocSummary",
     console=console_view,
     live=MallocStats,
-    chapter=MallocChapter,
+    chapter=lazy("memtrace.report.chapters.malloc:MallocChapter"),
     window_end=at_window_end,
     before_launch=_check_backend,
     host=_host_for,
     c_sources=("unwind.c", "core.c", "track.c", "drain.c", "malloc.c", "world.c", "leaks.c"),
     agent_defaults=AGENT_DEFAULTS,
     agent_sizing={"darwin": AGENT_SIZING_DARWIN},
-    views=MallocSummary.VIEWS,
+    views=("gross", "live", "peak", "leaked", "temporary"),     # MallocSummary.VIEWS
     heap_views=("gross", "live"),
     sorts=SORTS,
     report_order=0,

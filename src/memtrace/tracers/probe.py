@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-
-from memtrace.analyze.probe import LEDGER_KEYS, ProbeResult, ProbeSummary, render_markdown
 from memtrace.errors import InputError
 from memtrace.files import save_text
 from memtrace.live import LiveStats
-from memtrace.report.chapters.probe import ProbeChapter
-from memtrace.reporters.console import line, plain
-from memtrace.tracers import Tracer
+from memtrace.tracers import Tracer, lazy
 from memtrace.tracers.options import Option
 from memtrace.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memtrace.analyze.probe import ProbeSummary
 
 
 def _check_markdown(opts: dict[str, Any]) -> None:
@@ -26,6 +25,8 @@ def _check_markdown(opts: dict[str, Any]) -> None:
 
 
 def console_view(console: Console, summary: ProbeSummary, opts: dict[str, Any]) -> None:
+    from memtrace.analyze.probe import render_markdown
+
     if opts.get("markdown") is not None:
         # A file is an edge: it is written from the JSON document, as the report's chapter is.
         write_markdown(Path(opts["markdown"]), render_markdown(summary.to_json(capture=opts.get("capture"))))
@@ -40,6 +41,11 @@ SHORT_STATES = {0: "NONVOL", 1: "VOL", 2: "EMPTY", 3: "DENY"}
 def print_truth_table(console: Console, summary: ProbeSummary) -> None:
     """The probe's truth table for a terminal: the entry whole, ledger moves in KB/MB (the
     Markdown written with --markdown keeps exact bytes)."""
+    from rich.table import Table
+
+    from memtrace.analyze.probe import LEDGER_KEYS
+    from memtrace.reporters.console import line, plain
+
     probe = summary.table()
     console.rule(plain(f"Purgeable routing probe — {summary.target_label or ''}"))
     if probe.bytes:
@@ -81,11 +87,11 @@ TRACER = Tracer(
     options=(Option("markdown", Path, None, "Also write the truth table as Markdown to FILE.", metavar="FILE",
                     in_plans=False, show_default=False),),
     analyzer="memtrace.analyze.probe",
-    result=ProbeResult,
-    summary_type=ProbeSummary,
+    result="memtrace.analyze.probe:ProbeResult",
+    summary_type="memtrace.analyze.probe:ProbeSummary",
     console=console_view,
     live=LiveStats,
-    chapter=ProbeChapter,
+    chapter=lazy("memtrace.report.chapters.probe:ProbeChapter"),
     before_launch=_check_markdown,
     extra={"console_always": True},      # the Markdown file is written even with --json/--quiet
     hooks_platform="darwin",

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-from memtrace.analyze import purgeable as purgeable_analysis
-from memtrace.analyze.purgeable import PurgeableSummary
 from memtrace.live import LiveStats, Row, event_stats
-from memtrace.report.chapters.purgeable import PurgeableChapter
-from memtrace.reporters.console import footer, frames_text, header, line, stack_table
-from memtrace.tracers import Tracer
+from memtrace.tracers import Tracer, lazy
 from memtrace.tracers.options import Option, at_least
 from memtrace.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memtrace.analyze.purgeable import PurgeableSummary
 
 
 def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
@@ -23,6 +22,8 @@ def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
 
 
 def console_view(console: Console, summary: PurgeableSummary, opts: dict[str, Any]) -> None:
+    from memtrace.reporters.console import footer, frames_text, header, line, stack_table
+
     top = opts.get("top", 50)
     header(console, summary)
     if summary.transitions:
@@ -74,11 +75,11 @@ TRACER = Tracer(
         Option("top", int, 50, "Rows per caller table.", check=at_least(0)),
     ),
     analyzer="memtrace.analyze.purgeable",
-    events=purgeable_analysis.EVENTS,
-    summary_type=PurgeableSummary,
+    events="memtrace.analyze.purgeable:EVENTS",
+    summary_type="memtrace.analyze.purgeable:PurgeableSummary",
     console=console_view,
     live=event_stats(_rows),
-    chapter=PurgeableChapter,
+    chapter=lazy("memtrace.report.chapters.purgeable:PurgeableChapter"),
     hooks_platform="darwin",
     report_order=2,
     c_sources=("purgeable.c",),

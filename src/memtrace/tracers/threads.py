@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
-from memtrace.analyze import threads as threads_analysis
-from memtrace.analyze.threads import ThreadsSummary
 from memtrace.live import LiveStats, Row, event_stats
-from memtrace.report.chapters.threads import ThreadsChapter
-from memtrace.reporters.console import footer, frames_text, header, line, stack_table
-from memtrace.tracers import Tracer
+from memtrace.tracers import Tracer, lazy
 from memtrace.tracers.options import Option, at_least
 from memtrace.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memtrace.analyze.threads import ThreadsSummary
 
 
 def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
@@ -24,6 +23,8 @@ def _rows(events: Counter[str], stats: LiveStats) -> list[Row]:
 
 
 def console_view(console: Console, summary: ThreadsSummary, opts: dict[str, Any]) -> None:
+    from memtrace.reporters.console import footer, frames_text, header, line, stack_table
+
     top = opts.get("top", 20)
     created = summary.created
     header(console, summary)
@@ -58,11 +59,11 @@ TRACER = Tracer(
                 "leaked (never joined) threads by creating stack, failed creations.",
     options=(Option("top", int, 20, "Rows per stack table.", check=at_least(0)),),
     analyzer="memtrace.analyze.threads",
-    events=threads_analysis.EVENTS,
-    summary_type=ThreadsSummary,
+    events="memtrace.analyze.threads:EVENTS",
+    summary_type="memtrace.analyze.threads:ThreadsSummary",
     console=console_view,
     live=event_stats(_rows),
-    chapter=ThreadsChapter,
+    chapter=lazy("memtrace.report.chapters.threads:ThreadsChapter"),
     report_order=5,
-    views=tuple(ThreadsSummary.count_views),
+    views=("created", "running", "leaked"),          # ThreadsSummary.count_views
 )

@@ -179,12 +179,15 @@ class Family:
             if child.origin == "spawn" and held is None:
                 _settle_exec(child.pid, parent_pid)
             result = capture(child, entry, held)
-            child.ended, child.reason = result.ended, result.reason
+            # reason before ended: settle() on another thread reads ended as "done", then reason.
+            child.reason = result.reason
+            child.ended = result.ended
             if child.capture is not None and (self.folder / child.capture).exists():
                 warn(f"child pid {child.pid}: traced in {child.capture} ({result.ended})")
         except CaptureWriteError as e:
             # The child's capture holds what was written before the disk filled; its END says why.
-            child.ended, child.reason = "write-failed", str(e)
+            child.reason = str(e)
+            child.ended = "write-failed"
             warn(f"child pid {child.pid}: {e}")
         except MemtraceError as e:
             self._not_followed(warn, child, str(e))
@@ -192,7 +195,8 @@ class Family:
             self._not_followed(warn, child, f"{type(e).__name__}: {e}")
 
     def _not_followed(self, warn: Warn, child: Child, why: str) -> None:
-        child.ended, child.reason = "not-followed", f"could not follow: {why}"
+        child.reason = f"could not follow: {why}"
+        child.ended = "not-followed"
         # A capture that never attached is discarded (capture_loop): the END names no file.
         if child.capture is not None and not (self.folder / child.capture).exists():
             child.capture = None

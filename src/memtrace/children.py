@@ -102,16 +102,19 @@ class Family:
             return name
 
     def follow_process(self, capture: CaptureChild, warn: Warn, parent_pid: int | None, child: Child,
-                       entry: str | None, held: Path | None = None) -> None:
-        """A capture of ``child`` (``capture``: with the parent's tracer), on a thread of its own."""
+                       entry: str | None, held: Path | None = None) -> str:
+        """A capture of ``child`` (``capture``: with the parent's tracer), on a thread of its own.
+        Returns the file name claimed for it: the thread may already have given it up (a failed
+        attach clears ``child.capture``) by the time the caller reads ``child``."""
         with self.lock:
             self.image_pids.add(child.pid)      # its next held image is an exec
-        child.capture = self.claim_name(child.origin, child.pid)
+        name = child.capture = self.claim_name(child.origin, child.pid)
         t = threading.Thread(target=self._run, args=(capture, warn, parent_pid, child, entry, held), daemon=True,
                              name=f"memtrace-child-{child.pid}")
         with self.lock:
             self.threads.append(t)
         t.start()
+        return name
 
     # -- images held before their constructors ------------------------------------------------
 
@@ -372,9 +375,8 @@ class ChildFollower:
             message = f"the target replaced itself (exec of {path}): following it"
         elif self.follow:
             child = Child(pid=pid, ppid=None, origin="exec", path=path)
-            self.family.follow_process(self.capture, self.warn, pid, child, None)
             self.replacement = child
-            info["followed"] = child.capture
+            info["followed"] = self.family.follow_process(self.capture, self.warn, pid, child, None)
             message = f"the target replaced itself (exec of {path}): following it"
         else:
             message = (f"the target replaced itself (exec of {path}): not followed (--follow-children traces it); "

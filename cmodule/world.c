@@ -85,11 +85,13 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 #ifdef MT_ARM64
 # define MT_SYS_GETDENTS64 61
 # define MT_SYS_TGKILL 131
+# define MT_SYS_CLOCK_GETTIME 113
 # define MT_WORLD_SP 31                    /* struct user_pt_regs: x0..x30, sp, pc, pstate */
 # define MT_WORLD_PC 32
 #else
 # define MT_SYS_GETDENTS64 217
 # define MT_SYS_TGKILL 234
+# define MT_SYS_CLOCK_GETTIME 228
 # define MT_WORLD_SP 19                    /* struct user_regs_struct: ... rip(16) cs eflags rsp(19) ss ... */
 # define MT_WORLD_PC 16
 #endif
@@ -106,6 +108,20 @@ static inline guint64
 mt_world_state (MtWorld * w)
 {
   return (guint64) g_atomic_int_add ((volatile gint *) &w->state, 0);
+}
+
+/* The monotonic clock, in microseconds, by system call (`syscall` is a symbol both CModules have).
+ * Every bound here is a time, never a count of sleeps: in a process whose 128 threads kept both
+ * CPUs busy, usleep (200) took 19 ms, not 0.2 (1000 of them 19 s), which stretched the leak
+ * scan's 10 s stop to minutes (issue 27: "the stop phase ignores the budget, 49 s"). */
+static guint64
+mt_world_now_us (void)
+{
+  gint64 ts[2];
+  ts[0] = 0;
+  ts[1] = 0;
+  syscall (MT_SYS_CLOCK_GETTIME, 1L, ts);          /* CLOCK_MONOTONIC */
+  return (guint64) ts[0] * 1000000ULL + (guint64) ts[1] / 1000ULL;
 }
 
 static gboolean
@@ -143,23 +159,25 @@ mt_world_is_held (MtWorld * w, guint64 tid)
  * loaded run, in mt_mask_threads).  INTERRUPT's stop is no signal: nothing can cancel it.  A signal
  * that arrives first is handed back to the thread (PTRACE_CONT with it; the interrupt stays
  * pending) and we wait again, as LeakSanitizer does.  A thread still running after
- * MT_WORLD_ATTACH_TRIES waits is given up (FALSE): it stays seized, harmlessly, until the helper
+ * MT_WORLD_ATTACH_LIMIT_US is given up (FALSE): it stays seized, harmlessly, until the helper
  * ends, when the kernel lets go of every tracee the helper still has. */
-#define MT_WORLD_ATTACH_TRIES 5000                /* x MT_WORLD_WAIT_US: 1 s at most per thread */
+#define MT_WORLD_ATTACH_LIMIT_US 1000000ULL        /* 1 s at most per thread, by the clock */
 static gboolean
 mt_world_attach (gint tid)
 {
-  gint status = 0, got, waits = 0, signals = 0;
+  gint status = 0, got, signals = 0;
+  guint64 deadline;
   if (ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
     return FALSE;
   if (ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
     return FALSE;                                 /* gone meanwhile */
+  deadline = mt_world_now_us () + MT_WORLD_ATTACH_LIMIT_US;
   for (;;)
   {
     got = waitpid (tid, &status, MT_WALL | MT_WNOHANG);
     if (got == 0)
     {
-      if (++waits == MT_WORLD_ATTACH_TRIES)
+      if (mt_world_now_us () > deadline)
         return FALSE;
       usleep (MT_WORLD_WAIT_US);
       continue;
@@ -326,6 +344,9 @@ mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
   guint r;
   if (mt_world_is_skipped (w, tid) || mt_world_is_held (w, tid))
     return;
+  /* A stopper that gave up is not kept waiting for the rest of a pass (up to a second a thread). */
+  if (g_atomic_int_add ((volatile gint *) &w->abandoned, 0) != 0)
+    return;
   if (w->n_threads == w->threads_cap)
   {
     w->n_failed++;
@@ -371,16 +392,16 @@ static gint
 mt_world_tracer (gpointer data)
 {
   MtWorld * w = data;
-  guint64 i, waited = 0;
+  guint64 i, deadline;
   gint pass;
 
   /* Dies with the thread that made it: a target killed meanwhile leaves nothing behind. */
   prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  deadline = mt_world_now_us () + mt_world_timeout_us (w);
   while (mt_world_state (w) != MT_WORLD_STOPPING)
   {
     usleep (MT_WORLD_WAIT_US);
-    waited += MT_WORLD_WAIT_US;
-    if (waited > mt_world_timeout_us (w))
+    if (mt_world_now_us () > deadline)
       return 0;
   }
   /* Threads started while we attach are caught by the next pass; stop when a pass finds none. */
@@ -398,13 +419,12 @@ mt_world_tracer (gpointer data)
   mt_world_barrier (w);
   w->state = MT_WORLD_STOPPED;
   mt_world_barrier (w);
-  waited = 0;
+  deadline = mt_world_now_us () + MT_WORLD_HOLD_LIMIT_US;
   while (mt_world_state (w) != MT_WORLD_RESUME && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0)
   {
     usleep (MT_WORLD_WAIT_US);
-    waited += MT_WORLD_WAIT_US;
     /* The stopper is bounded in time; one that never says resume is gone: let go. */
-    if (waited > MT_WORLD_HOLD_LIMIT_US)
+    if (mt_world_now_us () > deadline)
       break;
   }
   for (i = 0; i != w->n_threads; i++)
@@ -417,12 +437,11 @@ mt_world_tracer (gpointer data)
 static gboolean
 mt_world_wait_state (MtWorld * w, guint64 want)
 {
-  guint64 waited = 0;
+  guint64 deadline = mt_world_now_us () + mt_world_timeout_us (w);
   while (mt_world_state (w) != want)
   {
     usleep (MT_WORLD_WAIT_US);
-    waited += MT_WORLD_WAIT_US;
-    if (waited > mt_world_timeout_us (w))
+    if (mt_world_now_us () > deadline)
       return FALSE;
   }
   return TRUE;

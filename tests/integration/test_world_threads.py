@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,40 @@ def test_every_one_of_1100_threads_is_stopped(compile_c: Callable[..., Path], tm
         # The main thread and every sleeper (the scanning thread and Frida's own are not stopped).
         assert scan["threads_stopped"] == THREADS + 1, scan
         assert scan["threads_not_stopped"] == 0, scan
+        assert target.poll() is None, f"the target died: {target.returncode}"
+    finally:
+        target.kill()
+        target.wait()
+
+
+BUSY = 256
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_256_threads_inside_the_allocator_are_stopped_and_unharmed(compile_c: Callable[..., Path],
+                                                                   tmp_path: Path) -> None:
+    """Issue 27: 256 busy threads and --leaks killed the target (SIGSEGV, 2 of 2).  Every thread here
+    allocates all the time, so the hooks go in, the world stops for the scan and the hooks come out
+    with threads inside malloc and memtrace's own hooks: every one is stopped, none is harmed."""
+    exe = compile_c("busy_threads")
+    target = subprocess.Popen([str(exe), str(BUSY), "churn"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        res = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
+                              str(target.pid), "--leaks", "--window", "2", "--rpc-timeout", "200", "--json",
+                              "--out", str(tmp_path / "cap")], capture_output=True, text=True, env=env, timeout=500)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["ended"] == "completed", doc["reason"]
+        scan = doc["leaks"]["scan"]
+        assert scan["world_stopped"] is True and scan["complete"] is True, scan
+        assert (scan["threads_stopped"], scan["threads_not_stopped"]) == (BUSY + 1, 0), scan
+        # The threads' own allocations were counted, with their function on the stack.
+        rows = [r for r in doc["top_stacks"] if r["frames"] and r["frames"][0].get("function") == "spin_alloc"]
+        assert sum(r["count"] for r in rows) > 0
+        time.sleep(0.3)
         assert target.poll() is None, f"the target died: {target.returncode}"
     finally:
         target.kill()

@@ -495,10 +495,42 @@ function tally(blocks, marks, n) {
 }
 
 /*
+ * The scanning thread (and the ptrace helper it clones, which inherits it) ahead of the target's
+ * own threads for the scan, where the system allows it (CAP_SYS_NICE; otherwise nothing changes).
+ * In a process whose threads keep every CPU busy this thread got about 1 % of a CPU: listing the
+ * ranges alone took 33 s beside 64 spinning threads, past the host's wait (issue 27).  While the
+ * world is stopped the target's threads do not run anyway.  Returns the undo, or null.
+ */
+function scanFirst() {
+  if (IS_DARWIN)
+    return null;
+  const get = findExport('getpriority');
+  const set = findExport('setpriority');
+  if (get === null || set === null)
+    return null;
+  const tid = Process.getCurrentThreadId();
+  const setNice = new NativeFunction(set, 'int', ['int', 'uint', 'int']);
+  const before = new NativeFunction(get, 'int', ['int', 'uint'])(0, tid);      // PRIO_PROCESS: this thread
+  if (before <= -20 || setNice(0, tid, -20) !== 0)
+    return null;
+  return () => setNice(0, tid, before);
+}
+
+/*
  * One scan.  `when`: 'window-end' or 'exit'.  Sends the result as a `result` message
  * ({tracer: 'malloc', kind: 'leaks', ...}) and returns a short summary of it.
  */
 export function scanLeaks(config, when) {
+  const undoPriority = scanFirst();
+  try {
+    return scan(config, when);
+  } finally {
+    if (undoPriority !== null)
+      undoPriority();
+  }
+}
+
+function scan(config, when) {
   const t0 = now();
   const own = (core.owned || []).slice();
   const skip = cloakedTids();

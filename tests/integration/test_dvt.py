@@ -405,7 +405,10 @@ def test_malloc_backend_dvt_gives_the_same_summary_as_a_frida_capture(device: De
     assert (doc["peak"]["bytes"], doc["peak"]["count"]) == (4096 * 1000, 1000) and doc["peak"]["exact"]
     assert doc["peak"]["by_stack"][0]["bytes"] == 4096 * 1000
     assert doc["temporary"] is not None and len(doc["timeline"]["t"]) >= 5
-    assert max(doc["timeline"]["tracked_bytes"]) == expect["live_bytes"]
+    # The timeline samples the fold as the stream arrives: a sample may fall before the frees (the
+    # stream's pace is the machine's), never above the peak; the last one is the end's live bytes.
+    tracked = doc["timeline"]["tracked_bytes"]
+    assert max(tracked) <= doc["peak"]["bytes"] and tracked[-1] == expect["live_bytes"]
     # Frames land in the app's image, read from the VM Tracker's __TEXT regions.
     assert {f["module"] for f in top["frames"]} == {"Example"} and top["frames"][0]["offset"] == S1[0] - APP_TEXT[0]
     # Launch with the recording environment, suspended; attach; resume; kill at the end.

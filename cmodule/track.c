@@ -521,16 +521,28 @@ static inline void
 mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_hook)
 {
   gboolean temporary;
-  guint64 chunk_min;
+  guint64 chunk_min, b;
   if (p == NULL)
     return;
+  /* When every block is tracked (chunk_min 0), a free is mostly a cache miss in the live table
+   * (blocks are freed in another order than they were allocated) and one in the block's chunk
+   * header, which glibc's free reads and writes next: asked for together here, they overlap
+   * instead of coming one after the other. */
+  b = mt_live_bucket ((guint64) p);
+  chunk_min = mt_config.chunk_min;
+  if (chunk_min == 0)
+  {
+    MT_PREFETCH (mt_live_keys (b));
+    MT_PREFETCH (mt_live_metas (b));
+    if (from_hook)
+      MT_PREFETCH_W ((const guint8 *) p - 8);
+  }
   temporary = mt_check_temporary (s, (guint64) p);
   /* glibc: the chunk size sits in the word before the block (its free reads it next), and a
    * tracked block's chunk is larger than track_min: most frees end here without a table lookup. */
-  chunk_min = mt_config.chunk_min;
   if (from_hook && chunk_min != 0 && (((const guint64 *) p)[-1] & ~(guint64) 7) < chunk_min)
     return;
-  if (mt_live_way (mt_live_bucket ((guint64) p), (guint64) p) >= 0)
+  if (mt_live_way (b, (guint64) p) >= 0)
   {
     gint prev = mt_guard (s);
     mt_release_live (s, kind, (guint64) p, size, temporary);

@@ -257,6 +257,14 @@ mt_bump (guint64 * p, guint64 v)
 {
   __asm__ __volatile__ ("addq %1, %0" : "+m" (*p) : "er" (v));
 }
+
+/* The same for a fetch-and-add: one `xadd`, without the lock prefix only another thread needs. */
+static inline guint64
+mt_bump_fetch (guint64 * p, guint64 v)
+{
+  __asm__ __volatile__ ("xaddq %0, %1" : "+r" (v), "+m" (*p));
+  return v;
+}
 #else
 # define MT_LIGHT_HOOKS 0
 # define mt_bump(p, v) (*(p) += (v))

@@ -1,11 +1,12 @@
 """Where a traced program's time goes, by function of memtrace's C core (`perf record -e cpu-clock`).
 
-    python bench/cmodule_profile.py [--freq HZ] -- PROGRAM [ARGS...]
+    python bench/cmodule_profile.py [--freq HZ] [--all-threads] -- PROGRAM [ARGS...]
 
 Runs PROGRAM under `memtrace malloc` (its default: every allocation stacked, every block tracked)
 inside `perf record` and prints, for the target's main thread, the share of its samples in the
 CModule by function, in each library, and the hottest symbols elsewhere; and the share of each of
-the target's threads (memtrace's drain runs on Frida's JavaScript thread).  The CModule's code is
+the target's threads (memtrace's drain runs on Frida's JavaScript thread); --all-threads: all of
+the target's threads together instead of its main thread (a program whose work is in threads).  The CModule's code is
 anonymous memory to perf: its samples are matched against the gcc stand-in's cached module.so files
 (memtrace.frida_host.gcc_cache_shim), trying each at every page-aligned load address and keeping the
 one that puts the most samples inside the hook and tracking functions.  Shares of one run are what
@@ -60,8 +61,12 @@ def best_fit(ips: list[int], candidates: list[Path]) -> tuple[Path, int, collect
 def main() -> None:
     args = sys.argv[1:]
     freq = "2000"
-    if args[:1] == ["--freq"]:
-        freq, args = args[1], args[2:]
+    all_threads = False
+    while args[:1] in (["--freq"], ["--all-threads"]):
+        if args[0] == "--freq":
+            freq, args = args[1], args[2:]
+        else:
+            all_threads, args = True, args[1:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
@@ -96,7 +101,7 @@ def main() -> None:
     print(f"target {comm} (pid {target}): {len(mine)} samples")
     for tid, n in threads.most_common(6):
         print(f"  thread {tid}{' (main)' if tid == target else ''}: {100 * n / len(mine):.1f} %")
-    main_rows = [r for r in mine if r[2] == target]
+    main_rows = mine if all_threads else [r for r in mine if r[2] == target]
     anon = [ip for _, _, _, ip, rest in main_rows if ("[unknown]" in rest or "JIT" in rest) and ip < 1 << 63]
     libs: collections.Counter[str] = collections.Counter()
     syms: collections.Counter[str] = collections.Counter()
@@ -113,16 +118,17 @@ def main() -> None:
     shims = sorted(Path(os.environ.get("MEMTRACE_CACHE_DIR") or Path.home() / ".cache" / "memtrace" / "agents")
                    .glob("cmodule-gcc-*/*.so"))
     fit = best_fit(anon, shims) if anon and shims else None
-    print(f"main thread: {n} samples; in the CModule {100 * len(anon) / n:.1f} %")
+    who = "all threads" if all_threads else "main thread"
+    print(f"{who}: {n} samples; in the CModule {100 * len(anon) / n:.1f} %")
     if fit is not None:
         so, base, by = fit
         print(f"  (module {so.name} at {base:#x})")
         for name, k in by.most_common(14):
             print(f"  {name:34} {100 * k / n:5.1f} %")
-    print("main thread, by library (outside the CModule):")
+    print(f"{who}, by library (outside the CModule):")
     for lib, k in libs.most_common(8):
         print(f"  {lib:34} {100 * k / n:5.1f} %")
-    print("main thread, hottest symbols outside the CModule:")
+    print(f"{who}, hottest symbols outside the CModule:")
     for s, k in syms.most_common(12):
         print(f"  {s[:70]:70} {100 * k / n:5.1f} %")
 

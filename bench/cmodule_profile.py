@@ -102,11 +102,17 @@ def main() -> None:
     for tid, n in threads.most_common(6):
         print(f"  thread {tid}{' (main)' if tid == target else ''}: {100 * n / len(mine):.1f} %")
     main_rows = mine if all_threads else [r for r in mine if r[2] == target]
-    anon = [ip for _, _, _, ip, rest in main_rows if ("[unknown]" in rest or "JIT" in rest) and ip < 1 << 63]
+
+    def anonymous(rest: str) -> bool:
+        """Code perf has no file for (the CModule, Frida's trampolines)."""
+        dso = rest.rsplit("(", 1)[-1].rstrip(")")
+        return "JIT" in rest or dso == "[unknown]" or dso.startswith("/tmp/perf-")
+
+    anon = [ip for _, _, _, ip, rest in main_rows if anonymous(rest) and ip < 1 << 63]
     libs: collections.Counter[str] = collections.Counter()
     syms: collections.Counter[str] = collections.Counter()
     for _, _, _, _ip, rest in main_rows:
-        if "[unknown]" in rest or "JIT" in rest:
+        if anonymous(rest):
             continue
         lib = rest.rsplit("(", 1)[-1].rstrip(")").split("/")[-1]
         libs[lib] += 1
@@ -119,7 +125,10 @@ def main() -> None:
                    .glob("cmodule-gcc-*/*.so"))
     fit = best_fit(anon, shims) if anon and shims else None
     who = "all threads" if all_threads else "main thread"
-    print(f"{who}: {n} samples; in the CModule {100 * len(anon) / n:.1f} %")
+    kernel = sum(1 for _, _, _, ip, _ in main_rows if ip >= 1 << 63)
+    user = n - kernel - len(anon)
+    print(f"{who}: {n} samples; in the CModule {100 * len(anon) / n:.1f} %; the CModule against the rest of "
+          f"user space: {len(anon) / max(user, 1):.2f}")
     if fit is not None:
         so, base, by = fit
         print(f"  (module {so.name} at {base:#x})")

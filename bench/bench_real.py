@@ -1,7 +1,7 @@
 """Native, memtrace's default (every allocation stacked, every block tracked) and heaptrack, side by
 side on four real programs built with their compilers' defaults (no frame pointers):
 
-    python bench/bench_real.py [repeats]        # make bench-real
+    python bench/bench_real.py [repeats] [--baseline SRC] [--no-heaptrack] [--only NAME,...]   # make bench-real
 
   python    CPython 3 (Debian's /usr/bin/python3) with PYTHONMALLOC=malloc: JSON, zlib, regexes
   sqlite3   Debian's sqlite3 building a 500,000-row table, three indexes and a grouped table
@@ -14,7 +14,11 @@ and heaptrack's interpreter (other processes) do not, and neither does the set-u
 program's constructors run.  The machine is shared, so CPU time, not wall time, and ratios against
 native measured in the same run.  Also printed: each tool's whole command in wall seconds, the
 capture's size against heaptrack's file, and what memtrace's summary says it dropped or truncated.
-Missing tools are installed with apt-get when run as root (python3, sqlite3, g++, heaptrack)."""
+Missing tools are installed with apt-get when run as root (python3, sqlite3, g++, heaptrack).
+
+--baseline SRC also runs the memtrace in SRC (another checkout's src/, e.g. from `git archive`; its
+cmodule/ beside it), interleaved with this one, so a change is measured against its starting point
+in the same run; --no-heaptrack leaves heaptrack out, --only runs the named programs."""
 
 from __future__ import annotations
 
@@ -102,11 +106,11 @@ def native(p: Program, lib: Path, r: Result) -> None:
     r.wall.append(wall)
 
 
-def memtrace(p: Program, lib: Path, tmp: Path, r: Result) -> None:
+def memtrace(p: Program, lib: Path, tmp: Path, r: Result, src: Path = ROOT / "src") -> None:
     out = Path(tempfile.mkdtemp(dir=tmp)) / "cap"
     cmd = [sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--json", "--window", "600",
            "--out", str(out), "--", *p.argv]
-    proc, wall = run(cmd, {**p.env, "LD_PRELOAD": str(lib), "PYTHONPATH": str(ROOT / "src")})
+    proc, wall = run(cmd, {**p.env, "LD_PRELOAD": str(lib), "PYTHONPATH": str(src)})
     if proc.returncode != 0:
         raise RuntimeError(f"memtrace on {p.name}: {proc.stderr[-2000:]}")
     s = json.loads(proc.stdout)
@@ -130,28 +134,58 @@ def heaptrack(p: Program, lib: Path, tmp: Path, r: Result) -> None:
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    args = sys.argv[1:]
+    baseline: Path | None = None
+    only: set[str] | None = None
+    with_heaptrack = "--no-heaptrack" not in args
+    if "--baseline" in args:
+        at = args.index("--baseline")
+        baseline = Path(args[at + 1]).resolve()
+        del args[at:at + 2]
+    if "--only" in args:
+        at = args.index("--only")
+        only = set(args[at + 1].split(","))
+        del args[at:at + 2]
+    args = [a for a in args if a != "--no-heaptrack"]
+    repeats = int(args[0]) if args else 3
     ensure_tools()
     results: dict[tuple[str, str], Result] = {}
+    tools = ["native", "memtrace"] + (["baseline"] if baseline is not None else []) + (
+        ["heaptrack"] if with_heaptrack else [])
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         lib, programs = build(tmp)
-        for _ in range(repeats):      # interleaved: a shared machine drifts between runs
+        programs = [p for p in programs if only is None or p.name in only]
+        for rep in range(repeats):      # interleaved: a shared machine drifts between runs
             for p in programs:
                 native(p, lib, results.setdefault((p.name, "native"), Result()))
-                memtrace(p, lib, tmp, results.setdefault((p.name, "memtrace"), Result()))
-                heaptrack(p, lib, tmp, results.setdefault((p.name, "heaptrack"), Result()))
-    print(f"target CPU seconds, median of {repeats} (x: against native in the same run); whole command wall s; "
-          "capture size")
-    print(f"{'program':9} {'native':>8} {'memtrace':>9} {'x':>6} {'heaptrack':>10} {'x':>6} "
-          f"{'wall mt':>8} {'wall ht':>8} {'size mt':>9} {'size ht':>9}  memtrace notes")
+                # this memtrace and the baseline take turns going first (a drift favours neither)
+                order = [ROOT / "src", baseline] if baseline is not None else [ROOT / "src"]
+                for src in order if rep % 2 == 0 else order[::-1]:
+                    memtrace(p, lib, tmp, results.setdefault((p.name, "memtrace" if src == ROOT / "src" else
+                                                                      "baseline"), Result()), src)
+                if with_heaptrack:
+                    heaptrack(p, lib, tmp, results.setdefault((p.name, "heaptrack"), Result()))
+    print(f"target CPU seconds, median of {repeats} (x: against native in the same run; min-max of the "
+          f"per-repeat ratios); whole command wall s; capture size; load {os.getloadavg()[0]:.1f}")
+    print(f"{'program':9} {'native':>8} " + " ".join(f"{t:>10} {'x':>5} {'range':>11}" for t in tools[1:])
+          + f" {'wall mt':>8} {'size mt':>9}  memtrace notes")
     for p in programs:
-        n, m, h = (results[(p.name, k)] for k in ("native", "memtrace", "heaptrack"))
-        nc, mc, hc = (statistics.median(x.cpu) for x in (n, m, h))
+        n = results[(p.name, "native")]
+        nc = statistics.median(n.cpu)
+        cols = []
+        for t in tools[1:]:
+            r = results[(p.name, t)]
+            ratios = [c / b for c, b in zip(r.cpu, n.cpu, strict=True)]
+            cols.append(f"{statistics.median(r.cpu):10.2f} {statistics.median(r.cpu) / nc:5.2f} "
+                        f"{min(ratios):5.2f}-{max(ratios):<5.2f}")
+        m = results[(p.name, "memtrace")]
         notes = ", ".join(f"{k} {v:,}" for k, v in m.notes.items() if v)
-        print(f"{p.name:9} {nc:8.2f} {mc:9.2f} {mc / nc:6.2f} {hc:10.2f} {hc / nc:6.2f} "
-              f"{statistics.median(m.wall):8.2f} {statistics.median(h.wall):8.2f} "
-              f"{statistics.median(m.size) / 1e6:8.1f}M {statistics.median(h.size) / 1e6:8.1f}M  {notes}")
+        print(f"{p.name:9} {nc:8.2f} " + " ".join(cols) + f" {statistics.median(m.wall):8.2f} "
+              f"{statistics.median(m.size) / 1e6:8.1f}M  {notes}")
+        if with_heaptrack:
+            h = results[(p.name, "heaptrack")]
+            print(f"{'':9} heaptrack wall {statistics.median(h.wall):.2f} s, file {statistics.median(h.size) / 1e6:.1f}M")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ the storm divided by the pairs, so 4 threads on 2 CPUs compare with 1 thread on 
 threads in the target (the drain) are part of the cost.  Work done in another process (memtrace's
 host, heaptrack's interpreter) is not.
 
-    python bench/malloc_bench.py [pairs per thread] [repeats]
+    python bench/malloc_bench.py [pairs per thread] [repeats] [--baseline SRC]
+
+--baseline SRC adds the default of the memtrace in SRC (another checkout's src/, its cmodule/ beside
+it) on 1 and 4 threads, interleaved with the rest, to measure a change against its starting point.
 
 The targets, checked at the end: the default (every allocation stacked, every block tracked), 4 threads,
 <= native + 50 ns per pair, >= 99 % of bytes on stacks, nothing dropped; the layered capture (a device's
@@ -73,11 +76,11 @@ def native(exe: Path, n: int, threads: int) -> float:
     return parse(subprocess.run([str(exe), str(n), str(threads)], capture_output=True, text=True, check=True).stdout)
 
 
-def memtrace(exe: Path, n: int, threads: int, tmp: Path, *opts: str) -> tuple[float, dict]:
+def memtrace(exe: Path, n: int, threads: int, tmp: Path, *opts: str, src: Path = ROOT / "src") -> tuple[float, dict]:
     out = Path(tempfile.mkdtemp(dir=tmp))
     proc = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--json",
                            "--window", "600", "--out", str(out / "cap"), *opts, "--", str(exe), str(n), str(threads)],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)})
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr)
     shutil.rmtree(out, ignore_errors=True)
@@ -111,13 +114,22 @@ def heaptrack(exe: Path, n: int, threads: int, tmp: Path) -> float | None:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000_000
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    args = sys.argv[1:]
+    baseline: Path | None = None
+    if "--baseline" in args:      # another checkout's src/ (its cmodule/ beside it), interleaved
+        at = args.index("--baseline")
+        baseline = Path(args[at + 1]).resolve()
+        del args[at:at + 2]
+    n = int(args[0]) if len(args) > 0 else 10_000_000
+    repeats = int(args[1]) if len(args) > 1 else 5
     js_n = min(n, 500_000)
     rows = {(name, t): Row(name, t) for name, t in (
         ("native", 1), ("memtrace layered (device default)", 1), ("memtrace default (all stacked)", 1),
         ("native", 4), ("memtrace layered (device default)", 4), ("memtrace default (all stacked)", 4),
         ("memtrace --events (all stacked)", 4), ("heaptrack", 4))}
+    if baseline is not None:
+        for nt in (1, 4):
+            rows[("baseline default (all stacked)", nt)] = Row("baseline default (all stacked)", nt)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         exe = build(tmp)
@@ -135,6 +147,13 @@ def main() -> None:
                 r.times.append(t)
                 r.coverage.append(s["coverage"]["stack_coverage"] or 0.0)
                 r.dropped.append(sum(v for k, v in s["dropped"].items() if k != "dropped_record_bytes"))
+            if baseline is not None:
+                for threads in (1, 4):
+                    t, s = memtrace(exe, n, threads, tmp, src=baseline)
+                    r = rows[("baseline default (all stacked)", threads)]
+                    r.times.append(t)
+                    r.coverage.append(s["coverage"]["stack_coverage"] or 0.0)
+                    r.dropped.append(sum(v for k, v in s["dropped"].items() if k != "dropped_record_bytes"))
             ht = heaptrack(exe, n, 4, tmp)
             if ht is not None:
                 rows[("heaptrack", 4)].times.append(ht)
@@ -142,7 +161,8 @@ def main() -> None:
     if not rows[("heaptrack", 4)].times:
         del rows[("heaptrack", 4)]
         print("heaptrack: not installed (apt install heaptrack to include it)")
-    print(f"malloc(32)/free pairs, {n:,} per thread; median of {repeats} runs (ns per pair: process CPU time / pairs)")
+    print(f"malloc(32)/free pairs, {n:,} per thread; median of {repeats} runs (ns per pair: process CPU time / pairs); "
+          f"load {os.getloadavg()[0]:.1f}")
     print(f"{'configuration':46} {'threads':>7} {'ns/pair':>8} {'x native':>9} {'+ns':>7} {'on stacks':>10} "
           f"{'dropped':>9}")
     for r in rows.values():

@@ -362,10 +362,15 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
     stack_id = mt_intern (s, frames, n);
   }
 
-  /* Every block with a stack is tracked, whatever its size: its free must find its row. */
-  tracked = mt_live_insert (p, size, stack_id, k, 4096);
+  /* The row's lines (a program with thousands of stacks seldom finds its row in the cache), asked
+   * for before the live table's lines, so that their misses overlap. */
   row = mt_row_of (stack_id);
   a = mt_agg_lane (s, row);
+  MT_PREFETCH_W (a);
+  MT_PREFETCH_W (a + 8);
+  MT_PREFETCH_W (&mt_agg_dirty[row]);
+  /* Every block with a stack is tracked, whatever its size: its free must find its row. */
+  tracked = mt_live_insert (p, size, stack_id, k, 4096);
   if (tracked)
   {
     flags |= MT_FLAG_LIVE;
@@ -521,16 +526,28 @@ static inline void
 mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_hook)
 {
   gboolean temporary;
-  guint64 chunk_min;
+  guint64 chunk_min, b;
   if (p == NULL)
     return;
+  /* When every block is tracked (chunk_min 0), a free is mostly a cache miss in the live table
+   * (blocks are freed in another order than they were allocated) and one in the block's chunk
+   * header, which glibc's free reads and writes next: asked for together here, they overlap
+   * instead of coming one after the other. */
+  b = mt_live_bucket ((guint64) p);
+  chunk_min = mt_config.chunk_min;
+  if (chunk_min == 0)
+  {
+    MT_PREFETCH (mt_live_keys (b));
+    MT_PREFETCH (mt_live_metas (b));
+    if (from_hook)
+      MT_PREFETCH_W ((const guint8 *) p - 8);
+  }
   temporary = mt_check_temporary (s, (guint64) p);
   /* glibc: the chunk size sits in the word before the block (its free reads it next), and a
    * tracked block's chunk is larger than track_min: most frees end here without a table lookup. */
-  chunk_min = mt_config.chunk_min;
   if (from_hook && chunk_min != 0 && (((const guint64 *) p)[-1] & ~(guint64) 7) < chunk_min)
     return;
-  if (mt_live_way (mt_live_bucket ((guint64) p), (guint64) p) >= 0)
+  if (mt_live_way (b, (guint64) p) >= 0)
   {
     gint prev = mt_guard (s);
     mt_release_live (s, kind, (guint64) p, size, temporary);
@@ -540,10 +557,17 @@ mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_h
 
 /* ---- nested calls ----------------------------------------------------- */
 
+/* A nested count: where one `add` to memory cannot be torn by a signal handler (MT_LIGHT_HOOKS),
+ * a plain add to the thread's own slot -- a compound entry's nested calls (glibc's realloc (NULL, n)
+ * calls malloc: CPython) each cost a dozen locked adds, counted and then reconciled away; the shared
+ * slot, which threads without one of their own add to at once, adds atomically. */
 static inline void
 mt_ncount (MtSlot * s, guint index, guint64 v)
 {
-  MT_ADD64 (&s->ncount[index], v);
+  if (MT_LIGHT_HOOKS && s->busy != MT_BUSY_SHARED)
+    mt_bump ((guint64 *) &s->ncount[index], v);
+  else
+    MT_ADD64 (&s->ncount[index], v);
 }
 
 static void
@@ -596,7 +620,11 @@ mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolea
   }
   if (busy == MT_BUSY_COMPOUND)
   {
+#if MT_LIGHT_HOOKS
+    gssize i = (gssize) mt_bump_fetch ((guint64 *) &s->nested_seq, 1);   /* only this thread's calls add */
+#else
     gssize i = (gssize) MT_ADD64 (&s->nested_seq, 1);
+#endif
     MtNested * e = &s->nested[i & (MT_NESTED_LOG - 1)];
     e->kind = alloc ? kind : kind | 0x100;
     e->ptr = p;

@@ -638,4 +638,94 @@ mt_world_write (guint8 * dst, const guint8 * src, guint64 len, gpointer mprotect
   return 1;
 }
 
+/*
+ * mt_world_stop_clear, and then, before anything else runs -- in C, so that nothing of Frida's
+ * (a JavaScript value, an allocation from Frida's heap) is touched while a thread is held that may
+ * own one of Frida's locks -- two checks, each of which lets the world go again when it fails:
+ *   - `listed` (n_listed thread ids, 0 for none): every held thread was listed before the stop
+ *     (one started since may be Frida's own, not yet known as cloaked): else MT_WORLD_STOP_NEW;
+ *   - `frida` (n_frida [start, end) pairs of Frida's code, 0 for none): no held thread's pc,
+ *     register or stack word (up to frida_depth bytes from sp) points into it: else
+ *     MT_WORLD_STOP_BUSY, with how many in *n_busy.  The threads storm's hang: a thread stopped
+ *     in Frida's allocator (its heap's spin lock held, in mmap, at thread start) while the agent's
+ *     thread, with the world stopped, made a JavaScript value -- which allocates from that heap:
+ *     it spun on the lock for good, the world held stopped, Frida's own threads spinning too.
+ * `resume_now`: let go before returning even when clear (a look at the threads: their ids and
+ * registers stay in the buffers).  MT_WORLD_STOP_CLEAR when stopped and clear (resume owed unless
+ * resume_now), MT_WORLD_STOP_FAILED when the world could not be stopped clear of `ranges` (error
+ * says why).
+ */
+#define MT_WORLD_STOP_FAILED 0
+#define MT_WORLD_STOP_CLEAR 1
+#define MT_WORLD_STOP_NEW 2
+#define MT_WORLD_STOP_BUSY 3
+
+gint
+mt_world_stop_checked (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 tries, guint64 pause_us,
+    const guint64 * listed, guint64 n_listed, const guint64 * frida, guint64 n_frida, guint64 frida_depth,
+    guint8 * scratch, guint64 scratch_size, gint resume_now, guint64 * n_busy)
+{
+  guint64 i, k;
+  if (n_busy != NULL)
+    *n_busy = 0;
+  if (!mt_world_stop_clear (w, ranges, n_ranges, tries, pause_us))
+    return MT_WORLD_STOP_FAILED;
+  if (n_listed != 0)
+  {
+    for (i = 0; i != w->n_threads; i++)
+    {
+      guint64 tid = ((MtWorldThread *) w->threads)[i].tid;
+      for (k = 0; k != n_listed && listed[k] != tid; k++)
+        ;
+      if (k == n_listed)
+      {
+        mt_world_resume (w);
+        return MT_WORLD_STOP_NEW;
+      }
+    }
+  }
+  if (n_frida != 0)
+  {
+    guint64 busy = mt_world_refs (w, frida, n_frida, frida_depth, scratch, scratch_size);
+    if (busy != 0)
+    {
+      if (n_busy != NULL)
+        *n_busy = busy;
+      mt_world_resume (w);
+      return MT_WORLD_STOP_BUSY;
+    }
+  }
+  if (resume_now)
+    mt_world_resume (w);
+  return MT_WORLD_STOP_CLEAR;
+}
+
+/*
+ * Stops the world clear of `ranges` (by pc; Frida's code among them) with only `listed` threads
+ * held, writes n_writes staged patches (triples: dst, src, len) with mt_world_write, and lets go
+ * -- all in C, nothing of Frida's touched while stopped: a stop that cannot be strict (threads
+ * waiting in a listener for the script's lock are inside Frida's code, and stay there until this
+ * thread lets go of it) must run nothing that may want one of Frida's locks.  Returns how many
+ * were written; -1 when the world could not be stopped (error says why), -2 when a thread not
+ * listed was held (tried again by the caller).
+ */
+gint64
+mt_world_write_stopped (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 tries, guint64 pause_us,
+    const guint64 * listed, guint64 n_listed, const guint64 * writes, guint64 n_writes, gpointer mprotect_fn,
+    guint64 page_size)
+{
+  guint64 i;
+  gint64 written = 0;
+  gint got = mt_world_stop_checked (w, ranges, n_ranges, tries, pause_us, listed, n_listed, NULL, 0, 0, NULL, 0, 0, NULL);
+  if (got == MT_WORLD_STOP_FAILED)
+    return -1;
+  if (got != MT_WORLD_STOP_CLEAR)
+    return -2;
+  for (i = 0; i != n_writes; i++)
+    written += mt_world_write ((guint8 *) writes[3 * i], (const guint8 *) writes[3 * i + 1], writes[3 * i + 2],
+        mprotect_fn, page_size);
+  mt_world_resume (w);
+  return written;
+}
+
 #endif

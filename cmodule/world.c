@@ -53,15 +53,21 @@
  * installed: clone may be trapped), _INSIDE (mt_world_stop_clear: a thread stayed inside a range, or
  * running): generated from layout.WORLD_ERROR_CODES. */
 
+/* System calls through syscall(2) only, never libc's wrappers (open, close, read, usleep,
+ * waitpid, ptrace, prctl): the helper process runs this code too, and a wrapper may be hooked --
+ * the descriptor guard redirects close, the fds tracer listens on open and close -- so the helper
+ * would run Frida's interceptor (and a JavaScript listener) on a thread that is not one: sharing
+ * the stopping thread's TLS (clone without CLONE_SETTLS), wanting the script's lock that thread
+ * holds.  The threads storm's SIGSEGV in Frida's allocator (docs/hook-storm.md) came after such
+ * stops.  syscall itself is hooked by no tracer. */
 extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
+extern glong syscall (glong number, ...);
+/* Declared for process.c's signal-mask helper, which uses these wrappers (none is hooked by a
+ * tracer today); world.c itself does not. */
 extern glong ptrace (gint request, ...);
 extern gint waitpid (gint pid, gint * status, gint options);
 extern gint prctl (gint option, ...);
-extern gint open (const gchar * path, gint flags, ...);
-extern gint close (gint fd);
-extern gssize read (gint fd, gpointer buf, gsize count);
 extern gint usleep (guint usec);
-extern glong syscall (glong number, ...);
 extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
     gulong flags);
 
@@ -85,14 +91,48 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 #ifdef MT_ARM64
 # define MT_SYS_GETDENTS64 61
 # define MT_SYS_TGKILL 131
+# define MT_SYS_OPENAT 56
+# define MT_SYS_CLOSE 57
+# define MT_SYS_READ 63
+# define MT_SYS_NANOSLEEP 101
+# define MT_SYS_PTRACE 117
+# define MT_SYS_PRCTL 167
+# define MT_SYS_WAIT4 260
 # define MT_WORLD_SP 31                    /* struct user_pt_regs: x0..x30, sp, pc, pstate */
 # define MT_WORLD_PC 32
 #else
 # define MT_SYS_GETDENTS64 217
 # define MT_SYS_TGKILL 234
+# define MT_SYS_OPENAT 257
+# define MT_SYS_CLOSE 3
+# define MT_SYS_READ 0
+# define MT_SYS_NANOSLEEP 35
+# define MT_SYS_PTRACE 101
+# define MT_SYS_PRCTL 157
+# define MT_SYS_WAIT4 61
 # define MT_WORLD_SP 19                    /* struct user_regs_struct: ... rip(16) cs eflags rsp(19) ss ... */
 # define MT_WORLD_PC 16
 #endif
+
+#define MT_AT_FDCWD (-100)
+#define mt_ptrace(req, tid, addr, data) \
+  syscall (MT_SYS_PTRACE, (glong) (req), (glong) (tid), (glong) (gsize) (addr), (glong) (gsize) (data))
+#define mt_waitpid(pid, status, options) syscall (MT_SYS_WAIT4, (glong) (pid), (glong) (gsize) (status), \
+  (glong) (options), 0L)
+#define mt_prctl(option, a, b, c, d) syscall (MT_SYS_PRCTL, (glong) (option), (glong) (a), (glong) (b), (glong) (c), \
+  (glong) (d))
+#define mt_open(path, flags) syscall (MT_SYS_OPENAT, (glong) MT_AT_FDCWD, (glong) (gsize) (path), (glong) (flags), 0L)
+#define mt_close_fd(fd) syscall (MT_SYS_CLOSE, (glong) (fd))
+#define mt_read(fd, buf, count) syscall (MT_SYS_READ, (glong) (fd), (glong) (gsize) (buf), (glong) (count))
+
+static void
+mt_world_sleep_us (guint64 us)
+{
+  glong ts[2];
+  ts[0] = (glong) (us / 1000000);
+  ts[1] = (glong) ((us % 1000000) * 1000);
+  syscall (MT_SYS_NANOSLEEP, (glong) (gsize) ts, 0L);
+}
 
 /* A full barrier: an atomic add of 0 to the state word (no static: a TinyCC module's data may not
  * be writable). */
@@ -150,18 +190,18 @@ static gboolean
 mt_world_attach (gint tid)
 {
   gint status = 0, got, waits = 0, signals = 0;
-  if (ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
+  if (mt_ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
     return FALSE;
-  if (ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
+  if (mt_ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
     return FALSE;                                 /* gone meanwhile */
   for (;;)
   {
-    got = waitpid (tid, &status, MT_WALL | MT_WNOHANG);
+    got = mt_waitpid (tid, &status, MT_WALL | MT_WNOHANG);
     if (got == 0)
     {
       if (++waits == MT_WORLD_ATTACH_TRIES)
         return FALSE;
-      usleep (MT_WORLD_WAIT_US);
+      mt_world_sleep_us (MT_WORLD_WAIT_US);
       continue;
     }
     if (got != tid)
@@ -172,9 +212,9 @@ mt_world_attach (gint tid)
       return TRUE;                                /* our interrupt's stop (or a group stop) */
     if (++signals == 64)
       break;
-    ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+    mt_ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
   }
-  ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  mt_ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
   return FALSE;
 }
 
@@ -228,7 +268,7 @@ mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data
   guint64 n = 0;
   gint fd;
   mt_world_proc_path (path, tgid, "task");
-  fd = open (path, 0x10000);                    /* O_DIRECTORY */
+  fd = mt_open (path, 0x10000);                    /* O_DIRECTORY */
   if (fd < 0)
     return 0;
   for (;;)
@@ -249,7 +289,7 @@ mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data
       }
     }
   }
-  close (fd);
+  mt_close_fd (fd);
   return n;
 }
 
@@ -291,11 +331,11 @@ mt_world_seccomp (guint64 tgid)
   gssize got, i;
   gint fd;
   mt_world_proc_path (path, tgid, "status");
-  fd = open (path, 0);
+  fd = mt_open (path, 0);
   if (fd < 0)
     return 0;
-  got = read (fd, buf, sizeof (buf) - 1);
-  close (fd);
+  got = mt_read (fd, buf, sizeof (buf) - 1);
+  mt_close_fd (fd);
   if (got <= 0)
     return 0;
   buf[got] = 0;
@@ -352,7 +392,7 @@ mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
   iov[1] = MT_WORLD_REGS * 8;
   t->tid = tid;
   t->sp = 0;
-  if (ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
+  if (mt_ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
     t->sp = regs[MT_WORLD_SP];
   w->n_threads++;
   (*added)++;
@@ -375,10 +415,10 @@ mt_world_tracer (gpointer data)
   gint pass;
 
   /* Dies with the thread that made it: a target killed meanwhile leaves nothing behind. */
-  prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  mt_prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
   while (mt_world_state (w) != MT_WORLD_STOPPING)
   {
-    usleep (MT_WORLD_WAIT_US);
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
     waited += MT_WORLD_WAIT_US;
     if (waited > mt_world_timeout_us (w))
       return 0;
@@ -401,14 +441,14 @@ mt_world_tracer (gpointer data)
   waited = 0;
   while (mt_world_state (w) != MT_WORLD_RESUME && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0)
   {
-    usleep (MT_WORLD_WAIT_US);
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
     waited += MT_WORLD_WAIT_US;
     /* The stopper is bounded in time; one that never says resume is gone: let go. */
     if (waited > MT_WORLD_HOLD_LIMIT_US)
       break;
   }
   for (i = 0; i != w->n_threads; i++)
-    ptrace (MT_PTRACE_DETACH, (gint) ((MtWorldThread *) w->threads)[i].tid, NULL, NULL);
+    mt_ptrace (MT_PTRACE_DETACH, (gint) ((MtWorldThread *) w->threads)[i].tid, NULL, NULL);
   mt_world_barrier (w);
   w->state = MT_WORLD_RESUMED;
   return 0;
@@ -420,7 +460,7 @@ mt_world_wait_state (MtWorld * w, guint64 want)
   guint64 waited = 0;
   while (mt_world_state (w) != want)
   {
-    usleep (MT_WORLD_WAIT_US);
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
     waited += MT_WORLD_WAIT_US;
     if (waited > mt_world_timeout_us (w))
       return FALSE;
@@ -440,7 +480,7 @@ mt_world_stop (MtWorld * w)
     /* A helper that timed out earlier still uses this MtWorld and its stack: never a second one
      * beside it (nor a kill: it may be in the middle of giving a tracee back its signal). */
     gint status = 0;
-    if (waitpid ((gint) w->tracer_pid, &status, MT_WCLONE | MT_WNOHANG) != (gint) w->tracer_pid)
+    if (mt_waitpid ((gint) w->tracer_pid, &status, MT_WCLONE | MT_WNOHANG) != (gint) w->tracer_pid)
     {
       w->error = MT_WORLD_E_TIMEOUT;
       return 0;
@@ -468,7 +508,7 @@ mt_world_stop (MtWorld * w)
   }
   w->tracer_pid = (guint64) pid;
   /* Yama (ptrace_scope 1) lets only an ancestor trace us unless we name the tracer. */
-  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
+  mt_prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
   mt_world_barrier (w);
   w->state = MT_WORLD_STOPPING;
   if (!mt_world_wait_state (w, MT_WORLD_STOPPED))
@@ -484,7 +524,7 @@ mt_world_stop (MtWorld * w)
     mt_world_barrier (w);
     if (mt_world_wait_state (w, MT_WORLD_RESUMED))
     {
-      waitpid (pid, &status, MT_WCLONE);
+      mt_waitpid (pid, &status, MT_WCLONE);
       w->tracer_pid = 0;
     }
     w->n_threads = 0;
@@ -506,7 +546,7 @@ mt_world_resume (MtWorld * w)
   /* A helper stuck past the timeout is left to finish (the next stop reaps it), never waited on. */
   if (!mt_world_wait_state (w, MT_WORLD_RESUMED))
     return;
-  waitpid ((gint) w->tracer_pid, &status, MT_WCLONE);
+  mt_waitpid ((gint) w->tracer_pid, &status, MT_WCLONE);
   w->tracer_pid = 0;
 }
 
@@ -559,7 +599,7 @@ mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guin
     if (w->n_failed == 0 && mt_world_inside (w, ranges, n_ranges) == 0)
       return 1;
     mt_world_resume (w);
-    usleep ((guint) pause_us);
+    mt_world_sleep_us ((guint) pause_us);
   }
   w->error = MT_WORLD_E_INSIDE;
   return 0;

@@ -275,7 +275,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             if log_path is not None:
                 # after every cycle: a run cut short still tells what it saw
                 log_path.write_text(json.dumps(log, indent=1))
-            if died is not None and keep is not None:
+            if died is not None and keep is not None and out.exists():
                 shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
                 (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
             shutil.rmtree(out, ignore_errors=True)

@@ -6,12 +6,15 @@ functions in a tight loop:
     patch was applied with the world stopped, none with it running, and the malloc tracer found
     no thread left in its code before unloading;
   - the storm itself (tests/stress/hook_storm.py, shortened): attach/detach cycles in every mode
-    through the real CLI, counting the targets that died.  MEMTRACE_HOOK_STORM_CYCLES cycles per
-    mode (default 12: 120 cycles over the 10 modes; docs/hook-storm.md has the long runs).
+    through memtrace's command line (its in-process driver: `memtrace.cli.main` cycle after cycle,
+    the same long-lived target attached again and again), counting the targets that died and the
+    cycles that hung.  MEMTRACE_HOOK_STORM_CYCLES cycles per mode (default 12: 120 cycles over the
+    10 modes; docs/hook-storm.md has the long runs); the one-process-per-cycle driver is run too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -119,9 +122,10 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
     assert world["quiesced"] == (2 if tracer == "malloc" else 1) and world["not_quiesced"] == 0, world
 
 
-# A cycle is a whole memtrace run (start-up, injection, agent build, 1 s window, hooks out, report):
-# 5-10 s on an idle machine, a minute and more on a loaded one (docs/hook-storm.md).  The budget is
-# for a loaded CI machine: a storm cut short by its timeout proves nothing either way.
+# A cycle is a whole memtrace run (injection, agent load, hooks in, a 0.25 s window, hooks out,
+# report): 1-2 s with the in-process driver on an idle machine, far more on a loaded one
+# (docs/hook-storm.md).  The budget is for a loaded CI machine: a storm cut short by its timeout
+# proves nothing either way (a single cycle past --cycle-timeout, 300 s, is a hang: exit 3).
 CYCLE_BUDGET_S = 150
 
 
@@ -140,7 +144,22 @@ def test_a_storm_of_cycles_kills_no_target(mode: str, tmp_path: Path) -> None:
     name, cycles, deaths, _failures, _seconds, _at_injection = lines[1].split()
     assert (name, int(cycles)) == (mode, CYCLES)
     assert int(deaths) == 0, log.read_text()
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 0, res.stderr      # 3: a cycle hung
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * CYCLE_BUDGET_S + 120)
+def test_the_one_process_a_cycle_driver_still_runs(tmp_path: Path) -> None:
+    """The older driver (one `memtrace` process a cycle), kept for comparison: 2 cycles, --pid."""
+    log = tmp_path / "log.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    res = subprocess.run([sys.executable, str(STRESS / "hook_storm.py"), "--mode", "pid", "--cycles", "2",
+                          "--driver", "cli", "--log", str(log)], capture_output=True, text=True, env=env,
+                         timeout=2 * CYCLE_BUDGET_S)
+    assert res.returncode == 0, res.stdout + res.stderr
+    cycles = json.loads(log.read_text())
+    assert [(c["cycle"], c["died"], c["ended"], c["rc"]) for c in cycles] == [(0, None, "completed", 0),
+                                                                            (1, None, "completed", 0)], cycles
 
 
 # A second script that parks one of the target's threads inside Frida's code (its listener on dup

@@ -177,6 +177,8 @@ class LibDriver:
             rc, err = -2, io.StringIO(err.getvalue() + f"\n(raised {type(e).__name__}: {e})")
         finally:
             done.set()
+        if rc in (129, 130, 143):
+            raise KeyboardInterrupt     # the storm itself was told to stop (SIGHUP, ^C, SIGTERM)
         return Cycle(rc, out.getvalue(), err.getvalue(), self.world)
 
     @staticmethod

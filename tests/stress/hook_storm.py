@@ -260,6 +260,10 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             why = reason_of(res.stdout)
             if not attach and ended in TARGET_DIED:
                 died = ended          # the spawned target did not live through the window
+            if attach and died is None and ended in TARGET_DIED:
+                # memtrace saw it die.  In the lib driver the target is a child of this process,
+                # and memtrace's exit watcher may reap it first (poll() then says nothing, or 0).
+                died = why or ended
             if (res.rc != 0 or ended not in ENDINGS_OK.get(mode, ("completed",))) and died is None:
                 failures += 1
             # Frida's injector gives up on a starved target (its own timeout) and unmaps the
@@ -288,6 +292,11 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             if died is not None:
                 deaths += 1
                 if attach:
+                    assert target is not None
+                    with contextlib.suppress(OSError):
+                        target.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+                        target.wait(10)
                     target = start_target(exe, kind, threads)
                     live[0] = target
     finally:

@@ -53,15 +53,21 @@
  * installed: clone may be trapped), _INSIDE (mt_world_stop_clear: a thread stayed inside a range, or
  * running): generated from layout.WORLD_ERROR_CODES. */
 
+/* System calls through syscall(2) only, never libc's wrappers (open, close, read, usleep,
+ * waitpid, ptrace, prctl): the helper process runs this code too, and a wrapper may be hooked --
+ * the descriptor guard redirects close, the fds tracer listens on open and close -- so the helper
+ * would run Frida's interceptor (and a JavaScript listener) on a thread that is not one: sharing
+ * the stopping thread's TLS (clone without CLONE_SETTLS), wanting the script's lock that thread
+ * holds.  The threads storm's SIGSEGV in Frida's allocator (docs/hook-storm.md) came after such
+ * stops.  syscall itself is hooked by no tracer. */
 extern gint clone (gint (* fn) (gpointer), gpointer stack, gint flags, gpointer arg, ...);
+extern glong syscall (glong number, ...);
+/* Declared for process.c's signal-mask helper, which uses these wrappers (none is hooked by a
+ * tracer today); world.c itself does not. */
 extern glong ptrace (gint request, ...);
 extern gint waitpid (gint pid, gint * status, gint options);
 extern gint prctl (gint option, ...);
-extern gint open (const gchar * path, gint flags, ...);
-extern gint close (gint fd);
-extern gssize read (gint fd, gpointer buf, gsize count);
 extern gint usleep (guint usec);
-extern glong syscall (glong number, ...);
 extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointer remote, gulong nremote,
     gulong flags);
 
@@ -86,15 +92,49 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 # define MT_SYS_GETDENTS64 61
 # define MT_SYS_TGKILL 131
 # define MT_SYS_CLOCK_GETTIME 113
+# define MT_SYS_OPENAT 56
+# define MT_SYS_CLOSE 57
+# define MT_SYS_READ 63
+# define MT_SYS_NANOSLEEP 101
+# define MT_SYS_PTRACE 117
+# define MT_SYS_PRCTL 167
+# define MT_SYS_WAIT4 260
 # define MT_WORLD_SP 31                    /* struct user_pt_regs: x0..x30, sp, pc, pstate */
 # define MT_WORLD_PC 32
 #else
 # define MT_SYS_GETDENTS64 217
 # define MT_SYS_TGKILL 234
 # define MT_SYS_CLOCK_GETTIME 228
+# define MT_SYS_OPENAT 257
+# define MT_SYS_CLOSE 3
+# define MT_SYS_READ 0
+# define MT_SYS_NANOSLEEP 35
+# define MT_SYS_PTRACE 101
+# define MT_SYS_PRCTL 157
+# define MT_SYS_WAIT4 61
 # define MT_WORLD_SP 19                    /* struct user_regs_struct: ... rip(16) cs eflags rsp(19) ss ... */
 # define MT_WORLD_PC 16
 #endif
+
+#define MT_AT_FDCWD (-100)
+#define mt_ptrace(req, tid, addr, data) \
+  syscall (MT_SYS_PTRACE, (glong) (req), (glong) (tid), (glong) (gsize) (addr), (glong) (gsize) (data))
+#define mt_waitpid(pid, status, options) syscall (MT_SYS_WAIT4, (glong) (pid), (glong) (gsize) (status), \
+  (glong) (options), 0L)
+#define mt_prctl(option, a, b, c, d) syscall (MT_SYS_PRCTL, (glong) (option), (glong) (a), (glong) (b), (glong) (c), \
+  (glong) (d))
+#define mt_open(path, flags) syscall (MT_SYS_OPENAT, (glong) MT_AT_FDCWD, (glong) (gsize) (path), (glong) (flags), 0L)
+#define mt_close_fd(fd) syscall (MT_SYS_CLOSE, (glong) (fd))
+#define mt_read(fd, buf, count) syscall (MT_SYS_READ, (glong) (fd), (glong) (gsize) (buf), (glong) (count))
+
+static void
+mt_world_sleep_us (guint64 us)
+{
+  glong ts[2];
+  ts[0] = (glong) (us / 1000000);
+  ts[1] = (glong) ((us % 1000000) * 1000);
+  syscall (MT_SYS_NANOSLEEP, (glong) (gsize) ts, 0L);
+}
 
 /* A full barrier: an atomic add of 0 to the state word (no static: a TinyCC module's data may not
  * be writable). */
@@ -167,19 +207,19 @@ mt_world_attach (gint tid)
 {
   gint status = 0, got, signals = 0;
   guint64 deadline;
-  if (ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
+  if (mt_ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
     return FALSE;
-  if (ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
+  if (mt_ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
     return FALSE;                                 /* gone meanwhile */
   deadline = mt_world_now_us () + MT_WORLD_ATTACH_LIMIT_US;
   for (;;)
   {
-    got = waitpid (tid, &status, MT_WALL | MT_WNOHANG);
+    got = mt_waitpid (tid, &status, MT_WALL | MT_WNOHANG);
     if (got == 0)
     {
       if (mt_world_now_us () > deadline)
         return FALSE;
-      usleep (MT_WORLD_WAIT_US);
+      mt_world_sleep_us (MT_WORLD_WAIT_US);
       continue;
     }
     if (got != tid)
@@ -190,9 +230,9 @@ mt_world_attach (gint tid)
       return TRUE;                                /* our interrupt's stop (or a group stop) */
     if (++signals == 64)
       break;
-    ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+    mt_ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
   }
-  ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  mt_ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
   return FALSE;
 }
 
@@ -246,7 +286,7 @@ mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data
   guint64 n = 0;
   gint fd;
   mt_world_proc_path (path, tgid, "task");
-  fd = open (path, 0x10000);                    /* O_DIRECTORY */
+  fd = mt_open (path, 0x10000);                    /* O_DIRECTORY */
   if (fd < 0)
     return 0;
   for (;;)
@@ -267,7 +307,7 @@ mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data
       }
     }
   }
-  close (fd);
+  mt_close_fd (fd);
   return n;
 }
 
@@ -309,11 +349,11 @@ mt_world_seccomp (guint64 tgid)
   gssize got, i;
   gint fd;
   mt_world_proc_path (path, tgid, "status");
-  fd = open (path, 0);
+  fd = mt_open (path, 0);
   if (fd < 0)
     return 0;
-  got = read (fd, buf, sizeof (buf) - 1);
-  close (fd);
+  got = mt_read (fd, buf, sizeof (buf) - 1);
+  mt_close_fd (fd);
   if (got <= 0)
     return 0;
   buf[got] = 0;
@@ -373,7 +413,7 @@ mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
   iov[1] = MT_WORLD_REGS * 8;
   t->tid = tid;
   t->sp = 0;
-  if (ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
+  if (mt_ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
     t->sp = regs[MT_WORLD_SP];
   w->n_threads++;
   (*added)++;
@@ -396,11 +436,11 @@ mt_world_tracer (gpointer data)
   gint pass;
 
   /* Dies with the thread that made it: a target killed meanwhile leaves nothing behind. */
-  prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  mt_prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
   deadline = mt_world_now_us () + mt_world_timeout_us (w);
   while (mt_world_state (w) != MT_WORLD_STOPPING)
   {
-    usleep (MT_WORLD_WAIT_US);
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
     if (mt_world_now_us () > deadline)
       return 0;
   }
@@ -422,13 +462,13 @@ mt_world_tracer (gpointer data)
   deadline = mt_world_now_us () + MT_WORLD_HOLD_LIMIT_US;
   while (mt_world_state (w) != MT_WORLD_RESUME && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0)
   {
-    usleep (MT_WORLD_WAIT_US);
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
     /* The stopper is bounded in time; one that never says resume is gone: let go. */
     if (mt_world_now_us () > deadline)
       break;
   }
   for (i = 0; i != w->n_threads; i++)
-    ptrace (MT_PTRACE_DETACH, (gint) ((MtWorldThread *) w->threads)[i].tid, NULL, NULL);
+    mt_ptrace (MT_PTRACE_DETACH, (gint) ((MtWorldThread *) w->threads)[i].tid, NULL, NULL);
   mt_world_barrier (w);
   w->state = MT_WORLD_RESUMED;
   return 0;
@@ -440,7 +480,7 @@ mt_world_wait_state (MtWorld * w, guint64 want)
   guint64 deadline = mt_world_now_us () + mt_world_timeout_us (w);
   while (mt_world_state (w) != want)
   {
-    usleep (MT_WORLD_WAIT_US);
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
     if (mt_world_now_us () > deadline)
       return FALSE;
   }
@@ -459,7 +499,7 @@ mt_world_stop (MtWorld * w)
     /* A helper that timed out earlier still uses this MtWorld and its stack: never a second one
      * beside it (nor a kill: it may be in the middle of giving a tracee back its signal). */
     gint status = 0;
-    if (waitpid ((gint) w->tracer_pid, &status, MT_WCLONE | MT_WNOHANG) != (gint) w->tracer_pid)
+    if (mt_waitpid ((gint) w->tracer_pid, &status, MT_WCLONE | MT_WNOHANG) != (gint) w->tracer_pid)
     {
       w->error = MT_WORLD_E_TIMEOUT;
       return 0;
@@ -487,7 +527,7 @@ mt_world_stop (MtWorld * w)
   }
   w->tracer_pid = (guint64) pid;
   /* Yama (ptrace_scope 1) lets only an ancestor trace us unless we name the tracer. */
-  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
+  mt_prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
   mt_world_barrier (w);
   w->state = MT_WORLD_STOPPING;
   if (!mt_world_wait_state (w, MT_WORLD_STOPPED))
@@ -503,7 +543,7 @@ mt_world_stop (MtWorld * w)
     mt_world_barrier (w);
     if (mt_world_wait_state (w, MT_WORLD_RESUMED))
     {
-      waitpid (pid, &status, MT_WCLONE);
+      mt_waitpid (pid, &status, MT_WCLONE);
       w->tracer_pid = 0;
     }
     w->n_threads = 0;
@@ -525,7 +565,7 @@ mt_world_resume (MtWorld * w)
   /* A helper stuck past the timeout is left to finish (the next stop reaps it), never waited on. */
   if (!mt_world_wait_state (w, MT_WORLD_RESUMED))
     return;
-  waitpid ((gint) w->tracer_pid, &status, MT_WCLONE);
+  mt_waitpid ((gint) w->tracer_pid, &status, MT_WCLONE);
   w->tracer_pid = 0;
 }
 
@@ -578,7 +618,7 @@ mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guin
     if (w->n_failed == 0 && mt_world_inside (w, ranges, n_ranges) == 0)
       return 1;
     mt_world_resume (w);
-    usleep ((guint) pause_us);
+    mt_world_sleep_us ((guint) pause_us);
   }
   w->error = MT_WORLD_E_INSIDE;
   return 0;
@@ -655,6 +695,96 @@ mt_world_write (guint8 * dst, const guint8 * src, guint64 len, gpointer mprotect
   protect ((gpointer) start, end - start, 1 | 4);
   gum_clear_cache ((gpointer) start, end - start);
   return 1;
+}
+
+/*
+ * mt_world_stop_clear, and then, before anything else runs -- in C, so that nothing of Frida's
+ * (a JavaScript value, an allocation from Frida's heap) is touched while a thread is held that may
+ * own one of Frida's locks -- two checks, each of which lets the world go again when it fails:
+ *   - `listed` (n_listed thread ids, 0 for none): every held thread was listed before the stop
+ *     (one started since may be Frida's own, not yet known as cloaked): else MT_WORLD_STOP_NEW;
+ *   - `frida` (n_frida [start, end) pairs of Frida's code, 0 for none): no held thread's pc,
+ *     register or stack word (up to frida_depth bytes from sp) points into it: else
+ *     MT_WORLD_STOP_BUSY, with how many in *n_busy.  The threads storm's hang: a thread stopped
+ *     in Frida's allocator (its heap's spin lock held, in mmap, at thread start) while the agent's
+ *     thread, with the world stopped, made a JavaScript value -- which allocates from that heap:
+ *     it spun on the lock for good, the world held stopped, Frida's own threads spinning too.
+ * `resume_now`: let go before returning even when clear (a look at the threads: their ids and
+ * registers stay in the buffers).  MT_WORLD_STOP_CLEAR when stopped and clear (resume owed unless
+ * resume_now), MT_WORLD_STOP_FAILED when the world could not be stopped clear of `ranges` (error
+ * says why).
+ */
+#define MT_WORLD_STOP_FAILED 0
+#define MT_WORLD_STOP_CLEAR 1
+#define MT_WORLD_STOP_NEW 2
+#define MT_WORLD_STOP_BUSY 3
+
+gint
+mt_world_stop_checked (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 tries, guint64 pause_us,
+    const guint64 * listed, guint64 n_listed, const guint64 * frida, guint64 n_frida, guint64 frida_depth,
+    guint8 * scratch, guint64 scratch_size, gint resume_now, guint64 * n_busy)
+{
+  guint64 i, k;
+  if (n_busy != NULL)
+    *n_busy = 0;
+  if (!mt_world_stop_clear (w, ranges, n_ranges, tries, pause_us))
+    return MT_WORLD_STOP_FAILED;
+  if (n_listed != 0)
+  {
+    for (i = 0; i != w->n_threads; i++)
+    {
+      guint64 tid = ((MtWorldThread *) w->threads)[i].tid;
+      for (k = 0; k != n_listed && listed[k] != tid; k++)
+        ;
+      if (k == n_listed)
+      {
+        mt_world_resume (w);
+        return MT_WORLD_STOP_NEW;
+      }
+    }
+  }
+  if (n_frida != 0)
+  {
+    guint64 busy = mt_world_refs (w, frida, n_frida, frida_depth, scratch, scratch_size);
+    if (busy != 0)
+    {
+      if (n_busy != NULL)
+        *n_busy = busy;
+      mt_world_resume (w);
+      return MT_WORLD_STOP_BUSY;
+    }
+  }
+  if (resume_now)
+    mt_world_resume (w);
+  return MT_WORLD_STOP_CLEAR;
+}
+
+/*
+ * Stops the world clear of `ranges` (by pc; Frida's code among them) with only `listed` threads
+ * held, writes n_writes staged patches (triples: dst, src, len) with mt_world_write, and lets go
+ * -- all in C, nothing of Frida's touched while stopped: a stop that cannot be strict (threads
+ * waiting in a listener for the script's lock are inside Frida's code, and stay there until this
+ * thread lets go of it) must run nothing that may want one of Frida's locks.  Returns how many
+ * were written; -1 when the world could not be stopped (error says why), -2 when a thread not
+ * listed was held (tried again by the caller).
+ */
+gint64
+mt_world_write_stopped (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 tries, guint64 pause_us,
+    const guint64 * listed, guint64 n_listed, const guint64 * writes, guint64 n_writes, gpointer mprotect_fn,
+    guint64 page_size)
+{
+  guint64 i;
+  gint64 written = 0;
+  gint got = mt_world_stop_checked (w, ranges, n_ranges, tries, pause_us, listed, n_listed, NULL, 0, 0, NULL, 0, 0, NULL);
+  if (got == MT_WORLD_STOP_FAILED)
+    return -1;
+  if (got != MT_WORLD_STOP_CLEAR)
+    return -2;
+  for (i = 0; i != n_writes; i++)
+    written += mt_world_write ((guint8 *) writes[3 * i], (const guint8 *) writes[3 * i + 1], writes[3 * i + 2],
+        mprotect_fn, page_size);
+  mt_world_resume (w);
+  return written;
 }
 
 #endif

@@ -1,22 +1,37 @@
 """Hooks in and out under a storm: how many times does memtrace kill its target?
 
 Runs `memtrace <tracer> --window W` CYCLES times against one target whose threads call the hooked
-functions in a tight loop (tests/stress/hook_storm.c), attaching to it (--pid) or spawning it, and
-counts the targets that died.  An attached target must outlive every cycle; a spawned one must
-live through the window (memtrace kills it itself afterwards, which is no death): the capture
-must end "completed" (memtrace --json `ended`).
+functions in a tight loop (tests/stress/hook_storm.c), attaching to it (--pid: the SAME target
+attached and detached again and again, the --pid user's risk) or spawning it, and counts the
+targets that died.  An attached target must outlive every cycle; a spawned one must live through
+the window (memtrace kills it itself afterwards, which is no death): the capture must end
+"completed" (memtrace --json `ended`).
+
+Two drivers run a cycle, both through memtrace's command line as a user types it:
+  --driver lib (default): `memtrace.cli.main(argv)` called in this one Python process, cycle after
+      cycle -- the same click command, capture loop, Frida host, agent build and report code as the
+      `memtrace` program, without a new interpreter, imports and Frida device per cycle (the agent
+      and the precompiled core are built once and reused, as a long-lived memtrace would).  What a
+      cycle does to the target -- inject, load the agent, hooks in with the world stopped, the
+      window, hooks out, quiesce, unload, detach -- is the same.  A cycle that outlives
+      --cycle-timeout is a hang: the target's threads are dumped (gdb) and the storm stops there.
+  --driver cli: one `memtrace` process per cycle (the older, ~5x slower driver).
 
     python tests/stress/hook_storm.py --mode pid --cycles 500
     python tests/stress/hook_storm.py --mode all --cycles 20       # every mode, 20 cycles each
 
 Prints one line per mode: `mode cycles deaths failures seconds deaths_at_injection` (the deaths that
-came before memtrace's agent ran, inside Frida's injection), and exits 1 when any target died.
-tests/integration/test_hook_storm.py runs it shortened in CI.
+came before memtrace's agent ran, inside Frida's injection), and exits 1 when any target died, 3
+when a cycle hung.  With --progress, one line per cycle on stderr, with the agent's account of its
+world stops (`world`: retries, frida_busy, refused...).  tests/integration/test_hook_storm.py runs it
+shortened in CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -24,8 +39,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 # mode -> (tracer, extra memtrace options, storm kind, attach)
@@ -97,30 +115,142 @@ def death_of(status: int | None) -> str | None:
     return f"signal {-status}" if status < 0 else f"exit {status}"
 
 
+class Cycle:
+    """What one memtrace run said: its exit status, stdout (--json), stderr, and the agent's own
+    account of its world stops (the `stop` rpc's `world`; lib driver only)."""
+
+    def __init__(self, rc: int, stdout: str, stderr: str, world: dict[str, Any] | None = None,
+                 hung: bool = False) -> None:
+        self.rc, self.stdout, self.stderr, self.world, self.hung = rc, stdout, stderr, world, hung
+
+
+Driver = Callable[[list[str], dict[str, str], float], Cycle]
+
+
+def cli_driver(argv: list[str], env: dict[str, str], timeout: float) -> Cycle:
+    """One `memtrace` process per cycle."""
+    try:
+        res = subprocess.run([*memtrace_cmd(), *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        # memtrace itself hung (killed by run): the target is looked at by the caller.
+        return Cycle(-1, _text(e.stdout), _text(e.stderr) + "\n(hung: killed)", hung=True)
+    return Cycle(res.returncode, res.stdout, res.stderr)
+
+
+class LibDriver:
+    """`memtrace.cli.main(argv)` in this process, cycle after cycle: the command line's own code,
+    with the interpreter, the imports, Frida's device and the built agent kept from one cycle to
+    the next.  The `stop` rpc's answer (the agent's world report) is kept for the log: the one
+    thing added is that observation (FridaHost.rpc wrapped, its answer passed on unchanged)."""
+
+    def __init__(self) -> None:
+        from memtrace import cli
+        from memtrace.frida_host import FridaHost
+
+        self.cli = cli
+        self.world: dict[str, Any] | None = None
+        original = FridaHost.rpc
+        driver = self
+
+        def rpc(host: Any, what: str, method: str, *args: Any, timeout: float | None = None) -> Any:
+            answer = original(host, what, method, *args, timeout=timeout)
+            if method == "stop" and isinstance(answer, dict) and isinstance(answer.get("world"), dict):
+                driver.world = answer["world"]
+            return answer
+
+        setattr(FridaHost, "rpc", rpc)  # noqa: B010 -- an assignment to a method, which mypy refuses
+
+    def __call__(self, argv: list[str], env: dict[str, str], timeout: float) -> Cycle:
+        os.environ.update(env)
+        self.world = None
+        out, err = io.StringIO(), io.StringIO()
+        rc = 0
+        done = threading.Event()
+        watchdog = threading.Thread(target=self._watch, args=(done, timeout, argv), daemon=True)
+        watchdog.start()
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                self.cli.main(argv)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except Exception as e:  # noqa: BLE001 -- a traceback is a failed cycle, told in the log
+            rc, err = -2, io.StringIO(err.getvalue() + f"\n(raised {type(e).__name__}: {e})")
+        finally:
+            done.set()
+        if rc in (129, 130, 143):
+            raise KeyboardInterrupt     # the storm itself was told to stop (SIGHUP, ^C, SIGTERM)
+        return Cycle(rc, out.getvalue(), err.getvalue(), self.world)
+
+    @staticmethod
+    def _watch(done: threading.Event, timeout: float, argv: list[str]) -> None:
+        """A cycle past its timeout cannot be cut short in this process: it is a hang, and the
+        storm ends on it (the caller's hang handler, HANG_HANDLER, says what the target did)."""
+        if done.wait(timeout):
+            return
+        handler = HANG_HANDLER[0] if HANG_HANDLER else None
+        if handler is not None:
+            handler(argv)
+        os._exit(3)
+
+
+# Set by main(): what to do when a lib-driver cycle hangs (dump, log, kill the targets).
+HANG_HANDLER: list[Callable[[list[str]], None]] = []
+
+
+def dump_threads(pid: int, to: Path) -> None:
+    """Every thread's stack of a live process (gdb), for a hang."""
+    try:
+        res = subprocess.run(["gdb", "-batch", "-p", str(pid), "-ex", "info threads", "-ex", "thread apply all bt 30"],
+                             capture_output=True, text=True, timeout=120)
+        to.write_text(res.stdout + res.stderr)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        to.write_text(f"gdb failed: {e}")
+
+
+WORLD_KEYS = ("applied", "stopped", "running", "failed", "retries", "timeouts", "frida_retries", "frida_busy",
+              "frida_refused", "not_drained", "not_quiesced")
+
+
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
-             log: list[dict[str, object]], progress: bool, keep: Path | None = None,
-             log_path: Path | None = None) -> tuple[int, int, int]:
+             log: list[dict[str, Any]], progress: bool, keep: Path | None = None,
+             log_path: Path | None = None, driver: Driver = cli_driver,
+             cycle_timeout: float = 300.0) -> tuple[int, int, int]:
     tracer, extra, kind, attach = MODES[mode]
     deaths = failures = injection_deaths = 0
+    world_totals = dict.fromkeys(WORLD_KEYS, 0)
     target = start_target(exe, kind, threads) if attach else None
+    live = [target]
+
+    def on_hang(argv: list[str]) -> None:
+        pid = live[0].pid if live[0] is not None else None
+        note = {"mode": mode, "cycle": len([e for e in log if e.get("mode") == mode]), "hung": True,
+                "argv": argv, "target": pid, "target_alive": live[0] is not None and live[0].poll() is None}
+        if pid is not None and live[0] is not None and live[0].poll() is None:
+            dump = (keep or (log_path.parent if log_path is not None else work)) / f"hang-{mode}-{pid}.gdb.txt"
+            dump_threads(pid, dump)
+            note["gdb"] = str(dump)
+        log.append(note)
+        if log_path is not None:
+            log_path.write_text(json.dumps(log, indent=1))
+        print(f"{mode}: cycle hung past {cycle_timeout:.0f} s: {json.dumps(note)}", file=sys.stderr, flush=True)
+        print(f"{mode} {note['cycle']} {deaths} {failures + 1} hung {injection_deaths}", flush=True)
+        if live[0] is not None and live[0].poll() is None:
+            live[0].kill()
+
+    HANG_HANDLER[:] = [on_hang]
     try:
         for cycle in range(cycles):
             out = work / f"{mode}-{cycle}"
             # A loaded machine starves the agent's set-up: a slow init is no death, so wait for it.
-            cmd = [*memtrace_cmd(), tracer, "--device", "local", "--window", str(window), "--json",
-                   "--rpc-timeout", "120",
-                   "--out", str(out), *extra]
+            argv = [tracer, "--device", "local", "--window", str(window), "--json", "--rpc-timeout", "120",
+                    "--out", str(out), *extra]
             if attach:
                 assert target is not None
-                cmd += ["--pid", str(target.pid)]
+                argv += ["--pid", str(target.pid)]
             else:
-                cmd += ["--", str(exe), kind, str(threads)]
+                argv += ["--", str(exe), kind, str(threads)]
             t0 = time.monotonic()
-            try:
-                res = subprocess.run(cmd, capture_output=True, text=True, timeout=CYCLE_TIMEOUT, env=target_env(exe))
-            except subprocess.TimeoutExpired as e:
-                # memtrace itself hung (killed by run): a failure, and the target is looked at below.
-                res = subprocess.CompletedProcess(cmd, -1, _text(e.stdout), _text(e.stderr) + "\n(hung: killed)")
+            res = driver(argv, target_env(exe), cycle_timeout)
             died = None
             if attach:
                 assert target is not None
@@ -130,7 +260,11 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             why = reason_of(res.stdout)
             if not attach and ended in TARGET_DIED:
                 died = ended          # the spawned target did not live through the window
-            if (res.returncode != 0 or ended not in ENDINGS_OK.get(mode, ("completed",))) and died is None:
+            if attach and died is None and ended in TARGET_DIED:
+                # memtrace saw it die.  In the lib driver the target is a child of this process,
+                # and memtrace's exit watcher may reap it first (poll() then says nothing, or 0).
+                died = why or ended
+            if (res.rc != 0 or ended not in ENDINGS_OK.get(mode, ("completed",))) and died is None:
                 failures += 1
             # Frida's injector gives up on a starved target (its own timeout) and unmaps the
             # bootstrap code under it: a death before memtrace's agent ran, told apart.
@@ -138,27 +272,40 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             if at_injection:
                 injection_deaths += 1
             seconds = time.monotonic() - t0
-            log.append({"mode": mode, "cycle": cycle, "rc": res.returncode, "died": died, "ended": ended,
-                        "reason": why, "at_injection": at_injection, "seconds": round(seconds, 1),
-                        "stderr": res.stderr.strip().splitlines()[-3:]})
+            world = {k: res.world.get(k, 0) for k in WORLD_KEYS} if res.world is not None else None
+            for k, v in (world or {}).items():
+                world_totals[k] += int(v or 0)
+            log.append({"mode": mode, "cycle": cycle, "rc": res.rc, "died": died, "ended": ended,
+                        "reason": why, "at_injection": at_injection, "seconds": round(seconds, 2),
+                        "hung": res.hung, "world": world, "stderr": res.stderr.strip().splitlines()[-3:]})
             if log_path is not None:
                 # after every cycle: a run cut short still tells what it saw
                 log_path.write_text(json.dumps(log, indent=1))
-            if died is not None and keep is not None:
+            if died is not None and keep is not None and out.exists():
                 shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
                 (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
             shutil.rmtree(out, ignore_errors=True)
             if progress:
-                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended} rc={res.returncode} {seconds:.0f} s"
-                      f"{' (at injection)' if at_injection else ''}", file=sys.stderr, flush=True)
+                busy = "" if world is None else " world " + " ".join(f"{k}={v}" for k, v in world.items() if v)
+                print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended} rc={res.rc} {seconds:.1f} s"
+                      f"{' (at injection)' if at_injection else ''}{busy}", file=sys.stderr, flush=True)
             if died is not None:
                 deaths += 1
                 if attach:
+                    assert target is not None
+                    with contextlib.suppress(OSError):
+                        target.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+                        target.wait(10)
                     target = start_target(exe, kind, threads)
+                    live[0] = target
     finally:
+        HANG_HANDLER.clear()
         if target is not None and target.poll() is None:
             target.send_signal(signal.SIGKILL)
             target.wait()
+    if progress:
+        print(f"  {mode} world totals: {json.dumps(world_totals)}", file=sys.stderr, flush=True)
     return deaths, failures, injection_deaths
 
 
@@ -190,19 +337,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", default="pid", help=f"one of {', '.join(MODES)}, or all")
     ap.add_argument("--cycles", type=int, default=20)
-    ap.add_argument("--window", type=float, default=1.0)
+    # What a cycle stresses is the hooks going in and coming out; the window only has the threads
+    # run through them meanwhile (millions of calls in 0.25 s).
+    ap.add_argument("--window", type=float, default=0.25)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--log", type=Path, default=None, help="every cycle's outcome as JSON")
     ap.add_argument("--progress", action="store_true", help="one line per cycle on stderr")
     ap.add_argument("--keep", type=Path, default=None, help="keep the captures of the cycles that killed")
+    ap.add_argument("--driver", choices=("lib", "cli"), default="lib",
+                    help="lib: memtrace's command line called in this process; cli: one memtrace process a cycle")
+    ap.add_argument("--cycle-timeout", type=float, default=CYCLE_TIMEOUT,
+                    help="seconds a cycle may take before it counts as hung")
     args = ap.parse_args(argv)
     modes = list(MODES) if args.mode == "all" else args.mode.split(",")
     for m in modes:
         if m not in MODES:
             print(f"hook_storm: unknown mode {m!r}", file=sys.stderr)
             return 2
-    log: list[dict[str, object]] = []
+    log: list[dict[str, Any]] = []
     any_death = False
+    driver: Driver = LibDriver() if args.driver == "lib" else cli_driver
     with tempfile.TemporaryDirectory(prefix="hook-storm-") as tmp:
         work = Path(tmp)
         exe = build_target(work)
@@ -211,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         print("mode cycles deaths failures seconds deaths_at_injection", flush=True)
         for m in modes:
             t0 = time.monotonic()
-            deaths, failures, at_injection = run_mode(m, args.cycles, args.window, args.threads, exe, work, log, args.progress,
-                                                      args.keep, args.log)
+            deaths, failures, at_injection = run_mode(m, args.cycles, args.window, args.threads, exe, work, log,
+                                                      args.progress, args.keep, args.log, driver, args.cycle_timeout)
             any_death |= deaths > 0
             print(f"{m} {args.cycles} {deaths} {failures} {time.monotonic() - t0:.0f} {at_injection}", flush=True)
     if args.log is not None:

@@ -18,7 +18,7 @@ import {
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
 import { unwindLoad, unwindModules } from './unwind.js';
-import { applyPatches, skipParkedAtExit, worldReport } from './world.js';
+import { applyPatches, configureWorld, skipParkedAtExit, worldReport } from './world.js';
 
 const DRAIN_INTERVAL_MS = 100;
 const MODULE_SCAN_TICKS = 10;     // modules rescanned every 10th flush
@@ -130,6 +130,7 @@ export function serve(tracer) {
     init(config, sources, processSources) {
       claimProcess();      // first: a second session is refused before it touches anything
       life.config = config;
+      configureWorld(config);
       const found = recon(tracer.symbols(config));
       const info = tracer.init ? tracer.init(config, sources) : {};
       life.process = buildProcess(config, processSources);

@@ -55,8 +55,19 @@ const CLEAR_TRIES = 400;            // stops tried until no thread sits in a pro
 const CLEAR_PAUSE_US = 500;
 const NEW_THREAD_TRIES = 100;       // stops retried because a thread started between listing and stop (the
                                     // threads storm starts them without pause: 20 ran out under load)
-const FRIDA_TRIES = 200;            // strict stops retried because a stopped thread was in Frida's code
-const FRIDA_MS = 1500;              // ... for at most this long
+// Strict stops (stopClear): a stopped thread in Frida's code may hold one of Frida's locks.  The
+// world is let go, this thread waits (FRIDA_PAUSE_US, doubling up to FRIDA_PAUSE_MAX_US: the thread
+// gets the CPU to leave; in C, so the script's lock and Interceptor's transaction are kept and
+// nothing queued is written meanwhile) and stops it again, for at most FRIDA_MS.  Past that the
+// patch is refused (applyPatches), never made with such a thread held.
+const FRIDA_MS = 2000;
+const FRIDA_PAUSE_US = 100;
+const FRIDA_PAUSE_MAX_US = 10000;
+// A refused patch whose queued work is all memtrace's own (reverts, its code writes: nothing in
+// Frida's transaction yet) is tried again after a Thread.sleep() -- which lets threads waiting for
+// the script's lock run their callback and leave Frida's code -- for at most this long.
+const FRIDA_SLEEP_MS = 2000;
+const FRIDA_SLEEP_S = 0.005;
 const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
 const PARKED_LOOKS = 10;            // skipParkedAtExit's looks at most,
 const PARKED_PAUSE_MS = 2;          // ... this far apart,
@@ -80,6 +91,7 @@ export const world = {
   deferred: [],         // Interceptor calls to make right before the stop (deferPatch)
   afterFlush: [],       // ... and right after it (deferUntilFlushed)
   reverts: [],          // Interceptor.revert targets, reverted once the world is stopped (revertWhenStopped)
+  writes: [],           // memtrace's own code writes (applyPatches' `write`), made once the world is stopped
   log: [],              // [what, sites rewritten while stopped] per applyPatches
   listenerHolds: new Map(),   // site -> memtrace's JavaScript listeners on it now
   otherSites: new Set(),      // sites memtrace also redirects (replaceFast/replace: malloc, execve, guard)
@@ -91,10 +103,26 @@ export const world = {
     // with the world stopped; sites left for Frida's own restore (shared with a redirect);
     // drains (the world seen with no thread in Frida's code) and how many did not end so in time.
     restored_stopped: 0, restored_by_frida: 0, drained: 0, drain_tries: 0, not_drained: 0,
-    frida_retries: 0, frida_busy: 0,   // strict stops: retried for a thread in Frida's code; given up
+    // strict stops: retried for a thread in Frida's code; given up and patched anyway (never now:
+    // kept at 0, the account's proof); patches refused for it (applyPatches: `refused` says which)
+    frida_retries: 0, frida_busy: 0, frida_refused: 0, frida_sleeps: 0,
     parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
   parked: new Set(),          // their ids (skipParkedAtExit)
+  busy: null,                 // why the last strict stop gave up: { ms, tries, threads } (stopClear)
+  queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
+  refused: [],                // [what, why] per patch refused (applyPatches)
+  fridaMs: FRIDA_MS,          // the budgets in use (configureWorld)
+  fridaSleepMs: FRIDA_SLEEP_MS,
 };
+
+/* The agent's config: `worldFridaMs` and `worldFridaSleepMs` replace FRIDA_MS and FRIDA_SLEEP_MS
+ * (tests make a refusal quick to reach; nothing else sets them). */
+export function configureWorld(config) {
+  if (config && Number.isFinite(config.worldFridaMs))
+    world.fridaMs = config.worldFridaMs;
+  if (config && Number.isFinite(config.worldFridaSleepMs))
+    world.fridaSleepMs = config.worldFridaSleepMs;
+}
 
 function exclusive(cm, name, ret, args) {
   return new NativeFunction(cm[name], ret, args, { scheduling: 'exclusive' });
@@ -147,7 +175,15 @@ export function buildWorld(cm) {
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
     write: exclusive(cm, 'mt_world_write', 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'uint64']),
     pc: exclusive(cm, 'mt_world_pc', 'uint64', ['pointer', 'uint64']),
+    // Stop, then check in C before any JavaScript runs (cmodule/world.c says why).
+    stopChecked: exclusive(cm, 'mt_world_stop_checked', 'int', ['pointer', 'pointer', 'uint64', 'uint64', 'uint64',
+      'pointer', 'uint64', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64', 'int', 'pointer']),
+    writeStopped: exclusive(cm, 'mt_world_write_stopped', 'int64', ['pointer', 'pointer', 'uint64', 'uint64',
+      'uint64', 'pointer', 'uint64', 'pointer', 'uint64', 'pointer', 'uint64']),
   };
+  // The strict stop's back-off: libc's usleep, exclusive (the script's lock is kept: see FRIDA_MS).
+  const usleep = Module.findGlobalExportByName('usleep');
+  fns.pause = usleep === null ? null : new NativeFunction(usleep, 'int', ['uint'], { scheduling: 'exclusive' });
   if (fns.seccomp(Process.id) === 1) {
     world.why = WORLD_ERRORS[4];
     return;
@@ -157,7 +193,9 @@ export function buildWorld(cm) {
     threads: Memory.alloc(MAX_THREADS * WORLD_THREAD.size),
     regs: Memory.alloc(MAX_THREADS * WORLD_REGS * 8),
     stack: Memory.alloc(HELPER_STACK),
-    skip: Memory.alloc(MAX_THREADS * 8),      // the listing, then the skipped ones (fewer) in place
+    skip: Memory.alloc(MAX_THREADS * 8),      // the threads never stopped (Frida's)
+    listed: Memory.alloc(MAX_THREADS * 8),    // every thread listed before the stop
+    busy: Memory.alloc(8),                    // how many held threads were in Frida's code
     ranges: Memory.alloc(4096 * 16),
     scratch: Memory.alloc(SCRATCH),
   };
@@ -173,12 +211,12 @@ export function buildWorld(cm) {
   world.why = null;
 }
 
-/* Prepares the MtWorld for one stop: Frida's threads (listed now: threads come and go).  Returns
- * every thread id listed. */
+/* Prepares the MtWorld for one stop: Frida's threads (listed now: threads come and go), every
+ * thread id listed in mem.listed.  Returns how many were listed. */
 function prepare() {
   const mem = world.mem;
   const listed = new Set();
-  const skip = fridaThreads(world.fns.listTasks, mem.skip, listed);
+  const skip = fridaThreads(world.fns.listTasks, mem.listed, listed);
   for (const tid of world.parked) {
     if (listed.has(tid))
       skip.push(tid);
@@ -195,36 +233,48 @@ function prepare() {
     stop_timeout_us: 0,    // world.c's own bound
     abandoned: 0,
   });
-  return listed;
+  return Math.min(MAX_THREADS, listed.size);
 }
 
-/* A stopped thread that was not listed by prepare() may be one Frida started meanwhile (not known
- * as cloaked then): it must not stay held while Frida's locks are wanted.  True when none is. */
-function onlyListedHeld(listed) {
-  const w = world.mem.world;
-  const n = Number(w.add(WORLD.fields.n_threads[0]).readU64());
-  for (let i = 0; i < n; i++) {
-    if (!listed.has(Number(world.mem.threads.add(i * WORLD_THREAD.size).readU64())))
-      return false;
-  }
-  return true;
+const STOP_FAILED = 0;      // cmodule/world.c mt_world_stop_checked
+const STOP_CLEAR = 1;
+const STOP_NEW = 2;
+const STOP_BUSY = 3;
+
+/* One stop of mt_world_stop_checked: clear of `n` ranges in mem.ranges, only listed threads held
+ * (a thread not listed may be one Frida started meanwhile, not known as cloaked then: it must not
+ * stay held while Frida's locks are wanted) and, `strict`, none in Frida's code; `resumeNow`: let
+ * go at once (a look).  The checks run in C before any JavaScript: a held thread may own one of
+ * Frida's locks, which making a JavaScript value may want. */
+function stopOnce(n, strict, resumeNow = false) {
+  const mem = world.mem;
+  const nListed = prepare();
+  return world.fns.stopChecked(mem.world, mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US, mem.listed, nListed,
+    strict ? mem.fridaRanges : NULL, strict ? world.fridaCode.length : 0, FRIDA_DEPTH, mem.scratch, SCRATCH,
+    resumeNow ? 1 : 0, mem.busy);
 }
 
 /* Stops the world clear of `ranges` ([start, end) pairs) holding only threads listed beforehand;
  * true when stopped (then resume() is owed).  `strict`: and with no stopped thread inside Frida's
  * code (pc, register or stack word: world.fridaCode) -- such a thread may hold one of Frida's locks
  * (its heap's, the interceptor's, a spinlock), which whatever runs under the stop (Interceptor.flush,
- * any memory access from JavaScript) may want: the world is let go and stopped again.  The threads
- * tracer's storm found it: a thread stopped inside Frida's thread registry, the agent spinning. */
-function stopClear(ranges, strict = false) {
+ * any memory access from JavaScript) may want: the world is let go, this thread backs off (FRIDA_MS)
+ * and stops it again.  The threads tracer's storm found it: a thread stopped inside Frida's thread
+ * registry, the agent spinning.  A strict stop that stays busy for `budgetMs` is NOT kept: false,
+ * with world.busy saying so (the world is running again). */
+function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
   let timeouts = 0;
   let newThreads = 0;
   let inFrida = 0;
+  let pause = FRIDA_PAUSE_US;
   const started = Date.now();
+  world.busy = null;
+  const n = writeRanges(ranges);
   for (;;) {
-    const listed = prepare();
-    const n = writeRanges(ranges);
-    if (world.fns.stopClear(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US) !== 1) {
+    const got = stopOnce(n, strict);
+    if (got === STOP_CLEAR)
+      return true;
+    if (got === STOP_FAILED) {
       // A loaded machine can starve the helper past its timeout: try again before giving up.
       if (readErrorCode() === WORLD_TIMEOUT && ++timeouts < TIMEOUT_TRIES) {
         world.stats.timeouts++;
@@ -232,24 +282,25 @@ function stopClear(ranges, strict = false) {
       }
       return false;
     }
-    if (!onlyListedHeld(listed)) {
-      world.fns.resume(world.mem.world);
+    if (got === STOP_NEW) {     // (let go already)
       world.stats.retries++;
       if (++newThreads >= NEW_THREAD_TRIES)
         return false;
       continue;
     }
-    if (!strict || fridaBusy() === 0)
-      return true;
-    // Bounded by time as well: a loaded machine makes every stop slow, and the host waits for
-    // the rpc.  Past the bound the stop is kept as a plain one (pc clear of Frida's code, as
-    // before strict stops), counted in frida_busy: a stall is likelier than a deadlock there.
-    if (++inFrida >= FRIDA_TRIES || Date.now() > started + FRIDA_MS) {
-      world.stats.frida_busy++;
-      return true;
+    // STOP_BUSY, let go already: never kept with such a thread held.  Give it the CPU to leave and
+    // stop again -- bounded by time, since a loaded machine makes every stop slow and the host
+    // waits for the rpc.
+    const busy = Number(world.mem.busy.readU64());
+    inFrida++;
+    if (Date.now() > started + budgetMs) {
+      world.busy = { ms: Date.now() - started, tries: inFrida, threads: busy };
+      return false;
     }
-    world.fns.resume(world.mem.world);
     world.stats.frida_retries++;
+    if (world.fns.pause !== null)
+      world.fns.pause(pause);
+    pause = Math.min(pause * 2, FRIDA_PAUSE_MAX_US);
   }
 }
 
@@ -284,10 +335,9 @@ export function skipParkedAtExit() {
  * resume: nothing runs in JavaScript while the world is stopped). */
 function inFridaCode() {
   const out = new Map();
-  prepare();
-  if (world.fns.stopClear(world.mem.world, world.mem.ranges, 0, 1, 0) !== 1)
+  // Let go in C at once: the stop's threads and registers stay in its buffers.
+  if (stopOnce(0, false, true) !== STOP_CLEAR)
     return out;
-  world.fns.resume(world.mem.world);      // the stop's threads and registers stay in its buffers
   const n = Number(world.mem.world.add(WORLD.fields.n_threads[0]).readU64());
   for (let i = 0; i < n; i++) {
     const pc = ptr(world.fns.pc(world.mem.world, i).toString());
@@ -295,13 +345,6 @@ function inFridaCode() {
       out.set(Number(world.mem.threads.add(i * WORLD_THREAD.size).readU64()), pc.toString());
   }
   return out;
-}
-
-/* How many stopped threads are inside Frida's code (its ranges written once, at build: no
- * JavaScript memory access is needed for the question). */
-function fridaBusy() {
-  return Number(world.fns.refs(world.mem.world, world.mem.fridaRanges, world.fridaCode.length, FRIDA_DEPTH,
-    world.mem.scratch, SCRATCH));
 }
 
 function readErrorCode() {
@@ -368,14 +411,20 @@ export function isRedirected(address) {
 
 /* `address` is about to be patched (or restored): no stopped thread may be inside its first bytes.
  * `listener`: by a JavaScript listener (attachListener), which memtrace restores itself
- * (releaseListenerSites); anything else (a replaceFast, a replace) is left to Frida's restore. */
-export function notePatched(address, listener = false) {
+ * (releaseListenerSites); anything else (a replaceFast, a replace) is left to Frida's restore.
+ * Call it before the Interceptor call (or its deferPatch). */
+export function notePatched(address, listener = false, deferred = false) {
   if (address === null || address === undefined)
     return;
   const site = ptr(address).toString();
   world.sites.add(site);
-  if (!listener)
+  if (!listener) {
     world.otherSites.add(site);
+    // `deferred`: the caller's replace is made by applyPatches (deferPatch); else it is in Frida's
+    // transaction already, where a refused patch cannot take it back (refuse).
+    if (!deferred)
+      world.queuedDirect++;
+  }
 }
 
 /* A JavaScript listener of memtrace's is on `address` now (its Interceptor.attach succeeded). */
@@ -391,14 +440,14 @@ export function holdListenerSite(address) {
 export function applyPatches(what, write = null) {
   // write: a patch of memtrace's own (Memory.patchCode), made while the world is stopped too.
   world.stats.applied++;
-  // Queued back to back: nothing between them, or between them and the stop, ends the transaction.
-  for (const call of world.deferred.splice(0))
-    call();
+  // What callers queued in Frida's transaction themselves (a replace: notePatched) cannot be taken
+  // back; the deferred calls, the reverts and our own writes are made here, once the world is stopped.
+  const direct = world.queuedDirect;
+  world.queuedDirect = 0;
+  if (write !== null)
+    world.writes.push(write);
   if (world.fns === null) {
-    for (const target of world.reverts.splice(0))
-      Interceptor.revert(target);
-    if (write !== null)
-      write();
+    makeQueued();
     Interceptor.flush();
     world.stats.running++;
     if (!IS_DARWIN && !world.warned) {
@@ -414,7 +463,11 @@ export function applyPatches(what, write = null) {
   // its context, and a thread on the way in has not yet counted itself in.
   const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode,
     [...world.entryCode.values()]);
-  const stopped = stopClear(avoid, true);
+  let stopped = stopClear(avoid, true);
+  if (!stopped && world.busy !== null && direct === 0)
+    stopped = stopClearSleeping(avoid);
+  if (!stopped && world.busy !== null)
+    return refuse(what, direct);
   let rewritten = 0;
   const afters = [];
   try {
@@ -427,10 +480,12 @@ export function applyPatches(what, write = null) {
       if (!world.pristine.has(a))
         world.pristine.set(a, before[i]);
     });
-    for (const target of world.reverts.splice(0))
-      Interceptor.revert(target);
-    if (write !== null)
-      write();
+    // Made with the world stopped strictly -- no stopped thread in Frida's code, so none holds a
+    // lock of Frida's that Interceptor's calls take (theirs are Frida's own: its heap, the
+    // interceptor's mutex, code slices mapped by system call) -- so that a patch that cannot
+    // have such a stop is refused with nothing queued (refuse).  Back to back, nothing between
+    // them and the flush: Interceptor's transaction stays open until it.
+    makeQueued();
     Interceptor.flush();
     [...world.sites].forEach((a, i) => {
       const after = new Uint8Array(ptr(a).readByteArray(PROLOGUE_BYTES));
@@ -460,6 +515,67 @@ export function applyPatches(what, write = null) {
   }
   sendLater();
   return stopped;
+}
+
+/* The Interceptor calls and writes applyPatches makes: the deferred calls (attach), the reverts,
+ * memtrace's own code writes. */
+function makeQueued() {
+  for (const call of world.deferred.splice(0))
+    call();
+  for (const target of world.reverts.splice(0))
+    Interceptor.revert(target);
+  for (const write of world.writes.splice(0))
+    write();
+}
+
+/* A strict stop that stayed busy while nothing at all is queued in Frida's transaction (the
+ * reverts, the deferred calls and our writes are made only once the world is stopped): this thread
+ * may sleep -- Thread.sleep() lets go of the script's lock, so a thread waiting for it in a
+ * listener runs its callback and leaves Frida's code -- and try again, for at most FRIDA_SLEEP_MS. */
+function stopClearSleeping(avoid) {
+  const started = Date.now();
+  const first = world.busy;
+  while (Date.now() < started + world.fridaSleepMs) {
+    world.stats.frida_sleeps++;
+    Thread.sleep(FRIDA_SLEEP_S);
+    if (stopClear(avoid, true, 50))
+      return true;
+    if (world.busy === null)
+      return false;     // no longer Frida's doing: the caller's plain failure path
+  }
+  world.busy = { ms: first.ms + (Date.now() - started), tries: first.tries + world.busy.tries,
+    threads: world.busy.threads };
+  return false;
+}
+
+/*
+ * No stop could be had with every stopped thread out of Frida's code within the budget: the patch
+ * is refused rather than made with a thread held that may own one of Frida's locks (the flush
+ * would wait for it with the world stopped: a stall of the agent's thread, or worse).  Nothing of
+ * what applyPatches makes is made: the reverts and memtrace's writes stay queued (the next
+ * applyPatches makes them: at the latest the teardown's), the deferred calls are dropped (their
+ * listeners never go in).  Counted (frida_refused), named in `refused` and said in a warning.
+ * What a caller queued in Frida's transaction itself (`direct`: a replace noted by notePatched)
+ * cannot be taken back: Frida writes it when this turn ends, and the warning says so.
+ */
+function refuse(what, direct) {
+  const busy = world.busy;
+  const dropped = world.deferred.length;
+  world.deferred.splice(0);
+  world.afterFlush.splice(0);
+  world.stats.frida_refused++;
+  const why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
+  world.refused.push([what, why]);
+  let message = `${what}: not patched: ${why}`;
+  if (dropped > 0)
+    message += `; ${dropped} hook(s) left out`;
+  if (world.reverts.length > 0 || world.writes.length > 0)
+    message += '; the restores are tried again at the next patch';
+  if (direct > 0)
+    message += `; ${direct} redirect(s) already queued are written by Frida with the world running`;
+  warnLater(message);
+  sendLater();
+  return false;
 }
 
 /*
@@ -542,15 +658,8 @@ export function drain() {
   const deadline = Date.now() + DRAIN_MS;
   for (;;) {
     world.stats.drain_tries++;
-    let busy = null;
-    if (stopClear([])) {
-      try {
-        busy = fridaBusy();
-      } finally {
-        world.fns.resume(world.mem.world);
-      }
-    }
-    if (busy === 0) {
+    // A look, let go in C: clear (no thread in Frida's code) or busy.
+    if (stopOnce(0, true, true) === STOP_CLEAR) {
       world.stats.drained++;
       return true;
     }
@@ -629,16 +738,27 @@ function restoreStopped(sites, what) {
   if (staged.length === 0 || world.fns === null || world.mprotect === null)
     return;
   const avoid = sites.map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
-  if (!stopClear(avoid)) {
+  const writes = Memory.alloc(staged.length * 24);
+  staged.forEach(([site, buf, len], i) => {
+    writes.add(i * 24).writePointer(site);
+    writes.add(i * 24 + 8).writePointer(buf);
+    writes.add(i * 24 + 16).writeU64(len);
+  });
+  const n = writeRanges(avoid);
+  // Stop, write, let go: all in C (world.c mt_world_write_stopped), since this stop cannot be
+  // strict -- threads waiting in a listener for the script's lock are in Frida's code until we let
+  // go of it -- and so must touch nothing of Frida's.
+  let written = -2;
+  for (let t = 0; t < NEW_THREAD_TRIES && written === -2; t++) {
+    const nListed = prepare();
+    written = Number(world.fns.writeStopped(world.mem.world, world.mem.ranges, n, CLEAR_TRIES, CLEAR_PAUSE_US,
+      world.mem.listed, nListed, writes, staged.length, world.mprotect, Process.pageSize));
+    if (written === -2)
+      world.stats.retries++;
+  }
+  if (written < 0) {
     world.stats.failed++;
     return;    // left to Frida's restore (maybe with the world running): counted as failed
-  }
-  let written = 0;
-  try {
-    for (const [site, buf, len] of staged)
-      written += world.fns.write(site, buf, len, world.mprotect, Process.pageSize);
-  } finally {
-    world.fns.resume(world.mem.world);
   }
   world.stats.restored_stopped += written;
   world.stats.stopped++;
@@ -659,7 +779,9 @@ export function quiesce(ranges) {
   let threads = null;
   for (;;) {
     tries++;
-    if (stopClear([])) {
+    // Strict (no thread held in Frida's code, budget 0: looked at again below): the question is
+    // asked from JavaScript while the world is stopped.
+    if (stopClear([], true, 0)) {
       const n = writeRanges(ranges);
       threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH));
       world.fns.resume(world.mem.world);
@@ -699,5 +821,5 @@ export function moduleCode(cm) {
 /* What the host records: how every patch went. */
 export function worldReport() {
   return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
-    entry_ranges: world.entryCode.size, log: world.log }, world.stats);
+    entry_ranges: world.entryCode.size, log: world.log, refused: world.refused }, world.stats);
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -50,6 +51,12 @@ class _SlowTestWatch:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background of a non-interactive shell (`make test &`, nohup, some CI
+    # runners) inherits SIGINT ignored, and an ignored signal stays ignored across exec: every
+    # memtrace a test starts would then ignore the Ctrl-C the test sends it (and Python installs no
+    # KeyboardInterrupt handler).  The tests' processes take Ctrl-C as a terminal's user would.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(config, "workerinput"):
         return      # an xdist worker: its controller watches
     watch = _SlowTestWatch()

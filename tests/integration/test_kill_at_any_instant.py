@@ -48,10 +48,12 @@ def _start(exe: Path, out: Path) -> subprocess.Popen[str]:
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
 
 
-def _wait_for_target(exe: Path, proc: subprocess.Popen[str], timeout: float = 60) -> int:
+def _wait_for_target(exe: Path, proc: subprocess.Popen[str], before: set[int], timeout: float = 60) -> int:
+    """The pid of the program ``proc`` launched: a new one (``before``: those running already -- a
+    leftover of another test must never be the one killed)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        pids = _pids_of(exe)
+        pids = [p for p in _pids_of(exe) if p not in before]
         if pids:
             return pids[0]
         if proc.poll() is not None:
@@ -63,8 +65,9 @@ def _wait_for_target(exe: Path, proc: subprocess.Popen[str], timeout: float = 60
 def _injection_seconds(exe: Path, out: Path) -> float:
     """How long this machine takes from the target's appearance to the end of its injection
     (the capture's "before" calibration: the agent is in and about to start)."""
+    before = set(_pids_of(exe))
     proc = _start(exe, out)
-    _wait_for_target(exe, proc)
+    _wait_for_target(exe, proc, before)
     t0 = time.monotonic()
     cap = out / "capture.mtc"
     try:
@@ -86,8 +89,9 @@ def kill_at_random_instants(exe: Path, folder: Path, runs: int, seed: int) -> di
         # short), half anywhere up to the end of injection.
         delay = rng.uniform(0, 0.02) if i % 2 == 0 else rng.uniform(0, span)
         out = folder / f"run{i}"
+        before = set(_pids_of(exe))
         proc = _start(exe, out)
-        pid = _wait_for_target(exe, proc)
+        pid = _wait_for_target(exe, proc, before)
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=180)

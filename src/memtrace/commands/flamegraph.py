@@ -39,6 +39,9 @@ def command(capture: Path, output: Path, view: str | None, by_line: bool, min_fr
         raise InputError(f"{loaded.path}: a {loaded.tracer.name} capture has no {view} view "
                          f"(its views: {', '.join(data['views'])})")
     if not has_stacks(data):
+        if loaded.info.problem is not None:
+            # Cut or damaged before its stacks: the damage is the answer (exit 1, as every reader).
+            raise InputError(f"{loaded.path}: no flame graph: {loaded.info.problem}", exit_code=1)
         why = "; ".join(f"{v}: {d['missing']}" for v, d in data["views"].items() if d.get("missing"))
         raise InputError(f"{loaded.path}: no flame graph: this {loaded.tracer.name} capture has no stacks to draw"
                          + (f" ({why})" if why else ""))

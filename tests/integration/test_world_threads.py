@@ -22,15 +22,20 @@ THREADS = 1100
 
 
 @pytest.mark.slow
+def _leak_scan(pid: int, out: Path, window: float, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`memtrace malloc --pid PID --leaks --json` through the real CLI."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid", str(pid),
+                           "--leaks", "--window", str(window), "--rpc-timeout", "200", "--json", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+
+
 def test_every_one_of_1100_threads_is_stopped(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     exe = compile_c("sleeping_threads")
     target = subprocess.Popen([str(exe), str(THREADS)], stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout is not None and target.stdout.readline().strip() == "ready"
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        res = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
-                              str(target.pid), "--leaks", "--window", "1", "--rpc-timeout", "200", "--json",
-                              "--out", str(tmp_path / "cap")], capture_output=True, text=True, env=env, timeout=900)
+        res = _leak_scan(target.pid, tmp_path / "cap", window=1, timeout=900)
         assert res.returncode == 0, res.stderr
         scan = json.loads(res.stdout)["leaks"]["scan"]
         assert scan["world_stopped"] is True
@@ -57,10 +62,7 @@ def test_256_threads_inside_the_allocator_are_stopped_and_unharmed(compile_c: Ca
     target = subprocess.Popen([str(exe), str(BUSY), "churn"], stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout is not None and target.stdout.readline().strip() == "ready"
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        res = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
-                              str(target.pid), "--leaks", "--window", "2", "--rpc-timeout", "200", "--json",
-                              "--out", str(tmp_path / "cap")], capture_output=True, text=True, env=env, timeout=500)
+        res = _leak_scan(target.pid, tmp_path / "cap", window=2, timeout=500)
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert doc["ended"] == "completed", doc["reason"]

@@ -56,10 +56,18 @@ _SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (st
 
 
 def _is_standard_output(path: Path) -> bool:
-    try:
-        return os.path.samestat(os.stat(path), os.fstat(1))
-    except (OSError, ValueError):
-        return False
+    """Whether ``path`` names standard output itself (/dev/stdout, /dev/fd/1, /proc/self/fd/1, or a
+    link to one): not merely the same file (``-o /dev/null`` stays refused with stdout /dev/null)."""
+    names = {"/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", f"/proc/{os.getpid()}/fd/1"}
+    p = os.path.normpath(os.path.abspath(path))
+    for _ in range(40):                 # the kernel's own limit on a chain of links
+        if p in names:
+            return True
+        try:
+            p = os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p)))
+        except OSError:
+            return False
+    return False
 
 
 def refuse_special(path: Path) -> None:

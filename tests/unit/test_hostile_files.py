@@ -113,6 +113,19 @@ def test_dev_stdout_as_the_output_is_standard_output_and_never_replaced(tmp_path
     assert piped.stdout == run_memtrace("export", capture, timeout=60).stdout
 
 
+def test_a_link_to_dev_null_is_refused_even_with_stdout_dev_null(tmp_path: Path, capture: Path) -> None:
+    """Only a name of standard output (/dev/stdout, /proc/self/fd/1) is written as standard output:
+    another path to the same file is still refused by what it is."""
+    link = tmp_path / "null-link"
+    link.symlink_to(os.devnull)
+    r = subprocess.run([sys.executable, "-m", "memtrace.cli", "export", "-o", str(link), str(capture)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert (r.returncode, r.stderr) == (2, f"memtrace: error: -o {link}: cannot write: it is a character device, "
+                                           f"{NOT_REGULAR}\n")
+    assert link.is_symlink() and stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
 def test_dev_stdout_full_is_one_line_and_non_zero(tmp_path: Path, capture: Path) -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full on this machine")

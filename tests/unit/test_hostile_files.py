@@ -162,6 +162,18 @@ def test_a_report_folder_holding_a_fifo_or_device_says_each_skipped(tmp_path: Pa
     assert r.returncode == 1 and "x.mtc: not a regular file (a FIFO); not read" in r.stderr
 
 
+def test_diff_of_a_folder_holding_a_fifo_capture_names_it(tmp_path: Path, capture: Path) -> None:
+    """Before: the FIFO was dropped unsaid from a folder of captures (or, alone, "no capture")."""
+    folder = tmp_path / "new"
+    (folder / "piped").mkdir(parents=True)
+    shutil.copy(capture, folder / "kept.mtc")
+    os.mkfifo(folder / "piped" / "capture.mtc")
+    for side in (folder, folder / "piped", folder / "piped" / "capture.mtc"):
+        r = run_memtrace("diff", capture, side, check=False, timeout=30)
+        assert (r.returncode, r.stderr) == (2, f"memtrace: error: {folder / 'piped' / 'capture.mtc'}: not a regular "
+                                               f"file (a capture is a file, not a FIFO, device or socket)\n")
+
+
 def test_a_jetsam_folder_holding_a_fifo_says_it_skipped(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "JetsamEvent-1.ips")
     r = run_memtrace("jetsam", tmp_path, check=False, timeout=30)

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,8 +28,17 @@ def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
     an exception; on any exception the temporary is removed (raises OSError).
 
     Only a regular file is ever replaced: a FIFO, device node or socket at ``path`` (``-o
-    /dev/null`` as root) is refused before anything is written, never swapped for a file."""
+    /dev/null`` as root) is refused before anything is written, never swapped for a file.  A
+    symbolic link is written through, never replaced (``-o /dev/stdout`` with standard output a
+    file replaced the machine's /dev/stdout link), and a path that is this process's standard
+    output (``/dev/stdout``, ``/proc/self/fd/1``) is written to it, as without ``-o``."""
+    if _is_standard_output(path):
+        sys.stdout.flush()
+        with os.fdopen(os.dup(1), mode, encoding=None if "b" in mode else "utf-8") as out:
+            yield out
+        return
     refuse_special(path)
+    path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -43,6 +53,21 @@ def _replacing(path: Path, mode: str) -> Iterator[IO[Any]]:
 
 _SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def _is_standard_output(path: Path) -> bool:
+    """Whether ``path`` names standard output itself (/dev/stdout, /dev/fd/1, /proc/self/fd/1, or a
+    link to one): not merely the same file (``-o /dev/null`` stays refused with stdout /dev/null)."""
+    names = {"/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", f"/proc/{os.getpid()}/fd/1"}
+    p = os.path.normpath(os.path.abspath(path))
+    for _ in range(40):                 # the kernel's own limit on a chain of links
+        if p in names:
+            return True
+        try:
+            p = os.path.normpath(os.path.join(os.path.dirname(p), os.readlink(p)))
+        except OSError:
+            return False
+    return False
 
 
 def refuse_special(path: Path) -> None:

@@ -150,6 +150,35 @@ def _has_interp(f: Any) -> bool | None:
     return any(struct.unpack_from(end + "I", table, i * phentsize)[0] == 3 for i in range(phnum))   # PT_INTERP
 
 
+SESSION_MARK = "/memfd:memtrace-session"      # agents/runtime/process.js, claimProcess
+
+
+def refuse_a_second_session(pid: int) -> None:
+    """A local process another memtrace session marked (agents/runtime/process.js, claimProcess)
+    is refused here, before Frida injects anything: the agent's own refusal came after a second
+    injection, and injecting into a process whose threads run through the first session's hooks
+    crashed it (SIGSEGV in Frida's loader, 2 runs in 8 at load 130; issue 27 item 1).  The mark's
+    page holds the marking process's pid: a fork child's inherited mark is its parent's, not its
+    own.  A page that cannot be read is left to the agent to judge, as before."""
+    import struct
+
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            starts = [int(line.split("-", 1)[0], 16) for line in f if SESSION_MARK in line]
+    except (OSError, ValueError):
+        return
+    for start in starts:
+        try:
+            with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+                mem.seek(start)
+                owner = mem.read(4)
+        except (OSError, ValueError, OverflowError):
+            continue
+        if len(owner) == 4 and struct.unpack("=I", owner)[0] == pid:
+            raise TargetError(f"another memtrace session is tracing process {pid}; one at a time (end the "
+                              f"other, or wait for it)")
+
+
 class AttachLauncher:
     name = "none"
 
@@ -160,12 +189,14 @@ class AttachLauncher:
                 raise TargetError(f"--pid {target.pid}: no such process on {device.name}")
             if devices.is_local(device):
                 check_local_program(f"/proc/{target.pid}/exe", f"pid {target.pid}")
+                refuse_a_second_session(target.pid)
             return Launched(target.pid, None, suspended=False, spawned=False, how="attach to pid")
         if target.name is not None:
             # Exact name first; two processes of that name are listed with their pids.
             pid = devices.find_pid(device, target.name)
             if devices.is_local(device):
                 check_local_program(f"/proc/{pid}/exe", f"--name {target.name} (pid {pid})")
+                refuse_a_second_session(pid)
             return Launched(pid, None, suspended=False, spawned=False, how="attach by name")
         if target.app:
             devices.require_ios_for_app(device, target.app)

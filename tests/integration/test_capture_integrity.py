@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.conftest import run_memtrace
@@ -261,3 +262,46 @@ def test_export_and_report_of_a_capture_killed_before_its_end(compile_c: Callabl
     rep = run_memtrace("report", tmp_path, check=False)
     assert rep.returncode == 1 and "no END record" in rep.stderr
     assert "every capture in the folder was read in full" not in (tmp_path / "REPORT.md").read_text()
+
+
+def test_one_real_batch_saying_live_minus_one_costs_that_batch_only(compile_c, tmp_path: Path) -> None:
+    """Issue 27: one BATCH with ``live: -1`` and a valid checksum made 89 % of a real 5-minute
+    --events capture unreadable.  Here a real --events capture of churn (every 16 KiB malloc and
+    free a record with its stack) has one of its middle BATCH records rewritten so, checksum valid:
+    the reader skips that record alone, names it in one warning, and reads everything after it to
+    the END -- exactly what the capture says with that one record taken out."""
+    from memtrace.capture import encode_record, header_bytes
+
+    out = tmp_path / "c"
+    run_memtrace("malloc", "--device", "local", "--events", "--window", "60", "--out", out, "--",
+                 compile_c("churn"), "1.5", "", "20", timeout=180)
+    records = list(read_records(out / "capture.mtc"))
+    batches = [i for i, r in enumerate(records) if r.type == RecordType.BATCH]
+    assert len(batches) >= 3, len(batches)
+    bad = batches[len(batches) // 2]
+
+    def write(path: Path, recs: list[tuple[Any, Any, bytes]]) -> Path:
+        path.parent.mkdir(parents=True)
+        path.write_bytes(header_bytes() + b"".join(encode_record(t, b, d) for t, b, d in recs))
+        return path
+
+    as_read = [(r.type, r.body, bytes(r.data)) for r in records]
+    corrupt = list(as_read)
+    corrupt[bad] = (RecordType.BATCH, {**records[bad].body, "live": -1}, bytes(records[bad].data))
+    damaged = write(tmp_path / "damaged" / "capture.mtc", corrupt)
+    without = write(tmp_path / "without" / "capture.mtc", as_read[:bad] + as_read[bad + 1:])
+    shown = run_memtrace("show", "--json", damaged, check=False)
+    assert shown.returncode == 1
+    assert shown.stderr.count("\n") == 1 and "BATCH record.live: expected a non-negative integer, got -1; skipped " \
+                                              "(the rest was read)" in shown.stderr, shown.stderr
+    assert json.loads(shown.stdout)["ended"] == json.loads(run_memtrace("show", "--json", out).stdout)["ended"]
+
+    def events(capture: Path) -> list[str]:
+        """Every malloc and free the capture holds as an event, one export line each."""
+        lines = run_memtrace("export", capture, check=False).stdout.splitlines()
+        return [ln for ln in lines if ln.startswith(('{"record":"alloc"', '{"record":"free"'))]
+
+    read, ref, whole = events(damaged), events(without), events(out / "capture.mtc")
+    assert read == ref
+    # The record taken out held some of churn's calls, and only some (before: 89 % lost).
+    assert len(whole) * 0.5 < len(read) < len(whole), (len(read), len(whole))

@@ -123,3 +123,61 @@ def test_a_late_scan_is_said_and_the_hooks_still_come_out(tmp_path: Path) -> Non
     finally:
         target.kill()
         target.wait()
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            pass
+    return states
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_during_the_scan_ends_the_capture_and_leaves_the_target_running(tmp_path: Path) -> None:
+    """SIGTERM to memtrace while the leak scan holds a --pid target stopped: memtrace exits 143
+    with END "interrupted", and the target it did not launch runs on -- no thread left stopped
+    (state t/T), no helper, no agent, no session mark."""
+    exe = tmp_path / "leak_heap"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(ROOT / "bench" / "leak_heap.c")], check=True)
+    target = subprocess.Popen([str(exe), "400000", str(400 << 20), "600"], stdout=subprocess.PIPE, text=True)
+    assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+    out = tmp_path / "cap"
+    mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
+                           str(target.pid), "--leaks", "--window", "1", "--out", str(out), "--quiet"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        deadline = time.monotonic() + 120
+        cap = out / "capture.mtc"
+        while time.monotonic() < deadline and not (
+                cap.exists() and any(r.type == RecordType.CALIBRATION for r in read_records(cap))):
+            time.sleep(0.05)
+        time.sleep(0.6)         # past the start's own stops, as above
+        helpers: list[int] = []
+        while time.monotonic() < deadline and not helpers and mt.poll() is None:
+            helpers = _children_of(target.pid)
+            time.sleep(0.01)
+        if not helpers:
+            pytest.skip("the scan ended before its helper was seen (a fast machine): nothing to interrupt")
+        mt.send_signal(signal.SIGTERM)
+        rc = mt.wait(timeout=180)
+        time.sleep(0.5)
+        assert rc == 128 + signal.SIGTERM, mt.stderr.read() if mt.stderr else ""
+        end = [r.body for r in read_records(cap) if r.type == RecordType.END]
+        assert len(end) == 1 and end[0]["ended"] == "interrupted", end
+        assert end[0]["reason"].startswith("ended early by SIGTERM")
+        assert target.poll() is None, f"the target died: {target.returncode}"
+        assert not any(_running(h) for h in helpers), "the scan's helper outlived memtrace"
+        assert all(s in "RSD" for s in _thread_states(target.pid)), _thread_states(target.pid)
+        with open(f"/proc/{target.pid}/maps") as f:
+            maps = f.read()
+        assert "memtrace-session" not in maps and "frida" not in maps
+    finally:
+        if mt.poll() is None:
+            mt.kill()
+        target.kill()
+        target.wait()

@@ -59,6 +59,11 @@ def test_a_second_session_is_refused_and_the_first_unharmed(build_dir: Path, tmp
         lines = [ln for ln in second.stderr.splitlines() if ln.strip()]
         assert len([ln for ln in lines if REFUSAL in ln]) == 1, second.stderr
         assert "Traceback" not in second.stderr
+        # Refused before Frida injected a second agent (the agent's own refusal came after the
+        # injection, which crashed the busy target 2 runs in 8 under load): no capture either.
+        assert second.stderr == f"memtrace: error: {REFUSAL} {target.pid}; one at a time (end the other, or wait " \
+                                f"for it)\n"
+        assert not (tmp_path / "second").exists()
         out, err = first.communicate(timeout=600)
         assert first.returncode == 0, err
         time.sleep(0.3)
@@ -85,3 +90,30 @@ def test_a_first_allocation_inside_pthread_getattr_np_never_hangs(compile_c, tmp
     assert (sum(r["count"] for r in rows), sum(r["bytes"] for r in rows)) == (800, 800 * 3000)
     # The stack bound the thread's descriptor gives lets the walk reach the thread's own frames.
     assert all(r["frames"][1].get("function") == "worker" for r in rows)
+
+
+def test_a_marked_process_is_refused_before_anything_is_injected(compile_c, tmp_path: Path) -> None:
+    """The host reads the mark (launchers.refuse_a_second_session): one line, exit 2, no capture,
+    and nothing of Frida's mapped in the target.  A mark holding another pid (a fork child's,
+    inherited from its traced parent) is not this process's session and is not refused there."""
+    from memtrace.launchers import refuse_a_second_session
+
+    exe = compile_c("session_mark")
+    for how in ("own", "inherited"):
+        target = subprocess.Popen([str(exe), how], stdout=subprocess.PIPE, text=True)
+        try:
+            assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+            if how == "inherited":
+                refuse_a_second_session(target.pid)         # not raised
+                continue
+            r = run_memtrace("malloc", "--device", "local", "--pid", target.pid, "--window", "1",
+                             "--out", tmp_path / "refused", check=False, timeout=120)
+            assert (r.returncode, r.stderr) == (2, f"memtrace: error: {REFUSAL} {target.pid}; one at a time (end "
+                                                   f"the other, or wait for it)\n")
+            assert not (tmp_path / "refused").exists()
+            with open(f"/proc/{target.pid}/maps") as f:
+                assert "frida" not in f.read()
+            assert target.poll() is None
+        finally:
+            target.kill()
+            target.wait()

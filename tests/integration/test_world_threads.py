@@ -21,7 +21,6 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device te
 THREADS = 1100
 
 
-@pytest.mark.slow
 def _leak_scan(pid: int, out: Path, window: float, timeout: float) -> subprocess.CompletedProcess[str]:
     """`memtrace malloc --pid PID --leaks --json` through the real CLI."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -30,6 +29,8 @@ def _leak_scan(pid: int, out: Path, window: float, timeout: float) -> subprocess
                           capture_output=True, text=True, env=env, timeout=timeout)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_every_one_of_1100_threads_is_stopped(compile_c: Callable[..., Path], tmp_path: Path) -> None:
     exe = compile_c("sleeping_threads")
     target = subprocess.Popen([str(exe), str(THREADS)], stdout=subprocess.PIPE, text=True)

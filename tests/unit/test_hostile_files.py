@@ -7,6 +7,7 @@ replaced, nothing aborts.  Device nodes are made with mknod in a temporary folde
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -58,6 +59,137 @@ def test_an_output_that_is_a_fifo_or_device_is_refused_and_left_alone(tmp_path: 
         assert r.stderr == f"memtrace: error: -o {path}: cannot write: it is {what}, {NOT_REGULAR}\n"
         assert stat.S_IFMT(os.stat(path).st_mode) == kind          # still what it was, not a file
         assert not [p for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.")]  # no temporary
+
+
+@pytest.mark.parametrize("cmd", OUTPUT_COMMANDS[::3], ids=lambda c: "-".join(c[:3]))
+def test_a_link_to_a_device_or_a_folder_is_refused_and_left_as_it_was(tmp_path: Path, capture: Path,
+                                                                     cmd: list[str]) -> None:
+    """A symbolic link to a device node (as to /dev/null) is the node; a folder is not a file."""
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    cases = [(folder, "a folder")]
+    for target, what, _ in special_outputs(tmp_path):
+        link = tmp_path / f"link-to-{target.name}"
+        link.symlink_to(target)
+        cases.append((link, what))
+    for path, what in cases:
+        r = run_memtrace(*[a.format(out=path, cap=capture) for a in cmd], check=False, timeout=60)
+        assert (r.returncode, r.stderr) == (2, f"memtrace: error: -o {path}: cannot write: it is {what}, "
+                                               f"{NOT_REGULAR}\n")
+        assert path.is_dir() or path.is_symlink()
+    assert list(folder.iterdir()) == []
+
+
+def test_a_link_is_written_through_and_kept(tmp_path: Path, capture: Path) -> None:
+    """Before: the link was replaced by a file (a link to a file elsewhere lost its meaning)."""
+    real = tmp_path / "elsewhere" / "out.jsonl"
+    real.parent.mkdir()
+    real.write_text("old\n")
+    link = tmp_path / "out-link"
+    link.symlink_to(real)
+    run_memtrace("export", "-o", link, capture, timeout=60)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert real.read_text().startswith('{"record":"meta"')
+
+
+def test_dev_stdout_as_the_output_is_standard_output_and_never_replaced(tmp_path: Path, capture: Path) -> None:
+    """`-o /dev/stdout` with standard output a file: /dev/stdout is a link (to /proc/self/fd/1), and
+    as root the old code renamed a file over it -- the machine's /dev/stdout gone.  The test's own
+    link to /proc/self/fd/1 stands for it (never /dev's own).  The output goes to standard output."""
+    link = tmp_path / "stdout-link"
+    link.symlink_to("/proc/self/fd/1")
+    for cmd in (["export", "-o", link, capture], ["flamegraph", "-o", link, capture]):
+        into = tmp_path / "redirected"
+        with open(into, "w") as stdout:
+            r = subprocess.run([sys.executable, "-m", "memtrace.cli", *map(str, cmd)], stdout=stdout,
+                               stderr=subprocess.PIPE, text=True, timeout=60,
+                               env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        assert r.returncode == 0, r.stderr
+        assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
+        text = into.read_text()
+        assert text.startswith('{"record":"meta"') if cmd[0] == "export" else "<html" in text[:400].lower()
+    # Standard output a pipe: /dev/stdout is that pipe, written as without -o.
+    piped = run_memtrace("export", "-o", link, capture, timeout=60)
+    assert piped.stdout == run_memtrace("export", capture, timeout=60).stdout
+
+
+def test_a_link_to_dev_null_is_refused_even_with_stdout_dev_null(tmp_path: Path, capture: Path) -> None:
+    """Only a name of standard output (/dev/stdout, /proc/self/fd/1) is written as standard output:
+    another path to the same file is still refused by what it is."""
+    link = tmp_path / "null-link"
+    link.symlink_to(os.devnull)
+    r = subprocess.run([sys.executable, "-m", "memtrace.cli", "export", "-o", str(link), str(capture)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert (r.returncode, r.stderr) == (2, f"memtrace: error: -o {link}: cannot write: it is a character device, "
+                                           f"{NOT_REGULAR}\n")
+    assert link.is_symlink() and stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_dev_stdout_full_is_one_line_and_non_zero(tmp_path: Path, capture: Path) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this machine")
+    link = tmp_path / "stdout-link"
+    link.symlink_to("/proc/self/fd/1")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "memtrace.cli", "export", "-o", str(link), str(capture)],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert (r.returncode, r.stderr) == (2, f"memtrace: error: -o {link}: cannot write: No space left on device\n")
+
+
+def test_a_report_folder_holding_a_fifo_or_device_says_each_skipped(tmp_path: Path, capture: Path) -> None:
+    """A FIFO named like a capture would block the report for ever; before, it was dropped unsaid."""
+    folder = tmp_path / "captures"
+    (folder / "good").mkdir(parents=True)
+    shutil.copy(capture, folder / "good" / "capture.mtc")
+    (folder / "piped").mkdir()
+    os.mkfifo(folder / "piped" / "capture.mtc")
+    os.mkfifo(folder / "census-1.json")
+    (folder / "zero.mtc").symlink_to("/dev/zero")
+    r = run_memtrace("report", folder, "--out", tmp_path / "out", check=False, timeout=60)
+    assert r.returncode == 1, r.stderr          # something skipped: the report is incomplete
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("memtrace: skipped")] == [
+        "memtrace: skipped: census-1.json: not a regular file (a FIFO); not read",
+        "memtrace: skipped: piped/capture.mtc: not a regular file (a FIFO); not read",
+        "memtrace: skipped: zero.mtc: not a regular file (a character device); not read"]
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [r["path"] for r in doc["panorama"][0]["malloc_runs"]] == ["good/capture.mtc"]
+    only = tmp_path / "only-fifo"
+    only.mkdir()
+    os.mkfifo(only / "x.mtc")
+    r = run_memtrace("report", only, "--out", tmp_path / "out2", check=False, timeout=60)
+    assert r.returncode == 1 and "x.mtc: not a regular file (a FIFO); not read" in r.stderr
+
+
+def test_diff_of_a_folder_holding_a_fifo_capture_names_it(tmp_path: Path, capture: Path) -> None:
+    """Before: the FIFO was dropped unsaid from a folder of captures (or, alone, "no capture")."""
+    folder = tmp_path / "new"
+    (folder / "piped").mkdir(parents=True)
+    shutil.copy(capture, folder / "kept.mtc")
+    os.mkfifo(folder / "piped" / "capture.mtc")
+    for side in (folder, folder / "piped", folder / "piped" / "capture.mtc"):
+        r = run_memtrace("diff", capture, side, check=False, timeout=30)
+        assert (r.returncode, r.stderr) == (2, f"memtrace: error: {folder / 'piped' / 'capture.mtc'}: not a regular "
+                                               f"file (a capture is a file, not a FIFO, device or socket)\n")
+
+
+def test_a_jetsam_folder_holding_a_fifo_says_it_skipped(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "JetsamEvent-1.ips")
+    r = run_memtrace("jetsam", tmp_path, check=False, timeout=30)
+    assert r.returncode == 1
+    assert (f"memtrace: skipped {tmp_path}/JetsamEvent-1.ips: not a regular file (a FIFO, device or socket); "
+            f"not read") in r.stderr
+
+
+def test_a_plan_with_a_100_mb_line_is_refused_without_reading_it(tmp_path: Path) -> None:
+    p = tmp_path / "plan.yaml"
+    with open(p, "w") as f:
+        f.write("runs: [{label: x, tracer: malloc, argv: [/bin/true], note: ")
+        f.truncate(100 << 20)               # sparse: 100 MB of one line without writing them
+    r = run_memtrace("batch", p, check=False, timeout=30)
+    assert (r.returncode, r.stderr) == (2, f"memtrace: error: {p}: {100 << 20} bytes is too large for a plan "
+                                           f"(at most {4 << 20})\n")
 
 
 def test_a_report_file_that_is_a_fifo_is_refused(tmp_path: Path, capture: Path) -> None:

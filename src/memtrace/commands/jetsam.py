@@ -7,6 +7,7 @@ Exit status: 0 when every report was read, 1 when at least one was skipped as un
 from __future__ import annotations
 
 import json
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ def collect_paths(paths: tuple[str, ...]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found.extend(sorted(q for q in p.rglob("JetsamEvent*.ips") if q.is_file()))
+            # Every match but a folder: a FIFO or device among them is skipped with what it is.
+            found.extend(sorted(q for q in p.rglob("JetsamEvent*.ips") if not q.is_dir()))
         elif p.is_file():
             found.append(p)
         elif p.exists():        # a FIFO would block the read forever
@@ -44,7 +46,10 @@ def read_reports(paths: list[Path]) -> tuple[list[analysis.JetsamReport], list[t
     skipped: list[tuple[str, str]] = []
     for path in paths:
         try:
-            size = path.stat().st_size
+            st = path.stat()
+            if not stat.S_ISREG(st.st_mode):            # a FIFO would block the read for ever
+                raise analysis.JetsamParseError(f"{path}: not a regular file (a FIFO, device or socket); not read")
+            size = st.st_size
             if size > MAX_REPORT_BYTES:
                 raise analysis.JetsamParseError(f"{path}: {size} bytes is too large for a JetsamEvent")
             text = path.read_bytes().decode("utf-8", errors="replace")

@@ -122,7 +122,7 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
         raise InputError(f"{root}: not a folder")
     load_rules(families)        # a bad rules file is one error before any work
     found = discover(root)
-    if not (found.captures or found.census or found.jetsam):
+    if not (found.captures or found.census or found.jetsam or found.unreadable):
         raise InputError(f"{root}: nothing to report: no capture (*.mtc) and no census/jetsam JSON document "
                          f"in this folder or below it")
     dest = Path(out) if out is not None else root
@@ -159,6 +159,7 @@ def build_report(folder: Path | str, out: Path | str | None = None, families: Pa
     done.sort(key=lambda d: d.index)
     entries = [d.entry for d in done if d.entry is not None]
     skipped = [d.skipped for d in done if d.skipped is not None]
+    skipped += [Skipped(_rel(p, root), why) for p, why in found.unreadable]
     docs: dict[str, list[dict[str, Any]]] = {"census": [], "jetsam": []}
     for kind, paths in (("census", found.census), ("jetsam", found.jetsam)):
         for p in paths:

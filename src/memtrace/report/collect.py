@@ -10,6 +10,7 @@ capture that cannot be read, or whose tracer has no analyzer in this memtrace, b
 from __future__ import annotations
 
 import json
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
@@ -37,21 +38,38 @@ class Found:
     captures: list[Path] = field(default_factory=list)
     census: list[Path] = field(default_factory=list)
     jetsam: list[Path] = field(default_factory=list)
+    # Named as a capture or document but a FIFO, device, socket or broken link: never opened (a
+    # FIFO would block the report for ever), listed as skipped with what it is.
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
 
 
 def discover(folder: Path) -> Found:
     """Captures (``*.mtc``) and census/jetsam JSON documents under ``folder``, sorted for stable output."""
     found = Found()
     for p in sorted(folder.rglob("*")):
-        if not p.is_file():
-            continue
         name = p.name.lower()
         if name.endswith(CAPTURE_SUFFIX):
-            found.captures.append(p)
+            kind = found.captures
         elif name.endswith(".json") and name.startswith("census"):
-            found.census.append(p)
+            kind = found.census
         elif name.endswith(".json") and name.startswith("jetsam"):
-            found.jetsam.append(p)
+            kind = found.jetsam
+        else:
+            continue
+        try:
+            mode = p.stat().st_mode
+        except OSError as e:
+            found.unreadable.append((p, f"cannot be read: {e.strerror or e}"))
+            continue
+        if stat.S_ISREG(mode):
+            kind.append(p)
+        elif not (stat.S_ISDIR(mode) and not p.is_symlink()):      # a folder named x.mtc: walked into
+            what = next((w for test, w in _KINDS if test(mode)), "not a regular file")
+            found.unreadable.append((p, f"not a regular file ({what}); not read"))
     return found
 
 

@@ -29,10 +29,16 @@ def captures_in(path: Path) -> list[Path]:
     if (path / FILE_NAME).is_file():
         return [path / FILE_NAME]
     if path.is_dir():
-        found = sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if p.is_file())
+        found = sorted(p for p in path.rglob(f"*{CAPTURE_SUFFIX}") if not p.is_dir())
+        # A FIFO or device named as a capture is said, never dropped unsaid (nor opened: it blocks).
+        for p in [path / FILE_NAME, *found]:
+            if (p.exists() or p.is_symlink()) and not p.is_file():
+                raise InputError(f"{p}: not a regular file (a capture is a file, not a FIFO, device or socket)")
         if not found:
             raise InputError(f"{path}: no capture in this folder")
         return found
+    if path.exists():
+        raise InputError(f"{path}: not a regular file (a capture is a file, not a FIFO, device or socket)")
     raise InputError(f"{path}: no such capture or folder")
 
 

@@ -831,7 +831,7 @@ mt_frame_cache (MtSlot * s)
 #endif
 
 static inline guint
-mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncated)
+mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncated, MtHashed * hashed)
 {
   guint64 fp = (guint64) fp0;
   guint64 lo = (guint64) &fp;
@@ -846,49 +846,14 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
     MtFrameCache * fc = mt_frame_cache (s);
     guint n = mt_unwind_walk (fp, lo, hi, out, max, truncated, &s->ucache, fc);
     if (fc != NULL)
+    {
       s->counters[MT_C_FRAME_CACHE_WALKS] += fc->reused;
+      mt_fc_hashed (fc, n, hashed);
+    }
     return n;
   }
 #endif
   return mt_walk_fp_chain (fp, lo, hi, out, 0, max, truncated);
-}
-
-/* A stack's 64-bit hash, taken as its identity (the index keeps no frames: two stacks that collide
- * share an id).  Four independent lanes (frames i, i + 4, ...), each a multiply-xorshift chain,
- * then mixed together: the chains run side by side in the CPU, where one chain over 64 frames was
- * 64 dependent multiplies (~130 ns of a complete capture's allocation). */
-#define MT_HASH_MUL 0x9e3779b97f4a7c15ULL
-
-static inline guint64
-mt_hash_step (guint64 h, guint64 f)
-{
-  h = (h ^ f) * MT_HASH_MUL;
-  return h ^ (h >> 29);
-}
-
-static inline guint64
-mt_hash_frames (const guint64 * frames, guint n)
-{
-  guint64 a = 0xcbf29ce484222325ULL ^ n, b = 0x84222325cbf29ce4ULL, c = 0x2545f4914f6cdd1dULL,
-      d = 0x14057b7ef767814fULL;
-  guint i = 0;
-  for (; i + 4 <= n; i += 4)
-  {
-    a = mt_hash_step (a, frames[i]);
-    b = mt_hash_step (b, frames[i + 1]);
-    c = mt_hash_step (c, frames[i + 2]);
-    d = mt_hash_step (d, frames[i + 3]);
-  }
-  if (i < n)
-    a = mt_hash_step (a, frames[i++]);
-  if (i < n)
-    b = mt_hash_step (b, frames[i++]);
-  if (i < n)
-    c = mt_hash_step (c, frames[i]);
-  a = mt_hash_step (a, b);
-  c = mt_hash_step (c, d);
-  a = mt_hash_step (a, c);
-  return a | 1;
 }
 
 /* Room for a len-byte STACK record in the definitions buffer (caller holds the stack lock). */
@@ -1004,9 +969,8 @@ mt_defs_wait (guint64 len)
  * them: the documented budget, docs/agents.md "Memory budget") or the definitions buffer is full, the
  * stack is DROPPED_STACK, counted in dropped_stacks and said in the summary. */
 static guint32
-mt_intern (MtSlot * s, const guint64 * frames, guint n)
+mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
 {
-  guint64 h = mt_hash_frames (frames, n);
   guint64 gen = mt_load_acquire (&mt_core.index_gen);
   volatile guint64 * table = mt_index_table (gen);
   guint64 mask = mt_index_entries (gen) - 1;
@@ -1075,6 +1039,12 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
   if (result == MT_DROPPED_STACK)
     s->counters[MT_C_DROPPED_STACKS]++;
   return result;
+}
+
+static guint32
+mt_intern (MtSlot * s, const guint64 * frames, guint n)
+{
+  return mt_intern_hashed (s, frames, n, mt_hash_frames (frames, n));
 }
 
 /* ---- the live-pointer table ------------------------------------------ */

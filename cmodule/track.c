@@ -236,7 +236,7 @@ mt_next_gap (MtSlot * s)
  * (libstdc++'s operator new(size_t, align_val_t), which calls aligned_alloc) is walked through
  * by its unwind table, exactly as the fast hooks' callers are.  0: no invocation to start from. */
 static guint
-mt_walk_invocation (MtSlot * s, guint64 * frames, guint max, gboolean * truncated)
+mt_walk_invocation (MtSlot * s, guint64 * frames, guint max, gboolean * truncated, MtHashed * hashed)
 {
   GumInvocationContext * ic = gum_interceptor_get_current_invocation ();
   guint64 lo = (guint64) &ic, hi = s->stack_hi, ra, sp, fp;
@@ -263,7 +263,10 @@ mt_walk_invocation (MtSlot * s, guint64 * frames, guint max, gboolean * truncate
     MtFrameCache * fc = mt_frame_cache (s);
     n = mt_unwind_walk_regs (ra, sp, fp, hi, frames, max, truncated, &s->ucache, fc);
     if (fc != NULL)
+    {
       s->counters[MT_C_FRAME_CACHE_WALKS] += fc->reused;
+      mt_fc_hashed (fc, n, hashed);
+    }
     return n;
   }
 #endif
@@ -271,20 +274,26 @@ mt_walk_invocation (MtSlot * s, guint64 * frames, guint max, gboolean * truncate
   return mt_walk_fp_chain (fp, sp, hi, frames, n, max, truncated);
 }
 
-/* The stack of the call being hooked: frames[0] is the caller's return address. */
+/* The stack of the call being hooked: frames[0] is the caller's return address; *hash its identity. */
 static guint
-mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags)
+mt_call_stack_hashed (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags, guint64 * hash)
 {
   gboolean truncated;
   guint n = 0;
+  MtHashed hashed;
+  hashed.ok = FALSE;
+  hashed.sum = 0;
+  hashed.pw_n = 0;
   if (kind < 64 && (mt_slow_kinds & (1ULL << kind)) != 0)
-    n = mt_walk_invocation (s, frames, (guint) mt_config.max_frames, &truncated);
+    n = mt_walk_invocation (s, frames, (guint) mt_config.max_frames, &truncated, &hashed);
   if (n == 0)
   {
-    n = mt_walk (s, fp, frames, (guint) mt_config.max_frames, &truncated);
+    hashed.ok = FALSE;
+    n = mt_walk (s, fp, frames, (guint) mt_config.max_frames, &truncated, &hashed);
     if (n > 0 && kind < 64 && (mt_slow_kinds & (1ULL << kind)) != 0)
     {
       GumInvocationContext * ic = gum_interceptor_get_current_invocation ();
+      hashed.ok = FALSE;
       if (ic != NULL)
         frames[0] = (guint64) (gsize) gum_invocation_context_get_return_address (ic) & mt_config.code_mask;
     }
@@ -296,16 +305,24 @@ mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * 
     *flags |= MT_FLAG_TRUNCATED;
     s->counters[MT_C_TRUNCATED_STACKS]++;
     if (n < MT_MAX_FRAMES)
-      frames[n++] = MT_TRUNCATED_FRAME;
+    {
+      frames[n] = MT_TRUNCATED_FRAME;
+      hashed.sum += mt_hash_g (MT_TRUNCATED_FRAME) * hashed.pw_n;
+      n++;
+    }
+    else
+      hashed.ok = FALSE;
   }
+  *hash = hashed.ok ? mt_hash_final (hashed.sum, n) : mt_hash_frames (frames, n);
   return n;
 }
 
-#ifdef __TINYC__
-# define MT_NOINLINE
-#else
-# define MT_NOINLINE __attribute__ ((noinline))
-#endif
+static guint
+mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags)
+{
+  guint64 hash;
+  return mt_call_stack_hashed (s, kind, fp, frames, flags, &hash);
+}
 
 /* A block of a tracked size was allocated: its stack, its live-table entry, its row. */
 static MT_NOINLINE void
@@ -358,8 +375,9 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   if (want_stack)
   {
     guint64 frames[MT_MAX_FRAMES];
-    guint n = mt_call_stack (s, kind, fp, frames, &flags);
-    stack_id = mt_intern (s, frames, n);
+    guint64 hash;
+    guint n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash);
+    stack_id = mt_intern_hashed (s, frames, n, hash);
   }
 
   /* The row's lines (a program with thousands of stacks seldom finds its row in the cache), asked

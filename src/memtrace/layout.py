@@ -202,10 +202,11 @@ TRUNCATED_FRAME = 1
 LIVE_WAYS = 8                  # pointers per live-table bucket
 # Each thread's last stack walk through unwind tables, frame by frame (cmodule/unwind.c, "the frame
 # cache"): a walk that reaches one of its frames unchanged copies the rest.  Levels held at most
-# (a stack deeper than this is walked in full every time), and the bytes of one thread's cache: a
-# 64-byte header, then the cached levels and the walk's own, 32 bytes each.
+# (a stack deeper than this is walked in full every time), and the bytes of one thread's cache: an
+# 80-byte header, then the cached levels and the walk's own, 32 bytes each, then the cached levels'
+# running stack hashes (8 bytes each) and the powers of the hash's base (FRAME_CACHE_LEVELS + 2).
 FRAME_CACHE_LEVELS = 128
-FRAME_CACHE_BYTES = 64 + 2 * FRAME_CACHE_LEVELS * 32
+FRAME_CACHE_BYTES = 80 + 2 * FRAME_CACHE_LEVELS * 32 + 8 * FRAME_CACHE_LEVELS + 8 * (FRAME_CACHE_LEVELS + 2)
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call
 TOP_STACKS = 8                 # stacks by live bytes in each timeline sample

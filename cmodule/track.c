@@ -324,6 +324,12 @@ mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * 
   return mt_call_stack_hashed (s, kind, fp, frames, flags, &hash);
 }
 
+#ifdef __TINYC__
+# define MT_NOINLINE
+#else
+# define MT_NOINLINE __attribute__ ((noinline))
+#endif
+
 /* A block of a tracked size was allocated: its stack, its live-table entry, its row. */
 static MT_NOINLINE void
 mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)

@@ -425,7 +425,11 @@ static guint64
 mt_world_timeout_us (MtWorld * w)
 {
   guint64 t = w->stop_timeout_us;
-  return (t != 0 && t < MT_WORLD_STOP_TIMEOUT_US) ? t : MT_WORLD_STOP_TIMEOUT_US;
+  /* The caller's own bound wins, longer or shorter (the leak scan gives its whole budget: thousands
+   * of threads on a loaded machine take more than the default); never past the hold limit. */
+  if (t == 0)
+    return MT_WORLD_STOP_TIMEOUT_US;
+  return t < MT_WORLD_HOLD_LIMIT_US ? t : MT_WORLD_HOLD_LIMIT_US;
 }
 
 static gint

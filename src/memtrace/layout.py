@@ -445,7 +445,7 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("tracer_stack", "u64"), ("tracer_stack_size", "u64"),
     ("tracer_pid", "u64"),
     ("error", "u64"),              # first errno seen while stopping
-    ("stop_timeout_us", "u64"),    # how long stopping may take: the scan's budget, at most 10 s
+    ("stop_timeout_us", "u64"),    # how long stopping may take: the scan's whole budget
     ("abandoned", "u64"),          # as MtWorld's
     ("ranges", "u64"), ("n_ranges", "u64"),             # MtLeakRange[]
     ("blocks", "u64"), ("blocks_cap", "u64"), ("n_blocks", "u64"), ("blocks_total", "u64"),

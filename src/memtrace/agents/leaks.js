@@ -306,6 +306,17 @@ function alloc(size, own) {
   return p;
 }
 
+// The program's threads now (Linux: /proc/self/status), less Frida's and the scanning thread.
+function programThreads(skip) {
+  if (IS_DARWIN)
+    return null;
+  const m = /^Threads:\s+(\d+)/m.exec(File.readAllText('/proc/self/status'));
+  if (m === null)
+    return null;
+  const self = Process.getCurrentThreadId();
+  return Math.max(0, Number(m[1]) - skip.length - (skip.includes(self) ? 0 : 1));
+}
+
 /* Linux: every task of the process that Frida cloaks (its own threads), listed by the C (no
  * allocation: opendir would call the allocator we are tracing).  Not Process.enumerateThreads():
  * on Linux it starts a thread of its own to read the others' registers, and that thread's
@@ -569,8 +580,9 @@ function scan(config, when) {
     threads: uint64(threads.toString()), threads_cap: MAX_THREADS, regs: uint64(regs.toString()),
     n_threads: 0, n_failed: 0,
     tracer_stack: uint64(tracerStack.toString()), tracer_stack_size: TRACER_STACK, tracer_pid: 0, error: 0,
-    // The stop is part of the scan's time: it gets the budget, at most world.c's own bound.
-    stop_timeout_us: Math.round(Math.min((config.leaksBudget || 30) * 1e6, 10e6)),
+    // The stop is part of the scan's time: it may take the whole budget (thousands of threads on a
+    // loaded machine need more than world.c's 10 s default for a patch), never more.
+    stop_timeout_us: Math.round((config.leaksBudget || 30) * 1e6),
     abandoned: 0,
     ranges: uint64(rangeBuf.toString()), n_ranges: roots.length,
     blocks: uint64(blocks.toString()), blocks_cap: cap, n_blocks: 0, blocks_total: 0,
@@ -657,10 +669,13 @@ function scan(config, when) {
   const read = Number(j.root_bytes) + Number(j.skip_stack) + Number(j.skip_own) + Number(j.skip_unreadable) +
     Number(j.skip_unresident) + Number(j.skip_dead_frames);
   const lay = glibcLayout();
+  // A stop that gave up (its time ran out, or it could not start) holds no thread: every thread of
+  // the program ran on, not the few the stop had counted as failed before it gave up.
+  const notStopped = stopped ? Number(j.n_failed) : (programThreads(skip) ?? Number(j.n_failed));
   const result = {
     type: 'result', tracer: 'malloc', kind: 'leaks', when, t: now(),
     complete, stopped,
-    threads_stopped: Number(j.n_threads), threads_not_stopped: Number(j.n_failed),
+    threads_stopped: stopped ? Number(j.n_threads) : 0, threads_not_stopped: notStopped,
     frida_threads: skip.length,
     candidates: n, candidates_total: Number(j.blocks_total), undecided_blocks: Number(j.undecided_blocks),
     tracked_blocks: Number(j.n_tracked), before_tracing_blocks: t.untrackedBefore.blocks,

@@ -304,14 +304,24 @@ class FridaHost:
         self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
         try:
             self.call("script load", self.script.load)
+            self._unboost(self._frida_threads())
         finally:
             self._unboost()
         self.phases["script loaded"] = time.monotonic()
 
-    def _unboost(self) -> None:
-        """The program's threads' priorities back as they were (idempotent)."""
+    def _frida_threads(self) -> set[int] | None:
+        """Which of the threads born while injecting are Frida's (the agent asks Frida's cloak)."""
+        if self._boost is None or self._boost.restored:
+            return None
+        try:
+            return set(self.rpc("frida threads", "frida_threads_among", sorted(self._boost.raised), timeout=10))
+        except (AgentTimeout, MemtraceError, *GONE_ERRORS):
+            return None
+
+    def _unboost(self, frida_threads: set[int] | None = None) -> None:
+        """The program's threads' priorities back as they were (idempotent); Frida's stay raised."""
         if self._boost is not None:
-            self.boosted = self._boost.restore() or self.boosted
+            self.boosted = self._boost.restore(frida_threads) or self.boosted
 
     def _script_from_bytecode(self, agent: str, source: str) -> Any:
         """The agent's script made from its compiled bytecode, kept in the cache folder by Frida's

@@ -72,7 +72,7 @@ def test_the_program_threads_get_their_exact_nice_back(spinning: subprocess.Pope
         assert set(boost.original) == set(before)
     finally:
         counts = boost.restore()
-    assert counts == {"lowered": len(before), "restored": len(before), "raised": 0}
+    assert counts["lowered"] == len(before) and counts["restored"] == len(before) and counts["raised"] == 0
     assert nice_values(pid) == before
     assert boost.restore() == {}        # idempotent
 
@@ -97,3 +97,105 @@ def test_memtrace_attaches_to_64_spinning_threads_and_leaves_them_as_they_were(
     assert spinning.poll() is None, f"the target died: {spinning.returncode}"
     after = nice_values(pid)
     assert {tid: after[tid] for tid in before} == before
+
+
+def _spinning_target(exe: Path, threads: int, mode: str = "spin") -> subprocess.Popen[str]:
+    target = subprocess.Popen([str(exe), str(threads), mode], stdout=subprocess.PIPE, text=True)
+    assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+    return target
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_memtrace_leaves_no_thread_lowered(compile_c: Callable[..., Path]) -> None:
+    """memtrace SIGKILLed while the program's threads are at 19: the guard process gives each its
+    old value back (a target left deprioritised for good would be harmed)."""
+    target = _spinning_target(compile_c("busy_threads"), 8)
+    try:
+        for i, tid in enumerate(sorted(nice_values(target.pid))):
+            os.setpriority(os.PRIO_PROCESS, tid, 1 + i % 5)
+        target.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not priority.busy(target.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = nice_values(target.pid)
+        code = ("import os, sys; from memtrace import priority; b = priority.boost_injection(int(sys.argv[1])); "
+                "print(b is not None and b.lower, sorted(set(b.original)), flush=True); os.kill(os.getpid(), 9)")
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        res = subprocess.run([sys.executable, "-c", code, str(target.pid)], capture_output=True, text=True,
+                             env=env, timeout=30)
+        assert res.returncode == -signal.SIGKILL
+        assert res.stdout.split(" ", 1)[0] == "True", res.stdout + res.stderr      # it did lower them
+        assert json.loads(res.stdout.split(" ", 1)[1]) == sorted(before)
+        deadline = time.monotonic() + 10
+        while nice_values(target.pid) != before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert nice_values(target.pid) == before
+    finally:
+        target.kill()
+        target.wait(timeout=30)
+
+
+def test_starvation_is_told_from_a_frozen_or_hung_target(compile_c: Callable[..., Path]) -> None:
+    """A target whose threads outnumber the CPUs, runnable, is starving memtrace's threads; one
+    whose threads are stopped (SIGSTOP: anti-debug, a debugger) or all asleep is not."""
+    exe = compile_c("busy_threads")
+    threads = 2 * priority.cpus_of(os.getpid()) + 4
+    asleep = subprocess.Popen(["sleep", "60"])
+    target = _spinning_target(exe, threads)
+    try:
+        deadline = time.monotonic() + 10
+        while priority.thread_states(asleep.pid) != {"S": 1} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert priority.starvation(asleep.pid) is None      # hung or idle, whatever the machine's load
+        target.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while not priority.busy(target.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        starved = priority.starvation(target.pid)
+        assert starved is not None
+        assert starved["target_threads"] == threads + 1
+        assert starved["target_runnable_threads"] > starved["target_cpus"]  # type: ignore[operator]
+        target.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while set(priority.thread_states(target.pid)) - {"T", "t"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert priority.starvation(target.pid) is None
+    finally:
+        asleep.kill()
+        asleep.wait(timeout=30)
+        target.kill()
+        target.wait(timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_frida_threads_stay_favoured_and_the_program_keeps_its_nice(
+        compile_c: Callable[..., Path], tmp_path: Path) -> None:
+    """Any local attach (the target not busy): the threads Frida starts in the target run at -20
+    for the session (the agent's JavaScript thread is not starved by the machine), the program's
+    own keep their values exactly."""
+    target = _spinning_target(compile_c("busy_threads"), 4, "churn")      # 2,000 mallocs a second
+    try:
+        for i, tid in enumerate(sorted(nice_values(target.pid))):
+            os.setpriority(os.PRIO_PROCESS, tid, 2 + i % 4)
+        before = nice_values(target.pid)
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+        run = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
+                                str(target.pid), "--window", "2", "--json", "--out", str(tmp_path / "cap")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        new: dict[int, set[int]] = {}       # threads born during the session: every nice seen
+        deadline = time.monotonic() + 200
+        while run.poll() is None and time.monotonic() < deadline:
+            for tid, nice in nice_values(target.pid).items():
+                if tid not in before:
+                    new.setdefault(tid, set()).add(nice)
+            time.sleep(0.02)
+        out, err = run.communicate(timeout=30)
+        assert run.returncode == 0, err
+        assert json.loads(out)["ended"] == "completed"
+        assert any(priority.RAISED in seen for seen in new.values()), new
+        after = nice_values(target.pid)
+        assert {tid: after[tid] for tid in before} == before
+        assert target.poll() is None
+    finally:
+        target.kill()
+        target.wait(timeout=30)

@@ -568,6 +568,8 @@ class FridaHost:
 
     def close(self) -> None:
         self._unboost()
+        if self._boost is not None:
+            self._boost.end()       # memtrace's own threads back to their nice value
         if self._hold is not None:      # never leave a program waiting at the hold point
             self._hold.release()
             self._hold = None

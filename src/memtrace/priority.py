@@ -9,7 +9,8 @@ values both ways (CAP_SYS_NICE -- without it a lowered thread could not be given
 back, and nothing is done):
 
 - memtrace's own threads (the injection is made from this process) run at nice -20 until the
-  agent's script is loaded, then get their old values back;
+  agent's script is loaded, then get their old values back -- at the session's end instead when the
+  target is busy (below: its threads would starve memtrace's host all along);
 - a watcher gives every thread that appears in the target meanwhile (the injector's loader, the
   agent's threads: on Linux they keep the program's name, so newness is what tells them) nice -20;
 - only when the target itself has more runnable threads than CPUs, its threads are niced to 19
@@ -305,16 +306,31 @@ class InjectionBoost:
                     kept += 1
                 else:
                     back += _set_nice(tid, self._value_at_birth(born))
-            host_default = self.host.get(os.getpid())
-            for tid in _tids(os.getpid()):
-                if tid in self.host:
-                    _set_nice(tid, self.host[tid])
-                elif host_default is not None and _nice(tid) == RAISED:
-                    _set_nice(tid, host_default)    # born in the window from a raised thread
+            if not self.lower:
+                self._restore_host()
             if self.guard is not None:
                 self.guard.done()
             return {"lowered": len(self.original), "restored": back, "raised": kept,
                     "host_raised": len(self.host)}
+
+    def _restore_host(self) -> None:
+        host_default = self.host.pop(os.getpid(), None)
+        if host_default is not None:
+            _set_nice(os.getpid(), host_default)
+        for tid in _tids(os.getpid()):
+            if tid in self.host:
+                _set_nice(tid, self.host.pop(tid))
+            elif host_default is not None and _nice(tid) == RAISED:
+                _set_nice(tid, host_default)    # born meanwhile from a raised thread
+        self.host.clear()
+
+    def end(self) -> None:
+        """The session is over: memtrace's own threads get their old values back.  Kept raised
+        until now only when the target is busy (``lower``): its threads would otherwise starve
+        memtrace's host (reading the agent's data, the unhook's rpc) for the whole session."""
+        self.restore()
+        with self._lock:
+            self._restore_host()
 
 
 def boost_injection(pid: int) -> InjectionBoost | None:

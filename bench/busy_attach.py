@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -102,7 +103,9 @@ def attempt(args: argparse.Namespace, mode: str, exe: Path, tmp: Path, i: int) -
 
         def child_ready() -> None:
             assert child is not None and child.stdout is not None
-            if child.stdout.readline().strip() != "ready":
+            ready, _, _ = select.select([child.stdout], [], [], args.timeout)      # bounded: a starved start
+            if not ready or child.stdout.readline().strip() != "ready":
+                child.kill()
                 raise SystemExit("the attaching process never said ready")
     target = spinning(exe, args.threads, child_ready if child is not None else None)
     t0 = time.monotonic()
@@ -145,6 +148,8 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=1)
     ap.add_argument("--timeout", type=int, default=240)
     args = ap.parse_args()
+    # A SIGTERM (e.g. from `timeout`) ends through the finally blocks: no target or load left spinning.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="busy-attach-") as t:
         tmp = Path(t)
         exe = build(tmp)

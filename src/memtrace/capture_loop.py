@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from memtrace import __version__
+from memtrace import __version__, priority
 from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
 from memtrace.children import CHILD_WAIT_S, Child, ChildFollower, ChildUI, Family
 from memtrace.deaths import DeathThresholds, classify_end
@@ -307,7 +307,7 @@ class CaptureLoop:
                     # the process is gone -- a death at this stage, not a hung script.
                     self.ending.target_gone("process-terminated", self.clock)
                 else:
-                    self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
+                    self.ending.timeout_info = self._timeout_evidence({"what": e.what, "timeout_s": e.seconds})
                     self.ui.warning(str(e))
             except TargetLost as e:
                 if self.clock.attach is None and not self.source.spawned:
@@ -348,6 +348,16 @@ class CaptureLoop:
         except ValueError:
             name = f"signal {number}"
         self.ending.spawn_status = {"signal": number, "signal_name": name, "source": f"frida ({self.stage})"}
+
+    def _timeout_evidence(self, info: dict[str, Any]) -> dict[str, Any]:
+        """A silent agent in a local target whose threads (or the machine) keep every CPU busy was
+        starved, not frozen: said with the counts (memtrace.priority.starvation)."""
+        pid = self.source.pid
+        if self.source.is_local and pid is not None:
+            starved = priority.starvation(pid)
+            if starved is not None:
+                info["starved"] = starved
+        return info
 
     def _died_meanwhile(self) -> bool:
         """The target existed and is gone now: an attach that failed because the target was
@@ -491,9 +501,9 @@ class CaptureLoop:
             if silent > self.options.thresholds.rpc_timeout and not self.ending.gone:
                 # Agents say something every 100 ms even when idle: silence this long while the
                 # process lives means it was frozen (anti-debug stops, a debugger, SIGSTOP).
-                self.ending.timeout_info = {"what": "its periodic flush (agent went silent)",
-                                            "timeout_s": self.options.thresholds.rpc_timeout,
-                                            "silent_s": round(silent, 3)}
+                self.ending.timeout_info = self._timeout_evidence({
+                    "what": "its periodic flush (agent went silent)",
+                    "timeout_s": self.options.thresholds.rpc_timeout, "silent_s": round(silent, 3)})
                 self.ui.warning(f"the agent has been silent for {silent:.1f} s")
                 return
 
@@ -515,7 +525,7 @@ class CaptureLoop:
                 self._write(RecordType.CALIBRATION, {"phase": "after", **after})
             except AgentTimeout as e:
                 if not self.ending.gone:
-                    self.ending.timeout_info = {"what": e.what, "timeout_s": e.seconds}
+                    self.ending.timeout_info = self._timeout_evidence({"what": e.what, "timeout_s": e.seconds})
             except TargetLost:
                 pass
             except MemtraceError as e:

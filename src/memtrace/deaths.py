@@ -3,7 +3,7 @@
 Pure: the session hands over timings, the agent's last words and the rate
 history; this module names the death and says why.  Thresholds are options.
 Classes: completed, interrupted, target-exited, launch-storm, perpetual-stream,
-slow-start, anti-debug, detached.
+slow-start, anti-debug, starved, detached.
 
 Every death names what is known of it: the exit status or the signal (read by the host,
 ``exitwatch``), the crash the agent's exception handler saw (signal, faulting address, the
@@ -23,7 +23,7 @@ class DeathThresholds:
     stream_rate: float = 2_000.0     # a stream that never settles keeps at least this rate
     settle_fraction: float = 0.5     # "settled" = final rate below this fraction of the peak
     slow_start_calls: int = 0        # a window with no more calls than this is a slow start
-    rpc_timeout: float = 20.0        # an agent silent this long is anti-debug
+    rpc_timeout: float = 20.0        # an agent silent this long is anti-debug (or starved: the CPUs busy)
 
 
 def classify_end(
@@ -86,6 +86,11 @@ def classify_end(
 
     if timeout_info is not None:
         evidence["timeout"] = timeout_info
+        starved = timeout_info.get("starved")
+        if starved:
+            return out("starved", f"the agent did not answer {timeout_info['what']} within "
+                                  f"{timeout_info['timeout_s']:g} s: {_starved_why(starved)} kept memtrace's "
+                                  "threads from running (not anti-debug: the target ran all along)")
         return out("anti-debug", f"the agent did not answer {timeout_info['what']} within "
                                  f"{timeout_info['timeout_s']:g} s (script load or rpc hung)")
     if interrupted:
@@ -190,3 +195,15 @@ def _replaced(exec_info: dict[str, Any], alive: float | None, exit_status: dict[
     elif exec_info.get("outlived_window"):
         text += "; it was still running at the end of the window"
     return text
+
+
+def _starved_why(starved: dict[str, Any]) -> str:
+    """Who kept the CPUs busy, from memtrace.priority.starvation's evidence."""
+    said = []
+    if starved.get("target_runnable_threads", 0) > starved.get("target_cpus", 0):
+        said.append(f"the target's {starved['target_runnable_threads']} runnable threads on "
+                    f"{starved['target_cpus']} CPUs")
+    load, cpus = starved.get("load_1min"), starved.get("machine_cpus", 1)
+    if load is not None and (not said or load > 2.0 * cpus):      # priority.MACHINE_LOAD
+        said.append(f"the machine's load ({load:g} on {cpus} CPUs)")
+    return " and ".join(said)

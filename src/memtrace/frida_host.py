@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import frida
 from frida_tools.application import Reactor
 
-from memtrace import devices, launchers
+from memtrace import devices, launchers, priority
 from memtrace.agentbuild import build_agent, default_cache_dir, precompiled_cmodule
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.errors import first_line as _first_line
@@ -98,6 +98,9 @@ class FridaHost:
         self._reactor_lock = threading.Lock()
         # The start's steps (CLOCK_MONOTONIC by name; the capture's END timing.phases).
         self.phases: dict[str, float] = {}
+        # Frida's threads favoured over a busy target's while it injects (memtrace.priority).
+        self._boost: priority.InjectionBoost | None = None
+        self.boosted: dict[str, int] = {}
 
     # -- what the capture loop reads ---------------------------------------------------------
 
@@ -263,6 +266,11 @@ class FridaHost:
         return alive
 
     def attach(self) -> None:
+        # A local target whose threads keep every CPU busy: Frida's threads get the CPU until the
+        # agent's script is loaded (memtrace.priority; load() or a failure here gives the
+        # program's threads their priority back).  Not for a device's targets (Darwin, USB).
+        if self.is_local and self.pid is not None and self._boost is None:
+            self._boost = priority.boost_injection(self.pid)
         try:
             self.session = self._attach_retrying()
         except frida.ProcessNotFoundError as e:
@@ -277,6 +285,9 @@ class FridaHost:
             raise TargetError(f"cannot attach to pid {self.pid}: {_first_line(e)}") from None
         except GONE_ERRORS as e:
             raise TargetLost(f"attach: {_first_line(e)}") from None
+        finally:
+            if self.session is None:
+                self._unboost()
         self.session.on("detached", lambda reason, crash: self.events.put(("detached", reason, crash)))
 
     def load(self, agent: str) -> None:
@@ -291,8 +302,26 @@ class FridaHost:
             raise TargetLost(f"script creation: {e}") from None
         self.phases["script created"] = time.monotonic()
         self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
-        self.call("script load", self.script.load)
+        try:
+            self.call("script load", self.script.load)
+            self._unboost(self._frida_threads())
+        finally:
+            self._unboost()
         self.phases["script loaded"] = time.monotonic()
+
+    def _frida_threads(self) -> set[int] | None:
+        """Which of the threads born while injecting are Frida's (the agent asks Frida's cloak)."""
+        if self._boost is None or self._boost.restored:
+            return None
+        try:
+            return set(self.rpc("frida threads", "frida_threads_among", sorted(self._boost.raised), timeout=10))
+        except (AgentTimeout, MemtraceError, *GONE_ERRORS):
+            return None
+
+    def _unboost(self, frida_threads: set[int] | None = None) -> None:
+        """The program's threads' priorities back as they were (idempotent); Frida's stay raised."""
+        if self._boost is not None:
+            self.boosted = self._boost.restore(frida_threads) or self.boosted
 
     def _script_from_bytecode(self, agent: str, source: str) -> Any:
         """The agent's script made from its compiled bytecode, kept in the cache folder by Frida's
@@ -522,6 +551,7 @@ class FridaHost:
         return build_agent(agent).process_sources
 
     def detach(self) -> None:
+        self._unboost()
         if self.session is not None:
             with contextlib.suppress(AgentTimeout, TargetLost, *GONE_ERRORS):
                 self.call("detach", self.session.detach, timeout=5)
@@ -537,6 +567,9 @@ class FridaHost:
         return self.exit_watch.wait(timeout) if self.exit_watch is not None else None
 
     def close(self) -> None:
+        self._unboost()
+        if self._boost is not None:
+            self._boost.end()       # memtrace's own threads back to their nice value
         if self._hold is not None:      # never leave a program waiting at the hold point
             self._hold.release()
             self._hold = None

@@ -19,7 +19,7 @@ from memtrace.report.chapters import Lines, chapter_of, leaks
 from memtrace.report.collect import Skipped
 
 REPORT_VERSION = 1
-DEATHS = ("launch-storm", "perpetual-stream", "slow-start", "anti-debug", "detached", "truncated")
+DEATHS = ("launch-storm", "perpetual-stream", "slow-start", "anti-debug", "starved", "detached", "truncated")
 NORMAL = ("completed", "target-exited")
 
 

@@ -126,6 +126,11 @@ export function serve(tracer) {
         mainModule: describeModule(Process.mainModule),
       };
     },
+    /* Which of these thread ids are Frida's own (cloaked): the host's injection boost keeps
+     * those favoured and gives any other its priority back (memtrace.priority). */
+    fridaThreadsAmong(tids) {
+      return tids.filter(tid => Cloak.hasThread(tid));
+    },
     /* processSources: cmodule/process.c behind the layout header (fork and exec handling). */
     init(config, sources, processSources) {
       claimProcess();      // first: a second session is refused before it touches anything

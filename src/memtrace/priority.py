@@ -3,7 +3,7 @@
 Frida's Linux injector gives its loader 5 s to sync with the agent; when the loader thread is
 starved past that -- by the target's own threads keeping every CPU busy, or by the rest of the
 machine -- the injector unmaps the loader under the thread still running in it: the target dies
-with SIGSEGV (docs/domain/frida.md, "Injection into a process whose threads keep every CPU busy").
+with SIGSEGV (docs/domain/frida.md, "Injection into a starved process").
 memtrace's own host, on the same CPUs, is starved as well.  So, whenever memtrace may set nice
 values both ways (CAP_SYS_NICE -- without it a lowered thread could not be given its old value
 back, and nothing is done):

@@ -170,8 +170,8 @@ def sub(rtype: int, payload: bytes, flag: int = 0) -> bytes:
     return capture.RECORD_HEADER_V1.pack(rtype, flag, 0, len(payload)) + payload
 
 
-def test_a_quiet_groups_agg_values_are_stored_as_deltas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """(version 6) Each AGG value in a quiet group is its difference from the same stack's same
+def test_a_groups_agg_values_are_stored_as_deltas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(version 6) Each AGG value in a group is its difference from the same stack's same
     field earlier in the group: drain i's "allocs" of stack s is 10 i + s, so every drain after the
     group's first stores 10 -- and reads back as the running total."""
     monkeypatch.setattr(capture, "GROUP_S", 3600.0)

@@ -48,7 +48,7 @@ def memtrace_size(p: Program, tmp: Path, src: Path) -> tuple[int, tuple[float, f
         if record.type == RecordType.END:
             timing = record.body.get("timing") or {}
     shutil.rmtree(out.parent, ignore_errors=True)
-    return size, (timing.get("symbolize_s") or float("nan"), timing.get("final_symbolize_s") or float("nan"))
+    return size, (float(timing.get("symbolize_s", "nan")), float(timing.get("final_symbolize_s", "nan")))
 
 
 def heaptrack_size(p: Program, tmp: Path) -> int:

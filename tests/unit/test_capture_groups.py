@@ -179,7 +179,7 @@ def test_a_groups_agg_values_are_stored_as_deltas(tmp_path: Path, monkeypatch: p
     drains = write(p)
     at, _, length = frames(p)[2]
     assert capture._zstd is not None
-    raw = capture._zstd.decompress(p.read_bytes()[at + RECORD_HEADER.size:at + RECORD_HEADER.size + length])
+    raw = capture._unzstd(p.read_bytes()[at + RECORD_HEADER.size:at + RECORD_HEADER.size + length], 1 << 20, "GROUP")
     stored, pos = [], 0
     while pos < len(raw):
         rtype, flag, _, n = capture.RECORD_HEADER_V1.unpack_from(raw, pos)
@@ -226,3 +226,26 @@ def test_a_format_4_capture_still_reads(tmp_path: Path) -> None:
                                              for body, data in drains))
     info = CaptureInfo(p)
     assert [(r.body, bytes(r.data)) for r in read_records(p, info)] == drains and info.version == 4
+
+
+def test_frames_are_made_with_the_shipped_dictionary(tmp_path: Path) -> None:
+    """(version 6) zstd frames name the shipped dictionary; one naming another reads as damaged,
+    saying which dictionary it needs."""
+    assert capture._zstd is not None
+    shipped = capture._dictionary()
+    assert shipped is not None, f"{capture.DICTIONARY_FILE} missing: a broken installation"
+    frame = encode_record(RecordType.RECON, {"symbols": [{"name": "malloc", "status": "hooked"}] * 20})
+    payload = frame[RECORD_HEADER.size:]
+    assert capture._zstd.get_frame_info(payload).dictionary_id == shipped.dict_id
+    other = capture._zstd.train_dict([f'{{"k{i}": "v{i * i}"}}'.encode() * 20 for i in range(200)], 1024)
+    alien = capture._zstd.compress(capture._dumps({"message": "w" * 200}), 19, zstd_dict=other)
+    head = capture.RECORD_HEADER_V1.pack(int(RecordType.WARNING), 0, capture._head_check(int(RecordType.WARNING),
+                                                                                       len(alien)), len(alien))
+    import zlib
+
+    p = tmp_path / "c.mtc"
+    p.write_bytes(header_bytes() + frame + head + struct.pack("<I", zlib.crc32(alien, zlib.crc32(head))) + alien)
+    info = CaptureInfo(p)
+    assert [r.type for r in read_records(p, info)] == [RecordType.RECON]
+    assert info.n_skipped == 1 and f"made with dictionary {other.dict_id}, which this memtrace does not have" \
+        in info.skipped[0], info.skipped

@@ -172,10 +172,11 @@ class RecordType(IntEnum):
 
 
 # What the writer groups (after the first BATCH: the stack definitions are written at once); what
-# it writes at once, ahead of a group it holds (its rows name addresses: order does not matter);
-# anything else is written after the group it holds.
+# it writes at once, ahead of a group it holds (their rows name addresses: order does not matter;
+# SYMBOLS when the round is large); anything else is written after the group it holds.
 GROUPED = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS, RecordType.SYMBOLS})
-AHEAD_OF_GROUP = frozenset({RecordType.MODULES})
+AHEAD_OF_GROUP = frozenset({RecordType.MODULES, RecordType.SYMBOLS})     # (SYMBOLS: a large round)
+SYMBOLS_ALONE_FROM = 200 * 100      # rows x ~100 bytes: a round this large is not grouped
 GROUPED_V5 = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS})    # what a version-5 group holds
 
 
@@ -795,7 +796,7 @@ def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
         sub = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
         subs.append(RECORD_HEADER_V1.pack(int(rtype), flag, 0, len(sub)) + sub)
     raw = b"".join(subs)
-    payload = _compress(raw, _zstd_level(len(raw), ZSTD_GROUP_LEVEL, ZSTD_GROUP_LEVEL_UP_TO), FORMAT_VERSION)
+    payload = _compress(raw, _group_level(len(raw)), FORMAT_VERSION)
     head = RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, _head_check(int(RecordType.GROUP), len(payload)),
                                  len(payload))
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
@@ -899,9 +900,14 @@ def _compress(data: bytes, level: int, version: int) -> bytes:
 
 
 def _zstd_level(n: int, mid: int = ZSTD_LEVEL, mid_up_to: int = ZSTD_FAST_FROM,
-                small_up_to: int = ZSTD_SMALL_UP_TO) -> int:
+                small_up_to: int = ZSTD_SMALL_UP_TO, large: int = ZSTD_FAST_LEVEL) -> int:
     """The zstd level for ``n`` bytes: harder the smaller (the host keeps up with a busy stream)."""
-    return ZSTD_SMALL_LEVEL if n <= small_up_to else mid if n <= mid_up_to else ZSTD_FAST_LEVEL
+    return ZSTD_SMALL_LEVEL if n <= small_up_to else mid if n <= mid_up_to else large
+
+
+def _group_level(n: int) -> int:
+    """A group's level: 19 when quiet (small), 15 up to ZSTD_GROUP_LEVEL_UP_TO, ZSTD_LEVEL beyond."""
+    return _zstd_level(n, ZSTD_GROUP_LEVEL, ZSTD_GROUP_LEVEL_UP_TO, large=ZSTD_LEVEL)
 
 
 def _head_check(rtype: int, length: int) -> int:
@@ -989,7 +995,10 @@ class CaptureWriter:
             # (a SYMBOLS row's JSON is ~90 bytes, a drain's ~900)
             rows = body.get("rows") if rtype == RecordType.SYMBOLS and isinstance(body, dict) else None
             size = len(data) + (100 * len(rows) if isinstance(rows, list) else 256)
-            if self._batches > 1 and size < GROUP_MAX:
+            # A large round of symbols is written alone, at once (at ZSTD_SMALL_LEVEL up to
+            # RECORD_SMALL_UP_TO: harder than a busy group's level; cc1plus's capture 1.5 % smaller).
+            alone = rtype == RecordType.SYMBOLS and size >= SYMBOLS_ALONE_FROM
+            if self._batches > 1 and size < GROUP_MAX and not alone:
                 if not self._group:
                     self._group_t0 = time.monotonic()
                 self._group.append((rtype, body, bytes(data)))
@@ -1267,8 +1276,7 @@ def _group_without(rh: bytes, payload: bytes, rtype: RecordType) -> bytes | None
         body = kept[0][RECORD_HEADER_V1.size:]
         head = RECORD_HEADER_V1.pack(sub_type, 0, _head_check(sub_type, len(body)), len(body))
         return head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head))) + body
-    packed = _compress(b"".join(kept), _zstd_level(sum(map(len, kept)), ZSTD_GROUP_LEVEL, ZSTD_GROUP_LEVEL_UP_TO),
-                       FORMAT_VERSION)
+    packed = _compress(b"".join(kept), _group_level(sum(map(len, kept))), FORMAT_VERSION)
     head = RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, _head_check(int(RecordType.GROUP), len(packed)), len(packed))
     return head + struct.pack("<I", zlib.crc32(packed, zlib.crc32(head))) + packed
 

@@ -249,3 +249,19 @@ def test_frames_are_made_with_the_shipped_dictionary(tmp_path: Path) -> None:
     assert [r.type for r in read_records(p, info)] == [RecordType.RECON]
     assert info.n_skipped == 1 and f"made with dictionary {other.dict_id}, which this memtrace does not have" \
         in info.skipped[0], info.skipped
+
+
+def test_a_large_symbols_round_is_written_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round of symbols past SYMBOLS_ALONE_FROM is written at once, ahead of the drains held
+    (alone it is compressed harder than a busy group is); a small one is grouped."""
+    monkeypatch.setattr(capture, "GROUP_S", 3600.0)
+    p = tmp_path / "c.mtc"
+    many = [[hex(0x401000 + i), "t", 4096 + i, f"f{i}"] for i in range(capture.SYMBOLS_ALONE_FROM // 100)]
+    with CaptureWriter(p) as w:
+        for i in range(3):
+            w.write(RecordType.BATCH, *drain(i))
+        w.write(RecordType.SYMBOLS, {"rows": many})
+        w.write(RecordType.SYMBOLS, {"rows": many[:1]})
+        w.write(RecordType.BATCH, *drain(3))
+    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.GROUP]
+    assert [len(r.body["rows"]) for r in read_records(p) if r.type == RecordType.SYMBOLS] == [len(many), 1]

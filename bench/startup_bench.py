@@ -78,6 +78,32 @@ def memtrace_cmd(tmp: Path, probe: Path) -> list[str]:
             "--", str(probe)]
 
 
+# Frida's own floor: a Python that imports frida, spawns the probe, injects an empty script and
+# resumes it -- what any Frida-based tracer pays before its own work (memtrace's start minus this
+# is memtrace's).
+BARE_FRIDA = """
+import sys, frida
+device = frida.get_local_device()
+pid = device.spawn([sys.argv[1]])
+session = device.attach(pid)
+script = session.create_script("rpc.exports = { hello() { return Process.platform; } };")
+script.load()
+script.exports_sync.hello()
+device.resume(pid)
+import os, time
+while True:         # (Frida reaps the program it spawned)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.005)
+"""
+
+
+def bare_frida_cmd(tmp: Path, probe: Path) -> list[str]:
+    return [sys.executable, "-c", BARE_FRIDA, str(probe)]
+
+
 def heaptrack_cmd(tmp: Path, probe: Path) -> list[str]:
     for old in tmp.glob("ht.*"):
         old.unlink()
@@ -155,12 +181,13 @@ def main() -> None:
         timed(memtrace_cmd(tmp, probe), stamp, warm_env)         # fills the user's caches
         if base_env is not None:
             timed(memtrace_cmd(tmp, probe), stamp, base_env)
-        runs: dict[str, list[Run]] = {"memtrace": [], "baseline": [], "heaptrack": []}
+        runs: dict[str, list[Run]] = {"memtrace": [], "baseline": [], "bare frida": [], "heaptrack": []}
         imports = []
         for _ in range(repeats):
             runs["memtrace"].append(timed(memtrace_cmd(tmp, probe), stamp, warm_env))
             if base_env is not None:
                 runs["baseline"].append(timed(memtrace_cmd(tmp, probe), stamp, base_env))
+            runs["bare frida"].append(timed(bare_frida_cmd(tmp, probe), stamp, warm_env))
             if have_heaptrack:
                 runs["heaptrack"].append(timed(heaptrack_cmd(tmp, probe), stamp, {}))
             imports.append(import_time(warm_env))
@@ -174,7 +201,8 @@ def main() -> None:
             print(f"{tool:10} (not installed)")
             continue
         start, end, total, cpu = (statistics.median(float(r[i]) for r in rows) for i in range(4))
-        print(f"{tool:10} {start:7.2f} {end:7.2f} {total:7.2f} {cpu:7.2f}")
+        lo, hi = min(r[0] for r in rows), max(r[0] for r in rows)
+        print(f"{tool:10} {start:7.2f} {end:7.2f} {total:7.2f} {cpu:7.2f}   start range {lo:.2f}-{hi:.2f}")
     print_phases(runs)
     print(f"{'memtrace, cold caches':22} start {cold[0]:.2f} end {cold[1]:.2f} total {cold[2]:.2f}")
     print(f"python -c 'import memtrace.cli': {statistics.median(imports):.2f} s (part of memtrace's start)")
@@ -182,6 +210,9 @@ def main() -> None:
         m = statistics.median(r[0] for r in runs["memtrace"])
         h = statistics.median(r[0] for r in runs["heaptrack"])
         print(f"start ratio memtrace/heaptrack: {m / h:.1f}x")
+    m = statistics.median(r[0] for r in runs["memtrace"])
+    f = statistics.median(r[0] for r in runs["bare frida"])
+    print(f"memtrace's start beyond bare Frida's (spawn, inject, an empty script, resume): {m - f:+.2f} s")
 
 
 def print_phases(runs: dict[str, list[Run]]) -> None:

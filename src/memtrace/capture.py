@@ -4,7 +4,7 @@ A capture is a 16-byte header followed by checksummed, length-prefixed records, 
 arrives and handed to the OS after every record, so a reader can always get back everything up
 to the last write, whatever happened to the target or to memtrace.
 
-    header : b"MEMTRACE" | u16 format version (5) | u16 flags (0) | u32 crc32 of the 12 bytes before
+    header : b"MEMTRACE" | u16 format version (6) | u16 flags (0) | u32 crc32 of the 12 bytes before
     record : u8 type | u8 0 | u16 head check | u32 payload length | u32 crc32 of the 8 bytes before
              + payload | payload
 
@@ -33,12 +33,16 @@ beside its neighbours, which repeat its JSON keys, counters and stacks); SYMBOLS
 which name addresses, are written at once, ahead of a group held; any other record after it.
 bench_real's sqlite3 run, ~120 drains on a loaded machine: 98.8 KB with every drain alone, 61.6 KB
 with 1 s of drains grouped between other records (heaptrack's file 63.0 KB); sizes for GROUP_S
-and the level: bench/README.md, "capture_size_bench.py".  A flipped byte still
+and the level: bench/README.md, "capture_size_bench.py".  Version 6 groups SYMBOLS records too
+(the symbol rounds of a run, a fifth of a short run's capture, are a few rows each after the
+first: alone, each paid its own frame and learnt nothing from the others) and compresses small
+frames harder (ZSTD_SMALL_LEVEL: a run's JSON records, its first drain, a quiet group); a
+version-5 group holds no SYMBOLS.  A flipped byte still
 costs one record: a group, about GROUP_S of drains (the counters are running totals the next
 drain restores; a stack's AGG values, when that stack next changes); the first drain, the stack
 definitions, is never held.  What the writer holds is written before any other record but those,
-at END and at close -- only memtrace itself killed (SIGKILL) loses it.  A version-5 reader reads
-versions 1 to 4 as they were written.
+at END and at close -- only memtrace itself killed (SIGKILL) loses it.  A version-6 reader reads
+versions 1 to 5 as they were written.
 
 Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in per-thread chunks
 ``u32 tid | u32 length | records``:
@@ -108,7 +112,7 @@ def _zstd_module() -> Any:
 
 _zstd: Any = _zstd_module()
 MAGIC = b"MEMTRACE"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 BATCH_ZLIB = 0x80000000        # in a BATCH's json length (version >= 3): its agent records are zlib data
 BATCH_ZSTD = 0x40000000        # in a BATCH's json length (version >= 4): its JSON and agent records are a zstd frame
 GROUP_S = 2.0                  # the writer groups the records of at most this long (drains: ten a second)
@@ -117,6 +121,12 @@ GROUP_MAX = 1 << 20            # ... and of at most this many bytes (a larger on
 # group for 10 % less; a busy one (cc1plus's new stacks) at ZSTD_LEVEL, so the host keeps up.
 ZSTD_GROUP_LEVEL = 15
 ZSTD_GROUP_LEVEL_UP_TO = 256 << 10
+# (version >= 6) A quiet group this small, and a record alone (a JSON record, a run's first
+# drain: a few a run) up to RECORD_SMALL_UP_TO, is compressed at ZSTD_SMALL_LEVEL: ~35 ms for
+# 64 KB here, ~90 ms for 256 KB; sqlite3's capture 5 % smaller than at the levels above.
+ZSTD_SMALL_LEVEL = 19
+ZSTD_SMALL_UP_TO = 64 << 10
+RECORD_SMALL_UP_TO = 256 << 10
 BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
 # (version >= 4) a JSON payload this large is stored as a zstd frame when that is smaller: SYMBOLS
 # rounds and SNAPSHOTs of a few hundred bytes each are much of a short run's capture (sqlite3's:
@@ -162,10 +172,12 @@ class RecordType(IntEnum):
 
 
 # What the writer groups (after the first BATCH: the stack definitions are written at once); what
-# it writes at once, ahead of a group it holds (their rows name addresses: order does not matter);
-# anything else is written after the group it holds.
-GROUPED = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS})
-AHEAD_OF_GROUP = frozenset({RecordType.SYMBOLS, RecordType.MODULES})
+# it writes at once, ahead of a group it holds (their rows name addresses: order does not matter;
+# SYMBOLS when the round is large); anything else is written after the group it holds.
+GROUPED = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS, RecordType.SYMBOLS})
+AHEAD_OF_GROUP = frozenset({RecordType.MODULES, RecordType.SYMBOLS})     # (SYMBOLS: a large round)
+SYMBOLS_ALONE_FROM = 200 * 100      # rows x ~100 bytes: a round this large is not grouped
+GROUPED_V5 = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS})    # what a version-5 group holds
 
 
 # The agent's record layout and counters (memtrace/layout.py, shared with the agent's C and JS).
@@ -402,6 +414,8 @@ class _Timing(Shape):
     launch_to_attach_s: Time | None = None
     captured_s: Time | None = None
     phases: Maybe[dict[str, Num]] = UNSET       # the start's steps: CLOCK_MONOTONIC seconds by name
+    symbolize_s: Time | None = None             # symbolizing on the host during the run, in all
+    final_symbolize_s: Time | None = None       # ... of which its last round, after the target's end
 
 
 class EndRecord(Shape):
@@ -743,8 +757,7 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
         if zstd_ok and _zstd is not None and n + len(data) >= BATCH_ZLIB_MIN:
             # Version 4: the JSON (its counters are most of a small batch) and the agent records
             # in one zstd frame.
-            level = ZSTD_LEVEL if len(data) < ZSTD_FAST_FROM else ZSTD_FAST_LEVEL
-            packed = _zstd.compress(blob + data, level)
+            packed = _compress(blob + data, _zstd_level(n + len(data), small_up_to=RECORD_SMALL_UP_TO), version)
             if len(packed) < n + len(data):
                 n, blob, data = n | BATCH_ZSTD, b"", packed
         elif version >= 3 and BATCH_ZLIB_ON and len(data) >= BATCH_ZLIB_MIN:
@@ -753,7 +766,8 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
                 n, data = n | BATCH_ZLIB, packed
         payload = struct.pack("<I", n) + blob + data
     elif zstd_ok and _zstd is not None and len(blob) >= JSON_ZSTD_MIN:
-        packed = _zstd.compress(blob, ZSTD_LEVEL)
+        packed = _compress(blob, _zstd_level(len(blob), small_up_to=RECORD_SMALL_UP_TO) if version >= 6
+                           else ZSTD_LEVEL, version)
         payload = packed if len(packed) < len(blob) else blob
     else:
         payload = blob
@@ -769,15 +783,131 @@ def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
     json | agent records``; the others': JSON)."""
     assert _zstd is not None and len(records) > 1
     subs = []
+    # The AGG values as deltas (version 6, _agg_deltas): a walk of the agent records, ~20 ms per MB
+    # each way; CPython's capture 10 % smaller.
+    running: dict[tuple[int, int], int] | None = {}
     for rtype, body, data in records:
         blob = _dumps(body)
+        flag = 0
+        if rtype == RecordType.BATCH and running is not None and data:
+            deltas = _agg_deltas(data, running, undo=False)
+            if deltas is not None:
+                data, flag = deltas, SUB_AGG_DELTAS
         sub = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
-        subs.append(RECORD_HEADER_V1.pack(int(rtype), 0, 0, len(sub)) + sub)
+        subs.append(RECORD_HEADER_V1.pack(int(rtype), flag, 0, len(sub)) + sub)
     raw = b"".join(subs)
-    payload = _zstd.compress(raw, ZSTD_GROUP_LEVEL if len(raw) <= ZSTD_GROUP_LEVEL_UP_TO else ZSTD_LEVEL)
+    payload = _compress(raw, _group_level(len(raw)), FORMAT_VERSION)
     head = RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, _head_check(int(RecordType.GROUP), len(payload)),
                                  len(payload))
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+
+
+SUB_AGG_DELTAS = 1      # (version >= 6) a grouped BATCH's flag byte: its AGG values are deltas
+_AGG_BITS: dict[int, list[int]] = {}       # an AGG mask's field bits, lowest first (filled as masks are seen)
+
+
+def _agg_deltas(data: bytes, running: dict[tuple[int, int], int], undo: bool) -> bytes | None:
+    """A grouped BATCH's agent records with each AGG value (a stack's running total) replaced by
+    its difference from that stack's same field in the group's last AGG record before it (mod
+    2^64; the first one as it is), or, ``undo``, the other way back.  The drains of a quiet
+    stretch repeat the same few stacks' totals, which change by little: sqlite3's AGG records
+    compress a fifth smaller so, CPython's a tenth.  None: data this walk cannot frame (then it
+    is stored as it is; read back, the group is damaged)."""
+    out = bytearray(data)
+    end = len(out)
+    pos = 0
+    mask64 = (1 << 64) - 1
+    seen: dict[tuple[int, int], int] = {}      # into ``running`` only once the whole data is framed
+    head_size, chunk_size = _AGG_HEAD.size, _CHUNK.size
+    fixed = {REC_ALLOC: _ALLOC.size, REC_FREE: _FREE.size, REC_PEAK_HEAD: _PEAK_HEAD.size,
+             REC_PEAK: _PEAK.size, REC_LIVE: _LIVE.size}
+    while pos + chunk_size <= end:
+        _, length = _CHUNK.unpack_from(out, pos)
+        pos += chunk_size
+        stop = pos + length
+        if stop > end:
+            return None
+        while pos + 8 <= stop:
+            rtype = out[pos]
+            if rtype == REC_AGG:
+                if pos + head_size > stop:
+                    return None
+                _, nvalues, _, sid, mask, _ = _AGG_HEAD.unpack_from(out, pos)
+                bits = _AGG_BITS.get(mask)
+                if bits is None:
+                    bits = _AGG_BITS[mask] = [bit for bit in range(32) if mask >> bit & 1]
+                size = head_size + 8 * nvalues
+                if len(bits) != nvalues or pos + size > stop:
+                    return None
+                at = pos + head_size
+                for bit in bits:
+                    (v,) = struct.unpack_from("<Q", out, at)
+                    key = (sid, bit)
+                    before = seen.get(key)
+                    if before is None:
+                        before = running.get(key, 0)
+                    if undo:
+                        v = (v + before) & mask64
+                        struct.pack_into("<Q", out, at, v)
+                    else:
+                        struct.pack_into("<Q", out, at, (v - before) & mask64)
+                    seen[key] = v
+                    at += 8
+            elif rtype == REC_STACK:
+                size = 8 + 8 * (out[pos + 1] | out[pos + 2] << 8 | out[pos + 3] << 16)
+            elif rtype == REC_PAD:
+                size = 8 + int.from_bytes(out[pos + 4:pos + 8], "little")
+            elif rtype in fixed:
+                size = fixed[rtype]
+            else:
+                return None
+            if pos + size > stop:
+                return None
+            pos += size
+        if pos != stop:
+            return None
+    if pos != end:
+        return None
+    running.update(seen)
+    return bytes(out)
+
+
+# (version >= 6) Every zstd frame is made with this dictionary (its id in the frame's header): 16 KB
+# trained on the records of captures of sort, perl, xz, awk and find (META aside: it names the
+# host) -- the keys, counters and hook names every capture repeats.  A run's small JSON records
+# (META, RECON, MODULES, CALIBRATION, END) and each group's first drain are most of a short run's
+# capture: the C++ program's 16.1 -> 9.6 KB record by record, sqlite3's 57 -> 45 KB.  Never
+# changed once shipped (a capture names it by id): a better one is another file and id.
+DICTIONARY_FILE = Path(__file__).with_name("capture-v6.zdict")
+
+
+@functools.cache
+def _dictionary() -> Any:
+    """The shipped zstd dictionary, or None (a broken installation: frames are then made without
+    it, and frames made with it read as damaged, saying which dictionary they need)."""
+    if _zstd is None:
+        return None
+    try:
+        return _zstd.ZstdDict(DICTIONARY_FILE.read_bytes())
+    except (OSError, ValueError, _zstd.ZstdError):
+        return None
+
+
+def _compress(data: bytes, level: int, version: int) -> bytes:
+    assert _zstd is not None
+    shipped = _dictionary() if version >= 6 else None
+    return _zstd.compress(data, level, zstd_dict=shipped) if shipped is not None else _zstd.compress(data, level)
+
+
+def _zstd_level(n: int, mid: int = ZSTD_LEVEL, mid_up_to: int = ZSTD_FAST_FROM,
+                small_up_to: int = ZSTD_SMALL_UP_TO, large: int = ZSTD_FAST_LEVEL) -> int:
+    """The zstd level for ``n`` bytes: harder the smaller (the host keeps up with a busy stream)."""
+    return ZSTD_SMALL_LEVEL if n <= small_up_to else mid if n <= mid_up_to else large
+
+
+def _group_level(n: int) -> int:
+    """A group's level: 19 when quiet (small), 15 up to ZSTD_GROUP_LEVEL_UP_TO, ZSTD_LEVEL beyond."""
+    return _zstd_level(n, ZSTD_GROUP_LEVEL, ZSTD_GROUP_LEVEL_UP_TO, large=ZSTD_LEVEL)
 
 
 def _head_check(rtype: int, length: int) -> int:
@@ -862,11 +992,17 @@ class CaptureWriter:
         """Append one record; raises CaptureWriteError on the first write that fails."""
         if rtype in GROUPED and self._group is not None and self.error is None:
             self._batches += rtype == RecordType.BATCH
-            if self._batches > 1 and len(data) < GROUP_MAX:
+            # (a SYMBOLS row's JSON is ~90 bytes, a drain's ~900)
+            rows = body.get("rows") if rtype == RecordType.SYMBOLS and isinstance(body, dict) else None
+            size = len(data) + (100 * len(rows) if isinstance(rows, list) else 256)
+            # A large round of symbols is written alone, at once (at ZSTD_SMALL_LEVEL up to
+            # RECORD_SMALL_UP_TO: harder than a busy group's level; cc1plus's capture 1.5 % smaller).
+            alone = rtype == RecordType.SYMBOLS and size >= SYMBOLS_ALONE_FROM
+            if self._batches > 1 and size < GROUP_MAX and not alone:
                 if not self._group:
                     self._group_t0 = time.monotonic()
                 self._group.append((rtype, body, bytes(data)))
-                self._group_bytes += len(data) + 256
+                self._group_bytes += size
                 if self._group_bytes >= GROUP_MAX or time.monotonic() - self._group_t0 >= GROUP_S:
                     self.flush()
                 return
@@ -1092,6 +1228,14 @@ def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> P
                         out.write(fresh)
                         placed = True
                     continue
+                if kind == RecordType.GROUP and version >= 6 and rtype in GROUPED:
+                    kept = _group_without(rh, payload, rtype)
+                    if kept is not None:
+                        if not placed:
+                            out.write(fresh)
+                            placed = True
+                        out.write(kept)
+                        continue
                 out.write(rh + payload)
             if not placed:
                 out.write(fresh)
@@ -1104,6 +1248,37 @@ def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> P
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+def _group_without(rh: bytes, payload: bytes, rtype: RecordType) -> bytes | None:
+    """A version-6 GROUP record framed again without its ``rtype`` records (the others' bytes as
+    they were; one left: a record of its own, uncompressed), or None: it holds none, or it is
+    damaged (then it is copied as it is, for a reader to say so)."""
+    if zlib.crc32(payload, zlib.crc32(rh[:8])) != RECORD_HEADER.unpack(rh)[4]:
+        return None
+    try:
+        raw = _unzstd(payload, BATCH_MAX_BYTES, "GROUP record")
+    except _Damaged:
+        return None
+    subs: list[tuple[int, bytes]] = []
+    at = 0
+    while at + RECORD_HEADER_V1.size <= len(raw):
+        sub_type, _, _, length = RECORD_HEADER_V1.unpack_from(raw, at)
+        subs.append((sub_type, raw[at:at + RECORD_HEADER_V1.size + length]))
+        at += RECORD_HEADER_V1.size + length
+    kept = [sub for sub_type, sub in subs if sub_type != int(rtype)]
+    if len(kept) == len(subs):
+        return None
+    if not kept:
+        return b""
+    if len(kept) == 1:
+        sub_type = kept[0][0]
+        body = kept[0][RECORD_HEADER_V1.size:]
+        head = RECORD_HEADER_V1.pack(sub_type, 0, _head_check(sub_type, len(body)), len(body))
+        return head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head))) + body
+    packed = _compress(b"".join(kept), _group_level(sum(map(len, kept))), FORMAT_VERSION)
+    head = RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, _head_check(int(RecordType.GROUP), len(packed)), len(packed))
+    return head + struct.pack("<I", zlib.crc32(packed, zlib.crc32(head))) + packed
 
 
 # ---- reading -----------------------------------------------------------------
@@ -1310,7 +1485,7 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] |
             if version == 1:
                 raise _Damaged(f"unknown record type {rtype}")
             return None
-        return _decode_group(_unzstd(payload, BATCH_MAX_BYTES, "GROUP record"))
+        return _decode_group(_unzstd(payload, BATCH_MAX_BYTES, "GROUP record"), version)
     data = b""
     if kind == RecordType.BATCH:
         if len(payload) < 4:
@@ -1347,24 +1522,33 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] |
     return Record(kind, body, data)
 
 
-def _decode_group(records: bytes) -> list[Record]:
+def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]:
     """The records of a GROUP record: ``u8 type | u8 0 | u16 0 | u32 length | payload``, each
     payload as a version-4 record's uncompressed one."""
     out: list[Record] = []
     at = 0
+    held = GROUPED if version >= 6 else GROUPED_V5
+    running: dict[tuple[int, int], int] = {}        # the AGG values so far (version 6's deltas)
     while at < len(records):
         if at + RECORD_HEADER_V1.size > len(records):
             raise _Damaged(f"GROUP record: its record {len(out)} cut short")
-        rtype, zero, check, length = RECORD_HEADER_V1.unpack_from(records, at)
+        rtype, flag, check, length = RECORD_HEADER_V1.unpack_from(records, at)
         at += RECORD_HEADER_V1.size
-        if rtype not in GROUPED or zero or check or at + length > len(records):
+        deltas = flag == SUB_AGG_DELTAS and rtype == RecordType.BATCH and version >= 6
+        if rtype not in held or (flag and not deltas) or check or at + length > len(records):
             raise _Damaged(f"GROUP record: its record {len(out)} has a wrong type, header or length")
         payload = records[at:at + length]
         if rtype == RecordType.BATCH and (len(payload) < 4 or struct.unpack_from("<I", payload)[0] & (BATCH_ZLIB | BATCH_ZSTD)):
             raise _Damaged(f"GROUP record: its record {len(out)} is a BATCH compressed again")
+        if deltas:
+            n = 4 + struct.unpack_from("<I", payload)[0]
+            values = _agg_deltas(payload[n:], running, undo=True) if n <= len(payload) else None
+            if values is None:
+                raise _Damaged(f"GROUP record: its record {len(out)}'s AGG deltas cannot be framed")
+            payload = payload[:n] + values
         if rtype != RecordType.BATCH and payload[:4] == ZSTD_MAGIC:
             raise _Damaged(f"GROUP record: its record {len(out)} is compressed again")
-        one = _decode(rtype, payload, 5)
+        one = _decode(rtype, payload, 5)       # (zstd inside a group: refused above)
         assert isinstance(one, Record)
         out.append(one)
         at += length
@@ -1389,7 +1573,14 @@ def _unzstd(data: bytes | memoryview, limit: int, what: str) -> bytes:
     """One zstd frame, bounded by ``limit`` (a hostile record cannot claim unbounded memory)."""
     if _zstd is None:
         raise _Damaged(f"{what}: zstd data, and no zstd module here (pip install backports.zstd)")
-    d = _zstd.ZstdDecompressor()
+    try:
+        wanted = _zstd.get_frame_info(data).dictionary_id
+    except _zstd.ZstdError as e:
+        raise _Damaged(f"{what}: bad zstd data ({e})") from None
+    shipped = _dictionary() if wanted else None
+    if wanted and (shipped is None or shipped.dict_id != wanted):
+        raise _Damaged(f"{what}: zstd data made with dictionary {wanted}, which this memtrace does not have")
+    d = _zstd.ZstdDecompressor(zstd_dict=shipped)
     try:
         out = d.decompress(data, limit)
     except _zstd.ZstdError as e:

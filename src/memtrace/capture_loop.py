@@ -138,6 +138,9 @@ class Clock:
     # The start's steps (issue 21, item 6: the fixed cost), CLOCK_MONOTONIC seconds by name, in
     # order: the capture loop's, then its source's (FridaHost.phases), into END's timing.phases.
     phases: dict[str, float] = field(default_factory=dict)
+    # Seconds spent symbolizing (issue 21, item 6: <= 1 s at the end): all of the run's, the final round's.
+    symbolize_s: float = 0.0
+    final_symbolize_s: float = 0.0
 
 
 @dataclass
@@ -592,6 +595,8 @@ class CaptureLoop:
             "launch_to_attach_s": None if c.launch is None or c.attach is None else round(c.attach - c.launch, 3),
             "captured_s": None if c.start is None else round((c.gone if e.gone and c.gone else now) - c.start, 3),
             "phases": _start_phases(c.phases, getattr(self.source, "phases", None)),
+            "symbolize_s": round(c.symbolize_s, 3),
+            "final_symbolize_s": round(c.final_symbolize_s, 3),
         }
         self._write(RecordType.END, end_body)
         assert self.writer is not None
@@ -780,6 +785,16 @@ class CaptureLoop:
     # -- helpers --------------------------------------------------------------
 
     def _symbolize(self, final: bool = False) -> None:
+        t0 = time.monotonic()
+        try:
+            self._symbolize_rounds(final)
+        finally:
+            took = time.monotonic() - t0
+            self.clock.symbolize_s += took
+            if final:
+                self.clock.final_symbolize_s = took
+
+    def _symbolize_rounds(self, final: bool) -> None:
         if self._host_symbols and self.stacks.host is None:
             self.stacks.symbolize_on_host()
         usable = self.clock.start is not None and not self.ending.gone and self.ending.timeout_info is None

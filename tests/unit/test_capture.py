@@ -94,8 +94,9 @@ def test_every_truncation_reads_back_the_complete_prefix(tmp_path: Path) -> None
 def test_newer_version_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     p = tmp_path / "new.mtc"
     p.write_bytes(capture.header_bytes(capture.FORMAT_VERSION + 1))
-    with pytest.raises(CaptureError, match=r"new\.mtc: capture format version 6 is newer than this memtrace "
-                                           r"reads \(up to 5\); upgrade memtrace$"):
+    v = capture.FORMAT_VERSION
+    with pytest.raises(CaptureError, match=rf"new\.mtc: capture format version {v + 1} is newer than this memtrace "
+                                           rf"reads \(up to {v}\); upgrade memtrace$"):
         list(read_records(p))
     # The same version field with a header checksum that does not hold is damage, not a newer format.
     damaged = tmp_path / "damaged.mtc"

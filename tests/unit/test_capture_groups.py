@@ -1,4 +1,4 @@
-"""GROUP records (capture format 5): the agent's drains and the snapshots of up to GROUP_S seconds
+"""GROUP records (capture format 5, SYMBOLS too from 6): the agent's drains and the snapshots of up to GROUP_S seconds
 in one zstd frame -- a smaller capture, the same records, and a flipped byte still costs one record."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_drains_are_grouped_and_read_back_as_written(tmp_path: Path, monkeypatch
     drains = write(p)
     info = CaptureInfo(p)
     batches = [r for r in read_records(p, info) if r.type == RecordType.BATCH]
-    assert info.problem is None and info.version == capture.FORMAT_VERSION == 5
+    assert info.problem is None and info.version == capture.FORMAT_VERSION == 6
     assert [(r.body, bytes(r.data)) for r in batches] == drains
     assert list(decode_agent_records(batches[7].data)) == [AggRecord(s, {"allocs": 70 + s, "bytes": 7 * 4096}) for s in range(3)]
     # The first drain alone (written at once: its stack definitions), the other 29 in one record.
@@ -93,18 +93,63 @@ def test_held_records_keep_their_order(tmp_path: Path, monkeypatch: pytest.Monke
         for i in range(3):
             w.write(RecordType.BATCH, *drain(i))
         w.write(RecordType.SNAPSHOT, {"t": 250})                 # grouped with the drains
-        w.write(RecordType.SYMBOLS, {"rows": []})                # written at once, ahead of them
+        w.write(RecordType.MODULES, {"modules": []})             # written at once, ahead of them
+        w.write(RecordType.SYMBOLS, {"rows": [["0x401000", "t", 4096, "main"]]})    # (version 6) grouped too
         w.write(RecordType.BATCH, *drain(3))
         w.write(RecordType.WARNING, {"message": "w", "t": 350})  # after what is held
         w.write(RecordType.BATCH, *drain(4))
         w.write(RecordType.BATCH, *drain(5))
     # No END: close() still writes what it held.
     assert [(r.type, r.body.get("t")) for r in read_records(p)] == [
-        (RecordType.BATCH, 0), (RecordType.SYMBOLS, None), (RecordType.BATCH, 100), (RecordType.BATCH, 200),
-        (RecordType.SNAPSHOT, 250), (RecordType.BATCH, 300), (RecordType.WARNING, 350), (RecordType.BATCH, 400),
-        (RecordType.BATCH, 500)]
-    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.GROUP,
+        (RecordType.BATCH, 0), (RecordType.MODULES, None), (RecordType.BATCH, 100), (RecordType.BATCH, 200),
+        (RecordType.SNAPSHOT, 250), (RecordType.SYMBOLS, None), (RecordType.BATCH, 300), (RecordType.WARNING, 350),
+        (RecordType.BATCH, 400), (RecordType.BATCH, 500)]
+    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.MODULES, RecordType.GROUP,
                                                     RecordType.WARNING, RecordType.GROUP]
+
+
+def test_a_format_5_group_holds_no_symbols(tmp_path: Path) -> None:
+    """A version-5 writer never grouped SYMBOLS: such a group in a version-5 file is damage."""
+    import zlib
+
+    assert capture._zstd is not None
+    subs = b"".join(sub(RecordType.SYMBOLS, b'{"rows":[]}') for _ in range(2))
+    payload = capture._zstd.compress(subs)
+    head = capture.RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, capture._head_check(int(RecordType.GROUP),
+                                                                                     len(payload)), len(payload))
+    record = head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
+    for version, read in ((5, []), (6, [RecordType.SYMBOLS, RecordType.SYMBOLS])):
+        p = tmp_path / f"c{version}.mtc"
+        p.write_bytes(header_bytes(version) + record)
+        info = CaptureInfo(p)
+        assert [r.type for r in read_records(p, info)] == read
+        assert info.n_skipped == (version == 5)
+
+
+def test_resymbolizing_replaces_the_grouped_symbols(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(capture, "GROUP_S", 3600.0)
+    p = tmp_path / "c.mtc"
+    drains = [drain(i) for i in range(4)]
+    with CaptureWriter(p) as w:
+        w.write(RecordType.BATCH, *drains[0])
+        w.write(RecordType.SYMBOLS, {"rows": [["0x401000", "t", 4096, "old0"]]})        # written alone
+        w.write(RecordType.BATCH, *drains[1])
+        w.write(RecordType.SYMBOLS, {"rows": [["0x401001", "t", 4097, "old1"]]})        # grouped
+        w.write(RecordType.BATCH, *drains[2])
+        w.write(RecordType.WARNING, {"message": "w"})
+        w.write(RecordType.SYMBOLS, {"rows": [["0x402000", "t", 8192, "old2"]]})        # grouped ...
+        w.write(RecordType.BATCH, *drains[3])                                           # ... with one drain
+        w.write(RecordType.END, {"ended": "completed", "reason": "done"})
+    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.GROUP,
+                                                    RecordType.WARNING, RecordType.GROUP, RecordType.END]
+    capture.replace_records(p, RecordType.SYMBOLS, [{"rows": [["0x401000", "t", 4096, "new"]]}])
+    info = CaptureInfo(p)
+    records = list(read_records(p, info))
+    assert info.problem is None
+    assert [r.body["rows"][0][3] for r in records if r.type == RecordType.SYMBOLS] == ["new"]
+    assert [(r.body, bytes(r.data)) for r in records if r.type == RecordType.BATCH] == drains
+    assert [r.type for r in records] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.BATCH, RecordType.BATCH,
+                                         RecordType.WARNING, RecordType.BATCH, RecordType.END]
 
 
 def test_a_flipped_byte_in_a_group_costs_that_record_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,8 +166,30 @@ def test_a_flipped_byte_in_a_group_costs_that_record_only(tmp_path: Path, monkey
     assert info.n_skipped == 1 and info.skipped == [f"byte {grouped[0]}: GROUP record: checksum mismatch"]
 
 
-def sub(rtype: int, payload: bytes) -> bytes:
-    return capture.RECORD_HEADER_V1.pack(rtype, 0, 0, len(payload)) + payload
+def sub(rtype: int, payload: bytes, flag: int = 0) -> bytes:
+    return capture.RECORD_HEADER_V1.pack(rtype, flag, 0, len(payload)) + payload
+
+
+def test_a_groups_agg_values_are_stored_as_deltas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(version 6) Each AGG value in a group is its difference from the same stack's same
+    field earlier in the group: drain i's "allocs" of stack s is 10 i + s, so every drain after the
+    group's first stores 10 -- and reads back as the running total."""
+    monkeypatch.setattr(capture, "GROUP_S", 3600.0)
+    p = tmp_path / "c.mtc"
+    drains = write(p)
+    at, _, length = frames(p)[2]
+    assert capture._zstd is not None
+    raw = capture._unzstd(p.read_bytes()[at + RECORD_HEADER.size:at + RECORD_HEADER.size + length], 1 << 20, "GROUP")
+    stored, pos = [], 0
+    while pos < len(raw):
+        rtype, flag, _, n = capture.RECORD_HEADER_V1.unpack_from(raw, pos)
+        payload = raw[pos + 8:pos + 8 + n]
+        assert (rtype, flag) == (RecordType.BATCH, capture.SUB_AGG_DELTAS)
+        stored.append(list(decode_agent_records(payload[4 + struct.unpack_from("<I", payload)[0]:])))
+        pos += 8 + n
+    assert stored[0] == [AggRecord(s, {"allocs": 10 + s, "bytes": 4096}) for s in range(3)]     # drain 1: as it is
+    assert all(agg == [AggRecord(s, {"allocs": 10, "bytes": 4096}) for s in range(3)] for agg in stored[1:])
+    assert [(r.body, bytes(r.data)) for r in read_records(p) if r.type == RecordType.BATCH] == drains
 
 
 @pytest.mark.parametrize("inside", [
@@ -131,6 +198,8 @@ def sub(rtype: int, payload: bytes) -> bytes:
     sub(RecordType.BATCH, struct.pack("<I", 2 | capture.BATCH_ZSTD) + b"{}"),   # a BATCH compressed again
     sub(RecordType.END, b"{}"),                                             # a type no group holds
     sub(RecordType.GROUP, b"{}"),                                           # a group in a group
+    sub(RecordType.SNAPSHOT, b"{}", flag=capture.SUB_AGG_DELTAS),          # deltas in a JSON record
+    sub(RecordType.BATCH, struct.pack("<I", 2) + b"{}" + b"\x01\x02", flag=capture.SUB_AGG_DELTAS),  # unframed deltas
 ])
 def test_a_malformed_group_is_skipped_and_said(tmp_path: Path, inside: bytes) -> None:
     import zlib
@@ -157,3 +226,42 @@ def test_a_format_4_capture_still_reads(tmp_path: Path) -> None:
                                              for body, data in drains))
     info = CaptureInfo(p)
     assert [(r.body, bytes(r.data)) for r in read_records(p, info)] == drains and info.version == 4
+
+
+def test_frames_are_made_with_the_shipped_dictionary(tmp_path: Path) -> None:
+    """(version 6) zstd frames name the shipped dictionary; one naming another reads as damaged,
+    saying which dictionary it needs."""
+    assert capture._zstd is not None
+    shipped = capture._dictionary()
+    assert shipped is not None, f"{capture.DICTIONARY_FILE} missing: a broken installation"
+    frame = encode_record(RecordType.RECON, {"symbols": [{"name": "malloc", "status": "hooked"}] * 20})
+    payload = frame[RECORD_HEADER.size:]
+    assert capture._zstd.get_frame_info(payload).dictionary_id == shipped.dict_id
+    other = capture._zstd.train_dict([f'{{"k{i}": "v{i * i}"}}'.encode() * 20 for i in range(200)], 1024)
+    alien = capture._zstd.compress(capture._dumps({"message": "w" * 200}), 19, zstd_dict=other)
+    head = capture.RECORD_HEADER_V1.pack(int(RecordType.WARNING), 0, capture._head_check(int(RecordType.WARNING),
+                                                                                       len(alien)), len(alien))
+    import zlib
+
+    p = tmp_path / "c.mtc"
+    p.write_bytes(header_bytes() + frame + head + struct.pack("<I", zlib.crc32(alien, zlib.crc32(head))) + alien)
+    info = CaptureInfo(p)
+    assert [r.type for r in read_records(p, info)] == [RecordType.RECON]
+    assert info.n_skipped == 1 and f"made with dictionary {other.dict_id}, which this memtrace does not have" \
+        in info.skipped[0], info.skipped
+
+
+def test_a_large_symbols_round_is_written_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round of symbols past SYMBOLS_ALONE_FROM is written at once, ahead of the drains held
+    (alone it is compressed harder than a busy group is); a small one is grouped."""
+    monkeypatch.setattr(capture, "GROUP_S", 3600.0)
+    p = tmp_path / "c.mtc"
+    many = [[hex(0x401000 + i), "t", 4096 + i, f"f{i}"] for i in range(capture.SYMBOLS_ALONE_FROM // 100)]
+    with CaptureWriter(p) as w:
+        for i in range(3):
+            w.write(RecordType.BATCH, *drain(i))
+        w.write(RecordType.SYMBOLS, {"rows": many})
+        w.write(RecordType.SYMBOLS, {"rows": many[:1]})
+        w.write(RecordType.BATCH, *drain(3))
+    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.GROUP]
+    assert [len(r.body["rows"]) for r in read_records(p) if r.type == RecordType.SYMBOLS] == [len(many), 1]

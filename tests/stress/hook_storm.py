@@ -208,7 +208,7 @@ def dump_threads(pid: int, to: Path) -> None:
 
 
 WORLD_KEYS = ("applied", "stopped", "running", "failed", "retries", "timeouts", "frida_retries", "frida_busy",
-              "frida_refused", "not_drained", "not_quiesced")
+              "frida_refused", "not_drained", "not_quiesced", "frida_keys_retired")
 
 
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,

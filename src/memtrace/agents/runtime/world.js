@@ -108,6 +108,7 @@ export const world = {
     frida_retries: 0, frida_busy: 0, frida_refused: 0, frida_sleeps: 0,
     parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
   parked: new Set(),          // their ids (skipParkedAtExit)
+  fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
   busy: null,                 // why the last strict stop gave up: { ms, tries, threads } (stopClear)
   queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
   refused: [],                // [what, why] per patch refused (applyPatches)
@@ -798,6 +799,67 @@ export function quiesce(ranges) {
   return { clear: false, tries, threads, why: threads === null ? readError() : null };
 }
 
+/*
+ * Frida's own pthread keys (its GLib's GPrivate: the Interceptor's per-thread context, ...) have
+ * their destructors in Frida's agent.  Every thread that ran through any hook -- and, under the
+ * threads tracer, every thread started or exiting, through gum's thread registry -- holds a value
+ * there, so glibc calls that destructor when the thread exits (__nptl_deallocate_tsd: read the
+ * key's destr, then call it).  Frida deletes the keys when its agent unloads but waits for no
+ * thread already between that read and the call, or inside the destructor: the threads storm's
+ * death at cycle 100 (docs/hook-storm.md) -- a thread exiting, running the NEXT session's agent,
+ * mapped at the same address, on the freed agent's data.  So once the hooks are out, with the
+ * world stopped strictly (no thread's pc, register or stack word in Frida's code: not a thread
+ * holding that destr in a register or running it), every such key's destructor is set to NULL:
+ * glibc then calls nothing for it, and a thread exiting from here on leaks its context into
+ * Frida's heap, which the unload frees whole.  Linux/glibc only (its __pthread_keys table:
+ * { seq, destr } per key, in use when seq is odd); idempotent.  Returns how many were retired, or
+ * null when it could not be done (why in world.fridaKeys.why).
+ */
+const PTHREAD_KEYS_MAX = 1024;
+const FRIDA_KEYS_MS = 3000;
+
+export function retireFridaKeyDestructors() {
+  const fk = world.fridaKeys;
+  if (fk.done)
+    return fk.retired;
+  fk.done = true;
+  const table = IS_DARWIN ? null : Module.findGlobalExportByName('__pthread_keys');
+  if (world.fns === null || table === null || world.fridaCode.length === 0) {
+    fk.why = world.fns === null ? world.why : (table === null ? 'no glibc __pthread_keys' : 'no Frida code seen');
+    return null;
+  }
+  const entry = Process.pointerSize * 2;
+  const inFrida = p => world.fridaCode.some(([lo, hi]) => p.compare(lo) >= 0 && p.compare(hi) < 0);
+  const ours = () => {
+    const out = [];
+    for (let i = 0; i < PTHREAD_KEYS_MAX; i++) {
+      const at = table.add(i * entry);
+      if ((at.readU32() & 1) === 1 && inFrida(at.add(Process.pointerSize).readPointer()))
+        out.push(at.add(Process.pointerSize));
+    }
+    return out;
+  };
+  if (ours().length === 0)
+    return (fk.retired = 0);
+  const deadline = Date.now() + FRIDA_KEYS_MS;
+  for (;;) {
+    if (stopClear([], true, 0)) {
+      // Stopped strictly: read again (a key made meanwhile), then write -- nothing else runs.
+      const slots = ours();
+      for (const slot of slots)
+        slot.writePointer(NULL);
+      world.fns.resume(world.mem.world);
+      fk.retired = slots.length;
+      return fk.retired;
+    }
+    if (Date.now() > deadline) {
+      fk.why = `no strict stop in ${FRIDA_KEYS_MS} ms (${readError() || 'a thread in Frida\'s code'})`;
+      return null;
+    }
+    Thread.sleep(0.002);
+  }
+}
+
 /* The code of a CModule `cm` as [start, end) pairs, for quiesce(): TinyCC's section bounds (Frida
  * hides the module's pages from Process's ranges); without them its functions' span, a page on. */
 export function moduleCode(cm) {
@@ -821,5 +883,6 @@ export function moduleCode(cm) {
 /* What the host records: how every patch went. */
 export function worldReport() {
   return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
-    entry_ranges: world.entryCode.size, log: world.log, refused: world.refused }, world.stats);
+    entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,
+    frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why }, world.stats);
 }

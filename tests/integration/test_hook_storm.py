@@ -166,6 +166,9 @@ def test_the_one_process_a_cycle_driver_still_runs(tmp_path: Path) -> None:
 # sleeps until told to go): a thread there may hold one of Frida's locks, so no patch may be
 # made while it is held stopped.
 PARK_ONE_THREAD = """
+rpc.exports = { prologues(names) {
+  return names.map(n => Array.from(new Uint8Array(Module.getGlobalExportByName(n).readByteArray(16))));
+} };
 let parked = false;
 let go = false;
 recv('go', () => { go = true; });
@@ -185,9 +188,10 @@ Interceptor.attach(Module.getGlobalExportByName('dup'), { onEnter() {
 def test_a_patch_is_refused_while_a_thread_stays_in_fridas_code(storm_exe: Path, demo_bin: Path) -> None:
     """The strict stop backs off and tries again while a stopped thread is inside Frida's code; when
     its budget runs out the patch is refused -- counted, named, said -- never made with that thread
-    held (frida_busy stays 0).  The fds tracer: its listeners are made by applyPatches itself, so a
-    refusal leaves them out; the execve hook and the descriptor guard are redirects queued before
-    (the warning says Frida writes those).  Once the thread is let go, hooks come out stopped."""
+    held (frida_busy stays 0).  The fds tracer: its listeners, the execve hook and the descriptor
+    guard's redirects are all made by applyPatches once the world is stopped, so a refusal leaves
+    the target untouched (the bytes of every entry they would rewrite are as before) and says so.
+    Once the thread is let go, what did go in comes out stopped."""
     target = _start(storm_exe, "fds", demo_bin)
     messages: list[object] = []
     try:
@@ -199,6 +203,8 @@ def test_a_patch_is_refused_while_a_thread_stays_in_fridas_code(storm_exe: Path,
             parker.on("message", lambda message, data: parked.set())
             parker.load()
             assert parked.wait(30), "no storm thread entered dup"
+            entries = ["execve", "close", "close_range", "dup2", "dup3", "open", "socket", "pipe"]
+            pristine = parker.exports_sync.prologues(entries)
             script = session.create_script(agent.source)
             script.on("message", lambda message, data: messages.append(message))
             script.load()
@@ -208,6 +214,7 @@ def test_a_patch_is_refused_while_a_thread_stays_in_fridas_code(storm_exe: Path,
             api.init(tracers.all_tracers()["fds"].agent_config(None, {}), agent.c_sources, agent.process_sources)
             api.start()
             held = api.world()
+            untouched = parker.exports_sync.prologues(entries)
             parker.post({"type": "go"})
             parker.unload()
             time.sleep(0.3)
@@ -230,8 +237,11 @@ def test_a_patch_is_refused_while_a_thread_stays_in_fridas_code(storm_exe: Path,
     assert held["frida_retries"] > 0 and held["frida_sleeps"] > 0, held    # it backed off and tried again
     said = " ".join(str(m.get("payload", {}).get("message", "")) for m in messages if isinstance(m, dict))
     assert "fds hooks in: not patched" in said and "hook(s) left out" in said, said
-    assert "written by Frida with the world running" in said, said     # the redirects queued before
-    # Once the thread was let go: the hooks that did go in came out with the world stopped.
+    # Nothing was queued ahead of the stop: the refusal took it all back, and the target is untouched.
+    assert "written by Frida with the world running" not in said, said
+    assert said.count("the target is untouched") == 3, said
+    assert untouched == pristine, dict(zip(entries, zip(pristine, untouched, strict=True), strict=True))
+    # Once the thread was let go: nothing went in, nothing had to come out but the guard's (empty) patch.
     assert world["frida_busy"] == 0 and world["frida_refused"] == 3, world
     outs = [what for what, _n in world["log"]]
-    assert "descriptor guard out" in outs and "execve hook out" in outs, world
+    assert "execve hook out" not in outs and "execve hook in" not in outs, world

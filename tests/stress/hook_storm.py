@@ -281,9 +281,15 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             if log_path is not None:
                 # after every cycle: a run cut short still tells what it saw
                 log_path.write_text(json.dumps(log, indent=1))
-            if died is not None and keep is not None and out.exists():
-                shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
+            if died is not None and keep is not None:
+                if out.exists():
+                    shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
                 (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
+                # The target's core (core_pattern "core": its cwd, this process's), before the next
+                # death writes over it.
+                core = Path.cwd() / "core"
+                if core.exists():
+                    shutil.move(str(core), str(keep / f"{out.name}.core"))
             shutil.rmtree(out, ignore_errors=True)
             if progress:
                 busy = "" if world is None else " world " + " ".join(f"{k}={v}" for k, v in world.items() if v)

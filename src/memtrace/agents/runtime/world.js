@@ -111,6 +111,7 @@ export const world = {
   fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
   busy: null,                 // why the last strict stop gave up: { ms, tries, threads } (stopClear)
   queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
+  pendingRedirects: new Set(),   // sites of deferred redirects not made yet (a refusal forgets them)
   refused: [],                // [what, why] per patch refused (applyPatches)
   fridaMs: FRIDA_MS,          // the budgets in use (configureWorld)
   fridaSleepMs: FRIDA_SLEEP_MS,
@@ -384,6 +385,12 @@ export function deferPatch(call) {
   world.deferred.push(call);
 }
 
+/* A code write of memtrace's own (Memory.patchCode) for applyPatches to make once the world is
+ * stopped, queued from a deferred call (deferPatch) that chose it: made in that same stop. */
+export function writeWhenStopped(write) {
+  world.writes.push(write);
+}
+
 /* An Interceptor.attach on a site memtrace already redirects (the descriptor guard's close): it
  * rewrites no code -- the function is already Frida's -- but its listener is live the moment it
  * is made, and a thread waiting in it for the script's lock would hold the flush back.  So it is
@@ -420,9 +427,12 @@ export function notePatched(address, listener = false, deferred = false) {
   const site = ptr(address).toString();
   world.sites.add(site);
   if (!listener) {
+    // `deferred`: the caller's replace is made by applyPatches (deferPatch), so a refused patch
+    // leaves the site untouched (refuse forgets it again); else it is in Frida's transaction
+    // already, where a refused patch cannot take it back.
+    if (deferred && !world.otherSites.has(site))
+      world.pendingRedirects.add(site);
     world.otherSites.add(site);
-    // `deferred`: the caller's replace is made by applyPatches (deferPatch); else it is in Frida's
-    // transaction already, where a refused patch cannot take it back (refuse).
     if (!deferred)
       world.queuedDirect++;
   }
@@ -521,6 +531,7 @@ export function applyPatches(what, write = null) {
 /* The Interceptor calls and writes applyPatches makes: the deferred calls (attach), the reverts,
  * memtrace's own code writes. */
 function makeQueued() {
+  world.pendingRedirects.clear();
   for (const call of world.deferred.splice(0))
     call();
   for (const target of world.reverts.splice(0))
@@ -564,12 +575,16 @@ function refuse(what, direct) {
   const dropped = world.deferred.length;
   world.deferred.splice(0);
   world.afterFlush.splice(0);
+  // The redirects deferred here were never made: their sites are not memtrace's (isRedirected).
+  for (const site of world.pendingRedirects)
+    world.otherSites.delete(site);
+  world.pendingRedirects.clear();
   world.stats.frida_refused++;
   const why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
   world.refused.push([what, why]);
   let message = `${what}: not patched: ${why}`;
   if (dropped > 0)
-    message += `; ${dropped} hook(s) left out`;
+    message += `; ${dropped} hook(s) left out${direct === 0 ? ' (nothing of them was written: the target is untouched)' : ''}`;
   if (world.reverts.length > 0 || world.writes.length > 0)
     message += '; the restores are tried again at the next patch';
   if (direct > 0)

@@ -63,6 +63,31 @@ TRACERS = {
 }
 
 
+# A second script's look at glibc's pthread key table ({seq, destr} per key, in use when seq is
+# odd): how many keys in use have their destructor in Frida's agent (its executable mappings).
+FRIDA_KEY_DESTRUCTORS = """
+rpc.exports = { fridaDestructors() {
+  const table = Module.getGlobalExportByName('__pthread_keys');
+  const code = [];
+  for (const line of File.readAllText('/proc/self/maps').split('\\n')) {
+    const f = line.split(/\\s+/);
+    if (f.length >= 6 && f[1][2] === 'x' && /frida-agent/.test(f.slice(5).join(' '))) {
+      const [lo, hi] = f[0].split('-');
+      code.push([ptr('0x' + lo), ptr('0x' + hi)]);
+    }
+  }
+  let n = 0;
+  for (let i = 0; i < 1024; i++) {
+    const at = table.add(i * 16);
+    const d = at.add(8).readPointer();
+    if ((at.readU32() & 1) === 1 && code.some(([lo, hi]) => d.compare(lo) >= 0 && d.compare(hi) < 0))
+      n++;
+  }
+  return n;
+} };
+"""
+
+
 @pytest.mark.parametrize("tracer", list(TRACERS))
 def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin: Path, tracer: str) -> None:
     kind, extra = TRACERS[tracer]
@@ -79,7 +104,12 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
                      agent.process_sources)
             api.start()
             time.sleep(0.5)
+            keys = session.create_script(FRIDA_KEY_DESTRUCTORS)
+            keys.load()
+            destructors_before = keys.exports_sync.frida_destructors()
             world = api.stop()["world"]
+            destructors_after = keys.exports_sync.frida_destructors()
+            keys.unload()
             script.unload()
         finally:
             session.detach()
@@ -90,6 +120,11 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
         target.wait()
     assert alive, f"the target died: {target.returncode}"
     assert world["why"] is None, world
+    # Frida's own pthread keys (its Interceptor's per-thread context...) have their destructors in
+    # its agent, which glibc would call on a thread exiting while Frida unloads (the threads
+    # storm's death): once the hooks are out, none is left to call (world.js retireFridaKeyDestructors).
+    assert destructors_before >= 1 and world["frida_keys_retired"] == destructors_before, (destructors_before, world)
+    assert destructors_after == 0 and world["frida_keys_why"] is None, (destructors_after, world)
     # Ours in first (execve, the descriptor guard), the tracer's after; out in the reverse order.
     whats = [what for what, _n in world["log"]]
     assert whats[:2] == ["execve hook in", "descriptor guard in"], world

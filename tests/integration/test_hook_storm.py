@@ -8,12 +8,19 @@ functions in a tight loop:
   - the storm itself (tests/stress/hook_storm.py, shortened): attach/detach cycles in every mode
     through memtrace's command line (its in-process driver: `memtrace.cli.main` cycle after cycle,
     the same long-lived target attached again and again), counting the targets that died and the
-    cycles that hung.  MEMTRACE_HOOK_STORM_CYCLES cycles per mode (default 12: 120 cycles over the
-    10 modes; docs/hook-storm.md has the long runs); the one-process-per-cycle driver is run too.
+    cycles that hung; the one-process-per-cycle driver is run too.
+
+The storm's CI form (issue 19 asks for >= 100 cycles in CI): every run, ONE mode storms for 100
+cycles in a row (MEMTRACE_HOOK_STORM_LONG, else the mode of the day: date.toordinal() % 10, so ten
+days of CI give every mode its 100) and each of the other nine for 6 (MEMTRACE_HOOK_STORM_CYCLES):
+154 cycles, every mode put in and out every run, at ~2 s a cycle on an idle machine ~5 min of one
+xdist worker (before: 12 x 10 = 120 cycles, ~4 min).  The 500-cycle runs per mode are
+docs/hook-storm.md's, made with tests/stress/hook_storm.py by hand.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
@@ -34,7 +41,10 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device te
 
 frida = pytest.importorskip("frida")
 STRESS = ROOT / "tests" / "stress"
-CYCLES = int(os.environ.get("MEMTRACE_HOOK_STORM_CYCLES", "12"))
+CYCLES = int(os.environ.get("MEMTRACE_HOOK_STORM_CYCLES", "6"))
+LONG_CYCLES = 100
+STORM_MODES = ["pid", "spawn", "leaks", "sample-bytes", "events", "fds", "threads", "iosurface", "purgeable", "probe"]
+LONG_MODE = os.environ.get("MEMTRACE_HOOK_STORM_LONG") or STORM_MODES[datetime.date.today().toordinal() % len(STORM_MODES)]
 
 
 @pytest.fixture(scope="module")
@@ -164,20 +174,24 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
 CYCLE_BUDGET_S = 150
 
 
+def _cycles(mode: str) -> int:
+    return LONG_CYCLES if mode == LONG_MODE else CYCLES
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(CYCLES * CYCLE_BUDGET_S + 120)
-@pytest.mark.parametrize("mode", ["pid", "spawn", "leaks", "sample-bytes", "events",
-                                  "fds", "threads", "iosurface", "purgeable", "probe"])
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.timeout(_cycles(m) * CYCLE_BUDGET_S + 120))
+                                  for m in STORM_MODES])
 def test_a_storm_of_cycles_kills_no_target(mode: str, tmp_path: Path) -> None:
     log = tmp_path / "log.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    res = subprocess.run([sys.executable, str(STRESS / "hook_storm.py"), "--mode", mode, "--cycles", str(CYCLES),
+    n = _cycles(mode)
+    res = subprocess.run([sys.executable, str(STRESS / "hook_storm.py"), "--mode", mode, "--cycles", str(n),
                           "--log", str(log)], capture_output=True, text=True, env=env,
-                         timeout=CYCLES * CYCLE_BUDGET_S)
+                         timeout=n * CYCLE_BUDGET_S)
     lines = res.stdout.strip().splitlines()
     assert lines[0] == "mode cycles deaths failures seconds deaths_at_injection", res.stdout + res.stderr
     name, cycles, deaths, _failures, _seconds, _at_injection = lines[1].split()
-    assert (name, int(cycles)) == (mode, CYCLES)
+    assert (name, int(cycles)) == (mode, n)
     assert int(deaths) == 0, log.read_text()
     assert res.returncode == 0, res.stderr      # 3: a cycle hung
 

@@ -566,9 +566,10 @@ function stopClearSleeping(avoid) {
  * would wait for it with the world stopped: a stall of the agent's thread, or worse).  Nothing of
  * what applyPatches makes is made: the reverts and memtrace's writes stay queued (the next
  * applyPatches makes them: at the latest the teardown's), the deferred calls are dropped (their
- * listeners never go in).  Counted (frida_refused), named in `refused` and said in a warning.
- * What a caller queued in Frida's transaction itself (`direct`: a replace noted by notePatched)
- * cannot be taken back: Frida writes it when this turn ends, and the warning says so.
+ * listeners and redirects never go in: the target is untouched).  Counted (frida_refused), named
+ * in `refused` and said in a warning.  What a caller queued in Frida's transaction itself (`direct`:
+ * a replace noted by notePatched without `deferred`; none of memtrace's now) cannot be taken back:
+ * Frida writes it when this turn ends, and the warning says so.
  */
 function refuse(what, direct) {
   const busy = world.busy;

@@ -117,15 +117,16 @@ def exit_of(p: subprocess.Popen[str]) -> int | None:
     reports as "killed by signal 5 / 11") and leave Frida's injector waiting for a stop that never
     comes -- the round-5 storms' phantom "signal 5" and "signal 11" deaths (no core, no fault, no
     signal sent: the kernel's signal trace), each followed by a run of deaths inside Frida's
-    injection.  waitid(WEXITED | WNOWAIT) looks at an exit only; the zombie is reaped once seen."""
+    injection.  waitid(WNOWAIT) only looks, and a tracer's wait reports its tracee's ptrace stops
+    whatever the flags (CLD_TRAPPED), so only an exit (CLD_EXITED, _KILLED, _DUMPED) is reaped."""
     if p.returncode is not None:
         return p.returncode
     try:
         info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return p.poll()         # reaped by someone else (memtrace's exit watcher): poll says 0
-    if info is None:
-        return None
+    if info is None or info.si_code not in (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED):
+        return None             # alive (a ptrace stop of Frida's injector, left to it)
     return p.wait()
 
 

@@ -280,7 +280,7 @@ mt_fork_masks_busy (void)
 
 #define MT_PTRACE_GETSIGMASK 0x420a
 #define MT_PTRACE_SETSIGMASK 0x420b
-#define MT_MASK_GO_TRIES 25000               /* x MT_WORLD_WAIT_US: 5 s for the go-ahead at most */
+#define MT_MASK_GO_US 5000000              /* 5 s for the go-ahead at most */
 
 typedef struct _MtMaskJob MtMaskJob;
 struct _MtMaskJob
@@ -292,18 +292,24 @@ struct _MtMaskJob
   volatile gint done;
 };
 
+/* The helper runs on the caller's TLS (a clone without CLONE_SETTLS) while the caller waits: it
+ * makes its system calls through syscall(2), as world.c's helper does (mt_ptrace, mt_prctl,
+ * mt_world_sleep_us), never libc's wrappers -- a tracer may hook those (the descriptor guard
+ * redirects close), and a hooked or locked libc entry run on a borrowed TLS is Frida's
+ * interceptor, or a lock, entered twice on one thread's state.  Its bound is a time. */
 static gint
 mt_mask_helper (gpointer data)
 {
   MtMaskJob * job = data;
   guint64 i;
-  gint waited;
-  prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
-  for (waited = 0; g_atomic_int_add (&job->go, 0) == 0; waited++)
+  guint64 deadline;
+  mt_prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  deadline = mt_world_now_us () + MT_MASK_GO_US;
+  while (g_atomic_int_add (&job->go, 0) == 0)
   {
-    if (waited == MT_MASK_GO_TRIES)
+    if (mt_world_now_us () > deadline)
       return 0;
-    usleep (MT_WORLD_WAIT_US);
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
   }
   for (i = 0; i != job->n; i++)
   {
@@ -311,13 +317,13 @@ mt_mask_helper (gpointer data)
     gint tid = (gint) job->tids[i];
     if (!mt_world_attach (tid))
       continue;                     /* gone meanwhile */
-    if (ptrace (MT_PTRACE_GETSIGMASK, tid, (gpointer) 8, &m) == 0)
+    if (mt_ptrace (MT_PTRACE_GETSIGMASK, tid, 8, &m) == 0)
     {
       m |= job->mask;
-      if (ptrace (MT_PTRACE_SETSIGMASK, tid, (gpointer) 8, &m) == 0)
+      if (mt_ptrace (MT_PTRACE_SETSIGMASK, tid, 8, &m) == 0)
         g_atomic_int_add (&job->done, 1);
     }
-    ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+    mt_ptrace (MT_PTRACE_DETACH, tid, 0, 0);
   }
   return 0;
 }
@@ -343,9 +349,9 @@ mt_mask_threads (const guint64 * tids, guint64 n, guint64 mask, guint8 * stack, 
   pid = clone (mt_mask_helper, top, MT_CLONE_VM | MT_CLONE_FS | MT_CLONE_FILES | MT_CLONE_UNTRACED, &job);
   if (pid <= 0)
     return -1;
-  prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
+  mt_prctl (MT_PR_SET_PTRACER, pid, 0, 0, 0);
   g_atomic_int_add (&job.go, 1);
-  while (waitpid (pid, &status, MT_WCLONE) < 0 && *__errno_location () == 4 /* EINTR */)
+  while (mt_waitpid (pid, &status, MT_WCLONE) < 0 && *__errno_location () == 4 /* EINTR */)
     ;
   return job.done;
 }

@@ -109,6 +109,27 @@ def target_env(exe: Path) -> dict[str, str]:
     return {**os.environ, "MTDARWIN_LIB": str(exe.parent / "demo" / "libmtdarwin.so")}
 
 
+def exit_of(p: subprocess.Popen[str]) -> int | None:
+    """The target's exit status, or None while it lives -- read WITHOUT consuming any other wait
+    status.  Frida's local device injects from a thread of this very process (in the lib driver),
+    which ptraces the target, a child of ours: Popen.poll() (waitpid, WNOHANG) would take that
+    thread's ptrace stops (an event-stop or a remote call's end: WSTOPSIG 5 or 11, which Popen
+    reports as "killed by signal 5 / 11") and leave Frida's injector waiting for a stop that never
+    comes -- the round-5 storms' phantom "signal 5" and "signal 11" deaths (no core, no fault, no
+    signal sent: the kernel's signal trace), each followed by a run of deaths inside Frida's
+    injection.  waitid(WNOWAIT) only looks, and a tracer's wait reports its tracee's ptrace stops
+    whatever the flags (CLD_TRAPPED), so only an exit (CLD_EXITED, _KILLED, _DUMPED) is reaped."""
+    if p.returncode is not None:
+        return p.returncode
+    try:
+        info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return p.poll()         # reaped by someone else (memtrace's exit watcher): poll says 0
+    if info is None or info.si_code not in (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED):
+        return None             # alive (a ptrace stop of Frida's injector, left to it)
+    return p.wait()
+
+
 def death_of(status: int | None) -> str | None:
     if status is None:
         return None
@@ -208,7 +229,7 @@ def dump_threads(pid: int, to: Path) -> None:
 
 
 WORLD_KEYS = ("applied", "stopped", "running", "failed", "retries", "timeouts", "frida_retries", "frida_busy",
-              "frida_refused", "not_drained", "not_quiesced")
+              "frida_refused", "not_drained", "not_quiesced", "frida_keys_retired")
 
 
 def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, work: Path,
@@ -224,8 +245,8 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
     def on_hang(argv: list[str]) -> None:
         pid = live[0].pid if live[0] is not None else None
         note = {"mode": mode, "cycle": len([e for e in log if e.get("mode") == mode]), "hung": True,
-                "argv": argv, "target": pid, "target_alive": live[0] is not None and live[0].poll() is None}
-        if pid is not None and live[0] is not None and live[0].poll() is None:
+                "argv": argv, "target": pid, "target_alive": live[0] is not None and exit_of(live[0]) is None}
+        if pid is not None and live[0] is not None and exit_of(live[0]) is None:
             dump = (keep or (log_path.parent if log_path is not None else work)) / f"hang-{mode}-{pid}.gdb.txt"
             dump_threads(pid, dump)
             note["gdb"] = str(dump)
@@ -234,7 +255,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             log_path.write_text(json.dumps(log, indent=1))
         print(f"{mode}: cycle hung past {cycle_timeout:.0f} s: {json.dumps(note)}", file=sys.stderr, flush=True)
         print(f"{mode} {note['cycle']} {deaths} {failures + 1} hung {injection_deaths}", flush=True)
-        if live[0] is not None and live[0].poll() is None:
+        if live[0] is not None and exit_of(live[0]) is None:
             live[0].kill()
 
     HANG_HANDLER[:] = [on_hang]
@@ -255,7 +276,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             if attach:
                 assert target is not None
                 time.sleep(0.2)    # a death at detach shows within moments
-                died = death_of(target.poll())
+                died = death_of(exit_of(target))
             ended = ended_as(res.stdout)
             why = reason_of(res.stdout)
             if not attach and ended in TARGET_DIED:
@@ -281,9 +302,15 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             if log_path is not None:
                 # after every cycle: a run cut short still tells what it saw
                 log_path.write_text(json.dumps(log, indent=1))
-            if died is not None and keep is not None and out.exists():
-                shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
+            if died is not None and keep is not None:
+                if out.exists():
+                    shutil.copytree(out, keep / out.name, dirs_exist_ok=True)
                 (keep / f"{out.name}.txt").write_text(res.stdout + res.stderr)
+                # The target's core (core_pattern "core": its cwd, this process's), before the next
+                # death writes over it.
+                core = Path.cwd() / "core"
+                if core.exists():
+                    shutil.move(str(core), str(keep / f"{out.name}.core"))
             shutil.rmtree(out, ignore_errors=True)
             if progress:
                 busy = "" if world is None else " world " + " ".join(f"{k}={v}" for k, v in world.items() if v)
@@ -301,7 +328,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                     live[0] = target
     finally:
         HANG_HANDLER.clear()
-        if target is not None and target.poll() is None:
+        if target is not None and exit_of(target) is None:
             target.send_signal(signal.SIGKILL)
             target.wait()
     if progress:

@@ -21,7 +21,9 @@ import { LOGGER_MODULES, drainLogger, familyFor, ignoreAgentThread, loggerSymbol
 import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
 import { selfTaskVmInfo } from './runtime/taskinfo.js';
-import { applyPatches, moduleCode, notePatched, quiesce, revertWhenStopped, warnLater } from './runtime/world.js';
+import {
+  applyPatches, deferPatch, moduleCode, notePatched, quiesce, revertWhenStopped, warnLater,
+} from './runtime/world.js';
 
 /* The replaced entries; each one's call kind is KINDS[name] (layout.js), its C replacement mt_<name>. */
 const FAMILY = ['malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'memalign',
@@ -370,29 +372,32 @@ export const tracer = {
         continue;
       }
       seen.set(key, name);
-      // Queued here, written below by applyPatches with the world stopped (runtime/world.js).
-      notePatched(target);
-      try {
-        const original = Interceptor.replaceFast(target, cm['mt_' + name]);
-        mallocState.realSlots[name].writePointer(original);
-        mallocState.replaced.push(target);
-        mallocState.trampolines.push(original);
-      } catch (fastError) {
-        // Some entries are too short or too branchy for a fast redirect; plain
-        // replace still works, and calling `target` from the replacement reaches
-        // the original implementation.
+      // Made by applyPatches once the world is stopped (deferPatch, runtime/world.js): a refused
+      // patch leaves the allocator untouched (its hooks left out, said in a warning).
+      notePatched(target, false, true);
+      deferPatch(() => {
         try {
-          mallocState.realSlots[name].writePointer(target);
-          Interceptor.replace(target, cm['mt_' + name]);
+          const original = Interceptor.replaceFast(target, cm['mt_' + name]);
+          mallocState.realSlots[name].writePointer(original);
           mallocState.replaced.push(target);
-          mallocState.slow.push(name);
-          core.slowKinds.writeU64(core.slowKinds.readU64().or(uint64(1).shl(KINDS[name])));
-        } catch (e) {
-          mallocState.realSlots[name].writePointer(NULL);
-          mallocState.failed[name] = String(e.message || e);
-          warnLater(`cannot hook ${name} at ${target}: ${e.message || e}`);
+          mallocState.trampolines.push(original);
+        } catch (fastError) {
+          // Some entries are too short or too branchy for a fast redirect; plain
+          // replace still works, and calling `target` from the replacement reaches
+          // the original implementation.
+          try {
+            mallocState.realSlots[name].writePointer(target);
+            Interceptor.replace(target, cm['mt_' + name]);
+            mallocState.replaced.push(target);
+            mallocState.slow.push(name);
+            core.slowKinds.writeU64(core.slowKinds.readU64().or(uint64(1).shl(KINDS[name])));
+          } catch (e) {
+            mallocState.realSlots[name].writePointer(NULL);
+            mallocState.failed[name] = String(e.message || e);
+            warnLater(`cannot hook ${name} at ${target}: ${e.message || e}`);
+          }
         }
-      }
+      });
     }
     applyPatches('malloc hooks in');
     setEnabled(true);

@@ -18,7 +18,8 @@ import { FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PAT
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
 import {
-  applyPatches, buildWorld, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
+  applyPatches, buildWorld, deferPatch, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
+  writeWhenStopped,
 } from './world.js';
 
 const STUB_PAGE = 4096;
@@ -373,21 +374,39 @@ export function hookExec() {
   const target = libcExport('execve');
   if (target === null)
     return;
-  notePatched(target);
-  try {
-    const original = Interceptor.replaceFast(target, proc.cm.mt_execve);
-    proc.mem.realExecve.writePointer(original);
-  } catch (e) {
-    if (!jumpExecve(target)) {
-      // The replacement calling `target` reaches the original.  ARCH-UNVERIFIED: where the
-      // x86-64 jump is not made (arm64 Linux) this path, with hookSpawn, has not been run.
-      proc.mem.realExecve.writePointer(target);
-      Interceptor.replace(target, proc.cm.mt_execve);
-      proc.execSlow = true;
-    }
-  }
-  applyPatches('execve hook in', proc.execJump);
+  // The jump is prepared first (its symbol lookup would end Interceptor's transaction); the
+  // redirect itself is made by applyPatches once the world is stopped (deferPatch), so a refused
+  // patch leaves execve untouched.
+  const jump = jumpExecve(target) ? proc.execJump : null;
   proc.execJump = null;
+  let made = false;
+  notePatched(target, false, true);
+  deferPatch(() => {
+    made = true;
+    try {
+      const original = Interceptor.replaceFast(target, proc.cm.mt_execve);
+      proc.mem.realExecve.writePointer(original);
+      proc.execSaved = null;
+    } catch (e) {
+      if (jump !== null) {
+        proc.mem.realExecve.writePointer(proc.cm.mt_execve_raw);
+        writeWhenStopped(jump);
+      } else {
+        // The replacement calling `target` reaches the original.  ARCH-UNVERIFIED: where the
+        // x86-64 jump is not made (arm64 Linux) this path, with hookSpawn, has not been run.
+        proc.mem.realExecve.writePointer(target);
+        Interceptor.replace(target, proc.cm.mt_execve);
+        proc.execSlow = true;
+      }
+    }
+  });
+  applyPatches('execve hook in');
+  if (!made) {
+    proc.execSaved = null;    // refused: nothing of it was written (world.js refuse says so)
+    hookFdGuard();
+    holdSignalsOffFrida();
+    return;
+  }
   proc.execTarget = target;
   proc.execHooked = true;
   writeField(proc.mem.proc, PROC, 'exec_notify', 1);
@@ -510,14 +529,17 @@ function hookFdGuard() {
     const target = targets[name];
     if (target === null)
       return;
-    notePatched(target);
+    notePatched(target, false, true);
     // Interceptor.replace, not replaceFast: the fds tracer's listeners go on close after this
     // (rpc.js: ours first), and only a replace shares a function with listeners.  The
-    // replacement calling `target` reaches the original.
-    if (realSlot !== null)
-      realSlot.writePointer(target);
-    Interceptor.replace(target, replacement);
-    hooked.push(target);
+    // replacement calling `target` reaches the original.  Made by applyPatches once the world
+    // is stopped (deferPatch): a refused patch leaves the target untouched.
+    deferPatch(() => {
+      if (realSlot !== null)
+        realSlot.writePointer(target);
+      Interceptor.replace(target, replacement);
+      hooked.push(target);
+    });
   };
   redirect('close', proc.cm.mt_close, proc.mem.realClose);
   if (targets.close_range !== null) {

@@ -18,7 +18,9 @@ import {
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
 import { unwindLoad, unwindModules } from './unwind.js';
-import { applyPatches, configureWorld, skipParkedAtExit, worldReport } from './world.js';
+import {
+  applyPatches, configureWorld, retireFridaKeyDestructors, skipParkedAtExit, world, worldReport,
+} from './world.js';
 
 const DRAIN_INTERVAL_MS = 100;
 const MODULE_SCAN_TICKS = 10;     // modules rescanned every 10th flush
@@ -178,6 +180,11 @@ export function serve(tracer) {
       if (tracer.uninstall)
         tracer.uninstall(life.config);
       unhookExec();
+      try {
+        retireFridaKeyDestructors();    // hooks out: no thread runs Frida's TSD destructors any more (world.js)
+      } catch (e) {
+        world.fridaKeys.why = `${e.message || e}`;
+      }
       unwatchModules();
       flush();
       reportChildren();
@@ -259,6 +266,13 @@ export function serve(tracer) {
       // The key first (its stub turns into a return), then every other stub, and the wait for
       // threads still inside a hook.
       retireThreadKey();
+      if (reason === 'unload') {
+        try {
+          retireFridaKeyDestructors();    // done already after our own stop; not at exit
+        } catch (e) {
+          // the teardown matters more
+        }
+      }
       tearDownProcess(reason === 'unload');
     },
     /* A followed fork child waits in its atfork handler until its new agent says go. */

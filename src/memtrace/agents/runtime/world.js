@@ -108,8 +108,10 @@ export const world = {
     frida_retries: 0, frida_busy: 0, frida_refused: 0, frida_sleeps: 0,
     parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
   parked: new Set(),          // their ids (skipParkedAtExit)
+  fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
   busy: null,                 // why the last strict stop gave up: { ms, tries, threads } (stopClear)
   queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
+  pendingRedirects: new Set(),   // sites of deferred redirects not made yet (a refusal forgets them)
   refused: [],                // [what, why] per patch refused (applyPatches)
   fridaMs: FRIDA_MS,          // the budgets in use (configureWorld)
   fridaSleepMs: FRIDA_SLEEP_MS,
@@ -383,6 +385,12 @@ export function deferPatch(call) {
   world.deferred.push(call);
 }
 
+/* A code write of memtrace's own (Memory.patchCode) for applyPatches to make once the world is
+ * stopped, queued from a deferred call (deferPatch) that chose it: made in that same stop. */
+export function writeWhenStopped(write) {
+  world.writes.push(write);
+}
+
 /* An Interceptor.attach on a site memtrace already redirects (the descriptor guard's close): it
  * rewrites no code -- the function is already Frida's -- but its listener is live the moment it
  * is made, and a thread waiting in it for the script's lock would hold the flush back.  So it is
@@ -419,9 +427,12 @@ export function notePatched(address, listener = false, deferred = false) {
   const site = ptr(address).toString();
   world.sites.add(site);
   if (!listener) {
+    // `deferred`: the caller's replace is made by applyPatches (deferPatch), so a refused patch
+    // leaves the site untouched (refuse forgets it again); else it is in Frida's transaction
+    // already, where a refused patch cannot take it back.
+    if (deferred && !world.otherSites.has(site))
+      world.pendingRedirects.add(site);
     world.otherSites.add(site);
-    // `deferred`: the caller's replace is made by applyPatches (deferPatch); else it is in Frida's
-    // transaction already, where a refused patch cannot take it back (refuse).
     if (!deferred)
       world.queuedDirect++;
   }
@@ -520,6 +531,7 @@ export function applyPatches(what, write = null) {
 /* The Interceptor calls and writes applyPatches makes: the deferred calls (attach), the reverts,
  * memtrace's own code writes. */
 function makeQueued() {
+  world.pendingRedirects.clear();
   for (const call of world.deferred.splice(0))
     call();
   for (const target of world.reverts.splice(0))
@@ -554,21 +566,26 @@ function stopClearSleeping(avoid) {
  * would wait for it with the world stopped: a stall of the agent's thread, or worse).  Nothing of
  * what applyPatches makes is made: the reverts and memtrace's writes stay queued (the next
  * applyPatches makes them: at the latest the teardown's), the deferred calls are dropped (their
- * listeners never go in).  Counted (frida_refused), named in `refused` and said in a warning.
- * What a caller queued in Frida's transaction itself (`direct`: a replace noted by notePatched)
- * cannot be taken back: Frida writes it when this turn ends, and the warning says so.
+ * listeners and redirects never go in: the target is untouched).  Counted (frida_refused), named
+ * in `refused` and said in a warning.  What a caller queued in Frida's transaction itself (`direct`:
+ * a replace noted by notePatched without `deferred`; none of memtrace's now) cannot be taken back:
+ * Frida writes it when this turn ends, and the warning says so.
  */
 function refuse(what, direct) {
   const busy = world.busy;
   const dropped = world.deferred.length;
   world.deferred.splice(0);
   world.afterFlush.splice(0);
+  // The redirects deferred here were never made: their sites are not memtrace's (isRedirected).
+  for (const site of world.pendingRedirects)
+    world.otherSites.delete(site);
+  world.pendingRedirects.clear();
   world.stats.frida_refused++;
   const why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
   world.refused.push([what, why]);
   let message = `${what}: not patched: ${why}`;
   if (dropped > 0)
-    message += `; ${dropped} hook(s) left out`;
+    message += `; ${dropped} hook(s) left out${direct === 0 ? ' (nothing of them was written: the target is untouched)' : ''}`;
   if (world.reverts.length > 0 || world.writes.length > 0)
     message += '; the restores are tried again at the next patch';
   if (direct > 0)
@@ -798,6 +815,67 @@ export function quiesce(ranges) {
   return { clear: false, tries, threads, why: threads === null ? readError() : null };
 }
 
+/*
+ * Frida's own pthread keys (its GLib's GPrivate: the Interceptor's per-thread context, ...) have
+ * their destructors in Frida's agent.  Every thread that ran through any hook -- and, under the
+ * threads tracer, every thread started or exiting, through gum's thread registry -- holds a value
+ * there, so glibc calls that destructor when the thread exits (__nptl_deallocate_tsd: read the
+ * key's destr, then call it).  Frida deletes the keys when its agent unloads but waits for no
+ * thread already between that read and the call, or inside the destructor: the threads storm's
+ * death at cycle 100 (docs/hook-storm.md) -- a thread exiting, running the NEXT session's agent,
+ * mapped at the same address, on the freed agent's data.  So once the hooks are out, with the
+ * world stopped strictly (no thread's pc, register or stack word in Frida's code: not a thread
+ * holding that destr in a register or running it), every such key's destructor is set to NULL:
+ * glibc then calls nothing for it, and a thread exiting from here on leaks its context into
+ * Frida's heap, which the unload frees whole.  Linux/glibc only (its __pthread_keys table:
+ * { seq, destr } per key, in use when seq is odd); idempotent.  Returns how many were retired, or
+ * null when it could not be done (why in world.fridaKeys.why).
+ */
+const PTHREAD_KEYS_MAX = 1024;
+const FRIDA_KEYS_MS = 3000;
+
+export function retireFridaKeyDestructors() {
+  const fk = world.fridaKeys;
+  if (fk.done)
+    return fk.retired;
+  fk.done = true;
+  const table = IS_DARWIN ? null : Module.findGlobalExportByName('__pthread_keys');
+  if (world.fns === null || table === null || world.fridaCode.length === 0) {
+    fk.why = world.fns === null ? world.why : (table === null ? 'no glibc __pthread_keys' : 'no Frida code seen');
+    return null;
+  }
+  const entry = Process.pointerSize * 2;
+  const inFrida = p => world.fridaCode.some(([lo, hi]) => p.compare(lo) >= 0 && p.compare(hi) < 0);
+  const ours = () => {
+    const out = [];
+    for (let i = 0; i < PTHREAD_KEYS_MAX; i++) {
+      const at = table.add(i * entry);
+      if ((at.readU32() & 1) === 1 && inFrida(at.add(Process.pointerSize).readPointer()))
+        out.push(at.add(Process.pointerSize));
+    }
+    return out;
+  };
+  if (ours().length === 0)
+    return (fk.retired = 0);
+  const deadline = Date.now() + FRIDA_KEYS_MS;
+  for (;;) {
+    if (stopClear([], true, 0)) {
+      // Stopped strictly: read again (a key made meanwhile), then write -- nothing else runs.
+      const slots = ours();
+      for (const slot of slots)
+        slot.writePointer(NULL);
+      world.fns.resume(world.mem.world);
+      fk.retired = slots.length;
+      return fk.retired;
+    }
+    if (Date.now() > deadline) {
+      fk.why = `no strict stop in ${FRIDA_KEYS_MS} ms (${readError() || 'a thread in Frida\'s code'})`;
+      return null;
+    }
+    Thread.sleep(0.002);
+  }
+}
+
 /* The code of a CModule `cm` as [start, end) pairs, for quiesce(): TinyCC's section bounds (Frida
  * hides the module's pages from Process's ranges); without them its functions' span, a page on. */
 export function moduleCode(cm) {
@@ -821,5 +899,6 @@ export function moduleCode(cm) {
 /* What the host records: how every patch went. */
 export function worldReport() {
   return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
-    entry_ranges: world.entryCode.size, log: world.log, refused: world.refused }, world.stats);
+    entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,
+    frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why }, world.stats);
 }

@@ -391,15 +391,19 @@ class ChildFollower:
         self.family.join()
 
     def settle(self, exec_info: dict[str, Any] | None) -> None:
-        """Before the END: wait until the capture of each process this target made (and of the
-        image it exec'd) has attached or ended -- the root's join has waited for all of them; a
-        followed child's END is written while its own children may still be attaching -- so the
-        END names a capture file only once it exists, and never one a failed follow discarded.
+        """Before the END: wait until the capture of each process this target made has ended (of
+        the image it exec'd: attached) -- the root's join has waited for all of them; a followed
+        child's END is written while its own children may still run -- so the END says how each
+        ended, names a capture file only once it exists, and never one a failed follow discarded.
         Bounded as the join is: the window's end plus JOIN_GRACE_S."""
         give_up = self.family.deadline + JOIN_GRACE_S
         followed = [c for c in [*self.children, self.replacement] if c is not None and c.capture is not None]
-        # Attached is enough: from then on its file stays (only a capture that never attached is discarded).
-        while any(c.ended is None and not c.attached for c in followed) and time.monotonic() < give_up \
+        # A child ended, so the END says how (`show` reads a child's children from it): the root waits
+        # for all of them anyway.  Past the bound (or on a stop) attached is enough: from then on its
+        # file stays (only a capture that never attached is discarded).
+        # The image this one exec'd is this process going on: attached is enough for it, at once.
+        while any(c.ended is None and not (c is self.replacement and c.attached) for c in followed) \
+                and time.monotonic() < give_up \
                 and not self.family.stopped.is_set():
             time.sleep(0.01)
         for c in followed:

@@ -49,17 +49,7 @@ def _tids(pid: int) -> list[int]:
 
 def runnable_threads(pid: int) -> int:
     """How many of pid's threads are running or runnable (state R) now."""
-    count = 0
-    for tid in _tids(pid):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split(b" ", 1)
-        if fields and fields[0] == b"R":
-            count += 1
-    return count
+    return thread_states(pid).get("R", 0)
 
 
 def can_renice() -> bool:

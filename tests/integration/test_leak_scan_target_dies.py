@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,17 +44,23 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_target_killed_during_the_scan_ends_the_capture_and_leaves_no_helper(tmp_path: Path) -> None:
+def _scan_a_big_heap(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen[str], subprocess.Popen[str], Path]:
+    """A target holding 400,000 blocks in 400 MB (a scan of seconds, long enough to act during it)
+    and `memtrace malloc --pid --leaks` started on it: (target, memtrace, capture folder)."""
     exe = tmp_path / "leak_heap"
     subprocess.run(["gcc", "-O1", "-o", str(exe), str(ROOT / "bench" / "leak_heap.c")], check=True)
-    # 400,000 blocks in 400 MB: a scan of seconds, long enough to be killed in.
     target = subprocess.Popen([str(exe), "400000", str(400 << 20), "600"], stdout=subprocess.PIPE, text=True)
     assert target.stdout is not None and target.stdout.readline().strip() == "ready"
     out = tmp_path / "cap"
     mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
                            str(target.pid), "--leaks", "--window", "1", "--out", str(out), "--quiet"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, **popen)
+    return target, mt, out
+
+
+def test_a_target_killed_during_the_scan_ends_the_capture_and_leaves_no_helper(tmp_path: Path) -> None:
+    target, mt, out = _scan_a_big_heap(tmp_path)
     try:
         # The scan starts at the window's end (the hooks went in before the "before" calibration,
         # with a helper of their own): then wait for the scan's helper, a child of the target.
@@ -141,15 +148,7 @@ def test_sigterm_during_the_scan_ends_the_capture_and_leaves_the_target_running(
     """SIGTERM to memtrace while the leak scan holds a --pid target stopped: memtrace exits 143
     with END "interrupted", and the target it did not launch runs on -- no thread left stopped
     (state t/T), no helper, no agent, no session mark."""
-    exe = tmp_path / "leak_heap"
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(ROOT / "bench" / "leak_heap.c")], check=True)
-    target = subprocess.Popen([str(exe), "400000", str(400 << 20), "600"], stdout=subprocess.PIPE, text=True)
-    assert target.stdout is not None and target.stdout.readline().strip() == "ready"
-    out = tmp_path / "cap"
-    mt = subprocess.Popen([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
-                           str(target.pid), "--leaks", "--window", "1", "--out", str(out), "--quiet"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    target, mt, out = _scan_a_big_heap(tmp_path, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         cap = out / "capture.mtc"

@@ -501,6 +501,13 @@ class CaptureLoop:
             self._symbolize()
             self._tick()
             silent = time.monotonic() - self._last_message
+            if silent > self.options.thresholds.rpc_timeout and not self.ending.gone and self._channel_cut():
+                # Frida has not said it lost the agent (a loaded host may not have seen the
+                # descriptors go yet), but a living target that holds no socket at all cannot hold
+                # Frida's channel: it closed it under Frida, as _outlives_its_channel finds later.
+                self.ui.warning(f"the agent has been silent for {silent:.1f} s and the target holds no socket")
+                self.ending.target_gone("channel-lost", self.clock)
+                return
             if silent > self.options.thresholds.rpc_timeout and not self.ending.gone:
                 # Agents say something every 100 ms even when idle: silence this long while the
                 # process lives means it was frozen (anti-debug stops, a debugger, SIGSTOP).
@@ -645,6 +652,18 @@ class CaptureLoop:
             self.ui.warning(f"agent error: {event.description}")
             return
         self._route(event.payload.get("type"), event.payload, event.data)
+
+    def _channel_cut(self) -> bool:
+        """A local target alive without a single socket descriptor: Frida's channel to the agent
+        (a socket in the target) is gone.  Any socket left, or /proc unreadable: not known, False."""
+        pid = self.source.pid
+        if not self.source.is_local or pid is None or not self.source.alive():
+            return False
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            return not any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in fds)
+        except OSError:
+            return False
 
     def _outlives_its_channel(self) -> bool:
         """Frida said the process terminated, yet a local one still runs a moment later: its channel

@@ -59,19 +59,24 @@ def _scan_a_big_heap(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen[str
     return target, mt, out
 
 
+def _wait_past_the_start(out: Path, deadline: float) -> None:
+    """Until the "before" calibration is written (the hooks went in before it, with a helper of their
+    own), then past the start's own stops (the execve hook's), short of the window's end (1 s): the
+    scan, its thread ahead of the target's (leaks.js scanFirst), may take less than a second more."""
+    cap = out / "capture.mtc"
+    while time.monotonic() < deadline and not (
+            cap.exists() and any(r.type == RecordType.CALIBRATION for r in read_records(cap))):
+        time.sleep(0.05)
+    time.sleep(0.6)
+
+
 def test_a_target_killed_during_the_scan_ends_the_capture_and_leaves_no_helper(tmp_path: Path) -> None:
     target, mt, out = _scan_a_big_heap(tmp_path)
     try:
         # The scan starts at the window's end (the hooks went in before the "before" calibration,
         # with a helper of their own): then wait for the scan's helper, a child of the target.
         deadline = time.monotonic() + 120
-        cap = out / "capture.mtc"
-        while time.monotonic() < deadline and not (
-                cap.exists() and any(r.type == RecordType.CALIBRATION for r in read_records(cap))):
-            time.sleep(0.05)
-        # Past the start's own stops (the execve hook's), short of the window's end (1 s): the scan,
-        # its thread ahead of the target's (leaks.js scanFirst), may take less than a second more.
-        time.sleep(0.6)
+        _wait_past_the_start(out, deadline)
         helpers: list[int] = []
         while time.monotonic() < deadline and not helpers:
             helpers = _children_of(target.pid)
@@ -151,11 +156,7 @@ def test_sigterm_during_the_scan_ends_the_capture_and_leaves_the_target_running(
     target, mt, out = _scan_a_big_heap(tmp_path, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        cap = out / "capture.mtc"
-        while time.monotonic() < deadline and not (
-                cap.exists() and any(r.type == RecordType.CALIBRATION for r in read_records(cap))):
-            time.sleep(0.05)
-        time.sleep(0.6)         # past the start's own stops, as above
+        _wait_past_the_start(out, deadline)
         helpers: list[int] = []
         while time.monotonic() < deadline and not helpers and mt.poll() is None:
             helpers = _children_of(target.pid)
@@ -166,7 +167,7 @@ def test_sigterm_during_the_scan_ends_the_capture_and_leaves_the_target_running(
         rc = mt.wait(timeout=180)
         time.sleep(0.5)
         assert rc == 128 + signal.SIGTERM, mt.stderr.read() if mt.stderr else ""
-        end = [r.body for r in read_records(cap) if r.type == RecordType.END]
+        end = [r.body for r in read_records(out / "capture.mtc") if r.type == RecordType.END]
         assert len(end) == 1 and end[0]["ended"] == "interrupted", end
         assert end[0]["reason"].startswith("ended early by SIGTERM")
         assert target.poll() is None, f"the target died: {target.returncode}"

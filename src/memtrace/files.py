@@ -55,6 +55,11 @@ _SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (st
             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
 
 
+def special_kind(mode: int) -> str | None:
+    """What a file of this ``st_mode`` is when it is not a regular file ("a FIFO", ...), else None."""
+    return next((what for test, what in _SPECIAL if test(mode)), None)
+
+
 def _is_standard_output(path: Path) -> bool:
     """Whether ``path`` names standard output itself (/dev/stdout, /dev/fd/1, /proc/self/fd/1, or a
     link to one): not merely the same file (``-o /dev/null`` stays refused with stdout /dev/null)."""
@@ -76,10 +81,10 @@ def refuse_special(path: Path) -> None:
         mode = os.stat(path).st_mode
     except OSError:
         return                      # nothing there (or nothing reachable): a new file is made
-    for test, what in _SPECIAL:
-        if test(mode):
-            raise OSError(errno.EINVAL, f"it is {what}, not a regular file (output goes only to regular "
-                                        f"files, or to standard output without -o)")
+    what = special_kind(mode)
+    if what is not None:
+        raise OSError(errno.EINVAL, f"it is {what}, not a regular file (output goes only to regular "
+                                    f"files, or to standard output without -o)")
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

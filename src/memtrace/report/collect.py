@@ -20,6 +20,7 @@ from typing import Any
 from memtrace import tracers
 from memtrace.analyze.families import FamilyRules
 from memtrace.capture import CaptureError, CaptureInfo, Record, RecordType, damage_at, read_records
+from memtrace.files import special_kind
 from memtrace.report.chapters import TOP, chapter_of
 from memtrace.report.processes import process_of
 
@@ -43,9 +44,6 @@ class Found:
     unreadable: list[tuple[Path, str]] = field(default_factory=list)
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
-
 
 def discover(folder: Path) -> Found:
     """Captures (``*.mtc``) and census/jetsam JSON documents under ``folder``, sorted for stable output."""
@@ -68,7 +66,7 @@ def discover(folder: Path) -> Found:
         if stat.S_ISREG(mode):
             kind.append(p)
         elif not (stat.S_ISDIR(mode) and not p.is_symlink()):      # a folder named x.mtc: walked into
-            what = next((w for test, w in _KINDS if test(mode)), "not a regular file")
+            what = special_kind(mode) or "not a regular file"
             found.unreadable.append((p, f"not a regular file ({what}); not read"))
     return found
 

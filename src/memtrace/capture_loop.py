@@ -501,14 +501,14 @@ class CaptureLoop:
             self._symbolize()
             self._tick()
             silent = time.monotonic() - self._last_message
-            if silent > self.options.thresholds.rpc_timeout and not self.ending.gone and self._channel_cut():
-                # Frida has not said it lost the agent (a loaded host may not have seen the
-                # descriptors go yet), but a living target that holds no socket at all cannot hold
-                # Frida's channel: it closed it under Frida, as _outlives_its_channel finds later.
-                self.ui.warning(f"the agent has been silent for {silent:.1f} s and the target holds no socket")
-                self.ending.target_gone("channel-lost", self.clock)
-                return
             if silent > self.options.thresholds.rpc_timeout and not self.ending.gone:
+                if self._channel_cut():
+                    # Frida has not said it lost the agent (a loaded host may not have seen the
+                    # descriptors go yet), but a living target that holds no socket at all cannot
+                    # hold Frida's channel: it closed it under Frida, as _outlives_its_channel finds.
+                    self.ui.warning(f"the agent has been silent for {silent:.1f} s and the target holds no socket")
+                    self.ending.target_gone("channel-lost", self.clock)
+                    return
                 # Agents say something every 100 ms even when idle: silence this long while the
                 # process lives means it was frozen (anti-debug stops, a debugger, SIGSTOP).
                 self.ending.timeout_info = self._timeout_evidence({

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from memtrace.priority import MACHINE_LOAD
+
 
 @dataclass
 class DeathThresholds:
@@ -204,6 +206,6 @@ def _starved_why(starved: dict[str, Any]) -> str:
         said.append(f"the target's {starved['target_runnable_threads']} runnable threads on "
                     f"{starved['target_cpus']} CPUs")
     load, cpus = starved.get("load_1min"), starved.get("machine_cpus", 1)
-    if load is not None and (not said or load > 2.0 * cpus):      # priority.MACHINE_LOAD
+    if load is not None and (not said or load > MACHINE_LOAD * cpus):
         said.append(f"the machine's load ({load:g} on {cpus} CPUs)")
     return " and ".join(said)

@@ -401,17 +401,15 @@ export function hookExec() {
     }
   });
   applyPatches('execve hook in');
-  if (!made) {
+  if (made) {
+    proc.execTarget = target;
+    proc.execHooked = true;
+    writeField(proc.mem.proc, PROC, 'exec_notify', 1);
+    if (proc.execSlow)
+      hookSpawn();
+  } else {
     proc.execSaved = null;    // refused: nothing of it was written (world.js refuse says so)
-    hookFdGuard();
-    holdSignalsOffFrida();
-    return;
   }
-  proc.execTarget = target;
-  proc.execHooked = true;
-  writeField(proc.mem.proc, PROC, 'exec_notify', 1);
-  if (proc.execSlow)
-    hookSpawn();
   hookFdGuard();
   holdSignalsOffFrida();
 }

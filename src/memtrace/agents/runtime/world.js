@@ -170,12 +170,10 @@ export function buildWorld(cm) {
     return;
   }
   const fns = {
-    stopClear: exclusive(cm, 'mt_world_stop_clear', 'int', ['pointer', 'pointer', 'uint64', 'uint64', 'uint64']),
     resume: exclusive(cm, 'mt_world_resume', 'void', ['pointer']),
     refs: exclusive(cm, 'mt_world_refs', 'uint64', ['pointer', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64']),
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
-    write: exclusive(cm, 'mt_world_write', 'int', ['pointer', 'pointer', 'uint64', 'pointer', 'uint64']),
     pc: exclusive(cm, 'mt_world_pc', 'uint64', ['pointer', 'uint64']),
     // Stop, then check in C before any JavaScript runs (cmodule/world.c says why).
     stopChecked: exclusive(cm, 'mt_world_stop_checked', 'int', ['pointer', 'pointer', 'uint64', 'uint64', 'uint64',

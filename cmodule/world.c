@@ -675,6 +675,64 @@ mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 de
 
 
 /*
+ * Which held thread points into `ranges` first, and how -- for the refusal's message (a patch
+ * refused because "a thread stayed in Frida's code" must say which thread and by what, or nobody
+ * can tell Frida's bootstrap from a program thread parked in a listener).  out[0] tid, out[1] the
+ * register index (< MT_WORLD_REGS) or MT_WORLD_REGS + the stack word's byte offset from sp,
+ * out[2] the value pointing in.  All 0 when none.
+ */
+static void
+mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
+    guint64 scratch_size, guint64 * out)
+{
+  guint64 i;
+  out[0] = out[1] = out[2] = 0;
+  for (i = 0; i != w->n_threads; i++)
+  {
+    const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
+    guint64 sp = ((MtWorldThread *) w->threads)[i].sp & ~(guint64) 7;
+    guint64 r, done = 0;
+    for (r = 0; r != MT_WORLD_REGS; r++)
+    {
+      if (mt_world_in (regs[r], ranges, n_ranges))
+      {
+        out[0] = ((MtWorldThread *) w->threads)[i].tid;
+        out[1] = r;
+        out[2] = regs[r];
+        return;
+      }
+    }
+    while (sp != 0 && done < depth)
+    {
+      guint64 local[2], remote[2], k;
+      gssize got;
+      guint64 len = MIN (depth - done, scratch_size);
+      local[0] = (guint64) scratch;
+      local[1] = len;
+      remote[0] = sp + done;
+      remote[1] = len;
+      got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
+      if (got <= 0)
+        break;
+      for (k = 0; k + 8 <= (guint64) got; k += 8)
+      {
+        guint64 v = *(guint64 *) (scratch + k);
+        if (mt_world_in (v, ranges, n_ranges))
+        {
+          out[0] = ((MtWorldThread *) w->threads)[i].tid;
+          out[1] = MT_WORLD_REGS + done + k;
+          out[2] = v;
+          return;
+        }
+      }
+      done += (guint64) got;
+      if ((guint64) got < len)
+        break;
+    }
+  }
+}
+
+/*
  * Writes `len` bytes of code at `dst` (a hooked function's prologue, memtrace's own restore)
  * while the world is stopped, touching nothing of Frida's: a stopped thread may hold one of
  * Frida's locks (its heap's, a spinlock) and Memory.patchCode allocates from Frida's heap.
@@ -753,7 +811,10 @@ mt_world_stop_checked (MtWorld * w, const guint64 * ranges, guint64 n_ranges, gu
     if (busy != 0)
     {
       if (n_busy != NULL)
+      {
         *n_busy = busy;
+        mt_world_first_ref (w, frida, n_frida, frida_depth, scratch, scratch_size, n_busy + 1);
+      }
       mt_world_resume (w);
       return MT_WORLD_STOP_BUSY;
     }

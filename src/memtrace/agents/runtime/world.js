@@ -195,7 +195,8 @@ export function buildWorld(cm) {
     stack: Memory.alloc(HELPER_STACK),
     skip: Memory.alloc(MAX_THREADS * 8),      // the threads never stopped (Frida's)
     listed: Memory.alloc(MAX_THREADS * 8),    // every thread listed before the stop
-    busy: Memory.alloc(8),                    // how many held threads were in Frida's code
+    busy: Memory.alloc(4 * 8),                // how many held threads were in Frida's code; the first's
+                                              // tid, how it pointed in (register or stack) and the value
     ranges: Memory.alloc(4096 * 16),
     scratch: Memory.alloc(SCRATCH),
   };
@@ -294,7 +295,7 @@ function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
     const busy = Number(world.mem.busy.readU64());
     inFrida++;
     if (Date.now() > started + budgetMs) {
-      world.busy = { ms: Date.now() - started, tries: inFrida, threads: busy };
+      world.busy = { ms: Date.now() - started, tries: inFrida, threads: busy, first: busyThread() };
       return false;
     }
     world.stats.frida_retries++;
@@ -302,6 +303,45 @@ function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
       world.fns.pause(pause);
     pause = Math.min(pause * 2, FRIDA_PAUSE_MAX_US);
   }
+}
+
+// x86-64's struct user_regs_struct, as cmodule/world.c keeps a stopped thread's registers.
+const X64_REGS = ['r15', 'r14', 'r13', 'r12', 'rbp', 'rbx', 'r11', 'r10', 'r9', 'r8', 'rax', 'rcx', 'rdx', 'rsi',
+  'rdi', 'orig_rax', 'rip', 'cs', 'eflags', 'rsp', 'ss', 'fs_base', 'gs_base', 'ds', 'es', 'fs', 'gs'];
+
+/* The last busy stop's first thread in Frida's code, in words: its id and name, by what it pointed
+ * in (a register, or a stack word at sp + offset) and where to (Frida's symbol).  Called with the
+ * world running again (a JavaScript value may be made).  Without it a refusal cannot tell Frida's
+ * own bootstrap from a program thread parked in a listener. */
+function busyThread() {
+  const b = world.mem.busy;
+  const tid = Number(b.add(8).readU64());
+  if (tid === 0)
+    return null;
+  const where = Number(b.add(16).readU64());
+  const value = ptr(b.add(24).readU64().toString());
+  let name = '?';
+  try {
+    name = File.readAllText(`/proc/self/task/${tid}/comm`).trim();
+  } catch (e) {
+    // the thread has gone since
+  }
+  const how = where < WORLD_REGS
+    ? `register ${Process.arch === 'x64' && where < X64_REGS.length ? X64_REGS[where] : where}`
+    : `stack word at sp+0x${(where - WORLD_REGS).toString(16)}`;
+  let sym = value.toString();
+  try {
+    const d = DebugSymbol.fromAddress(value);
+    const m = Process.findModuleByAddress(value);
+    // Frida's agent is cloaked from Process's modules: its offset from its first code mapping.
+    const lo = world.fridaCode.length > 0 ? world.fridaCode[0][0] : null;
+    const base = m !== null ? `${m.name}+0x${value.sub(m.base).toString(16)}`
+      : lo !== null && value.compare(lo) >= 0 ? `frida-agent code+0x${value.sub(lo).toString(16)}` : value.toString();
+    sym = d.name !== null ? `${d.name} (${base})` : base;
+  } catch (e) {
+    // no symbol: the address alone
+  }
+  return `thread ${tid} "${name}", ${how} = ${sym}`;
 }
 
 /* At process exit Frida's exit monitor holds the exiting thread inside Frida's own code until the
@@ -554,7 +594,7 @@ function stopClearSleeping(avoid) {
       return false;     // no longer Frida's doing: the caller's plain failure path
   }
   world.busy = { ms: first.ms + (Date.now() - started), tries: first.tries + world.busy.tries,
-    threads: world.busy.threads };
+    threads: world.busy.threads, first: world.busy.first };
   return false;
 }
 
@@ -579,7 +619,9 @@ function refuse(what, direct) {
     world.otherSites.delete(site);
   world.pendingRedirects.clear();
   world.stats.frida_refused++;
-  const why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
+  let why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
+  if (busy.first)
+    why += ` (the first: ${busy.first})`;
   world.refused.push([what, why]);
   let message = `${what}: not patched: ${why}`;
   if (dropped > 0)

@@ -233,6 +233,58 @@ Interceptor.attach(Module.getGlobalExportByName('dup'), { onEnter() {
 """
 
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_refused_malloc_patch_is_tried_again_and_said_once(storm_exe: Path, demo_bin: Path) -> None:
+    """The malloc tracer's redirects are the capture: a refusal (a thread stayed in Frida's code) is
+    queued again and tried again (worldPatchTries times in all) before it is said.  With the thread
+    parked in a listener for good, both tries are refused: the first counted apart and not said, the
+    last refused, said once, and nothing of either written (the allocator's bytes as before)."""
+    target = _start(storm_exe, "fds", demo_bin)
+    messages: list[object] = []
+    try:
+        agent = build_agent("malloc")
+        session = frida.get_local_device().attach(target.pid)
+        try:
+            parker = session.create_script(PARK_ONE_THREAD)
+            parked = threading.Event()
+            parker.on("message", lambda message, data: parked.set())
+            parker.load()
+            assert parked.wait(30), "no storm thread entered dup"
+            entries = ["malloc", "free", "calloc", "realloc"]
+            pristine = parker.exports_sync.prologues(entries)
+            script = session.create_script(agent.source)
+            script.on("message", lambda message, data: messages.append(message))
+            script.load()
+            api = script.exports_sync
+            config = {**tracers.all_tracers()["malloc"].agent_config(None, {}),
+                      "worldFridaMs": 200, "worldFridaSleepMs": 200, "worldPatchTries": 2}
+            api.init(config, agent.c_sources, agent.process_sources)
+            api.start()
+            held = api.world()
+            untouched = parker.exports_sync.prologues(entries)
+            parker.post({"type": "go"})
+            parker.unload()
+            time.sleep(0.3)
+            api.stop()
+            script.unload()
+        finally:
+            session.detach()
+        time.sleep(0.3)
+        alive = target.poll() is None
+    finally:
+        target.kill()
+        target.wait()
+    assert alive, f"the target died: {target.returncode}"
+    refused = [what for what, _why in held["refused"]]
+    assert refused.count("malloc hooks in") == 1, held["refused"]
+    assert held["frida_refused_retried"] == 1, held       # the first try, tried again
+    assert held["frida_busy"] == 0 and held["running"] == 0, held
+    said = " ".join(str(m.get("payload", {}).get("message", "")) for m in messages if isinstance(m, dict))
+    assert said.count("malloc hooks in: not patched") == 1, said
+    assert untouched == pristine, dict(zip(entries, zip(pristine, untouched, strict=True), strict=True))
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_patch_is_refused_while_a_thread_stays_in_fridas_code(storm_exe: Path, demo_bin: Path) -> None:

@@ -68,6 +68,8 @@ const FRIDA_PAUSE_MAX_US = 10000;
 // the script's lock run their callback and leave Frida's code -- for at most this long.
 const FRIDA_SLEEP_MS = 2000;
 const FRIDA_SLEEP_S = 0.005;
+const PATCH_TRIES = 3;              // applyPatchesRetrying: a refused patch tried again, in all,
+const PATCH_RETRY_S = 0.25;         // ... this long apart
 const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
 const PARKED_LOOKS = 10;            // skipParkedAtExit's looks at most,
 const PARKED_PAUSE_MS = 2;          // ... this far apart,
@@ -106,6 +108,7 @@ export const world = {
     // strict stops: retried for a thread in Frida's code; given up and patched anyway (never now:
     // kept at 0, the account's proof); patches refused for it (applyPatches: `refused` says which)
     frida_retries: 0, frida_busy: 0, frida_refused: 0, frida_sleeps: 0,
+    frida_refused_retried: 0,   // refusals tried again (applyPatchesRetrying), not said
     parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
   parked: new Set(),          // their ids (skipParkedAtExit)
   fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
@@ -113,17 +116,23 @@ export const world = {
   queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
   pendingRedirects: new Set(),   // sites of deferred redirects not made yet (a refusal forgets them)
   refused: [],                // [what, why] per patch refused (applyPatches)
+  retrying: false,            // applyPatchesRetrying: a refusal now is not the last try
+  lastRetried: null,          // ... the busy stop of the last refusal tried again
   fridaMs: FRIDA_MS,          // the budgets in use (configureWorld)
   fridaSleepMs: FRIDA_SLEEP_MS,
+  patchTries: PATCH_TRIES,
 };
 
-/* The agent's config: `worldFridaMs` and `worldFridaSleepMs` replace FRIDA_MS and FRIDA_SLEEP_MS
+/* The agent's config: `worldFridaMs`, `worldFridaSleepMs` and `worldPatchTries` replace FRIDA_MS,
+ * FRIDA_SLEEP_MS and PATCH_TRIES
  * (tests make a refusal quick to reach; nothing else sets them). */
 export function configureWorld(config) {
   if (config && Number.isFinite(config.worldFridaMs))
     world.fridaMs = config.worldFridaMs;
   if (config && Number.isFinite(config.worldFridaSleepMs))
     world.fridaSleepMs = config.worldFridaSleepMs;
+  if (config && Number.isFinite(config.worldPatchTries))
+    world.patchTries = config.worldPatchTries;
 }
 
 function exclusive(cm, name, ret, args) {
@@ -566,6 +575,32 @@ export function applyPatches(what, write = null) {
   return stopped;
 }
 
+/*
+ * applyPatches for a patch the capture cannot do without (the malloc tracer's redirects): `queue`
+ * defers its Interceptor calls (deferPatch); when the patch is refused for a thread that stayed in
+ * Frida's code, nothing was written (the deferred calls are dropped), so after PATCH_RETRY_S --
+ * Thread.sleep lets go of the script's lock, and the thread gets the CPU to leave -- it is queued
+ * and tried again, at most PATCH_TRIES times in all.  Only the last refusal is said and counted
+ * as refused (frida_refused); the ones before are counted apart (frida_refused_retried).  A spawned
+ * program on a loaded machine lost its whole capture to one refusal (CI, round 5).
+ */
+export function applyPatchesRetrying(what, queue, tries = world.patchTries) {
+  for (let t = 1; ; t++) {
+    queue();
+    world.retrying = t < tries;
+    const retriedBefore = world.stats.frida_refused_retried;
+    let made;
+    try {
+      made = applyPatches(what);
+    } finally {
+      world.retrying = false;
+    }
+    if (world.stats.frida_refused_retried === retriedBefore)
+      return made;
+    Thread.sleep(PATCH_RETRY_S);
+  }
+}
+
 /* The Interceptor calls and writes applyPatches makes: the deferred calls (attach), the reverts,
  * memtrace's own code writes. */
 function makeQueued() {
@@ -618,6 +653,12 @@ function refuse(what, direct) {
   for (const site of world.pendingRedirects)
     world.otherSites.delete(site);
   world.pendingRedirects.clear();
+  if (world.retrying && direct === 0) {
+    // applyPatchesRetrying queues it all again and tries once more: nothing said yet.
+    world.stats.frida_refused_retried++;
+    world.lastRetried = busy;
+    return false;
+  }
   world.stats.frida_refused++;
   let why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
   if (busy.first)

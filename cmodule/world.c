@@ -628,6 +628,54 @@ mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guin
   return 0;
 }
 
+/* Whether stopped thread i points into `ranges` (a register, or a stack word from sp up, at most
+ * `depth` bytes), and how: *where the register index (< MT_WORLD_REGS) or MT_WORLD_REGS + the
+ * stack word's byte offset from sp, *value the value pointing in. */
+static gboolean
+mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_ranges, guint64 depth,
+    guint8 * scratch, guint64 scratch_size, guint64 * where, guint64 * value)
+{
+  const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
+  guint64 sp = ((MtWorldThread *) w->threads)[i].sp & ~(guint64) 7;
+  guint64 r, done = 0;
+  for (r = 0; r != MT_WORLD_REGS; r++)
+  {
+    if (mt_world_in (regs[r], ranges, n_ranges))
+    {
+      *where = r;
+      *value = regs[r];
+      return TRUE;
+    }
+  }
+  while (sp != 0 && done < depth)
+  {
+    guint64 local[2], remote[2], k;
+    gssize got;
+    guint64 len = MIN (depth - done, scratch_size);
+    local[0] = (guint64) scratch;
+    local[1] = len;
+    remote[0] = sp + done;
+    remote[1] = len;
+    got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
+    if (got <= 0)
+      break;                           /* the end of the stack's mapping */
+    for (k = 0; k + 8 <= (guint64) got; k += 8)
+    {
+      guint64 v = *(guint64 *) (scratch + k);
+      if (mt_world_in (v, ranges, n_ranges))
+      {
+        *where = MT_WORLD_REGS + done + k;
+        *value = v;
+        return TRUE;
+      }
+    }
+    done += (guint64) got;
+    if ((guint64) got < len)
+      break;
+  }
+  return FALSE;
+}
+
 /*
  * With the world stopped: how many stopped threads still run in `ranges` (code about to be
  * unloaded: memtrace's C module, Interceptor's trampolines) or will return into it -- a pc, a
@@ -639,47 +687,20 @@ guint64
 mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
     guint64 scratch_size)
 {
-  guint64 i, n = 0;
+  guint64 i, n = 0, where, value;
   for (i = 0; i != w->n_threads; i++)
   {
-    const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
-    guint64 sp = ((MtWorldThread *) w->threads)[i].sp;
-    guint64 r, done = 0;
-    gboolean in = FALSE;
-    for (r = 0; r != MT_WORLD_REGS && !in; r++)
-      in = mt_world_in (regs[r], ranges, n_ranges);
-    sp &= ~(guint64) 7;
-    while (!in && sp != 0 && done < depth)
-    {
-      guint64 local[2], remote[2], k;
-      gssize got;
-      guint64 len = MIN (depth - done, scratch_size);
-      local[0] = (guint64) scratch;
-      local[1] = len;
-      remote[0] = sp + done;
-      remote[1] = len;
-      got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
-      if (got <= 0)
-        break;                           /* the end of the stack's mapping */
-      for (k = 0; k + 8 <= (guint64) got && !in; k += 8)
-        in = mt_world_in (*(guint64 *) (scratch + k), ranges, n_ranges);
-      done += (guint64) got;
-      if ((guint64) got < len)
-        break;
-    }
-    if (in)
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, &where, &value))
       n++;
   }
   return n;
 }
 
-
 /*
  * Which held thread points into `ranges` first, and how -- for the refusal's message (a patch
  * refused because "a thread stayed in Frida's code" must say which thread and by what, or nobody
- * can tell Frida's bootstrap from a program thread parked in a listener).  out[0] tid, out[1] the
- * register index (< MT_WORLD_REGS) or MT_WORLD_REGS + the stack word's byte offset from sp,
- * out[2] the value pointing in.  All 0 when none.
+ * can tell Frida's bootstrap from a program thread parked in a listener).  out[0] tid, out[1]
+ * where (mt_world_thread_ref), out[2] the value pointing in.  All 0 when none.
  */
 static void
 mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
@@ -689,48 +710,14 @@ mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint
   out[0] = out[1] = out[2] = 0;
   for (i = 0; i != w->n_threads; i++)
   {
-    const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
-    guint64 sp = ((MtWorldThread *) w->threads)[i].sp & ~(guint64) 7;
-    guint64 r, done = 0;
-    for (r = 0; r != MT_WORLD_REGS; r++)
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, &out[1], &out[2]))
     {
-      if (mt_world_in (regs[r], ranges, n_ranges))
-      {
-        out[0] = ((MtWorldThread *) w->threads)[i].tid;
-        out[1] = r;
-        out[2] = regs[r];
-        return;
-      }
-    }
-    while (sp != 0 && done < depth)
-    {
-      guint64 local[2], remote[2], k;
-      gssize got;
-      guint64 len = MIN (depth - done, scratch_size);
-      local[0] = (guint64) scratch;
-      local[1] = len;
-      remote[0] = sp + done;
-      remote[1] = len;
-      got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
-      if (got <= 0)
-        break;
-      for (k = 0; k + 8 <= (guint64) got; k += 8)
-      {
-        guint64 v = *(guint64 *) (scratch + k);
-        if (mt_world_in (v, ranges, n_ranges))
-        {
-          out[0] = ((MtWorldThread *) w->threads)[i].tid;
-          out[1] = MT_WORLD_REGS + done + k;
-          out[2] = v;
-          return;
-        }
-      }
-      done += (guint64) got;
-      if ((guint64) got < len)
-        break;
+      out[0] = ((MtWorldThread *) w->threads)[i].tid;
+      return;
     }
   }
 }
+
 
 /*
  * Writes `len` bytes of code at `dst` (a hooked function's prologue, memtrace's own restore)

@@ -27,6 +27,8 @@ const STUB_SIZE = 16;
 const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
 const FD_GUARD_SCAN = 4096;           // descriptors asked of Cloak at each refresh
 const FD_GUARD_REFRESH_MS = 1000;
+const FORK_PAGE_BYTES = 64 * 1024;   // the MAP_SHARED page fork children post in (process.c mt_forks)
+const MADV_REMOVE = 9;                // frees a shared mapping's pages (releaseForkPage)
 const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
 const MASK_HELPER_STACK = 64 * 1024;  // process.c's mt_mask_threads helper
 const MASK_MAX_THREADS = 1024;        // Frida's threads masked per call
@@ -61,6 +63,7 @@ export const proc = {
   acks: 0,
   forksReported: 0,
   torn: false,
+  forkPageReleased: false,   // the fork page's memory given back at unload (releaseForkPage)
   pristine: null,     // libc's executable segments from its file (readPristine)
   busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
   onExec: null,       // (path, argv) before the traced process execs (rpc.js)
@@ -224,7 +227,7 @@ export function buildProcess(config, sources) {
   if (mmap === null || registerAtfork === null)
     return { guard: false, why: 'mmap or __register_atfork not found' };
 
-  const sharedBytes = 64 * 1024;
+  const sharedBytes = FORK_PAGE_BYTES;
   // PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS: the page the fork children post in.
   const forks = mmap(NULL, sharedBytes, 3, 0x21, -1, 0);
   if (forks.equals(ptr('-1')))
@@ -938,5 +941,20 @@ export function tearDownProcess(unloading) {
     while (proc.busyProbe() > 0 && Date.now() < deadline)
       Thread.sleep(0.002);
   }
+  if (unloading)
+    releaseForkPage();
   releaseProcess();
+}
+
+/* The fork page's memory goes back to the system when the agent unloads; the mapping stays.  A
+ * --pid target attached again and again (a lab's daemon) kept ~20 KB of it resident per session
+ * (64 KB mapped).  Not unmapped: a vfork child still between its exec attempts (execvp trying
+ * each PATH entry in our memory) may post there once more -- after MADV_REMOVE that write finds a
+ * fresh zero page, never an unmapped one. */
+function releaseForkPage() {
+  if (proc.mem === null || !proc.mem.forks)
+    return;
+  const madvise = nf('madvise', 'int', ['pointer', 'size_t', 'int']);
+  if (madvise !== null && madvise(proc.mem.forks, FORK_PAGE_BYTES, MADV_REMOVE) === 0)
+    proc.forkPageReleased = true;
 }

@@ -68,6 +68,7 @@ export const proc = {
   busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
   onExec: null,       // (path, argv) before the traced process execs (rpc.js)
   mark: null,         // our session's mark (claimProcess), or null
+  staleMarks: 0,      // marks of sessions gone without taking theirs off, taken off (marksOfThisProcess)
   quiesce: null,      // how the wait for threads inside process.c's code ended (unhookExec)
 };
 
@@ -838,6 +839,24 @@ export function releaseFork(entry, pid) {
  * DEVICE-UNVERIFIED on Darwin: no memfd, no mark (one session at a time is the user's care).
  */
 const MARK = 'memtrace-session';
+// The mark's page: the marking process's pid (u32), then the marking agent's JavaScript thread (u32):
+// a mark whose agent thread is gone is stale -- its session ended without taking it off (an
+// exception in its teardown, say) -- and must not lock the process out for good.
+const MARK_TID = 4;
+
+/* A mark whose session's agent thread no longer exists (launchers.refuse_a_second_session reads it
+ * the same way).  A mark without a thread id (an older agent's) is never stale. */
+function markIsStale(at) {
+  const tid = at.add(MARK_TID).readU32();
+  if (tid === 0)
+    return false;
+  try {
+    File.readAllText(`/proc/self/task/${tid}/comm`);
+    return false;
+  } catch (e) {
+    return true;
+  }
+}
 
 function marksOfThisProcess() {
   const out = [];
@@ -852,8 +871,18 @@ function marksOfThisProcess() {
       continue;
     const at = ptr('0x' + line.split('-')[0]);
     try {
-      if (at.readU32() === Process.id)
-        out.push(at);
+      if (at.readU32() !== Process.id)
+        continue;
+      if (markIsStale(at)) {
+        // Taken off for the session that left it: nothing else maps a page of ours by that name.
+        at.writeU32(0);
+        const munmap = nf('munmap', 'int', ['pointer', 'size_t']);
+        if (munmap !== null)
+          munmap(at, Process.pageSize);
+        proc.staleMarks++;
+        continue;
+      }
+      out.push(at);
     } catch (e) {
       // unreadable: not a mark we can trust
     }
@@ -887,6 +916,7 @@ export function claimProcess() {
   close(fd);
   if (page === null)
     return;
+  page.add(MARK_TID).writeU32(Process.getCurrentThreadId());
   page.writeU32(Process.id);
   proc.mark = page;
   // Two sessions starting at once both see two marks: both refuse, neither harms the target.
@@ -917,33 +947,38 @@ export function tearDownProcess(unloading) {
     return;
   proc.torn = true;
   try {
-    unhookExec();
-  } catch (e) {
-    // keep going: the stubs matter more
+    try {
+      unhookExec();
+    } catch (e) {
+      // keep going: the stubs matter more
+    }
+    if (proc.mem !== null) {
+      writeField(proc.mem.proc, PROC, 'follow', 0);
+      writeField(proc.mem.proc, PROC, 'n_patches', 0);
+    }
+    if (proc.maskPrepare !== null && proc.mem !== null && proc.mem.masksBusy) {
+      // No new fork blocks its signals; one already past prepare gets its mask back before the
+      // parent and child handlers go quiet.
+      disarmStub(proc.maskPrepare);
+      const deadline = Date.now() + BUSY_WAIT_MS;
+      while (proc.mem.masksBusy() > 0 && Date.now() < deadline)
+        Thread.sleep(0.001);
+    }
+    disarmStubs();
+    if (unloading)
+      Thread.sleep(UNLOAD_GRACE_MS / 1000);
+    if (proc.busyProbe !== null) {
+      const deadline = Date.now() + BUSY_WAIT_MS;
+      while (proc.busyProbe() > 0 && Date.now() < deadline)
+        Thread.sleep(0.002);
+    }
+    if (unloading)
+      releaseForkPage();
+  } finally {
+    // Whatever failed above, the mark comes off: a mark left behind refused every later session
+    // of that process (a storm's --pid target, after one teardown threw).
+    releaseProcess();
   }
-  if (proc.mem !== null) {
-    writeField(proc.mem.proc, PROC, 'follow', 0);
-    writeField(proc.mem.proc, PROC, 'n_patches', 0);
-  }
-  if (proc.maskPrepare !== null && proc.mem !== null && proc.mem.masksBusy) {
-    // No new fork blocks its signals; one already past prepare gets its mask back before the
-    // parent and child handlers go quiet.
-    disarmStub(proc.maskPrepare);
-    const deadline = Date.now() + BUSY_WAIT_MS;
-    while (proc.mem.masksBusy() > 0 && Date.now() < deadline)
-      Thread.sleep(0.001);
-  }
-  disarmStubs();
-  if (unloading)
-    Thread.sleep(UNLOAD_GRACE_MS / 1000);
-  if (proc.busyProbe !== null) {
-    const deadline = Date.now() + BUSY_WAIT_MS;
-    while (proc.busyProbe() > 0 && Date.now() < deadline)
-      Thread.sleep(0.002);
-  }
-  if (unloading)
-    releaseForkPage();
-  releaseProcess();
 }
 
 /* The fork page's memory goes back to the system when the agent unloads; the mapping stays.  A

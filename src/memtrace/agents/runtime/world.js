@@ -85,6 +85,7 @@ const SCRATCH = 64 * 1024;
 export const world = {
   fns: null,
   mem: null,
+  stopBy: 'ptrace',     // how the world is stopped: a ptrace helper, or a signal (seccomp: cmodule/world.c)
   why: 'no process CModule (cmodule/world.c) was built',   // why patches run unstopped (null: they do not)
   fridaCode: [],        // [start, end) of Frida's own code
   sites: new Set(),     // every address patched this session (string)
@@ -194,8 +195,16 @@ export function buildWorld(cm) {
   const usleep = Module.findGlobalExportByName('usleep');
   fns.pause = usleep === null ? null : new NativeFunction(usleep, 'int', ['uint'], { scheduling: 'exclusive' });
   if (fns.seccomp(Process.id) === 1) {
-    world.why = WORLD_ERRORS[4];
-    return;
+    // No clone(CLONE_VM) helper under a filter that may trap it: the signal stop instead, where
+    // this module has one (cmodule/world.c MT_WORLD_SIGSTOP), else the world runs.
+    const sig = cm.mt_sigstop_install === undefined ? 0
+      : new NativeFunction(cm.mt_sigstop_install, 'int', [], { scheduling: 'exclusive' })();
+    if (sig <= 0) {
+      world.why = WORLD_ERRORS[4];
+      return;
+    }
+    world.stopBy = `signal ${sig} (a seccomp filter is installed: no ptrace helper)`;
+    fns.sigstopUninstall = new NativeFunction(cm.mt_sigstop_uninstall, 'int', [], { scheduling: 'exclusive' });
   }
   world.mem = {
     world: Memory.alloc(WORLD.size),
@@ -219,6 +228,16 @@ export function buildWorld(cm) {
   });
   world.mprotect = Module.findGlobalExportByName('mprotect');
   world.why = null;
+}
+
+/* The signal stop's handler out (teardown, before the process CModule is freed): the signal is
+ * ignored, every thread out of the handler, the old disposition back.  False when one stayed. */
+export function uninstallSignalStop() {
+  if (world.fns === null || !world.fns.sigstopUninstall)
+    return true;
+  const left = world.fns.sigstopUninstall() === 1;
+  world.fns.sigstopUninstall = null;
+  return left;
 }
 
 /* Prepares the MtWorld for one stop: Frida's threads (listed now: threads come and go), every
@@ -979,7 +998,8 @@ export function moduleCode(cm) {
 
 /* What the host records: how every patch went. */
 export function worldReport() {
-  return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
+  return Object.assign({ why: world.why, stop_by: world.stopBy, sites: world.sites.size,
+    frida_code_ranges: world.fridaCode.length,
     entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,
     frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why }, world.stats);
 }

@@ -1,13 +1,14 @@
 """Under a seccomp filter that traps a clone making no thread (issue 27 item 3), the ptrace helper
 (cmodule/world.c: a clone(CLONE_VM)) is never made: the target is not killed by SIGSYS.  The hooks
-go in and come out with the world stopped by a signal instead (world.c's signal stop: tgkill and
-a handler that waits on a futex; before, they went in with the world running and 1 sandboxed run
-in 10 crashed in malloc); the leak scan, in the malloc tracer's own module, runs with the world
-moving and says so."""
+go in and come out, and the leak scan reads the threads' registers and stacks, with the world
+stopped by a signal instead (world.c's signal stop: tgkill and a handler that waits on a futex;
+before, the hooks went in with the world running -- 1 sandboxed run in 10 crashed in malloc --
+and the leak scan ran with the world moving)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,9 +36,8 @@ def test_a_seccomp_sandbox_is_never_killed_by_the_stop(compile_c: Callable[..., 
         assert target.poll() is None, f"the target died: {target.returncode}"
         assert res.returncode == 0, res.stderr
         out = res.stdout + res.stderr
-        why = "a seccomp filter is installed (a non-thread clone could kill the process)"
-        assert out.count(f"leak scan with the world running: {why}") == 1, out
-        assert "hooks patched with the world running" not in out, out
+        assert "with the world running" not in out, out          # neither the leak scan nor a patch
+        assert re.search(r"leak scan: .*complete; 5 threads stopped; world stopped \d+ ms", out), out
         assert "ended: completed" in out, out
     finally:
         target.kill()

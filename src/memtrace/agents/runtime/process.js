@@ -19,7 +19,7 @@ import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
 import {
   applyPatches, buildWorld, deferPatch, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
-  uninstallSignalStop, writeWhenStopped,
+  SIGSTOP_BYTES, signalStopSymbols, uninstallSignalStop, writeWhenStopped,
 } from './world.js';
 
 const STUB_PAGE = 4096;
@@ -29,8 +29,7 @@ const FD_GUARD_SCAN = 4096;           // descriptors asked of Cloak at each refr
 const FD_GUARD_REFRESH_MS = 1000;
 const FORK_PAGE_BYTES = 64 * 1024;   // the MAP_SHARED page fork children post in (process.c mt_forks)
 const MADV_REMOVE = 9;                // frees a shared mapping's pages (releaseForkPage)
-const FORK_MASKS_BYTES = 64 * 1024;
-const SIGSTOP_BYTES = 256;            // cmodule/world.c's MtSigStop (mt_sigstop_size)  // process.c's MtForkMask table (64 entries of 152 bytes fit)
+const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
 const MASK_HELPER_STACK = 64 * 1024;  // process.c's mt_mask_threads helper
 const MASK_MAX_THREADS = 1024;        // Frida's threads masked per call
 const MASK_LIST_THREADS = 8192;       // world.js's MAX_THREADS: the listing's buffer
@@ -254,7 +253,6 @@ export function buildProcess(config, sources) {
     takePath: Memory.alloc(256),
     diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
     forks,
-    sigstop: Memory.alloc(SIGSTOP_BYTES),     // world.c's MtSigStop (zeroed: not installed)
   };
   mem.onExec = new NativeCallback((path, argv) => {
     try {
@@ -313,10 +311,10 @@ export function buildProcess(config, sources) {
   // The signal stop for seccomp'd processes (cmodule/world.c MT_WORLD_SIGSTOP): x86-64's
   // ucontext only (ARCH-UNVERIFIED elsewhere: arm64 keeps the world running there).
   let defines = Process.arch === 'arm64' ? '#define MT_ARM64 1\n' : '';
-  if (Process.arch === 'x64' && libcExport('sigaction') !== null) {
+  const sigstop = signalStopSymbols();
+  if (sigstop !== null) {
     defines += '#define MT_WORLD_SIGSTOP 1\n';
-    symbols.sigaction = libcExport('sigaction');
-    symbols.mt_sigstop = mem.sigstop;
+    Object.assign(symbols, sigstop);
   }
   const cm = new CModule(defines + sources.join('\n'), symbols);
   if (cm.mt_sigstop_size !== undefined &&

@@ -230,6 +230,29 @@ export function buildWorld(cm) {
   world.why = null;
 }
 
+/* cmodule/world.c's MtSigStop (the signal stop under seccomp): one block shared by the process
+ * CModule, which installs the handler, and the malloc CModule, whose leak scan stops the world
+ * through it -- compiled first (core.js), so the block exists before either.  Zeroed: not
+ * installed. */
+export const SIGSTOP_BYTES = 256;
+let sigstopBlock = null;
+export function signalStopBlock() {
+  if (sigstopBlock === null) {
+    sigstopBlock = Memory.alloc(SIGSTOP_BYTES);
+    sigstopBlock.writeByteArray(new Array(SIGSTOP_BYTES).fill(0));
+  }
+  return sigstopBlock;
+}
+
+/* Whether a CModule compiled now gets the signal stop (cmodule/world.c MT_WORLD_SIGSTOP): x86-64
+ * Linux with libc's sigaction (ARCH-UNVERIFIED elsewhere: the world runs under seccomp there). */
+export function signalStopSymbols() {
+  if (IS_DARWIN || Process.arch !== 'x64')
+    return null;
+  const sigaction = Module.findGlobalExportByName('sigaction');
+  return sigaction === null ? null : { sigaction, mt_sigstop: signalStopBlock() };
+}
+
 /* The signal stop's handler out (teardown, before the process CModule is freed): the signal is
  * ignored, every thread out of the handler, the old disposition back.  False when one stayed. */
 export function uninstallSignalStop() {

@@ -35,8 +35,10 @@
  *   - the helper dies with the thread that made it (PR_SET_PDEATHSIG): a target killed while its
  *     world is stopped leaves no helper behind, and ptrace lets go of its tracees when it dies;
  *   - every wait is bounded (MT_WORLD_STOP_TIMEOUT_US, MT_WORLD_HOLD_LIMIT_US).
- * It is refused, with the reason in `error`, under a seccomp filter (a filter that traps a
- * non-thread clone would kill the process with SIGSYS) and where ptrace is not allowed.
+ * Under a seccomp filter (one that traps a non-thread clone would kill the process with SIGSYS)
+ * no helper is made: the threads are stopped with a signal instead where the module has the
+ * signal stop (MT_WORLD_SIGSTOP, below), else the stop is refused with the reason in `error`, as
+ * where ptrace is not allowed.
  *
  * Darwin: not here.  The leak scan suspends threads with thread_suspend (leaks.c); patching is
  * left to Frida (docs/domain/frida.md, "Patching code while threads run").

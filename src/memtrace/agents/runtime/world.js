@@ -118,7 +118,6 @@ export const world = {
   pendingRedirects: new Set(),   // sites of deferred redirects not made yet (a refusal forgets them)
   refused: [],                // [what, why] per patch refused (applyPatches)
   retrying: false,            // applyPatchesRetrying: a refusal now is not the last try
-  lastRetried: null,          // ... the busy stop of the last refusal tried again
   fridaMs: FRIDA_MS,          // the budgets in use (configureWorld)
   fridaSleepMs: FRIDA_SLEEP_MS,
   patchTries: PATCH_TRIES,
@@ -698,7 +697,6 @@ function refuse(what, direct) {
   if (world.retrying && direct === 0) {
     // applyPatchesRetrying queues it all again and tries once more: nothing said yet.
     world.stats.frida_refused_retried++;
-    world.lastRetried = busy;
     return false;
   }
   world.stats.frida_refused++;

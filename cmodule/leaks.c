@@ -22,9 +22,9 @@
  * Stopping the world
  *   Linux:  cmodule/world.c (shared with the hooks' patching): a ptrace helper holds every thread
  *           but the scanning thread and Frida's own.  An MtLeakJob starts with an MtWorld, so
- *           mt_leak_stop hands it over as one.  It fails where ptrace is not allowed (another
- *           tracer attached, a seccomp filter, Yama scope 3); the scan then runs with the world
- *           moving and says so (n_failed).
+ *           mt_leak_stop hands it over as one (under a seccomp filter: world.c's signal stop,
+ *           MT_WORLD_SIGSTOP).  It fails where ptrace is not allowed (another tracer attached,
+ *           Yama scope 3); the scan then runs with the world moving and says so (n_failed).
  *   Darwin: task_threads + thread_suspend + thread_get_state, and thread_resume after, in one C
  *           call with the scan (mt_leak_scan_all and mt_leak_darwin_stop, at the end of this
  *           file; the Darwin branch of mt_leak_stop is no longer called).  DEVICE-UNVERIFIED:

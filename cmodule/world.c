@@ -35,8 +35,10 @@
  *   - the helper dies with the thread that made it (PR_SET_PDEATHSIG): a target killed while its
  *     world is stopped leaves no helper behind, and ptrace lets go of its tracees when it dies;
  *   - every wait is bounded (MT_WORLD_STOP_TIMEOUT_US, MT_WORLD_HOLD_LIMIT_US).
- * It is refused, with the reason in `error`, under a seccomp filter (a filter that traps a
- * non-thread clone would kill the process with SIGSYS) and where ptrace is not allowed.
+ * Under a seccomp filter (one that traps a non-thread clone would kill the process with SIGSYS)
+ * no helper is made: the threads are stopped with a signal instead where the module has the
+ * signal stop (MT_WORLD_SIGSTOP, below), else the stop is refused with the reason in `error`, as
+ * where ptrace is not allowed.
  *
  * Darwin: not here.  The leak scan suspends threads with thread_suspend (leaks.c); patching is
  * left to Frida (docs/domain/frida.md, "Patching code while threads run").
@@ -491,6 +493,302 @@ mt_world_wait_state (MtWorld * w, guint64 want)
   return TRUE;
 }
 
+#ifdef MT_WORLD_SIGSTOP
+/*
+ * The world stopped with a signal, for a process under a seccomp filter (process CModule only:
+ * MT_WORLD_SIGSTOP, x86-64).  The ptrace helper is a clone that makes no thread, which a filter
+ * may trap (SIGSYS kills the process), so it is never made there -- and the hooks went in with the
+ * world running: 1 sandboxed run in 10 crashed in malloc 0.94 s later (issue 27's audit).  Instead
+ * each thread to stop is sent a real-time signal (tgkill, as pthread_kill does: what a filter that
+ * lets the program use threads allows) whose handler (installed once: mt_sigstop_install) records
+ * the registers it interrupted -- the thread's pc, its sp -- in its slot and waits on a futex
+ * until the stopper lets go.  Everything else (clear of the ranges, no thread in Frida's code, the
+ * writes) is the ptrace stop's, over the same slots.  Unlike a ptrace stop a signal is seen by the
+ * thread: a system call without SA_RESTART semantics (epoll_wait, nanosleep's remainder, select)
+ * may return EINTR -- said in the docs; the handler runs on the thread's alternate stack if it has
+ * one.  A thread that blocks the signal never arrives: counted as not stopped (n_failed), so the
+ * patch waits for a stop with none, as with a thread ptrace cannot attach.  Async-signal-safe: the
+ * handler makes system calls and atomic operations only.
+ */
+typedef struct
+{
+  volatile gint phase;          /* MT_SIGSTOP_IDLE, _STOPPING (handlers hold), _RELEASING */
+  volatile gint gen;            /* the futex the handlers wait on: bumped to let them go */
+  volatile gint inside;         /* threads inside the handler */
+  gint sig;                     /* the signal (0: not installed) */
+  MtWorld * w;                  /* the stop the handlers record into */
+  guint64 previous[19];         /* the signal's disposition before ours (struct sigaction) */
+} MtSigStop;
+
+extern MtSigStop mt_sigstop;
+extern gint sigaction (gint sig, gconstpointer act, gpointer old);
+
+#define MT_SIGSTOP_IDLE 0
+#define MT_SIGSTOP_STOPPING 1
+#define MT_SIGSTOP_RELEASING 2
+#define MT_SYS_FUTEX 202
+#define MT_SYS_GETTID 186
+#define MT_FUTEX_WAIT_PRIVATE 128
+#define MT_FUTEX_WAKE_PRIVATE 129
+#define MT_SA_SIGINFO 4
+#define MT_SA_ONSTACK 0x08000000
+#define MT_SA_RESTART 0x10000000
+#define MT_SIGSTOP_WAIT_US 100
+#define MT_SIGSTOP_LEAVE_US 1000000ULL     /* resume waits this long at most for handlers to return */
+#define MT_SIGSTOP_ARRIVE_US 1000000ULL    /* a stop waits this long at most for every thread to come */
+#define MT_UC_GREGS 40                     /* ucontext_t: uc_flags, uc_link, uc_stack (24), then gregs */
+
+/* glibc's struct sigaction (x86-64): handler, a 1024-bit mask, flags, restorer. */
+typedef struct
+{
+  gpointer handler;
+  guint64 mask[16];
+  gint flags;
+  gint pad;
+  gpointer restorer;
+} MtSigaction;
+
+guint64
+mt_sigstop_size (void)
+{
+  return sizeof (MtSigStop);
+}
+
+static void
+mt_sigstop_handler (gint sig, gpointer info, gpointer uctx)
+{
+  MtSigStop * s = &mt_sigstop;
+  MtWorld * w;
+  gint gen;
+  guint64 tid, i;
+  (void) sig;
+  (void) info;
+  g_atomic_int_add (&s->inside, 1);
+  gen = g_atomic_int_add (&s->gen, 0);
+  w = s->w;
+  if (g_atomic_int_add (&s->phase, 0) == MT_SIGSTOP_STOPPING && w != NULL)
+  {
+    tid = (guint64) syscall (MT_SYS_GETTID);
+    for (i = 0; i != w->n_threads; i++)
+    {
+      MtWorldThread * t = (MtWorldThread *) w->threads + i;
+      const guint64 * g = (const guint64 *) ((guint8 *) uctx + MT_UC_GREGS);
+      guint64 * regs;
+      guint64 deadline;
+      if (t->tid != tid || t->sp != 0)
+        continue;
+      /* gregs (REG_R8 .. REG_CR2) into struct user_regs_struct's order, as the ptrace stop keeps them. */
+      regs = (guint64 *) w->regs + i * MT_WORLD_REGS;
+      regs[0] = g[7];  regs[1] = g[6];  regs[2] = g[5];  regs[3] = g[4];       /* r15 r14 r13 r12 */
+      regs[4] = g[10]; regs[5] = g[11]; regs[6] = g[3];  regs[7] = g[2];       /* rbp rbx r11 r10 */
+      regs[8] = g[1];  regs[9] = g[0];  regs[10] = g[13]; regs[11] = g[14];    /* r9 r8 rax rcx */
+      regs[12] = g[12]; regs[13] = g[9]; regs[14] = g[8];                       /* rdx rsi rdi */
+      regs[MT_WORLD_PC] = g[16];
+      regs[18] = g[17];                                                         /* eflags */
+      regs[MT_WORLD_SP] = g[15];
+      g_atomic_int_add (&s->inside, 0);                                         /* the regs before sp */
+      t->sp = g[15] != 0 ? g[15] : 8;                                           /* arrived */
+      deadline = mt_world_now_us () + MT_WORLD_HOLD_LIMIT_US;
+      while (g_atomic_int_add (&s->gen, 0) == gen && mt_world_now_us () < deadline)
+      {
+        glong ts[2];
+        ts[0] = 0;
+        ts[1] = 10 * 1000 * 1000;            /* 10 ms: a missed wake costs no more */
+        syscall (MT_SYS_FUTEX, (glong) (gsize) &s->gen, (glong) MT_FUTEX_WAIT_PRIVATE, (glong) gen,
+            (glong) (gsize) ts, 0L, 0L);
+      }
+      break;
+    }
+  }
+  g_atomic_int_add (&s->inside, -1);
+}
+
+/* Installs the handler on a real-time signal no one uses (SIGRTMAX down to SIGRTMIN + 8: glibc
+ * keeps the first ones); returns it, or 0.  Called once, when the process is under seccomp. */
+gint
+mt_sigstop_install (void)
+{
+  MtSigStop * s = &mt_sigstop;
+  MtSigaction act, old;
+  gint sig, k;
+  if (s->sig != 0)
+    return s->sig;
+  for (sig = 64; sig >= 42; sig--)
+  {
+    if (sigaction (sig, NULL, &old) != 0 || old.handler != NULL || (old.flags & MT_SA_SIGINFO) != 0)
+      continue;                              /* someone's handler, or SIG_IGN (1): not ours to take */
+    for (k = 0; k != 16; k++)
+      act.mask[k] = ~(guint64) 0;            /* nothing else runs on the thread while it waits */
+    act.handler = (gpointer) mt_sigstop_handler;
+    act.flags = MT_SA_SIGINFO | MT_SA_ONSTACK | MT_SA_RESTART;
+    act.pad = 0;
+    act.restorer = NULL;
+    if (sigaction (sig, &act, NULL) != 0)
+      continue;
+    for (k = 0; k != 19; k++)
+      s->previous[k] = ((guint64 *) &old)[k];
+    s->sig = sig;
+    return sig;
+  }
+  return 0;
+}
+
+/* Before the module is freed: the signal ignored (which discards one still pending at a thread
+ * that blocks it), every thread out of the handler, the old disposition back.  1 when none stayed. */
+gint
+mt_sigstop_uninstall (void)
+{
+  MtSigStop * s = &mt_sigstop;
+  MtSigaction ign;
+  guint64 deadline;
+  gint k;
+  if (s->sig == 0)
+    return 1;
+  ign.handler = (gpointer) 1;               /* SIG_IGN */
+  for (k = 0; k != 16; k++)
+    ign.mask[k] = 0;
+  ign.flags = 0;
+  ign.pad = 0;
+  ign.restorer = NULL;
+  sigaction (s->sig, &ign, NULL);
+  deadline = mt_world_now_us () + MT_SIGSTOP_LEAVE_US;
+  while (g_atomic_int_add (&s->inside, 0) != 0 && mt_world_now_us () < deadline)
+    mt_world_sleep_us (MT_SIGSTOP_WAIT_US);
+  sigaction (s->sig, s->previous, NULL);
+  s->sig = 0;
+  return g_atomic_int_add (&s->inside, 0) == 0;
+}
+
+/* One thread of the pass: a slot, then the signal (a thread gone meanwhile gives its slot back). */
+static void
+mt_sigstop_signal_one (MtWorld * w, guint64 tid, gpointer data)
+{
+  guint64 * added = data;
+  MtWorldThread * t;
+  guint64 * regs;
+  guint r;
+  if (mt_world_is_skipped (w, tid) || mt_world_is_held (w, tid))
+    return;
+  if (w->n_threads == w->threads_cap)
+  {
+    w->n_failed++;
+    return;
+  }
+  t = (MtWorldThread *) w->threads + w->n_threads;
+  regs = (guint64 *) w->regs + w->n_threads * MT_WORLD_REGS;
+  for (r = 0; r != MT_WORLD_REGS; r++)
+    regs[r] = 0;
+  t->tid = tid;
+  t->sp = 0;
+  mt_world_barrier (w);
+  w->n_threads++;                            /* the slot is visible before the signal is sent */
+  mt_world_barrier (w);
+  if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, (glong) mt_sigstop.sig) != 0)
+  {
+    w->n_threads--;                          /* gone (ESRCH), or refused: no signal, no one in it */
+    if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, 0L) == 0)
+    {
+      w->n_failed++;
+      if (w->error == 0)
+        w->error = MT_WORLD_E_ATTACH;
+    }
+    return;
+  }
+  (*added)++;
+}
+
+static guint64
+mt_sigstop_waiting (MtWorld * w)
+{
+  guint64 i, n = 0;
+  mt_world_barrier (w);
+  for (i = 0; i != w->n_threads; i++)
+  {
+    if (((volatile MtWorldThread *) w->threads)[i].sp == 0)
+      n++;
+  }
+  return n;
+}
+
+static void mt_sigstop_resume (MtWorld * w);
+
+static gint
+mt_sigstop_stop (MtWorld * w)
+{
+  MtSigStop * s = &mt_sigstop;
+  guint64 deadline, timeout = mt_world_timeout_us (w);
+  gint pass;
+  w->state = MT_WORLD_IDLE;
+  w->n_threads = 0;
+  w->n_failed = 0;
+  w->error = 0;
+  w->abandoned = 0;
+  s->w = w;
+  mt_world_barrier (w);
+  s->phase = MT_SIGSTOP_STOPPING;
+  mt_world_barrier (w);
+  /* Bounded per stop, not only by the caller's budget: a thread that blocks the signal never
+   * comes, and the patch's stop is tried again and again. */
+  deadline = mt_world_now_us () + MIN (timeout, MT_SIGSTOP_ARRIVE_US);
+  /* Threads started while we signal are caught by the next pass; stop when a pass finds none. */
+  for (pass = 0; pass != 16; pass++)
+  {
+    guint64 added = 0;
+    mt_world_each_task (w->tgid, mt_sigstop_signal_one, w, &added);
+    while (mt_sigstop_waiting (w) != 0 && mt_world_now_us () < deadline)
+      mt_world_sleep_us (MT_SIGSTOP_WAIT_US);
+    if (added == 0 || mt_sigstop_waiting (w) != 0)
+      break;
+  }
+  if (mt_sigstop_waiting (w) != 0)
+  {
+    /* One never came (the signal blocked, a long uninterruptible sleep): the stop failed, as a
+     * ptrace helper's that timed out.  Its slot is emptied first, so that its late arrival finds
+     * nothing to wait for; the others are let go. */
+    guint64 i;
+    for (i = 0; i != w->n_threads; i++)
+    {
+      MtWorldThread * t = (MtWorldThread *) w->threads + i;
+      if (t->sp == 0)
+        t->tid = 0;
+    }
+    mt_sigstop_resume (w);
+    w->n_threads = 0;
+    w->state = MT_WORLD_FAILED;
+    w->error = MT_WORLD_E_TIMEOUT;
+    return 0;
+  }
+  mt_world_barrier (w);
+  w->state = MT_WORLD_STOPPED;
+  return 1;
+}
+
+static void
+mt_sigstop_resume (MtWorld * w)
+{
+  MtSigStop * s = &mt_sigstop;
+  guint64 deadline;
+  mt_world_barrier (w);
+  s->phase = MT_SIGSTOP_RELEASING;
+  mt_world_barrier (w);
+  g_atomic_int_add (&s->gen, 1);
+  syscall (MT_SYS_FUTEX, (glong) (gsize) &s->gen, (glong) MT_FUTEX_WAKE_PRIVATE, 0x7fffffffL, 0L, 0L, 0L);
+  /* Every held thread back out of the handler before anything else runs (a patch's caller may
+   * free code; the next stop reuses the slots). */
+  deadline = mt_world_now_us () + MT_SIGSTOP_LEAVE_US;
+  while (g_atomic_int_add (&s->inside, 0) != 0 && mt_world_now_us () < deadline)
+    mt_world_sleep_us (MT_SIGSTOP_WAIT_US);
+  s->w = NULL;
+  w->state = MT_WORLD_RESUMED;
+}
+
+static gboolean
+mt_sigstop_on (MtWorld * w)
+{
+  return mt_sigstop.sig != 0 && mt_world_seccomp (w->tgid);
+}
+#endif
+
 /* Stops every thread but the caller and w->skip; 1 when the world is stopped (n_failed says how
  * many threads could not be), 0 when it could not be stopped at all (error says why). */
 gint
@@ -498,6 +796,10 @@ mt_world_stop (MtWorld * w)
 {
   gint pid;
   gpointer top = (gpointer) ((w->tracer_stack + w->tracer_stack_size) & ~(guint64) 15);
+#ifdef MT_WORLD_SIGSTOP
+  if (mt_sigstop_on (w))
+    return mt_sigstop_stop (w);
+#endif
   if (w->tracer_pid != 0)
   {
     /* A helper that timed out earlier still uses this MtWorld and its stack: never a second one
@@ -561,6 +863,13 @@ void
 mt_world_resume (MtWorld * w)
 {
   gint status = 0;
+#ifdef MT_WORLD_SIGSTOP
+  if (mt_sigstop.w == w)
+  {
+    mt_sigstop_resume (w);
+    return;
+  }
+#endif
   if (w->tracer_pid == 0)
     return;
   mt_world_barrier (w);
@@ -628,6 +937,54 @@ mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guin
   return 0;
 }
 
+/* Whether stopped thread i points into `ranges` (a register, or a stack word from sp up, at most
+ * `depth` bytes), and how: *where the register index (< MT_WORLD_REGS) or MT_WORLD_REGS + the
+ * stack word's byte offset from sp, *value the value pointing in. */
+static gboolean
+mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_ranges, guint64 depth,
+    guint8 * scratch, guint64 scratch_size, guint64 * where, guint64 * value)
+{
+  const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
+  guint64 sp = ((MtWorldThread *) w->threads)[i].sp & ~(guint64) 7;
+  guint64 r, done = 0;
+  for (r = 0; r != MT_WORLD_REGS; r++)
+  {
+    if (mt_world_in (regs[r], ranges, n_ranges))
+    {
+      *where = r;
+      *value = regs[r];
+      return TRUE;
+    }
+  }
+  while (sp != 0 && done < depth)
+  {
+    guint64 local[2], remote[2], k;
+    gssize got;
+    guint64 len = MIN (depth - done, scratch_size);
+    local[0] = (guint64) scratch;
+    local[1] = len;
+    remote[0] = sp + done;
+    remote[1] = len;
+    got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
+    if (got <= 0)
+      break;                           /* the end of the stack's mapping */
+    for (k = 0; k + 8 <= (guint64) got; k += 8)
+    {
+      guint64 v = *(guint64 *) (scratch + k);
+      if (mt_world_in (v, ranges, n_ranges))
+      {
+        *where = MT_WORLD_REGS + done + k;
+        *value = v;
+        return TRUE;
+      }
+    }
+    done += (guint64) got;
+    if ((guint64) got < len)
+      break;
+  }
+  return FALSE;
+}
+
 /*
  * With the world stopped: how many stopped threads still run in `ranges` (code about to be
  * unloaded: memtrace's C module, Interceptor's trampolines) or will return into it -- a pc, a
@@ -639,38 +996,35 @@ guint64
 mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
     guint64 scratch_size)
 {
-  guint64 i, n = 0;
+  guint64 i, n = 0, where, value;
   for (i = 0; i != w->n_threads; i++)
   {
-    const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
-    guint64 sp = ((MtWorldThread *) w->threads)[i].sp;
-    guint64 r, done = 0;
-    gboolean in = FALSE;
-    for (r = 0; r != MT_WORLD_REGS && !in; r++)
-      in = mt_world_in (regs[r], ranges, n_ranges);
-    sp &= ~(guint64) 7;
-    while (!in && sp != 0 && done < depth)
-    {
-      guint64 local[2], remote[2], k;
-      gssize got;
-      guint64 len = MIN (depth - done, scratch_size);
-      local[0] = (guint64) scratch;
-      local[1] = len;
-      remote[0] = sp + done;
-      remote[1] = len;
-      got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
-      if (got <= 0)
-        break;                           /* the end of the stack's mapping */
-      for (k = 0; k + 8 <= (guint64) got && !in; k += 8)
-        in = mt_world_in (*(guint64 *) (scratch + k), ranges, n_ranges);
-      done += (guint64) got;
-      if ((guint64) got < len)
-        break;
-    }
-    if (in)
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, &where, &value))
       n++;
   }
   return n;
+}
+
+/*
+ * Which held thread points into `ranges` first, and how -- for the refusal's message (a patch
+ * refused because "a thread stayed in Frida's code" must say which thread and by what, or nobody
+ * can tell Frida's bootstrap from a program thread parked in a listener).  out[0] tid, out[1]
+ * where (mt_world_thread_ref), out[2] the value pointing in.  All 0 when none.
+ */
+static void
+mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
+    guint64 scratch_size, guint64 * out)
+{
+  guint64 i;
+  out[0] = out[1] = out[2] = 0;
+  for (i = 0; i != w->n_threads; i++)
+  {
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, &out[1], &out[2]))
+    {
+      out[0] = ((MtWorldThread *) w->threads)[i].tid;
+      return;
+    }
+  }
 }
 
 
@@ -753,7 +1107,10 @@ mt_world_stop_checked (MtWorld * w, const guint64 * ranges, guint64 n_ranges, gu
     if (busy != 0)
     {
       if (n_busy != NULL)
+      {
         *n_busy = busy;
+        mt_world_first_ref (w, frida, n_frida, frida_depth, scratch, scratch_size, n_busy + 1);
+      }
       mt_world_resume (w);
       return MT_WORLD_STOP_BUSY;
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -159,7 +160,9 @@ def refuse_a_second_session(pid: int) -> None:
     injection, and injecting into a process whose threads run through the first session's hooks
     crashed it (SIGSEGV in Frida's loader, 2 runs in 8 at load 130; issue 27 item 1).  The mark's
     page holds the marking process's pid: a fork child's inherited mark is its parent's, not its
-    own.  A page that cannot be read is left to the agent to judge, as before."""
+    own.  Then the marking agent's JavaScript thread: a mark whose thread is gone was left by a
+    session that ended without taking it off (its teardown failed) -- stale, not refused (the new
+    agent takes it off).  A page that cannot be read is left to the agent to judge, as before."""
     import struct
 
     try:
@@ -171,11 +174,17 @@ def refuse_a_second_session(pid: int) -> None:
         try:
             with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
                 mem.seek(start)
-                owner = mem.read(4)
+                head = mem.read(8)
         except (OSError, ValueError, OverflowError):
             continue
-        if len(owner) == 4 and struct.unpack("=I", owner)[0] == pid:
-            raise TargetError(f"another memtrace session is tracing process {pid}; one at a time (end the "
+        if len(head) != 8:
+            continue
+        owner, agent_tid = struct.unpack("=II", head)
+        if owner != pid:
+            continue
+        if agent_tid != 0 and not os.path.exists(f"/proc/{pid}/task/{agent_tid}"):
+            continue        # stale: its session's agent is gone
+        raise TargetError(f"another memtrace session is tracing process {pid}; one at a time (end the "
                               f"other, or wait for it)")
 
 

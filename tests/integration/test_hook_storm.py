@@ -24,11 +24,13 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -232,6 +234,83 @@ Interceptor.attach(Module.getGlobalExportByName('dup'), { onEnter() {
 """
 
 
+
+class ParkedRun(NamedTuple):
+    """What _start_with_a_thread_parked saw: the agent's world report right after start, the bytes
+    of `entries` before the agent and then, whether the target lived, what the agent said, and
+    the world report of its stop."""
+
+    held: dict[str, Any]
+    pristine: list[list[int]]
+    untouched: list[list[int]]
+    alive: bool
+    said: str
+    stopped: dict[str, Any]
+
+
+def _start_with_a_thread_parked(storm_exe: Path, demo_bin: Path, tracer: str, entries: list[str],
+                                config: dict[str, Any]) -> ParkedRun:
+    """A fds storm target, one of its threads parked for good in a JavaScript listener on dup (so
+    inside Frida's code), then `tracer`'s agent started (its config updated with `config`) and, once
+    the thread is let go, stopped."""
+    target = _start(storm_exe, "fds", demo_bin)
+    messages: list[object] = []
+    try:
+        agent = build_agent(tracer)
+        session = frida.get_local_device().attach(target.pid)
+        try:
+            parker = session.create_script(PARK_ONE_THREAD)
+            parked = threading.Event()
+            parker.on("message", lambda message, data: parked.set())
+            parker.load()
+            assert parked.wait(30), "no storm thread entered dup"
+            pristine = parker.exports_sync.prologues(entries)
+            script = session.create_script(agent.source)
+            script.on("message", lambda message, data: messages.append(message))
+            script.load()
+            api = script.exports_sync
+            api.init({**tracers.all_tracers()[tracer].agent_config(None, {}), **config}, agent.c_sources,
+                     agent.process_sources)
+            api.start()
+            held = api.world()
+            untouched = parker.exports_sync.prologues(entries)
+            parker.post({"type": "go"})
+            parker.unload()
+            time.sleep(0.3)
+            stopped = api.stop()["world"]
+            script.unload()
+        finally:
+            session.detach()
+        time.sleep(0.3)
+        alive = target.poll() is None
+    finally:
+        target.kill()
+        target.wait()
+    said = " ".join(str(m.get("payload", {}).get("message", "")) for m in messages if isinstance(m, dict))
+    return ParkedRun(held, pristine, untouched, alive, said, stopped)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_refused_malloc_patch_is_tried_again_and_said_once(storm_exe: Path, demo_bin: Path) -> None:
+    """The malloc tracer's redirects are the capture: a refusal (a thread stayed in Frida's code) is
+    queued again and tried again (worldPatchTries times in all) before it is said.  With the thread
+    parked in a listener for good, both tries are refused: the first counted apart and not said, the
+    last refused, said once, and nothing of either written (the allocator's bytes as before)."""
+    entries = ["malloc", "free", "calloc", "realloc"]
+    run = _start_with_a_thread_parked(storm_exe, demo_bin, "malloc", entries,
+                                      {"worldFridaMs": 200, "worldFridaSleepMs": 200, "worldPatchTries": 2})
+    assert run.alive, "the target died"
+    held = run.held
+    refused = [what for what, _why in held["refused"]]
+    assert refused.count("malloc hooks in") == 1, held["refused"]
+    assert held["frida_refused_retried"] == 1, held       # the first try, tried again
+    assert held["frida_busy"] == 0 and held["running"] == 0, held
+    assert run.said.count("malloc hooks in: not patched") == 1, run.said
+    assert run.untouched == run.pristine, dict(zip(entries, zip(run.pristine, run.untouched, strict=True),
+                                                   strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_patch_is_refused_while_a_thread_stays_in_fridas_code(storm_exe: Path, demo_bin: Path) -> None:
@@ -241,50 +320,23 @@ def test_a_patch_is_refused_while_a_thread_stays_in_fridas_code(storm_exe: Path,
     guard's redirects are all made by applyPatches once the world is stopped, so a refusal leaves
     the target untouched (the bytes of every entry they would rewrite are as before) and says so.
     Once the thread is let go, what did go in comes out stopped."""
-    target = _start(storm_exe, "fds", demo_bin)
-    messages: list[object] = []
-    try:
-        agent = build_agent("fds")
-        session = frida.get_local_device().attach(target.pid)
-        try:
-            parker = session.create_script(PARK_ONE_THREAD)
-            parked = threading.Event()
-            parker.on("message", lambda message, data: parked.set())
-            parker.load()
-            assert parked.wait(30), "no storm thread entered dup"
-            entries = ["execve", "close", "close_range", "dup2", "dup3", "open", "socket", "pipe"]
-            pristine = parker.exports_sync.prologues(entries)
-            script = session.create_script(agent.source)
-            script.on("message", lambda message, data: messages.append(message))
-            script.load()
-            api = script.exports_sync
-            # The default budgets (2 s of stops, 2 s more of sleeps where nothing is queued): the
-            # stop that follows, with a hot JavaScript listener gone, must not be refused.
-            api.init(tracers.all_tracers()["fds"].agent_config(None, {}), agent.c_sources, agent.process_sources)
-            api.start()
-            held = api.world()
-            untouched = parker.exports_sync.prologues(entries)
-            parker.post({"type": "go"})
-            parker.unload()
-            time.sleep(0.3)
-            world = api.stop()["world"]
-            script.unload()
-        finally:
-            session.detach()
-        time.sleep(0.3)
-        alive = target.poll() is None
-    finally:
-        target.kill()
-        target.wait()
-    assert alive, f"the target died: {target.returncode}"
+    entries = ["execve", "close", "close_range", "dup2", "dup3", "open", "socket", "pipe"]
+    # The default budgets (2 s of stops, 2 s more of sleeps where nothing is queued): the stop that
+    # follows, with a hot JavaScript listener gone, must not be refused.
+    run = _start_with_a_thread_parked(storm_exe, demo_bin, "fds", entries, {})
+    held, untouched, pristine, said, world = run.held, run.untouched, run.pristine, run.said, run.stopped
+    assert run.alive, "the target died"
     # Every patch of the start was refused, none made with the thread held or with the world running.
     refused = [what for what, _why in held["refused"]]
     assert refused == ["execve hook in", "descriptor guard in", "fds hooks in"], held
     assert held["frida_refused"] == 3 and held["frida_busy"] == 0, held
     assert held["stopped"] == 0 and held["running"] == 0 and held["log"] == [], held
     assert all("thread(s) stayed inside Frida's code" in why for _what, why in held["refused"]), held
+    # ... and each says which thread, by what and where to: a storm thread (the parked one, or one
+    # waiting for the script's lock to run the same listener), by Frida's code on its stack.
+    assert all(re.search(r'the first: thread \d+ "hook_storm", (stack word at sp\+0x[0-9a-f]+|register \w+) = '
+                         r'.*frida-agent code\+0x[0-9a-f]+', why) for _what, why in held["refused"]), held["refused"]
     assert held["frida_retries"] > 0 and held["frida_sleeps"] > 0, held    # it backed off and tried again
-    said = " ".join(str(m.get("payload", {}).get("message", "")) for m in messages if isinstance(m, dict))
     assert "fds hooks in: not patched" in said and "hook(s) left out" in said, said
     # Nothing was queued ahead of the stop: the refusal took it all back, and the target is untouched.
     assert "written by Frida with the world running" not in said, said

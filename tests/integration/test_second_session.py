@@ -117,3 +117,26 @@ def test_a_marked_process_is_refused_before_anything_is_injected(compile_c, tmp_
         finally:
             target.kill()
             target.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_mark_whose_session_is_gone_does_not_lock_the_process_out(compile_c, tmp_path: Path) -> None:
+    """A session whose teardown failed left its mark: every later session of that process was
+    refused for good (a storm's --pid target, 170 cycles refused in a row).  The mark names the
+    marking agent's thread; once that thread is gone the mark is stale: the host does not refuse,
+    the new agent takes it off, traces, and leaves no mark behind."""
+    exe = compile_c("session_mark")
+    target = subprocess.Popen([str(exe), "stale"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        assert _marked(target.pid)
+        r = run_memtrace("malloc", "--device", "local", "--pid", target.pid, "--window", "1", "--quiet",
+                         "--out", tmp_path / "traced", check=False, timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert REFUSAL not in r.stderr
+        assert not _marked(target.pid), "a mark is left"
+        assert target.poll() is None
+    finally:
+        target.kill()
+        target.wait()

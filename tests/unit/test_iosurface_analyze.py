@@ -7,7 +7,7 @@ from typing import Any
 
 from tests.conftest import frame_names
 
-from memtrace.analyze.iosurface import summarize
+from memtrace.analyze.iosurface import LIST_ROWS, _ids, summarize
 from memtrace.capture import CaptureWriter, RecordType, read_records
 
 
@@ -67,3 +67,28 @@ def test_reference_drops_on_surfaces_from_before_the_window_are_counted_apart(tm
     s = summarize(read_records(write(tmp_path / "c.mtc", events, "IOSurfaceClientRelease"))).to_json()
     assert s["released"] == {"count": 1, "bytes": 16384, "ids": [3], "visible": True, "untracked": 2}
     assert [(x["id"], x["parent_id"]) for x in s["surface_list"]] == [(1, None), (3, 1)]
+
+
+def test_the_json_summary_bounds_its_per_surface_lists(tmp_path: Path) -> None:
+    """A program creating surfaces in a loop must not make an unbounded --json document: each
+    per-surface list holds LIST_ROWS rows, the first created, and says how many it left out; the
+    counts and bytes stay exact."""
+    n = LIST_ROWS + 7
+    events = [surface(i, 10, "BGRA", ["0x10"]) for i in range(1, n + 1)]
+    events += [{"type": "release", "surface": hex(0x9000 + i)} for i in range(1, n + 1, 2)]    # odd ids
+    s = summarize(read_records(write(tmp_path / "c.mtc", events, "mtdarwin_surface_destroy"))).to_json()
+    assert (s["surfaces"], s["bytes"]) == (n, 10 * n)
+    assert [x["id"] for x in s["surface_list"]] == list(range(1, LIST_ROWS + 1))
+    assert s["surface_list_omitted"] == 7
+    released = list(range(1, n + 1, 2))
+    held = list(range(2, n + 1, 2))
+    assert s["released"]["count"] == len(released) and s["held_at_end"]["count"] == len(held)
+    assert "ids_omitted" not in s["released"] and s["released"]["ids"] == released    # 504 ids: all kept
+    small = summarize(read_records(write(tmp_path / "d.mtc", events[:3], "mtdarwin_surface_destroy"))).to_json()
+    assert "surface_list_omitted" not in small and len(small["surface_list"]) == 3
+
+
+def test_an_ids_list_past_the_bound_says_how_many_it_left_out() -> None:
+    ids = list(range(LIST_ROWS + 3))
+    assert _ids(ids) == {"ids": ids[:LIST_ROWS], "ids_omitted": 3}
+    assert _ids(ids[:5]) == {"ids": ids[:5]}

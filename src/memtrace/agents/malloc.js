@@ -22,7 +22,7 @@ import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
 import { readStruct } from './runtime/structs.js';
 import { selfTaskVmInfo } from './runtime/taskinfo.js';
 import {
-  applyPatches, deferPatch, moduleCode, notePatched, quiesce, revertWhenStopped, warnLater,
+  applyPatches, applyPatchesRetrying, deferPatch, moduleCode, notePatched, quiesce, revertWhenStopped, warnLater,
 } from './runtime/world.js';
 
 /* The replaced entries; each one's call kind is KINDS[name] (layout.js), its C replacement mt_<name>. */
@@ -285,6 +285,52 @@ function onBatch(payload, info, last) {
   }
 }
 
+/* Queues the allocator family's redirects (made by applyPatches with the world stopped): one per
+ * address.  Called again for each try of a refused patch (applyPatchesRetrying). */
+function queueHooks(targets, cm) {
+  const seen = new Map();
+  for (const [name, target] of targets) {
+    if (target === null)
+      continue;
+    const key = target.toString();
+    // glibc aliases some of the family (aligned_alloc = memalign): one hook per address, and
+    // the hook records its call sites so that each call is counted as the name its caller used.
+    if (seen.has(key)) {
+      mallocState.aliases[name] = seen.get(key);
+      const kind = KINDS[seen.get(key)];
+      core.aliasKinds.writeU64(core.aliasKinds.readU64().or(uint64(1).shl(kind)));
+      continue;
+    }
+    seen.set(key, name);
+    // Made by applyPatches once the world is stopped (deferPatch, runtime/world.js): a refused
+    // patch leaves the allocator untouched (its hooks left out, said in a warning).
+    notePatched(target, false, true);
+    deferPatch(() => {
+      try {
+        const original = Interceptor.replaceFast(target, cm['mt_' + name]);
+        mallocState.realSlots[name].writePointer(original);
+        mallocState.replaced.push(target);
+        mallocState.trampolines.push(original);
+      } catch (fastError) {
+        // Some entries are too short or too branchy for a fast redirect; plain
+        // replace still works, and calling `target` from the replacement reaches
+        // the original implementation.
+        try {
+          mallocState.realSlots[name].writePointer(target);
+          Interceptor.replace(target, cm['mt_' + name]);
+          mallocState.replaced.push(target);
+          mallocState.slow.push(name);
+          core.slowKinds.writeU64(core.slowKinds.readU64().or(uint64(1).shl(KINDS[name])));
+        } catch (e) {
+          mallocState.realSlots[name].writePointer(NULL);
+          mallocState.failed[name] = String(e.message || e);
+          warnLater(`cannot hook ${name} at ${target}: ${e.message || e}`);
+        }
+      }
+    });
+  }
+}
+
 export const tracer = {
   name: 'malloc',
 
@@ -355,51 +401,12 @@ export const tracer = {
         s.address.writePointer(cm.mt_malloc_logger);
       return;
     }
-    const seen = new Map();
     // Every address first: a lookup ends the Interceptor transaction (runtime/world.js), so none
     // may come between two replaceFast calls, or the first would be written with the world running.
     const targets = FAMILY.map(name => [name, familyAddress(name)]);
-    for (const [name, target] of targets) {
-      if (target === null)
-        continue;
-      const key = target.toString();
-      // glibc aliases some of the family (aligned_alloc = memalign): one hook per address, and
-      // the hook records its call sites so that each call is counted as the name its caller used.
-      if (seen.has(key)) {
-        mallocState.aliases[name] = seen.get(key);
-        const kind = KINDS[seen.get(key)];
-        core.aliasKinds.writeU64(core.aliasKinds.readU64().or(uint64(1).shl(kind)));
-        continue;
-      }
-      seen.set(key, name);
-      // Made by applyPatches once the world is stopped (deferPatch, runtime/world.js): a refused
-      // patch leaves the allocator untouched (its hooks left out, said in a warning).
-      notePatched(target, false, true);
-      deferPatch(() => {
-        try {
-          const original = Interceptor.replaceFast(target, cm['mt_' + name]);
-          mallocState.realSlots[name].writePointer(original);
-          mallocState.replaced.push(target);
-          mallocState.trampolines.push(original);
-        } catch (fastError) {
-          // Some entries are too short or too branchy for a fast redirect; plain
-          // replace still works, and calling `target` from the replacement reaches
-          // the original implementation.
-          try {
-            mallocState.realSlots[name].writePointer(target);
-            Interceptor.replace(target, cm['mt_' + name]);
-            mallocState.replaced.push(target);
-            mallocState.slow.push(name);
-            core.slowKinds.writeU64(core.slowKinds.readU64().or(uint64(1).shl(KINDS[name])));
-          } catch (e) {
-            mallocState.realSlots[name].writePointer(NULL);
-            mallocState.failed[name] = String(e.message || e);
-            warnLater(`cannot hook ${name} at ${target}: ${e.message || e}`);
-          }
-        }
-      });
-    }
-    applyPatches('malloc hooks in');
+    // Queued again if the patch is refused and tried again (applyPatchesRetrying): nothing of a
+    // refused try was written.
+    applyPatchesRetrying('malloc hooks in', () => queueHooks(targets, cm));
     setEnabled(true);
   },
 

@@ -75,6 +75,15 @@ class SurfaceSet(Struct):
     ids: list[int]
 
 
+LIST_ROWS = 1000      # per-surface rows in the JSON summary, each list (to_json)
+
+
+def _ids(ids: list[int]) -> dict[str, Any]:
+    if len(ids) <= LIST_ROWS:
+        return {"ids": ids}
+    return {"ids": ids[:LIST_ROWS], "ids_omitted": len(ids) - LIST_ROWS}
+
+
 class IOSurfaceSummary(CaptureContext):
     tracer_name: ClassVar[str] = "iosurface"
     surfaces: list[Surface] = msgspec.field(default_factory=list)
@@ -124,24 +133,30 @@ class IOSurfaceSummary(CaptureContext):
                 "still referenced by the app as far as we saw (no destruction entry is visible on this platform)")
 
     def to_json(self, capture: str | None = None, top: int = 20) -> dict[str, Any]:
+        """The summary; its per-surface lists (ids, surface_list) hold at most LIST_ROWS rows each,
+        the first by creation, and say how many more there were (``*_omitted``): a program creating
+        surfaces in a loop made a 150 MB document of one --json run.  The capture keeps them all
+        (``memtrace export``)."""
         released, held = self.released, self.held_at_end
+        listed = self.surfaces[:LIST_ROWS]
         return {
             **self.header_json(self.tracer_name, capture),
             "surfaces": len(self.surfaces),
             "bytes": self.total_bytes,
             "by_stack": [g.to_json() for g in self.by_creating_stack(top)],
             "by_format": [f.to_json() for f in self.by_format()],
-            "released": {"count": released.count, "bytes": released.bytes, "ids": released.ids,
+            "released": {"count": released.count, "bytes": released.bytes, **_ids(released.ids),
                          "visible": self.release_visible,
                          "untracked": self.releases_untracked},
-            "held_at_end": {"count": held.count, "bytes": held.bytes, "ids": held.ids,
+            "held_at_end": {"count": held.count, "bytes": held.bytes, **_ids(held.ids),
                             "meaning": self.held_meaning},
             "created_via": _count(s.via for s in self.surfaces),
             "use_count_calls": {"increment": sum(s.use_inc for s in self.surfaces),
                                 "decrement": sum(s.use_dec for s in self.surfaces)},
             "surface_list": [{"id": s.id, "alloc_size": s.alloc_size, "width": s.width, "height": s.height,
                               "bytes_per_row": s.bytes_per_row, "format": s.format, "name": s.name,
-                              "parent_id": s.parent_id, "released": s.released} for s in self.surfaces],
+                              "parent_id": s.parent_id, "released": s.released} for s in listed],
+            **({"surface_list_omitted": len(self.surfaces) - len(listed)} if len(listed) < len(self.surfaces) else {}),
             "failed_creates": self.failed,
             "missing": self.missing,
             **self.timing_json(),

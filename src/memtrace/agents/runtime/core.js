@@ -15,6 +15,7 @@ import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform
 import { disarmStub, leakedStub, proc, withCompilerEnv } from './process.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
+import { signalStopSymbols } from './world.js';
 
 const SLOT_BYTES = 4096;          // per MtSlot (its unwind-rule cache is 2 KiB); mt_slot_size() must fit
 const GLOBALS_BYTES = 65536;      // MtGlobals; mt_globals_size() must fit
@@ -113,6 +114,12 @@ export function buildCore(config, sources, extraSymbols) {
   defines.push(IS_DARWIN ? '#define MT_DARWIN 1' : '#define MT_LINUX 1');
   if (Process.arch === 'arm64')
     defines.push('#define MT_ARM64 1');
+  // Under seccomp the leak scan stops the world with the process CModule's signal (world.c
+  // MT_WORLD_SIGSTOP): compiled in here too, over the one shared block.  Never otherwise, so the
+  // precompiled and cached builds stay what they were.
+  const sigstop = seccompFiltered() ? signalStopSymbols() : null;
+  if (sigstop !== null)
+    defines.push('#define MT_WORLD_SIGSTOP 1');
   const source = defines.join('\n') + '\n' + sources.join('\n');
 
   // Per-event rings only in events mode; the default ships aggregates and needs none.
@@ -178,7 +185,7 @@ export function buildCore(config, sources, extraSymbols) {
     pthread_setspecific: findExport('pthread_setspecific'),
     pthread_self: findExport('pthread_self'),
     sched_yield: findExport('sched_yield'),
-  }, unwindSymbols(), extraSymbols);
+  }, unwindSymbols(), extraSymbols, sigstop === null ? {} : sigstop);
   if (Process.arch === 'arm64')
     symbols.mt_full_fence = fullFence();      // core.c's mt_barrier under TinyCC
   if (!IS_DARWIN && Process.arch === 'x64') {

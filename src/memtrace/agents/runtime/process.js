@@ -19,7 +19,7 @@ import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { writeField, writeStruct } from './structs.js';
 import {
   applyPatches, buildWorld, deferPatch, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
-  writeWhenStopped,
+  SIGSTOP_BYTES, signalStopSymbols, uninstallSignalStop, writeWhenStopped,
 } from './world.js';
 
 const STUB_PAGE = 4096;
@@ -27,6 +27,8 @@ const STUB_SIZE = 16;
 const ACK_TIMEOUT_MS = 2000;        // an exec or a crash waits this long at most for the host to have its data
 const FD_GUARD_SCAN = 4096;           // descriptors asked of Cloak at each refresh
 const FD_GUARD_REFRESH_MS = 1000;
+const FORK_PAGE_BYTES = 64 * 1024;   // the MAP_SHARED page fork children post in (process.c mt_forks)
+const MADV_REMOVE = 9;                // frees a shared mapping's pages (releaseForkPage)
 const FORK_MASKS_BYTES = 64 * 1024;  // process.c's MtForkMask table (64 entries of 152 bytes fit)
 const MASK_HELPER_STACK = 64 * 1024;  // process.c's mt_mask_threads helper
 const MASK_MAX_THREADS = 1024;        // Frida's threads masked per call
@@ -61,10 +63,12 @@ export const proc = {
   acks: 0,
   forksReported: 0,
   torn: false,
+  forkPageReleased: false,   // the fork page's memory given back at unload (releaseForkPage)
   pristine: null,     // libc's executable segments from its file (readPristine)
   busyProbe: null,    // () => threads inside a hook (set by the core when it has one)
   onExec: null,       // (path, argv) before the traced process execs (rpc.js)
   mark: null,         // our session's mark (claimProcess), or null
+  staleMarks: 0,      // marks of sessions gone without taking theirs off, taken off (marksOfThisProcess)
   quiesce: null,      // how the wait for threads inside process.c's code ended (unhookExec)
 };
 
@@ -224,7 +228,7 @@ export function buildProcess(config, sources) {
   if (mmap === null || registerAtfork === null)
     return { guard: false, why: 'mmap or __register_atfork not found' };
 
-  const sharedBytes = 64 * 1024;
+  const sharedBytes = FORK_PAGE_BYTES;
   // PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS: the page the fork children post in.
   const forks = mmap(NULL, sharedBytes, 3, 0x21, -1, 0);
   if (forks.equals(ptr('-1')))
@@ -304,8 +308,18 @@ export function buildProcess(config, sources) {
     if (v === null)
       return { guard: false, why: `${k} not found` };
   }
-  const defines = Process.arch === 'arm64' ? '#define MT_ARM64 1\n' : '';
+  // The signal stop for seccomp'd processes (cmodule/world.c MT_WORLD_SIGSTOP): x86-64's
+  // ucontext only (ARCH-UNVERIFIED elsewhere: arm64 keeps the world running there).
+  let defines = Process.arch === 'arm64' ? '#define MT_ARM64 1\n' : '';
+  const sigstop = signalStopSymbols();
+  if (sigstop !== null) {
+    defines += '#define MT_WORLD_SIGSTOP 1\n';
+    Object.assign(symbols, sigstop);
+  }
   const cm = new CModule(defines + sources.join('\n'), symbols);
+  if (cm.mt_sigstop_size !== undefined &&
+      Number(new NativeFunction(cm.mt_sigstop_size, 'uint64', [])()) > SIGSTOP_BYTES)
+    throw new Error('memtrace agent: MtSigStop outgrew its allocation');
   if (Number(new NativeFunction(cm.mt_forks_size, 'uint64', [])()) > sharedBytes)
     throw new Error('memtrace agent: the fork page outgrew its mapping');
   if (Number(new NativeFunction(cm.mt_proc_size, 'uint64', [])()) !== PROC.size)
@@ -835,6 +849,24 @@ export function releaseFork(entry, pid) {
  * DEVICE-UNVERIFIED on Darwin: no memfd, no mark (one session at a time is the user's care).
  */
 const MARK = 'memtrace-session';
+// The mark's page: the marking process's pid (u32), then the marking agent's JavaScript thread (u32):
+// a mark whose agent thread is gone is stale -- its session ended without taking it off (an
+// exception in its teardown, say) -- and must not lock the process out for good.
+const MARK_TID = 4;
+
+/* A mark whose session's agent thread no longer exists (launchers.refuse_a_second_session reads it
+ * the same way).  A mark without a thread id (an older agent's) is never stale. */
+function markIsStale(at) {
+  const tid = at.add(MARK_TID).readU32();
+  if (tid === 0)
+    return false;
+  try {
+    File.readAllText(`/proc/self/task/${tid}/comm`);
+    return false;
+  } catch (e) {
+    return true;
+  }
+}
 
 function marksOfThisProcess() {
   const out = [];
@@ -849,8 +881,18 @@ function marksOfThisProcess() {
       continue;
     const at = ptr('0x' + line.split('-')[0]);
     try {
-      if (at.readU32() === Process.id)
-        out.push(at);
+      if (at.readU32() !== Process.id)
+        continue;
+      if (markIsStale(at)) {
+        // Taken off for the session that left it: nothing else maps a page of ours by that name.
+        at.writeU32(0);
+        const munmap = nf('munmap', 'int', ['pointer', 'size_t']);
+        if (munmap !== null)
+          munmap(at, Process.pageSize);
+        proc.staleMarks++;
+        continue;
+      }
+      out.push(at);
     } catch (e) {
       // unreadable: not a mark we can trust
     }
@@ -884,6 +926,7 @@ export function claimProcess() {
   close(fd);
   if (page === null)
     return;
+  page.add(MARK_TID).writeU32(Process.getCurrentThreadId());
   page.writeU32(Process.id);
   proc.mark = page;
   // Two sessions starting at once both see two marks: both refuse, neither harms the target.
@@ -914,29 +957,50 @@ export function tearDownProcess(unloading) {
     return;
   proc.torn = true;
   try {
-    unhookExec();
-  } catch (e) {
-    // keep going: the stubs matter more
+    try {
+      unhookExec();
+    } catch (e) {
+      // keep going: the stubs matter more
+    }
+    if (proc.mem !== null) {
+      writeField(proc.mem.proc, PROC, 'follow', 0);
+      writeField(proc.mem.proc, PROC, 'n_patches', 0);
+    }
+    if (proc.maskPrepare !== null && proc.mem !== null && proc.mem.masksBusy) {
+      // No new fork blocks its signals; one already past prepare gets its mask back before the
+      // parent and child handlers go quiet.
+      disarmStub(proc.maskPrepare);
+      const deadline = Date.now() + BUSY_WAIT_MS;
+      while (proc.mem.masksBusy() > 0 && Date.now() < deadline)
+        Thread.sleep(0.001);
+    }
+    disarmStubs();
+    if (unloading)
+      Thread.sleep(UNLOAD_GRACE_MS / 1000);
+    if (proc.busyProbe !== null) {
+      const deadline = Date.now() + BUSY_WAIT_MS;
+      while (proc.busyProbe() > 0 && Date.now() < deadline)
+        Thread.sleep(0.002);
+    }
+    if (unloading)
+      releaseForkPage();
+    uninstallSignalStop();
+  } finally {
+    // Whatever failed above, the mark comes off: a mark left behind refused every later session
+    // of that process (a storm's --pid target, after one teardown threw).
+    releaseProcess();
   }
-  if (proc.mem !== null) {
-    writeField(proc.mem.proc, PROC, 'follow', 0);
-    writeField(proc.mem.proc, PROC, 'n_patches', 0);
-  }
-  if (proc.maskPrepare !== null && proc.mem !== null && proc.mem.masksBusy) {
-    // No new fork blocks its signals; one already past prepare gets its mask back before the
-    // parent and child handlers go quiet.
-    disarmStub(proc.maskPrepare);
-    const deadline = Date.now() + BUSY_WAIT_MS;
-    while (proc.mem.masksBusy() > 0 && Date.now() < deadline)
-      Thread.sleep(0.001);
-  }
-  disarmStubs();
-  if (unloading)
-    Thread.sleep(UNLOAD_GRACE_MS / 1000);
-  if (proc.busyProbe !== null) {
-    const deadline = Date.now() + BUSY_WAIT_MS;
-    while (proc.busyProbe() > 0 && Date.now() < deadline)
-      Thread.sleep(0.002);
-  }
-  releaseProcess();
+}
+
+/* The fork page's memory goes back to the system when the agent unloads; the mapping stays.  A
+ * --pid target attached again and again (a lab's daemon) kept ~20 KB of it resident per session
+ * (64 KB mapped).  Not unmapped: a vfork child still between its exec attempts (execvp trying
+ * each PATH entry in our memory) may post there once more -- after MADV_REMOVE that write finds a
+ * fresh zero page, never an unmapped one. */
+function releaseForkPage() {
+  if (proc.mem === null || !proc.mem.forks)
+    return;
+  const madvise = nf('madvise', 'int', ['pointer', 'size_t', 'int']);
+  if (madvise !== null && madvise(proc.mem.forks, FORK_PAGE_BYTES, MADV_REMOVE) === 0)
+    proc.forkPageReleased = true;
 }

@@ -68,6 +68,8 @@ const FRIDA_PAUSE_MAX_US = 10000;
 // the script's lock run their callback and leave Frida's code -- for at most this long.
 const FRIDA_SLEEP_MS = 2000;
 const FRIDA_SLEEP_S = 0.005;
+const PATCH_TRIES = 3;              // applyPatchesRetrying: a refused patch tried again, in all,
+const PATCH_RETRY_S = 0.25;         // ... this long apart
 const FRIDA_DEPTH = 8 * 1024;       // stack bytes looked at from sp for Frida's frames (they are near)
 const PARKED_LOOKS = 10;            // skipParkedAtExit's looks at most,
 const PARKED_PAUSE_MS = 2;          // ... this far apart,
@@ -83,6 +85,7 @@ const SCRATCH = 64 * 1024;
 export const world = {
   fns: null,
   mem: null,
+  stopBy: 'ptrace',     // how the world is stopped: a ptrace helper, or a signal (seccomp: cmodule/world.c)
   why: 'no process CModule (cmodule/world.c) was built',   // why patches run unstopped (null: they do not)
   fridaCode: [],        // [start, end) of Frida's own code
   sites: new Set(),     // every address patched this session (string)
@@ -106,6 +109,7 @@ export const world = {
     // strict stops: retried for a thread in Frida's code; given up and patched anyway (never now:
     // kept at 0, the account's proof); patches refused for it (applyPatches: `refused` says which)
     frida_retries: 0, frida_busy: 0, frida_refused: 0, frida_sleeps: 0,
+    frida_refused_retried: 0,   // refusals tried again (applyPatchesRetrying), not said
     parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
   parked: new Set(),          // their ids (skipParkedAtExit)
   fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
@@ -113,17 +117,22 @@ export const world = {
   queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
   pendingRedirects: new Set(),   // sites of deferred redirects not made yet (a refusal forgets them)
   refused: [],                // [what, why] per patch refused (applyPatches)
+  retrying: false,            // applyPatchesRetrying: a refusal now is not the last try
   fridaMs: FRIDA_MS,          // the budgets in use (configureWorld)
   fridaSleepMs: FRIDA_SLEEP_MS,
+  patchTries: PATCH_TRIES,
 };
 
-/* The agent's config: `worldFridaMs` and `worldFridaSleepMs` replace FRIDA_MS and FRIDA_SLEEP_MS
+/* The agent's config: `worldFridaMs`, `worldFridaSleepMs` and `worldPatchTries` replace FRIDA_MS,
+ * FRIDA_SLEEP_MS and PATCH_TRIES
  * (tests make a refusal quick to reach; nothing else sets them). */
 export function configureWorld(config) {
   if (config && Number.isFinite(config.worldFridaMs))
     world.fridaMs = config.worldFridaMs;
   if (config && Number.isFinite(config.worldFridaSleepMs))
     world.fridaSleepMs = config.worldFridaSleepMs;
+  if (config && Number.isFinite(config.worldPatchTries))
+    world.patchTries = config.worldPatchTries;
 }
 
 function exclusive(cm, name, ret, args) {
@@ -185,8 +194,16 @@ export function buildWorld(cm) {
   const usleep = Module.findGlobalExportByName('usleep');
   fns.pause = usleep === null ? null : new NativeFunction(usleep, 'int', ['uint'], { scheduling: 'exclusive' });
   if (fns.seccomp(Process.id) === 1) {
-    world.why = WORLD_ERRORS[4];
-    return;
+    // No clone(CLONE_VM) helper under a filter that may trap it: the signal stop instead, where
+    // this module has one (cmodule/world.c MT_WORLD_SIGSTOP), else the world runs.
+    const sig = cm.mt_sigstop_install === undefined ? 0
+      : new NativeFunction(cm.mt_sigstop_install, 'int', [], { scheduling: 'exclusive' })();
+    if (sig <= 0) {
+      world.why = WORLD_ERRORS[4];
+      return;
+    }
+    world.stopBy = `signal ${sig} (a seccomp filter is installed: no ptrace helper)`;
+    fns.sigstopUninstall = new NativeFunction(cm.mt_sigstop_uninstall, 'int', [], { scheduling: 'exclusive' });
   }
   world.mem = {
     world: Memory.alloc(WORLD.size),
@@ -195,7 +212,8 @@ export function buildWorld(cm) {
     stack: Memory.alloc(HELPER_STACK),
     skip: Memory.alloc(MAX_THREADS * 8),      // the threads never stopped (Frida's)
     listed: Memory.alloc(MAX_THREADS * 8),    // every thread listed before the stop
-    busy: Memory.alloc(8),                    // how many held threads were in Frida's code
+    busy: Memory.alloc(4 * 8),                // how many held threads were in Frida's code; the first's
+                                              // tid, how it pointed in (register or stack) and the value
     ranges: Memory.alloc(4096 * 16),
     scratch: Memory.alloc(SCRATCH),
   };
@@ -209,6 +227,39 @@ export function buildWorld(cm) {
   });
   world.mprotect = Module.findGlobalExportByName('mprotect');
   world.why = null;
+}
+
+/* cmodule/world.c's MtSigStop (the signal stop under seccomp): one block shared by the process
+ * CModule, which installs the handler, and the malloc CModule, whose leak scan stops the world
+ * through it -- compiled first (core.js), so the block exists before either.  Zeroed: not
+ * installed. */
+export const SIGSTOP_BYTES = 256;
+let sigstopBlock = null;
+export function signalStopBlock() {
+  if (sigstopBlock === null) {
+    sigstopBlock = Memory.alloc(SIGSTOP_BYTES);
+    sigstopBlock.writeByteArray(new Array(SIGSTOP_BYTES).fill(0));
+  }
+  return sigstopBlock;
+}
+
+/* Whether a CModule compiled now gets the signal stop (cmodule/world.c MT_WORLD_SIGSTOP): x86-64
+ * Linux with libc's sigaction (ARCH-UNVERIFIED elsewhere: the world runs under seccomp there). */
+export function signalStopSymbols() {
+  if (IS_DARWIN || Process.arch !== 'x64')
+    return null;
+  const sigaction = Module.findGlobalExportByName('sigaction');
+  return sigaction === null ? null : { sigaction, mt_sigstop: signalStopBlock() };
+}
+
+/* The signal stop's handler out (teardown, before the process CModule is freed): the signal is
+ * ignored, every thread out of the handler, the old disposition back.  False when one stayed. */
+export function uninstallSignalStop() {
+  if (world.fns === null || !world.fns.sigstopUninstall)
+    return true;
+  const left = world.fns.sigstopUninstall() === 1;
+  world.fns.sigstopUninstall = null;
+  return left;
 }
 
 /* Prepares the MtWorld for one stop: Frida's threads (listed now: threads come and go), every
@@ -294,7 +345,7 @@ function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
     const busy = Number(world.mem.busy.readU64());
     inFrida++;
     if (Date.now() > started + budgetMs) {
-      world.busy = { ms: Date.now() - started, tries: inFrida, threads: busy };
+      world.busy = { ms: Date.now() - started, tries: inFrida, threads: busy, first: busyThread() };
       return false;
     }
     world.stats.frida_retries++;
@@ -302,6 +353,45 @@ function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
       world.fns.pause(pause);
     pause = Math.min(pause * 2, FRIDA_PAUSE_MAX_US);
   }
+}
+
+// x86-64's struct user_regs_struct, as cmodule/world.c keeps a stopped thread's registers.
+const X64_REGS = ['r15', 'r14', 'r13', 'r12', 'rbp', 'rbx', 'r11', 'r10', 'r9', 'r8', 'rax', 'rcx', 'rdx', 'rsi',
+  'rdi', 'orig_rax', 'rip', 'cs', 'eflags', 'rsp', 'ss', 'fs_base', 'gs_base', 'ds', 'es', 'fs', 'gs'];
+
+/* The last busy stop's first thread in Frida's code, in words: its id and name, by what it pointed
+ * in (a register, or a stack word at sp + offset) and where to (Frida's symbol).  Called with the
+ * world running again (a JavaScript value may be made).  Without it a refusal cannot tell Frida's
+ * own bootstrap from a program thread parked in a listener. */
+function busyThread() {
+  const b = world.mem.busy;
+  const tid = Number(b.add(8).readU64());
+  if (tid === 0)
+    return null;
+  const where = Number(b.add(16).readU64());
+  const value = ptr(b.add(24).readU64().toString());
+  let name = '?';
+  try {
+    name = File.readAllText(`/proc/self/task/${tid}/comm`).trim();
+  } catch (e) {
+    // the thread has gone since
+  }
+  const how = where < WORLD_REGS
+    ? `register ${Process.arch === 'x64' && where < X64_REGS.length ? X64_REGS[where] : where}`
+    : `stack word at sp+0x${(where - WORLD_REGS).toString(16)}`;
+  let sym = value.toString();
+  try {
+    const d = DebugSymbol.fromAddress(value);
+    const m = Process.findModuleByAddress(value);
+    // Frida's agent is cloaked from Process's modules: its offset from its first code mapping.
+    const lo = world.fridaCode.length > 0 ? world.fridaCode[0][0] : null;
+    const base = m !== null ? `${m.name}+0x${value.sub(m.base).toString(16)}`
+      : lo !== null && value.compare(lo) >= 0 ? `frida-agent code+0x${value.sub(lo).toString(16)}` : value.toString();
+    sym = d.name !== null ? `${d.name} (${base})` : base;
+  } catch (e) {
+    // no symbol: the address alone
+  }
+  return `thread ${tid} "${name}", ${how} = ${sym}`;
 }
 
 /* At process exit Frida's exit monitor holds the exiting thread inside Frida's own code until the
@@ -526,6 +616,32 @@ export function applyPatches(what, write = null) {
   return stopped;
 }
 
+/*
+ * applyPatches for a patch the capture cannot do without (the malloc tracer's redirects): `queue`
+ * defers its Interceptor calls (deferPatch); when the patch is refused for a thread that stayed in
+ * Frida's code, nothing was written (the deferred calls are dropped), so after PATCH_RETRY_S --
+ * Thread.sleep lets go of the script's lock, and the thread gets the CPU to leave -- it is queued
+ * and tried again, at most PATCH_TRIES times in all.  Only the last refusal is said and counted
+ * as refused (frida_refused); the ones before are counted apart (frida_refused_retried).  A spawned
+ * program on a loaded machine lost its whole capture to one refusal (CI, round 5).
+ */
+export function applyPatchesRetrying(what, queue, tries = world.patchTries) {
+  for (let t = 1; ; t++) {
+    queue();
+    world.retrying = t < tries;
+    const retriedBefore = world.stats.frida_refused_retried;
+    let made;
+    try {
+      made = applyPatches(what);
+    } finally {
+      world.retrying = false;
+    }
+    if (world.stats.frida_refused_retried === retriedBefore)
+      return made;
+    Thread.sleep(PATCH_RETRY_S);
+  }
+}
+
 /* The Interceptor calls and writes applyPatches makes: the deferred calls (attach), the reverts,
  * memtrace's own code writes. */
 function makeQueued() {
@@ -554,7 +670,7 @@ function stopClearSleeping(avoid) {
       return false;     // no longer Frida's doing: the caller's plain failure path
   }
   world.busy = { ms: first.ms + (Date.now() - started), tries: first.tries + world.busy.tries,
-    threads: world.busy.threads };
+    threads: world.busy.threads, first: world.busy.first };
   return false;
 }
 
@@ -578,8 +694,15 @@ function refuse(what, direct) {
   for (const site of world.pendingRedirects)
     world.otherSites.delete(site);
   world.pendingRedirects.clear();
+  if (world.retrying && direct === 0) {
+    // applyPatchesRetrying queues it all again and tries once more: nothing said yet.
+    world.stats.frida_refused_retried++;
+    return false;
+  }
   world.stats.frida_refused++;
-  const why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
+  let why = `${busy.threads} thread(s) stayed inside Frida's code for ${busy.ms} ms (${busy.tries} stops)`;
+  if (busy.first)
+    why += ` (the first: ${busy.first})`;
   world.refused.push([what, why]);
   let message = `${what}: not patched: ${why}`;
   if (dropped > 0)
@@ -896,7 +1019,8 @@ export function moduleCode(cm) {
 
 /* What the host records: how every patch went. */
 export function worldReport() {
-  return Object.assign({ why: world.why, sites: world.sites.size, frida_code_ranges: world.fridaCode.length,
+  return Object.assign({ why: world.why, stop_by: world.stopBy, sites: world.sites.size,
+    frida_code_ranges: world.fridaCode.length,
     entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,
     frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why }, world.stats);
 }

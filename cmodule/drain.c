@@ -102,11 +102,20 @@ mt_drain_rings (guint8 * out, guint64 cap, guint64 used)
   return used;
 }
 
+/* The lanes that may hold counts (core.c, mt_lane_seen).  Read after the drain saw a row's change
+ * (its dirty flag, then a barrier): a thread stores its lane's mark before it adds to the lane. */
+static inline guint64
+mt_lanes_used (void)
+{
+  guint64 hw = (guint64) (gint64) mt_globals.lanes_hw;
+  return hw < mt_config.agg_lanes ? hw : mt_config.agg_lanes;
+}
+
 /* A row's running totals: the sum of its lanes. */
 static void
 mt_row_totals (guint64 row, guint64 * out)
 {
-  guint64 lanes = mt_config.agg_lanes;
+  guint64 lanes = mt_lanes_used ();
   guint64 stride = mt_agg_rows () * MT_AGG_STRIDE;     /* one lane to the next (lane-major) */
   volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
   guint64 l;
@@ -221,7 +230,7 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
 static void
 mt_row_at_peak (guint64 row, guint64 e, gint64 * bytes, gint64 * count)
 {
-  guint64 lanes = mt_config.agg_lanes;
+  guint64 lanes = mt_lanes_used ();
   volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
   guint64 l;
   *bytes = 0;

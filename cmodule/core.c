@@ -644,7 +644,11 @@ mt_assign (void)
 #ifdef MT_UNWIND
     s->ucache.gen = ~(guint64) 0;   /* a reused slot's rules may be another registry's: emptied first */
     if (mt_frame_cache_on != 0)
-      ((MtFrameCache *) (mt_frame_caches + (guint64) i * MT_FRAME_CACHE_BYTES))->gen = 0;
+    {
+      MtFrameCache * fc = (MtFrameCache *) (mt_frame_caches + (guint64) i * MT_FRAME_CACHE_BYTES);
+      fc->gen = 0;
+      fc->rgen = ~(guint64) 0;      /* its rules emptied as the slot's are */
+    }
 #endif
     s->ring = (ring >= 0) ? mt_ring_pool + (guint64) ring * mt_config.ring_size : NULL;
     s->tid = mt_current_tid ();

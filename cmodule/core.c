@@ -161,6 +161,8 @@ struct _MtCore
   guint64 live_dumped;
   guint64 cal_clock;               /* mt_peak_clock and the monotonic clock at the first drain */
   guint64 cal_us;
+  guint64 pagemap_fd1;             /* /proc/self/pagemap's fd + 1 for the final live walk (0: none) */
+  guint64 page_size;
 };
 
 extern MtConfig mt_config;

@@ -41,6 +41,7 @@ export const core = {
   started: false,   // the hooks have been enabled at some point
   fns: {},
   owned: [],      // memtrace's own large tables {base, size}: never roots of a leak scan (agents/leaks.js)
+  pagemapFd: null,  // /proc/self/pagemap for the final drain (openPagemap), -1 when none
   tlsKey: null,     // the core's pthread key until it is retired (retireThreadKey)
   keyStub: null,    // its destructor's leaked stub (null where none can be made)
 };
@@ -308,6 +309,7 @@ export function buildCore(config, sources, extraSymbols) {
     stacks: new NativeFunction(cm.mt_stacks_interned, 'uint64', []),
     monotonicUs: new NativeFunction(cm.mt_monotonic_us, 'uint64', []),
     sitesUsed: new NativeFunction(cm.mt_sites_used, 'uint64', []),
+    pagemap: new NativeFunction(cm.mt_live_pagemap, 'void', ['uint64', 'uint64']),
   };
   const busy = new NativeFunction(cm.mt_busy_slots, 'uint64', []);
   proc.busyProbe = () => Number(busy());
@@ -373,6 +375,8 @@ export function setEnabled(on) {
  * is exact (exactU64: a Number up to 2^53, its decimal string past it); `raw` keeps the BigInts
  * for arithmetic.  `final`: the hooks are out; ship the peak's composition and the live table. */
 export function drainOnce(final) {
+  if (final && core.pagemapFd === null)
+    core.pagemapFd = openPagemap();
   const n = Number(core.fns.drain(core.drainBuf, core.drainCap, final ? 1 : 0));
   // Every field of MtDrainInfo is a u64 (layout.py): one view over the struct, read as BigInts,
   // where a UInt64 object per field (and per top entry, and per counter) was most of the drain's
@@ -384,12 +388,34 @@ export function drainOnce(final) {
     raw[k] = words[offset / 8];
     info[k] = exactBig(raw[k]);
   }
+  if (info.live_done && core.pagemapFd !== null && core.pagemapFd >= 0) {
+    core.fns.pagemap(0, 0);
+    const close = libcFunction('close', 'int', ['int']);
+    if (close !== null)
+      close(core.pagemapFd);
+    core.pagemapFd = -1;
+  }
   info.top = [];
   const top = u64View(core.top, 2 * TOP_STACKS);
   const nTop = Math.min(TOP_STACKS, Number(raw.n_top));
   for (let i = 0; i < nTop; i++)
     info.top.push([exactBig(top[2 * i]), exactBig(top[2 * i + 1])]);
   return { n, info };
+}
+
+/* Linux: /proc/self/pagemap open for the final drain's walk of the live table (drain.c,
+ * mt_live_bucket_untouched: buckets on pages never written are not read); -1 elsewhere or when it
+ * cannot be opened (every bucket is read). */
+function openPagemap() {
+  if (NATIVE_PLATFORM !== 'linux')
+    return -1;
+  const open = libcFunction('open', 'int', ['pointer', 'int']);
+  if (open === null)
+    return -1;
+  const fd = open(Memory.allocUtf8String('/proc/self/pagemap'), 0);
+  if (fd >= 0)
+    core.fns.pagemap(fd + 1, Process.pageSize);
+  return fd;
 }
 
 /* n u64 words of native memory as a BigUint64Array over that memory (no copy: read it before the

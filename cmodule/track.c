@@ -382,13 +382,7 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   {
     guint64 frames[MT_MAX_FRAMES];
     guint64 hash;
-    guint n;
-    /* The block's live-table lines, asked for before the walk: their misses (a large heap's table
-     * is seldom in the cache) overlap the walk instead of following it. */
-    guint64 b = mt_live_bucket (p);
-    MT_PREFETCH_W (mt_live_keys (b));
-    MT_PREFETCH_W (mt_live_metas (b));
-    n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash);
+    guint n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash);
     stack_id = mt_intern_hashed (s, frames, n, hash);
   }
 

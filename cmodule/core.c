@@ -120,6 +120,10 @@ struct _MtGlobals
   volatile gint ring_free_top;
   volatile gint fence;
   volatile gint lane_claim[MT_MAX_LANES];   /* 1: the lane belongs to one live thread */
+  /* Lanes [0, lanes_hw) may hold counts (never less; a race may leave it past the highest lane used,
+   * which costs the drain a lane of zeros, nothing else): the drain sums only those, where summing
+   * every lane of every changed row cost a single-threaded program 8 cache lines (and pages) a row. */
+  volatile gint lanes_hw;
 };
 
 /* The aggregate core's shared state, each group on its own cache line. */
@@ -157,6 +161,8 @@ struct _MtCore
   guint64 live_dumped;
   guint64 cal_clock;               /* mt_peak_clock and the monotonic clock at the first drain */
   guint64 cal_us;
+  guint64 pagemap_fd1;             /* /proc/self/pagemap's fd + 1 for the final live walk (0: none) */
+  guint64 page_size;
 };
 
 extern MtConfig mt_config;
@@ -473,6 +479,16 @@ mt_raise_slots_hw (gint hw)
   mt_unlock (&mt_globals.slots_hw_lock);
 }
 
+/* Lane l is used from now on: lanes_hw covers it before the thread adds to it.  No compare-and-swap
+ * (TinyCC has none): atomic increments until it covers l, so it never ends short of l + 1 (two
+ * threads raising it at once may take it past: harmless). */
+static void
+mt_lane_seen (gint l)
+{
+  while (MT_ADD32 (&mt_globals.lanes_hw, 0) <= l)
+    MT_ADD32 (&mt_globals.lanes_hw, 1);
+}
+
 /* A lane of the aggregate rows of the thread's own, while there are free ones: its adds then need
  * no lock prefix (track.c, mt_lane_add).  Otherwise it shares lane (slot index % lanes) with
  * other threads, atomically.  The drain gives the lane back when it retires the slot. */
@@ -486,11 +502,13 @@ mt_claim_lane (MtSlot * s, guint slot_index)
     {
       s->lane = (gint) l;
       s->lane_shared = 0;
+      mt_lane_seen (s->lane);
       return;
     }
   }
   s->lane = (gint) (slot_index & (lanes - 1));
   s->lane_shared = 1;
+  mt_lane_seen (s->lane);
 }
 
 /* The slot of threads that found none of their own (every one taken by a live thread, or 64
@@ -508,6 +526,7 @@ mt_shared_slot (void)
   {
     s->lane = 0;
     s->lane_shared = 1;
+    mt_lane_seen (0);
     s->state = MT_SLOT_LIVE;
     mt_barrier ();
     s->busy = MT_BUSY_SHARED;
@@ -616,6 +635,7 @@ mt_assign (void)
   if (s != NULL)
   {
     guint j;
+    gboolean own;
     for (j = 0; j != MT_N_COUNTERS; j++)
       s->counters[j] = 0;
     s->busy = 1;
@@ -623,14 +643,27 @@ mt_assign (void)
     s->tail = 0;
     ring = mt_claim_ring ();
     s->has_ring = ring >= 0;
-    mt_claim_lane (s, i);
 #ifdef MT_UNWIND
     s->ucache.gen = ~(guint64) 0;   /* a reused slot's rules may be another registry's: emptied first */
     if (mt_frame_cache_on != 0)
-      ((MtFrameCache *) (mt_frame_caches + (guint64) i * MT_FRAME_CACHE_BYTES))->gen = 0;
+    {
+      MtFrameCache * fc = (MtFrameCache *) (mt_frame_caches + (guint64) i * MT_FRAME_CACHE_BYTES);
+      fc->gen = 0;
+      fc->rgen = ~(guint64) 0;      /* its rules emptied as the slot's are */
+    }
 #endif
     s->ring = (ring >= 0) ? mt_ring_pool + (guint64) ring * mt_config.ring_size : NULL;
     s->tid = mt_current_tid ();
+    /* Frida's threads never add to a row (their calls are memtrace's): no lane of their own, so the
+     * drain sums only the lanes of the target's threads (mt_lane_seen). */
+    own = mt_own_thread (s->tid);
+    if (own)
+    {
+      s->lane = 0;
+      s->lane_shared = 1;
+    }
+    else
+      mt_claim_lane (s, i);
     s->rng = (s->tid * 0x9e3779b97f4a7c15ULL) ^ (guint64) here ^ 0x2545f4914f6cdd1dULL;
     s->countdown = mt_config.sample_interval != 0 ? mt_next_gap (s) : 0;
     s->stack_lo = 0;
@@ -639,7 +672,7 @@ mt_assign (void)
     s->state = MT_SLOT_LIVE;
     pthread_setspecific ((guint) mt_config.tls_key, s);
     mt_fetch_stack_bounds (s);
-    s->busy = mt_own_thread (s->tid) ? MT_BUSY_OWN : 0;
+    s->busy = own ? MT_BUSY_OWN : 0;
   }
 
   else

@@ -153,10 +153,21 @@ typedef struct
   guint64 e[2 * MT_UCACHE_ENTRIES];  /* (key, row bits) pairs; key 0: empty */
 } MtUnwindCache;
 
+/* A key's entry in a rule cache of 2^(64 - shift) entries: the top bits of a multiply, so that return
+ * addresses close together (one function's calls) spread over the whole cache. */
 static inline guint64
-mt_ucache_slot (guint64 key)
+mt_ucache_slot (guint64 key, guint shift)
 {
-  return (key ^ (key >> 7) ^ (key >> 17)) & (MT_UCACHE_ENTRIES - 1);
+  return (key * 0x9e3779b97f4a7c15ULL) >> shift;
+}
+
+static inline guint
+mt_log2 (guint64 n)
+{
+  guint k = 0;
+  while ((1ULL << k) < n)
+    k++;
+  return k;
 }
 
 /* Swift sets bit 60 of the frame pointer an async frame saves: cleared before it is followed
@@ -215,6 +226,11 @@ typedef struct
   MtUnwindLevel w[MT_FRAME_CACHE_LEVELS];   /* this walk's levels, innermost first */
   guint64 c[MT_FRAME_CACHE_LEVELS];         /* c[u]: sum of g (e[v].pc) P^(u - v) over v <= u */
   guint64 pw[MT_FRAME_CACHE_LEVELS + 2];    /* P^k (pw[1] != P: not yet filled) */
+  /* The thread's rules by return address, as MtUnwindCache but MT_RULE_CACHE_ENTRIES of them (the
+   * slot's 128 missed on most of cc1plus's frames, each miss two loads from the tables): used
+   * instead of the slot's whenever the thread has a frame cache. */
+  guint64 rgen;
+  guint64 r[2 * MT_RULE_CACHE_ENTRIES];
 } MtFrameCache;
 
 /* The agent sizes the caches from the layout (FRAME_CACHE_BYTES per slot): a mismatch fails to compile. */
@@ -368,13 +384,34 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
    * frame of a module that keeps frame pointers then costs one compare more than core.c's loop. */
   const MtUnwindModule * m = NULL;
   guint64 m_start = 0, m_size = 0, m_rows = 0;
+  /* The rule cache: the frame cache's large one, else the slot's (e, its pairs; shift: 64 - log2 of
+   * its entries, the slot of a key being its top bits after a multiply). */
+  guint64 * ce = NULL;
+  guint ce_shift = 0;
   *truncated = FALSE;
-  if (cache != NULL && cache->gen != gen)
+  if (fc != NULL)
   {
-    guint i;
-    for (i = 0; i != 2 * MT_UCACHE_ENTRIES; i++)
-      cache->e[i] = 0;
-    cache->gen = gen;
+    if (fc->rgen != gen)
+    {
+      guint i;
+      for (i = 0; i != 2 * MT_RULE_CACHE_ENTRIES; i++)
+        fc->r[i] = 0;
+      fc->rgen = gen;
+    }
+    ce = fc->r;
+    ce_shift = 64 - mt_log2 (MT_RULE_CACHE_ENTRIES);
+  }
+  else if (cache != NULL)
+  {
+    if (cache->gen != gen)
+    {
+      guint i;
+      for (i = 0; i != 2 * MT_UCACHE_ENTRIES; i++)
+        cache->e[i] = 0;
+      cache->gen = gen;
+    }
+    ce = cache->e;
+    ce_shift = 64 - mt_log2 (MT_UCACHE_ENTRIES);
   }
   if (fc != NULL)
   {
@@ -428,9 +465,9 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
       }
     }
     out[n++] = pc;
-    if (cache != NULL && cache->e[2 * (at = mt_ucache_slot (key))] == key)
+    if (ce != NULL && ce[2 * (at = mt_ucache_slot (key, ce_shift))] == key)
     {
-      bits = cache->e[2 * at + 1];
+      bits = ce[2 * at + 1];
     }
     else
     {
@@ -445,10 +482,10 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
       if (m_rows != 0)
         row = mt_unwind_row (m, key - m_start);
       bits = row != NULL ? *(const guint64 *) row : MT_UCACHE_NONE;
-      if (cache != NULL)
+      if (ce != NULL)
       {
-        cache->e[2 * at] = key;
-        cache->e[2 * at + 1] = bits;
+        ce[2 * at] = key;
+        ce[2 * at + 1] = bits;
       }
     }
     /* The row's bytes: start u32, cfa_offset u16, cfa_reg u8, fp_slot u8 (layout.UNWIND_ROW). */

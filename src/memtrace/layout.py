@@ -204,9 +204,13 @@ LIVE_WAYS = 8                  # pointers per live-table bucket
 # cache"): a walk that reaches one of its frames unchanged copies the rest.  Levels held at most
 # (a stack deeper than this is walked in full every time), and the bytes of one thread's cache: an
 # 80-byte header, then the cached levels and the walk's own, 32 bytes each, then the cached levels'
-# running stack hashes (8 bytes each) and the powers of the hash's base (FRAME_CACHE_LEVELS + 2).
+# running stack hashes (8 bytes each) and the powers of the hash's base (FRAME_CACHE_LEVELS + 2); then
+# the thread's unwind rules by return address (RULE_CACHE_ENTRIES (key, rule) pairs after their
+# generation word: the MtSlot's own 128 missed on most of a compiler's frames).
 FRAME_CACHE_LEVELS = 128
-FRAME_CACHE_BYTES = 80 + 2 * FRAME_CACHE_LEVELS * 32 + 8 * FRAME_CACHE_LEVELS + 8 * (FRAME_CACHE_LEVELS + 2)
+RULE_CACHE_ENTRIES = 2048
+FRAME_CACHE_BYTES = (80 + 2 * FRAME_CACHE_LEVELS * 32 + 8 * FRAME_CACHE_LEVELS + 8 * (FRAME_CACHE_LEVELS + 2)
+                     + 8 + 16 * RULE_CACHE_ENTRIES)
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call
 TOP_STACKS = 8                 # stacks by live bytes in each timeline sample

@@ -246,11 +246,11 @@ function footprint() {
   }
 }
 
-/* Agent milliseconds of a core clock reading (g_get_monotonic_time, microseconds, an UInt64):
- * the difference is taken in 64 bits, only the milliseconds before the drain become a Number. */
+/* Agent milliseconds of a core clock reading (g_get_monotonic_time, microseconds, a BigInt): the
+ * difference is taken in 64 bits, only the milliseconds before the drain become a Number. */
 function agentMs(us, info) {
   const now_us = info.raw.now_us;
-  const ago = now_us.compare(us) > 0 ? now_us.sub(us).toNumber() : 0;
+  const ago = now_us > us ? Number(now_us - us) : 0;
   return now() - Math.round(ago / 1000);
 }
 

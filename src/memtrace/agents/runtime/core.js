@@ -13,7 +13,7 @@ import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_META,
   MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withCompilerEnv } from './process.js';
-import { readStruct, writeField, writeStruct } from './structs.js';
+import { writeField, writeStruct } from './structs.js';
 import { unwindSymbols } from './unwind.js';
 import { signalStopSymbols } from './world.js';
 
@@ -42,6 +42,7 @@ export const core = {
   started: false,   // the hooks have been enabled at some point
   fns: {},
   owned: [],      // memtrace's own large tables {base, size}: never roots of a leak scan (agents/leaks.js)
+  pagemapFd: null,  // /proc/self/pagemap for the final drain (openPagemap), -1 when none
   tlsKey: null,     // the core's pthread key until it is retired (retireThreadKey)
   keyStub: null,    // its destructor's leaked stub (null where none can be made)
 };
@@ -315,6 +316,7 @@ export function buildCore(config, sources, extraSymbols) {
     stacks: new NativeFunction(cm.mt_stacks_interned, 'uint64', []),
     monotonicUs: new NativeFunction(cm.mt_monotonic_us, 'uint64', []),
     sitesUsed: new NativeFunction(cm.mt_sites_used, 'uint64', []),
+    pagemap: new NativeFunction(cm.mt_live_pagemap, 'void', ['uint64', 'uint64']),
   };
   const busy = new NativeFunction(cm.mt_busy_slots, 'uint64', []);
   proc.busyProbe = () => Number(busy());
@@ -377,19 +379,63 @@ export function setEnabled(on) {
 }
 
 /* One mt_drain call: the bytes written and what the core holds now (MtDrainInfo).  Every value
- * is exact (exactU64: a Number up to 2^53, its decimal string past it); `raw` keeps the UInt64s
+ * is exact (exactU64: a Number up to 2^53, its decimal string past it); `raw` keeps the BigInts
  * for arithmetic.  `final`: the hooks are out; ship the peak's composition and the live table. */
 export function drainOnce(final) {
+  if (final && core.pagemapFd === null)
+    core.pagemapFd = openPagemap();
   const n = Number(core.fns.drain(core.drainBuf, core.drainCap, final ? 1 : 0));
-  const raw = readStruct(core.drainInfo, DRAIN_INFO);
+  // Every field of MtDrainInfo is a u64 (layout.py): one view over the struct, read as BigInts,
+  // where a UInt64 object per field (and per top entry, and per counter) was most of the drain's
+  // JavaScript.
+  const words = u64View(core.drainInfo, DRAIN_INFO.size / 8);
+  const raw = {};
   const info = { raw };
-  for (const [k, v] of Object.entries(raw))
-    info[k] = exactU64(v);
+  for (const [k, [offset]] of Object.entries(DRAIN_INFO.fields)) {
+    raw[k] = words[offset / 8];
+    info[k] = exactBig(raw[k]);
+  }
+  if (info.live_done && core.pagemapFd !== null && core.pagemapFd >= 0) {
+    core.fns.pagemap(0, 0);
+    const close = libcFunction('close', 'int', ['int']);
+    if (close !== null)
+      close(core.pagemapFd);
+    core.pagemapFd = -1;
+  }
   info.top = [];
-  const nTop = Math.min(TOP_STACKS, raw.n_top.toNumber());
+  const top = u64View(core.top, 2 * TOP_STACKS);
+  const nTop = Math.min(TOP_STACKS, Number(raw.n_top));
   for (let i = 0; i < nTop; i++)
-    info.top.push([exactU64(core.top.add(16 * i).readU64()), exactU64(core.top.add(16 * i + 8).readU64())]);
+    info.top.push([exactBig(top[2 * i]), exactBig(top[2 * i + 1])]);
   return { n, info };
+}
+
+/* Linux: /proc/self/pagemap open for the final drain's walk of the live table (drain.c,
+ * mt_live_bucket_untouched: buckets on pages never written are not read); -1 elsewhere or when it
+ * cannot be opened (every bucket is read). */
+function openPagemap() {
+  if (NATIVE_PLATFORM !== 'linux')
+    return -1;
+  const open = libcFunction('open', 'int', ['pointer', 'int']);
+  if (open === null)
+    return -1;
+  const fd = open(Memory.allocUtf8String('/proc/self/pagemap'), 0);
+  if (fd >= 0)
+    core.fns.pagemap(fd + 1, Process.pageSize);
+  return fd;
+}
+
+/* n u64 words of native memory as a BigUint64Array over that memory (no copy: read it before the
+ * memory changes). */
+function u64View(p, n) {
+  return new BigUint64Array(ArrayBuffer.wrap(p, n * 8));
+}
+
+/* exactU64 of a BigInt. */
+const MAX_EXACT_BIG = BigInt(Number.MAX_SAFE_INTEGER);
+
+export function exactBig(v) {
+  return v > MAX_EXACT_BIG ? v.toString() : Number(v);
 }
 
 /* track.c's mt_usable_size: a cell holding the allocator's usable-size function (glibc's
@@ -467,10 +513,7 @@ export function exactU64(v) {
 /* The counters of every thread, live and retired, summed by the C side, each exactU64. */
 export function readCounters() {
   core.fns.snapshot(core.snapshotBuf);
-  const out = [];
-  for (let i = 0; i < N_COUNTERS; i++)
-    out.push(exactU64(core.snapshotBuf.add(i * 8).readU64()));
-  return out;
+  return Array.from(u64View(core.snapshotBuf, N_COUNTERS), exactBig);
 }
 
 /* ---- the core's pthread key: one life for every way a session ends -----------------------

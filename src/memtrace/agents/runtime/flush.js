@@ -41,7 +41,8 @@ export function flush() {
       };
       if (batchHook !== null)
         batchHook(payload, info, !more);
-      send(payload, n > 0 ? core.drainBuf.readByteArray(n) : null);
+      // The drain buffer itself, not a copy of it: send() copies the bytes once, before it returns.
+      send(payload, n > 0 ? ArrayBuffer.wrap(core.drainBuf, n) : null);
     }
   }
   if (pendingJson.length > 0) {

@@ -28,7 +28,8 @@ def test_every_mt_macro_the_c_uses_is_defined_once() -> None:
     assert not header.keys() & own, "defined both in layout.py and by hand in cmodule/"
     used = {m for text in c_sources().values() for m in re.findall(r"\bMT_[A-Z0-9_]+\b", text)}
     # Platform switches the agent prepends (#define MT_LINUX 1 ...), not constants.
-    switches = {"MT_LINUX", "MT_DARWIN", "MT_ARM64", "MT_TSAN"}   # MT_TSAN: the sanitizer harness (tests/native)
+    # MT_TSAN: the sanitizer harness (tests/native); MT_WORLD_SIGSTOP: world.c's signal stop (seccomp).
+    switches = {"MT_LINUX", "MT_DARWIN", "MT_ARM64", "MT_TSAN", "MT_WORLD_SIGSTOP"}
     assert used - header.keys() - own - switches == set()
 
 

@@ -42,7 +42,6 @@ from memtrace.errors import (
 )
 from memtrace.exact import exact_batch_ints
 from memtrace.exitwatch import local_pid_alive
-from memtrace.leakscan import leak_progress
 from memtrace.live import CoreStats, LiveStats
 from memtrace.record_source import AgentError, DeviceLost, Ended, Notice, RecordSource, SourceEvent
 from memtrace.stacks_seen import StacksSeen
@@ -472,6 +471,7 @@ class CaptureLoop:
         for name in self.missing:
             self.ui.warning(f"MISSING hook symbol: {name}")
         self._write(RecordType.CALIBRATION, {"phase": "before", **self.source.calibrate()})
+        self.clock.phases["calibrated"] = time.monotonic()
         started = self.source.start()
         self.process_info.update(started.get("process") or {})
         self.clock.start = self.clock.phases["started"] = time.monotonic()
@@ -721,6 +721,8 @@ class CaptureLoop:
         elif ptype == "result":
             self._write(RecordType.RESULT, payload)
         elif ptype == "leaks:progress":
+            from memtrace.leakscan import leak_progress  # (a leak scan's: not at every start)
+
             self.ui.phase(leak_progress(payload))
 
     def _crash(self, payload: dict[str, Any]) -> None:

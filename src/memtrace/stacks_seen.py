@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtrace.analyze.families import builtin_rules
-from memtrace.analyze.families import classify as classify_family
 from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
     AGG_FIELDS,
@@ -172,6 +170,9 @@ class StacksSeen:
         frames = self._frames.get(sid)
         if not frames:
             return f"stack {sid}"
+        # (the families' rules: imported when the live view first asks, not at a capture's start)
+        from memtrace.analyze.families import builtin_rules
+
         labels = self.symtab.labels(frames)
         sig = builtin_rules().signature(labels) or labels
         return " ← ".join(str(x) for x in sig[:2])
@@ -180,6 +181,8 @@ class StacksSeen:
         """Top stack families so far, from the biggest stacks (cheap enough for a 1 s tick)."""
         if not self.want_families:
             return []
+        from memtrace.analyze.families import classify as classify_family
+
         ranked = sorted(self._bytes.items(), key=lambda kv: -kv[1])[:top]
         totals: dict[str, int] = {}
         for sid, nbytes in ranked:

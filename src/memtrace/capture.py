@@ -1014,6 +1014,8 @@ class CaptureWriter:
                 flushed = False         # this write is the one that failed: it says so, below
         if rtype == RecordType.END:
             self._write_end(body)
+            if not flushed:     # the drains held before it could not be written: the END says so, and so does this
+                raise CaptureWriteError(self.failure())
             return
         frame = encode_record(rtype, body, data)
         if self.error is not None:

@@ -387,3 +387,32 @@ def test_a_stack_the_batch_json_names_is_checked_against_its_agent_records(tmp_p
         else:
             assert info.undefined_stacks() == [5]
             assert info.problem is not None and "stack id 5 is used but no STACK record defines it" in info.problem
+
+
+def test_a_failed_write_of_the_drains_held_before_the_end_is_raised(tmp_path: Path, monkeypatch) -> None:
+    """The drains held for a group are written right before the END: when that write is the one
+    that fails (disk full), the END still goes into the space held back for it and says so -- and
+    the write raises, as any failed write does, so the run does not end as if it had succeeded."""
+    import errno
+
+    p = tmp_path / "c.mtc"
+    real = capture._pwrite_all
+    failed: list[int] = []
+
+    def full_once(fd: int, data: bytes, offset: int) -> None:
+        if not failed:
+            failed.append(offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data, offset)
+
+    w = CaptureWriter(p)
+    w.write(RecordType.BATCH, {"t": 1, "counters": [0] * layout.N_COUNTERS})
+    w.write(RecordType.BATCH, {"t": 2, "counters": [0] * layout.N_COUNTERS})     # held for a group
+    monkeypatch.setattr(capture, "_pwrite_all", full_once)
+    with pytest.raises(capture.CaptureWriteError, match="No space left on device"):
+        w.write(RecordType.END, {"t": 3, "ended": "completed", "reason": "window ended"})
+    w.close()
+    assert failed, "the held drains were not written before the END"
+    end = [r.body for r in read_records(p) if r.type == RecordType.END]
+    assert len(end) == 1 and end[0]["ended"] == "write-failed", end
+    assert end[0]["capture_error"]["lost_records"] >= 1, end

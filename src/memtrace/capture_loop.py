@@ -497,7 +497,7 @@ class CaptureLoop:
             event = self.source.next_event(min(0.1, deadline - now))
             if event is not None:
                 self._handle(event)
-                self.drain(wait=0.0)
+                self.drain(wait=0.0, until=deadline)
             self._symbolize()
             self._tick()
             silent = time.monotonic() - self._last_message
@@ -615,9 +615,15 @@ class CaptureLoop:
 
     # -- messages -------------------------------------------------------------
 
-    def drain(self, wait: float = 0.05) -> None:
-        """Handle what the source sent until it has been quiet for ``wait`` seconds."""
-        while True:
+    def drain(self, wait: float = 0.05, until: float | None = None) -> None:
+        """Handle what the source sent until it has been quiet for ``wait`` seconds, or (``until``,
+        a time.monotonic() deadline) until then at the latest.  The window's drains are bounded by
+        its deadline: an agent whose messages come faster than they are handled (the purgeable
+        storm's four threads streaming without pause) never leaves the queue empty, and a drain
+        that waited for it kept the window open for ever -- the stop never sent, the agent's sends
+        piling up in Frida's transport (its thread in sendmsg), the target's threads queued on the
+        script's lock behind them: the storm's hang (docs/hook-storm.md)."""
+        while until is None or time.monotonic() < until:
             event = self.source.next_event(wait)
             if event is None:
                 return
@@ -783,7 +789,7 @@ class CaptureLoop:
         self.ui.phase("passing output through")
         while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.source.alive():
             time.sleep(0.05)
-            self.drain(wait=0.0)
+            self.drain(wait=0.0, until=self.family.deadline)
         if self.source.alive():
             info["outlived_window"] = True
             if self.source.spawned and not self.options.keep_running:

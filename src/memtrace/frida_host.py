@@ -522,12 +522,31 @@ class FridaHost:
         """A process that has just exec'd may not take an agent yet: a few tries, 0.1 s apart."""
         for attempt in range(ATTACH_TRIES):
             try:
-                return self.device.attach(self.pid)
+                return self._attach_once()
             except (frida.NotSupportedError, frida.ProcessNotRespondingError, frida.TransportError):
                 if attempt == ATTACH_TRIES - 1 or not self.alive():
                     raise
                 time.sleep(0.1)
         raise AssertionError("unreachable")
+
+    def _attach_once(self) -> Any:
+        """One ``device.attach`` with a deadline (the rpc timeout): Frida's own attach has none, and
+        an injection that never completes -- seen in the purgeable storm: the loader thread Frida
+        starts in the target sitting for minutes at one pc inside the C library's malloc, called
+        from pthread_getattr_np in Frida's bootstrapper -- left memtrace waiting for ever.  Past the
+        deadline the attach is cancelled (frida.Cancellable) and said, never waited for."""
+        cancellable = frida.Cancellable()
+        timer = threading.Timer(self.rpc_timeout, cancellable.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            with cancellable:
+                return self.device.attach(self.pid)
+        except frida.OperationCancelledError:
+            raise TargetError(f"cannot attach to pid {self.pid}: Frida's injection did not complete within "
+                              f"{self.rpc_timeout:g} s (cancelled)") from None
+        finally:
+            timer.cancel()
 
     def ack(self) -> None:
         """The agent holds an exec (or a crashing thread) until the host has what it sent."""

@@ -513,7 +513,25 @@ PC_NESTED = 24
 PC_MADVISE_INTERNAL = 31
 PC_MADVISE = 32
 PC_MADVISE_SLOTS = 64
+# The events the C listeners stream (their transitions, creations, reusable-line madvise calls) that
+# the agent's flush could not take in time: the ring below was full.  Counted, never silent.
+PC_EVENTS_DROPPED = 160
 PURGEABLE_N_COUNTS = 256
+# The C listeners never enter JavaScript: each streamed call is one slot of a ring in the agent's
+# memory (PURG_EVENT, then its frames: PURG_SLOT_BYTES a slot), claimed, written and marked ready
+# by the target's thread with atomic adds only, and drained by the agent's flush on its own thread
+# (cmodule/purgeable.c says how).  A slot is free at 0; its writer holds it at 1; ready at
+# PURG_READY + 1.  A full ring drops the call's event (PC_EVENTS_DROPPED), never waits.
+PURG_RING_SLOTS = 1024         # a power of two
+PURG_FRAMES = 16               # caller frames per event, walked in C
+PURG_READY = 0x10000
+PURG_KIND_SET, PURG_KIND_CREATE, PURG_KIND_MADVISE = 0, 1, 2
+PURG_EVENT = Layout("MtPurgEvent", (
+    ("state", "s32"), ("kind", "s32"), ("fn", "s32"), ("control", "s32"), ("new_state", "s32"),
+    ("old_state", "s32"), ("kr", "s32"), ("flags", "s32"), ("advice", "s32"), ("nframes", "s32"),
+    ("ticket", "u64"), ("tid", "u64"), ("addr", "u64"), ("size", "u64"),
+))
+PURG_SLOT_BYTES = PURG_EVENT.size + 8 * PURG_FRAMES    # the event, then its frames (u64 each)
 ALLOCATOR_RANGES = 4           # [start, end) code ranges of the allocator's own madvise calls
 
 # The reusable line's madvise advice values, per platform (the values are the platform's own);
@@ -577,7 +595,7 @@ C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RE
                                  CONFIG, LOGGER_EVENT, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
                                  LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_SEG,
                                  LEAK_GLIBC, WORLD_THREAD, WORLD, LEAK_JOB,
-                                 UNWIND_ROW, UNWIND_MODULE, PROC)
+                                 UNWIND_ROW, UNWIND_MODULE, PROC, PURG_EVENT)
 
 # ---- the generated C header's #defines ---------------------------------------------------------
 

@@ -248,3 +248,20 @@ def test_hook_table_takes_mach_o_section_symbols_and_every_overload(compile_c) -
     finally:
         session.detach()
         device.kill(pid)
+
+
+def test_a_burst_of_streamed_calls_ends_as_events_or_counted_drops(compile_c, demo_bin: Path, tmp_path: Path) -> None:
+    """The C listeners never enter JavaScript (the purgeable storm's hangs: the target's threads
+    queued on the script's lock against the agent's own thread): each streamed call takes a slot of
+    the agent's ring, and one that finds the ring full is dropped and counted.  4 threads x 3000
+    purgeable vm_allocate + SET calls, back to back: every one is an event or a counted drop."""
+    prog = standin_program(compile_c, demo_bin, "purgeable_burst")
+    s = memtrace_json("purgeable", "--device", "local", "--window", "60", "--out", tmp_path / "c", "--", prog)
+    assert s["ended"] == "target-exited"
+    calls = 4 * 3000
+    assert s["creation_calls"]["vm_allocate"] == calls and s["set_calls"] == calls
+    events = s["created_purgeable"] + sum(s["transitions"].values())
+    assert events + s["events_dropped"] == 2 * calls
+    assert s["transitions"].keys() <= {"0->1"}
+    assert {caller for (caller,) in callers(s["by_caller"])} <= {"burst"}
+    assert {r["caller"] for r in s["created_by"]} <= {"burst"}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import io
 import json
 import os
@@ -218,6 +219,25 @@ class LibDriver:
 HANG_HANDLER: list[Callable[[list[str]], None]] = []
 
 
+def dump_host(to: Path) -> None:
+    """This process's threads for a hang (the lib driver runs memtrace here): Python's stacks
+    (faulthandler) and the native ones with py-spy when installed, else gdb."""
+    with to.open("w") as f:
+        f.write("== faulthandler (Python stacks) ==\n")
+        f.flush()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    cmd = ([spy, "dump", "--native", "--pid", str(os.getpid())] if spy is not None else
+           ["gdb", "-batch", "-p", str(os.getpid()), "-ex", "info threads", "-ex", "thread apply all bt 40"])
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        out = res.stdout + res.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out = f"{cmd[0]} failed: {e}"
+    with to.open("a") as f:
+        f.write(f"\n== {' '.join(cmd[:3])} ==\n{out}")
+
+
 def dump_threads(pid: int, to: Path) -> None:
     """Every thread's stack of a live process (gdb), for a hang."""
     try:
@@ -250,6 +270,9 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             dump = (keep or (log_path.parent if log_path is not None else work)) / f"hang-{mode}-{pid}.gdb.txt"
             dump_threads(pid, dump)
             note["gdb"] = str(dump)
+        host = (keep or (log_path.parent if log_path is not None else work)) / f"hang-{mode}-host-{os.getpid()}.txt"
+        dump_host(host)
+        note["host"] = str(host)
         log.append(note)
         if log_path is not None:
             log_path.write_text(json.dumps(log, indent=1))
@@ -403,4 +426,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)    # kill -USR1: every thread's Python stack
     sys.exit(main())

@@ -16,22 +16,24 @@
  *                                                   JS: calls with stacks (the transition
  *       itself is seen underneath, at mach_vm_purgable_control).
  *
- * Stacks of C-listener events: the C side passes the return address and the caller's frame
- * pointer at function entry; JS walks the frame-pointer chain with guarded reads (a bad frame
- * throws in JS instead of crashing the target).
+ * Events of the C listeners never enter JavaScript on the target's thread: the C side writes each
+ * into a ring (cmodule/purgeable.c: the return address and the frame-pointer chain, walked in C
+ * within the thread's stack), which the flush drains on the agent's thread (drainEvents); a full
+ * ring drops the event and counts it (events_dropped in the counts event, said by the report).
  *
  * The C listeners are cmodule/purgeable.c, passed in by the host (init's cSources); their
  * entry numbers and counter slots are layout.js's PURGEABLE_* and PC_* (memtrace/layout.py).
  */
 
 import {
-  ALLOCATOR_RANGES, MADVISE_NAMES, PC_CONTROLS, PC_CONTROL_OTHER, PC_CONTROL_STRIDE, PC_CREATION, PC_MADVISE, PC_MADVISE_INTERNAL,
-  PC_MADVISE_SLOTS, PC_NESTED, PURGABLE_CONTROLS, PURGEABLE_ENTRIES, PURGEABLE_N_COUNTS,
+  ALLOCATOR_RANGES, MADVISE_NAMES, PC_CONTROLS, PC_CONTROL_OTHER, PC_CONTROL_STRIDE, PC_CREATION, PC_EVENTS_DROPPED, PC_MADVISE,
+  PC_MADVISE_INTERNAL, PC_MADVISE_SLOTS, PC_NESTED, PURGABLE_CONTROLS, PURGEABLE_ENTRIES, PURGEABLE_N_COUNTS, PURG_EVENT,
+  PURG_KIND_CREATE, PURG_KIND_MADVISE, PURG_KIND_SET, PURG_RING_SLOTS, PURG_SLOT_BYTES,
 } from './layout.js';
-import { emitJson } from './runtime/flush.js';
+import { addFlushSource, emitJson } from './runtime/flush.js';
 import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
-import { entryFrames, walkFrames } from './runtime/stacks.js';
+import { entryFrames } from './runtime/stacks.js';
 
 /* Advice values of the reusable line, per platform (the values are the platform's own). */
 const MADVISE_DARWIN = MADVISE_NAMES.darwin;
@@ -51,7 +53,10 @@ const STACK_FRAMES = 16;
 const purg = {
   cm: null,
   counts: null,
-  callbacks: [],
+  drain: null,              // cmodule/purgeable.c purg_drain
+  hooked: false,            // the C listeners are in (the flush drains a share; once out, all)
+  drainBuf: null,
+  draining: false,
   listeners: [],
   objects: new Map(),       // base address (string) -> size, from creation events
   resolved: {},
@@ -234,38 +239,128 @@ function objectSize(addr) {
   return null;
 }
 
-function makeCallbacks() {
-  const onSet = new NativeCallback((fn, addr, control, newState, oldState, kr, ret, fp) => {
-    emitJson({
-      type: 'set', entry: FN_NAMES[fn], control, addr: addr.toString(),
-      new_state: newState & 3, old_state: kr === 0 ? (oldState & 3) : null, kr,
-      bytes: objectSize(addr), tid: Process.getCurrentThreadId(),
-      frames: walkFrames(ret, fp, STACK_FRAMES),
-    });
-  }, 'void', ['int', 'pointer', 'int', 'int', 'int', 'int', 'pointer', 'pointer']);
-  const onCreate = new NativeCallback((fn, addr, size, flags, kr, ret, fp) => {
-    const a = ptr(addr.toString());
+/* cmodule/purgeable.c's mt_purg_cfg: the main thread's stack ([lo, hi) of the [stack] mapping,
+ * room for 8 MiB of growth below; Linux only: Darwin's threads all answer
+ * pthread_get_stackaddr_np), its id, the address bits of a return address, and the C library's
+ * functions the C side calls by address. */
+const MAIN_STACK_ROOM = 8 * 1024 * 1024;
+
+function purgConfig() {
+  const cfg = Memory.alloc(7 * 8);
+  if (!IS_DARWIN) {
+    try {
+      const line = File.readAllText('/proc/self/maps').split('\n').find(l => l.endsWith('[stack]'));
+      if (line !== undefined) {
+        const [lo, hi] = line.split(' ')[0].split('-').map(h => uint64('0x' + h));
+        const room = hi.sub(MAIN_STACK_ROOM);
+        cfg.writeU64(lo.compare(room) < 0 ? lo : room);
+        cfg.add(8).writeU64(hi);
+        cfg.add(16).writeU64(Process.id);
+      }
+    } catch (e) {
+      // zeros: the main thread's events keep their return address only
+    }
+  }
+  // arm64e signs return addresses: only the low 39 bits are the address (what ptr.strip() keeps).
+  cfg.add(24).writeU64(IS_DARWIN && Process.arch === 'arm64' ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff'));
+  const fn = name => {
+    const p = Module.findGlobalExportByName(name);
+    if (p === null)
+      throw new Error(`purgeable: ${name} not found`);
+    return uint64(p.toString());
+  };
+  cfg.add(32).writeU64(fn(IS_DARWIN ? 'pthread_mach_thread_np' : 'syscall'));
+  cfg.add(40).writeU64(fn('pthread_self'));
+  cfg.add(48).writeU64(IS_DARWIN ? fn('pthread_get_stackaddr_np') : uint64(0));
+  return cfg;
+}
+
+const EV = Object.fromEntries(Object.entries(PURG_EVENT.fields).map(([name, [off]]) => [name, off]));
+
+function hexU64(view, at) {
+  const lo = view.getUint32(at, true);
+  const hi = view.getUint32(at + 4, true);
+  return hi === 0 ? '0x' + lo.toString(16) : '0x' + hi.toString(16) + lo.toString(16).padStart(8, '0');
+}
+
+function numU64(view, at) {
+  return view.getUint32(at + 4, true) * 4294967296 + view.getUint32(at, true);
+}
+
+/* One event of the ring, as the JavaScript callbacks made it before. */
+function decodeEvent(view, at) {
+  const i32 = name => view.getInt32(at + EV[name], true);
+  const fn = i32('fn');
+  const kr = i32('kr');
+  const addr = hexU64(view, at + EV.addr);
+  const tid = numU64(view, at + EV.tid);
+  const frames = [];
+  const nframes = i32('nframes');
+  for (let k = 0; k < nframes; k++)
+    frames.push(hexU64(view, at + PURG_EVENT.size + 8 * k));
+  const kind = i32('kind');
+  if (kind === PURG_KIND_SET) {
+    return {
+      type: 'set', entry: FN_NAMES[fn], control: i32('control'), addr,
+      new_state: i32('new_state') & 3, old_state: kr === 0 ? (i32('old_state') & 3) : null, kr,
+      bytes: objectSize(ptr(addr)), tid, frames,
+    };
+  }
+  if (kind === PURG_KIND_CREATE) {
+    const size = numU64(view, at + EV.size);
     // The kernel rounds an object up to whole pages.
-    const bytes = Number(size.add(Process.pageSize - 1).and(uint64(Process.pageSize - 1).not()));
+    const bytes = Math.ceil(size / Process.pageSize) * Process.pageSize;
     if (kr === 0)
-      purg.objects.set(a.toString(), bytes);
-    emitJson({
-      type: 'create', entry: FN_NAMES[fn], addr: a.toString(), size: Number(size), bytes, flags, kr,
-      tid: Process.getCurrentThreadId(), frames: walkFrames(ret, fp, STACK_FRAMES),
-    });
-  }, 'void', ['int', 'uint64', 'uint64', 'int', 'int', 'pointer', 'pointer']);
-  const onMadvise = new NativeCallback((fn, addr, len, advice, ret, fp) => {
-    const standin = fn === FN.mtdarwin_madvise;
-    const table = (standin || IS_DARWIN) ? MADVISE_DARWIN : MADVISE_LINUX;
-    emitJson({
-      type: 'madvise', entry: FN_NAMES[fn], advice, advice_name: table[advice] || null,
-      platform: (standin || IS_DARWIN) ? 'darwin' : 'linux',
-      addr: addr.toString(), len: Number(len), tid: Process.getCurrentThreadId(),
-      frames: walkFrames(ret, fp, STACK_FRAMES),
-    });
-  }, 'void', ['int', 'pointer', 'uint64', 'int', 'pointer', 'pointer']);
-  purg.callbacks = [onSet, onCreate, onMadvise];
-  return { mt_on_set: onSet, mt_on_create: onCreate, mt_on_madvise: onMadvise };
+      purg.objects.set(addr, bytes);
+    return { type: 'create', entry: FN_NAMES[fn], addr, size, bytes, flags: i32('flags'), kr, tid, frames };
+  }
+  const advice = i32('advice');
+  const standin = fn === FN.mtdarwin_madvise;
+  const table = (standin || IS_DARWIN) ? MADVISE_DARWIN : MADVISE_LINUX;
+  return {
+    type: 'madvise', entry: FN_NAMES[fn], advice, advice_name: table[advice] || null,
+    platform: (standin || IS_DARWIN) ? 'darwin' : 'linux',
+    addr, len: numU64(view, at + EV.size), tid, frames,
+  };
+}
+
+/* Events taken from the ring per flush (10 a second): what the host is sent stays bounded (the
+ * ring absorbs a burst; a flood beyond this is dropped and counted, not queued without end in the
+ * agent, Frida's transport or the host). */
+const DRAIN_PER_FLUSH = 256;
+
+/* The ready events of the C ring, in the order the calls took their tickets, onto the flush's
+ * batch (a flush source: runtime/flush.js; not re-entered by the flush emitJson may start);
+ * `all`: every one (the hooks are out). */
+function drainEvents(all = false) {
+  if (purg.drain === null || purg.draining)
+    return;
+  purg.draining = true;
+  try {
+    let n;
+    do {
+      n = drainSome(all ? PURG_RING_SLOTS : DRAIN_PER_FLUSH);
+    } while (all && n > 0);
+  } finally {
+    purg.draining = false;
+  }
+}
+
+function drainSome(max) {
+  const n = purg.drain(purg.drainBuf, max);
+  if (n === 0)
+    return 0;
+  const view = new DataView(purg.drainBuf.readByteArray(n * PURG_SLOT_BYTES));
+  const order = [];
+  for (let i = 0; i < n; i++)
+    order.push(i * PURG_SLOT_BYTES);
+  // Tickets are a 32-bit counter: ordered by their distance from the first one drained.
+  const first = view.getUint32(EV.ticket, true);
+  const rel = at => (view.getUint32(at + EV.ticket, true) - first) | 0;
+  order.sort((a, b) => rel(a) - rel(b));
+  for (const at of order)
+    emitJson(decodeEvent(view, at));
+  return n;
 }
 
 /* Whose madvise calls are the allocator's own (counted, never streamed): libsystem_malloc on
@@ -322,6 +417,8 @@ function countsEvent() {
     madvise_standin_all: advice(1),
     madvise_allocator_internal: c(PC_MADVISE_INTERNAL),
     madvise_platform: IS_DARWIN ? 'darwin' : 'linux',
+    // Streamed events the ring had no room for (the flush did not keep up): counted, never silent.
+    events_dropped: c(PC_EVENTS_DROPPED),
   };
 }
 
@@ -428,9 +525,20 @@ export const tracer = {
       ranges.add(16 * i + 8).writeU64(uint64(m.base.add(m.size).toString()));
     });
     purg.allocRanges = ranges;
-    purg.cm = new CModule(sources.join('\n'), Object.assign({
+    const ring = Memory.alloc(PURG_RING_SLOTS * PURG_SLOT_BYTES);     // zeroed: every slot free
+    const head = Memory.alloc(8);
+    const next = Memory.alloc(8);       // where the next drain starts looking (purg_drain)
+    const cfg = purgConfig();
+    purg.cm = new CModule((IS_DARWIN ? '#define MT_DARWIN 1\n' : '') + sources.join('\n'), {
       mt_counts: purg.counts, mt_madv_stream: streamLo, mt_madv_stream_hi: streamHi, mt_alloc_ranges: ranges,
-    }, makeCallbacks()));
+      mt_purg_ring: ring, mt_purg_head: head, mt_purg_cfg: cfg, mt_purg_next: next,
+    });
+    purg.memory = [ring, head, cfg, next];
+    purg.drainBuf = Memory.alloc(PURG_RING_SLOTS * PURG_SLOT_BYTES);
+    // Exclusive: the drain keeps the script's lock (and Interceptor's transaction) for its few
+    // microseconds.
+    purg.drain = new NativeFunction(purg.cm.purg_drain, 'uint', ['pointer', 'uint'], { scheduling: 'exclusive' });
+    addFlushSource(() => drainEvents(!purg.hooked));
     purg.streamMasks = [streamLo, streamHi];
     return {
       allocator_modules: allocators.map(m => m.name),
@@ -449,6 +557,7 @@ export const tracer = {
     for (const name of CREATION)
       hookC(name, 'create_enter', 'create_leave');
     installFramework();
+    purg.hooked = true;
     applyListeners('purgeable hooks in');
     purg.timer = setInterval(() => emitJson(countsEvent()), 1000);
   },
@@ -465,6 +574,8 @@ export const tracer = {
       clearInterval(purg.timer);
     purg.timer = null;
     detachListeners(purg.listeners);
+    purg.hooked = false;
+    drainEvents(true);      // what the last calls wrote (the flush after uninstall drains again)
     if (purg.counts !== null)
       emitJson(countsEvent());     // the runtime flushes after uninstall, at exit too
   },

@@ -156,6 +156,9 @@ class PurgeableSummary(CaptureContext):
             # counts once, at its outermost entry, so these are apart and never in the figures above.
             "nested_calls": {k: v for k, v in self.counts.get("nested_calls", {}).items() if v},
             "madvise_allocator_internal": self.counts.get("madvise_allocator_internal", 0),
+            # Streamed calls (SET transitions, purgeable creations, reusable-line madvise) whose event
+            # the agent's ring had no room for: in the counts above, missing from the events' figures.
+            "events_dropped": self.counts.get("events_dropped", 0),
             "madvise": mad.counts,
             "madvise_bytes": mad.bytes,
             "madvise_platform": mad.platform,

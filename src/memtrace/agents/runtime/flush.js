@@ -18,11 +18,21 @@ export function setBatchHook(fn) {
   batchHook = fn;
 }
 
+/* What a tracer keeps outside JavaScript until the flush takes it (the purgeable tracer's C event
+ * ring): each source is called first thing in every flush, on the agent's own thread. */
+const flushSources = [];
+
+export function addFlushSource(fn) {
+  flushSources.push(fn);
+}
+
 /* One drain: stack definitions, changed aggregate rows (and events in events mode), then the
  * counters, in one message; again while the drain says its buffer filled up.  Once the hooks
  * are out (stop, or the process exiting) the drain is final: it ships the composition at the
  * peak and the live table. */
 export function flush() {
+  for (const source of flushSources)
+    source();
   if (core.cm !== null) {
     const final = core.started && !core.enabled;
     let more = true;

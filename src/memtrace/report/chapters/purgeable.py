@@ -29,12 +29,13 @@ class PurgeableChapter(BaseChapter):
         out: dict[str, Any] = {"captures": len(entries), "transitions": {}, "transition_bytes": {}, "set_calls": 0,
                                "get_calls": 0, "created_purgeable": 0, "created_bytes": 0, "madvise": {},
                                "madvise_bytes": {}, "madvise_names": {}, "keep_current": 0, "by_caller": [],
-                               "created_by": [], "framework_calls": {}}
+                               "created_by": [], "framework_calls": {}, "events_dropped": 0}
         for e in entries:
             for key in ("transitions", "transition_bytes", "madvise", "madvise_bytes"):
                 out[key] = add(out[key], e.get(key) or {})
             out["madvise_names"].update(e.get("madvise_names") or {})
-            for key in ("set_calls", "get_calls", "created_purgeable", "created_bytes", "keep_current"):
+            for key in ("set_calls", "get_calls", "created_purgeable", "created_bytes", "keep_current",
+                        "events_dropped"):
                 out[key] += int(e.get(key) or 0)
             out["by_caller"] += e.get("by_caller") or []
             out["created_by"] += e.get("created_by") or []
@@ -89,6 +90,10 @@ class PurgeableChapter(BaseChapter):
                        "l" + "r" * (len(cols) + 5), rows)
         for t in ps:
             p = self.own(t)
+            if p.get("events_dropped"):
+                lines += [f"{cell(t['target'])}: {int(p['events_dropped']):,} streamed calls came faster than the "
+                          "agent's flush took them: counted in SET, GET and creation calls, but without an event "
+                          "(transition, caller, bytes) below.", ""]
             lines += [f"### {cell(t['target'])}: callers, by transition and stack", ""]
             rows = [[r.get("entry", "—"), arrow(str(r.get("transition", "—"))), f"{int(r.get('count') or 0):,}",
                      fmt_bytes(r.get("bytes")), r.get("family", "—"), frames_cell(r.get("frames") or [])]

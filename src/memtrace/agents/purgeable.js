@@ -30,6 +30,7 @@ import {
   PC_MADVISE_INTERNAL, PC_MADVISE_SLOTS, PC_NESTED, PURGABLE_CONTROLS, PURGEABLE_ENTRIES, PURGEABLE_N_COUNTS, PURG_EVENT,
   PURG_KIND_CREATE, PURG_KIND_MADVISE, PURG_KIND_SET, PURG_RING_SLOTS, PURG_SLOT_BYTES,
 } from './layout.js';
+import { writeMainStack } from './runtime/core.js';
 import { addFlushSource, emitJson } from './runtime/flush.js';
 import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
@@ -243,24 +244,10 @@ function objectSize(addr) {
  * room for 8 MiB of growth below; Linux only: Darwin's threads all answer
  * pthread_get_stackaddr_np), its id, the address bits of a return address, and the C library's
  * functions the C side calls by address. */
-const MAIN_STACK_ROOM = 8 * 1024 * 1024;
-
 function purgConfig() {
   const cfg = Memory.alloc(7 * 8);
-  if (!IS_DARWIN) {
-    try {
-      const line = File.readAllText('/proc/self/maps').split('\n').find(l => l.endsWith('[stack]'));
-      if (line !== undefined) {
-        const [lo, hi] = line.split(' ')[0].split('-').map(h => uint64('0x' + h));
-        const room = hi.sub(MAIN_STACK_ROOM);
-        cfg.writeU64(lo.compare(room) < 0 ? lo : room);
-        cfg.add(8).writeU64(hi);
-        cfg.add(16).writeU64(Process.id);
-      }
-    } catch (e) {
-      // zeros: the main thread's events keep their return address only
-    }
-  }
+  if (!IS_DARWIN)
+    writeMainStack(cfg);     // zeros if unreadable: the main thread's events keep their return address only
   // arm64e signs return addresses: only the low 39 bits are the address (what ptr.strip() keeps).
   cfg.add(24).writeU64(IS_DARWIN && Process.arch === 'arm64' ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff'));
   const fn = name => {

@@ -481,21 +481,27 @@ function seccompFiltered() {
 const MAIN_STACK_ROOM = 8 * 1024 * 1024;
 let mainStackCell = null;
 
+/* Writes the main thread's [lo, hi) and id at `cell` (three u64); leaves them as they are (zeros)
+ * when the maps cannot be read.  Also purgeable.c's frame walk's bounds (agents/purgeable.js). */
+export function writeMainStack(cell) {
+  try {
+    const line = File.readAllText('/proc/self/maps').split('\n').find(l => l.endsWith('[stack]'));
+    if (line !== undefined) {
+      const [lo, hi] = line.split(' ')[0].split('-').map(h => uint64('0x' + h));
+      const room = hi.sub(MAIN_STACK_ROOM);
+      cell.writeU64(lo.compare(room) < 0 ? lo : room);
+      cell.add(8).writeU64(hi);
+      cell.add(16).writeU64(Process.id);
+    }
+  } catch (e) {
+    // zeros: the core falls back to pthread_getattr_np
+  }
+}
+
 function mainStack() {
   if (mainStackCell === null) {
     mainStackCell = Memory.alloc(3 * 8);
-    try {
-      const line = File.readAllText('/proc/self/maps').split('\n').find(l => l.endsWith('[stack]'));
-      if (line !== undefined) {
-        const [lo, hi] = line.split(' ')[0].split('-').map(h => uint64('0x' + h));
-        const room = hi.sub(MAIN_STACK_ROOM);
-        mainStackCell.writeU64(lo.compare(room) < 0 ? lo : room);
-        mainStackCell.add(8).writeU64(hi);
-        mainStackCell.add(16).writeU64(Process.id);
-      }
-    } catch (e) {
-      // zeros: the core falls back to pthread_getattr_np
-    }
+    writeMainStack(mainStackCell);
   }
   return mainStackCell;
 }

@@ -587,6 +587,8 @@ class FridaHost:
 
     def close(self) -> None:
         self._unboost()
+        if self.exit_watch is not None:     # a target left running is no longer ours to watch
+            self.exit_watch.stop()
         if self._boost is not None:
             self._boost.end()       # memtrace's own threads back to their nice value
         if self._hold is not None:      # never leave a program waiting at the hold point

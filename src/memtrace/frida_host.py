@@ -151,13 +151,19 @@ class FridaHost:
         inherit = self.stdio != "pipe" and self.is_local and not self.target.app
         local_program = self.is_local and not self.target.app and isinstance(launcher, launchers.FridaLauncher)
         hold = self._new_hold() if local_program and self.hold_constructors else None
-        with self._output_pipes(inherit):
-            # Frida's local spawn forks from this process: the program gets the descriptors
-            # memtrace holds at this moment.
-            if hold is not None:
-                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit, env=hold.env)
-            else:
-                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
+        try:
+            with self._output_pipes(inherit):
+                # Frida's local spawn forks from this process: the program gets the descriptors
+                # memtrace holds at this moment.
+                if hold is not None:
+                    self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit,
+                                                    env=hold.env)
+                else:
+                    self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
+        except BaseException:
+            if hold is not None:        # nothing was spawned to hold: leave no folder in /tmp
+                hold.close_children()
+            raise
         self.phases["spawned"] = time.monotonic()
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).

@@ -151,7 +151,8 @@ struct _MtCore
   volatile guint64 n_sites;        /* entries of mt_sites in use */
   volatile guint64 index_gen;      /* the stack index's generation: its current size (mt_index_entries) */
   volatile guint64 defs_stalled;   /* defs_tail + 1 when a wait for the drain gave up (mt_defs_wait) */
-  guint64 pad3[1];
+  volatile guint64 stack_unlocks;  /* times the stack lock was let go of (by its holder) */
+  volatile guint64 stack_stalled;  /* stack_unlocks + 1 when a patient wait for it gave up */
   /* the drain's own */
   guint64 shipped_epoch;
   guint64 composition_us;          /* when the last composition was shipped */
@@ -364,6 +365,31 @@ mt_lock_patiently (volatile gint * lock)
       return TRUE;
   }
   return FALSE;
+}
+
+/* The stack lock, taken patiently -- unless a patient wait already gave up and nobody has let go
+ * of the lock since: then one short try.  Its holder may never let go (a thread that does not
+ * exist in a fork child that allocates through the hooks before memtrace's atfork handler has put
+ * libc's bytes back; a holder preempted for long on a loaded machine): without this every new
+ * stack would wait the whole patience again -- a fork child allocating 200 new stacks hung for
+ * minutes under ThreadSanitizer on a loaded machine (tests/native). */
+static gboolean
+mt_stack_lock (void)
+{
+  guint64 unlocks = mt_core.stack_unlocks;
+  if (mt_core.stack_stalled == unlocks + 1)
+    return mt_trylock (&mt_globals.stack_lock, 64);
+  if (mt_lock_patiently (&mt_globals.stack_lock))
+    return TRUE;
+  mt_core.stack_stalled = unlocks + 1;
+  return FALSE;
+}
+
+static inline void
+mt_stack_unlock (void)
+{
+  mt_core.stack_unlocks++;      /* by the holder only: no other writer */
+  mt_unlock (&mt_globals.stack_lock);
 }
 
 static inline guint
@@ -1022,7 +1048,7 @@ mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
   }
 
   mt_defs_wait (sizeof (MtStackRecord) + 8 * (guint64) n);
-  if (!mt_lock_patiently (&mt_globals.stack_lock))
+  if (!mt_stack_lock ())
   {
     s->counters[MT_C_DROPPED_STACKS]++;
     return MT_DROPPED_STACK;
@@ -1068,7 +1094,7 @@ mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
       break;
     }
   }
-  mt_unlock (&mt_globals.stack_lock);
+  mt_stack_unlock ();
   if (result == MT_DROPPED_STACK)
     s->counters[MT_C_DROPPED_STACKS]++;
   return result;

@@ -384,12 +384,12 @@ static guint8 *
 mt_shared_begin (MtSlot * s, guint64 len, gboolean nested)
 {
   guint8 * out;
-  if (nested ? mt_trylock (&mt_globals.stack_lock, 64) : mt_lock_patiently (&mt_globals.stack_lock))
+  if (nested ? mt_trylock (&mt_globals.stack_lock, 64) : mt_stack_lock ())
   {
     out = mt_defs_reserve (len);
     if (out != NULL)
       return out;
-    mt_unlock (&mt_globals.stack_lock);
+    mt_stack_unlock ();
   }
   if (nested)
   {
@@ -408,7 +408,7 @@ static void
 mt_shared_commit (MtSlot * s, guint64 len, gboolean nested)
 {
   mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
-  mt_unlock (&mt_globals.stack_lock);
+  mt_stack_unlock ();
   mt_logger_count (s, MT_C_RECORDS, nested);
   if (nested)
     mt_ncount (s, MT_C_RECORD_BYTES, len);

@@ -46,6 +46,7 @@ class ChildExitWatcher:
         self.t: float | None = None
         self.how: str | None = None          # which source answered (evidence for the capture)
         self._done = threading.Event()
+        self._stop = threading.Event()     # stop(): the session ended with the process alive
         self._ours = _is_our_child(pid)
         self._pidfd: int | None = None
         if hasattr(os, "pidfd_open"):
@@ -72,8 +73,9 @@ class ChildExitWatcher:
     def _watch_pidfd(self, fd: int) -> None:
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        while not poller.poll(1000):
-            pass
+        while not poller.poll(200):
+            if self._stop.is_set():
+                return
         self.t = time.monotonic()
         deadline = self.t + STATUS_WAIT_S
         while time.monotonic() < deadline:
@@ -103,6 +105,13 @@ class ChildExitWatcher:
         code = None if r is None else _siginfo_status(r)
         if code is not None:
             self.result, self.how = decode_status(code), "waitid"
+
+    def stop(self) -> None:
+        """Stop watching (a process left running at the session's end): the thread ends within
+        0.2 s, so a long-lived host that runs many sessions keeps no thread per session.  A
+        process that already exited is still read to the end.  Without pidfds the blocking
+        waitid cannot be told to stop: that thread lives until the process ends."""
+        self._stop.set()
 
     def wait(self, timeout: float) -> dict[str, Any] | None:
         """The status once the process is gone (waiting at most ``timeout`` for it to be read)."""

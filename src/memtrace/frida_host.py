@@ -93,6 +93,12 @@ class FridaHost:
         # on a daemon thread of its own (so its worker is one too) from the first call until
         # close() (its run() returns when the closed event is set).
         self._closed = threading.Event()
+        # The handlers given to Frida's objects (connect()), taken off at close(): Frida's native
+        # side holds them strongly, out of sight of Python's collector, so a handler that refers
+        # to this host keeps it -- its Reactor's eventfd, its queues, its session -- alive for
+        # good in a long-lived process (a library user, the storm's lib driver, the hosts of
+        # --follow-children); the device is one shared object for the whole process.
+        self._handlers: list[tuple[Any, str, Callable[..., None]]] = []
         self._reactor = Reactor(lambda reactor: self._closed.wait())
         self._reactor_started = False
         self._reactor_lock = threading.Lock()
@@ -137,8 +143,8 @@ class FridaHost:
         """Resolve ``--device``; returns its description for the capture."""
         if self.device is None:
             self.device = devices.resolve(self.target.device)
-            self.device.on("output", self._on_output)
-        self.device.on("lost", lambda: self.events.put(("device-lost", None, None)))
+            self._connect(self.device, "output", self._on_output)
+        self._connect(self.device, "lost", self._on_device_lost)
         return devices.describe(self.device)
 
     def launch(self, *, hold_constructors: bool | None = None, follow_children: bool | None = None
@@ -151,13 +157,19 @@ class FridaHost:
         inherit = self.stdio != "pipe" and self.is_local and not self.target.app
         local_program = self.is_local and not self.target.app and isinstance(launcher, launchers.FridaLauncher)
         hold = self._new_hold() if local_program and self.hold_constructors else None
-        with self._output_pipes(inherit):
-            # Frida's local spawn forks from this process: the program gets the descriptors
-            # memtrace holds at this moment.
-            if hold is not None:
-                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit, env=hold.env)
-            else:
-                self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
+        try:
+            with self._output_pipes(inherit):
+                # Frida's local spawn forks from this process: the program gets the descriptors
+                # memtrace holds at this moment.
+                if hold is not None:
+                    self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit,
+                                                    env=hold.env)
+                else:
+                    self.launched = launcher.launch(self.device, self.target, stdio_pipe=not inherit)
+        except BaseException:
+            if hold is not None:        # nothing was spawned to hold: leave no folder in /tmp
+                hold.close_children()
+            raise
         self.phases["spawned"] = time.monotonic()
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
@@ -288,7 +300,7 @@ class FridaHost:
         finally:
             if self.session is None:
                 self._unboost()
-        self.session.on("detached", lambda reason, crash: self.events.put(("detached", reason, crash)))
+        self._connect(self.session, "detached", lambda reason, crash: self.events.put(("detached", reason, crash)))
 
     def load(self, agent: str) -> None:
         """Create and load the agent's script (a load that never returns is anti-debug evidence)."""
@@ -301,7 +313,7 @@ class FridaHost:
         except GONE_ERRORS as e:
             raise TargetLost(f"script creation: {e}") from None
         self.phases["script created"] = time.monotonic()
-        self.script.on("message", lambda message, data: self.events.put(("message", message, data)))
+        self._connect(self.script, "message", lambda message, data: self.events.put(("message", message, data)))
         try:
             self.call("script load", self.script.load)
             self._unboost(self._frida_threads())
@@ -587,6 +599,12 @@ class FridaHost:
 
     def close(self) -> None:
         self._unboost()
+        if self.exit_watch is not None:     # a target left running is no longer ours to watch
+            self.exit_watch.stop()
+        for obj, signal_name, handler in self._handlers:
+            with contextlib.suppress(Exception):     # an object Frida has already let go of
+                obj.off(signal_name, handler)
+        self._handlers.clear()
         if self._boost is not None:
             self._boost.end()       # memtrace's own threads back to their nice value
         if self._hold is not None:      # never leave a program waiting at the hold point
@@ -602,6 +620,13 @@ class FridaHost:
             self._closed.set()
 
     # -- callbacks (Frida's thread: enqueue only) --------------------------------------------
+
+    def _connect(self, obj: Any, signal_name: str, handler: Callable[..., None]) -> None:
+        obj.on(signal_name, handler)
+        self._handlers.append((obj, signal_name, handler))
+
+    def _on_device_lost(self) -> None:
+        self.events.put(("device-lost", None, None))
 
     def _on_output(self, pid: int, fd: int, data: bytes) -> None:
         if pid == self.pid and data and self._output is not None:

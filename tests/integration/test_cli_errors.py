@@ -31,10 +31,12 @@ def one_line_error(proc: subprocess.CompletedProcess[str], code: int = 2) -> str
     return proc.stderr.strip()
 
 
-def in_dir(cwd: Path, *args: str | Path, check: bool = False) -> subprocess.CompletedProcess[str]:
+def in_dir(cwd: Path, *args: str | Path, check: bool = False,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The CLI run from ``cwd``, where a default capture folder would land."""
     return subprocess.run([sys.executable, "-m", "memtrace.cli", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, check=check)
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})},
+                          check=check)
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +58,12 @@ def test_executable_that_is_not_a_program_is_one_line(tmp_path: Path) -> None:
     fake = tmp_path / "data.bin"
     fake.write_bytes(b"\x00" * 64)
     fake.chmod(0o755)
-    msg = one_line_error(in_dir(tmp_path, "malloc", "--device", "local", "--", fake))
+    tmp = tmp_path / "tmp"       # the hold point's folder is made before Frida refuses the file
+    tmp.mkdir()
+    msg = one_line_error(in_dir(tmp_path, "malloc", "--device", "local", "--", fake, env={"TMPDIR": str(tmp)}))
     assert msg == f"memtrace: error: cannot launch {fake}: unable to parse executable at '{fake}'"
     assert not any((tmp_path / "captures").iterdir())
+    assert sorted(p.name for p in tmp.glob("memtrace-hold-*")) == []
 
 
 def test_static_program_is_refused_before_launch(static_prog: Path, tmp_path: Path) -> None:

@@ -432,6 +432,13 @@ fork_and_wait (guint64 r)
     if (waited == 30000)      /* 30 s */
     {
       FAIL ("a fork child hung in the hooks (a lock held by a thread that does not exist in it)");
+      {
+        /* Where it hangs, for the report (best effort: gdb may be missing or not allowed). */
+        char cmd[160];
+        snprintf (cmd, sizeof cmd, "gdb -batch -p %d -ex 'thread apply all bt 25' 1>&2 2>/dev/null", (int) pid);
+        if (system (cmd) != 0)
+          fprintf (stderr, "harness: no stack of the hung child (gdb)\n");
+      }
       kill (pid, SIGKILL);
       waitpid (pid, &status, 0);
       return;

@@ -56,7 +56,31 @@ def test_a_process_that_is_not_our_child_is_watched_too() -> None:
 
 
 def test_a_live_process_has_no_status_yet() -> None:
-    assert ChildExitWatcher(1).wait(0.1) is None
+    w = ChildExitWatcher(1)
+    assert w.wait(0.1) is None
+    w.stop()
+
+
+def test_a_stopped_watcher_leaves_no_thread_behind() -> None:
+    """A long-lived host (the storm's lib driver, a library user) runs many sessions against
+    one process that outlives them: each session's watcher ends when the session does."""
+    import threading
+
+    p = subprocess.Popen(["sh", "-c", "read x"], stdin=subprocess.PIPE)
+    try:
+        watchers = [ChildExitWatcher(p.pid) for _ in range(5)]
+        name = f"memtrace-exitwatch-{p.pid}"
+        assert sum(t.name == name for t in threading.enumerate()) == 5
+        for w in watchers:
+            w.stop()
+        for t in [t for t in threading.enumerate() if t.name == name]:
+            t.join(5)
+        assert [t for t in threading.enumerate() if t.name == name] == []
+        assert all(w.wait(0) is None for w in watchers)    # stopped, not exited: no status
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(5)
 
 
 def test_wait_statuses_decode() -> None:

@@ -292,7 +292,7 @@ def _compiler_version(cache_dir: Path | None = None) -> str | None:
         if text:
             return text
     try:
-        out = subprocess.run([real, "--version"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(["gcc", "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     version = out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else None

@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
@@ -272,17 +273,40 @@ CMODULE_CACHE_FORMAT = 2
 _GCC_FLAGS = ["-S", "-m64", "-fPIC", "-nostdlib", "-Wall", "-Werror", "-O2", "-isystem", ".", "-isystem", "capstone"]
 
 
-def _compiler_version() -> str | None:
+def _compiler_version(cache_dir: Path | None = None) -> str | None:
+    """gcc's first ``--version`` line, kept in the cache folder by the gcc found on PATH and its
+    driver file's identity (path, size, mtime): running ``gcc --version`` was 15-100 ms of every
+    run's start (issue 21: fixed cost)."""
+    real = shutil.which("gcc")
+    if real is None:
+        return None
+    real = os.path.realpath(real)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    ident = hashlib.sha256(repr((real, st.st_size, st.st_mtime_ns)).encode()).hexdigest()[:16]
+    cached = (cache_dir if cache_dir is not None else default_cache_dir()) / f"gcc-version-{ident}.txt"
+    with contextlib.suppress(OSError):
+        text = cached.read_text(encoding="utf-8")
+        if text:
+            return text
     try:
         out = subprocess.run(["gcc", "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else None
+    version = out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else None
+    if version:
+        with contextlib.suppress(OSError):     # an unwritable cache only costs a gcc --version per run
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(cached, version)
+    return version
 
 
-def cmodule_cache_key(source: str, builtin_defines: dict[str, Any], frida_version: str) -> str | None:
+def cmodule_cache_key(source: str, builtin_defines: dict[str, Any], frida_version: str,
+                      cache_dir: Path | None = None) -> str | None:
     """The cache key of a CModule source (None: no gcc here)."""
-    compiler = _compiler_version()
+    compiler = _compiler_version(cache_dir)
     if compiler is None:
         return None
     h = hashlib.sha256()
@@ -304,10 +328,10 @@ def precompiled_cmodule(source: str, builtin_defines: dict[str, Any], frida_vers
     """The C file of `source`'s assembly for Frida's external gcc toolchain, from the cache or
     compiled now (`headers()`: Frida's CModule headers, asked for only on a miss); None when it
     cannot be had here (the agent then compiles `source` itself)."""
-    key = cmodule_cache_key(source, builtin_defines, frida_version)
+    folder = cache_dir if cache_dir is not None else default_cache_dir()
+    key = cmodule_cache_key(source, builtin_defines, frida_version, folder)
     if key is None:
         return None
-    folder = cache_dir if cache_dir is not None else default_cache_dir()
     cached = folder / f"cmodule-{key}.c"
     with contextlib.suppress(OSError):
         return cached.read_text(encoding="utf-8")

@@ -785,7 +785,7 @@ def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
     subs = []
     # The AGG values as deltas (version 6, _agg_deltas): a walk of the agent records, ~20 ms per MB
     # each way; CPython's capture 10 % smaller.
-    running: dict[tuple[int, int], int] | None = {}
+    running: dict[int, dict[int, int]] | None = {}
     for rtype, body, data in records:
         blob = _dumps(body)
         flag = 0
@@ -804,9 +804,10 @@ def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
 
 SUB_AGG_DELTAS = 1      # (version >= 6) a grouped BATCH's flag byte: its AGG values are deltas
 _AGG_BITS: dict[int, list[int]] = {}       # an AGG mask's field bits, lowest first (filled as masks are seen)
+_QS: dict[int, struct.Struct] = {}         # n little-endian u64s, by n
 
 
-def _agg_deltas(data: bytes, running: dict[tuple[int, int], int], undo: bool) -> bytes | None:
+def _agg_deltas(data: bytes, running: dict[int, dict[int, int]], undo: bool) -> bytes | None:
     """A grouped BATCH's agent records with each AGG value (a stack's running total) replaced by
     its difference from that stack's same field in the group's last AGG record before it (mod
     2^64; the first one as it is), or, ``undo``, the other way back.  The drains of a quiet
@@ -817,7 +818,8 @@ def _agg_deltas(data: bytes, running: dict[tuple[int, int], int], undo: bool) ->
     end = len(out)
     pos = 0
     mask64 = (1 << 64) - 1
-    seen: dict[tuple[int, int], int] = {}      # into ``running`` only once the whole data is framed
+    # Each stack's fields (bit -> value) so far; into ``running`` only once the whole data is framed.
+    seen: dict[int, dict[int, int]] = {}
     head_size, chunk_size = _AGG_HEAD.size, _CHUNK.size
     fixed = {REC_ALLOC: _ALLOC.size, REC_FREE: _FREE.size, REC_PEAK_HEAD: _PEAK_HEAD.size,
              REC_PEAK: _PEAK.size, REC_LIVE: _LIVE.size}
@@ -840,19 +842,21 @@ def _agg_deltas(data: bytes, running: dict[tuple[int, int], int], undo: bool) ->
                 if len(bits) != nvalues or pos + size > stop:
                     return None
                 at = pos + head_size
-                for bit in bits:
-                    (v,) = struct.unpack_from("<Q", out, at)
-                    key = (sid, bit)
-                    before = seen.get(key)
-                    if before is None:
-                        before = running.get(key, 0)
-                    if undo:
-                        v = (v + before) & mask64
-                        struct.pack_into("<Q", out, at, v)
-                    else:
-                        struct.pack_into("<Q", out, at, (v - before) & mask64)
-                    seen[key] = v
-                    at += 8
+                # The record's values at once (one Struct per count), the stack's fields by bit.
+                values = _QS.get(nvalues)
+                if values is None:
+                    values = _QS[nvalues] = struct.Struct(f"<{nvalues}Q")
+                got = values.unpack_from(out, at)
+                last = seen.get(sid)
+                if last is None:
+                    last = seen[sid] = dict(running.get(sid, ()))
+                before = last.get
+                if undo:
+                    got = tuple([(v + before(bit, 0)) & mask64 for bit, v in zip(bits, got, strict=True)])
+                    values.pack_into(out, at, *got)
+                else:
+                    values.pack_into(out, at, *[(v - before(bit, 0)) & mask64 for bit, v in zip(bits, got, strict=True)])
+                last.update(zip(bits, got, strict=True))
             elif rtype == REC_STACK:
                 size = 8 + 8 * (out[pos + 1] | out[pos + 2] << 8 | out[pos + 3] << 16)
             elif rtype == REC_PAD:
@@ -1530,7 +1534,7 @@ def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]
     out: list[Record] = []
     at = 0
     held = GROUPED if version >= 6 else GROUPED_V5
-    running: dict[tuple[int, int], int] = {}        # the AGG values so far (version 6's deltas)
+    running: dict[int, dict[int, int]] = {}        # the AGG values so far, by stack and field bit (version 6's deltas)
     while at < len(records):
         if at + RECORD_HEADER_V1.size > len(records):
             raise _Damaged(f"GROUP record: its record {len(out)} cut short")

@@ -122,7 +122,7 @@ class ReplaySource:
         self._calibrated = True
         return dict(self.calibrations.get(phase) or {})
 
-    def start(self) -> dict[str, Any]:
+    def start(self, calibrate: bool = False) -> dict[str, Any]:
         return {}
 
     def release_fork(self, entry: str, pid: int) -> None:

@@ -100,9 +100,12 @@ class StacksSeen:
                 self._bytes[frames] = self._bytes.get(frames, 0) + size
 
     def _note(self, addresses: tuple[int, ...]) -> None:
+        seen = self._seen
+        if seen.issuperset(addresses):      # most new stacks' frames are known already (in C, at once)
+            return
         for a in addresses:
-            if a not in self._seen:
-                self._seen.add(a)
+            if a not in seen:
+                seen.add(a)
                 self.pending.append(a)
 
     def images(self) -> list[dict[str, Any]]:

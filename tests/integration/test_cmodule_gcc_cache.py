@@ -55,3 +55,22 @@ def test_the_second_run_takes_the_module_the_first_built(compile_c, tmp_path: Pa
         assert f.read_text().strip() == "/usr/local/bin:/usr/bin:/bin"
         assert str(folder) not in f.read_text()
     assert os.access(folder / "gcc", os.X_OK)
+
+
+def test_the_sources_come_by_file_and_inline_when_a_file_is_wrong(compile_c, tmp_path: Path) -> None:
+    # A program at the hold point reads the init's C sources and precompiled core from the cache
+    # folder's texts/ (frida_host._texts_by_file: ~700 KB the rpc no longer carries); one that is
+    # not what it should be (here: cut short) makes the agent ask for them inline.  Both count exactly.
+    exe = compile_c("path_writer")
+    cache = tmp_path / "cache"
+    first, info = _run(exe, cache, tmp_path / "one", tmp_path / "path1")
+    assert info["texts"] == "by file" and info["precompiled"] is True, info
+    texts = sorted((cache / "texts").glob("*.txt"))
+    assert len(texts) == 3, texts       # the core's sources, the process sources, the assembly
+    for t in texts:
+        t.write_bytes(t.read_bytes()[:-1])
+    second, info = _run(exe, cache, tmp_path / "two", tmp_path / "path2")
+    assert info["texts"] == "inline (a file unreadable in the target)" and info["precompiled"] is True, info
+    for s in (first, second):
+        rows = {r["frames"][0]["function"]: (r["bytes"], r["count"]) for r in s["live_by_stack"] if r["frames"]}
+        assert rows.get("main") == (100_000, 1000), rows

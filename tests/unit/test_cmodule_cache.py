@@ -45,3 +45,25 @@ def test_compiled_once_then_read_from_the_cache(tmp_path: Path) -> None:
 def test_a_source_that_does_not_compile_gives_none(tmp_path: Path) -> None:
     assert precompiled_cmodule("this is not C", {}, "17.0.0", dict, cache_dir=tmp_path) is None
     assert not list(tmp_path.glob("cmodule-*.c"))
+
+
+def test_the_compiler_version_is_asked_once_per_gcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stand-in gcc on PATH that counts its runs: its version is kept by the driver file's
+    # identity, so a second key costs no run, and another gcc (here: the file rewritten) is asked.
+    from memtrace.agentbuild import _compiler_version, cmodule_cache_key
+
+    bin_dir, cache = tmp_path / "bin", tmp_path / "cache"
+    bin_dir.mkdir()
+    runs = tmp_path / "runs"
+    gcc = bin_dir / "gcc"
+    gcc.write_text(f"#!/bin/sh\necho x >> {runs}\necho 'fake gcc 1.0'\n")
+    gcc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert _compiler_version(cache) == "fake gcc 1.0"
+    key = cmodule_cache_key(SOURCE, {}, "17.0.0", cache)
+    assert _compiler_version(cache) == "fake gcc 1.0"
+    assert runs.read_text() == "x\n"
+    gcc.write_text(f"#!/bin/sh\necho x >> {runs}\necho 'fake gcc 2.0 (another build)'\n")
+    assert _compiler_version(cache) == "fake gcc 2.0 (another build)"
+    assert runs.read_text() == "x\nx\n"
+    assert cmodule_cache_key(SOURCE, {}, "17.0.0", cache) not in (None, key)

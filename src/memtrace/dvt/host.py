@@ -289,7 +289,7 @@ class DvtHost:
     def calibrate(self, timeout: float | None = None) -> dict[str, Any]:
         return self._rpc_calibrate()
 
-    def start(self) -> dict[str, Any]:
+    def start(self, calibrate: bool = False) -> dict[str, Any]:
         return self._rpc_start()
 
     def release_fork(self, entry: str, pid: int) -> None:

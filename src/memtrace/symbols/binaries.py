@@ -8,8 +8,10 @@ Mach-O identities (LC_UUID, per architecture) come from symbolic, which reads fa
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ELF_MAGIC = b"\x7fELF"
 MACHO_MAGICS = (b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe",
@@ -58,7 +60,7 @@ def elf_identity(path: str | Path) -> ElfIdentity | None:
             build_id = None
             debuglink = crc = None
             has_dwarf = has_symtab = False
-            for section in elf.iter_sections():
+            for section in _sections_named(elf):
                 kind = section["sh_type"]
                 if kind == "SHT_NOTE" and isinstance(section, NoteSection):
                     for note in section.iter_notes():
@@ -84,6 +86,46 @@ def elf_identity(path: str | Path) -> ElfIdentity | None:
         return None
 
 
+SHF_COMPRESSED = 0x800
+
+
+class _Header:
+    """A section by its header alone (name, type, size): what elf_identity reads of every section
+    but the notes and the debug link, whose data it needs."""
+
+    __slots__ = ("header", "name")
+
+    def __init__(self, header: Any, name: str) -> None:
+        self.header, self.name = header, name
+
+    def __getitem__(self, key: str) -> Any:
+        return self.header[key]
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.header["sh_flags"] & SHF_COMPRESSED)
+
+
+def _sections_named(elf: Any, made: Callable[[Any, str], bool] | None = None) -> Iterator[Any]:
+    """elf's sections, each made into pyelftools' section object only when elf_identity reads its
+    data (notes, .gnu_debuglink): making every one parses whole tables -- a .gnu.hash section's
+    alone was 60 % of symbolizing cc1plus's 9,783 addresses with every SymCache cached (issue 21:
+    fixed cost); ``made(header, name)`` says which others to make.  pyelftools' header readers are
+    private: without them, every section is made."""
+    header_of = getattr(elf, "_get_section_header", None)
+    name_of = getattr(elf, "_get_section_name", None)
+    if header_of is None or name_of is None:
+        yield from elf.iter_sections()
+        return
+    for i in range(elf.num_sections()):
+        header = header_of(i)
+        name = name_of(header)
+        if header["sh_type"] == "SHT_NOTE" or name == ".gnu_debuglink" or (made is not None and made(header, name)):
+            yield elf.get_section(i)
+        else:
+            yield _Header(header, name)
+
+
 # A compressed debug section may say it holds at most this much: zlib's deflate cannot pack more
 # than 1032:1, and no debug section of a real binary nears 4 GiB.  A larger claim is a damaged or
 # hostile file; decompressing it would take the machine's memory (and abort the symbolizer).
@@ -100,7 +142,8 @@ def compressed_section_problem(path: str | Path) -> str | None:
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
-            for section in elf.iter_sections():
+            # Only a compressed section's object is made (its header says how much it holds).
+            for section in _sections_named(elf, lambda h, _name: bool(h["sh_flags"] & SHF_COMPRESSED)):
                 if section["sh_type"] == "SHT_NOBITS":
                     continue
                 packed = section["sh_size"]

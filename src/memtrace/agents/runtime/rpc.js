@@ -118,6 +118,34 @@ function beforeExec(path, argv) {
   awaitAck(before);
 }
 
+/* A text the host sent, or { file, length } naming one of its cache's files (null: unreadable,
+ * or not that length). */
+function hostText(t) {
+  if (t === null || typeof t !== 'object' || Array.isArray(t))
+    return t;
+  try {
+    const text = File.readAllText(t.file);
+    return text.length === t.length ? text : null;
+  } catch (e) {
+    return null;
+  }
+}
+
+/* [sources, processSources] with every file read (config.cmoduleAsm too, in place); null when one
+ * cannot be. */
+function hostTexts(config, sources, processSources) {
+  const lists = [sources, processSources].map(list => (Array.isArray(list) ? list.map(hostText) : hostText(list)));
+  if (lists.some(list => list === null || (Array.isArray(list) && list.includes(null))))
+    return null;
+  if (config.cmoduleAsm !== undefined) {
+    const asm = hostText(config.cmoduleAsm);
+    if (asm === null)
+      return null;
+    config.cmoduleAsm = asm;
+  }
+  return lists;
+}
+
 export function serve(tracer) {
   rpc.exports = Object.assign({
     hello() {
@@ -135,6 +163,13 @@ export function serve(tracer) {
     },
     /* processSources: cmodule/process.c behind the layout header (fork and exec handling). */
     init(config, sources, processSources) {
+      // The host's large texts (the C sources, the precompiled core) may come as files of its
+      // cache for a program it holds (FridaHost._texts_by_file): read here, before anything is
+      // touched; one unreadable and the host sends them inline instead.
+      const texts = hostTexts(config, sources, processSources);
+      if (texts === null)
+        return { needTexts: true };
+      [sources, processSources] = texts;
       claimProcess();      // first: a second session is refused before it touches anything
       life.config = config;
       configureWorld(config);
@@ -143,7 +178,9 @@ export function serve(tracer) {
       life.process = buildProcess(config, processSources);
       return { recon: found, info, process: life.process };
     },
-    start() {
+    /* options.calibrate: the "before" calibration first, returned with the start. */
+    start(options) {
+      const calibration = (options && options.calibrate) ? calibrate() : undefined;
       announceModules();
       proc.onExec = beforeExec;
       listenForAcks();
@@ -164,7 +201,7 @@ export function serve(tracer) {
         if (life.tick++ % MODULE_SCAN_TICKS === 0)
           announceModules();
       }, DRAIN_INTERVAL_MS);
-      return { t: now(), process: patches };
+      return { t: now(), process: patches, calibration };
     },
     flush() {
       flush();

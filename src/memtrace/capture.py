@@ -76,9 +76,11 @@ import contextlib
 import errno as errno_names
 import functools
 import importlib
+import itertools
 import json
 import math
 import mmap
+import operator
 import os
 import re
 import shutil
@@ -842,6 +844,10 @@ def _is_int(v: Any) -> bool:
     return type(v) is int
 
 
+def _ints(values: list[Any]) -> bool:
+    return set(map(type, values)) <= {int}
+
+
 def _columns(bodies: list[tuple[int, Any]]) -> list[Any]:
     """The JSON bodies of a group's records, column by column (version 7): ``[[type, path, rows,
     code, values], ...]``, one entry per record type and leaf path (a key path through nested
@@ -896,30 +902,27 @@ def _uncolumns(table: Any, types: list[int]) -> list[dict[str, Any]]:
             raise bad
         if rows is None:
             rows = [i for i in range(n) if types[i] == rtype]
-        elif not (isinstance(rows, list) and all(map(_is_int, rows)) and rows == sorted(set(rows))
+        elif not (isinstance(rows, list) and _ints(rows) and rows == sorted(set(rows))
                   and (not rows or rows[0] >= 0 and rows[-1] < n)):
             raise bad
         if not isinstance(coded, list) or len(coded) != len(rows) or any(types[i] != rtype for i in rows):
             raise bad
         if code == "d":
-            if not all(map(_is_int, coded)):
+            values = list(itertools.accumulate(coded)) if _ints(coded) else None
+            if values is None:
                 raise bad
-            values, v = [], 0
-            for d in coded:
-                v += d
-                values.append(v)
         elif code == "D":
             first = coded[0] if coded else None
             if not (isinstance(first, list) and first):
                 raise bad
-            values, last = [], [0] * len(first)
+            values, last, width = [], [0] * len(first), len(first)
             for d in coded:
-                if d == 0 and _is_int(d):
+                if d == 0 and type(d) is int:
                     values.append(list(last))
                     continue
-                if not (isinstance(d, list) and len(d) == len(last) and all(map(_is_int, d))):
+                if not (type(d) is list and len(d) == width and _ints(d)):
                     raise bad
-                last = [a + b for a, b in zip(last, d, strict=True)]
+                last = list(map(operator.add, last, d))
                 values.append(last)
         elif code == "r":
             values = coded
@@ -1621,7 +1624,9 @@ def _stop(info: CaptureInfo, offset: int, why: str, corrupt: bool = True) -> Non
     info.truncation = f"{'corrupt' if corrupt else 'truncated'} at byte {offset}: {why}"
 
 
-def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] | None:
+def _decode(rtype: int, payload: bytes, version: int, body: Any = None) -> Record | list[Record] | None:
+    """One record from its payload (``body``: its JSON already read, from a group's columns: the
+    payload is then the rest, a BATCH's ``u32 0 | agent records``)."""
     try:
         kind = RecordType(rtype)
     except ValueError:
@@ -1659,7 +1664,8 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] |
             raise _Damaged(f"BATCH agent records: {problem}")
     elif version >= 4 and payload[:4] == ZSTD_MAGIC:
         payload = _unzstd(payload, MAX_JSON_BYTES, f"{kind.name} record")
-    body = _loads(kind, payload)
+    if body is None:
+        body = _loads(kind, payload)
     found = _body_problem(kind, body, payload)
     if found is not None:
         where, what = found
@@ -1700,11 +1706,12 @@ def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]
         if rtype not in held or (flag and not deltas) or check or at + length > len(records):
             raise _Damaged(f"GROUP record: its record {len(out)} has a wrong type, header or length")
         payload = records[at:at + length]
+        body = None
         if bodies is not None:
             if rtype != RecordType.BATCH and payload:
                 raise _Damaged(f"GROUP record: its record {len(out)} has bytes besides its columns")
-            blob = _dumps(bodies[len(out)])
-            payload = struct.pack("<I", len(blob)) + blob + payload if rtype == RecordType.BATCH else blob
+            body = bodies[len(out)]
+            payload = b"\0\0\0\0" + payload if rtype == RecordType.BATCH else b""
         if rtype == RecordType.BATCH and (len(payload) < 4 or struct.unpack_from("<I", payload)[0] & (BATCH_ZLIB | BATCH_ZSTD)):
             raise _Damaged(f"GROUP record: its record {len(out)} is a BATCH compressed again")
         if deltas:
@@ -1715,7 +1722,7 @@ def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]
             payload = payload[:n] + values
         if rtype != RecordType.BATCH and payload[:4] == ZSTD_MAGIC:
             raise _Damaged(f"GROUP record: its record {len(out)} is compressed again")
-        one = _decode(rtype, payload, 5)       # (zstd inside a group: refused above)
+        one = _decode(rtype, payload, 5, body)     # (zstd inside a group: refused above)
         assert isinstance(one, Record)
         out.append(one)
         at += length

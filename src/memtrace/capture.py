@@ -4,7 +4,7 @@ A capture is a 16-byte header followed by checksummed, length-prefixed records, 
 arrives and handed to the OS after every record, so a reader can always get back everything up
 to the last write, whatever happened to the target or to memtrace.
 
-    header : b"MEMTRACE" | u16 format version (6) | u16 flags (0) | u32 crc32 of the 12 bytes before
+    header : b"MEMTRACE" | u16 format version (7) | u16 flags (0) | u32 crc32 of the 12 bytes before
     record : u8 type | u8 0 | u16 head check | u32 payload length | u32 crc32 of the 8 bytes before
              + payload | payload
 
@@ -42,7 +42,19 @@ costs one record: a group, about GROUP_S of drains (the counters are running tot
 drain restores; a stack's AGG values, when that stack next changes); the first drain, the stack
 definitions, is never held.  What the writer holds is written before any other record but those,
 at END and at close -- only memtrace itself killed (SIGKILL) loses it.  A version-6 reader reads
-versions 1 to 5 as they were written.
+versions 1 to 5 as they were written.  Version 7 stores a group of COLUMNS_FROM records or more
+column by column: its first sub-record ``u8 0 | u8 0 | u16 0 | u32 length`` holds the records'
+JSON bodies as one JSON table (:func:`_columns`: a column per record type and key path, integers
+and lists of integers as differences from the record before), and each record after it has
+SUB_COLUMNS in its flag byte and no JSON (a BATCH: its agent records alone) -- a drain's counters,
+clocks and totals change by little from one drain to the next, and their differences side by side
+compress to a few bytes where the numbers take tens.  Its frames are made with another shipped
+dictionary, trained on the records as they are now (bench/capture_dictionary.py); a reader keeps
+every shipped dictionary and picks the one a frame names.  A group is still one frame with one
+checksum, written when it closes: durability and damage are version 6's (a flipped byte costs
+that group).  The C++ program's capture, the same records re-encoded: 8,343 -> 6,941 bytes;
+sqlite3's 61,031 -> 58,431 (bench/README.md, "capture_size_bench.py").  (Version 7 of the
+rejected one-stream design, on a branch never merged, wrote no capture anyone kept.)
 
 Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in per-thread chunks
 ``u32 tid | u32 length | records``:
@@ -76,9 +88,11 @@ import contextlib
 import errno as errno_names
 import functools
 import importlib
+import itertools
 import json
 import math
 import mmap
+import operator
 import os
 import re
 import shutil
@@ -112,7 +126,7 @@ def _zstd_module() -> Any:
 
 _zstd: Any = _zstd_module()
 MAGIC = b"MEMTRACE"
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 BATCH_ZLIB = 0x80000000        # in a BATCH's json length (version >= 3): its agent records are zlib data
 BATCH_ZSTD = 0x40000000        # in a BATCH's json length (version >= 4): its JSON and agent records are a zstd frame
 GROUP_S = 2.0                  # the writer groups the records of at most this long (drains: ten a second)
@@ -777,25 +791,44 @@ def encode_record(rtype: RecordType | int, body: Any, data: bytes = b"", version
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
-def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
-    """One GROUP record (version >= 5): a zstd frame of several records, each ``u8 type | u8 0 |
-    u16 0 | u32 length | payload`` with its uncompressed payload (a BATCH's: ``u32 json length |
-    json | agent records``; the others': JSON)."""
+def group_bytes(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
+    """A GROUP record's records, before compression: each ``u8 type | u8 flags | u16 0 | u32
+    length | payload`` with its uncompressed payload (a BATCH's: ``u32 json length | json | agent
+    records``; the others': JSON); from version 7, COLUMNS_FROM records or more: first ``u8 0 | u8
+    0 | u16 0 | u32 length | the JSON bodies in columns`` (:func:`_columns`), then each record with
+    SUB_COLUMNS set and its payload without its JSON (a BATCH's: its agent records alone)."""
     assert _zstd is not None and len(records) > 1
     subs = []
+    # (version 7) A group of COLUMNS_FROM records or more has their JSON in columns (_columns).
+    columns = len(records) >= COLUMNS_FROM and all(isinstance(body, dict) for _, body, _ in records)
+    if columns:
+        try:
+            table = _dumps(_columns([(int(rtype), body) for rtype, body, _ in records]))
+        except TypeError:
+            columns = False
+        else:
+            subs.append(RECORD_HEADER_V1.pack(0, 0, 0, len(table)) + table)
     # The AGG values as deltas (version 6, _agg_deltas): a walk of the agent records, ~20 ms per MB
     # each way; CPython's capture 10 % smaller.
     running: dict[int, dict[int, int]] | None = {}
     for rtype, body, data in records:
-        blob = _dumps(body)
-        flag = 0
+        flag = SUB_COLUMNS if columns else 0
         if rtype == RecordType.BATCH and running is not None and data:
             deltas = _agg_deltas(data, running, undo=False)
             if deltas is not None:
-                data, flag = deltas, SUB_AGG_DELTAS
-        sub = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
+                data, flag = deltas, flag | SUB_AGG_DELTAS
+        if columns:
+            sub = data if rtype == RecordType.BATCH else b""
+        else:
+            blob = _dumps(body)
+            sub = struct.pack("<I", len(blob)) + blob + data if rtype == RecordType.BATCH else blob
         subs.append(RECORD_HEADER_V1.pack(int(rtype), flag, 0, len(sub)) + sub)
-    raw = b"".join(subs)
+    return b"".join(subs)
+
+
+def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
+    """One GROUP record (version >= 5): a zstd frame of several records (:func:`group_bytes`)."""
+    raw = group_bytes(records)
     payload = _compress(raw, _group_level(len(raw)), FORMAT_VERSION)
     head = RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, _head_check(int(RecordType.GROUP), len(payload)),
                                  len(payload))
@@ -803,6 +836,120 @@ def encode_group(records: list[tuple[RecordType, Any, bytes]]) -> bytes:
 
 
 SUB_AGG_DELTAS = 1      # (version >= 6) a grouped BATCH's flag byte: its AGG values are deltas
+SUB_COLUMNS = 2         # (version >= 7) a grouped record's flag byte: its JSON is in the group's columns
+# (version 7) A group of this many records or more has their JSON bodies in columns: the C++
+# program's 40 drains 2,611 -> 2,001 bytes of JSON; two or three records are smaller as they are.
+COLUMNS_FROM = 8
+
+
+def _leaves(body: dict[str, Any], path: tuple[str, ...], out: dict[tuple[str, ...], Any]) -> None:
+    for key, value in body.items():
+        if not isinstance(key, str):
+            raise TypeError("a key that is not a string")      # (JSON would make it one: not in columns)
+        if isinstance(value, dict) and value:
+            _leaves(value, path + (key,), out)
+        else:
+            out[path + (key,)] = value
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _ints(values: list[Any]) -> bool:
+    return set(map(type, values)) <= {int}
+
+
+def _columns(bodies: list[tuple[int, Any]]) -> list[Any]:
+    """The JSON bodies of a group's records, column by column (version 7): ``[[type, path, rows,
+    code, values], ...]``, one entry per record type and leaf path (a key path through nested
+    objects) -- rows null when every record of that type has it, else the indices of those that
+    do; code "d": integers, each the difference
+    from the one before (the first from 0); "D": lists of integers of one length, each the
+    element-wise difference from the one before (0: no element changed); "r": the values as they
+    are.  A drain's counters and totals change by little from one drain to the next: its
+    differences, side by side, compress to a few bytes where the numbers themselves take tens."""
+    cols: dict[tuple[int, tuple[str, ...]], tuple[list[int], list[Any]]] = {}
+    of_type: dict[int, int] = {}
+    for i, (rtype, body) in enumerate(bodies):
+        of_type[rtype] = of_type.get(rtype, 0) + 1
+        leaves: dict[tuple[str, ...], Any] = {}
+        _leaves(body, (), leaves)
+        for path, value in leaves.items():
+            rows, values = cols.setdefault((rtype, path), ([], []))
+            rows.append(i)
+            values.append(value)
+    out: list[Any] = []
+    for (rtype, path), (rows, values) in cols.items():
+        code, coded = "r", values
+        if all(map(_is_int, values)):
+            code, coded, before = "d", [], 0
+            for v in values:
+                coded.append(v - before)
+                before = v
+        elif (all(isinstance(v, list) and all(map(_is_int, v)) for v in values)
+              and len({len(v) for v in values}) == 1 and values[0]):
+            code, coded, last = "D", [], [0] * len(values[0])
+            for v in values:
+                diff = [a - b for a, b in zip(v, last, strict=True)]
+                coded.append(diff if any(diff) else 0)
+                last = v
+        out.append([rtype, list(path), None if len(rows) == of_type[rtype] else rows, code, coded])
+    return out
+
+
+def _uncolumns(table: Any, types: list[int]) -> list[dict[str, Any]]:
+    """The bodies of a group's records of these types, from its columns (:func:`_columns`);
+    _Damaged if the table is not one of them."""
+    n = len(types)
+    bad = _Damaged("GROUP record: its columns are not a column table")
+    if not isinstance(table, list):
+        raise bad
+    bodies: list[dict[str, Any]] = [{} for _ in range(n)]
+    for col in table:
+        if not (isinstance(col, list) and len(col) == 5):
+            raise bad
+        rtype, path, rows, code, coded = col
+        if not (isinstance(path, list) and path and all(isinstance(k, str) for k in path)):
+            raise bad
+        if rows is None:
+            rows = [i for i in range(n) if types[i] == rtype]
+        elif not (isinstance(rows, list) and _ints(rows) and rows == sorted(set(rows))
+                  and (not rows or rows[0] >= 0 and rows[-1] < n)):
+            raise bad
+        if not isinstance(coded, list) or len(coded) != len(rows) or any(types[i] != rtype for i in rows):
+            raise bad
+        if code == "d":
+            values = list(itertools.accumulate(coded)) if _ints(coded) else None
+            if values is None:
+                raise bad
+        elif code == "D":
+            first = coded[0] if coded else None
+            if not (isinstance(first, list) and first):
+                raise bad
+            values, last, width = [], [0] * len(first), len(first)
+            for d in coded:
+                if d == 0 and type(d) is int:
+                    values.append(list(last))
+                    continue
+                if not (type(d) is list and len(d) == width and _ints(d)):
+                    raise bad
+                last = list(map(operator.add, last, d))
+                values.append(last)
+        elif code == "r":
+            values = coded
+        else:
+            raise bad
+        for i, value in zip(rows, values, strict=True):
+            node = bodies[i]
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+                if not isinstance(node, dict):
+                    raise bad
+            if path[-1] in node:
+                raise bad
+            node[path[-1]] = value
+    return bodies
 _AGG_BITS: dict[int, list[int]] = {}       # an AGG mask's field bits, lowest first (filled as masks are seen)
 _QS: dict[int, struct.Struct] = {}         # n little-endian u64s, by n
 
@@ -876,30 +1023,44 @@ def _agg_deltas(data: bytes, running: dict[int, dict[int, int]], undo: bool) -> 
     return bytes(out)
 
 
-# (version >= 6) Every zstd frame is made with this dictionary (its id in the frame's header): 16 KB
-# trained on the records of captures of sort, perl, xz, awk and find (META aside: it names the
-# host) -- the keys, counters and hook names every capture repeats.  A run's small JSON records
-# (META, RECON, MODULES, CALIBRATION, END) and each group's first drain are most of a short run's
-# capture: the C++ program's 16.1 -> 9.6 KB record by record, sqlite3's 57 -> 45 KB.  Never
-# changed once shipped (a capture names it by id): a better one is another file and id.
-DICTIONARY_FILE = Path(__file__).with_name("capture-v6.zdict")
+# (version >= 6) Every zstd frame is made with a shipped dictionary (its id in the frame's header).
+# Version 6's: 16 KB trained on the records of captures of sort, perl, xz, awk and find (META
+# aside: it names the host) -- the keys, counters and hook names every capture repeats.  A run's
+# small JSON records (META, RECON, MODULES, CALIBRATION, END) and each group's first drain are most
+# of a short run's capture: the C++ program's 16.1 -> 9.6 KB record by record, sqlite3's 57 -> 45
+# KB.  Version 7's: the same programs and a few more (bench/capture_dictionary.py), with the
+# records as they are now (END's timing and guard, RECON's unwind tables) and version 7's column
+# groups.  Never changed once shipped (a capture names it by id): a better one is another file
+# and id; a reader keeps every one.
+DICTIONARY_FILES = {6: Path(__file__).with_name("capture-v6.zdict"), 7: Path(__file__).with_name("capture-v7.zdict")}
+DICTIONARY_FILE = DICTIONARY_FILES[7]
 
 
 @functools.cache
-def _dictionary() -> Any:
-    """The shipped zstd dictionary, or None (a broken installation: frames are then made without
-    it, and frames made with it read as damaged, saying which dictionary they need)."""
+def _dictionary(version: int = FORMAT_VERSION) -> Any:
+    """The zstd dictionary a capture of ``version`` is written with (the newest shipped one at or
+    before it), or None (a broken installation: frames are then made without it, and frames made
+    with it read as damaged, saying which dictionary they need)."""
     if _zstd is None:
         return None
-    try:
-        return _zstd.ZstdDict(DICTIONARY_FILE.read_bytes())
-    except (OSError, ValueError, _zstd.ZstdError):
-        return None
+    for v in sorted((v for v in DICTIONARY_FILES if v <= version), reverse=True):
+        try:
+            return _zstd.ZstdDict(DICTIONARY_FILES[v].read_bytes())
+        except (OSError, ValueError, _zstd.ZstdError):
+            continue
+    return None
+
+
+@functools.cache
+def _dictionaries() -> dict[int, Any]:
+    """Every shipped dictionary a reader knows, by id."""
+    found = (_dictionary(v) for v in DICTIONARY_FILES)
+    return {d.dict_id: d for d in found if d is not None}
 
 
 def _compress(data: bytes, level: int, version: int) -> bytes:
     assert _zstd is not None
-    shipped = _dictionary() if version >= 6 else None
+    shipped = _dictionary(version) if version >= 6 else None
     return _zstd.compress(data, level, zstd_dict=shipped) if shipped is not None else _zstd.compress(data, level)
 
 
@@ -1479,7 +1640,9 @@ def _stop(info: CaptureInfo, offset: int, why: str, corrupt: bool = True) -> Non
     info.truncation = f"{'corrupt' if corrupt else 'truncated'} at byte {offset}: {why}"
 
 
-def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] | None:
+def _decode(rtype: int, payload: bytes, version: int, body: Any = None) -> Record | list[Record] | None:
+    """One record from its payload (``body``: its JSON already read, from a group's columns: the
+    payload is then the rest, a BATCH's ``u32 0 | agent records``)."""
     try:
         kind = RecordType(rtype)
     except ValueError:
@@ -1517,7 +1680,8 @@ def _decode(rtype: int, payload: bytes, version: int) -> Record | list[Record] |
             raise _Damaged(f"BATCH agent records: {problem}")
     elif version >= 4 and payload[:4] == ZSTD_MAGIC:
         payload = _unzstd(payload, MAX_JSON_BYTES, f"{kind.name} record")
-    body = _loads(kind, payload)
+    if body is None:
+        body = _loads(kind, payload)
     found = _body_problem(kind, body, payload)
     if found is not None:
         where, what = found
@@ -1535,15 +1699,35 @@ def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]
     at = 0
     held = GROUPED if version >= 6 else GROUPED_V5
     running: dict[int, dict[int, int]] = {}        # the AGG values so far, by stack and field bit (version 6's deltas)
+    bodies: list[dict[str, Any]] | None = None      # (version 7) the records' JSON, from the columns
+    if version >= 7 and records[:1] == b"\0":
+        _, zero, check, length = RECORD_HEADER_V1.unpack_from(records) if len(records) >= 8 else (0, 1, 0, 0)
+        if zero or check or 8 + length > len(records):
+            raise _Damaged("GROUP record: its columns' header is wrong")
+        table = _loads(RecordType.GROUP, records[8:8 + length])
+        at = 8 + length
+        bodies = _uncolumns(table, _group_types(records, at))
     while at < len(records):
         if at + RECORD_HEADER_V1.size > len(records):
             raise _Damaged(f"GROUP record: its record {len(out)} cut short")
         rtype, flag, check, length = RECORD_HEADER_V1.unpack_from(records, at)
         at += RECORD_HEADER_V1.size
+        columns = bodies is not None
+        if columns:
+            if flag & SUB_COLUMNS:
+                flag &= ~SUB_COLUMNS
+            else:
+                flag = -1       # every record of a column group says so
         deltas = flag == SUB_AGG_DELTAS and rtype == RecordType.BATCH and version >= 6
         if rtype not in held or (flag and not deltas) or check or at + length > len(records):
             raise _Damaged(f"GROUP record: its record {len(out)} has a wrong type, header or length")
         payload = records[at:at + length]
+        body = None
+        if bodies is not None:
+            if rtype != RecordType.BATCH and payload:
+                raise _Damaged(f"GROUP record: its record {len(out)} has bytes besides its columns")
+            body = bodies[len(out)]
+            payload = b"\0\0\0\0" + payload if rtype == RecordType.BATCH else b""
         if rtype == RecordType.BATCH and (len(payload) < 4 or struct.unpack_from("<I", payload)[0] & (BATCH_ZLIB | BATCH_ZSTD)):
             raise _Damaged(f"GROUP record: its record {len(out)} is a BATCH compressed again")
         if deltas:
@@ -1554,13 +1738,26 @@ def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]
             payload = payload[:n] + values
         if rtype != RecordType.BATCH and payload[:4] == ZSTD_MAGIC:
             raise _Damaged(f"GROUP record: its record {len(out)} is compressed again")
-        one = _decode(rtype, payload, 5)       # (zstd inside a group: refused above)
+        one = _decode(rtype, payload, 5, body)     # (zstd inside a group: refused above)
         assert isinstance(one, Record)
         out.append(one)
         at += length
     if len(out) < 2:
         raise _Damaged("GROUP record of fewer than two records")
     return out
+
+
+def _group_types(records: bytes, at: int) -> list[int]:
+    """The types of the records a group's framing holds from ``at`` (its columns' rows); _Damaged
+    if it does not end exactly at the group's end."""
+    types = []
+    while at + RECORD_HEADER_V1.size <= len(records):
+        rtype, _, _, length = RECORD_HEADER_V1.unpack_from(records, at)
+        types.append(rtype)
+        at += RECORD_HEADER_V1.size + length
+    if at != len(records):
+        raise _Damaged(f"GROUP record: its record {len(types)} cut short")
+    return types
 
 
 def _inflate(data: bytes) -> bytes:
@@ -1583,8 +1780,8 @@ def _unzstd(data: bytes | memoryview, limit: int, what: str) -> bytes:
         wanted = _zstd.get_frame_info(data).dictionary_id
     except _zstd.ZstdError as e:
         raise _Damaged(f"{what}: bad zstd data ({e})") from None
-    shipped = _dictionary() if wanted else None
-    if wanted and (shipped is None or shipped.dict_id != wanted):
+    shipped = _dictionaries().get(wanted) if wanted else None
+    if wanted and shipped is None:
         raise _Damaged(f"{what}: zstd data made with dictionary {wanted}, which this memtrace does not have")
     d = _zstd.ZstdDecompressor(zstd_dict=shipped)
     try:

@@ -66,7 +66,7 @@ def test_drains_are_grouped_and_read_back_as_written(tmp_path: Path, monkeypatch
     drains = write(p)
     info = CaptureInfo(p)
     batches = [r for r in read_records(p, info) if r.type == RecordType.BATCH]
-    assert info.problem is None and info.version == capture.FORMAT_VERSION == 6
+    assert info.problem is None and info.version == capture.FORMAT_VERSION == 7
     assert [(r.body, bytes(r.data)) for r in batches] == drains
     assert list(decode_agent_records(batches[7].data)) == [AggRecord(s, {"allocs": 70 + s, "bytes": 7 * 4096}) for s in range(3)]
     # The first drain alone (written at once: its stack definitions), the other 29 in one record.
@@ -180,12 +180,15 @@ def test_a_groups_agg_values_are_stored_as_deltas(tmp_path: Path, monkeypatch: p
     at, _, length = frames(p)[2]
     assert capture._zstd is not None
     raw = capture._unzstd(p.read_bytes()[at + RECORD_HEADER.size:at + RECORD_HEADER.size + length], 1 << 20, "GROUP")
-    stored, pos = [], 0
+    # (version 7) the group's JSON in columns first, then each drain's agent records alone
+    rtype, _, _, n = capture.RECORD_HEADER_V1.unpack_from(raw)
+    stored, pos = [], 8 + n
+    assert rtype == 0
     while pos < len(raw):
         rtype, flag, _, n = capture.RECORD_HEADER_V1.unpack_from(raw, pos)
         payload = raw[pos + 8:pos + 8 + n]
-        assert (rtype, flag) == (RecordType.BATCH, capture.SUB_AGG_DELTAS)
-        stored.append(list(decode_agent_records(payload[4 + struct.unpack_from("<I", payload)[0]:])))
+        assert (rtype, flag) == (RecordType.BATCH, capture.SUB_AGG_DELTAS | capture.SUB_COLUMNS)
+        stored.append(list(decode_agent_records(payload)))
         pos += 8 + n
     assert stored[0] == [AggRecord(s, {"allocs": 10 + s, "bytes": 4096}) for s in range(3)]     # drain 1: as it is
     assert all(agg == [AggRecord(s, {"allocs": 10, "bytes": 4096}) for s in range(3)] for agg in stored[1:])

@@ -41,7 +41,7 @@ def test_a_large_batch_is_stored_compressed_and_reads_back_the_same(tmp_path: Pa
     assert p.stat().st_size < len(data) / 4
     info = CaptureInfo(p)
     (batch,) = [r for r in read_records(p, info) if r.type == RecordType.BATCH]
-    assert info.problem is None and info.version == capture.FORMAT_VERSION == 6
+    assert info.problem is None and info.version == capture.FORMAT_VERSION == 7
     assert batch.data == data
     assert len([r for r in decode_agent_records(batch.data) if isinstance(r, StackRecord)]) == 2000
 

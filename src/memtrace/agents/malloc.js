@@ -57,6 +57,9 @@ const mallocState = {
   imports: new Map(),      // module base (string) -> Map(GOT slot (string) -> imported name)
   inUse: undefined,        // the allocator's in-use reader, or null
   inUseNext: 0,            // Date.now() before which the timeline sample does not read it again
+  inUseTook: null,         // µs of the thread's CPU time the last mallinfo2 call took (sampledInUse)
+  cpuClock: undefined,     // clock_gettime for the thread's CPU time (threadCpuUs), or null
+  statm: undefined,        // open/read/close of /proc/self/statm (readStatm), or null
   kept: [],                // blocks mallocOnAgentThread holds (tests)
 };
 
@@ -186,19 +189,43 @@ function aliasMoves() {
 
 /* ---- the timeline: one sample per drain ---------------------------------------------------- */
 
-/* The allocator's in-use figure for a timeline sample, about 1 % of the time at most: glibc's mallinfo2 walks
- * every free chunk of every bin under the arena's lock, which on a large fragmented heap (CPython with
- * PYTHONMALLOC=malloc) took a tenth of the target's CPU when read every 100 ms.  After a read that took
- * d >= 2 ms (Date.now's millisecond: a shorter one is read every time) the next waits 100 d ms; a sample
- * in between says null (not read), never a stale value. */
+/* The allocator's in-use figure for a timeline sample, about 0.1 % of the agent thread's time at most:
+ * glibc's mallinfo2 walks every free chunk of every bin under the arena's lock, which on a large
+ * fragmented heap (CPython with PYTHONMALLOC=malloc) took a tenth of the target's CPU when read every
+ * 100 ms, and on cc1plus's heap ~0.25 ms a read, a sixth of the drain's time.  A read that took d µs of
+ * the thread's CPU time in the allocator's call itself (Linux; elsewhere Date.now's milliseconds around
+ * the whole read, one under 2 ms counting as none) makes the next wait d ms (1000 d µs); a call under
+ * 100 µs (a small heap) is made every time.  A sample in between says null (not read), never a stale
+ * value. */
 function sampledInUse() {
   const t0 = Date.now();
   if (t0 < mallocState.inUseNext)
     return null;
+  mallocState.inUseTook = null;
   const v = allocatorInUse();
-  const took = Date.now() - t0;
-  mallocState.inUseNext = took >= 2 ? t0 + 100 * took : 0;
+  const took = mallocState.inUseTook;
+  if (took !== null) {
+    mallocState.inUseNext = took >= 100 ? t0 + Math.ceil(took) : 0;
+  } else {
+    const ms = Date.now() - t0;
+    mallocState.inUseNext = ms >= 2 ? t0 + 1000 * ms : 0;
+  }
   return v;
+}
+
+/* The calling thread's CPU time in microseconds (Linux CLOCK_THREAD_CPUTIME_ID: the load on the machine
+ * does not lengthen it as it does a wall clock's), or null. */
+function threadCpuUs() {
+  if (mallocState.cpuClock === undefined) {
+    mallocState.cpuClock = null;
+    const f = IS_DARWIN ? null : findExport('clock_gettime');
+    if (f !== null)
+      mallocState.cpuClock = { get: new NativeFunction(f, 'int', ['int', 'pointer']), ts: Memory.alloc(16) };
+  }
+  const c = mallocState.cpuClock;
+  if (c === null || c.get(3, c.ts) !== 0)
+    return null;
+  return c.ts.readS64().toNumber() * 1e6 + c.ts.add(8).readS64().toNumber() / 1000;
 }
 
 function allocatorInUse() {
@@ -220,7 +247,10 @@ function allocatorInUse() {
         const f = new NativeFunction(mi2, ['size_t', 'size_t', 'size_t', 'size_t', 'size_t',
           'size_t', 'size_t', 'size_t', 'size_t', 'size_t'], []);
         mallocState.inUse = () => {
+          const c0 = threadCpuUs();
           const v = f();
+          if (c0 !== null)
+            mallocState.inUseTook = threadCpuUs() - c0;
           return exactU64(uint64(v[7].toString()).add(v[4]));   // uordblks + hblkhd, as the calibration reads it
         };
       }
@@ -230,20 +260,47 @@ function allocatorInUse() {
 }
 
 /* The footprint, where it is cheap: Linux anonymous resident memory from /proc/self/statm
- * (resident - shared pages), Darwin's phys_footprint. */
+ * (resident - shared pages), read with open/read/close of the C library (File.readAllText cost
+ * ~0.1 ms of the agent's thread a drain), Darwin's phys_footprint. */
 function footprint() {
   try {
     if (IS_DARWIN) {
       const vm = selfTaskVmInfo();
       return vm === null ? null : vm.phys_footprint;
     }
-    const f = File.readAllText('/proc/self/statm').split(' ');
+    const f = readStatm().split(' ');
     const resident = uint64(f[1]), shared = uint64(f[2]);
     const pages = resident.compare(shared) > 0 ? resident.sub(shared) : uint64(0);
     return exactU64(pages.shl(Math.log2(Process.pageSize)));
   } catch (e) {
     return null;
   }
+}
+
+function readStatm() {
+  if (mallocState.statm === undefined) {
+    mallocState.statm = null;
+    const open = findExport('open'), read = findExport('read'), close = findExport('close');
+    if (open !== null && read !== null && close !== null)
+      mallocState.statm = {
+        open: new NativeFunction(open, 'int', ['pointer', 'int']),
+        read: new NativeFunction(read, 'int', ['int', 'pointer', 'size_t']),
+        close: new NativeFunction(close, 'int', ['int']),
+        path: Memory.allocUtf8String('/proc/self/statm'),
+        buf: Memory.alloc(256),
+      };
+  }
+  const r = mallocState.statm;
+  if (r === null)
+    return File.readAllText('/proc/self/statm');
+  const fd = r.open(r.path, 0);
+  if (fd < 0)
+    return File.readAllText('/proc/self/statm');
+  const n = r.read(fd, r.buf, 255);
+  r.close(fd);
+  if (n <= 0)
+    return File.readAllText('/proc/self/statm');
+  return r.buf.readUtf8String(n);
 }
 
 /* Agent milliseconds of a core clock reading (g_get_monotonic_time, microseconds, a BigInt): the

@@ -59,7 +59,6 @@ const mallocState = {
   inUseNext: 0,            // Date.now() before which the timeline sample does not read it again
   inUseTook: null,         // µs of the thread's CPU time the last mallinfo2 call took (sampledInUse)
   cpuClock: undefined,     // clock_gettime for the thread's CPU time (threadCpuUs), or null
-  statm: undefined,        // open/read/close of /proc/self/statm (readStatm), or null
   kept: [],                // blocks mallocOnAgentThread holds (tests)
 };
 
@@ -189,14 +188,14 @@ function aliasMoves() {
 
 /* ---- the timeline: one sample per drain ---------------------------------------------------- */
 
-/* The allocator's in-use figure for a timeline sample, about 0.1 % of the agent thread's time at most:
- * glibc's mallinfo2 walks every free chunk of every bin under the arena's lock, which on a large
- * fragmented heap (CPython with PYTHONMALLOC=malloc) took a tenth of the target's CPU when read every
- * 100 ms, and on cc1plus's heap ~0.25 ms a read, a sixth of the drain's time.  A read that took d µs of
- * the thread's CPU time in the allocator's call itself (Linux; elsewhere Date.now's milliseconds around
- * the whole read, one under 2 ms counting as none) makes the next wait d ms (1000 d µs); a call under
- * 100 µs (a small heap) is made every time.  A sample in between says null (not read), never a stale
- * value. */
+/* The allocator's in-use figure for a timeline sample, at a small cost: glibc's mallinfo2 walks every free
+ * chunk of every bin under the arena's lock, which on a large fragmented heap (CPython with
+ * PYTHONMALLOC=malloc) took a tenth of the target's CPU when read every 100 ms, and on cc1plus's heap
+ * was a sixth of the drain's time.  A call that took d µs of the thread's CPU time (Linux: the load on
+ * the machine does not lengthen it as it does a wall clock's) makes the next wait 5 d ms, at most 2 s
+ * (0.02 % of the thread's time, 0.5 % for a call of 10 ms or more); a call under 100 µs (a small heap) is
+ * made every time.  Elsewhere Date.now's milliseconds around the read: one of d >= 2 ms waits 100 d ms.
+ * A sample in between says null (not read), never a stale value. */
 function sampledInUse() {
   const t0 = Date.now();
   if (t0 < mallocState.inUseNext)
@@ -205,10 +204,10 @@ function sampledInUse() {
   const v = allocatorInUse();
   const took = mallocState.inUseTook;
   if (took !== null) {
-    mallocState.inUseNext = took >= 100 ? t0 + Math.ceil(took) : 0;
+    mallocState.inUseNext = took >= 100 ? t0 + Math.min(Math.ceil(5 * took), 2000) : 0;
   } else {
     const ms = Date.now() - t0;
-    mallocState.inUseNext = ms >= 2 ? t0 + 1000 * ms : 0;
+    mallocState.inUseNext = ms >= 2 ? t0 + 100 * ms : 0;
   }
   return v;
 }
@@ -260,47 +259,20 @@ function allocatorInUse() {
 }
 
 /* The footprint, where it is cheap: Linux anonymous resident memory from /proc/self/statm
- * (resident - shared pages), read with open/read/close of the C library (File.readAllText cost
- * ~0.1 ms of the agent's thread a drain), Darwin's phys_footprint. */
+ * (resident - shared pages), Darwin's phys_footprint. */
 function footprint() {
   try {
     if (IS_DARWIN) {
       const vm = selfTaskVmInfo();
       return vm === null ? null : vm.phys_footprint;
     }
-    const f = readStatm().split(' ');
+    const f = File.readAllText('/proc/self/statm').split(' ');
     const resident = uint64(f[1]), shared = uint64(f[2]);
     const pages = resident.compare(shared) > 0 ? resident.sub(shared) : uint64(0);
     return exactU64(pages.shl(Math.log2(Process.pageSize)));
   } catch (e) {
     return null;
   }
-}
-
-function readStatm() {
-  if (mallocState.statm === undefined) {
-    mallocState.statm = null;
-    const open = findExport('open'), read = findExport('read'), close = findExport('close');
-    if (open !== null && read !== null && close !== null)
-      mallocState.statm = {
-        open: new NativeFunction(open, 'int', ['pointer', 'int']),
-        read: new NativeFunction(read, 'int', ['int', 'pointer', 'size_t']),
-        close: new NativeFunction(close, 'int', ['int']),
-        path: Memory.allocUtf8String('/proc/self/statm'),
-        buf: Memory.alloc(256),
-      };
-  }
-  const r = mallocState.statm;
-  if (r === null)
-    return File.readAllText('/proc/self/statm');
-  const fd = r.open(r.path, 0);
-  if (fd < 0)
-    return File.readAllText('/proc/self/statm');
-  const n = r.read(fd, r.buf, 255);
-  r.close(fd);
-  if (n <= 0)
-    return File.readAllText('/proc/self/statm');
-  return r.buf.readUtf8String(n);
 }
 
 /* Agent milliseconds of a core clock reading (g_get_monotonic_time, microseconds, a BigInt): the

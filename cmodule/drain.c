@@ -7,6 +7,7 @@
  */
 
 static guint64 mt_peak_t_us (void);
+static inline void mt_top_note (guint64 row);
 
 static void
 mt_retire (MtSlot * s)
@@ -220,6 +221,7 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
     for (f = 0; f != MT_AGG_STRIDE; f++)
       shipped[f] = now[f];
     mt_agg_live[row] = (gint64) (now[MT_A_BYTES] - now[MT_A_FREED_BYTES]);
+    mt_top_note (row);
   }
   return mt_chunk_close (out, start, used);
 }
@@ -435,32 +437,102 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
   return mt_chunk_close (out, start, used);
 }
 
-/* The TOP_STACKS rows with the most live bytes, from the shipped totals (a compact array: the
- * walk reads 12 bytes per stack, however many stacks there are). */
+/* The rows whose shipped live bytes changed since the last mt_top_rows (mt_drain_rows notes them), so
+ * that the top stacks need not walk every row at every drain: MT_TOP_CHANGED_MAX + 1 when more changed
+ * than are noted, or nothing is known (a full walk then). */
+#define MT_TOP_CHANGED_MAX 4096
+static guint64 mt_top_changed[MT_TOP_CHANGED_MAX];
+static guint64 mt_top_n_changed = MT_TOP_CHANGED_MAX + 1;
+
+static inline void
+mt_top_note (guint64 row)
+{
+  if (mt_top_n_changed < MT_TOP_CHANGED_MAX)
+    mt_top_changed[mt_top_n_changed++] = row;
+  else
+    mt_top_n_changed = MT_TOP_CHANGED_MAX + 1;
+}
+
+/* Whether (live a, row ra) comes before (live b, row rb) in the top: more live bytes first, then the
+ * lower row (the order of the full walk, which visits rows in increasing order). */
+static inline gboolean
+mt_top_before (gint64 a, guint64 ra, gint64 b, guint64 rb)
+{
+  return a > b || (a == b && ra < rb);
+}
+
+/* Row `row` (live bytes `live`) into the sorted top[0, *n) of (row, live) pairs. */
+static void
+mt_top_offer (guint64 * top, guint64 * n, guint64 row, gint64 live)
+{
+  guint64 j;
+  if (live <= 0)
+    return;
+  if (*n == MT_TOP_STACKS && !mt_top_before (live, row, (gint64) top[2 * (*n - 1) + 1], top[2 * (*n - 1)]))
+    return;
+  j = *n < MT_TOP_STACKS ? (*n)++ : *n - 1;
+  while (j > 0 && mt_top_before (live, row, (gint64) top[2 * (j - 1) + 1], top[2 * (j - 1)]))
+  {
+    top[2 * j] = top[2 * (j - 1)];
+    top[2 * j + 1] = top[2 * (j - 1) + 1];
+    j--;
+  }
+  top[2 * j] = row;
+  top[2 * j + 1] = (guint64) live;
+}
+
+/* The TOP_STACKS rows with the most live bytes, from the shipped totals.  When no row of the last top
+ * lost live bytes, every other row that did not change still comes after all of them, so the new top
+ * is the best of the last top and the rows that changed; otherwise (or when too many changed) a walk
+ * of every row (a compact array: 8 bytes per stack, however many stacks there are). */
 static void
 mt_top_rows (void)
 {
   guint64 n_stacks = mt_load_acquire (&mt_core.n_stacks);
   guint64 i, total = n_stacks + MT_N_PSEUDO_STACKS, n = 0;
-  for (i = 0; i != total; i++)
+  guint64 top[2 * MT_TOP_STACKS];
+  gboolean full = mt_top_n_changed > MT_TOP_CHANGED_MAX;
+  guint64 old_n = mt_drain_info.n_top;
+  if (!full)
   {
-    guint64 row = mt_walk_row (i, n_stacks);
-    gint64 live = mt_agg_live[row];
-    guint64 j;
-    if (live <= 0)
-      continue;
-    if (n == MT_TOP_STACKS && live <= (gint64) mt_top[2 * (n - 1) + 1])
-      continue;
-    j = n < MT_TOP_STACKS ? n++ : n - 1;
-    while (j > 0 && (gint64) mt_top[2 * (j - 1) + 1] < live)
+    for (i = 0; i != old_n && !full; i++)
     {
-      mt_top[2 * j] = mt_top[2 * (j - 1)];
-      mt_top[2 * j + 1] = mt_top[2 * (j - 1) + 1];
-      j--;
+      guint64 row = mt_row_of ((guint32) mt_top[2 * i]);
+      if (mt_agg_live[row] < (gint64) mt_top[2 * i + 1])
+        full = TRUE;
     }
-    mt_top[2 * j] = mt_id_of_row (row);
-    mt_top[2 * j + 1] = (guint64) live;
   }
+  if (full)
+  {
+    for (i = 0; i != total; i++)
+    {
+      guint64 row = mt_walk_row (i, n_stacks);
+      mt_top_offer (top, &n, row, mt_agg_live[row]);
+    }
+  }
+  else
+  {
+    for (i = 0; i != old_n; i++)
+    {
+      guint64 row = mt_row_of ((guint32) mt_top[2 * i]);
+      mt_top_offer (top, &n, row, mt_agg_live[row]);
+    }
+    for (i = 0; i != mt_top_n_changed; i++)
+    {
+      guint64 row = mt_top_changed[i], j;
+      gboolean seen = FALSE;
+      for (j = 0; j != n && !seen; j++)
+        seen = top[2 * j] == row;
+      if (!seen)
+        mt_top_offer (top, &n, row, mt_agg_live[row]);
+    }
+  }
+  for (i = 0; i != n; i++)
+  {
+    mt_top[2 * i] = mt_id_of_row (top[2 * i]);
+    mt_top[2 * i + 1] = top[2 * i + 1];
+  }
+  mt_top_n_changed = 0;
   mt_drain_info.n_top = n;
 }
 
@@ -599,6 +671,7 @@ mt_reset (void)
     g[i] = 0;
   for (i = 0; i != 2 * MT_TOP_STACKS; i++)
     mt_top[i] = 0;
+  mt_top_n_changed = MT_TOP_CHANGED_MAX + 1;
   for (i = 0; i != (mt_config.n_slots + 1) * sizeof (MtSlot); i++)
     ((guint8 *) mt_slots)[i] = 0;
   for (i = 0; i != 8 * (mt_config.stack_mask + 1); i++)   /* every generation of the index (core.c) */

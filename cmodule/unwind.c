@@ -447,10 +447,16 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
            * fp, where it need not have matched, becomes this walk's: the one they restore it to.) */
           if (record && (guint64) t + 1 + nw <= MT_FRAME_CACHE_LEVELS)
           {
+            /* The running hashes change only from the first level whose pc is new (most walks repeat
+             * the last one's inner frames: nothing to hash again). */
+            guint64 first = (guint64) t + 1, old_m = fc->m;
+            while (first < old_m && first < (guint64) t + 1 + nw
+                && fc->e[first].pc == fc->w[(guint64) t + nw - first].pc)
+              first++;
             fc->e[t].fp = fp_match;
             mt_fc_store (fc, 0, nw, (guint64) t + 1, (fc->e[t].fpaddr & MT_FC_NEED_FP) != 0);
             fc->m = (guint64) t + 1 + nw;
-            mt_fc_rehash (fc, (guint64) t + 1);
+            mt_fc_rehash (fc, first);
           }
           return n;
         }

@@ -57,6 +57,8 @@ const mallocState = {
   imports: new Map(),      // module base (string) -> Map(GOT slot (string) -> imported name)
   inUse: undefined,        // the allocator's in-use reader, or null
   inUseNext: 0,            // Date.now() before which the timeline sample does not read it again
+  inUseTook: null,         // µs of the thread's CPU time the last mallinfo2 call took (sampledInUse)
+  cpuClock: undefined,     // clock_gettime for the thread's CPU time (threadCpuUs), or null
   kept: [],                // blocks mallocOnAgentThread holds (tests)
 };
 
@@ -186,19 +188,43 @@ function aliasMoves() {
 
 /* ---- the timeline: one sample per drain ---------------------------------------------------- */
 
-/* The allocator's in-use figure for a timeline sample, about 1 % of the time at most: glibc's mallinfo2 walks
- * every free chunk of every bin under the arena's lock, which on a large fragmented heap (CPython with
- * PYTHONMALLOC=malloc) took a tenth of the target's CPU when read every 100 ms.  After a read that took
- * d >= 2 ms (Date.now's millisecond: a shorter one is read every time) the next waits 100 d ms; a sample
- * in between says null (not read), never a stale value. */
+/* The allocator's in-use figure for a timeline sample, at a small cost: glibc's mallinfo2 walks every free
+ * chunk of every bin under the arena's lock, which on a large fragmented heap (CPython with
+ * PYTHONMALLOC=malloc) took a tenth of the target's CPU when read every 100 ms, and on cc1plus's heap
+ * was a sixth of the drain's time.  A call that took d µs of the thread's CPU time (Linux: the load on
+ * the machine does not lengthen it as it does a wall clock's) makes the next wait 5 d ms, at most 2 s
+ * (0.02 % of the thread's time, 0.5 % for a call of 10 ms or more); a call under 100 µs (a small heap) is
+ * made every time.  Elsewhere Date.now's milliseconds around the read: one of d >= 2 ms waits 100 d ms.
+ * A sample in between says null (not read), never a stale value. */
 function sampledInUse() {
   const t0 = Date.now();
   if (t0 < mallocState.inUseNext)
     return null;
+  mallocState.inUseTook = null;
   const v = allocatorInUse();
-  const took = Date.now() - t0;
-  mallocState.inUseNext = took >= 2 ? t0 + 100 * took : 0;
+  const took = mallocState.inUseTook;
+  if (took !== null) {
+    mallocState.inUseNext = took >= 100 ? t0 + Math.min(Math.ceil(5 * took), 2000) : 0;
+  } else {
+    const ms = Date.now() - t0;
+    mallocState.inUseNext = ms >= 2 ? t0 + 100 * ms : 0;
+  }
   return v;
+}
+
+/* The calling thread's CPU time in microseconds (Linux CLOCK_THREAD_CPUTIME_ID: the load on the machine
+ * does not lengthen it as it does a wall clock's), or null. */
+function threadCpuUs() {
+  if (mallocState.cpuClock === undefined) {
+    mallocState.cpuClock = null;
+    const f = IS_DARWIN ? null : findExport('clock_gettime');
+    if (f !== null)
+      mallocState.cpuClock = { get: new NativeFunction(f, 'int', ['int', 'pointer']), ts: Memory.alloc(16) };
+  }
+  const c = mallocState.cpuClock;
+  if (c === null || c.get(3, c.ts) !== 0)
+    return null;
+  return c.ts.readS64().toNumber() * 1e6 + c.ts.add(8).readS64().toNumber() / 1000;
 }
 
 function allocatorInUse() {
@@ -220,7 +246,10 @@ function allocatorInUse() {
         const f = new NativeFunction(mi2, ['size_t', 'size_t', 'size_t', 'size_t', 'size_t',
           'size_t', 'size_t', 'size_t', 'size_t', 'size_t'], []);
         mallocState.inUse = () => {
+          const c0 = threadCpuUs();
           const v = f();
+          if (c0 !== null)
+            mallocState.inUseTook = threadCpuUs() - c0;
           return exactU64(uint64(v[7].toString()).add(v[4]));   // uordblks + hblkhd, as the calibration reads it
         };
       }

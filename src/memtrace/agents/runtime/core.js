@@ -388,11 +388,11 @@ export function drainOnce(final) {
   // Every field of MtDrainInfo is a u64 (layout.py): one view over the struct, read as BigInts,
   // where a UInt64 object per field (and per top entry, and per counter) was most of the drain's
   // JavaScript.
-  const words = u64View(core.drainInfo, DRAIN_INFO.size / 8);
+  const words = keptView(core.drainInfo, DRAIN_INFO.size / 8);
   const raw = {};
   const info = { raw };
-  for (const [k, [offset]] of Object.entries(DRAIN_INFO.fields)) {
-    raw[k] = words[offset / 8];
+  for (const [k, word] of DRAIN_FIELDS) {
+    raw[k] = words[word];
     info[k] = exactBig(raw[k]);
   }
   if (info.live_done && core.pagemapFd !== null && core.pagemapFd >= 0) {
@@ -403,7 +403,7 @@ export function drainOnce(final) {
     core.pagemapFd = -1;
   }
   info.top = [];
-  const top = u64View(core.top, 2 * TOP_STACKS);
+  const top = keptView(core.top, 2 * TOP_STACKS);
   const nTop = Math.min(TOP_STACKS, Number(raw.n_top));
   for (let i = 0; i < nTop; i++)
     info.top.push([exactBig(top[2 * i]), exactBig(top[2 * i + 1])]);
@@ -430,6 +430,22 @@ function openPagemap() {
 function u64View(p, n) {
   return new BigUint64Array(ArrayBuffer.wrap(p, n * 8));
 }
+
+/* u64View of a buffer the agent keeps for its life (the drain's info, the top stacks, the counters'
+ * snapshot), made once: every drain read each through a new one. */
+const keptViews = new Map();
+
+function keptView(p, n) {
+  let v = keptViews.get(p);
+  if (v === undefined || v.length !== n) {
+    v = u64View(p, n);
+    keptViews.set(p, v);
+  }
+  return v;
+}
+
+/* MtDrainInfo's fields as (name, u64 index), in order. */
+const DRAIN_FIELDS = Object.entries(DRAIN_INFO.fields).map(([k, [offset]]) => [k, offset / 8]);
 
 /* exactU64 of a BigInt. */
 const MAX_EXACT_BIG = BigInt(Number.MAX_SAFE_INTEGER);
@@ -519,7 +535,7 @@ export function exactU64(v) {
 /* The counters of every thread, live and retired, summed by the C side, each exactU64. */
 export function readCounters() {
   core.fns.snapshot(core.snapshotBuf);
-  return Array.from(u64View(core.snapshotBuf, N_COUNTERS), exactBig);
+  return Array.from(keptView(core.snapshotBuf, N_COUNTERS), exactBig);
 }
 
 /* ---- the core's pthread key: one life for every way a session ends -----------------------

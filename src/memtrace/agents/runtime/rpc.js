@@ -13,7 +13,7 @@ import { announceModules, describeModule, symbolize, unwatchModules, watchModule
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import {
   awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
-  tearDownProcess, unhookExec,
+  markEnding, tearDownProcess, unhookExec,
 } from './process.js';
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
@@ -217,6 +217,7 @@ export function serve(tracer) {
       if (tracer.uninstall)
         tracer.uninstall(life.config);
       unhookExec();
+      markEnding();
       try {
         retireFridaKeyDestructors();    // hooks out: no thread runs Frida's TSD destructors any more (world.js)
       } catch (e) {

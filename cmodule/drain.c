@@ -440,15 +440,17 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
 /* The rows whose shipped live bytes changed since the last mt_top_rows (mt_drain_rows notes them), so
  * that the top stacks need not walk every row at every drain: MT_TOP_CHANGED_MAX + 1 when more changed
  * than are noted, or nothing is known (a full walk then). */
-#define MT_TOP_CHANGED_MAX 4096
-static guint64 mt_top_changed[MT_TOP_CHANGED_MAX];
-static guint64 mt_top_n_changed = MT_TOP_CHANGED_MAX + 1;
+/* [0]: how many are noted; [1 ..]: the rows.  Given by the agent (core.js), as every table: TinyCC's
+ * module had its own static array of them fault on the first write (an access violation in the drain
+ * with the internal toolchain). */
+extern guint64 mt_top_changed[];           /* 1 + MT_TOP_CHANGED_MAX */
+#define mt_top_n_changed (mt_top_changed[0])
 
 static inline void
 mt_top_note (guint64 row)
 {
   if (mt_top_n_changed < MT_TOP_CHANGED_MAX)
-    mt_top_changed[mt_top_n_changed++] = row;
+    mt_top_changed[1 + mt_top_n_changed++] = row;
   else
     mt_top_n_changed = MT_TOP_CHANGED_MAX + 1;
 }
@@ -519,7 +521,7 @@ mt_top_rows (void)
     }
     for (i = 0; i != mt_top_n_changed; i++)
     {
-      guint64 row = mt_top_changed[i], j;
+      guint64 row = mt_top_changed[1 + i], j;
       gboolean seen = FALSE;
       for (j = 0; j != n && !seen; j++)
         seen = top[2 * j] == row;

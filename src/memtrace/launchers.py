@@ -152,6 +152,10 @@ def _has_interp(f: Any) -> bool | None:
 
 
 SESSION_MARK = "/memfd:memtrace-session"      # agents/runtime/process.js, claimProcess
+# A session that has stopped and is unloading (its mark says "ending") is waited for this long
+# before a new one is refused: run back to back (a script, the storm's --pid cycles), the next
+# session came while the last one's agent was still unloading on a loaded machine, and was refused.
+ENDING_SESSION_WAIT_S = 10.0
 
 
 def refuse_a_second_session(pid: int) -> None:
@@ -162,30 +166,47 @@ def refuse_a_second_session(pid: int) -> None:
     page holds the marking process's pid: a fork child's inherited mark is its parent's, not its
     own.  Then the marking agent's JavaScript thread: a mark whose thread is gone was left by a
     session that ended without taking it off (its teardown failed) -- stale, not refused (the new
-    agent takes it off).  A page that cannot be read is left to the agent to judge, as before."""
+    agent takes it off).  Then whether that session has stopped (ending): such a mark is waited
+    for, at most ENDING_SESSION_WAIT_S, while its agent unloads.  A page that cannot be read is left
+    to the agent to judge, as before."""
+    deadline = time.monotonic() + ENDING_SESSION_WAIT_S
+    while True:
+        live = _live_marks(pid)
+        if not live:
+            return
+        if not all(ending for ending in live) or time.monotonic() >= deadline:
+            raise TargetError(f"another memtrace session is tracing process {pid}; one at a time (end the "
+                              f"other, or wait for it)")
+        time.sleep(0.02)
+
+
+def _live_marks(pid: int) -> list[bool]:
+    """The marks of live sessions in ``pid``: for each, whether its session has stopped and is
+    unloading (the agent's stop rpc says so in the mark: its third word)."""
     import struct
 
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
             starts = [int(line.split("-", 1)[0], 16) for line in f if SESSION_MARK in line]
     except (OSError, ValueError):
-        return
+        return []
+    out: list[bool] = []
     for start in starts:
         try:
             with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
                 mem.seek(start)
-                head = mem.read(8)
+                head = mem.read(12)
         except (OSError, ValueError, OverflowError):
             continue
-        if len(head) != 8:
+        if len(head) != 12:
             continue
-        owner, agent_tid = struct.unpack("=II", head)
+        owner, agent_tid, ending = struct.unpack("=III", head)
         if owner != pid:
             continue
         if agent_tid != 0 and not os.path.exists(f"/proc/{pid}/task/{agent_tid}"):
             continue        # stale: its session's agent is gone
-        raise TargetError(f"another memtrace session is tracing process {pid}; one at a time (end the "
-                              f"other, or wait for it)")
+        out.append(ending == 1)
+    return out
 
 
 class AttachLauncher:

@@ -214,6 +214,7 @@ FRAME_CACHE_BYTES = (80 + 2 * FRAME_CACHE_LEVELS * 32 + 8 * FRAME_CACHE_LEVELS +
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call
 TOP_STACKS = 8                 # stacks by live bytes in each timeline sample
+TOP_CHANGED_MAX = 4096         # rows noted as changed between two tops (drain.c); past it, a full walk
 N_SITES = 256                  # call sites remembered for an entry point several names share
 # Threads that are Frida's, never the target's (core.c, mt_own_thread): mt_own_threads is u64
 # words -- [OWN_START_OFFSET] the offset of start_routine in glibc's struct pthread (0: unknown),

@@ -140,3 +140,28 @@ def test_a_mark_whose_session_is_gone_does_not_lock_the_process_out(compile_c, t
     finally:
         target.kill()
         target.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_session_still_unloading_is_waited_for_not_refused(compile_c, tmp_path: Path) -> None:
+    """Run back to back (a script; the storm's --pid cycles), the next session came while the last
+    one's agent was still unloading on a loaded machine -- its mark still there, its thread alive --
+    and was refused.  A stopped session's mark says it is ending: the host waits (bounded) for it
+    to go, then traces."""
+    from memtrace.launchers import _live_marks
+
+    exe = compile_c("session_mark")
+    target = subprocess.Popen([str(exe), "ending"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        assert _live_marks(target.pid) == [True]        # live, and ending
+        r = run_memtrace("malloc", "--device", "local", "--pid", target.pid, "--window", "1", "--quiet",
+                         "--out", tmp_path / "traced", check=False, timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert REFUSAL not in r.stderr
+        assert not _marked(target.pid), "a mark is left"
+        assert target.poll() is None
+    finally:
+        target.kill()
+        target.wait()

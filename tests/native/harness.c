@@ -66,6 +66,7 @@ guint64 mt_agg_shipped[N_ROWS * MT_AGG_STRIDE];
 gint64 mt_agg_live[N_ROWS];
 MtDrainInfo mt_drain_info;
 guint64 mt_top[2 * MT_TOP_STACKS];
+guint64 mt_top_changed[1 + MT_TOP_CHANGED_MAX] = { MT_TOP_CHANGED_MAX + 1 };
 MtSite mt_sites[MT_N_SITES];
 volatile guint64 mt_slow_kinds;
 volatile guint64 mt_alias_kinds;

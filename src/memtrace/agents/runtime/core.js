@@ -10,7 +10,7 @@
  */
 
 import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
-  MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_STACKS } from '../layout.js';
+  MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_CHANGED_MAX, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withCompilerEnv } from './process.js';
 import { writeField, writeStruct } from './structs.js';
@@ -157,6 +157,10 @@ export function buildCore(config, sources, extraSymbols) {
   const aggLive = budgetPages(rows * 8);
   const drainInfo = Memory.alloc(DRAIN_INFO.size);
   const top = Memory.alloc(2 * TOP_STACKS * 8);
+  // drain.c's rows changed since the last top: a count (first "unknown": more than it holds), then
+  // up to TOP_CHANGED_MAX rows.
+  const topChanged = Memory.alloc((1 + TOP_CHANGED_MAX) * 8);
+  topChanged.writeU64(TOP_CHANGED_MAX + 1);
   const sites = Memory.alloc(N_SITES * SITE.size);
   const slowKinds = Memory.alloc(8);
   const aliasKinds = Memory.alloc(8);
@@ -178,6 +182,7 @@ export function buildCore(config, sources, extraSymbols) {
     mt_agg_live: aggLive,
     mt_drain_info: drainInfo,
     mt_top: top,
+    mt_top_changed: topChanged,
     mt_sites: sites,
     mt_slow_kinds: slowKinds,
     mt_alias_kinds: aliasKinds,

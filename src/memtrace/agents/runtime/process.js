@@ -853,6 +853,9 @@ const MARK = 'memtrace-session';
 // a mark whose agent thread is gone is stale -- its session ended without taking it off (an
 // exception in its teardown, say) -- and must not lock the process out for good.
 const MARK_TID = 4;
+// Then 1 once the session has stopped (the stop rpc: markEnding) and its agent is about to unload: a
+// next session is not refused for it but waits (bounded) until the mark is gone (launchers.py).
+const MARK_ENDING = 8;
 
 /* A mark whose session's agent thread no longer exists (launchers.refuse_a_second_session reads it
  * the same way).  A mark without a thread id (an older agent's) is never stale. */
@@ -934,6 +937,12 @@ export function claimProcess() {
     releaseProcess();
     throw refuse();
   }
+}
+
+/* The session has stopped: what is left is its teardown and unload (the mark comes off then). */
+export function markEnding() {
+  if (proc.mark !== null)
+    proc.mark.add(MARK_ENDING).writeU32(1);
 }
 
 /* Takes our mark off (only ours: a refused session has none). */

@@ -13,7 +13,7 @@ import { announceModules, describeModule, symbolize, unwatchModules, watchModule
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import {
   awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
-  tearDownProcess, unhookExec,
+  markEnding, tearDownProcess, unhookExec,
 } from './process.js';
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
@@ -118,31 +118,32 @@ function beforeExec(path, argv) {
   awaitAck(before);
 }
 
-/* A text the host sent, or { file, length } naming one of its cache's files (null: unreadable,
- * or not that length). */
+/* A text the host sent, or { file, length } naming one of its cache's files (UNREADABLE: unreadable,
+ * or not that length).  Anything else (a string, null for nothing) is the text itself. */
+const UNREADABLE = Symbol('unreadable');
+
 function hostText(t) {
-  if (t === null || typeof t !== 'object' || Array.isArray(t))
+  if (t === null || t === undefined || typeof t !== 'object' || Array.isArray(t))
     return t;
   try {
     const text = File.readAllText(t.file);
-    return text.length === t.length ? text : null;
+    return text.length === t.length ? text : UNREADABLE;
   } catch (e) {
-    return null;
+    return UNREADABLE;
   }
 }
 
 /* [sources, processSources] with every file read (config.cmoduleAsm too, in place); null when one
- * cannot be. */
+ * cannot be.  (A caller may give no processSources, or no precompiled core: nothing to read.) */
 function hostTexts(config, sources, processSources) {
-  const lists = [sources, processSources].map(list => (Array.isArray(list) ? list.map(hostText) : hostText(list)));
-  if (lists.some(list => list === null || (Array.isArray(list) && list.includes(null))))
+  const lists = [sources, processSources].map(list => (Array.isArray(list) ? list.map(t => hostText(t)) : hostText(list)));
+  if (lists.some(list => list === UNREADABLE || (Array.isArray(list) && list.includes(UNREADABLE))))
     return null;
-  if (config.cmoduleAsm !== undefined) {
-    const asm = hostText(config.cmoduleAsm);
-    if (asm === null)
-      return null;
+  const asm = hostText(config.cmoduleAsm);
+  if (asm === UNREADABLE)
+    return null;
+  if (asm !== undefined)
     config.cmoduleAsm = asm;
-  }
   return lists;
 }
 
@@ -217,6 +218,7 @@ export function serve(tracer) {
       if (tracer.uninstall)
         tracer.uninstall(life.config);
       unhookExec();
+      markEnding();
       try {
         retireFridaKeyDestructors();    // hooks out: no thread runs Frida's TSD destructors any more (world.js)
       } catch (e) {

@@ -273,18 +273,27 @@ CMODULE_CACHE_FORMAT = 2
 _GCC_FLAGS = ["-S", "-m64", "-fPIC", "-nostdlib", "-Wall", "-Werror", "-O2", "-isystem", ".", "-isystem", "capstone"]
 
 
-def _compiler_version(cache_dir: Path | None = None) -> str | None:
-    """gcc's first ``--version`` line, kept in the cache folder by the gcc found on PATH and its
-    driver file's identity (path, size, mtime): running ``gcc --version`` was 15-100 ms of every
-    run's start (issue 21: fixed cost)."""
+def gcc_driver() -> tuple[str, os.stat_result] | None:
+    """The gcc on PATH, its real path and its file's stat (None: no gcc, or it cannot be read):
+    what identifies a compiler for the caches (here, and frida_host's gcc stand-in)."""
     real = shutil.which("gcc")
     if real is None:
         return None
     real = os.path.realpath(real)
     try:
-        st = os.stat(real)
+        return real, os.stat(real)
     except OSError:
         return None
+
+
+def _compiler_version(cache_dir: Path | None = None) -> str | None:
+    """gcc's first ``--version`` line, kept in the cache folder by the gcc found on PATH and its
+    driver file's identity (path, size, mtime): running ``gcc --version`` was 15-100 ms of every
+    run's start (issue 21: fixed cost)."""
+    driver = gcc_driver()
+    if driver is None:
+        return None
+    real, st = driver
     ident = hashlib.sha256(repr((real, st.st_size, st.st_mtime_ns)).encode()).hexdigest()[:16]
     cached = (cache_dir if cache_dir is not None else default_cache_dir()) / f"gcc-version-{ident}.txt"
     with contextlib.suppress(OSError):

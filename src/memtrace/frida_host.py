@@ -30,7 +30,7 @@ import frida
 from frida_tools.application import Reactor
 
 from memtrace import devices, launchers, priority
-from memtrace.agentbuild import build_agent, default_cache_dir, precompiled_cmodule
+from memtrace.agentbuild import build_agent, default_cache_dir, gcc_driver, precompiled_cmodule
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.errors import first_line as _first_line
 from memtrace.exitwatch import ChildExitWatcher, local_pid_alive
@@ -804,14 +804,10 @@ GCC_SHIM_VERSION = 1
 def gcc_cache_shim(cache_dir: Path, frida_version: str) -> Path | None:
     """The folder holding the gcc stand-in (and the modules it keeps), made on first use; None
     when there is no gcc here or the folder cannot be made (the target then runs gcc itself)."""
-    real = shutil.which("gcc")
-    if real is None:
+    driver = gcc_driver()
+    if driver is None:
         return None
-    real = os.path.realpath(real)
-    try:
-        st = os.stat(real)
-    except OSError:
-        return None
+    real, st = driver
     import hashlib
     import shlex
 

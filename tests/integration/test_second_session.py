@@ -121,41 +121,24 @@ def test_a_marked_process_is_refused_before_anything_is_injected(compile_c, tmp_
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_mark_whose_session_is_gone_does_not_lock_the_process_out(compile_c, tmp_path: Path) -> None:
-    """A session whose teardown failed left its mark: every later session of that process was
-    refused for good (a storm's --pid target, 170 cycles refused in a row).  The mark names the
+@pytest.mark.parametrize("mark, live", [("stale", []), ("ending", [True])])
+def test_a_mark_of_a_session_gone_or_going_does_not_refuse(compile_c, tmp_path: Path, mark: str,
+                                                           live: list[bool]) -> None:
+    """stale: a session whose teardown failed left its mark -- every later session of that process
+    was refused for good (a storm's --pid target, 170 cycles refused in a row).  The mark names the
     marking agent's thread; once that thread is gone the mark is stale: the host does not refuse,
-    the new agent takes it off, traces, and leaves no mark behind."""
-    exe = compile_c("session_mark")
-    target = subprocess.Popen([str(exe), "stale"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
-        assert _marked(target.pid)
-        r = run_memtrace("malloc", "--device", "local", "--pid", target.pid, "--window", "1", "--quiet",
-                         "--out", tmp_path / "traced", check=False, timeout=180)
-        assert r.returncode == 0, r.stderr
-        assert REFUSAL not in r.stderr
-        assert not _marked(target.pid), "a mark is left"
-        assert target.poll() is None
-    finally:
-        target.kill()
-        target.wait()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_a_session_still_unloading_is_waited_for_not_refused(compile_c, tmp_path: Path) -> None:
-    """Run back to back (a script; the storm's --pid cycles), the next session came while the last
-    one's agent was still unloading on a loaded machine -- its mark still there, its thread alive --
-    and was refused.  A stopped session's mark says it is ending: the host waits (bounded) for it
-    to go, then traces."""
+    the new agent takes it off.  ending: run back to back (a script; the storm's --pid cycles), the
+    next session came while the last one's agent was still unloading on a loaded machine -- its
+    mark there, its thread alive -- and was refused; a stopped session's mark says it is ending,
+    and the host waits (bounded) for it to go.  Either way it traces and leaves no mark behind."""
     from memtrace.launchers import _live_marks
 
     exe = compile_c("session_mark")
-    target = subprocess.Popen([str(exe), "ending"], stdout=subprocess.PIPE, text=True)
+    target = subprocess.Popen([str(exe), mark], stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout is not None and target.stdout.readline().strip() == "ready"
-        assert _live_marks(target.pid) == [True]        # live, and ending
+        assert _marked(target.pid)
+        assert _live_marks(target.pid) == live
         r = run_memtrace("malloc", "--device", "local", "--pid", target.pid, "--window", "1", "--quiet",
                          "--out", tmp_path / "traced", check=False, timeout=180)
         assert r.returncode == 0, r.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.test_capture_groups import frames
 
 from memtrace import capture, layout
 from memtrace.capture import (
@@ -69,13 +70,8 @@ def write(path: Path, n: int = 12) -> list[tuple[RecordType, dict[str, Any], byt
 
 
 def groups(path: Path) -> list[tuple[int, int]]:
-    b, at, out = path.read_bytes(), capture.HEADER.size, []
-    while at < len(b):
-        rtype, _, _, length, _ = RECORD_HEADER.unpack_from(b, at)
-        if rtype == RecordType.GROUP:
-            out.append((at, length))
-        at += RECORD_HEADER.size + length
-    return out
+    """(offset, payload length) of each GROUP record in the file, read by hand."""
+    return [(at, length) for at, rtype, length in frames(path) if rtype == RecordType.GROUP]
 
 
 def test_a_column_group_reads_back_every_record_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -892,7 +892,7 @@ def _columns(bodies: list[tuple[int, Any]]) -> list[Any]:
             code, coded, last = "D", [], [0] * len(values[0])
             for v in values:
                 diff = [a - b for a, b in zip(v, last, strict=True)]
-                coded.append(diff if any(diff) else 0)
+                coded.append(diff if any(diff) or not coded else 0)    # the first says the width
                 last = v
         out.append([rtype, list(path), None if len(rows) == of_type[rtype] else rows, code, coded])
     return out

@@ -190,3 +190,13 @@ def test_a_flipped_byte_in_a_column_group_costs_that_group(tmp_path: Path, monke
     read = [(r.type, r.body) for r in read_records(p, info)]
     assert read == clean[:11] + clean[21:]
     assert info.n_skipped == 1 and "GROUP record: checksum mismatch" in info.skipped[0], info.skipped
+
+
+def test_counters_all_zero_at_first_keep_their_width() -> None:
+    """A quiet process's first drain: every counter 0.  Its difference from nothing was written as
+    the bare 0 of "no element changed", which the reader cannot take the width from: every group of
+    a small child process read as damaged (the fresh-clone run's followed-children tests)."""
+    bodies = [{"counters": [0, 0, 0]}, {"counters": [0, 0, 0]}, {"counters": [0, 4, 0]}]
+    table = capture._columns([(4, body) for body in bodies])
+    assert table == [[4, ["counters"], None, "D", [[0, 0, 0], 0, [0, 4, 0]]]]
+    assert capture._uncolumns(table, [4, 4, 4]) == bodies

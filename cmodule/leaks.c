@@ -1063,6 +1063,124 @@ mt_leak_stack_start (MtLeakJob * job, guint64 base, guint64 end)
   return lowest - base > MT_LEAK_RED_ZONE ? (lowest - MT_LEAK_RED_ZONE) & ~(guint64) 7 : base;
 }
 
+/* ---- the exiting thread, at exit ------------------------------------------------------------
+ *
+ * The scan at exit runs while Frida's exit monitor holds the exiting thread inside exit(), deep in
+ * its main loop.  That thread's frames below the program's call to exit are exit's, Frida's
+ * Interceptor's and Frida's own, and their uninitialised slots still hold what the program's
+ * earlier, deeper calls left there: a dropped block's address in malloc's or memset's dead frames.
+ * valgrind knows such words undefined and never takes them for references; read as roots they
+ * turned a definitely lost block into a reachable one (tests/programs/exit_stale.c).  So, on
+ * x86-64 Linux, an exiting thread's stack is read from its call to exit up: the lowest stack word
+ * that is the return address of a call to exit or _exit (direct, through a PLT stub or through the
+ * GOT).  The program's registers at that call stay roots: the Interceptor saved them below it as a
+ * GumCpuContext (rip, r15 .. r8, rdi, rsi, rbp, rsp, rbx, rdx, rcx, rax), found by its rsp, which
+ * holds the stack pointer of the call; those 17 words are marked as registers are.  A thread
+ * without such a frame (every thread but the exiting one) is read from its sp as before. */
+#define MT_LEAK_EXIT_SEARCH (512 * 1024)    /* how far above sp the call to exit is looked for */
+#define MT_LEAK_CONTEXT_WORDS 17
+#define MT_LEAK_CONTEXT_RSP 12
+
+static gboolean
+mt_leak_is_exit (const MtLeakJob * job, guint64 target)
+{
+  return target != 0 && (target == job->exit_fn || target == job->exit_fn2);
+}
+
+/* Whether `ret` is the return address of a call to exit; reads code through mt_leak_read only (a
+ * word that is no return address may point anywhere). */
+static gboolean
+mt_leak_returns_from_exit (MtLeakJob * job, guint64 ret)
+{
+  guint8 code[6], stub[16];
+  guint64 target, slot;
+  guint p = 0;
+  if (ret < 0x10000 || ret >= (guint64) 0x800000000000ULL || !mt_leak_read (job, ret - 6, 6, code))
+    return FALSE;
+  if (code[0] == 0xff && code[1] == 0x15)
+  {
+    /* call *slot(%rip) (-fno-plt) */
+    slot = ret + (guint64) (gint64) *(const gint32 *) (code + 2);
+    return mt_leak_read (job, slot, 8, (guint8 *) &target) && mt_leak_is_exit (job, target);
+  }
+  if (code[1] != 0xe8)
+    return FALSE;
+  target = ret + (guint64) (gint64) *(const gint32 *) (code + 2);     /* call rel32 */
+  if (mt_leak_is_exit (job, target))
+    return TRUE;
+  /* a PLT stub: [endbr64] [bnd] jmp *slot(%rip) */
+  if (!mt_leak_read (job, target, sizeof (stub), stub))
+    return FALSE;
+  if (stub[0] == 0xf3 && stub[1] == 0x0f && stub[2] == 0x1e && stub[3] == 0xfa)
+    p = 4;
+  if (stub[p] == 0xf2)
+    p++;
+  if (stub[p] != 0xff || stub[p + 1] != 0x25)
+    return FALSE;
+  slot = target + p + 6 + (guint64) (gint64) *(const gint32 *) (stub + p + 2);
+  return mt_leak_read (job, slot, 8, (guint8 *) &target) && mt_leak_is_exit (job, target);
+}
+
+static void
+mt_leak_find_exit_calls (MtLeakJob * job)
+{
+  MtLeakThread * threads = (MtLeakThread *) job->threads;
+  guint64 * buf = (guint64 *) job->scratch;
+  guint64 words = job->scratch_size / 8, i;
+  for (i = 0; i != job->n_threads; i++)
+  {
+    MtLeakThread * t = &threads[i];
+    guint64 sp = t->sp & ~(guint64) 7, at, slot = 0;
+    if (sp == 0)
+      continue;
+    /* chunk by chunk (the stack's end is not known here: a short read ends the search) */
+    for (at = sp; slot == 0 && at < sp + MT_LEAK_EXIT_SEARCH;)
+    {
+      guint64 n = MIN (words, (sp + MT_LEAK_EXIT_SEARCH - at) / 8), k;
+      while (n > 0 && !mt_leak_read (job, at, n * 8, (guint8 *) buf))
+        n /= 2;
+      if (n == 0)
+        break;
+      for (k = 0; k != n; k++)
+      {
+        guint64 w = buf[k];
+        /* a return address is no stack address; most words are not code (checked by a read) */
+        if (w >= sp && w < sp + MT_LEAK_EXIT_SEARCH)
+          continue;
+        if (mt_leak_returns_from_exit (job, w))
+        {
+          slot = at + k * 8;
+          break;
+        }
+      }
+      at += n * 8;
+    }
+    if (slot == 0)
+      continue;
+    job->exit_calls++;
+    /* the program's registers at the call: the Interceptor's context, whose rsp is the call's
+     * stack pointer (the return address's slot, or the slot above it) */
+    for (at = slot - 8; at >= sp + MT_LEAK_CONTEXT_RSP * 8; at -= 8)
+    {
+      guint64 v, ctx[MT_LEAK_CONTEXT_WORDS], k;
+      if (!mt_leak_read (job, at, 8, (guint8 *) &v))
+        break;
+      if (v != slot && v != slot + 8)
+        continue;
+      if (mt_leak_read (job, at - MT_LEAK_CONTEXT_RSP * 8, sizeof (ctx), (guint8 *) ctx))
+      {
+        for (k = 0; k != MT_LEAK_CONTEXT_WORDS; k++)
+          mt_leak_mark_word (job, ctx[k], TRUE);
+        job->exit_contexts++;
+      }
+      break;
+    }
+    job->exit_frames += slot - sp;
+    /* read from the slot up: mt_leak_stack_start takes the red zone off a thread's sp */
+    t->sp = slot + MT_LEAK_RED_ZONE;
+  }
+}
+
 /* One slice of the scan: about `budget` bytes read.  Returns 1 when the scan is complete. */
 gint
 mt_leak_step (MtLeakJob * job, guint64 budget)
@@ -1079,6 +1197,10 @@ mt_leak_step (MtLeakJob * job, guint64 budget)
     /* Registers first: a pointer held only in a register is a root. */
     const guint64 * regs = (const guint64 *) job->regs;
     guint64 i;
+#if !defined (MT_DARWIN) && !defined (MT_ARM64)
+    if (job->exit_fn != 0)
+      mt_leak_find_exit_calls (job);
+#endif
     for (i = 0; i != job->n_threads * MT_LEAK_REGS; i++)
       mt_leak_mark_word (job, regs[i], TRUE);
     job->phase = 1;

@@ -486,6 +486,11 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("budget_us", "u64"),          # mt_leak_scan_all: time the scan may take once the world is stopped
     ("in_frida", "u64"),           # the roots being scanned are Frida's (LEAK_RANGE_FRIDA): the app's are done
     ("stop_us", "u64"), ("collect_us", "u64"), ("scan_us", "u64"),   # mt_leak_scan_all's times
+    # ---- the scan at exit (x86-64 Linux): the exiting thread read from its call to exit ----
+    ("exit_fn", "u64"), ("exit_fn2", "u64"),   # exit and _exit (0: not a scan at exit)
+    ("exit_frames", "u64"),        # bytes of exiting threads' frames below their call to exit, not read
+    ("exit_calls", "u64"),         # threads whose stack was read from their call to exit
+    ("exit_contexts", "u64"),      # ... and whose registers at that call were found (Frida's saved context)
 ))
 
 # ---- purgeable tracer: cmodule/purgeable.c counts, agents/purgeable.js reads -------------------

@@ -143,3 +143,22 @@ def test_blocks_allocated_before_tracing_are_found_and_sorted(compile_c, tmp_pat
     assert reachable["(allocated before tracing)"][1] >= 50 * 24 + 300000
     scan = doc["leaks"]["scan"]
     assert scan["tracked_blocks"] >= 20 and scan["before_tracing_blocks"] >= 500 + 11 + 2 + 50 + 1
+
+
+def test_the_exiting_thread_is_read_from_its_call_to_exit(compile_c, tmp_path: Path) -> None:
+    """At exit the exiting thread sits in exit() and Frida's exit monitor; their frames' dead slots
+    hold what the program's deeper calls left (pat_stale_slot's dropped block) and are not roots --
+    valgrind knows them undefined -- while the program's registers at the call (pat_in_register's
+    block in main's rbx) are, as valgrind finds them saved in exit's frames."""
+    exe = compile_c("exit_stale")
+    vg = oracle.run(exe, xml=tmp_path / "exit_stale.xml")
+    assert vg.exit.by_key(PAT) == {"pat_stale_slot": (1, 9000)}
+    assert vg.exit.by_key(PAT, ("reachable",)).get("pat_in_register") == (1, 7000)
+    doc = memtrace_json("malloc", "--device", "local", "--window", "60", "--leaks", "--quiet", "--top", ALL_ROWS,
+                        "--out", tmp_path / "cap", "--", exe)
+    check_scan(doc, "exit")
+    assert oracle.memtrace_by_key(doc["leaks"], PAT) == {"pat_stale_slot": (1, 9000)}
+    assert oracle.memtrace_by_key(doc["leaks"], PAT, ("reachable",)).get("pat_in_register") == (1, 7000)
+    scan = doc["leaks"]["scan"]
+    assert (scan["exit_call_threads"], scan["exit_call_registers"]) == (1, 1)
+    assert scan["skipped"]["exiting_thread_frames"] > 0

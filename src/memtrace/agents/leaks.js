@@ -23,7 +23,7 @@ import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, 
   OWN_N_CODE, OWN_N_TIDS, OWN_START_OFFSET, OWN_THREADS_WORDS, OWN_TID, OWN_TIDS, VM_TAG_MALLOC_FIRST,
   VM_MEMORY_STACK, VM_TAG_MALLOC_LAST, WORLD_ERRORS } from './layout.js';
 import { core } from './runtime/core.js';
-import { IS_DARWIN, findExport, libcModule, now } from './runtime/platform.js';
+import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
 import { fridaThreads } from './runtime/world.js';
 
@@ -527,6 +527,19 @@ function scanFirst() {
   return () => setNice(0, tid, before);
 }
 
+/* exit and _exit, for a scan at exit on x86-64 Linux; zeros otherwise (no thread is read from a
+ * call to exit). */
+function exitFunctions(when) {
+  const none = { exit_fn: 0, exit_fn2: 0 };
+  if (when !== 'exit' || IS_DARWIN || Process.arch !== 'x64')
+    return none;
+  const a = libcExport('exit');
+  const b = libcExport('_exit');
+  if (a === null && b === null)
+    return none;
+  return { exit_fn: uint64((a || ptr(0)).toString()), exit_fn2: uint64((b || ptr(0)).toString()) };
+}
+
 /*
  * One scan.  `when`: 'window-end' or 'exit'.  Sends the result as a `result` message
  * ({tracer: 'malloc', kind: 'leaks', ...}) and returns a short summary of it.
@@ -598,6 +611,10 @@ function scan(config, when) {
     skip_unresident: 0, skip_dead_frames: 0, interior_guard: 0, leader: 0, clique_index: 0, in_frida: 0,
     page_size: Process.pageSize, ptr_mask: PTR_MASK, budget_us: Math.round((config.leaksBudget || 30) * 1e6),
     stop_us: 0, collect_us: 0, scan_us: 0,
+    // At exit the exiting thread is read from its call to exit (leaks.c, mt_leak_find_exit_calls):
+    // x86-64 Linux, where the call can be recognised from its return address.
+    ...exitFunctions(when),
+    exit_frames: 0, exit_calls: 0, exit_contexts: 0,
   });
 
   const budgetMs = (config.leaksBudget || 30) * 1000;
@@ -677,6 +694,9 @@ function scan(config, when) {
     complete, stopped,
     threads_stopped: stopped ? Number(j.n_threads) : 0, threads_not_stopped: notStopped,
     frida_threads: skip.length,
+    // at exit: threads read from their call to exit, and of them those whose registers at that call
+    // were found (leaks.c, mt_leak_find_exit_calls)
+    exit_call_threads: Number(j.exit_calls), exit_call_registers: Number(j.exit_contexts),
     candidates: n, candidates_total: Number(j.blocks_total), undecided_blocks: Number(j.undecided_blocks),
     tracked_blocks: Number(j.n_tracked), before_tracing_blocks: t.untrackedBefore.blocks,
     before_tracing_bytes: t.untrackedBefore.bytes,
@@ -698,6 +718,7 @@ function scan(config, when) {
     root_ranges: roots.length, root_bytes: Number(j.root_bytes), block_bytes: Number(j.block_bytes),
     skipped: {
       stacks_of_no_stopped_thread: Number(j.skip_stack), exited_threads_dead_frames: Number(j.skip_dead_frames),
+      exiting_thread_frames: Number(j.exit_frames),
       scanning_thread_stack: Number(j.skip_own), unreadable: Number(j.skip_unreadable),
       never_touched_pages: Number(j.skip_unresident),
       not_scanned_budget: complete ? 0 : Math.max(0, total - read),

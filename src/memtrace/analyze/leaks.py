@@ -29,13 +29,16 @@ SKIP_REASONS = {
     "stacks_of_no_stopped_thread": "stacks below the stopped threads' stack pointers, and stacks no thread runs "
                                    "on (Frida's own)",
     "exited_threads_dead_frames": "exited threads' dead frames (their TLS and thread control block are scanned)",
+    "exiting_thread_frames": "of them, the exiting thread's frames below its call to exit (exit's and Frida's: "
+                             "only dead slots of the program's)",
     "scanning_thread_stack": "the scanning thread's own stack",
     "unreadable": "unreadable memory",
     "never_touched_pages": "pages never touched (zero, not read)",
     "not_scanned_budget": "not reached in the time budget",
 }
 # Skips that leave no root unread (dead frames, zero pages): the scan is as good as complete.
-HARMLESS_SKIPS = ("stacks_of_no_stopped_thread", "exited_threads_dead_frames", "never_touched_pages")
+HARMLESS_SKIPS = ("stacks_of_no_stopped_thread", "exited_threads_dead_frames", "exiting_thread_frames",
+                  "never_touched_pages")
 # The verdicts, as the result's by-stack keys and the JSON's group names.
 VERDICTS = (("definitely_lost", "definitely_by_stack"), ("indirectly_lost", "indirectly_by_stack"),
             ("possibly_lost", "possibly_by_stack"), ("reachable", "reachable_by_stack"))
@@ -168,6 +171,10 @@ class LeakScan(Struct):
                 "when": s.get("when"), "complete": bool(s.get("complete")),
                 "world_stopped": bool(s.get("stopped")),
                 "threads_stopped": s.get("threads_stopped"), "threads_not_stopped": s.get("threads_not_stopped"),
+                # at exit: the exiting thread's stack read from its call to exit (x86-64 Linux), and
+                # whether its registers at that call were found
+                "exit_call_threads": s.get("exit_call_threads", 0),
+                "exit_call_registers": s.get("exit_call_registers", 0),
                 "candidates": examined, "examined": examined,
                 "every_block_examined": bool(s.get("complete")) and not any(not_examined.values()),
                 "not_examined": not_examined,

@@ -296,7 +296,13 @@ class CaptureLoop:
                 if self.child is not None:
                     self.child.attached = True      # its file stays: the parent's END may name it
                 with _frida_errors_as_lost(self):
-                    self._instrument()
+                    try:
+                        self._instrument()
+                    except (AgentTimeout, TargetLost, CaptureWriteError):
+                        raise       # said below (or above) as before
+                    except MemtraceError:
+                        self._abandon()
+                        raise
                 self._window()
             except KeyboardInterrupt:
                 interrupted = True
@@ -378,6 +384,22 @@ class CaptureLoop:
                 return False
             time.sleep(0.02)
         return True
+
+    def _abandon(self) -> None:
+        """The agent could not be put in or started (its C did not build, its init or start
+        failed): the run ends with the error.  A program memtrace spawned is killed -- it was held
+        before its first constructor, and released untraced it would run on in the background, an
+        orphan of a failed command (a storm found 7 such after 7 failed builds) -- and, as it never
+        ran under the hooks, no capture of it is left.  A --pid process, its own, is detached from:
+        left attached by a long-lived host (a library user, a storm's driver), the session's mark
+        refused every later session on that process (200 storm cycles in a row)."""
+        with contextlib.suppress(Exception):
+            if self.source.spawned:
+                self.source.kill()
+            else:
+                self.source.detach()
+        if self.source.spawned and self.clock.start is None:
+            self._discard_capture()
 
     def _discard_capture(self) -> None:
         """Nothing was attached: leave no capture behind, only the error."""

@@ -17,6 +17,7 @@ from tests.conftest import ROOT, run_memtrace
 
 from memtrace.capture import RecordType, read_records
 from memtrace.capture_loop import CaptureOptions, run_capture
+from memtrace.errors import MemtraceError
 from memtrace.exitwatch import local_pid_alive
 from memtrace.frida_host import FridaHost
 from memtrace.target import TargetSpec
@@ -105,6 +106,59 @@ def test_attach_failure_after_spawn_is_one_line_kills_the_process_and_leaves_not
     while local_pid_alive(host.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not local_pid_alive(host.pid)
+
+
+@pytest.mark.parametrize("launched", ["spawned", "pid"])
+def test_an_agent_that_does_not_build_leaves_no_program_running_untraced(
+        launched: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's C fails to build in the target (here a line that cannot compile, as a C source
+    out of step with its layout did in a storm): the run ends with that error.  A program memtrace
+    spawned, held before its first line, is killed and leaves no capture -- it used to be released
+    untraced and run on, an orphan of the failed command; a --pid process lives on, detached."""
+    marker = tmp_path / "ran"
+    script = f"echo ran > {marker}; sleep 60"
+    monkeypatch.setattr(FridaHost, "c_sources", _broken_sources)
+    sleeper = None
+    if launched == "pid":
+        sleeper = subprocess.Popen(["/bin/sh", "-c", "sleep 60"])
+        time.sleep(0.2)
+        target = TargetSpec(device="local", pid=sleeper.pid)
+    else:
+        target = TargetSpec(device="local", argv=["/bin/sh", "-c", script])
+    host = FridaHost(target, rpc_timeout=30)
+    try:
+        with pytest.raises(MemtraceError, match="compilation failed"):
+            run_capture("malloc", target, CaptureOptions("malloc", window=5, out=tmp_path / "c"), host=host)
+        pid = host.pid
+        assert pid is not None
+        if launched == "spawned":
+            deadline = time.monotonic() + 5
+            while local_pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not local_pid_alive(pid)
+            assert not marker.exists(), "the spawned program ran a line of its own"
+            assert not (tmp_path / "c").exists()
+        else:
+            assert sleeper is not None and sleeper.poll() is None      # not ours: alive, detached
+            # Detached for real: the next session on it, from this same process (a long-lived
+            # host, as a storm's), is not refused as "another memtrace session is tracing" -- it
+            # was, 200 cycles in a row, after one failed build.
+            monkeypatch.undo()
+            again = run_capture("malloc", target, CaptureOptions("malloc", window=0.5, out=tmp_path / "again"),
+                                host=FridaHost(target, rpc_timeout=30))
+            assert again.ended == "slow-start", again.reason      # accepted; sleep allocates nothing
+    finally:
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait()
+
+
+def _broken_sources(host: FridaHost, agent: str) -> list[str]:
+    from memtrace.agentbuild import build_agent
+
+    sources = list(build_agent(agent).c_sources)
+    sources[0] = sources[0] + "\n#error a C source that does not build\n"
+    return sources
 
 
 def test_unreachable_remote_device_is_one_line(tmp_path: Path) -> None:

@@ -5,10 +5,19 @@
  * or detached keeps its stack and descriptor: the analyzer reports it with its creating stack.
  * pthread_create failing (EAGAIN) is the "too many threads" death itself.
  *
- * Starts and exits come from Process.attachThreadObserver, whose callbacks run on the thread
- * itself: pthread_self() there is the handle pthread_create handed out, which ties a kernel
- * thread id to its creation record without guessing (a start routine and argument can repeat).
- * Frida's own threads are cloaked and never reported.  Thread calls are rare: JS listeners.
+ * Starts and exits, Linux (glibc): from our own listeners, put in and taken out with the world
+ * stopped like every other hook -- a start when pthread_create returns (the new thread's kernel
+ * id read from its descriptor, where clone wrote it before the call returned: the offset is found
+ * at init in the calling thread's own descriptor), an exit at __call_tls_dtors (start_thread calls
+ * it on the exiting thread, pthread_exit's unwinding included), a rename at pthread_setname_np;
+ * the threads there at attach from Process.enumerateThreads.  Not Process.attachThreadObserver
+ * there: gum's thread registry hooks libc's thread start and __call_tls_dtors with the world
+ * running and takes the hooks out only when Frida's agent unloads, after memtrace has let go --
+ * the threads storm's target died twice so (round 8, docs/hook-storm.md: a thread exiting through
+ * that hook while the unload freed its trampoline).  Darwin keeps the observer (its callbacks run
+ * on the thread itself: pthread_self() there is the handle pthread_create handed out); the same
+ * unload applies there -- DEVICE-UNVERIFIED.  Frida's own threads are cloaked and never reported.
+ * Thread calls are rare: JS listeners.
  */
 
 import { emitJson, warn } from './runtime/flush.js';
@@ -23,7 +32,89 @@ const thr = {
   fns: {},
   detachedValue: 1,     // PTHREAD_CREATE_DETACHED: glibc 1, Darwin 2 (set at init)
   defaultStack: null,
+  tidOffset: null,      // glibc: where a descriptor (pthread_t) keeps its kernel thread id
+  existing: [],         // the threads there at init (Linux): {id, name}
 };
+
+/* glibc's struct pthread keeps the thread's kernel id (pid_t tid) at a fixed offset that changes
+ * between versions: found in the calling thread's own descriptor, the one word that equals its id,
+ * checked against a second thread's (a lone match: anything else, null -- no start events then). */
+function findTidOffset() {
+  if (IS_DARWIN || thr.fns.self === null)
+    return null;
+  const self = thr.fns.self();
+  const tid = Process.getCurrentThreadId();
+  const hits = [];
+  try {
+    for (let off = 0; off < 4096; off += 4) {
+      if (self.add(off).readS32() === tid)
+        hits.push(off);
+    }
+  } catch (e) {
+    // the descriptor ends before 4 KiB: what was read is enough
+  }
+  return hits.length === 1 ? hits[0] : null;
+}
+
+function tidOf(handle) {
+  if (thr.tidOffset === null)
+    return null;
+  try {
+    const tid = handle.add(thr.tidOffset).readS32();
+    return tid > 0 ? tid : null;
+  } catch (e) {
+    return null;
+  }
+}
+
+const OWN_LISTENERS = !IS_DARWIN;   // starts, exits and renames from our own hooks (Linux)
+
+const SYSCALLS = {
+  x64: { openat: 257, getdents64: 217, close: 3 },
+  arm64: { openat: 56, getdents64: 61, close: 57 },   // ARCH-UNVERIFIED: the tests run on x86-64
+};
+
+/* The threads there now (Linux), {id, name} without Frida's (cloaked): /proc/self/task read with
+ * raw system calls.  Not Process.enumerateThreads: it reads every thread's registers, and against
+ * a target whose threads come and go by the thousand a second it held the init rpc past the
+ * host's 20 s (the threads storm's target, loaded machine). */
+function listThreads() {
+  const nr = SYSCALLS[Process.arch];
+  const sys = libcExport('syscall');
+  if (nr === undefined || sys === null)
+    return [];
+  const raw = new NativeFunction(sys, 'long', ['long', '...', 'pointer', 'pointer', 'pointer']);
+  const call = (n, a, b, c) => Number(raw(n, ptr(a), ptr(b), ptr(c)));
+  const dir = call(nr.openat, -100, Memory.allocUtf8String('/proc/self/task'), 0o200000 | 0o2000000);
+  if (dir < 0)
+    return [];
+  const buf = Memory.alloc(16384);
+  const ids = [];
+  try {
+    for (;;) {
+      const n = call(nr.getdents64, dir, buf, 16384);
+      if (n <= 0)
+        break;
+      for (let off = 0; off < n;) {
+        const id = parseInt(buf.add(off + 19).readUtf8String(), 10);
+        if (!isNaN(id) && !Cloak.hasThread(id))
+          ids.push(id);
+        off += buf.add(off + 16).readU16();
+      }
+    }
+  } finally {
+    call(nr.close, dir, 0, 0);
+  }
+  return ids.map(id => {
+    let name = null;
+    try {
+      name = File.readAllText(`/proc/self/task/${id}/comm`).trim();
+    } catch (e) {
+      // gone since
+    }
+    return { id, name };
+  });
+}
 
 function threadFn(name, ret, args) {
   const p = libcExport(name);
@@ -87,7 +178,7 @@ export const tracer = {
     const wanted = ['pthread_create', 'pthread_detach', 'pthread_join', 'pthread_exit', 'pthread_self',
       'pthread_attr_getdetachstate', 'pthread_attr_getstacksize'];
     if (!IS_DARWIN)
-      wanted.push('pthread_tryjoin_np', 'pthread_timedjoin_np');
+      wanted.push('pthread_tryjoin_np', 'pthread_timedjoin_np', '__call_tls_dtors', 'pthread_setname_np');
     return wanted.map(name => ({ name, role: 'hook',
       resolve: () => libcExport(name) }));
   },
@@ -100,7 +191,10 @@ export const tracer = {
     thr.fns.attrInit = threadFn('pthread_attr_init', 'int', ['pointer']);
     thr.fns.attrDestroy = threadFn('pthread_attr_destroy', 'int', ['pointer']);
     thr.defaultStack = defaultStackSize();
-    return { default_stack_size: thr.defaultStack, observer: typeof Process.attachThreadObserver === 'function' };
+    thr.tidOffset = findTidOffset();
+    thr.existing = OWN_LISTENERS ? listThreads() : [];
+    return { default_stack_size: thr.defaultStack, tid_offset: thr.tidOffset,
+      observer: !OWN_LISTENERS && typeof Process.attachThreadObserver === 'function' };
   },
 
   install(config) {
@@ -118,9 +212,18 @@ export const tracer = {
             tid: Process.getCurrentThreadId(), stack_size: this.attr.stack_size });
           return;
         }
-        emitJson({ type: 'create', handle: this.out.readPointer().toString(), routine: this.routine,
+        const handle = this.out.readPointer();
+        emitJson({ type: 'create', handle: handle.toString(), routine: this.routine,
           detached: this.attr.detached, stack_size: this.attr.stack_size === null ? thr.defaultStack
             : this.attr.stack_size, frames: this.frames, tid: Process.getCurrentThreadId() });
+        if (OWN_LISTENERS) {
+          // The new thread exists (clone wrote its id into the descriptor before returning).  It
+          // may have exited already (its exit seen first, the id cleared to 0 by the kernel): the
+          // start is counted all the same, without an id, so the count alive stays balanced.
+          if (thr.tidOffset !== null)
+            emitJson({ type: 'start', tid: tidOf(handle), handle: handle.toString(), name: null,
+              routine: this.routine });
+        }
       },
     });
     attach('pthread_detach', handleResult('detach'));
@@ -131,9 +234,33 @@ export const tracer = {
     attach('pthread_exit', function (args) {
       emitJson({ type: 'pthread-exit', handle: currentHandle(), tid: Process.getCurrentThreadId() });
     });
+    if (OWN_LISTENERS) {
+      attach('__call_tls_dtors', function (args) {
+        emitJson({ type: 'exit', tid: Process.getCurrentThreadId(), handle: currentHandle() });
+      });
+      attach('pthread_setname_np', {
+        onEnter(args) {
+          this.tid = tidOf(args[0]);
+          try {
+            this.name = args[1].readUtf8String();
+          } catch (e) {
+            this.name = null;
+          }
+        },
+        onLeave(retval) {
+          if (retval.toInt32() === 0 && this.tid !== null)
+            emitJson({ type: 'rename', tid: this.tid, name: this.name, previous: null });
+        },
+      });
+      // The threads there now: a snapshot, not activity (Frida's own are cloaked from it).
+      for (const t of thr.existing)
+        emitJson({ type: 'existing', tid: t.id, name: t.name || null, activity: false });
+    }
     // The listeners in first, with no JavaScript callback live (the observer's run on every
     // thread started: one waiting for the script's lock would hold the flush back, world.js).
     applyListeners('threads hooks in');
+    if (OWN_LISTENERS)
+      return;
     // Frida hooks libc's thread start, exit and rename for the observer (gum's thread registry,
     // created here on first use) with its own Interceptor transaction, ended by this call, with
     // the world running; they stay until Frida's agent unloads.  Not ours to stop: the registry

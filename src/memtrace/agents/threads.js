@@ -10,7 +10,7 @@
  * id read from its descriptor, where clone wrote it before the call returned: the offset is found
  * at init in the calling thread's own descriptor), an exit at __call_tls_dtors (start_thread calls
  * it on the exiting thread, pthread_exit's unwinding included), a rename at pthread_setname_np;
- * the threads there at attach from Process.enumerateThreads.  Not Process.attachThreadObserver
+ * the threads there at attach from /proc/self/task (listThreads).  Not Process.attachThreadObserver
  * there: gum's thread registry hooks libc's thread start and __call_tls_dtors with the world
  * running and takes the hooks out only when Frida's agent unloads, after memtrace has let go --
  * the threads storm's target died twice so (round 8, docs/hook-storm.md: a thread exiting through

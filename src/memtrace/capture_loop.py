@@ -422,6 +422,9 @@ class CaptureLoop:
             self._sleep_watching(self.options.attach_delay)
         self.ui.phase("attaching")
         self.stage = "injection"
+        prepare = getattr(self.source, "prepare", None)
+        if prepare is not None:     # the agent's files, read while Frida injects (FridaHost.prepare)
+            prepare(self.tracer.agent_name)
         self._preload()
         self.source.attach()
         self.clock.attach = self.clock.phases["attached"] = time.monotonic()

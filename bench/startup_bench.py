@@ -142,13 +142,31 @@ def timed(cmd: list[str], stamp: Path, env: dict[str, str]) -> Run:
     t1 = time.monotonic()
     cpu = children_cpu() - cpu0
     if proc.returncode != 0 or not stamp.exists():
-        raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+        which = f" (PYTHONPATH {env['PYTHONPATH']})" if "PYTHONPATH" in env else ""
+        raise SystemExit(f"{cmd[0]}{which} failed ({proc.returncode}{', the target never wrote its stamp' if not proc.returncode else ''}): "
+                         f"{proc.stderr.strip()[-400:]} {_ended(cmd)}")
     t_main = float(stamp.read_text())
     phases: dict[str, float] = {}
     if "--out" in cmd:
         phases = start_phases(Path(cmd[cmd.index("--out") + 1]), t0)
         phases["target main()"] = t_main - t0
     return t_main - t0, t1 - t_main, t1 - t0, cpu, phases
+
+
+def _ended(cmd: list[str]) -> str:
+    """How memtrace's capture says the run ended (for a failed run)."""
+    if "--out" not in cmd:
+        return ""
+    try:
+        sys.path.insert(0, str(ROOT / "src"))
+        from memtrace.capture import RecordType, read_records
+
+        for record in read_records(Path(cmd[cmd.index("--out") + 1])):
+            if record.type == RecordType.END:
+                return f"END: {record.body.get('ended')}: {record.body.get('reason')}"
+    except Exception as e:  # noqa: BLE001 -- a failed run's capture may be anything
+        return f"(capture: {e})"
+    return "(no END)"
 
 
 def import_time(env: dict[str, str]) -> float:

@@ -2,6 +2,7 @@
 
     python bench/startup_bench.py [repeats]      # default 5, interleaved
     python bench/startup_bench.py 5 --baseline OLD/src     # and another memtrace's src/, interleaved
+    python bench/startup_bench.py 5 --no-cold              # without the cold-cache run
 
 The target is a program that does nothing but write CLOCK_MONOTONIC at the top of main() to a file
 and exit.  For each tool:
@@ -184,6 +185,8 @@ def main() -> None:
         at = args.index("--baseline")
         baseline = Path(args[at + 1]).resolve()
         del args[at:at + 2]
+    cold_too = "--no-cold" not in args      # (a cold run takes minutes on a loaded machine)
+    args = [a for a in args if a != "--no-cold"]
     repeats = int(args[0]) if args else 5
     have_heaptrack = shutil.which("heaptrack") is not None
     with tempfile.TemporaryDirectory(prefix="memtrace-startup-") as d:
@@ -195,7 +198,8 @@ def main() -> None:
         cold_cache = tmp / "cold-cache"
         warm_env = python_env(tmp)
         base_env = python_env(tmp / "base", baseline) if baseline is not None else None
-        cold = timed(memtrace_cmd(tmp, probe), stamp, {**warm_env, "MEMTRACE_CACHE_DIR": str(cold_cache)})
+        cold = timed(memtrace_cmd(tmp, probe), stamp, {**warm_env, "MEMTRACE_CACHE_DIR": str(cold_cache)}) \
+            if cold_too else None
         timed(memtrace_cmd(tmp, probe), stamp, warm_env)         # fills the user's caches
         if base_env is not None:
             timed(memtrace_cmd(tmp, probe), stamp, base_env)
@@ -222,7 +226,8 @@ def main() -> None:
         lo, hi = min(r[0] for r in rows), max(r[0] for r in rows)
         print(f"{tool:10} {start:7.2f} {end:7.2f} {total:7.2f} {cpu:7.2f}   start range {lo:.2f}-{hi:.2f}")
     print_phases(runs)
-    print(f"{'memtrace, cold caches':22} start {cold[0]:.2f} end {cold[1]:.2f} total {cold[2]:.2f}")
+    if cold is not None:
+        print(f"{'memtrace, cold caches':22} start {cold[0]:.2f} end {cold[1]:.2f} total {cold[2]:.2f}")
     print(f"python -c 'import memtrace.cli': {statistics.median(imports):.2f} s (part of memtrace's start)")
     if runs["heaptrack"]:
         m = statistics.median(r[0] for r in runs["memtrace"])

@@ -22,6 +22,7 @@ in the same run; --no-heaptrack leaves heaptrack out, --only runs the named prog
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -133,21 +134,23 @@ def heaptrack(p: Program, lib: Path, tmp: Path, r: Result) -> None:
     shutil.rmtree(out, ignore_errors=True)
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("repeats", nargs="?", type=int, default=3, help="runs of each tool on each program (default 3)")
+    ap.add_argument("--baseline", type=Path, metavar="SRC",
+                    help="also run the memtrace in SRC (another checkout's src/), interleaved with this one")
+    ap.add_argument("--no-heaptrack", action="store_true", help="leave heaptrack out")
+    ap.add_argument("--only", metavar="NAME,...", help="run only these programs (python, sqlite3, cxx, cc1plus)")
+    return ap.parse_args(argv)
+
+
 def main() -> None:
-    args = sys.argv[1:]
-    baseline: Path | None = None
-    only: set[str] | None = None
-    with_heaptrack = "--no-heaptrack" not in args
-    if "--baseline" in args:
-        at = args.index("--baseline")
-        baseline = Path(args[at + 1]).resolve()
-        del args[at:at + 2]
-    if "--only" in args:
-        at = args.index("--only")
-        only = set(args[at + 1].split(","))
-        del args[at:at + 2]
-    args = [a for a in args if a != "--no-heaptrack"]
-    repeats = int(args[0]) if args else 3
+    args = parse_args()
+    baseline: Path | None = args.baseline.resolve() if args.baseline is not None else None
+    only: set[str] | None = set(args.only.split(",")) if args.only else None
+    with_heaptrack = not args.no_heaptrack
+    repeats = args.repeats
     ensure_tools()
     results: dict[tuple[str, str], Result] = {}
     tools = ["native", "memtrace"] + (["baseline"] if baseline is not None else []) + (

@@ -2,6 +2,7 @@
 
     python bench/startup_bench.py [repeats]      # default 5, interleaved
     python bench/startup_bench.py 5 --baseline OLD/src     # and another memtrace's src/, interleaved
+    python bench/startup_bench.py 5 --no-cold              # without the cold-cache run
 
 The target is a program that does nothing but write CLOCK_MONOTONIC at the top of main() to a file
 and exit.  For each tool:
@@ -142,13 +143,31 @@ def timed(cmd: list[str], stamp: Path, env: dict[str, str]) -> Run:
     t1 = time.monotonic()
     cpu = children_cpu() - cpu0
     if proc.returncode != 0 or not stamp.exists():
-        raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+        which = f" (PYTHONPATH {env['PYTHONPATH']})" if "PYTHONPATH" in env else ""
+        raise SystemExit(f"{cmd[0]}{which} failed ({proc.returncode}{', the target never wrote its stamp' if not proc.returncode else ''}): "
+                         f"{proc.stderr.strip()[-400:]} {_ended(cmd)}")
     t_main = float(stamp.read_text())
     phases: dict[str, float] = {}
     if "--out" in cmd:
         phases = start_phases(Path(cmd[cmd.index("--out") + 1]), t0)
         phases["target main()"] = t_main - t0
     return t_main - t0, t1 - t_main, t1 - t0, cpu, phases
+
+
+def _ended(cmd: list[str]) -> str:
+    """How memtrace's capture says the run ended (for a failed run)."""
+    if "--out" not in cmd:
+        return ""
+    try:
+        sys.path.insert(0, str(ROOT / "src"))
+        from memtrace.capture import RecordType, read_records
+
+        for record in read_records(Path(cmd[cmd.index("--out") + 1])):
+            if record.type == RecordType.END:
+                return f"END: {record.body.get('ended')}: {record.body.get('reason')}"
+    except Exception as e:  # noqa: BLE001 -- a failed run's capture may be anything
+        return f"(capture: {e})"
+    return "(no END)"
 
 
 def import_time(env: dict[str, str]) -> float:
@@ -166,6 +185,8 @@ def main() -> None:
         at = args.index("--baseline")
         baseline = Path(args[at + 1]).resolve()
         del args[at:at + 2]
+    cold_too = "--no-cold" not in args      # (a cold run takes minutes on a loaded machine)
+    args = [a for a in args if a != "--no-cold"]
     repeats = int(args[0]) if args else 5
     have_heaptrack = shutil.which("heaptrack") is not None
     with tempfile.TemporaryDirectory(prefix="memtrace-startup-") as d:
@@ -177,7 +198,8 @@ def main() -> None:
         cold_cache = tmp / "cold-cache"
         warm_env = python_env(tmp)
         base_env = python_env(tmp / "base", baseline) if baseline is not None else None
-        cold = timed(memtrace_cmd(tmp, probe), stamp, {**warm_env, "MEMTRACE_CACHE_DIR": str(cold_cache)})
+        cold = timed(memtrace_cmd(tmp, probe), stamp, {**warm_env, "MEMTRACE_CACHE_DIR": str(cold_cache)}) \
+            if cold_too else None
         timed(memtrace_cmd(tmp, probe), stamp, warm_env)         # fills the user's caches
         if base_env is not None:
             timed(memtrace_cmd(tmp, probe), stamp, base_env)
@@ -204,7 +226,8 @@ def main() -> None:
         lo, hi = min(r[0] for r in rows), max(r[0] for r in rows)
         print(f"{tool:10} {start:7.2f} {end:7.2f} {total:7.2f} {cpu:7.2f}   start range {lo:.2f}-{hi:.2f}")
     print_phases(runs)
-    print(f"{'memtrace, cold caches':22} start {cold[0]:.2f} end {cold[1]:.2f} total {cold[2]:.2f}")
+    if cold is not None:
+        print(f"{'memtrace, cold caches':22} start {cold[0]:.2f} end {cold[1]:.2f} total {cold[2]:.2f}")
     print(f"python -c 'import memtrace.cli': {statistics.median(imports):.2f} s (part of memtrace's start)")
     if runs["heaptrack"]:
         m = statistics.median(r[0] for r in runs["memtrace"])

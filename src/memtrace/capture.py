@@ -1118,7 +1118,8 @@ class CaptureWriter:
     that reads back to the failure and says why.
     """
 
-    def __init__(self, path: Path | str, fsync_interval: float = 1.0, reserve: int = END_RESERVE) -> None:
+    def __init__(self, path: Path | str, fsync_interval: float = 1.0, reserve: int = END_RESERVE,
+                 observer: Callable[[bytes], None] | None = None) -> None:
         self.path = Path(path)
         self.bytes_written = 0
         self.error: str | None = None      # why writing stopped
@@ -1129,6 +1130,9 @@ class CaptureWriter:
         self._end_tried = False
         self._held: list[bytes] = []       # after a failure: SYMBOLS/MODULES to write before END
         self._fsync_interval = fsync_interval
+        # Given every piece of the file as it is written (the header, each whole record), in
+        # order: what a reader of the finished file reads (frame_records decodes them).
+        self.observer = observer
         # Records held for the next GROUP record: (type, body, agent records), the first one's
         # monotonic time, their bytes; None: not grouping (no zstd, or MEMTRACE_CAPTURE_ZLIB=off).
         self._group: list[tuple[RecordType, Any, bytes]] | None = [] if BATCH_ZLIB_ON and _zstd is not None else None
@@ -1249,6 +1253,7 @@ class CaptureWriter:
                 os.ftruncate(self._fd, self.bytes_written)
             return False
         self.bytes_written += len(frame)
+        self._observe(frame)
         return True
 
     def _append(self, frame: bytes) -> None:
@@ -1258,6 +1263,11 @@ class CaptureWriter:
             self._stop(e.strerror or str(e), len(frame), e.errno)
             raise CaptureWriteError(self.failure()) from None
         self.bytes_written += len(frame)
+        self._observe(frame)
+
+    def _observe(self, frame: bytes) -> None:
+        if self.observer is not None:
+            self.observer(frame)
 
     def _stop(self, why: str, lost: int, err: int | None = None) -> None:
         name = errno_names.errorcode.get(err or 0)
@@ -1550,30 +1560,57 @@ def read_records(path: Path | str, info: CaptureInfo | None = None) -> Generator
                 info.skip(offset, f"{_type_name(rtype)} record: checksum mismatch")
                 offset += frame.size + length
                 continue
-            try:
-                decoded = _decode(rtype, payload, version)
-            except _Damaged as e:
-                info.skip(offset, str(e))
-                offset += frame.size + length
-                continue
-            if decoded is None:
-                info.unknown[rtype] = info.unknown.get(rtype, 0) + 1
-                decoded = []
-            # A grouped BATCH (version 5) is several drains: each a record at the group's byte.
-            records = decoded if isinstance(decoded, list) else [decoded]
-            for k, record in enumerate(records):
-                record.offset = offset
-                info.records += 1
-                if isinstance(record.data, BatchData):
-                    record.data.info, record.data.offset, record.data.drain = info, offset, k
-                _note_json_stacks(record, info)
-                if record.type == RecordType.END:
-                    info.ended = True
-                    err = record.body.get("capture_error")
-                    info.stopped = (f"the capture stopped early at byte {err.get('at_byte')}: {err.get('error')}"
-                                    if err else "")
+            records = _records_at(rtype, payload, version, offset, info)
             offset += frame.size + length
             yield from records
+
+
+def _records_at(rtype: int, payload: bytes, version: int, offset: int, info: CaptureInfo) -> list[Record]:
+    """The records of one intact record's payload at byte ``offset`` (a grouped BATCH: several),
+    noted in ``info``; none when it is damaged (``info`` says why) or of an unknown type."""
+    try:
+        decoded = _decode(rtype, payload, version)
+    except _Damaged as e:
+        info.skip(offset, str(e))
+        return []
+    if decoded is None:
+        info.unknown[rtype] = info.unknown.get(rtype, 0) + 1
+        return []
+    # A grouped BATCH (version 5) is several drains: each a record at the group's byte.
+    records = decoded if isinstance(decoded, list) else [decoded]
+    for k, record in enumerate(records):
+        record.offset = offset
+        info.records += 1
+        if isinstance(record.data, BatchData):
+            record.data.info, record.data.offset, record.data.drain = info, offset, k
+        _note_json_stacks(record, info)
+        if record.type == RecordType.END:
+            info.ended = True
+            err = record.body.get("capture_error")
+            info.stopped = (f"the capture stopped early at byte {err.get('at_byte')}: {err.get('error')}"
+                            if err else "")
+    return records
+
+
+def frame_records(frames: Iterable[bytes], path: Path | str = "") -> Iterator[Record]:
+    """The records of the bytes a :class:`CaptureWriter` appends, in the pieces it appends them
+    (``CaptureWriter.observer``: the header, then one whole record at a time): what
+    :func:`read_records` yields reading the finished file, decoded as it is written -- a
+    command folds its summary during the capture instead of reading the capture again at the
+    end (issue 21: fixed cost)."""
+    info = CaptureInfo(Path(path))
+    version = 0
+    offset = 0
+    for frame in frames:
+        if not version:
+            version = info.version = _read_header(info.path, bytes(frame[:HEADER.size]))
+            offset = len(frame)
+            continue
+        head = RECORD_HEADER_V1 if version == 1 else RECORD_HEADER
+        rtype, _, _, length, *_ = head.unpack_from(frame)
+        records = _records_at(rtype, bytes(frame[head.size:head.size + length]), version, offset, info)
+        offset += len(frame)
+        yield from records
 
 
 _RECORD_START = re.compile(rb"[\x01-\x0c]\x00", re.DOTALL)    # a known record type, then its 0 byte

@@ -20,7 +20,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
 from datetime import datetime, timezone
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace import __version__, priority
-from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, RecordType
+from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, Record, RecordType
 from memtrace.children import CHILD_WAIT_S, Child, ChildFollower, ChildUI, Family
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import (
@@ -42,6 +42,7 @@ from memtrace.errors import (
 )
 from memtrace.exact import exact_batch_ints
 from memtrace.exitwatch import local_pid_alive
+from memtrace.fold import SummaryFold
 from memtrace.live import CoreStats, LiveStats
 from memtrace.record_source import AgentError, DeviceLost, Ended, Notice, RecordSource, SourceEvent
 from memtrace.stacks_seen import StacksSeen
@@ -120,6 +121,9 @@ class CaptureResult:
     missing: list[str]
     interrupted: bool = False
     signal: int | None = None       # SIGTERM or SIGHUP when one ended it (None: Ctrl-C or no interruption)
+    # The tracer's summary, folded while the capture was written (run_capture's ``summarize``);
+    # None: not asked for, or the fold failed (read the capture back).
+    summary: Any = None
 
 
 # The seam's older name (tracers' ``host`` hook returns one).
@@ -197,7 +201,8 @@ class CaptureLoop:
 
     def __init__(self, source: RecordSource, tracer: Tracer, target: TargetSpec, options: CaptureOptions,
                  ui: UI | None = None, family: Family | None = None, child: Child | None = None,
-                 release: str | None = None, parent_capture: str | None = None) -> None:
+                 release: str | None = None, parent_capture: str | None = None,
+                 summarize: Callable[[Iterable[Record]], Any] | None = None) -> None:
         target.validate()
         options.validate()
         self.family = family           # set for a followed process; the root makes its own in run()
@@ -220,6 +225,8 @@ class CaptureLoop:
         self._platform: str | None = None
         self._exec_seen: float | None = None
         self.writer: CaptureWriter | None = None
+        self._summarize = summarize
+        self.fold: SummaryFold | None = None
         self.write_error: CaptureWriteError | None = None
         self.missing: list[str] = []
         self.process_info: dict[str, Any] = {}     # fork/exec handling in the target (init, start)
@@ -244,7 +251,9 @@ class CaptureLoop:
         out = self.options.out or default_out_dir(self.target, self.options.tracer)
         made = not out.exists()
         try:
-            self.writer = CaptureWriter(prepare_out_dir(out, self.options.capture_name))
+            path = prepare_out_dir(out, self.options.capture_name)
+            self.fold = SummaryFold(self._summarize, path) if self._summarize is not None else None
+            self.writer = CaptureWriter(path, observer=self.fold.feed if self.fold is not None else None)
         except CaptureWriteError:
             if made:        # the disk is full already: leave nothing behind, only the error
                 with contextlib.suppress(OSError):
@@ -337,10 +346,14 @@ class CaptureLoop:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.writer.close()
+            if self.fold is not None:
+                self.fold.close()
             self.source.close()
         if self.write_error is not None:
             raise CaptureWriteError(f"{self.writer.failure()}; tracing stopped there and memtrace detached "
                                     f"from the target")
+        if self.fold is not None:
+            result.summary = self.fold.result()
         return result
 
     def _note_frida_signal(self, e: Exception) -> None:
@@ -444,6 +457,9 @@ class CaptureLoop:
             self._sleep_watching(self.options.attach_delay)
         self.ui.phase("attaching")
         self.stage = "injection"
+        prepare = getattr(self.source, "prepare", None)
+        if prepare is not None:     # the agent's files, read while Frida injects (FridaHost.prepare)
+            prepare(self.tracer.agent_name)
         self._preload()
         self.source.attach()
         self.clock.attach = self.clock.phases["attached"] = time.monotonic()
@@ -511,6 +527,8 @@ class CaptureLoop:
             self.source.release_fork(self.release, self.child.pid)
         self.source.resume()
         self.clock.phases["resumed"] = time.monotonic()
+        if self.fold is not None:
+            self.fold.start()       # the target runs: the summary is folded from here on
 
     def _window(self) -> None:
         self.ui.phase("capturing")
@@ -988,8 +1006,10 @@ def _iso_now() -> str:
 
 
 def run_capture(tracer: Tracer | str, target: TargetSpec, options: CaptureOptions, ui: UI | None = None,
-                host: AgentHost | None = None) -> CaptureResult:
-    """One capture with the default host (Frida) unless another is given."""
+                host: AgentHost | None = None, summarize: Callable[[Iterable[Record]], Any] | None = None
+                ) -> CaptureResult:
+    """One capture with the default host (Frida) unless another is given; with ``summarize`` (a
+    tracer's), the result's summary is folded from the records as they are written."""
     if isinstance(tracer, str):
         from memtrace import tracers
 
@@ -1005,4 +1025,4 @@ def run_capture(tracer: Tracer | str, target: TargetSpec, options: CaptureOption
         if getattr(ui, "passthrough", False):      # the program's output is shown: its stdin is the user's
             stdio = "inherit"
         host = FridaHost(target, options.thresholds.rpc_timeout, output=ui.output, stdio=stdio)
-    return CaptureLoop(host, tracer, target, options, ui).run()
+    return CaptureLoop(host, tracer, target, options, ui, summarize=summarize).run()

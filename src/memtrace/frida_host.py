@@ -17,9 +17,11 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import platform
 import queue
 import shutil
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -107,6 +109,13 @@ class FridaHost:
         # Frida's threads favoured over a busy target's while it injects (memtrace.priority).
         self._boost: priority.InjectionBoost | None = None
         self.boosted: dict[str, int] = {}
+        # What prepare() made while Frida injected: the agents built, their compiled bytecode,
+        # the precompiled core by its source, the texts' files by their text.
+        self._preparing: threading.Thread | None = None
+        self._agents: dict[str, Any] = {}
+        self._bytecode: dict[Path, bytes] = {}
+        self._asm: dict[str, str | None] = {}
+        self._text_refs: dict[str, dict[str, Any] | None] = {}
 
     # -- what the capture loop reads ---------------------------------------------------------
 
@@ -282,7 +291,8 @@ class FridaHost:
         # agent's script is loaded (memtrace.priority; load() or a failure here gives the
         # program's threads their priority back).  Not for a device's targets (Darwin, USB).
         if self.is_local and self.pid is not None and self._boost is None:
-            self._boost = priority.boost_injection(self.pid)
+            self._boost = priority.boost_injection(self.pid, held=self._hold is not None)
+            self.phases["boosted"] = time.monotonic()
         try:
             self.session = self._attach_retrying()
         except frida.ProcessNotFoundError as e:
@@ -302,10 +312,52 @@ class FridaHost:
                 self._unboost()
         self._connect(self.session, "detached", lambda reason, crash: self.events.put(("detached", reason, crash)))
 
+    def prepare(self, agent: str) -> None:
+        """Do the host's part of the agent's load and init on a thread of its own, while Frida
+        injects (the main thread waits on Frida there, without the GIL): the agent's bundle, its
+        compiled bytecode and, for a local x86-64 Linux target, the precompiled core and the
+        texts' files init reads -- 30-45 ms at load ~10 that were spent after the attach (issue
+        21: fixed cost).  load() and instrument() use what it made; what it could not make they
+        make themselves, as before (and say what is wrong)."""
+        if self._preparing is None:
+            self._preparing = threading.Thread(target=self._prepare, args=(agent,), daemon=True,
+                                               name="memtrace-prepare")
+            self._preparing.start()
+
+    def _prepare(self, agent: str) -> None:
+        with contextlib.suppress(Exception):    # (made again where it is used, which says why it fails)
+            built = self._agent(agent)
+            if not self.is_local:
+                return
+            with contextlib.suppress(OSError):
+                cached = agent_bytecode_path(agent, built.source)
+                self._bytecode[cached] = cached.read_bytes()
+            if sys.platform != "linux" or platform.machine() != "x86_64" or not built.c_sources:
+                return
+            builtins = self._cmodule_builtins_file()
+            if builtins is None:
+                return          # (made through the agent, after hello)
+            asm = self._core_asm(built.c_sources, builtins)
+            folder = default_cache_dir() / "texts"
+            for text in ("\n".join(built.c_sources), "\n".join(built.process_sources), asm):
+                if text:
+                    self._text_refs[text] = text_file(text, folder)
+
+    def _prepared(self) -> None:
+        if self._preparing is not None:
+            self._preparing.join()
+
+    def _agent(self, agent: str) -> Any:
+        built = self._agents.get(agent)
+        if built is None:
+            built = self._agents[agent] = build_agent(agent)
+        return built
+
     def load(self, agent: str) -> None:
         """Create and load the agent's script (a load that never returns is anti-debug evidence)."""
+        self._prepared()
         try:
-            source = build_agent(agent).source
+            source = self._agent(agent).source
             self.phases["agent built"] = time.monotonic()
             self.script = self._script_from_bytecode(agent, source) if self.is_local else None
             if self.script is None:
@@ -345,7 +397,8 @@ class FridaHost:
         cached = agent_bytecode_path(agent, source)
         name = f"memtrace-{agent}"
         try:
-            return self.session.create_script_from_bytes(cached.read_bytes(), name=name)
+            code = self._bytecode.pop(cached, None)
+            return self.session.create_script_from_bytes(code if code is not None else cached.read_bytes(), name=name)
         except OSError:
             pass                    # not compiled yet
         except (frida.InvalidArgumentError, frida.NotSupportedError):
@@ -410,7 +463,7 @@ class FridaHost:
         14-40; issue 21: fixed cost); an agent that cannot read one asks for them inline."""
         init: Any = None
         how = "inline"
-        by_file = _texts_by_file(config, sources, process_sources) if self.program_held else None
+        by_file = _texts_by_file(config, sources, process_sources, self._text_refs) if self.program_held else None
         if by_file is not None:
             init = self.rpc("init", "init", *by_file)
             how = "by file"
@@ -443,18 +496,30 @@ class FridaHost:
         if not (sources and self.is_local and isinstance(hello, dict) and hello.get("platform") == "linux"
                 and hello.get("arch") == "x64" and config.get("toolchain") in ("auto", "external")):
             return None
-        # The source exactly as runtime/core.js's buildCore puts it together for this target.
-        source = "#define MT_LINUX 1\n" + "\n".join(sources)
-        builtins_file = default_cache_dir() / f"cmodule-builtins-{frida.__version__}-x64.json"
-        try:
-            builtins = json.loads(builtins_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        builtins = self._cmodule_builtins_file()
+        if builtins is None:
             builtins = self.cmodule_builtins()
             with contextlib.suppress(OSError):
+                builtins_file = _builtins_file()
                 builtins_file.parent.mkdir(parents=True, exist_ok=True)
                 write_text_atomic(builtins_file, json.dumps(builtins))
-        return precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
-                                   lambda: dict(builtins.get("headers") or {}))
+        return self._core_asm(sources, builtins)
+
+    def _cmodule_builtins_file(self) -> dict[str, Any] | None:
+        """Frida's CModule builtins (defines, headers) as kept in the cache folder; None: not yet."""
+        try:
+            builtins = json.loads(_builtins_file().read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return builtins if isinstance(builtins, dict) else None
+
+    def _core_asm(self, sources: list[str], builtins: dict[str, Any]) -> str | None:
+        # The source exactly as runtime/core.js's buildCore puts it together for this target.
+        source = "#define MT_LINUX 1\n" + "\n".join(sources)
+        if source not in self._asm:
+            self._asm[source] = precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
+                                                    lambda: dict(builtins.get("headers") or {}))
+        return self._asm[source]
 
     def calibrate(self, timeout: float | None = None) -> dict[str, Any]:
         return dict(self.rpc("calibrate", "calibrate", timeout=timeout) or {})
@@ -599,10 +664,10 @@ class FridaHost:
         return host
 
     def c_sources(self, agent: str) -> list[str]:
-        return build_agent(agent).c_sources
+        return list(self._agent(agent).c_sources)
 
     def process_sources(self, agent: str) -> list[str]:
-        return build_agent(agent).process_sources
+        return list(self._agent(agent).process_sources)
 
     def detach(self) -> None:
         self._unboost()
@@ -746,20 +811,31 @@ def text_file(text: str, folder: Path) -> dict[str, Any] | None:
     return {"file": str(path), "length": len(text.encode("utf-16-le")) // 2}
 
 
-def _texts_by_file(config: dict[str, Any], sources: list[str], process_sources: list[str]
+def _builtins_file() -> Path:
+    return default_cache_dir() / f"cmodule-builtins-{frida.__version__}-x64.json"
+
+
+def _texts_by_file(config: dict[str, Any], sources: list[str], process_sources: list[str],
+                   made: dict[str, dict[str, Any] | None] | None = None
                    ) -> tuple[dict[str, Any], list[Any], list[Any]] | None:
     """The init rpc's arguments with each list of sources (joined: the agent joins them so) and
-    the precompiled core as files of the cache folder; None if one cannot be written."""
+    the precompiled core as files of the cache folder; None if one cannot be written.  ``made``:
+    text_file's answers already had (FridaHost.prepare), by text."""
     folder = default_cache_dir() / "texts"
+
+    def file_of(text: str) -> dict[str, Any] | None:
+        ref = made.get(text) if made else None
+        return ref if ref is not None else text_file(text, folder)
+
     out: list[list[Any]] = []
     for texts in (sources, process_sources):
-        ref = text_file("\n".join(texts), folder) if texts else None
+        ref = file_of("\n".join(texts)) if texts else None
         if texts and ref is None:
             return None
         out.append([ref] if ref is not None else [])
     config = dict(config)
     if isinstance(config.get("cmoduleAsm"), str):
-        ref = text_file(config["cmoduleAsm"], folder)
+        ref = file_of(config["cmoduleAsm"])
         if ref is None:
             return None
         config["cmoduleAsm"] = ref

@@ -323,12 +323,16 @@ class InjectionBoost:
             self._restore_host()
 
 
-def boost_injection(pid: int) -> InjectionBoost | None:
+def boost_injection(pid: int, held: bool = False) -> InjectionBoost | None:
     """An InjectionBoost started for a local pid (its threads lowered too when it is busy), or
-    None when memtrace may not give nice values back."""
+    None when memtrace may not give nice values back.  ``held``: the program waits at the hold
+    point (memtrace.hold), where no thread of its can be born: with no more threads than CPUs it
+    cannot be busy, and the 20 ms of busy()'s looks are not spent before the attach (issue 21:
+    fixed cost)."""
     if not can_renice():
         return None
-    boost = InjectionBoost(pid, lower=busy(pid))
+    idle = held and len(_tids(pid)) <= cpus_of(pid)
+    boost = InjectionBoost(pid, lower=not idle and busy(pid))
     try:
         boost.start()
     except BaseException:

@@ -55,11 +55,12 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
     ui = make_ui(values["json"], values["quiet"])
     host = tracer.host(values, target, options) if tracer.host is not None else None
     try:
-        result = run_capture(tracer, target, options, ui, host=host)
+        result = run_capture(tracer, target, options, ui, host=host, summarize=tracer.summarize)
     finally:
         if isinstance(ui, RichUI):
             ui.close()
-    summary = tracer.summarize(read_records(result.path))
+    # Folded while the capture was written; read back only when that failed.
+    summary = result.summary if result.summary is not None else tracer.summarize(read_records(result.path))
     host = {**values, "capture": str(result.path)}
     if values["json"]:
         emit_json(summary.to_json(capture=str(result.path), top=values.get(tracer.json_top_option, 20)))

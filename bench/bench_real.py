@@ -85,7 +85,7 @@ def build(tmp: Path) -> tuple[Path, list[Program]]:
 
 
 def target_cpu(stderr: str, comm: str) -> float:
-    for m in re.finditer(r"^bench_cpu (\S+) ([\d.]+) ([\d.]+)$", stderr, re.M):
+    for m in re.finditer(r"^bench_cpu (\S+) ([\d.]+) ([\d.]+)\b", stderr, re.M):
         if m.group(1) == comm:
             return float(m.group(2))
     raise RuntimeError(f"no CPU time from {comm}: {stderr[-800:]}")

@@ -6,7 +6,7 @@ host's CPU for the whole run, on programs of a few hundred thousand allocations 
   python    CPython 3 (/usr/bin/python3) with PYTHONMALLOC=malloc running bench/real/py_work.py
   cxx       bench/real/cxx_work.cpp (std::map / std::string / std::vector), g++ -O2
 
-A library preloaded into every process of the run prints, at its destructor, the process's pid,
+A library preloaded into every process of the run (bench/real/cputime.c, bench_real.py's) prints, at its destructor, the process's pid,
 name, CPU seconds and CLOCK_MONOTONIC (one clock for every process of the machine): ``end`` is the
 command's return minus the target's destructor -- the final drain, the symbolization, the summary;
 ``host cpu`` is memtrace's own process's CPU from its start to its exit.  ``--baseline SRC`` runs
@@ -29,36 +29,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "bench" / "real"
-STAMP_C = r"""
-#define _GNU_SOURCE
-#include <fcntl.h>
-#include <stdio.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-__attribute__((destructor)) static void bench_end(void) {
-  struct timespec cpu, now;
-  char comm[64] = "?", line[200];
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  int fd = open("/proc/self/comm", O_RDONLY);
-  if (fd >= 0) {
-    ssize_t n = read(fd, comm, sizeof comm - 1);
-    comm[n > 0 ? n : 0] = 0;
-    comm[strcspn(comm, "\n")] = 0;
-    close(fd);
-  }
-  int n = snprintf(line, sizeof line, "\nbench_end %d %s %.4f %ld.%09ld\n", (int)getpid(), comm,
-                   (double)cpu.tv_sec + cpu.tv_nsec * 1e-9, (long)now.tv_sec, now.tv_nsec);
-  if (n > 0) write(2, line, (size_t)n);
-}
-"""
 
 
 def build(tmp: Path) -> tuple[Path, dict[str, tuple[list[str], dict[str, str], str]]]:
-    lib = tmp / "stamp.so"
-    (tmp / "stamp.c").write_text(STAMP_C)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(tmp / "stamp.c")], check=True)
+    # bench_real's library: each process prints its CPU time, pid and end (bench/real/cputime.c)
+    lib = tmp / "cputime.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(REAL / "cputime.c")], check=True)
     cxx = tmp / "cxx_work"
     subprocess.run(["g++", "-O2", "-o", str(cxx), str(REAL / "cxx_work.cpp")], check=True)
     return lib, {
@@ -81,8 +57,8 @@ def run(src: Path, argv: list[str], env: dict[str, str], comm: str, lib: Path, t
     if proc.returncode != 0:
         raise SystemExit(f"memtrace failed ({proc.returncode}): {err[-1500:]}")
     target_end = host_cpu = None
-    for m in re.finditer(r"^bench_end (\d+) (\S+) ([\d.]+) ([\d.]+)$", err, re.M):
-        pid, name, cpu, at = int(m.group(1)), m.group(2), float(m.group(3)), float(m.group(4))
+    for m in re.finditer(r"^bench_cpu (\S+) ([\d.]+) [\d.]+ (\d+) ([\d.]+)$", err, re.M):
+        name, cpu, pid, at = m.group(1), float(m.group(2)), int(m.group(3)), float(m.group(4))
         if pid == proc.pid:
             host_cpu = cpu
         elif name == comm:

@@ -22,7 +22,7 @@ __attribute__((constructor)) static void bench_start(void) {
 
 __attribute__((destructor)) static void bench_stop(void) {
   struct timespec cpu1, wall1;
-  char comm[64] = "?", line[160];
+  char comm[64] = "?", line[200];
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
   clock_gettime(CLOCK_MONOTONIC, &wall1);
   int fd = open("/proc/self/comm", O_RDONLY);
@@ -32,6 +32,9 @@ __attribute__((destructor)) static void bench_stop(void) {
     comm[strcspn(comm, "\n")] = 0;
     close(fd);
   }
-  int n = snprintf(line, sizeof line, "\nbench_cpu %s %.4f %.4f\n", comm, since(&cpu0, &cpu1), since(&wall0, &wall1));
+  /* then the pid and the monotonic clock at the end (end_bench.py: from the target's end to the
+   * command's return) */
+  int n = snprintf(line, sizeof line, "\nbench_cpu %s %.4f %.4f %d %ld.%09ld\n", comm, since(&cpu0, &cpu1),
+                   since(&wall0, &wall1), (int)getpid(), (long)wall1.tv_sec, wall1.tv_nsec);
   if (n > 0) write(2, line, (size_t)n);
 }

@@ -614,9 +614,12 @@ class CaptureLoop:
         e, c = self.ending, self.clock
         exit_status = (self.source.exit_status(1.0) or e.spawn_status) if e.gone else None
         code = (exit_status or {}).get("exit_status")
-        if e.detach_reason == "process-terminated" and e.exit_info is None and e.crash_info is None and code is not None:
+        if (e.detach_reason == "process-terminated" and e.exit_info is None and e.crash_info is None
+                and code is not None and c.start is not None):
             # It exited with a status, yet the agent never said goodbye (its exit hook sends one): the
             # channel was gone before the exit -- cut by the target, and the rest of the run unseen.
+            # (Not before the agent started: a target gone during the attach delay or the
+            # injection never had a channel to lose.)
             e.detach_reason = "channel-lost"
             e.window_end = f"exited later (exit status {code})"
         end_body = classify_end(

@@ -122,15 +122,12 @@ def classify_end(
     if code is not None or (exit_info is not None and not signalled):
         status = code if code is not None else (exit_info or {}).get("status")
         said = f"exit status {status}" if status is not None else "normal process exit; status unknown"
-        return out("target-exited", f"the target exited on its own ({said})")
+        return out("target-exited", f"the target exited on its own ({said}){_untraced(t_start, t_attach, stage)}")
     how = death_how(exit_status, crash_info)
     if t_start is None:
-        if t_attach is None:
-            during = f" during {stage}" if stage in ("spawn", "injection", "attach delay") else ""
-            return out("target-exited", f"the target {how}{during} before memtrace attached")
         # Attached, but the agent never started: nothing ran under our hooks, so no storm.
-        return out("target-exited", f"the target {how} during {stage or 'injection'}, before the agent started "
-                                    f"(not a launch storm: nothing ran under the hooks)")
+        storm = "" if t_attach is None else " (not a launch storm: nothing ran under the hooks)"
+        return out("target-exited", f"the target {how}{_untraced(t_start, t_attach, stage)}{storm}")
     rate_at_death = max(mean_rate, recent[-1]["calls_per_s"] if recent else 0.0)
     if alive is not None and alive <= thresholds.storm_seconds and max(rate_at_death, peak) >= thresholds.storm_rate:
         return out("launch-storm", f"the target {how} {alive:g} s after "
@@ -143,6 +140,16 @@ def classify_end(
                                        f"another --attach-delay confirms it")
     during = " (during detach)" if stage == "detach" else ""
     return out("target-exited", f"the target {how} after {alive:g} s{during}")
+
+
+def _untraced(t_start: float | None, t_attach: float | None, stage: str | None) -> str:
+    """For a target gone before the agent started: when, said after how it ended."""
+    if t_start is not None:
+        return ""
+    if t_attach is None:
+        during = f" during {stage}" if stage in ("spawn", "injection", "attach delay") else ""
+        return f"{during} before memtrace attached"
+    return f" during {stage or 'injection'}, before the agent started"
 
 
 CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGTRAP", "SIGSYS"})

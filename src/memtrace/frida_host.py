@@ -55,6 +55,7 @@ from memtrace.target import TargetSpec
 Event = tuple[str, Any, Any]
 
 REMOTE_ALIVE_INTERVAL = 1.0     # seconds between liveness queries of a remote device
+OUTPUT_DRAIN_S = 5.0            # at most this long for an ended program's last output
 ATTACH_TRIES = 3
 
 # Frida exceptions that mean "the target or its connection is gone", during or after attach.
@@ -81,6 +82,7 @@ class FridaHost:
         self.follow_children = False    # with the hold: later images wait for the host too
         self.hold_info: dict[str, Any] | None = None
         self._hold: Hold | HeldImage | None = None
+        self._pumps: list[threading.Thread] = []      # the spawned program's stdout/stderr readers
         self.hold_children: Hold | None = None      # its children's folder lives until close()
         # Frida's callbacks, in Frida's words (doctor reads them raw); next_event types them.
         self.events: queue.Queue[Event] = queue.Queue()
@@ -202,8 +204,10 @@ class FridaHost:
         finally:
             for (r, w), fd in zip(pipes, (1, 2), strict=True):
                 os.close(w)         # the program holds its own copies
-                threading.Thread(target=_pump, args=(r, fd, self._output), daemon=True,
-                                 name=f"memtrace-output-{fd}").start()
+                pump = threading.Thread(target=_pump, args=(r, fd, self._output), daemon=True,
+                                        name=f"memtrace-output-{fd}")
+                pump.start()
+                self._pumps.append(pump)
 
     def _new_hold(self) -> Hold | None:
         program = shutil.which(self.target.argv[0]) if self.target.argv else None
@@ -229,7 +233,7 @@ class FridaHost:
             raise TargetLost(f"resume: {e}") from None
         if hold.children is not None:
             self.hold_children = hold
-        if hold.reach(self.alive):
+        if hold.reach(self.alive, pid=self.launched.pid):
             self._hold = hold
             self.launched.suspended = False
             self.hold_info = {"held": True}
@@ -698,6 +702,7 @@ class FridaHost:
         if self._hold is not None:      # never leave a program waiting at the hold point
             self._hold.release()
             self._hold = None
+        self._drain_output()
         if self.hold_children is not None:
             self.hold_children.close_children()
             self.hold_children = None
@@ -706,6 +711,17 @@ class FridaHost:
         # detach that completes late still takes the hooks out of a target left running.
         with self._reactor_lock:
             self._closed.set()
+
+    def _drain_output(self) -> None:
+        """A program that has ended: what it wrote last is passed on before memtrace exits (the
+        pumps are daemon threads; a loaded machine could leave its last lines unread).  Bounded:
+        a child it left running may hold the pipes open."""
+        if not self._pumps or (self.pid is not None and self.alive()):
+            return
+        end = time.monotonic() + OUTPUT_DRAIN_S
+        for pump in self._pumps:
+            pump.join(max(0.0, end - time.monotonic()))
+        self._pumps = [p for p in self._pumps if p.is_alive()]
 
     # -- callbacks (Frida's thread: enqueue only) --------------------------------------------
 

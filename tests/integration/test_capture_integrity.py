@@ -159,7 +159,7 @@ def test_a_full_disk_and_the_target_s_death_are_both_in_the_end(small_disk: Path
     cap = small_disk / "cap"
     r = run_memtrace("malloc", "--device", "local", "--window", "60", "--events", "--quiet", "--out", cap,
                      "--", compile_c("disk_filler"), small_disk / "filler", check=False)
-    assert r.returncode == 2, r.stderr
+    assert r.returncode == 2, (r.stderr, _end_body(cap))
     assert "disk full" in r.stderr
     assert r.stderr.endswith("tracing stopped there and memtrace detached from the target\n")
     records = list(read_records(cap))
@@ -170,6 +170,14 @@ def test_a_full_disk_and_the_target_s_death_are_both_in_the_end(small_disk: Path
     assert end.body["evidence"]["exit_status"] == {"exit_status": 3}
     assert end.body["capture_error"]["error"] == "No space left on device (ENOSPC)"
     assert end.body["capture_error"]["lost_records"] >= 1
+
+
+def _end_body(cap: Path) -> object:
+    """What the capture's END says (a failure's message)."""
+    try:
+        return [r.body for r in read_records(cap) if r.type == RecordType.END]
+    except Exception as e:      # noqa: BLE001 -- a message, whatever the capture holds
+        return f"unreadable: {e}"
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,19 @@ def test_exit_status_is_read_by_the_host(compile_c, tmp_path: Path) -> None:
     assert s["ended"] == "target-exited"
 
 
+def test_a_program_gone_during_the_attach_delay_is_said_untraced(compile_c, tmp_path: Path) -> None:
+    # Once a traceback and a capture without END (the host took the gone program for one that
+    # cut its channel to an agent it never had).
+    r = run_memtrace("malloc", "--device", "local", "--window", "10", "--attach-delay", "1", "--json",
+                     "--out", tmp_path / "c", "--", compile_c("exit_code"), "3")
+    s = json.loads(r.stdout)
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert (s["ended"], s["reason"]) == ("target-exited", "the target exited on its own (exit status 3) "
+                                                          "during attach delay before memtrace attached")
+    assert not any(s["calls"].values())
+    assert _end(tmp_path / "c")["evidence"]["exit_status"] == {"exit_status": 3}
+
+
 @pytest.mark.slow
 def test_slow_start(demo_bin: Path, tmp_path: Path) -> None:
     s = memtrace_json("malloc", "--device", "local", "--window", "3", "--out", tmp_path / "c", "--",

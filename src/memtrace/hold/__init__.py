@@ -26,7 +26,11 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("ldaudit_hold.c")
 ENV_HOLD = "MEMTRACE_HOLD"
 ENV_HOLD_CHILDREN = "MEMTRACE_HOLD_CHILDREN"     # --follow-children: every later image waits here
-REACH_TIMEOUT_S = 10.0        # a program not at the hold point by then runs on unheld
+# A program not at the hold point after REACH_TIMEOUT_S is looked at (Hold.on_its_way): one whose
+# loader has gone past the audit library without loading it runs on unheld at once; one still
+# loading (starved of CPU on a loaded machine: seen at 10 s in CI) is waited for, up to REACH_MAX_S.
+REACH_TIMEOUT_S = 10.0
+REACH_MAX_S = 120.0
 # No libc at all (see ldaudit_hold.c): nor the calls a compiler makes up for loops (strlen, memset).
 CFLAGS = ("-shared", "-fPIC", "-nostdlib", "-ffreestanding", "-fno-builtin", "-fno-tree-loop-distribute-patterns",
           "-fno-stack-protector", "-O2")
@@ -78,6 +82,7 @@ class Hold:
         self.file = self.dir / "hold"
         self.file.touch()
         self.held = self.dir / "hold.held"
+        self.lib = lib
         audit = os.environ.get("LD_AUDIT")
         self.env = {"LD_AUDIT": f"{lib}:{audit}" if audit else str(lib), ENV_HOLD: str(self.file)}
         self.reached = False
@@ -89,19 +94,54 @@ class Hold:
             self.children.mkdir()
             self.env[ENV_HOLD_CHILDREN] = str(self.children)
 
-    def reach(self, alive: object, timeout: float = REACH_TIMEOUT_S) -> bool:
+    def reach(self, alive: object, timeout: float = REACH_TIMEOUT_S, pid: int | None = None,
+              longest: float = REACH_MAX_S) -> bool:
         """Wait until the resumed program waits at the hold point (False: it never got there --
-        exited, or ld.so ignored LD_AUDIT, e.g. a set-user-ID program)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        exited, or ld.so ignored LD_AUDIT, e.g. a set-user-ID program).  After ``timeout``, a
+        program (``pid``) still on its way there is waited for, up to ``longest``: a deadline
+        alone would let a program the machine's load kept from running go on untraced."""
+        start = time.monotonic()
+        look_at = start + timeout
+        while True:
             if self.held.exists():
                 self.reached = True
                 return True
             if callable(alive) and not alive():
                 break
+            now = time.monotonic()
+            if now >= start + longest:
+                break
+            if now >= look_at:
+                if pid is None or not self.on_its_way(pid):
+                    break
+                look_at = now + 0.5
             time.sleep(0.002)
+        # Gone past it, or never coming: the program may still reach the hold point later; the
+        # file removed, it goes straight on there.
         self.close()
         return False
+
+    def on_its_way(self, pid: int) -> bool:
+        """Whether process ``pid`` can still reach the hold point: the hold library is loaded, or
+        the loader has not loaded any library yet (audit libraries come before the program's own).
+        False when a library other than the loader is mapped without ours: LD_AUDIT was ignored."""
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return False
+        ours = os.path.realpath(self.lib)
+        other = False
+        for line in maps.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 6 or not parts[5].startswith("/"):
+                continue
+            path = parts[5]
+            if path == ours or path == str(self.lib):
+                return True
+            name = os.path.basename(path)
+            if ".so" in name and not name.startswith("ld-"):
+                other = True
+        return not other
 
     def release(self) -> None:
         self.close()

@@ -1,0 +1,73 @@
+"""The hold before constructors waits for a program the machine's load keeps from running, and gives
+up at once on one whose loader went past it (CI: a program starved for 10 s ran on untraced)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import frida
+import pytest
+
+from memtrace import hold
+from memtrace.exitwatch import local_pid_alive
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture()
+def device() -> Iterator[frida.core.Device]:
+    yield frida.get_local_device()
+
+
+def _library(tmp_path: Path) -> Path:
+    lib, why = hold.library(tmp_path / "cache")
+    if lib is None:
+        pytest.skip(f"no hold library here: {why}")
+    return lib
+
+
+def test_a_program_not_yet_running_at_the_deadline_is_still_held(device: frida.core.Device, tmp_path: Path) -> None:
+    h = hold.Hold(_library(tmp_path))
+    # Frida's spawn leaves the program before its loader's first step: as a starved program is.
+    pid = device.spawn(["/bin/sleep", "30"], env=h.env)
+    try:
+        assert h.on_its_way(pid)                    # nothing but the loader mapped yet
+        result: list[bool] = []
+        waiter = threading.Thread(target=lambda: result.append(
+            h.reach(lambda: local_pid_alive(pid), timeout=0.2, pid=pid, longest=60)))
+        waiter.start()
+        time.sleep(1.5)                             # well past the 0.2 s look
+        assert waiter.is_alive() and not result     # still waiting for it
+        device.resume(pid)
+        waiter.join(60)
+        assert result == [True]
+        assert h.on_its_way(pid)                    # at the hold: our library is loaded
+        assert local_pid_alive(pid)                 # held, not gone
+    finally:
+        h.close()
+        device.kill(pid)
+
+
+def test_a_loader_that_ignored_the_hold_library_is_not_waited_for(device: frida.core.Device,
+                                                                  tmp_path: Path) -> None:
+    # An audit library ld.so cannot load is ignored (as in a set-user-ID program): the program
+    # loads libc without it and runs on, and reach says so at its first look.
+    h = hold.Hold(tmp_path / "missing-hold.so")
+    pid = device.spawn(["/bin/sleep", "30"], env=h.env)
+    try:
+        device.resume(pid)
+        for _ in range(500):                        # until its loader has mapped libc
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            if "libc" in maps:
+                break
+            time.sleep(0.01)
+        assert "libc" in maps
+        assert not h.on_its_way(pid)
+        assert h.reach(lambda: local_pid_alive(pid), timeout=0.2, pid=pid, longest=60) is False
+        assert local_pid_alive(pid)                 # given up on it while it runs: no wait for its end
+        assert not h.dir.exists()                   # and nothing left in /tmp
+    finally:
+        device.kill(pid)

@@ -155,11 +155,15 @@ function attach(name, callbacks) {
   attachListener(name, libcExport(name), callbacks, thr.listeners);
 }
 
-function handleResult(type) {
+function handleResult(type, waits) {
   // pthread_detach / pthread_join & co.: the handle is the first argument; 0 is success.
   return {
     onEnter(args) {
       this.handle = args[0].toString();
+      // A join that waits: said as it begins, so a thread that exits while its joiner waits is
+      // not taken for leaked when the window ends before the join returns.
+      if (waits)
+        emitJson({ type: 'joining', handle: this.handle });
     },
     onLeave(retval) {
       const r = retval.toInt32();
@@ -170,6 +174,7 @@ function handleResult(type) {
 }
 
 const JOINS = ['pthread_join', 'pthread_tryjoin_np', 'pthread_timedjoin_np', 'pthread_clockjoin_np'];
+const WAITING_JOINS = new Set(['pthread_join', 'pthread_timedjoin_np', 'pthread_clockjoin_np']);
 
 export const tracer = {
   name: 'threads',
@@ -229,7 +234,7 @@ export const tracer = {
     attach('pthread_detach', handleResult('detach'));
     for (const name of JOINS) {
       if (!IS_DARWIN || name === 'pthread_join')
-        attach(name, handleResult('join'));
+        attach(name, handleResult('join', WAITING_JOINS.has(name)));
     }
     attach('pthread_exit', function (args) {
       emitJson({ type: 'pthread-exit', handle: currentHandle(), tid: Process.getCurrentThreadId() });

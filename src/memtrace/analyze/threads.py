@@ -5,7 +5,9 @@ start routine, joinable or detached, stack size, creating stack), detaches, join
 creations, and every start and exit (on the thread itself, with its handle).
 
 A joinable thread that exited without being joined or detached is leaked: glibc and libpthread
-keep its stack and descriptor until somebody joins it.  Handles are reused once a thread is
+keep its stack and descriptor until somebody joins it -- unless a join that waits for it had begun
+when the window ended (``joining``: the thread exits before its joiner's pthread_join returns, and
+the window can end in between).  Handles are reused once a thread is
 gone (glibc caches stacks), so a handle names a series of threads, each its own record.
 """
 
@@ -38,6 +40,7 @@ class ThreadRecord(Struct):
     exited: bool = False
     detached: bool = False
     joined: bool = False
+    joining: bool = False       # a join that waits for it had begun, and had not returned
 
     @property
     def complete(self) -> bool:
@@ -46,7 +49,9 @@ class ThreadRecord(Struct):
 
     @property
     def leaked(self) -> bool:
-        return (self.created and self.exited and not self.joined and not self.detached
+        # One whose joiner was still waiting when the window ended is not: the join was
+        # returning (the thread exits first, then pthread_join returns).
+        return (self.created and self.exited and not self.joined and not self.joining and not self.detached
                 and not self.detached_at_create)
 
 
@@ -144,6 +149,14 @@ class ThreadsSummary(CaptureContext):
                 r.joined = True
             else:
                 r.detached = True
+        elif kind == "joining":
+            r = self._by_handle.get(str(ev.get("handle")))
+            if r is not None and not (r.joined or r.detached):
+                r.joining = True
+        elif kind == "join-failed":
+            r = self._by_handle.get(str(ev.get("handle")))
+            if r is not None:
+                r.joining = False
         elif kind == "create-failed":
             self.failures[(int(ev.get("errno") or 0), event_frames(ev), _addr(ev.get("routine")))] += 1
         elif kind == "pthread-exit":

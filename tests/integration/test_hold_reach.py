@@ -71,3 +71,17 @@ def test_a_loader_that_ignored_the_hold_library_is_not_waited_for(device: frida.
         assert not h.dir.exists()                   # and nothing left in /tmp
     finally:
         device.kill(pid)
+
+
+def test_a_static_program_is_not_waited_for(device: frida.core.Device, tmp_path: Path, compile_c) -> None:
+    # No loader, so no audit library and no hold point: waited for, it cost 120 s.
+    h = hold.Hold(_library(tmp_path))
+    pid = device.spawn([str(compile_c("steady", "-static"))], env=h.env)
+    try:
+        assert not h.on_its_way(pid)
+        device.resume(pid)
+        assert h.reach(lambda: local_pid_alive(pid), timeout=0.2, pid=pid, longest=600) is False
+        assert local_pid_alive(pid)
+    finally:
+        h.close()
+        device.kill(pid)

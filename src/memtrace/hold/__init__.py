@@ -124,13 +124,15 @@ class Hold:
     def on_its_way(self, pid: int) -> bool:
         """Whether process ``pid`` can still reach the hold point: the hold library is loaded, or
         the loader has not loaded any library yet (audit libraries come before the program's own).
-        False when a library other than the loader is mapped without ours: LD_AUDIT was ignored."""
+        False when a library other than the loader is mapped without ours (LD_AUDIT was ignored),
+        or when there is no loader at all (a static program: the kernel maps the loader with a
+        dynamic one, before its first instruction)."""
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
             return False
         ours = os.path.realpath(self.lib)
-        other = False
+        other = loader = False
         for line in maps.splitlines():
             parts = line.split(None, 5)
             if len(parts) < 6 or not parts[5].startswith("/"):
@@ -139,9 +141,11 @@ class Hold:
             if path == ours or path == str(self.lib):
                 return True
             name = os.path.basename(path)
-            if ".so" in name and not name.startswith("ld-"):
+            if name.startswith("ld-"):
+                loader = True
+            elif ".so" in name:
                 other = True
-        return not other
+        return loader and not other
 
     def release(self) -> None:
         self.close()

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtrace.analyze.symbols import SymbolTable
 from memtrace.capture import (
     AGG_FIELDS,
     FLAG_SAMPLED,
@@ -26,6 +25,7 @@ from memtrace.capture import (
 )
 
 if TYPE_CHECKING:
+    from memtrace.analyze.symbols import SymbolTable
     from memtrace.symbols import HostSymbolizer
 
 Rows = list[list[Any]]
@@ -36,7 +36,7 @@ _GROSS = tuple(k for k in ("bytes", "untracked_bytes", "sampled_weight") if k in
 class StacksSeen:
     def __init__(self, want_families: bool) -> None:
         self.want_families = want_families
-        self.symtab = SymbolTable()        # modules for host symbols; labels for families
+        self._symtab: SymbolTable | None = None
         self.host: HostSymbolizer | None = None
         self._seen: set[int] = set()
         self.pending: list[int] = []
@@ -46,6 +46,16 @@ class StacksSeen:
         self._aggregates = False
         self.uuids: dict[str, tuple[str, ...]] = {}      # module name -> the Mach-O UUID the agent read
         self.device_tree: Path | None = None             # a remote device's shared-cache symbols, if here
+
+    @property
+    def symtab(self) -> SymbolTable:
+        """Modules for host symbols; labels for families.  Made at first use: its module (and
+        the demangler's) is imported while Frida injects, not before the target is spawned."""
+        if self._symtab is None:
+            from memtrace.analyze.symbols import SymbolTable
+
+            self._symtab = SymbolTable()
+        return self._symtab
 
     def symbolize_on_host(self) -> None:
         from memtrace.symbols import HostSymbolizer  # symbolic: imported here, not at a capture's start

@@ -5,10 +5,11 @@
  * pat_in_register's in a register (still reachable).  Each worker's caller frame, above the block's,
  * also holds a decoy: the address of code right after a call to exit, as a function placed after
  * a noreturn call to exit has (gcc put main so): a word that looks like that call's return address
- * on a stack that is in no call to exit. */
+ * on a stack that is in no call to exit (argv[2] "no-decoy": none, for bench/leak_bench.py exit). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "exit_patterns.h"
@@ -25,6 +26,7 @@ extern char after_exit_call[];
 #endif
 
 static atomic_long ready;
+static void *decoy_word = DECOY;
 
 __attribute__((noinline)) void *pat_thread_held(void) {
   void *p = malloc(100);
@@ -41,7 +43,7 @@ __attribute__((noinline)) void hold_and_wait(void) {
 }
 
 static void *worker(void *arg) {
-  void *volatile decoy = DECOY;
+  void *volatile decoy = decoy_word;
   hold_and_wait();
   return decoy;
 }
@@ -59,6 +61,8 @@ static void *exiter(void *arg) {
 
 int main(int argc, char **argv) {
   long n = argc > 1 ? atol(argv[1]) : 500;
+  if (argc > 2 && strcmp(argv[2], "no-decoy") == 0)
+    decoy_word = NULL;
   pthread_attr_t attr;
   pthread_t t;
   pthread_attr_init(&attr);

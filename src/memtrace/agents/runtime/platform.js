@@ -70,8 +70,8 @@ let rawSyscall;                     // undefined until first asked for; null: no
 export function linuxSyscalls() {
   if (rawSyscall === undefined) {
     const nr = IS_DARWIN ? undefined : LINUX_SYSCALLS[Process.arch];
-    const sys = nr === undefined ? null : libcExport('syscall');
-    if (sys === null) {
+    const sys = libcExport('syscall');
+    if (nr === undefined || sys === null) {
       rawSyscall = null;
     } else {
       // syscall(2) is variadic: declared so ('...'), every argument a register-sized word.

@@ -2,6 +2,7 @@
 
     python bench/leak_bench.py parity          # the table: memtrace vs valgrind, stack by stack
     python bench/leak_bench.py scale [N] [MiB] # one scan of N live blocks / MiB of heap (1,000,000 / 2048)
+    python bench/leak_bench.py exit [N] [--rounds R] [--base SRC]   # the scan at exit, N threads alive
 
 parity: runs each program under valgrind (--leak-check=full) and under memtrace (--leaks), and
 prints, per allocating stack (its innermost pat_* function, or its first frame outside the
@@ -10,6 +11,11 @@ ones: the parity program (tests/programs/leak_parity.cpp) at its checkpoint and 
 before-tracing program (tests/programs/leak_before.c, --attach-delay) and real Debian programs
 (perl -e 1, sort /etc/passwd).  Blocks memtrace found allocated before tracing have no stack: they
 are compared with the sum of valgrind's rows for the program's pat_before_* functions.
+
+exit: tests/programs/exit_threads.c (N threads blocked at exit, 500 by default, no decoys) scanned at
+its exit, R rounds (3); prints, per round, what finding the exiting thread cost (exit_search: threads,
+reads, ms, where the memtrace run reports it) and the scan's time with the world stopped.  --base SRC:
+another checkout's src/ (e.g. `git archive` of main) run in the same rounds, interleaved.
 
 scale: bench/leak_heap.c fills N blocks (every 100th leaked) and memtrace scans them at the window's
 end; prints the blocks examined, the time the world was stopped and the time scanning, against the
@@ -38,11 +44,11 @@ ALL_ROWS = "1000000"
 BEFORE = "(allocated before tracing)"
 
 
-def memtrace(out: Path, *args: str, timeout: float = 600) -> dict:
+def memtrace(out: Path, *args: str, timeout: float = 600, src: Path = ROOT / "src") -> dict:
     cmd = [sys.executable, "-m", "memtrace.cli", "malloc", "--json", "--device", "local", "--leaks", "--quiet",
            "--top", ALL_ROWS, "--out", str(out), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          env={**os.environ, "PYTHONPATH": str(src)})
     if proc.returncode != 0:
         raise SystemExit(f"memtrace failed: {proc.stderr.strip()[-400:]}")
     return json.loads(proc.stdout)
@@ -139,6 +145,28 @@ def scale(n: int, mib: int, with_valgrind: bool) -> int:
     return 0
 
 
+def exit_scan(n: int, rounds: int, base: Path | None) -> int:
+    srcs = {"this": ROOT / "src", **({"base": base} if base is not None else {})}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        exe = tmp / "exit_threads"
+        subprocess.run(["gcc", *CFLAGS, "-o", str(exe), str(ROOT / "tests" / "programs" / "exit_threads.c")],
+                       check=True)
+        print(f"exit_threads: {n} threads blocked at exit, no decoys; {os.getloadavg()[0]:.1f} load (1 min)")
+        print("round | tree | threads stopped | exit calls | searched: threads, words, reads, ms | scan ms | "
+              "world stopped ms | leaked blocks")
+        for r in range(rounds):
+            for name, src in srcs.items():
+                doc = memtrace(tmp / f"{name}{r}", "--window", "120", "--", str(exe), str(n), "no-decoy",
+                               src=src)
+                scan = doc["leaks"]["scan"]
+                es = scan.get("exit_search")
+                searched = "-" if es is None else f"{es['threads']}, {es['words']:,}, {es['reads']}, {es['ms']:.2f}"
+                print(f"{r} | {name} | {scan['threads_stopped']} | {scan['exit_call_threads']} | {searched} | "
+                      f"{scan['scan_ms']} | {scan['world_stopped_ms']} | {doc['leaks']['leaked']['blocks']}")
+    return 0
+
+
 def main() -> int:
     args = sys.argv[1:]
     if not args or args[0] == "parity":
@@ -148,6 +176,17 @@ def main() -> int:
         n = int(rest[0]) if rest else 1_000_000
         mib = int(rest[1]) if len(rest) > 1 else 2048
         return scale(n, mib, "--valgrind" in args)
+    if args[0] == "exit":
+        rest: list[str] = []
+        opts: dict[str, str] = {}
+        it = iter(args[1:])
+        for a in it:
+            if a in ("--rounds", "--base"):
+                opts[a] = next(it)
+            else:
+                rest.append(a)
+        base = Path(opts["--base"]) if "--base" in opts else None
+        return exit_scan(int(rest[0]) if rest else 500, int(opts.get("--rounds", 3)), base)
     raise SystemExit(__doc__)
 
 

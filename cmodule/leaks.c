@@ -1063,6 +1063,8 @@ mt_leak_stack_start (MtLeakJob * job, guint64 base, guint64 end)
   return lowest - base > MT_LEAK_RED_ZONE ? (lowest - MT_LEAK_RED_ZONE) & ~(guint64) 7 : base;
 }
 
+#if !defined (MT_DARWIN) && !defined (MT_ARM64)
+
 /* ---- the exiting thread, at exit ------------------------------------------------------------
  *
  * The scan at exit runs while Frida's exit monitor holds the exiting thread inside exit(), deep in
@@ -1071,20 +1073,39 @@ mt_leak_stack_start (MtLeakJob * job, guint64 base, guint64 end)
  * earlier, deeper calls left there: a dropped block's address in malloc's or memset's dead frames.
  * valgrind knows such words undefined and never takes them for references; read as roots they
  * turned a definitely lost block into a reachable one (tests/programs/exit_stale.c).  So, on
- * x86-64 Linux, an exiting thread's stack is read from its call to exit up: the lowest stack word
- * that is the return address of a call to exit or _exit (direct, through a PLT stub or through the
- * GOT).  The program's registers at that call stay roots: the Interceptor saved them below it as a
- * GumCpuContext (rip, r15 .. r8, rdi, rsi, rbp, rsp, rbx, rdx, rcx, rax), found by its rsp, which
- * holds the stack pointer of the call; those 17 words are marked as registers are.  A thread
- * without such a frame (every thread but the exiting one) is read from its sp as before. */
-#define MT_LEAK_EXIT_SEARCH (512 * 1024)    /* how far above sp the call to exit is looked for */
+ * x86-64 Linux, an exiting thread's stack is read from its call to exit or _exit up.
+ *
+ * The thread is told by what holds it: the exit monitor is an Interceptor listener, and the
+ * Interceptor saved the program's registers at the call below it as a GumCpuContext (rip, r15 ..
+ * r8, rdi, rsi, rbp, rsp, rbx, rdx, rcx, rax) whose rip is the intercepted function -- exit or
+ * _exit -- and whose rsp is the stack pointer of the call: the slot of its return address (or the
+ * slot below it), checked to be the return address of a call to exit (direct, through a PLT stub or
+ * through the GOT).  Those 17 words stay roots, marked as registers are.  Each stopped thread costs
+ * one read, of the MT_LEAK_EXIT_WINDOW bytes above its sp (the context sat 0.8 KiB above it in
+ * tests): a word equal to exit or _exit is looked for there, in memory, and only such a word costs
+ * more reads.  Searching instead for the lowest word that is the return address of a call to exit
+ * cost a read per word that might be one, and took words that merely looked like one: the address
+ * of a function placed right after a noreturn call to exit (main, on the main thread's stack) made
+ * a thread blocked elsewhere lose its frames, and a block only they held was called lost.  A thread
+ * without such a context (every thread but the exiting one) is read from its sp as before. */
+#define MT_LEAK_EXIT_WINDOW (16 * 1024)     /* stack bytes above sp searched for the context */
+#define MT_LEAK_EXIT_SEARCH (512 * 1024)    /* how far above sp the call to exit may be */
 #define MT_LEAK_CONTEXT_WORDS 17
 #define MT_LEAK_CONTEXT_RSP 12
+#define MT_LEAK_EXIT_IOVS (MT_LEAK_EXIT_WINDOW / 4096 + 1)
 
 static gboolean
 mt_leak_is_exit (const MtLeakJob * job, guint64 target)
 {
   return target != 0 && (target == job->exit_fn || target == job->exit_fn2);
+}
+
+/* mt_leak_read, counted as one of the exit search's reads. */
+static gboolean
+mt_leak_exit_read (MtLeakJob * job, guint64 addr, guint64 len, guint8 * buf)
+{
+  job->exit_reads++;
+  return mt_leak_read (job, addr, len, buf);
 }
 
 /* Whether `ret` is the return address of a call to exit; reads code through mt_leak_read only (a
@@ -1095,13 +1116,13 @@ mt_leak_returns_from_exit (MtLeakJob * job, guint64 ret)
   guint8 code[6], stub[16];
   guint64 target, slot;
   guint p = 0;
-  if (ret < 0x10000 || ret >= (guint64) 0x800000000000ULL || !mt_leak_read (job, ret - 6, 6, code))
+  if (ret < 0x10000 || ret >= (guint64) 0x800000000000ULL || !mt_leak_exit_read (job, ret - 6, 6, code))
     return FALSE;
   if (code[0] == 0xff && code[1] == 0x15)
   {
     /* call *slot(%rip) (-fno-plt) */
     slot = ret + (guint64) (gint64) *(const gint32 *) (code + 2);
-    return mt_leak_read (job, slot, 8, (guint8 *) &target) && mt_leak_is_exit (job, target);
+    return mt_leak_exit_read (job, slot, 8, (guint8 *) &target) && mt_leak_is_exit (job, target);
   }
   if (code[1] != 0xe8)
     return FALSE;
@@ -1109,7 +1130,7 @@ mt_leak_returns_from_exit (MtLeakJob * job, guint64 ret)
   if (mt_leak_is_exit (job, target))
     return TRUE;
   /* a PLT stub: [endbr64] [bnd] jmp *slot(%rip) */
-  if (!mt_leak_read (job, target, sizeof (stub), stub))
+  if (!mt_leak_exit_read (job, target, sizeof (stub), stub))
     return FALSE;
   if (stub[0] == 0xf3 && stub[1] == 0x0f && stub[2] == 0x1e && stub[3] == 0xfa)
     p = 4;
@@ -1118,7 +1139,56 @@ mt_leak_returns_from_exit (MtLeakJob * job, guint64 ret)
   if (stub[p] != 0xff || stub[p + 1] != 0x25)
     return FALSE;
   slot = target + p + 6 + (guint64) (gint64) *(const gint32 *) (stub + p + 2);
-  return mt_leak_read (job, slot, 8, (guint8 *) &target) && mt_leak_is_exit (job, target);
+  return mt_leak_exit_read (job, slot, 8, (guint8 *) &target) && mt_leak_is_exit (job, target);
+}
+
+/* Up to `len` bytes from `addr` in one read: as many as are readable, page by page (a remote iovec
+ * per page; process_vm_readv stops at the first that fails).  Returns the bytes read. */
+static guint64
+mt_leak_read_prefix (MtLeakJob * job, guint64 addr, guint64 len, guint8 * buf)
+{
+  guint64 local[2], remote[2 * MT_LEAK_EXIT_IOVS], page = job->page_size != 0 ? job->page_size : 4096;
+  guint64 at = addr, n = 0;
+  gssize got;
+  while (at < addr + len && n != MT_LEAK_EXIT_IOVS)
+  {
+    guint64 next = MIN (addr + len, (at + page) & ~(page - 1));
+    remote[2 * n] = at;
+    remote[2 * n + 1] = next - at;
+    n++;
+    at = next;
+  }
+  local[0] = (guint64) buf;
+  local[1] = at - addr;
+  job->exit_reads++;
+  got = process_vm_readv ((gint) job->tgid, local, 1, remote, n, 0);
+  return got > 0 ? (guint64) got : 0;
+}
+
+/* The return address slot of the call to exit whose context is at buf[k] (read from sp + 8 * k),
+ * or 0: the context's rsp, or the slot below it. */
+static guint64
+mt_leak_exit_slot (MtLeakJob * job, const guint64 * buf, guint64 n, guint64 k, guint64 sp)
+{
+  guint64 rsp = buf[k + MT_LEAK_CONTEXT_RSP], cand[2], c;
+  if ((rsp & 7) != 0 || rsp < sp + (k + MT_LEAK_CONTEXT_WORDS) * 8 || rsp - sp >= MT_LEAK_EXIT_SEARCH)
+    return 0;
+  /* the lower first, as the lowest return address of a call to exit was taken before */
+  cand[0] = rsp - 8;
+  cand[1] = rsp;
+  for (c = 0; c != 2; c++)
+  {
+    guint64 slot = cand[c], w;
+    if (slot < sp + (k + MT_LEAK_CONTEXT_WORDS) * 8)
+      continue;
+    if ((slot - sp) / 8 < n)
+      w = buf[(slot - sp) / 8];
+    else if (!mt_leak_exit_read (job, slot, 8, (guint8 *) &w))
+      continue;
+    if (mt_leak_returns_from_exit (job, w))
+      return slot;
+  }
+  return 0;
 }
 
 static void
@@ -1126,60 +1196,37 @@ mt_leak_find_exit_calls (MtLeakJob * job)
 {
   MtLeakThread * threads = (MtLeakThread *) job->threads;
   guint64 * buf = (guint64 *) job->scratch;
-  guint64 words = job->scratch_size / 8, i;
+  guint64 i;
+  gint64 t0 = g_get_monotonic_time ();
   for (i = 0; i != job->n_threads; i++)
   {
     MtLeakThread * t = &threads[i];
-    guint64 sp = t->sp & ~(guint64) 7, at, slot = 0;
+    guint64 sp = t->sp & ~(guint64) 7, n, k, slot = 0;
     if (sp == 0)
       continue;
-    /* chunk by chunk (the stack's end is not known here: a short read ends the search) */
-    for (at = sp; slot == 0 && at < sp + MT_LEAK_EXIT_SEARCH;)
+    job->exit_threads++;
+    n = mt_leak_read_prefix (job, sp, MIN (MT_LEAK_EXIT_WINDOW, job->scratch_size), (guint8 *) buf) / 8;
+    job->exit_words += n;
+    for (k = 0; k + MT_LEAK_CONTEXT_WORDS <= n; k++)
     {
-      guint64 n = MIN (words, (sp + MT_LEAK_EXIT_SEARCH - at) / 8), k;
-      while (n > 0 && !mt_leak_read (job, at, n * 8, (guint8 *) buf))
-        n /= 2;
-      if (n == 0)
+      if (mt_leak_is_exit (job, buf[k]) && (slot = mt_leak_exit_slot (job, buf, n, k, sp)) != 0)
         break;
-      for (k = 0; k != n; k++)
-      {
-        guint64 w = buf[k];
-        /* a return address is no stack address; most words are not code (checked by a read) */
-        if (w >= sp && w < sp + MT_LEAK_EXIT_SEARCH)
-          continue;
-        if (mt_leak_returns_from_exit (job, w))
-        {
-          slot = at + k * 8;
-          break;
-        }
-      }
-      at += n * 8;
     }
     if (slot == 0)
       continue;
+    /* the program's registers at the call */
+    for (n = 0; n != MT_LEAK_CONTEXT_WORDS; n++)
+      mt_leak_mark_word (job, buf[k + n], TRUE);
     job->exit_calls++;
-    /* the program's registers at the call: the Interceptor's context, whose rsp is the call's
-     * stack pointer (the return address's slot, or the slot above it) */
-    for (at = slot - 8; at >= sp + MT_LEAK_CONTEXT_RSP * 8; at -= 8)
-    {
-      guint64 v, ctx[MT_LEAK_CONTEXT_WORDS], k;
-      if (!mt_leak_read (job, at, 8, (guint8 *) &v))
-        break;
-      if (v != slot && v != slot + 8)
-        continue;
-      if (mt_leak_read (job, at - MT_LEAK_CONTEXT_RSP * 8, sizeof (ctx), (guint8 *) ctx))
-      {
-        for (k = 0; k != MT_LEAK_CONTEXT_WORDS; k++)
-          mt_leak_mark_word (job, ctx[k], TRUE);
-        job->exit_contexts++;
-      }
-      break;
-    }
+    job->exit_contexts++;
     job->exit_frames += slot - sp;
     /* read from the slot up: mt_leak_stack_start takes the red zone off a thread's sp */
     t->sp = slot + MT_LEAK_RED_ZONE;
   }
+  job->exit_us = (guint64) (g_get_monotonic_time () - t0);
 }
+
+#endif
 
 /* One slice of the scan: about `budget` bytes read.  Returns 1 when the scan is complete. */
 gint

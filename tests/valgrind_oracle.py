@@ -101,13 +101,14 @@ def parse_xml(text: str) -> tuple[Check | None, Check]:
     return (mid if saw_mid else None), end
 
 
-def run(exe: str | Path, *args: str, xml: Path, timeout: float = 600) -> ValgrindRun:
-    """The program under memcheck, its loss records at the checkpoint and at exit."""
+def run(exe: str | Path, *args: str, xml: Path, timeout: float = 600, options: tuple[str, ...] = ()) -> ValgrindRun:
+    """The program under memcheck, its loss records at the checkpoint and at exit; `options`: more
+    of valgrind's own (e.g. --max-threads, 500 by default)."""
     vg = valgrind()
     if vg is None:
         raise RuntimeError("valgrind is not installed")
     proc = subprocess.run([vg, "--leak-check=full", "--show-leak-kinds=all", "--xml=yes", f"--xml-file={xml}",
-                           "--error-limit=no", str(exe), *args],
+                           "--error-limit=no", *options, str(exe), *args],
                           capture_output=True, text=True, timeout=timeout)
     mid, end = parse_xml(xml.read_text(encoding="utf-8", errors="replace"))
     return ValgrindRun(mid, end, proc.returncode)

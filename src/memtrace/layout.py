@@ -491,6 +491,9 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("exit_frames", "u64"),        # bytes of exiting threads' frames below their call to exit, not read
     ("exit_calls", "u64"),         # threads whose stack was read from their call to exit
     ("exit_contexts", "u64"),      # ... and whose registers at that call were found (Frida's saved context)
+    # what finding them cost, the world stopped: threads searched, stack words looked at, reads
+    # (process_vm_readv calls) made, and microseconds
+    ("exit_threads", "u64"), ("exit_words", "u64"), ("exit_reads", "u64"), ("exit_us", "u64"),
 ))
 
 # ---- purgeable tracer: cmodule/purgeable.c counts, agents/purgeable.js reads -------------------

@@ -162,3 +162,39 @@ def test_the_exiting_thread_is_read_from_its_call_to_exit(compile_c, tmp_path: P
     scan = doc["leaks"]["scan"]
     assert (scan["exit_call_threads"], scan["exit_call_registers"]) == (1, 1)
     assert scan["skipped"]["exiting_thread_frames"] > 0
+    assert scan["exit_search"]["threads"] == scan["threads_stopped"] == 1
+
+
+EXIT_WORKERS = 500
+EXIT_WINDOW_WORDS = 16 * 1024 // 8    # cmodule/leaks.c MT_LEAK_EXIT_WINDOW: stack words read per thread
+EXIT_CALL_READS = 8                   # at most, for the exiting thread's call (its slot, code, stub, GOT)
+
+
+def test_many_threads_at_exit_cost_one_read_each(compile_c, tmp_path: Path) -> None:
+    """500 threads blocked at exit, each holding a block only in its own frame below a decoy (the
+    address of code right after a call to exit), while another thread exits: the exiting thread is
+    found among 502 with one stack read per thread, not a read per stack word that might be a return
+    address, and the verdicts are valgrind's -- the first search took every decoy for a call to exit
+    and called the 500 blocks definitely lost."""
+    exe = compile_c("exit_threads")
+    vg = oracle.run(exe, str(EXIT_WORKERS), xml=tmp_path / "exit_threads.xml",
+                    options=(f"--max-threads={EXIT_WORKERS + 100}",))
+    assert vg.exit.by_key(PAT) == {"pat_stale_slot": (1, 9000)}
+    reachable = vg.exit.by_key(PAT, ("reachable",))
+    assert reachable.get("pat_thread_held") == (EXIT_WORKERS, EXIT_WORKERS * 100)
+    assert reachable.get("pat_in_register") == (1, 7000)
+    doc = memtrace_json("malloc", "--device", "local", "--window", "120", "--leaks", "--quiet", "--top", ALL_ROWS,
+                        "--out", tmp_path / "cap", "--", exe, str(EXIT_WORKERS), timeout=300)
+    check_scan(doc, "exit")
+    assert oracle.memtrace_by_key(doc["leaks"], PAT) == vg.exit.by_key(PAT)
+    got = oracle.memtrace_by_key(doc["leaks"], PAT, ("reachable",))
+    assert (got.get("pat_thread_held"), got.get("pat_in_register")) == \
+        (reachable["pat_thread_held"], reachable["pat_in_register"])
+    scan = doc["leaks"]["scan"]
+    assert scan["threads_stopped"] == EXIT_WORKERS + 2          # the workers, the exiting thread, main
+    assert (scan["exit_call_threads"], scan["exit_call_registers"]) == (1, 1)
+    search = scan["exit_search"]
+    assert search["threads"] == scan["threads_stopped"]
+    # one read per thread, a few more for the one call to exit found; each of at most the window
+    assert scan["threads_stopped"] < search["reads"] <= scan["threads_stopped"] + EXIT_CALL_READS
+    assert scan["threads_stopped"] <= search["words"] <= scan["threads_stopped"] * EXIT_WINDOW_WORDS

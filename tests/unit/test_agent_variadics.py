@@ -34,4 +34,4 @@ def test_variadic_callees_declare_their_variadic_part() -> None:
             if names & set(VARIADIC):
                 checked += 1
                 assert "'...'" in args, f"{path.name}: NativeFunction for {sorted(names)} lacks '...': {args}"
-    assert checked >= 2      # fds.js: fcntl (Darwin census) and syscall (Linux census)
+    assert checked >= 2      # fds.js: fcntl (Darwin census); runtime/platform.js: syscall (/proc listings)

@@ -21,7 +21,7 @@
 
 import { emitJson, warn } from './runtime/flush.js';
 import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
-import { IS_DARWIN, findExport, libcExport, libcModule } from './runtime/platform.js';
+import { IS_DARWIN, findExport, libcExport, libcModule, readProcDir } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
 const FD_FRAMES = 16;
@@ -40,57 +40,20 @@ const fds = {
 
 /* ---- census ------------------------------------------------------------- */
 
-const LINUX_SYSCALLS = {
-  x64: { openat: 257, getdents64: 217, readlinkat: 267, close: 3 },
-  arm64: { openat: 56, getdents64: 61, readlinkat: 78, close: 57 },
-  ia32: { openat: 295, getdents64: 220, readlinkat: 305, close: 6 },
-  arm: { openat: 322, getdents64: 217, readlinkat: 332, close: 6 },
-};
-const AT_FDCWD = -100;
-const O_RDONLY_DIRECTORY_CLOEXEC = 0o200000 | 0o2000000;
-
+/* /proc/self/fd read with raw system calls (runtime/platform.js readProcDir): [fd, link target]. */
 function linuxCensus() {
-  const nr = LINUX_SYSCALLS[Process.arch];
-  const sys = libcExport('syscall');
-  if (nr === undefined || sys === null)
-    return null;
-  // syscall(2) is variadic: declared so ('...'), every argument a register-sized word.
-  const raw = new NativeFunction(sys, 'long', ['long', '...', 'pointer', 'pointer', 'pointer', 'pointer']);
-  const word = v => (v instanceof NativePointer ? v : ptr(v));
-  const syscall = (n, a = 0, b = 0, c = 0, d = 0) => Number(raw(n, word(a), word(b), word(c), word(d)));
-  const path = Memory.allocUtf8String('/proc/self/fd');
-  const dirFd = syscall(nr.openat, AT_FDCWD, path, O_RDONLY_DIRECTORY_CLOEXEC, 0);
-  if (dirFd < 0)
-    return null;
-  const buf = Memory.alloc(16384);
-  const link = Memory.alloc(4096);
-  const names = [];
-  try {
-    for (;;) {
-      const n = syscall(nr.getdents64, dirFd, buf, 16384);
-      if (n <= 0)
-        break;
-      for (let off = 0; off < n;) {
-        const reclen = buf.add(off + 16).readU16();
-        const name = buf.add(off + 19).readUtf8String();
-        if (name !== '.' && name !== '..')
-          names.push(name);
-        off += reclen;
-      }
-    }
+  return readProcDir('/proc/self/fd', (names, dirFd, { nr, call }) => {
+    const link = Memory.alloc(4096);
     const entries = [];
     for (const name of names) {
       const fd = parseInt(name, 10);
       if (fd === dirFd)
         continue;   // the census's own descriptor
-      const namePtr = Memory.allocUtf8String(name);
-      const len = syscall(nr.readlinkat, dirFd, namePtr, link, 4095);
+      const len = call(nr.readlinkat, dirFd, Memory.allocUtf8String(name), link, 4095);
       entries.push([fd, len > 0 ? link.readUtf8String(len) : null]);
     }
     return entries;
-  } finally {
-    syscall(nr.close, dirFd);
-  }
+  });
 }
 
 const PROC_PIDLISTFDS = 1;

@@ -612,9 +612,9 @@ function scan(config, when) {
     page_size: Process.pageSize, ptr_mask: PTR_MASK, budget_us: Math.round((config.leaksBudget || 30) * 1e6),
     stop_us: 0, collect_us: 0, scan_us: 0,
     // At exit the exiting thread is read from its call to exit (leaks.c, mt_leak_find_exit_calls):
-    // x86-64 Linux, where the call can be recognised from its return address.
+    // x86-64 Linux, where the Interceptor's saved context (rip = exit) tells the thread and the call.
     ...exitFunctions(when),
-    exit_frames: 0, exit_calls: 0, exit_contexts: 0,
+    exit_frames: 0, exit_calls: 0, exit_contexts: 0, exit_threads: 0, exit_words: 0, exit_reads: 0, exit_us: 0,
   });
 
   const budgetMs = (config.leaksBudget || 30) * 1000;
@@ -697,6 +697,10 @@ function scan(config, when) {
     // at exit: threads read from their call to exit, and of them those whose registers at that call
     // were found (leaks.c, mt_leak_find_exit_calls)
     exit_call_threads: Number(j.exit_calls), exit_call_registers: Number(j.exit_contexts),
+    // ... and what finding them cost with the world stopped: one read per thread, a few more for
+    // the exiting thread's call (tests/integration/test_leak_parity.py bounds it)
+    exit_search: { threads: Number(j.exit_threads), words: Number(j.exit_words), reads: Number(j.exit_reads),
+      ms: Number(j.exit_us) / 1000 },
     candidates: n, candidates_total: Number(j.blocks_total), undecided_blocks: Number(j.undecided_blocks),
     tracked_blocks: Number(j.n_tracked), before_tracing_blocks: t.untrackedBefore.blocks,
     before_tracing_bytes: t.untrackedBefore.bytes,

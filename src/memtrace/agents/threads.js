@@ -22,7 +22,7 @@
 
 import { emitJson, warn } from './runtime/flush.js';
 import { applyListeners, attachListener, detachListeners } from './runtime/listeners.js';
-import { IS_DARWIN, libcExport } from './runtime/platform.js';
+import { IS_DARWIN, libcExport, readProcDir } from './runtime/platform.js';
 import { entryFrames } from './runtime/stacks.js';
 
 const THREAD_FRAMES = 16;
@@ -69,42 +69,13 @@ function tidOf(handle) {
 
 const OWN_LISTENERS = !IS_DARWIN;   // starts, exits and renames from our own hooks (Linux)
 
-const SYSCALLS = {
-  x64: { openat: 257, getdents64: 217, close: 3 },
-  arm64: { openat: 56, getdents64: 61, close: 57 },   // ARCH-UNVERIFIED: the tests run on x86-64
-};
-
 /* The threads there now (Linux), {id, name} without Frida's (cloaked): /proc/self/task read with
- * raw system calls.  Not Process.enumerateThreads: it reads every thread's registers, and against
- * a target whose threads come and go by the thousand a second it held the init rpc past the
- * host's 20 s (the threads storm's target, loaded machine). */
+ * raw system calls (runtime/platform.js readProcDir).  Not Process.enumerateThreads: it reads every
+ * thread's registers, and against a target whose threads come and go by the thousand a second it
+ * held the init rpc past the host's 20 s (the threads storm's target, loaded machine). */
 function listThreads() {
-  const nr = SYSCALLS[Process.arch];
-  const sys = libcExport('syscall');
-  if (nr === undefined || sys === null)
-    return [];
-  const raw = new NativeFunction(sys, 'long', ['long', '...', 'pointer', 'pointer', 'pointer']);
-  const call = (n, a, b, c) => Number(raw(n, ptr(a), ptr(b), ptr(c)));
-  const dir = call(nr.openat, -100, Memory.allocUtf8String('/proc/self/task'), 0o200000 | 0o2000000);
-  if (dir < 0)
-    return [];
-  const buf = Memory.alloc(16384);
-  const ids = [];
-  try {
-    for (;;) {
-      const n = call(nr.getdents64, dir, buf, 16384);
-      if (n <= 0)
-        break;
-      for (let off = 0; off < n;) {
-        const id = parseInt(buf.add(off + 19).readUtf8String(), 10);
-        if (!isNaN(id) && !Cloak.hasThread(id))
-          ids.push(id);
-        off += buf.add(off + 16).readU16();
-      }
-    }
-  } finally {
-    call(nr.close, dir, 0, 0);
-  }
+  const ids = (readProcDir('/proc/self/task') || []).map(name => parseInt(name, 10))
+    .filter(id => !isNaN(id) && !Cloak.hasThread(id));
   return ids.map(id => {
     let name = null;
     try {

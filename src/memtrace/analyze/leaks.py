@@ -175,6 +175,8 @@ class LeakScan(Struct):
                 # whether its registers at that call were found
                 "exit_call_threads": s.get("exit_call_threads", 0),
                 "exit_call_registers": s.get("exit_call_registers", 0),
+                # what finding it cost with the world stopped: threads, stack words, reads, ms
+                "exit_search": s.get("exit_search"),
                 "candidates": examined, "examined": examined,
                 "every_block_examined": bool(s.get("complete")) and not any(not_examined.values()),
                 "not_examined": not_examined,

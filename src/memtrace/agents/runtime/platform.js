@@ -47,3 +47,70 @@ export function moduleOf(address) {
   const m = Process.findModuleByAddress(address);
   return m === null ? null : m.name;
 }
+
+/* ---- /proc, read with raw system calls (Linux) --------------------------------------------------
+ *
+ * Read with syscall(2), never libc's opendir/readdir, whose buffers come from the very allocator
+ * memtrace traces (and whose open the fd tracer hooks): a listing taken from inside a tracer must
+ * not show up in what it traces.  Numbers per architecture; ia32, arm and arm64 ARCH-UNVERIFIED
+ * (the tests run on x86-64). */
+const LINUX_SYSCALLS = {
+  x64: { openat: 257, getdents64: 217, readlinkat: 267, close: 3 },
+  arm64: { openat: 56, getdents64: 61, readlinkat: 78, close: 57 },
+  ia32: { openat: 295, getdents64: 220, readlinkat: 305, close: 6 },
+  arm: { openat: 322, getdents64: 217, readlinkat: 332, close: 6 },
+};
+const AT_FDCWD = -100;
+const O_RDONLY_DIRECTORY_CLOEXEC = 0o200000 | 0o2000000;
+const DIRENTS_BYTES = 16384;        // getdents64's buffer: a call returns as many entries as fit
+let rawSyscall;                     // undefined until first asked for; null: none here
+
+/* {nr, call}: this architecture's numbers (LINUX_SYSCALLS) and call(n, a, b, c, d) -> the raw
+ * result (a negative errno on failure); null on Darwin or where either is unknown. */
+export function linuxSyscalls() {
+  if (rawSyscall === undefined) {
+    const nr = IS_DARWIN ? undefined : LINUX_SYSCALLS[Process.arch];
+    const sys = libcExport('syscall');
+    if (nr === undefined || sys === null) {
+      rawSyscall = null;
+    } else {
+      // syscall(2) is variadic: declared so ('...'), every argument a register-sized word.
+      const raw = new NativeFunction(sys, 'long', ['long', '...', 'pointer', 'pointer', 'pointer', 'pointer']);
+      const word = v => (v instanceof NativePointer ? v : ptr(v));
+      rawSyscall = { nr, call: (n, a = 0, b = 0, c = 0, d = 0) => Number(raw(n, word(a), word(b), word(c), word(d))) };
+    }
+  }
+  return rawSyscall;
+}
+
+/* The entry names of a /proc directory (Linux: /proc/self/task, /proc/self/fd), '.' and '..' left
+ * out, handed to use(names, dirFd, syscalls) while the directory is still open (a caller reads
+ * links relative to it) and use's result returned; null when it could not be read. */
+export function readProcDir(path, use = names => names) {
+  const sys = linuxSyscalls();
+  if (sys === null)
+    return null;
+  const { nr, call } = sys;
+  const dirFd = call(nr.openat, AT_FDCWD, Memory.allocUtf8String(path), O_RDONLY_DIRECTORY_CLOEXEC, 0);
+  if (dirFd < 0)
+    return null;
+  try {
+    const buf = Memory.alloc(DIRENTS_BYTES);
+    const names = [];
+    for (;;) {
+      const n = call(nr.getdents64, dirFd, buf, DIRENTS_BYTES);
+      if (n <= 0)
+        break;
+      // struct linux_dirent64: d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name
+      for (let off = 0; off < n;) {
+        const name = buf.add(off + 19).readUtf8String();
+        if (name !== '.' && name !== '..')
+          names.push(name);
+        off += buf.add(off + 16).readU16();
+      }
+    }
+    return use(names, dirFd, sys);
+  } finally {
+    call(nr.close, dirFd);
+  }
+}

@@ -478,7 +478,7 @@ class CaptureLoop:
         host symbolizer (a local target), the tracer's analyzer (the summary at the end) and the
         console's rendering (the live panel's summary).  Before the target is spawned nothing is
         imported that it does not need (issue 21, item 6)."""
-        names = ["memtrace.analyze.symbols", self.tracer.analyzer]
+        names = ["frida_tools.application", "memtrace.analyze.symbols", self.tracer.analyzer]
         if self.source.is_local:
             names[:0] = ["memtrace.symbols.cfi", "memtrace.symbols.service"]
         if getattr(self.ui, "wants_families", False):

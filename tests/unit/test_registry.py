@@ -224,9 +224,11 @@ def test_importing_the_registry_imports_no_analysis_nor_report() -> None:
     heavy = {m for m in out.stdout.split() if m.startswith(("memtrace.analyze.", "memtrace.report.", "memtrace.views",
                                                             "memtrace.exports", "memtrace.symbols", "pydemumble"))
              or m == "memtrace.report"}
-    # Not even the symbol table the capture loop names stacks with, nor the demangler: imported
+    # Not even the symbol table the capture loop names stacks with, nor the demangler, nor
+    # frida-tools' application module (its Reactor runs the calls after the injection): imported
     # while Frida injects (capture_loop._preload).
     assert heavy == set(), heavy
+    assert "frida_tools.application" not in out.stdout.split()
 
 
 def test_every_tracer_reference_resolves_to_what_it_declares() -> None:

@@ -4,7 +4,7 @@ A capture is a 16-byte header followed by checksummed, length-prefixed records, 
 arrives and handed to the OS after every record, so a reader can always get back everything up
 to the last write, whatever happened to the target or to memtrace.
 
-    header : b"MEMTRACE" | u16 format version (7) | u16 flags (0) | u32 crc32 of the 12 bytes before
+    header : b"MEMTRACE" | u16 format version (8) | u16 flags (0) | u32 crc32 of the 12 bytes before
     record : u8 type | u8 0 | u16 head check | u32 payload length | u32 crc32 of the 8 bytes before
              + payload | payload
 
@@ -54,7 +54,23 @@ every shipped dictionary and picks the one a frame names.  A group is still one 
 checksum, written when it closes: durability and damage are version 6's (a flipped byte costs
 that group).  The C++ program's capture, the same records re-encoded: 8,343 -> 6,941 bytes;
 sqlite3's 61,031 -> 58,431 (bench/README.md, "capture_size_bench.py").  (Version 7 of the
-rejected one-stream design, on a branch never merged, wrote no capture anyone kept.)
+rejected one-stream design, on a branch never merged, wrote no capture anyone kept.)  Version 8
+is for short runs, whose capture is mostly records a run writes once, each a frame of its own
+(~25 bytes of framing, and nothing learnt from the others): the writer holds the run's opening
+records (OPENING: META, RECON, CALIBRATION, MODULES, a WARNING, and the SNAPSHOT and EVENTS
+before the first drain) and writes them as one group when the first drain comes (the drain
+itself still at once: its stack definitions), when GROUP_S has passed, or at END; the first
+SYMBOLS round, which comes after the first drain, is grouped with the drains after it (the next
+rounds name the same images); a column may name an earlier column of the table instead of
+holding values (:func:`_columns`: "=" the same values of the same rows, a drain's ``live`` and
+``tracked.blocks``; "<" each value that column's in the latest record before, a SNAPSHOT's
+counters and totals its drain's); and frames are made with a third dictionary, capture-v8.zdict,
+whose id, 8, a frame names in one byte (the others' random ids take four), built from the records
+a run writes once and the shared libraries' symbol rows (bench/capture_dictionary.py).  A
+flipped byte still costs its record: the opening group (the run's META with it), or a group.
+The C++ program's 0.3 s run: 4,355 -> ~2,800 bytes, heaptrack's ~3,000 (bench/README.md).  A
+version-8 reader reads versions 1 to 7 as they were written; a group framed again (a SYMBOLS
+round replaced: :func:`replace_records`) keeps its capture's version.
 
 Agent records (little-endian, 8-byte aligned) inside a BATCH, grouped in per-thread chunks
 ``u32 tid | u32 length | records``:
@@ -141,6 +157,7 @@ ZSTD_GROUP_LEVEL_UP_TO = 256 << 10
 ZSTD_SMALL_LEVEL = 19
 ZSTD_SMALL_UP_TO = 64 << 10
 RECORD_SMALL_UP_TO = 256 << 10
+DIGESTED_UP_TO = 64 << 10      # (_compress) a frame this small is made with the dictionary digested once
 BATCH_ZLIB_MIN = 512           # smaller agent data is stored as it is
 # (version >= 4) a JSON payload this large is stored as a zstd frame when that is smaller: SYMBOLS
 # rounds and SNAPSHOTs of a few hundred bytes each are much of a short run's capture (sqlite3's:
@@ -196,7 +213,8 @@ GROUPED_V5 = frozenset({RecordType.BATCH, RecordType.SNAPSHOT, RecordType.EVENTS
 # MODULES, a SNAPSHOT, a WARNING) are held and written as one group when it comes (or when
 # GROUP_S has passed, or at END): a short run's capture is mostly these, each of them a frame of
 # its own before, ~25 bytes of framing and nothing learnt from the others (the C++ program's:
-# 479 -> 288 bytes).  A version-8 group may hold them.
+# 510 -> ~370 bytes).  A version-8 group may hold them.  Only memtrace SIGKILLed before the first
+# drain loses them (as it loses any group it holds).
 OPENING = frozenset({RecordType.META, RecordType.RECON, RecordType.CALIBRATION, RecordType.MODULES,
                      RecordType.WARNING})
 GROUPED_V8 = GROUPED | OPENING
@@ -1117,8 +1135,12 @@ def _agg_deltas(data: bytes, running: dict[int, dict[int, int]], undo: bool) -> 
 # of a short run's capture: the C++ program's 16.1 -> 9.6 KB record by record, sqlite3's 57 -> 45
 # KB.  Version 7's: the same programs and a few more (bench/capture_dictionary.py), with the
 # records as they are now (END's timing and guard, RECON's unwind tables) and version 7's column
-# groups.  Never changed once shipped (a capture names it by id): a better one is another file
-# and id; a reader keeps every one.
+# groups.  Version 8's (id 8, named in a frame's header in one byte): format 7's content, the
+# symbol rows of the shared libraries every program's stacks pass through (libc, the loader,
+# libstdc++), and the records a run writes once, the opening ones as the writer groups them --
+# of programs in C and C++ other than the ones it is measured on -- with zstd's statistics from
+# the samples.  Never changed once shipped (a capture names it by id): a better one is another
+# file and id; a reader keeps every one.
 DICTIONARY_FILES = {6: Path(__file__).with_name("capture-v6.zdict"), 7: Path(__file__).with_name("capture-v7.zdict"),
                     8: Path(__file__).with_name("capture-v8.zdict")}
 DICTIONARY_FILE = DICTIONARY_FILES[8]
@@ -1149,7 +1171,15 @@ def _dictionaries() -> dict[int, Any]:
 def _compress(data: bytes, level: int, version: int) -> bytes:
     assert _zstd is not None
     shipped = _dictionary(version) if version >= 6 else None
-    return _zstd.compress(data, level, zstd_dict=shipped) if shipped is not None else _zstd.compress(data, level)
+    if shipped is None:
+        return _zstd.compress(data, level)
+    # A small frame's dictionary digested once per level and kept (not loaded again for every
+    # frame): version 8's 64 KB dictionary at level 19, the C++ program's capture 41 -> 10 ms of
+    # CPU.  A large frame's loaded for it: a digested dictionary's parameters are made for any
+    # size, and cc1plus's large drains came out 0.9 % larger so.
+    if len(data) <= DIGESTED_UP_TO:
+        return _zstd.compress(data, level, zstd_dict=shipped.as_digested_dict)
+    return _zstd.compress(data, level, zstd_dict=shipped)
 
 
 def _zstd_level(n: int, mid: int = ZSTD_LEVEL, mid_up_to: int = ZSTD_FAST_FROM,

@@ -1534,7 +1534,7 @@ def replace_records(path: Path | str, rtype: RecordType, bodies: list[Any]) -> P
                         out.write(fresh)
                         placed = True
                     continue
-                if kind == RecordType.GROUP and version >= 6 and rtype in GROUPED:
+                if kind == RecordType.GROUP and version >= 6 and rtype in (GROUPED_V8 if version >= 8 else GROUPED):
                     kept = _group_without(rh, payload, rtype, version)
                     if kept is not None:
                         if not placed:

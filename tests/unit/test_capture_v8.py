@@ -204,3 +204,17 @@ def test_a_version_7_group_holding_an_opening_record_is_damage(tmp_path: Path) -
         info = CaptureInfo(p)
         assert [r.type for r in read_records(p, info)] == read
         assert info.n_skipped == (version == 7)
+
+
+def test_replacing_an_opening_record_takes_it_out_of_the_opening_group(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(capture, "GROUP_S", 3600.0)
+    p = tmp_path / "c.mtc"
+    records = write(p)
+    fresh = {"modules": [{"name": "t", "path": "/new", "base": "0x400000", "size": 8192}]}
+    capture.replace_records(p, RecordType.MODULES, [fresh])
+    info = CaptureInfo(p)
+    read = [(r.type, r.body, bytes(r.data)) for r in read_records(p, info)]
+    assert info.problem is None, info.skipped
+    assert [r for r in read if r[0] == RecordType.MODULES] == [(RecordType.MODULES, fresh, b"")]
+    assert [r for r in read[:-1] if r[0] != RecordType.MODULES] == [r for r in records if r[0] != RecordType.MODULES]

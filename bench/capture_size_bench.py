@@ -99,6 +99,10 @@ def main() -> None:
         b = statistics.median(sizes[(p.name, "baseline")]) if baseline is not None else None
         print(f"{p.name:9} {m:10,.0f} {'—' if b is None else f'{b:,.0f}':>10} {h:10,.0f} {m / h:6.2f} "
               f"{'—' if b is None else f'{b / h:.2f}':>8}")
+    # A capture's size follows its run's length (drains, symbol rounds), which varies from run to
+    # run on a loaded machine: each run's, in order.
+    for (name, who), got in sizes.items():
+        print(f"{name:9} {who:9} " + " ".join(f"{n:,}" for n in got))
     print("memtrace's symbolizing (seconds, END timing): all of the run / its last round, after the target ended")
     for p in programs:
         first, *later = symbolize[p.name]

@@ -80,7 +80,7 @@ def test_a_column_group_reads_back_every_record_exactly(tmp_path: Path, monkeypa
     records = write(p)
     info = CaptureInfo(p)
     read = [(r.type, r.body, bytes(r.data)) for r in read_records(p, info)][2:-1]
-    assert info.problem is None and info.version == capture.FORMAT_VERSION == 7
+    assert info.problem is None and info.version == capture.FORMAT_VERSION == 8
     assert read == records
     # One group, in columns: its first sub-record the column table.
     [(at, length)] = groups(p)
@@ -147,7 +147,7 @@ def flag_off(raw: bytes) -> bytes:
 def test_a_damaged_column_group_is_skipped_and_counted_and_the_rest_read(tmp_path: Path, damage: Any) -> None:
     good = [(RecordType.BATCH, *drain(i)) for i in range(1, 10)]
     raw = column_group()
-    assert raw[0] == 0 and capture._decode_group(raw, 7) is not None
+    assert raw[0] == 0 and capture._decode_group(raw, capture.FORMAT_VERSION) is not None
     p = tmp_path / "c.mtc"
     second = capture.encode_group(good)
     p.write_bytes(header_bytes() + capture.encode_record(RecordType.META, {"tracer": "malloc"})

@@ -66,7 +66,7 @@ def test_drains_are_grouped_and_read_back_as_written(tmp_path: Path, monkeypatch
     drains = write(p)
     info = CaptureInfo(p)
     batches = [r for r in read_records(p, info) if r.type == RecordType.BATCH]
-    assert info.problem is None and info.version == capture.FORMAT_VERSION == 7
+    assert info.problem is None and info.version == capture.FORMAT_VERSION == 8
     assert [(r.body, bytes(r.data)) for r in batches] == drains
     assert list(decode_agent_records(batches[7].data)) == [AggRecord(s, {"allocs": 70 + s, "bytes": 7 * 4096}) for s in range(3)]
     # The first drain alone (written at once: its stack definitions), the other 29 in one record.
@@ -132,7 +132,7 @@ def test_resymbolizing_replaces_the_grouped_symbols(tmp_path: Path, monkeypatch:
     drains = [drain(i) for i in range(4)]
     with CaptureWriter(p) as w:
         w.write(RecordType.BATCH, *drains[0])
-        w.write(RecordType.SYMBOLS, {"rows": [["0x401000", "t", 4096, "old0"]]})        # written alone
+        w.write(RecordType.SYMBOLS, {"rows": [["0x401000", "t", 4096, "old0"]]})        # (version 8) grouped
         w.write(RecordType.BATCH, *drains[1])
         w.write(RecordType.SYMBOLS, {"rows": [["0x401001", "t", 4097, "old1"]]})        # grouped
         w.write(RecordType.BATCH, *drains[2])
@@ -140,7 +140,7 @@ def test_resymbolizing_replaces_the_grouped_symbols(tmp_path: Path, monkeypatch:
         w.write(RecordType.SYMBOLS, {"rows": [["0x402000", "t", 8192, "old2"]]})        # grouped ...
         w.write(RecordType.BATCH, *drains[3])                                           # ... with one drain
         w.write(RecordType.END, {"ended": "completed", "reason": "done"})
-    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.GROUP,
+    assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.GROUP,
                                                     RecordType.WARNING, RecordType.GROUP, RecordType.END]
     capture.replace_records(p, RecordType.SYMBOLS, [{"rows": [["0x401000", "t", 4096, "new"]]}])
     info = CaptureInfo(p)

@@ -17,6 +17,8 @@ from memtrace.capture import (
     StackRecord,
     decode_agent_records,
     encode_agent_records,
+    encode_record,
+    header_bytes,
     read_records,
 )
 
@@ -41,7 +43,7 @@ def test_a_large_batch_is_stored_compressed_and_reads_back_the_same(tmp_path: Pa
     assert p.stat().st_size < len(data) / 4
     info = CaptureInfo(p)
     (batch,) = [r for r in read_records(p, info) if r.type == RecordType.BATCH]
-    assert info.problem is None and info.version == capture.FORMAT_VERSION == 7
+    assert info.problem is None and info.version == capture.FORMAT_VERSION == 8
     assert batch.data == data
     assert len([r for r in decode_agent_records(batch.data) if isinstance(r, StackRecord)]) == 2000
 
@@ -185,9 +187,9 @@ def test_a_small_json_record_is_stored_compressed_when_that_is_smaller(tmp_path:
     zstd would not shrink (a short META) is stored as it is."""
     rows = [[hex(0x5555_0000 + 16 * i), "prog", 16 * i, f"function_{i % 3}", "prog.c", i] for i in range(6)]
     p = tmp_path / "c.mtc"
-    with CaptureWriter(p) as w:
-        w.write(RecordType.META, {"tracer": "malloc"})
-        w.write(RecordType.SYMBOLS, {"rows": rows, "by": "host"})
+    # (each record alone: a writer holds a run's opening records for one group, format 8)
+    p.write_bytes(header_bytes() + encode_record(RecordType.META, {"tracer": "malloc"})
+                  + encode_record(RecordType.SYMBOLS, {"rows": rows, "by": "host"}))
     raw = p.read_bytes()
     assert b'{"tracer":"malloc"}' in raw and b"function_1" not in raw and capture.ZSTD_MAGIC in raw
     (sym,) = [r for r in read_records(p) if r.type == RecordType.SYMBOLS]

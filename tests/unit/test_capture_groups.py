@@ -110,20 +110,25 @@ def test_held_records_keep_their_order(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_a_format_5_group_holds_no_symbols(tmp_path: Path) -> None:
     """A version-5 writer never grouped SYMBOLS: such a group in a version-5 file is damage."""
-    import zlib
-
     assert capture._zstd is not None
     subs = b"".join(sub(RecordType.SYMBOLS, b'{"rows":[]}') for _ in range(2))
-    payload = capture._zstd.compress(subs)
+    assert_group_damage_until(tmp_path, capture._zstd.compress(subs), 5, [RecordType.SYMBOLS, RecordType.SYMBOLS])
+
+
+def assert_group_damage_until(tmp_path: Path, payload: bytes, version: int, read_after: list[RecordType]) -> None:
+    """A GROUP record of ``payload`` (its frame, compressed) is damage in a file of ``version`` (skipped,
+    nothing read) and reads as ``read_after`` in the version after it."""
+    import zlib
+
     head = capture.RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, capture._head_check(int(RecordType.GROUP),
                                                                                      len(payload)), len(payload))
     record = head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
-    for version, read in ((5, []), (6, [RecordType.SYMBOLS, RecordType.SYMBOLS])):
-        p = tmp_path / f"c{version}.mtc"
-        p.write_bytes(header_bytes(version) + record)
+    for v, read in ((version, []), (version + 1, read_after)):
+        p = tmp_path / f"c{v}.mtc"
+        p.write_bytes(header_bytes(v) + record)
         info = CaptureInfo(p)
         assert [r.type for r in read_records(p, info)] == read
-        assert info.n_skipped == (version == 5)
+        assert info.n_skipped == (v == version)
 
 
 def test_resymbolizing_replaces_the_grouped_symbols(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

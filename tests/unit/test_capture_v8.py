@@ -6,14 +6,12 @@ were written."""
 
 from __future__ import annotations
 
-import struct
-import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.unit.test_capture_columns import drain
-from tests.unit.test_capture_groups import frames
+from tests.unit.test_capture_groups import assert_group_damage_until, frames
 
 from memtrace import capture, layout
 from memtrace.capture import (
@@ -194,16 +192,7 @@ def test_frames_name_the_format_8_dictionary_in_one_byte() -> None:
 def test_a_version_7_group_holding_an_opening_record_is_damage(tmp_path: Path) -> None:
     """A version-7 writer never grouped META: such a group in a version-7 file is damage."""
     raw = capture.group_bytes([OPENING[0], OPENING[1]], version=7)
-    payload = capture._compress(raw, 3, 7)
-    head = capture.RECORD_HEADER_V1.pack(int(RecordType.GROUP), 0, capture._head_check(int(RecordType.GROUP),
-                                                                                     len(payload)), len(payload))
-    record = head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
-    for version, read in ((7, []), (8, [RecordType.META, RecordType.RECON])):
-        p = tmp_path / f"c{version}.mtc"
-        p.write_bytes(header_bytes(version) + record)
-        info = CaptureInfo(p)
-        assert [r.type for r in read_records(p, info)] == read
-        assert info.n_skipped == (version == 7)
+    assert_group_damage_until(tmp_path, capture._compress(raw, 3, 7), 7, [RecordType.META, RecordType.RECON])
 
 
 def test_replacing_an_opening_record_takes_it_out_of_the_opening_group(tmp_path: Path,

@@ -410,10 +410,10 @@ class CaptureLoop:
         ran under the hooks, no capture of it is left.  A --pid process, its own, is detached from:
         left attached by a long-lived host (a library user, a storm's driver), the session's mark
         refused every later session on that process (200 storm cycles in a row).  Detached first
-        either way: a spawned program killed with the agent still in it left Frida's injector in
-        this process in a state whose next uninjection -- of another process -- resumed that
-        process at a garbage address (a --pid shell died with SIGSEGV at 0x320 right after a
-        spawned program's failed build, 3 times in 6; 0 in 8 detaching first)."""
+        either way, so the agent unloads before a spawned process dies under it.  (A --pid shell
+        has been seen to die with SIGSEGV at 0x320 in Frida's uninjection after such a detach, with
+        or without a spawned program before it: docs/hook-storm.md, "Round 9" -- not this order's
+        doing, and not fixed by it.)"""
         with contextlib.suppress(Exception):
             self.source.detach()
         if self.source.spawned:

@@ -332,7 +332,8 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0,
 
     try:
         from memtrace.frida_host import FridaHost
-    except ImportError as e:        # frida-tools missing or broken: the host section says how to fix it
+    except ImportError as e:        # Frida's bindings broken: the host section says how to fix it (frida-tools
+        # is imported at the host's first call, and a failure there is a MemtraceError below)
         report.add("target", "attach", FAIL, f"cannot load an agent: {_first_line(e)}")
         return
     host = FridaHost(target, rpc_timeout)

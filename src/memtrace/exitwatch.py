@@ -97,10 +97,18 @@ class ChildExitWatcher:
         return None if r is None else _siginfo_status(r)
 
     def _watch_waitid(self) -> None:
-        try:
-            r = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
-        except (ChildProcessError, OSError):
-            r = None     # reaped by Frida first
+        while True:
+            try:
+                r = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            except (ChildProcessError, OSError):
+                r = None     # reaped by Frida first
+            if r is None or r.si_code in (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED):
+                break
+            # A ptrace stop (CLD_TRAPPED): Frida's injector runs in this process and is the
+            # child's tracer, and a tracer's wait reports its tracee's stops whatever the flags.
+            # WNOWAIT leaves it to Frida; look again a little later, not in a busy loop.
+            if self._stop.wait(0.05):
+                return
         self.t = time.monotonic()
         code = None if r is None else _siginfo_status(r)
         if code is not None:

@@ -37,6 +37,7 @@ import pytest
 from memtrace import tracers
 from memtrace.agentbuild import build_agent
 
+from ..children import exit_of, kill_and_reap  # noqa: TID252
 from ..conftest import ROOT  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
@@ -126,11 +127,10 @@ def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin
         finally:
             session.detach()
         time.sleep(0.3)
-        alive = target.poll() is None
+        died = exit_of(target)      # (this process is Frida's tracer: no poll(), see exit_of)
     finally:        # a failure above must not leave 4 spinning threads behind for the rest of the run
-        target.kill()
-        target.wait()
-    assert alive, f"the target died: {target.returncode}"
+        kill_and_reap(target)
+    assert died is None, f"the target died: {died}"
     assert world["why"] is None, world
     # Frida's own pthread keys (its Interceptor's per-thread context...) have their destructors in
     # its agent, which glibc would call on a thread exiting while Frida unloads (the threads
@@ -284,10 +284,9 @@ def _start_with_a_thread_parked(storm_exe: Path, demo_bin: Path, tracer: str, en
         finally:
             session.detach()
         time.sleep(0.3)
-        alive = target.poll() is None
+        alive = exit_of(target) is None       # (this process is Frida's tracer: no poll(), see exit_of)
     finally:
-        target.kill()
-        target.wait()
+        kill_and_reap(target)
     said = " ".join(str(m.get("payload", {}).get("message", "")) for m in messages if isinstance(m, dict))
     return ParkedRun(held, pristine, untouched, alive, said, stopped)
 

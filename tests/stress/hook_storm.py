@@ -47,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))       # run as a script: the repository's tests package
+from tests.children import exit_of  # noqa: E402
+
 # mode -> (tracer, extra memtrace options, storm kind, attach)
 # The malloc modes capture in layers (stacks from 8 KiB, blocks from 4 KiB): what is stressed is the
 # hooks going in and out, and a complete capture of four threads doing nothing but malloc/free
@@ -108,27 +111,6 @@ def start_target(exe: Path, kind: str, threads: int) -> subprocess.Popen[str]:
 
 def target_env(exe: Path) -> dict[str, str]:
     return {**os.environ, "MTDARWIN_LIB": str(exe.parent / "demo" / "libmtdarwin.so")}
-
-
-def exit_of(p: subprocess.Popen[str]) -> int | None:
-    """The target's exit status, or None while it lives -- read WITHOUT consuming any other wait
-    status.  Frida's local device injects from a thread of this very process (in the lib driver),
-    which ptraces the target, a child of ours: Popen.poll() (waitpid, WNOHANG) would take that
-    thread's ptrace stops (an event-stop or a remote call's end: WSTOPSIG 5 or 11, which Popen
-    reports as "killed by signal 5 / 11") and leave Frida's injector waiting for a stop that never
-    comes -- the round-5 storms' phantom "signal 5" and "signal 11" deaths (no core, no fault, no
-    signal sent: the kernel's signal trace), each followed by a run of deaths inside Frida's
-    injection.  waitid(WNOWAIT) only looks, and a tracer's wait reports its tracee's ptrace stops
-    whatever the flags (CLD_TRAPPED), so only an exit (CLD_EXITED, _KILLED, _DUMPED) is reaped."""
-    if p.returncode is not None:
-        return p.returncode
-    try:
-        info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return p.poll()         # reaped by someone else (memtrace's exit watcher): poll says 0
-    if info is None or info.si_code not in (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED):
-        return None             # alive (a ptrace stop of Frida's injector, left to it)
-    return p.wait()
 
 
 def death_of(status: int | None) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -86,3 +87,30 @@ def test_a_stopped_watcher_leaves_no_thread_behind() -> None:
 def test_wait_statuses_decode() -> None:
     assert decode_status(3 << 8) == {"exit_status": 3}
     assert decode_status(signal.SIGSEGV | 0x80) == {"signal": 11, "signal_name": "SIGSEGV", "core_dumped": True}
+
+
+PTRACE_DETACH, PTRACE_SEIZE, PTRACE_INTERRUPT = 17, 0x4206, 0x4207
+
+
+def test_without_pidfds_a_ptrace_stop_is_left_to_the_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frida's local injector is a thread of memtrace's own process, so memtrace is the tracer of
+    the programs it spawned: its wait sees their ptrace stops whatever the flags.  Without pidfds
+    the watcher waits (WNOWAIT) and must neither end on such a stop nor take it from the tracer."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        if libc.ptrace(PTRACE_SEIZE, p.pid, None, None) != 0:
+            pytest.skip(f"cannot ptrace a child here: {os.strerror(ctypes.get_errno())}")
+        assert libc.ptrace(PTRACE_INTERRUPT, p.pid, None, None) == 0
+        monkeypatch.delattr(os, "pidfd_open")
+        w = ChildExitWatcher(p.pid)
+        assert w.wait(0.3) is None and not w._done.is_set()        # still watching
+        stop = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WSTOPPED | os.WNOHANG)    # the tracer's
+        assert stop is not None and stop.si_code == os.CLD_TRAPPED
+        assert libc.ptrace(PTRACE_DETACH, p.pid, None, None) == 0
+        p.kill()
+        assert w.wait(5) == {"signal": 9, "signal_name": "SIGKILL", "core_dumped": False}
+    finally:
+        p.kill()
+        p.wait()

@@ -124,8 +124,15 @@ def test_blocks_allocated_before_tracing_are_found_and_sorted(compile_c, tmp_pat
     check_scan(doc, "window-end")
     key = oracle.key_by_prefix("pat_")
     expected = vg.exit.by_key(key)
-    assert expected == {"pat_before_lost": (500, 20000), "pat_before_tree": (11, 456), "pat_before_big": (2, 600000),
-                        "pat_after_lost": (20, 2080)}
+    # valgrind's scan is conservative, and its heap is low (the 300000-byte blocks near 0x4a40000,
+    # 78 million): a CI run once found a word it took for a pointer into one of the two dropped
+    # big blocks (not here in 150 runs; a number such as a cache-size tunable of another CPU can
+    # be one).  That block is then kept, not lost: the three are still all there.
+    big = expected.pop("pat_before_big")
+    if big != (2, 600000):
+        kept = vg.exit.by_key(key, ("reachable", "possibly_lost"))["pat_before_big"]
+        assert big == (1, 300000) and kept == (2, 600000), (big, kept)
+    assert expected == {"pat_before_lost": (500, 20000), "pat_before_tree": (11, 456), "pat_after_lost": (20, 2080)}
     got = oracle.memtrace_by_key(doc["leaks"], key)
     assert got.pop("pat_after_lost") == (20, 2080)
     ((name, (blocks, nbytes)),) = got.items()

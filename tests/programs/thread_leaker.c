@@ -13,6 +13,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define NOINLINE __attribute__((noinline))
@@ -20,6 +22,7 @@
 static pthread_barrier_t barrier;
 static atomic_int finished;
 static int block_pipe[2];
+static atomic_int last_tid;    /* the kernel id of the last counted thread to return */
 
 NOINLINE void *long_lived_task(void *arg) {
   char c;
@@ -34,24 +37,33 @@ NOINLINE void *worker_task(void *arg) {
 
 /* Three distinct start routines (the compiler must not fold them into one symbol). */
 NOINLINE void *detached_task(void *arg) {
+  atomic_store(&last_tid, (int) syscall(SYS_gettid));
   atomic_fetch_add(&finished, 1);
   return arg;
 }
 
 NOINLINE void *attr_task(void *arg) {
+  atomic_store(&last_tid, (int) syscall(SYS_gettid));
   atomic_fetch_add(&finished, 1);
   return (char *) arg + 1;
 }
 
 NOINLINE void *quick_task(void *arg) {
+  atomic_store(&last_tid, (int) syscall(SYS_gettid));
   atomic_fetch_add(&finished, 1);
   return (char *) arg + 2;
 }
 
-/* Wait until `n` counted threads have returned, and a little more for them to be gone. */
+/* Wait until `n` counted threads have returned and the last of them is gone from the kernel's
+ * task list: its exit is then seen (the tracer's exit hook runs before the thread ends).  A fixed
+ * sleep was not enough on a loaded machine: the last leaked thread was still on its way out when
+ * main returned, and its exit never happened (CI saw 13 exits of 14). */
 static void wait_finished(int n) {
   while (atomic_load(&finished) < n) usleep(1000);
-  usleep(20000);
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/self/task/%d", atomic_load(&last_tid));
+  struct stat st;
+  for (int i = 0; i < 20000 && stat(path, &st) == 0; i++) usleep(1000);
 }
 
 NOINLINE void start_long_lived(void) {

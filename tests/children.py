@@ -45,3 +45,13 @@ def kill_and_reap(p: subprocess.Popen[Any], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while exit_of(p) is None and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def wait_exit(p: subprocess.Popen[Any], timeout: float) -> int:
+    """Popen.wait(timeout) that takes no ptrace stop of Frida's (see exit_of)."""
+    deadline = time.monotonic() + timeout
+    while (status := exit_of(p)) is None:
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(p.args, timeout)
+        time.sleep(0.01)
+    return status

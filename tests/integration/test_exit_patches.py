@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.children import kill_and_reap, wait_exit
 
 from memtrace import tracers
 from memtrace.agentbuild import build_agent
@@ -55,11 +56,9 @@ def test_the_exits_patches_are_made_with_the_world_stopped(compile_c: Callable[.
         target.stdin.write("exit\n")
         target.stdin.flush()
         assert exited.wait(60), "no agent:exit message"
-        assert target.wait(60) == 0
+        assert wait_exit(target, 60) == 0       # (this process is Frida's tracer: see exit_of)
     finally:
-        if target.poll() is None:
-            target.kill()
-            target.wait()
+        kill_and_reap(target)
     world = said[0]["world"]
     assert world["why"] is None, world
     # The exiting thread (and only it: the churning threads are stopped) was left out ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.children import kill_and_reap, wait_exit
 from tests.conftest import frame_names, memtrace_json
 
 FRAME_1080 = 2080768        # round_up(1920 * 1080, 16384)
@@ -117,9 +118,9 @@ def test_references_dropped_on_surfaces_from_before_the_window_are_not_releases(
     try:
         result = run_capture("iosurface", TargetSpec(device="local", pid=proc.pid, launch="none"),
                              CaptureOptions(tracer="iosurface", window=30.0, out=tmp_path / "c"), GoWhenCapturing())
-        assert proc.wait(timeout=30) == 0
+        assert wait_exit(proc, 30) == 0         # (this process is Frida's tracer: see exit_of)
     finally:
-        proc.kill()
+        kill_and_reap(proc)
     assert result.ended == "target-exited"
     from memtrace.analyze.iosurface import summarize
     from memtrace.capture import read_records

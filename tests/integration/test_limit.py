@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.children import wait_exit
 
 from memtrace import census as C
 from memtrace.limit import linux_sample, watch_series
@@ -229,4 +230,4 @@ def test_limit_agent_pressure_source_and_available_memory_on_the_stand_in(compil
         script.unload()
         session.detach()
         p.stdin.close()
-        p.wait(timeout=10)
+        wait_exit(p, 10)        # (Frida's uninjection may still be at work: see exit_of)

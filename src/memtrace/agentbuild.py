@@ -32,7 +32,7 @@ import frida
 
 from memtrace import layout
 from memtrace.errors import MemtraceError
-from memtrace.files import write_text_atomic
+from memtrace.files import write_bytes_atomic, write_text_atomic
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 AGENT_DIR = PACKAGE_DIR / "agents"
@@ -264,6 +264,11 @@ def _first_diagnostic(batches: list[Any]) -> str:
 # assembly in one top-level asm statement: gcc then only assembles it (~10 ms); Frida links it
 # as before.  Anything unexpected (no gcc, a compile error) returns None and the agent compiles
 # the C itself, exactly as without the cache.
+#
+# First choice since round 10: the module itself, linked here as Frida's gcc toolchain links it
+# (precompiled_module).  Frida 17 loads a shared object given as bytes (``new CModule(bytes,
+# symbols)``) on Linux too, resolving its undefined symbols from the symbols given, so the target
+# starts no compiler -- no fork of the target, no shell, no gcc -- and the core is in at once.
 
 CMODULE_CACHE_FORMAT = 2
 # The flags Frida 17's gcc CModule compiles with (it runs `gcc -m64 -shared -fPIC -nostdlib -Wall
@@ -271,6 +276,7 @@ CMODULE_CACHE_FORMAT = 2
 # Another Frida version that compiles otherwise misses the cache key (its version is in it) or, if
 # the assembly does not fit its flags, fails to link it, and the agent compiles the C itself.
 _GCC_FLAGS = ["-S", "-m64", "-fPIC", "-nostdlib", "-Wall", "-Werror", "-O2", "-isystem", ".", "-isystem", "capstone"]
+_MODULE_FLAGS = ["-m64", "-shared", "-fPIC", "-nostdlib", "-Wall", "-Werror", "-O2", "-isystem", ".", "-isystem", "capstone"]
 
 
 def gcc_driver() -> tuple[str, os.stat_result] | None:
@@ -344,6 +350,45 @@ def precompiled_cmodule(source: str, builtin_defines: dict[str, Any], frida_vers
     cached = folder / f"cmodule-{key}.c"
     with contextlib.suppress(OSError):
         return cached.read_text(encoding="utf-8")
+    built = _gcc_in_headers(source, builtin_defines, headers, _GCC_FLAGS, "module.s")
+    if built is None:
+        return None
+    text = asm_as_c(built.decode("utf-8"))
+    with contextlib.suppress(OSError):     # an unwritable cache only costs a compile per run
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cached, text)
+    return text
+
+
+def precompiled_module(source: str, builtin_defines: dict[str, Any], frida_version: str,
+                       headers: Callable[[], dict[str, str]], cache_dir: Path | None = None) -> Path | None:
+    """`source` built here once as the shared object Frida's gcc toolchain would build in the
+    target (its flags, its headers), kept in the cache folder by the same key as the assembly;
+    the agent loads it as it is (``new CModule(bytes, symbols)``), with no compiler run from the
+    target at all.  None when it cannot be had (no gcc, a compile error, an unwritable cache):
+    the agent then takes the assembly, or compiles the C, as before."""
+    folder = cache_dir if cache_dir is not None else default_cache_dir()
+    key = cmodule_cache_key(source, builtin_defines, frida_version, folder)
+    if key is None:
+        return None
+    cached = folder / f"cmodule-{key}.so"
+    if cached.is_file():
+        return cached
+    built = _gcc_in_headers(source, builtin_defines, headers, _MODULE_FLAGS, "module.so")
+    if built is None:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(cached, built)       # whole or not at all: another run may be reading it
+    except OSError:
+        return None
+    return cached
+
+
+def _gcc_in_headers(source: str, builtin_defines: dict[str, Any], headers: Callable[[], dict[str, str]],
+                    flags: list[str], output: str) -> bytes | None:
+    """gcc `flags` on `source` in a folder of Frida's CModule headers, as Frida runs it: the
+    output file's bytes, or None when it fails."""
     defines = [f"-D{k}" if v is True else f"-D{k}={v}" for k, v in builtin_defines.items()]
     try:
         with tempfile.TemporaryDirectory(prefix="memtrace-cmodule-") as d:
@@ -353,14 +398,10 @@ def precompiled_cmodule(source: str, builtin_defines: dict[str, Any], frida_vers
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_text(text, encoding="utf-8")
             (work / "module.c").write_text(source, encoding="utf-8")
-            out = subprocess.run(["gcc", *_GCC_FLAGS, *defines, "module.c", "-o", "module.s"], cwd=work,
+            out = subprocess.run(["gcc", *flags, *defines, "module.c", "-o", output], cwd=work,
                                  capture_output=True, text=True, timeout=300)
             if out.returncode != 0:
                 return None
-            text = asm_as_c((work / "module.s").read_text(encoding="utf-8"))
+            return (work / output).read_bytes()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    with contextlib.suppress(OSError):     # an unwritable cache only costs a compile per run
-        folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(cached, text)
-    return text

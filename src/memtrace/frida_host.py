@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -31,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 import frida
 
 from memtrace import devices, launchers, priority
-from memtrace.agentbuild import build_agent, default_cache_dir, gcc_driver, precompiled_cmodule
+from memtrace.agentbuild import (
+    build_agent,
+    default_cache_dir,
+    gcc_driver,
+    precompiled_cmodule,
+    precompiled_module,
+)
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.errors import first_line as _first_line
 from memtrace.exitwatch import ChildExitWatcher, local_pid_alive
@@ -118,6 +125,7 @@ class FridaHost:
         self._agents: dict[str, Any] = {}
         self._bytecode: dict[Path, bytes] = {}
         self._asm: dict[str, str | None] = {}
+        self._module: dict[str, dict[str, Any] | None] = {}
         self._text_refs: dict[str, dict[str, Any] | None] = {}
 
     # -- what the capture loop reads ---------------------------------------------------------
@@ -343,6 +351,7 @@ class FridaHost:
             if builtins is None:
                 return          # (made through the agent, after hello)
             asm = self._core_asm(built.c_sources, builtins)
+            self._core_module(built.c_sources, builtins)
             folder = default_cache_dir() / "texts"
             for text in ("\n".join(built.c_sources), "\n".join(built.process_sources), asm):
                 if text:
@@ -435,7 +444,9 @@ class FridaHost:
         config["frameCache"] = os.environ.get("MEMTRACE_FRAME_CACHE", "on") != "off"
         # The agent writes the environment its compiler gets only at the hold point (process.js withCompilerEnv).
         config["programHeld"] = self.program_held
-        asm = self._precompiled_cmodule(hello, config, sources)
+        asm, module = self._precompiled_cmodule(hello, config, sources)
+        if module is not None:
+            config["cmoduleModule"] = module
         if asm is not None:
             config["cmoduleAsm"] = asm
             # The stand-in is found only through the target's PATH (GLib's spawn searches
@@ -495,12 +506,15 @@ class FridaHost:
             return [Notice({"message": f"no unwind tables: {err}"}, f"stacks follow frame pointers only: {err}")]
         return []
 
-    def _precompiled_cmodule(self, hello: Any, config: dict[str, Any], sources: list[str]) -> str | None:
-        """The core CModule as assembly compiled on this host once (agentbuild.precompiled_cmodule),
-        for a local x86-64 Linux target whose agent compiles with gcc; None elsewhere."""
+    def _precompiled_cmodule(self, hello: Any, config: dict[str, Any], sources: list[str]
+                             ) -> tuple[str | None, dict[str, Any] | None]:
+        """The core CModule compiled on this host once, for a local x86-64 Linux target whose agent
+        compiles with gcc: as assembly (agentbuild.precompiled_cmodule) and as the module itself
+        (agentbuild.precompiled_module, named by a file of the cache folder: see _core_module);
+        (None, None) elsewhere."""
         if not (sources and self.is_local and isinstance(hello, dict) and hello.get("platform") == "linux"
                 and hello.get("arch") == "x64" and config.get("toolchain") in ("auto", "external")):
-            return None
+            return None, None
         builtins = self._cmodule_builtins_file()
         if builtins is None:
             builtins = self.cmodule_builtins()
@@ -508,7 +522,7 @@ class FridaHost:
                 builtins_file = _builtins_file()
                 builtins_file.parent.mkdir(parents=True, exist_ok=True)
                 write_text_atomic(builtins_file, json.dumps(builtins))
-        return self._core_asm(sources, builtins)
+        return self._core_asm(sources, builtins), self._core_module(sources, builtins)
 
     def _cmodule_builtins_file(self) -> dict[str, Any] | None:
         """Frida's CModule builtins (defines, headers) as kept in the cache folder; None: not yet."""
@@ -525,6 +539,22 @@ class FridaHost:
             self._asm[source] = precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
                                                     lambda: dict(builtins.get("headers") or {}))
         return self._asm[source]
+
+    def _core_module(self, sources: list[str], builtins: dict[str, Any]) -> dict[str, Any] | None:
+        """The core's module file, with its length and SHA-256: the agent loads it only when it
+        reads exactly those bytes (a process in another mount namespace may see another file, or
+        none, at that path: it then takes the assembly)."""
+        source = "#define MT_LINUX 1\n" + "\n".join(sources)
+        if source not in self._module:
+            ref = None
+            path = precompiled_module(source, dict(builtins.get("defines") or {}), frida.__version__,
+                                      lambda: dict(builtins.get("headers") or {}))
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    data = path.read_bytes()
+                    ref = {"file": str(path), "length": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            self._module[source] = ref
+        return self._module[source]
 
     def calibrate(self, timeout: float | None = None) -> dict[str, Any]:
         return dict(self.rpc("calibrate", "calibrate", timeout=timeout) or {})
@@ -779,8 +809,6 @@ def _pump(read_fd: int, fd: int, output: Callable[[int, bytes], None] | None) ->
 
 def agent_bytecode_path(agent: str, source: str) -> Path:
     """Where the compiled bytecode of an agent's bundle is kept (FridaHost._script_from_bytecode)."""
-    import hashlib
-
     key = hashlib.sha256(f"{frida.__version__}\0{source}".encode()).hexdigest()[:24]
     return default_cache_dir() / f"{agent}-{key}.qjs"
 
@@ -817,7 +845,6 @@ def text_file(text: str, folder: Path) -> dict[str, Any] | None:
     """``text`` as a file of ``folder`` named by its hash (written once), as the agent's init reads
     it: ``{"file", "length"}`` (its length in UTF-16 units, JavaScript's); None if it cannot be
     written."""
-    import hashlib
 
     data = text.encode("utf-8")
     path = folder / f"{hashlib.sha256(data).hexdigest()[:32]}.txt"
@@ -907,7 +934,6 @@ def gcc_cache_shim(cache_dir: Path, frida_version: str) -> Path | None:
     if driver is None:
         return None
     real, st = driver
-    import hashlib
     import shlex
 
     ident = repr((GCC_SHIM_VERSION, frida_version, real, st.st_size, st.st_mtime_ns)).encode()

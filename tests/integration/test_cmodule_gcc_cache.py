@@ -1,16 +1,19 @@
-"""The core's CModule, built once per source: the second run's gcc is the cache's copy.
+"""The core's CModule, built once per source, and no compiler run from the target.
 
-Frida's external toolchain runs ``gcc ... module.c -o module.so`` inside the target on every run
-(it loads no prebuilt module on Linux).  The host puts a stand-in for gcc first on the target's
-PATH for that compile (frida_host.gcc_cache_shim, runtime/process.js withCompilerEnv): it keeps each
-module by a hash of gcc's arguments and the source and hands a copy back next time (issue 21,
-item 6: the compile was 0.1-0.25 s of every start).  Proved on the real CLI with a cache folder of
-the test's own: the first run leaves one module there, the second takes it unchanged (the same
-file: a miss would have replaced it), both count exactly, and the program's PATH is its own again.
+Frida's external toolchain would run ``gcc ... module.c -o module.so`` inside the target on every
+run.  The host builds that module itself, once per source, compiler and Frida version
+(agentbuild.precompiled_module), and the agent loads its bytes (``new CModule(bytes, symbols)``):
+the target forks no compiler at all.  When the module cannot be used (here: not the bytes the host
+said), the agent takes the assembly the host compiled, which gcc assembles in the target -- through
+the host's stand-in for gcc first on the target's PATH for that compile (frida_host.gcc_cache_shim,
+runtime/process.js withCompilerEnv), which keeps each module by a hash of gcc's arguments and the
+source and hands a copy back next time (issue 21, item 6: the compile was 0.1-0.25 s of every start).
+Proved on the real CLI with a cache folder of the test's own.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -25,8 +28,6 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device te
 
 
 def _run(exe: Path, cache: Path, out: Path, path_file: Path) -> tuple[dict, dict]:
-    import json
-
     proc = run_memtrace("malloc", "--json", "--device", "local", "--out", out, "--", exe, path_file,
                         env={"MEMTRACE_CACHE_DIR": str(cache), "PATH": "/usr/local/bin:/usr/bin:/bin"})
     recon = next(r.body for r in read_records(out) if r.type == RecordType.RECON)
@@ -37,23 +38,66 @@ def test_the_second_run_takes_the_module_the_first_built(compile_c, tmp_path: Pa
     exe = compile_c("path_writer")
     cache = tmp_path / "cache"
     first, info = _run(exe, cache, tmp_path / "one", tmp_path / "path1")
-    assert info["toolchain"] == "external" and info["precompiled"] is True, info
-    [folder] = list(cache.glob("cmodule-gcc-*"))
-    assert (folder / "gcc").is_file() and folder.stat().st_mode & 0o777 == 0o700
-    [module] = list(folder.glob("*.so"))
+    assert info["toolchain"] == "external" and info["precompiledAs"] == "module", info
+    [module] = list(cache.glob("cmodule-*.so"))
     kept = module.stat()
     second, info = _run(exe, cache, tmp_path / "two", tmp_path / "path2")
-    assert info["toolchain"] == "external" and info["precompiled"] is True, info
-    assert list(folder.glob("*.so")) == [module] and not list(folder.glob(".*"))
+    assert info["toolchain"] == "external" and info["precompiledAs"] == "module", info
+    assert list(cache.glob("cmodule-*.so")) == [module]
     now = module.stat()
     assert (now.st_ino, now.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns), "the module was built again"
+    # No compiler ran from the target: the gcc stand-in (on its PATH for a compile) kept nothing.
+    for folder in cache.glob("cmodule-gcc-*"):
+        assert not list(folder.glob("*.so")), "a compile ran in the target"
     for s in (first, second):
         rows = {r["frames"][0]["function"]: (r["bytes"], r["count"]) for r in s["live_by_stack"] if r["frames"]}
         assert rows.get("main") == (100_000, 1000), rows
-    # The compile's PATH was the compile's only: by main the program's PATH is the one it was given.
+    # The program's PATH is the one it was given.
     for f in (tmp_path / "path1", tmp_path / "path2"):
         assert f.read_text().strip() == "/usr/local/bin:/usr/bin:/bin"
-        assert str(folder) not in f.read_text()
+
+
+def test_a_module_that_is_not_the_hosts_falls_back_to_the_assembly(
+        compile_c, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module's file is not the bytes the host built (as a process in another mount namespace
+    may see at that path): the agent refuses it and takes the assembly, which gcc assembles in the
+    target through the stand-in -- the first run builds the stand-in's module, the second takes it
+    unchanged -- and the program's PATH is its own again by main.  Both count exactly."""
+    from memtrace.capture_loop import CaptureOptions, run_capture
+    from memtrace.frida_host import FridaHost
+    from memtrace.target import TargetSpec
+
+    real = FridaHost._core_module
+
+    def not_the_hosts(self: FridaHost, sources: list[str], builtins: dict) -> dict | None:
+        ref = real(self, sources, builtins)
+        return None if ref is None else {**ref, "sha256": "0" * 64}
+
+    monkeypatch.setattr(FridaHost, "_core_module", not_the_hosts)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MEMTRACE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")        # the target's, as the CLI's
+    exe = compile_c("path_writer")
+    kept = None
+    for run in ("one", "two"):
+        out = tmp_path / run
+        target = TargetSpec(device="local", argv=[str(exe), str(tmp_path / f"path-{run}")])
+        result = run_capture("malloc", target, CaptureOptions("malloc", out=out))
+        assert result.ended == "target-exited", result.reason
+        info = next(r.body for r in read_records(out) if r.type == RecordType.RECON)["info"]
+        assert info["precompiledAs"] == "assembly", info
+        assert "not the module the host built" in info["precompiledError"], info
+        [folder] = list(cache.glob("cmodule-gcc-*"))
+        [module] = list(folder.glob("*.so"))        # the stand-in kept the compile's module
+        if kept is None:
+            kept = module.stat()
+        else:
+            now = module.stat()
+            assert (now.st_ino, now.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns), "built again"
+        assert (tmp_path / f"path-{run}").read_text().strip() == "/usr/local/bin:/usr/bin:/bin"
+        shown = json.loads(run_memtrace("show", "--json", out).stdout)
+        rows = {r["frames"][0]["function"]: (r["bytes"], r["count"]) for r in shown["live_by_stack"] if r["frames"]}
+        assert rows.get("main") == (100_000, 1000), rows
     assert os.access(folder / "gcc", os.X_OK)
 
 

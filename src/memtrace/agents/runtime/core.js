@@ -28,7 +28,8 @@ export const core = {
   cfg: null,
   slowKinds: null,
   toolchainError: null,
-  precompiled: false,       // the CModule came from the host's cached assembly
+  precompiled: false,       // the CModule came from the host's cached build
+  precompiledAs: null,      // 'module' (its shared object, loaded as it is) or 'assembly' (gcc assembled it here)
   precompiledError: null,
   drainBuf: null,
   drainCap: 0,
@@ -106,6 +107,15 @@ function fullFence() {
     w.flush();
   });
   return code;
+}
+
+/* The bytes of the host's module file { file, length, sha256 } (FridaHost._core_module): throws
+ * unless they are exactly those the host built. */
+function hostModule(ref) {
+  const bytes = File.readAllBytes(ref.file);
+  if (bytes.byteLength !== ref.length || Checksum.compute('sha256', bytes) !== ref.sha256)
+    throw new Error(`${ref.file}: not the module the host built`);
+  return bytes;
 }
 
 /* Compiles `sources` (cmodule/ files, the generated layout header first) with the core's tables
@@ -229,7 +239,22 @@ export function buildCore(config, sources, extraSymbols) {
       (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered()));
   if (config.followChildren && config.toolchain === 'external')
     core.toolchainError = 'not with --follow-children: the compiler would be a followed child';
-  if (wantExternal && config.cmoduleAsm) {
+  if (wantExternal && config.cmoduleModule) {
+    // The module itself, built by the host as Frida's gcc toolchain would build it here
+    // (agentbuild.precompiled_module): loaded from its bytes, so no compiler runs from the target
+    // (no fork, no shell, no gcc).  Only the exact bytes the host built (a process in another
+    // mount namespace may see another file at that path); anything else takes the assembly below.
+    try {
+      cm = new CModule(hostModule(config.cmoduleModule), symbols);
+      toolchain = 'external';
+      core.precompiled = true;
+      core.precompiledAs = 'module';
+    } catch (e) {
+      core.precompiledError = String(e.message || e).split('\n')[0];
+      cm = null;
+    }
+  }
+  if (wantExternal && !cm && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
     // only assembles it.  Any failure falls back to compiling the C below.  gcc runs as the C
     // compile's does: with the program's environment, not held (withCompilerEnv).
@@ -238,6 +263,7 @@ export function buildCore(config, sources, extraSymbols) {
         defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' }));
       toolchain = 'external';
       core.precompiled = true;
+      core.precompiledAs = 'assembly';
     } catch (e) {
       core.precompiledError = String(e.message || e).split('\n')[0];
       cm = null;
@@ -332,6 +358,7 @@ export function buildCore(config, sources, extraSymbols) {
     toolchain,
     toolchainError: core.toolchainError,
     precompiled: core.precompiled,
+    precompiledAs: core.precompiledAs,
     precompiledError: core.precompiledError,
     tlsDirectOffset: tlsDirect,
     tlsKey: key,

@@ -921,10 +921,9 @@ class CaptureLoop:
         """The agent's configuration for this capture (the target's platform once it is known)."""
         config = {**self.tracer.agent_config(self._platform, self.options.agent_config),
                   "followChildren": self.options.follow_children, "childWaitMs": int(CHILD_WAIT_S * 1000)}
-        if self.options.follow_children and config.get("toolchain") == "auto":
-            # The external toolchain's compiler would be a process of the target's, held and
-            # followed like any other (and its compiler too): TinyCC compiles in the target.
-            config["toolchain"] = "internal"
+        # With --follow-children the agent never starts the external toolchain's compiler (it would
+        # be a process of the target's, held and followed like any other, and its compiler too):
+        # it loads the core the host built (runtime/core.js), or compiles it with TinyCC.
         return config
 
     def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:

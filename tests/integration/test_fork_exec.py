@@ -109,6 +109,9 @@ def test_a_followed_fork_child_gets_the_whole_agent(compile_c, tmp_path: Path) -
         recon = next(r for r in _records(path) if r.type == RecordType.RECON).body
         assert "libc.so.6" in recon["unwind"]["tables"], path
         assert recon["process"]["guard"] is True
+        # The core the host built, loaded as it is: a followed child too (it forks no compiler,
+        # which would be one more child to follow), not TinyCC's slower code.
+        assert recon["info"]["precompiledAs"] == "module", recon["info"]
     leaks = summarize(read_records(child_path)).leaks_json(None)
     assert leaks is not None and leaks["scan"]["when"] == "exit" and leaks["scan"]["complete"]
     leaked = {r["frames"][0]["function"]: (r["blocks"], r["bytes"]) for r in leaks["leaked"]["by_stack"]}

@@ -21,6 +21,7 @@ import pytest
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import RecordType, read_records
 from memtrace.capture_loop import CaptureOptions, run_capture
+from memtrace.frida_host import FridaHost
 from memtrace.target import TargetSpec
 from memtrace.ui import SilentUI
 
@@ -122,10 +123,11 @@ def _constructor_row(records: list) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-def test_a_followed_child_is_traced_from_before_its_constructors_with_tinycc(compile_c, ctor_user: Path,
-                                                                            tmp_path: Path) -> None:
+def test_a_followed_child_is_traced_from_before_its_constructors(compile_c, ctor_user: Path,
+                                                                 tmp_path: Path) -> None:
     # spawner posix_spawns ctor_user, whose library's constructor allocates 12,345 B before main:
-    # the child waits at the hold until its agent (TinyCC-compiled core) has its hooks in.
+    # the child waits at the hold until its agent (the core the host built, loaded as it is: no
+    # compiler started, which would be one more child to follow) has its hooks in.
     out = tmp_path / "c"
     run_memtrace("malloc", "--device", "local", "--quiet", "--follow-children", "--out", out, "--",
                  compile_c("spawner"), ctor_user)
@@ -133,16 +135,18 @@ def test_a_followed_child_is_traced_from_before_its_constructors_with_tinycc(com
     assert child["origin"] == "spawn" and child["path"] == str(ctor_user)
     frames = _constructor_row(records)
     assert frames[0] == "ctor_lib_init" and "_dl_init" in frames
-    toolchains = [r.body["info"]["toolchain"] for r in read_records(out / "capture.mtc") if r.type == RecordType.RECON]
-    toolchains += [r.body["info"]["toolchain"] for r in records if r.type == RecordType.RECON]
-    assert toolchains == ["internal", "internal"]
+    infos = [r.body["info"] for r in read_records(out / "capture.mtc") if r.type == RecordType.RECON]
+    infos += [r.body["info"] for r in records if r.type == RecordType.RECON]
+    assert [(i["toolchain"], i["precompiledAs"]) for i in infos] == [("external", "module")] * 2, infos
 
 
 @pytest.mark.timeout(300)
-def test_follow_children_never_follows_its_own_compiler(compile_c, ctor_user: Path, tmp_path: Path) -> None:
+def test_follow_children_never_follows_its_own_compiler(compile_c, ctor_user: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Asked for the external toolchain, a followed process would start gcc, a child held and
     # followed in turn, whose agent starts gcc... (seen: hundreds of captures in a minute).
-    # TinyCC compiles instead, and the capture says why.
+    # Without the host's module (here: none to give) TinyCC compiles instead, and the capture says why.
+    monkeypatch.setattr(FridaHost, "_core_module", lambda self, sources, builtins: None)
     out = tmp_path / "c"
     result = run_capture("malloc", TargetSpec(device="local", argv=[str(compile_c("spawner")), str(ctor_user)]),
                          CaptureOptions(tracer="malloc", out=out, follow_children=True,

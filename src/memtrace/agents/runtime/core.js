@@ -237,13 +237,15 @@ export function buildCore(config, sources, extraSymbols) {
   // their first instruction with it (tests/integration/test_peer_suite.py).
   const wantExternal = !config.followChildren && (config.toolchain === 'external' ||
       (config.toolchain === 'auto' && NATIVE_PLATFORM === 'linux' && !seccompFiltered()));
-  if (config.followChildren && config.toolchain === 'external')
-    core.toolchainError = 'not with --follow-children: the compiler would be a followed child';
-  if (wantExternal && config.cmoduleModule) {
-    // The module itself, built by the host as Frida's gcc toolchain would build it here
-    // (agentbuild.precompiled_module): loaded from its bytes, so no compiler runs from the target
-    // (no fork, no shell, no gcc).  Only the exact bytes the host built (a process in another
-    // mount namespace may see another file at that path); anything else takes the assembly below.
+  // The module itself, built by the host as Frida's gcc toolchain would build it here
+  // (agentbuild.precompiled_module): loaded from its bytes, so no compiler runs from the target
+  // (no fork, no shell, no gcc) -- hence also for a followed child, which compiled with TinyCC
+  // only because a compiler would be a child to follow.  Not with the signal stop compiled in
+  // (the host built the source without it).  Only the exact bytes the host built (a process in
+  // another mount namespace may see another file at that path); anything else goes on below.
+  const useModule = !!config.cmoduleModule && sigstop === null &&
+      (config.toolchain === 'external' || config.toolchain === 'auto') && NATIVE_PLATFORM === 'linux';
+  if (useModule) {
     try {
       cm = new CModule(hostModule(config.cmoduleModule), symbols);
       toolchain = 'external';
@@ -254,6 +256,8 @@ export function buildCore(config, sources, extraSymbols) {
       cm = null;
     }
   }
+  if (!cm && config.followChildren && config.toolchain === 'external')
+    core.toolchainError = 'not with --follow-children: the compiler would be a followed child';
   if (wantExternal && !cm && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
     // only assembles it.  Any failure falls back to compiling the C below.  gcc runs as the C

@@ -101,6 +101,7 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 # define MT_SYS_PTRACE 117
 # define MT_SYS_PRCTL 167
 # define MT_SYS_WAIT4 260
+# define MT_SYS_GETPPID 173
 # define MT_WORLD_SP 31                    /* struct user_pt_regs: x0..x30, sp, pc, pstate */
 # define MT_WORLD_PC 32
 #else
@@ -114,6 +115,7 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 # define MT_SYS_PTRACE 101
 # define MT_SYS_PRCTL 157
 # define MT_SYS_WAIT4 61
+# define MT_SYS_GETPPID 110
 # define MT_WORLD_SP 19                    /* struct user_regs_struct: ... rip(16) cs eflags rsp(19) ss ... */
 # define MT_WORLD_PC 16
 #endif
@@ -128,6 +130,7 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 #define mt_open(path, flags) syscall (MT_SYS_OPENAT, (glong) MT_AT_FDCWD, (glong) (gsize) (path), (glong) (flags), 0L)
 #define mt_close_fd(fd) syscall (MT_SYS_CLOSE, (glong) (fd))
 #define mt_read(fd, buf, count) syscall (MT_SYS_READ, (glong) (fd), (glong) (gsize) (buf), (glong) (count))
+#define mt_getppid() ((guint64) syscall (MT_SYS_GETPPID))
 
 static void
 mt_world_sleep_us (guint64 us)
@@ -441,11 +444,18 @@ mt_world_tracer (gpointer data)
   guint64 i, deadline;
   gint pass;
 
-  /* Dies with the thread that made it: a target killed meanwhile leaves nothing behind. */
+  /* Dies with the thread that made it: a target killed meanwhile leaves nothing behind.  The
+   * signal is only armed from here on, so a target already gone is seen by its pid: a helper
+   * made by a process killed at that instant (a run given up on, under load) was seen holding
+   * on, orphaned, to its 600 s hold limit.  The same look each turn of the waits below. */
   mt_prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
+  if (mt_getppid () != w->tgid)
+    return 0;
   deadline = mt_world_now_us () + mt_world_timeout_us (w);
   while (mt_world_state (w) != MT_WORLD_STOPPING)
   {
+    if (mt_getppid () != w->tgid)
+      return 0;
     mt_world_sleep_us (MT_WORLD_WAIT_US);
     if (mt_world_now_us () > deadline)
       return 0;
@@ -466,7 +476,8 @@ mt_world_tracer (gpointer data)
   w->state = MT_WORLD_STOPPED;
   mt_world_barrier (w);
   deadline = mt_world_now_us () + MT_WORLD_HOLD_LIMIT_US;
-  while (mt_world_state (w) != MT_WORLD_RESUME && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0)
+  while (mt_world_state (w) != MT_WORLD_RESUME && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0
+         && mt_getppid () == w->tgid)
   {
     mt_world_sleep_us (MT_WORLD_WAIT_US);
     /* The stopper is bounded in time; one that never says resume is gone: let go. */

@@ -894,8 +894,9 @@ def _texts_by_file(config: dict[str, Any], sources: list[str], process_sources: 
 
 # Frida's external CModule toolchain runs "gcc <flags> module.c -o module.so" in a new folder, with
 # the module's headers beside it, from inside the target: ~0.1-0.25 s of every run's start, even
-# for the assembly the host precompiled (agentbuild.precompiled_cmodule), as Frida loads no prebuilt
-# module on Linux.  This stand-in for gcc, first on the target's PATH while the core compiles
+# for the assembly the host precompiled (agentbuild.precompiled_cmodule).  The module the host
+# builds itself (agentbuild.precompiled_module, loaded from its bytes) needs none of it; when the
+# agent cannot take that one, this stand-in for gcc, first on the target's PATH while the core compiles
 # (runtime/process.js withCompilerEnv; only in a program at the hold point, FridaHost.program_held:
 # a running one compiles with its own PATH's gcc), keeps each module.so by a hash of gcc's
 # arguments and the source, and hands a copy back the next time; anything else, or a miss, runs

@@ -391,7 +391,25 @@ function busyThread() {
   } catch (e) {
     // no symbol: the address alone
   }
-  return `thread ${tid} "${name}", ${how} = ${sym}`;
+  // Which thread it is, for the evidence: the main one, one Frida's cloak knows now (it was not
+  // listed as Frida's when the world stopped), and where the kernel has it waiting.
+  const what = [];
+  if (tid === Process.id)
+    what.push('the main thread');
+  try {
+    if (Cloak.hasThread(tid))
+      what.push("Frida's (cloaked since)");
+  } catch (e) {
+    // no cloak query here
+  }
+  try {
+    const wchan = File.readAllText(`/proc/self/task/${tid}/wchan`).trim();
+    if (wchan !== '' && wchan !== '0')
+      what.push(`waiting in ${wchan}`);
+  } catch (e) {
+    // the thread has gone since
+  }
+  return `thread ${tid} "${name}"${what.length > 0 ? ` (${what.join(', ')})` : ''}, ${how} = ${sym}`;
 }
 
 /* At process exit Frida's exit monitor holds the exiting thread inside Frida's own code until the

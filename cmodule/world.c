@@ -958,6 +958,13 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
   const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
   guint64 sp = ((MtWorldThread *) w->threads)[i].sp & ~(guint64) 7;
   guint64 r, done = 0;
+  /* The main thread of a program at the hold point, waiting in the hold library: nothing of
+   * Frida's or ours runs on it, and the words above its sp are ld.so's frames, which keep what
+   * they kept -- one of them, a pointer into a mapping since freed, once lay where Frida's agent
+   * was mapped later, and every stop at start was refused for 4 s (1 spawned cycle in 150). */
+  if (w->hold_tid != 0 && ((MtWorldThread *) w->threads)[i].tid == w->hold_tid &&
+      regs[MT_WORLD_PC] >= w->hold_code_lo && regs[MT_WORLD_PC] < w->hold_code_hi)
+    return FALSE;
   for (r = 0; r != MT_WORLD_REGS; r++)
   {
     if (mt_world_in (regs[r], ranges, n_ranges))

@@ -444,6 +444,12 @@ class FridaHost:
         config["frameCache"] = os.environ.get("MEMTRACE_FRAME_CACHE", "on") != "off"
         # The agent writes the environment its compiler gets only at the hold point (process.js withCompilerEnv).
         config["programHeld"] = self.program_held
+        if self.program_held:
+            # Its main thread waits in this library: world.c does not search that stack for
+            # Frida's code while it is there (ld.so's frames may hold anything).
+            lib, _why = hold_library(default_cache_dir())
+            if lib is not None:
+                config["holdLibrary"] = str(lib.resolve())      # as /proc/PID/maps names it
         asm, module = self._precompiled_cmodule(hello, config, sources)
         if module is not None:
             config["cmoduleModule"] = module

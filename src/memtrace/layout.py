@@ -398,6 +398,10 @@ WORLD = Layout("MtWorld", (
     ("error", "u64"),              # WORLD_ERRORS
     ("stop_timeout_us", "u64"),    # how long stopping may take (0: WORLD_STOP_TIMEOUT_US)
     ("abandoned", "u64"),          # the stopper gave up waiting: the helper lets go at once
+    # A program at memtrace's hold point: its main thread waits in the hold library, where nothing
+    # of Frida's runs; while its pc is in [hold_code_lo, hold_code_hi) its stack (ld.so's frames,
+    # with whatever they kept) is not searched for Frida's code or the module's (0: no such thread).
+    ("hold_tid", "u64"), ("hold_code_lo", "u64"), ("hold_code_hi", "u64"),
 ))
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
@@ -452,6 +456,7 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("error", "u64"),              # first errno seen while stopping
     ("stop_timeout_us", "u64"),    # how long stopping may take: the scan's whole budget
     ("abandoned", "u64"),          # as MtWorld's
+    ("hold_tid", "u64"), ("hold_code_lo", "u64"), ("hold_code_hi", "u64"),     # as MtWorld's (0 here)
     ("ranges", "u64"), ("n_ranges", "u64"),             # MtLeakRange[]
     ("blocks", "u64"), ("blocks_cap", "u64"), ("n_blocks", "u64"), ("blocks_total", "u64"),
     ("marks", "u64"),              # u8 per block: its LEAK_MARKS verdict

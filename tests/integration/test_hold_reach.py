@@ -3,6 +3,7 @@ up at once on one whose loader went past it (CI: a program starved for 10 s ran 
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -10,9 +11,13 @@ from pathlib import Path
 
 import frida
 import pytest
+from tests.children import kill_and_reap
 
 from memtrace import hold
+from memtrace.capture_loop import CaptureOptions, run_capture
 from memtrace.exitwatch import local_pid_alive
+from memtrace.frida_host import FridaHost
+from memtrace.target import TargetSpec
 
 pytestmark = pytest.mark.integration
 
@@ -85,3 +90,36 @@ def test_a_static_program_is_not_waited_for(device: frida.core.Device, tmp_path:
     finally:
         h.close()
         device.kill(pid)
+
+
+@pytest.mark.parametrize("launched", ["spawned", "pid"])
+def test_the_held_main_threads_wait_is_known_to_the_world_stop(
+        launched: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program memtrace holds waits in the hold library: the world stop knows that code (its main
+    thread's stack, ld.so's frames, is not searched for Frida's code while it waits there: one such
+    frame's stale word once lay where Frida's agent was mapped later, and the start was refused).
+    A program memtrace attached to runs: nothing is known."""
+    answers: list[dict] = []
+    real_rpc = FridaHost.rpc
+
+    def keeping_the_stop(self: FridaHost, what: str, method: str, *args: object, timeout: float | None = None) -> object:
+        answer = real_rpc(self, what, method, *args, timeout=timeout)
+        if method == "stop" and isinstance(answer, dict):
+            answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(FridaHost, "rpc", keeping_the_stop)
+    sleeper = None
+    if launched == "pid":
+        sleeper = subprocess.Popen(["/bin/sleep", "30"])
+        target = TargetSpec(device="local", pid=sleeper.pid)
+    else:
+        target = TargetSpec(device="local", argv=["/bin/sleep", "30"])
+    try:
+        result = run_capture("malloc", target, CaptureOptions("malloc", window=1, out=tmp_path / "c"))
+    finally:
+        if sleeper is not None:
+            kill_and_reap(sleeper)
+    assert result.ended in ("completed", "slow-start"), result.reason
+    [answer] = answers
+    assert answer["world"]["hold_code"] is (launched == "spawned"), answer["world"]

@@ -112,6 +112,7 @@ export const world = {
     frida_refused_retried: 0,   // refusals tried again (applyPatchesRetrying), not said
     parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
   parked: new Set(),          // their ids (skipParkedAtExit)
+  hold: null,                 // a held program's main thread and the hold library's code (configureWorld)
   fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
   busy: null,                 // why the last strict stop gave up: { ms, tries, threads } (stopClear)
   queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
@@ -127,6 +128,8 @@ export const world = {
  * FRIDA_SLEEP_MS and PATCH_TRIES
  * (tests make a refusal quick to reach; nothing else sets them). */
 export function configureWorld(config) {
+  world.hold = (config && config.programHeld && typeof config.holdLibrary === 'string')
+    ? holdCode(config.holdLibrary) : null;
   if (config && Number.isFinite(config.worldFridaMs))
     world.fridaMs = config.worldFridaMs;
   if (config && Number.isFinite(config.worldFridaSleepMs))
@@ -137,6 +140,26 @@ export function configureWorld(config) {
 
 function exclusive(cm, name, ret, args) {
   return new NativeFunction(cm[name], ret, args, { scheduling: 'exclusive' });
+}
+
+/* The hold library's code (memtrace.hold; the host names its file), [lo, hi) as u64 numbers, where
+ * a held program's main thread waits: null when it is not mapped here. */
+function holdCode(path) {
+  let lo = null;
+  let hi = null;
+  try {
+    for (const line of File.readAllText('/proc/self/maps').split('\n')) {
+      const f = line.split(/\s+/);
+      if (f.length < 6 || f[1][2] !== 'x' || f.slice(5).join(' ') !== path)
+        continue;
+      const [a, b] = f[0].split('-').map(x => uint64('0x' + x));
+      lo = lo === null || a.compare(lo) < 0 ? a : lo;
+      hi = hi === null || b.compare(hi) > 0 ? b : hi;
+    }
+  } catch (e) {
+    return null;
+  }
+  return lo === null ? null : { tid: Process.id, lo, hi };
 }
 
 /* Frida's own code: its agent library's executable mappings (cloaked from Process's ranges). */
@@ -283,6 +306,9 @@ function prepare() {
     tracer_pid: mem.world.add(WORLD.fields.tracer_pid[0]).readU64(), error: 0,
     stop_timeout_us: 0,    // world.c's own bound
     abandoned: 0,
+    hold_tid: world.hold ? world.hold.tid : 0,
+    hold_code_lo: world.hold ? world.hold.lo : 0,
+    hold_code_hi: world.hold ? world.hold.hi : 0,
   });
   return Math.min(MAX_THREADS, listed.size);
 }
@@ -1039,6 +1065,8 @@ export function moduleCode(cm) {
 export function worldReport() {
   return Object.assign({ why: world.why, stop_by: world.stopBy, sites: world.sites.size,
     frida_code_ranges: world.fridaCode.length,
+    // a held program: its main thread's wait in the hold library is known (its stack not searched there)
+    hold_code: world.hold !== null,
     entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,
     frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why }, world.stats);
 }

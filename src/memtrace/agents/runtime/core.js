@@ -109,6 +109,19 @@ function fullFence() {
   return code;
 }
 
+/* make() -- the core the host built, `as` 'module' or 'assembly' -- or null, the reason kept. */
+function precompiledCore(as, make) {
+  try {
+    const cm = make();
+    core.precompiled = true;
+    core.precompiledAs = as;
+    return cm;
+  } catch (e) {
+    core.precompiledError = String(e.message || e).split('\n')[0];
+    return null;
+  }
+}
+
 /* The bytes of the host's module file { file, length, sha256 } (FridaHost._core_module): throws
  * unless they are exactly those the host built. */
 function hostModule(ref) {
@@ -245,34 +258,19 @@ export function buildCore(config, sources, extraSymbols) {
   // another mount namespace may see another file at that path); anything else goes on below.
   const useModule = !!config.cmoduleModule && sigstop === null &&
       (config.toolchain === 'external' || config.toolchain === 'auto') && NATIVE_PLATFORM === 'linux';
-  if (useModule) {
-    try {
-      cm = new CModule(hostModule(config.cmoduleModule), symbols);
-      toolchain = 'external';
-      core.precompiled = true;
-      core.precompiledAs = 'module';
-    } catch (e) {
-      core.precompiledError = String(e.message || e).split('\n')[0];
-      cm = null;
-    }
-  }
+  if (useModule)
+    cm = precompiledCore('module', () => new CModule(hostModule(config.cmoduleModule), symbols));
   if (!cm && config.followChildren && config.toolchain === 'external')
     core.toolchainError = 'not with --follow-children: the compiler would be a followed child';
   if (wantExternal && !cm && config.cmoduleAsm) {
     // The same source compiled to assembly by the host once (agentbuild.precompiled_cmodule): gcc
     // only assembles it.  Any failure falls back to compiling the C below.  gcc runs as the C
     // compile's does: with the program's environment, not held (withCompilerEnv).
-    try {
-      cm = withCompilerEnv(config, () => new CModule(
-        defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' }));
-      toolchain = 'external';
-      core.precompiled = true;
-      core.precompiledAs = 'assembly';
-    } catch (e) {
-      core.precompiledError = String(e.message || e).split('\n')[0];
-      cm = null;
-    }
+    cm = precompiledCore('assembly', () => withCompilerEnv(config, () => new CModule(
+      defines.join('\n') + '\n' + config.cmoduleAsm, symbols, { toolchain: 'external' })));
   }
+  if (cm)
+    toolchain = 'external';
   if (wantExternal && !cm) {
     try {
       cm = withCompilerEnv(config, () => new CModule(source, symbols, { toolchain: 'external' }));

@@ -55,9 +55,8 @@ NOINLINE void *quick_task(void *arg) {
 }
 
 /* Wait until `n` counted threads have returned and the last of them is gone from the kernel's
- * task list: its exit is then seen (the tracer's exit hook runs before the thread ends).  A fixed
- * sleep was not enough on a loaded machine: the last leaked thread was still on its way out when
- * main returned, and its exit never happened (CI saw 13 exits of 14). */
+ * task list: its exit has happened (the tracer's exit hook runs before the thread ends).  A fixed
+ * sleep could leave the last leaked thread on its way out, on a loaded machine, when main returned. */
 static void wait_finished(int n) {
   while (atomic_load(&finished) < n) usleep(1000);
   char path[64];

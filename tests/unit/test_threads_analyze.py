@@ -69,3 +69,26 @@ def test_unmatched_and_failures() -> None:
     assert s["unmatched"] == {"join": 1}
     assert s["failed"] == {"EAGAIN": 2} and s["failures_by_stack"][0]["count"] == 2
     assert s["pthread_exit_calls"] == 1
+
+
+def test_an_exit_before_its_creator_said_the_start() -> None:
+    # The start is said when pthread_create returns in the creator; a short thread may have ended
+    # first (its exit listener had the script's lock first), its id cleared to 0 in its descriptor
+    # by then (CI: 13 exits of 14).  Or its id still read, when the creator read it in time.
+    for start_tid in (0, 7):
+        s = _fold({"type": "exit", "tid": 7, "handle": "0xa", "t": 1}, create("0xa", 2),
+                  {"type": "start", "tid": start_tid, "handle": "0xa", "t": 2},
+                  {"type": "detach", "handle": "0xa", "t": 3})
+        assert (s["created"], s["exited"], s["detached"], s["leaked"]["count"]) == (1, 1, 1, 0), start_tid
+
+
+def test_an_earlier_threads_exit_is_not_a_new_threads() -> None:
+    # A thread there at attach (no start seen) exits; a new thread gets its handle (glibc's stack
+    # cache) and runs on: it has not exited.
+    s = _fold({"type": "existing", "tid": 5, "t": 0}, {"type": "exit", "tid": 5, "handle": "0xa", "t": 1},
+              create("0xa", 2), {"type": "start", "tid": 9, "handle": "0xa", "t": 2})
+    assert (s["created"], s["exited"]) == (1, 0)
+    s = _fold({"type": "existing", "tid": 5, "t": 0}, {"type": "exit", "tid": 5, "handle": "0xa", "t": 1},
+              create("0xa", 2), {"type": "start", "tid": 9, "handle": "0xa", "t": 2},
+              {"type": "exit", "tid": 9, "handle": "0xa", "t": 3})
+    assert (s["created"], s["exited"]) == (1, 1)

@@ -102,6 +102,10 @@ class ThreadsSummary(CaptureContext):
     peak_t: int | None = None
     _by_handle: dict[str, ThreadRecord] = msgspec.field(default_factory=dict)
     _by_tid: dict[int, ThreadRecord] = msgspec.field(default_factory=dict)
+    # Exits of threads whose start was not seen yet, by handle: their tid.  The start is said by the
+    # creator when pthread_create returns, and a short thread may have run to its end first (its
+    # exit listener got the script's lock before the creator's): CI's 13 exits of 14.
+    _early_exits: dict[str, int | None] = msgspec.field(default_factory=dict)
 
     def _current(self, handle: str, fresh_if: str) -> ThreadRecord:
         """The record a handle names now; a new one when this event cannot belong to it."""
@@ -129,7 +133,12 @@ class ThreadsSummary(CaptureContext):
             r.started, r.tid, r.name = True, ev.get("tid"), ev.get("name")
             if r.routine is None:
                 r.routine = _addr(ev.get("routine"))
-            if r.tid is not None:
+            early = self._early_exits.pop(str(handle), -1) if handle else -1
+            # Its exit came first when that exit's tid is this one's, or this one's was already
+            # cleared by the kernel (0: the thread had ended when its creator read it).
+            if early != -1 and (not r.tid or r.tid == early):
+                r.exited = True
+            elif r.tid:
                 self._by_tid[int(r.tid)] = r
             self._change(+1, t)
         elif kind == "existing":
@@ -140,6 +149,8 @@ class ThreadsSummary(CaptureContext):
             r = self._by_tid.pop(int(tid), None) if tid is not None else None
             if r is not None:
                 r.exited = True
+            elif ev.get("handle"):
+                self._early_exits[str(ev.get("handle"))] = int(tid) if tid is not None else None
             self._change(-1, t)
         elif kind in ("detach", "join"):
             r = self._by_handle.get(str(ev.get("handle")))

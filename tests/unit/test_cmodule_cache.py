@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memtrace.agentbuild import asm_as_c, precompiled_cmodule
+from memtrace.agentbuild import asm_as_c, precompiled_cmodule, precompiled_module
 
 SOURCE = "int mt_answer (void) { return 42; }\n"
 
@@ -45,6 +45,34 @@ def test_compiled_once_then_read_from_the_cache(tmp_path: Path) -> None:
 def test_a_source_that_does_not_compile_gives_none(tmp_path: Path) -> None:
     assert precompiled_cmodule("this is not C", {}, "17.0.0", dict, cache_dir=tmp_path) is None
     assert not list(tmp_path.glob("cmodule-*.c"))
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_the_module_is_built_once_a_shared_object_exporting_the_source(tmp_path: Path) -> None:
+    asked: list[int] = []
+
+    def headers() -> dict[str, str]:
+        asked.append(1)
+        return {"glib.h": "typedef int gint;\n"}
+
+    first = precompiled_module(SOURCE, {"HAVE_I386": True}, "17.0.0", headers, cache_dir=tmp_path)
+    assert first is not None and first.parent == tmp_path and first.name.endswith(".so") and asked == [1]
+    assert first.read_bytes()[:4] == b"\x7fELF"
+    if shutil.which("nm") is not None:           # (binutils': there with gcc)
+        nm = subprocess.run(["nm", "-D", "--defined-only", str(first)], capture_output=True, text=True)
+        assert "mt_answer" in nm.stdout, nm.stdout + nm.stderr
+    kept = first.stat()
+    # A hit neither asks for the headers nor compiles: the same file, untouched.
+    again = precompiled_module(SOURCE, {"HAVE_I386": True}, "17.0.0", headers, cache_dir=tmp_path)
+    assert again == first and asked == [1] and (again.stat().st_ino, again.stat().st_mtime_ns) == (
+        kept.st_ino, kept.st_mtime_ns)
+    # Another Frida version is another entry; the assembly's entry of the same key sits beside it.
+    other = precompiled_module(SOURCE, {"HAVE_I386": True}, "17.0.1", headers, cache_dir=tmp_path)
+    assert other is not None and other != first and asked == [1, 1]
+    asm = precompiled_cmodule(SOURCE, {"HAVE_I386": True}, "17.0.0", headers, cache_dir=tmp_path)
+    assert asm is not None and (tmp_path / first.name.replace(".so", ".c")).is_file()
+    assert precompiled_module("this is not C", {}, "17.0.0", dict, cache_dir=tmp_path) is None
+    assert sorted(p.name for p in tmp_path.glob("cmodule-*.so")) == sorted([first.name, other.name])
 
 
 def test_the_compiler_version_is_asked_once_per_gcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

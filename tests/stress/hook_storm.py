@@ -303,7 +303,10 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 world_totals[k] += int(v or 0)
             log.append({"mode": mode, "cycle": cycle, "rc": res.rc, "died": died, "ended": ended,
                         "reason": why, "at_injection": at_injection, "seconds": round(seconds, 2),
-                        "hung": res.hung, "world": world, "stderr": res.stderr.strip().splitlines()[-3:]})
+                        "hung": res.hung, "world": world,
+                        # a cycle that did not complete keeps all it said (a refusal's evidence
+                        # is one long warning, wrapped: its last lines alone lost which thread)
+                        "stderr": res.stderr.strip().splitlines()[-3 if ended == "completed" else -60:]})
             if log_path is not None:
                 # after every cycle: a run cut short still tells what it saw
                 log_path.write_text(json.dumps(log, indent=1))

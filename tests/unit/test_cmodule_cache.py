@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,17 @@ from memtrace.agentbuild import asm_as_c, precompiled_cmodule, precompiled_modul
 SOURCE = "int mt_answer (void) { return 42; }\n"
 
 
+def _counting_headers() -> tuple[list[int], Callable[[], dict[str, str]]]:
+    """Frida's CModule headers as a stand-in, and a list that grows each time they are asked for."""
+    asked: list[int] = []
+
+    def headers() -> dict[str, str]:
+        asked.append(1)
+        return {"glib.h": "typedef int gint;\n"}
+
+    return asked, headers
+
+
 def test_assembly_becomes_one_top_level_asm_statement() -> None:
     text = asm_as_c('\t.string "a\\\\b"\n\t.text\n')
     assert text == '__asm__ (\n  "\t.string \\"a\\\\\\\\b\\"\\n"\n  "\t.text\\n"\n);\n'
@@ -20,12 +32,7 @@ def test_assembly_becomes_one_top_level_asm_statement() -> None:
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_compiled_once_then_read_from_the_cache(tmp_path: Path) -> None:
-    asked: list[int] = []
-
-    def headers() -> dict[str, str]:
-        asked.append(1)
-        return {"glib.h": "typedef int gint;\n"}
-
+    asked, headers = _counting_headers()
     first = precompiled_cmodule(SOURCE, {"HAVE_I386": True}, "17.0.0", headers, cache_dir=tmp_path)
     assert first is not None and first.startswith("__asm__ (") and "mt_answer" in first
     assert asked == [1] and len(list(tmp_path.glob("cmodule-*.c"))) == 1
@@ -49,12 +56,7 @@ def test_a_source_that_does_not_compile_gives_none(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 def test_the_module_is_built_once_a_shared_object_exporting_the_source(tmp_path: Path) -> None:
-    asked: list[int] = []
-
-    def headers() -> dict[str, str]:
-        asked.append(1)
-        return {"glib.h": "typedef int gint;\n"}
-
+    asked, headers = _counting_headers()
     first = precompiled_module(SOURCE, {"HAVE_I386": True}, "17.0.0", headers, cache_dir=tmp_path)
     assert first is not None and first.parent == tmp_path and first.name.endswith(".so") and asked == [1]
     assert first.read_bytes()[:4] == b"\x7fELF"

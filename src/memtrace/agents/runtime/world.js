@@ -142,41 +142,39 @@ function exclusive(cm, name, ret, args) {
   return new NativeFunction(cm[name], ret, args, { scheduling: 'exclusive' });
 }
 
-/* The hold library's code (memtrace.hold; the host names its file), [lo, hi) as u64 numbers, where
- * a held program's main thread waits: null when it is not mapped here. */
-function holdCode(path) {
-  let lo = null;
-  let hi = null;
-  try {
-    for (const line of File.readAllText('/proc/self/maps').split('\n')) {
-      const f = line.split(/\s+/);
-      if (f.length < 6 || f[1][2] !== 'x' || f.slice(5).join(' ') !== path)
-        continue;
-      const [a, b] = f[0].split('-').map(x => uint64('0x' + x));
-      lo = lo === null || a.compare(lo) < 0 ? a : lo;
-      hi = hi === null || b.compare(hi) > 0 ? b : hi;
-    }
-  } catch (e) {
-    return null;
-  }
-  return lo === null ? null : { tid: Process.id, lo, hi };
-}
-
-/* Frida's own code: its agent library's executable mappings (cloaked from Process's ranges). */
-function fridaCodeRanges() {
+/* The executable mappings whose file name passes `wanted`, as [lo, hi) pointer pairs; [] when the
+ * maps cannot be read. */
+function codeMappings(wanted) {
   const out = [];
   try {
     for (const line of File.readAllText('/proc/self/maps').split('\n')) {
       const f = line.split(/\s+/);
-      if (f.length < 6 || f[1][2] !== 'x' || !/frida-agent|frida-gadget/.test(f.slice(5).join(' ')))
+      if (f.length < 6 || f[1][2] !== 'x' || !wanted(f.slice(5).join(' ')))
         continue;
       const [lo, hi] = f[0].split('-');
       out.push([ptr('0x' + lo), ptr('0x' + hi)]);
     }
   } catch (e) {
-    // unreadable maps: Frida's threads are still never stopped; only the pc check is lost
+    // unreadable maps: none known
   }
   return out;
+}
+
+/* The hold library's code (memtrace.hold; the host names its file), [lo, hi) as u64 numbers, where
+ * a held program's main thread waits: null when it is not mapped here. */
+function holdCode(path) {
+  const ranges = codeMappings(name => name === path);
+  if (ranges.length === 0)
+    return null;
+  const lo = ranges.reduce((m, r) => (r[0].compare(m) < 0 ? r[0] : m), ranges[0][0]);
+  const hi = ranges.reduce((m, r) => (r[1].compare(m) > 0 ? r[1] : m), ranges[0][1]);
+  return { tid: Process.id, lo: uint64(lo.toString()), hi: uint64(hi.toString()) };
+}
+
+/* Frida's own code: its agent library's executable mappings (cloaked from Process's ranges).
+ * Unreadable maps: Frida's threads are still never stopped; only the pc check is lost. */
+function fridaCodeRanges() {
+  return codeMappings(name => /frida-agent|frida-gadget/.test(name));
 }
 
 /* The thread ids Frida cloaks (its own threads), from a listing the C made (no allocation);

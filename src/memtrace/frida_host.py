@@ -88,6 +88,7 @@ class FridaHost:
         self.follow_children = False    # with the hold: later images wait for the host too
         self.hold_info: dict[str, Any] | None = None
         self._hold: Hold | HeldImage | None = None
+        self._hold_lib: Path | None = None      # the hold library, as /proc/PID/maps names it (resolved)
         self._pumps: list[threading.Thread] = []      # the spawned program's stdout/stderr readers
         self.hold_children: Hold | None = None      # its children's folder lives until close()
         # Frida's callbacks, in Frida's words (doctor reads them raw); next_event types them.
@@ -240,6 +241,7 @@ class FridaHost:
         except GONE_ERRORS as e:
             hold.close()
             raise TargetLost(f"resume: {e}") from None
+        self._hold_lib = hold.lib.resolve()     # (the images it holds later too: child_source)
         if hold.children is not None:
             self.hold_children = hold
         if hold.reach(self.alive, pid=self.launched.pid):
@@ -444,12 +446,10 @@ class FridaHost:
         config["frameCache"] = os.environ.get("MEMTRACE_FRAME_CACHE", "on") != "off"
         # The agent writes the environment its compiler gets only at the hold point (process.js withCompilerEnv).
         config["programHeld"] = self.program_held
-        if self.program_held:
+        if self.program_held and self._hold_lib is not None:
             # Its main thread waits in this library: world.c does not search that stack for
             # Frida's code while it is there (ld.so's frames may hold anything).
-            lib, _why = hold_library(default_cache_dir())
-            if lib is not None:
-                config["holdLibrary"] = str(lib.resolve())      # as /proc/PID/maps names it
+            config["holdLibrary"] = str(self._hold_lib)
         asm, module = self._precompiled_cmodule(hello, config, sources)
         if module is not None:
             config["cmoduleModule"] = module
@@ -539,8 +539,7 @@ class FridaHost:
         return builtins if isinstance(builtins, dict) else None
 
     def _core_asm(self, sources: list[str], builtins: dict[str, Any]) -> str | None:
-        # The source exactly as runtime/core.js's buildCore puts it together for this target.
-        source = "#define MT_LINUX 1\n" + "\n".join(sources)
+        source = _core_source(sources)
         if source not in self._asm:
             self._asm[source] = precompiled_cmodule(source, dict(builtins.get("defines") or {}), frida.__version__,
                                                     lambda: dict(builtins.get("headers") or {}))
@@ -550,7 +549,7 @@ class FridaHost:
         """The core's module file, with its length and SHA-256: the agent loads it only when it
         reads exactly those bytes (a process in another mount namespace may see another file, or
         none, at that path: it then takes the assembly)."""
-        source = "#define MT_LINUX 1\n" + "\n".join(sources)
+        source = _core_source(sources)
         if source not in self._module:
             ref = None
             path = precompiled_module(source, dict(builtins.get("defines") or {}), frida.__version__,
@@ -708,6 +707,7 @@ class FridaHost:
                          output=None, device=self.device)
         if held is not None:
             host._hold = HeldImage(held)
+            host._hold_lib = self._hold_lib         # the same library holds the images it starts
         return host
 
     def c_sources(self, agent: str) -> list[str]:
@@ -811,6 +811,12 @@ def _pump(read_fd: int, fd: int, output: Callable[[int, bytes], None] | None) ->
                     output(fd, data)
     with contextlib.suppress(OSError):
         os.close(read_fd)
+
+
+def _core_source(sources: list[str]) -> str:
+    """The core's source exactly as runtime/core.js's buildCore puts it together for a local x86-64
+    Linux target (what the host's assembly and module are built from)."""
+    return "#define MT_LINUX 1\n" + "\n".join(sources)
 
 
 def agent_bytecode_path(agent: str, source: str) -> Path:

@@ -114,6 +114,34 @@ def run(exe: str | Path, *args: str, xml: Path, timeout: float = 600, options: t
     return ValgrindRun(mid, end, proc.returncode)
 
 
+@dataclass
+class TracedProcess:
+    pid: int
+    ppid: int
+    run: ValgrindRun
+
+
+def run_family(exe: str | Path, *args: str, xml_dir: Path, timeout: float = 600) -> list[TracedProcess]:
+    """The program and every process it makes (--trace-children=yes: a fork child is checked at its
+    own exit), each with its loss records, the program first."""
+    vg = valgrind()
+    if vg is None:
+        raise RuntimeError("valgrind is not installed")
+    xml_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([vg, "--trace-children=yes", "--leak-check=full", "--show-leak-kinds=all", "--xml=yes",
+                           f"--xml-file={xml_dir}/vg.%p.xml", "--error-limit=no", str(exe), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    out = []
+    for xml in sorted(xml_dir.glob("vg.*.xml")):
+        text = xml.read_text(encoding="utf-8", errors="replace")
+        root = ET.fromstring(text)
+        mid, end = parse_xml(text)
+        out.append(TracedProcess(int(root.findtext("pid") or 0), int(root.findtext("ppid") or 0),
+                                 ValgrindRun(mid, end, proc.returncode)))
+    pids = {p.pid for p in out}
+    return sorted(out, key=lambda p: (p.ppid in pids, p.pid))
+
+
 def plain_name(function: str) -> str:
     """A function's name without its C++ parameter list: "pat_cycle()" -> "pat_cycle"."""
     depth, cut = 0, len(function)

@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests import valgrind_oracle as oracle
 
 from memtrace.analyze.malloc import summarize
 from memtrace.capture import RecordType, read_records
@@ -123,6 +124,42 @@ def test_a_followed_fork_child_gets_the_whole_agent(compile_c, tmp_path: Path) -
     parent = summarize(read_records(out / "capture.mtc")).leaks_json(None)
     assert parent is not None and parent["scan"]["when"] == "exit"
     assert "child_leak" not in {r["frames"][0]["function"] for r in parent["leaked"]["by_stack"] if r["frames"]}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(oracle.valgrind() is None,
+                    reason="valgrind is not installed (.ci/run installs it: apt-get install valgrind)")
+def test_what_the_parent_lost_before_a_fork_is_lost_in_the_child_too(compile_c, tmp_path: Path) -> None:
+    """A fork child's scan takes none of the agent it inherited for the program's roots.  The parent's
+    live table, copied into the child, holds every block the parent tracked: the two blocks the parent
+    lost before the fork read as reachable in the child, where valgrind says definitely lost."""
+    exe = compile_c("fork_inherit")
+    family = oracle.run_family(exe, xml_dir=tmp_path / "vg")
+    assert len(family) == 2, family
+    vg_parent, vg_child = family
+    out = tmp_path / "c"
+    proc = run_memtrace("malloc", "--device", "local", "--quiet", "--window", "60", "--follow-children", "--leaks",
+                        "--out", out, "--", exe, timeout=300)
+    assert "child status 0" in proc.stderr
+    (child,) = _end(out / "capture.mtc")["children"]
+    parent = summarize(read_records(out / "capture.mtc")).leaks_json(None)
+    leaks = summarize(read_records(out / child["capture"])).leaks_json(None)
+    assert parent is not None and leaks is not None
+    assert {r["frames"][0]["function"]: (r["blocks"], r["bytes"]) for r in parent["definitely_lost"]["by_stack"]} \
+        == {"parent_lose": (2, 10000)}
+    for kind in ("definitely_lost", "indirectly_lost"):
+        assert (parent[kind]["blocks"], parent[kind]["bytes"]) == vg_parent.run.exit.total(kind), kind
+        assert (leaks[kind]["blocks"], leaks[kind]["bytes"]) == vg_child.run.exit.total(kind), kind
+    assert (leaks["definitely_lost"]["blocks"], leaks["definitely_lost"]["bytes"]) == (2, 10000)
+    # In the child they were allocated before its tracing (by its parent): found by the heap walk.
+    assert all(r["allocated_before_tracing"] for r in leaks["definitely_lost"]["by_stack"])
+    assert leaks["scan"]["when"] == "exit" and leaks["scan"]["complete"]
+    # What was left out, and from when: the parent's list of its agent's memory, a second old at most
+    # (plus the load of a shared machine) when the child forked.
+    inherited = leaks["scan"]["inherited_agent"]
+    assert inherited is not None and inherited["ranges"] > 0 and not inherited["truncated"], inherited
+    assert leaks["scan"]["skipped"]["parent_agent_memory"] > 0
+    assert parent["scan"]["inherited_agent"] is None and parent["scan"]["skipped"]["parent_agent_memory"] == 0
 
 
 @pytest.mark.slow

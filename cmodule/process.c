@@ -38,6 +38,7 @@ struct _MtForkEntry
   gint pid;
   gint ppid;
   gint origin;
+  guint64 agent_memory;             /* the parent agent's MtAgentMemory, inherited (process.js) */
   gchar path[MT_FORK_PATH];
 };
 
@@ -113,6 +114,9 @@ mt_post (gint origin, const gchar * path)
   e->pid = getpid ();
   e->ppid = getppid ();
   e->origin = origin;
+  /* In a fork child the agent's memory is a copy nobody serves: the child's own agent must know
+   * it is not the program's (a leak scan takes none of it for a root). */
+  e->agent_memory = mt_proc.agent_memory;
   if (path != NULL)
   {
     for (; k < MT_FORK_PATH - 1 && path[k] != 0; k++)
@@ -543,6 +547,14 @@ mt_fork_release (MtForkEntry * e, gint pid)
   mt_proc_barrier ();
   e->state = MT_FORK_RELEASED;
   return 1;
+}
+
+/* On a followed fork child's own agent: where its inherited copy of the parent agent's
+ * MtAgentMemory is (0: none), as the child posted it. */
+guint64
+mt_fork_agent_memory (const MtForkEntry * e)
+{
+  return e->agent_memory;
 }
 
 gint

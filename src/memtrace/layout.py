@@ -572,6 +572,20 @@ PROC = Layout("MtProc", (
     ("exec_notify", "s32"),        # 1: the agent is told before the traced process execs
     ("forks", "s32"),              # fork children this copy has been (counted in the child)
     ("reserved", "s32"),
+    ("agent_memory", "u64"),       # the agent's memory as a fork child inherits it (process.js), or 0
+))
+# What the agent's memory is, as a fork child inherits it (agents/runtime/process.js): a header,
+# then two tables of AGENT_MEMORY_RANGES (base, size) pairs, written by the parent's agent in turn
+# (`current` names the one complete); the child's new agent reads the one current at the fork.
+AGENT_MEMORY_RANGES = 4096
+AGENT_MEMORY = Layout("MtAgentMemory", (
+    ("current", "u32"),            # 0 or 1: the table written last, whole
+    ("cap", "u32"),                # AGENT_MEMORY_RANGES
+    ("n0", "u32"),                 # ranges in table 0
+    ("n1", "u32"),                 # ranges in table 1
+    ("truncated", "u32"),          # 1: more ranges than a table holds (the rest stay roots)
+    ("refreshes", "u32"),          # tables written since the start
+    ("t_ms", "u64"),               # when the current table was written (wall clock, ms)
 ))
 
 # ---- Darwin: task_info(TASK_VM_INFO) ----------------------------------------------------------

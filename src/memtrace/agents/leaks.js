@@ -24,6 +24,7 @@ import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, 
   VM_MEMORY_STACK, VM_TAG_MALLOC_LAST, WORLD_ERRORS } from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
+import { inheritedAgent } from './runtime/process.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
 import { fridaThreads } from './runtime/world.js';
 
@@ -143,6 +144,21 @@ function threadControlBlock(range) {
   return null;
 }
 
+/* Whether a thread runs on the stack `range` (glibc): its struct pthread's tid is not 0.  glibc
+ * marks a stack free -- in its cache, for a new thread to take -- by that tid's 0 (in a fork child,
+ * every stack but the forking thread's: fork.h reclaim_stacks).  Unknown: true. */
+function threadRunsOn(range) {
+  const tcb = threadControlBlock(range);
+  const tidField = findExport('_thread_db_pthread_tid');     // libthread_db's {bits, count, offset}
+  if (tcb === null || tidField === null)
+    return true;
+  try {
+    return tcb.add(tidField.add(8).readU32()).readS32() !== 0;
+  } catch (e) {
+    return true;
+  }
+}
+
 /* A stack no stopped thread runs on (an exited thread's, kept in glibc's stack cache) is a root
  * from its static TLS up: the thread control block holds the thread's DTV (a malloc'd block
  * glibc frees only when it reuses the stack), the TLS blocks what its __thread variables held.
@@ -237,8 +253,40 @@ function staticTls() {
   return staticTlsSize;
 }
 
-/* The roots the agent can list before the stop. */
-function rootRanges(own) {
+/* The pieces of `pieces` ({base, size}) outside every one of `holes` ({lo, hi} as Numbers, sorted by
+ * lo): a fork child's inherited agent memory, hundreds of ranges, compared as Numbers (addresses
+ * are below 2^48, exact). */
+function outside(pieces, holes) {
+  const out = [];
+  for (const p of pieces) {
+    let lo = Number(p.base.toString()), hi = lo + p.size;
+    for (const h of holes) {
+      if (h.hi <= lo)
+        continue;
+      if (h.lo >= hi)
+        break;
+      if (h.lo > lo)
+        out.push({ base: ptr(lo), size: h.lo - lo });
+      lo = Math.max(lo, h.hi);
+      if (lo >= hi)
+        break;
+    }
+    if (hi > lo)
+      out.push({ base: ptr(lo), size: hi - lo });
+  }
+  return out;
+}
+
+/* The roots the agent can list before the stop.  `inherited`: in a fork child, its copy of the
+ * parent agent's memory (runtime/process.js): never a root, but for what is shaped like a stack --
+ * glibc's cache hands the parent's threads' stacks to the child's new threads, so such a range
+ * is read as any stack is (from a stopped thread's sp, or its TLS up).  Counts what it left out
+ * in stats.inheritedBytes. */
+function rootRanges(own, inherited, stats) {
+  const holes = inherited === null ? [] : inherited.ranges
+    .map(r => ({ lo: Number(r.base.toString()), hi: Number(r.base.toString()) + r.size }))
+    .sort((a, b) => a.lo - b.lo);
+  const inheritedStacks = [];
   const guards = new Set();
   if (!IS_DARWIN) {
     for (const g of Process.enumerateRanges({ protection: '---', coalesce: false })) {
@@ -253,12 +301,22 @@ function rootRanges(own) {
     const stack = stackShaped(r, guards);
     const flags = stack ? LEAK_RANGE_STACK : 0;
     const from = stack ? liveFrom(r) : 0;
-    for (const piece of subtract(r, own)) {
-      if (piece.size > 0)
-        out.push({ base: piece.base, size: piece.size, flags, live_from: from });
+    if (stack && holes.length > 0 && outside([r], holes).length === 0 && !threadRunsOn(r)) {
+      // the parent's thread's, in the child's stack cache: Frida's (its DTV is no block of the program's)
+      inheritedStacks.push({ base: r.base, size: r.size, flags: LEAK_RANGE_STACK | LEAK_RANGE_FRIDA, live_from: from });
+      continue;
     }
+    let pieces = subtract(r, own).filter(piece => piece.size > 0);
+    if (!stack && holes.length > 0) {
+      const before = pieces.reduce((sum, piece) => sum + piece.size, 0);
+      pieces = outside(pieces, holes);
+      stats.inheritedBytes += before - pieces.reduce((sum, piece) => sum + piece.size, 0);
+    }
+    for (const piece of pieces)
+      out.push({ base: piece.base, size: piece.size, flags, live_from: from });
   }
   // Frida's threads' stacks last: what only they reach is told apart as Frida's own.
+  out.push(...inheritedStacks);
   for (const r of cloakedStacks())
     out.push({ base: r.base, size: r.size, flags: LEAK_RANGE_STACK | LEAK_RANGE_FRIDA, live_from: liveFrom(r) });
   return out;
@@ -575,7 +633,9 @@ function scan(config, when) {
   const scratch = alloc(SCRATCH, own);
   const segs = alloc(MAX_SEGS * LEAK_SEG.size, own);
   const freed = alloc(MAX_FREED * 8, own);
-  const roots = rootRanges(own);
+  const inherited = inheritedAgent();
+  const rootStats = { inheritedBytes: 0 };
+  const roots = rootRanges(own, inherited, rootStats);
   // Allocated after the listing, so never inside a listed range; it holds no block address anyway.
   const rangeBuf = Memory.alloc(Math.max(1, roots.length) * LEAK_RANGE.size);
   roots.forEach((r, i) => writeStruct(rangeBuf.add(i * LEAK_RANGE.size), LEAK_RANGE,
@@ -720,7 +780,12 @@ function scan(config, when) {
     possibly_by_stack: [...possible.values()], reachable_by_stack: [...reachable.values()],
     leaked_listed: t.listed.length,
     root_ranges: roots.length, root_bytes: Number(j.root_bytes), block_bytes: Number(j.block_bytes),
+    // a followed fork child: the parent agent's memory it inherited, as the parent last wrote it down
+    inherited_agent: inherited === null ? null : {
+      ranges: inherited.ranges.length, age_ms: inherited.age_ms, truncated: inherited.truncated,
+    },
     skipped: {
+      parent_agent_memory: rootStats.inheritedBytes,
       stacks_of_no_stopped_thread: Number(j.skip_stack), exited_threads_dead_frames: Number(j.skip_dead_frames),
       exiting_thread_frames: Number(j.exit_frames),
       scanning_thread_stack: Number(j.skip_own), unreadable: Number(j.skip_unreadable),

@@ -32,13 +32,15 @@ SKIP_REASONS = {
     "exiting_thread_frames": "of them, the exiting thread's frames below its call to exit (exit's and Frida's: "
                              "only dead slots of the program's)",
     "scanning_thread_stack": "the scanning thread's own stack",
+    "parent_agent_memory": "a fork child's copy of its parent's agent (Frida's memory and memtrace's tables: "
+                           "not the program's)",
     "unreadable": "unreadable memory",
     "never_touched_pages": "pages never touched (zero, not read)",
     "not_scanned_budget": "not reached in the time budget",
 }
 # Skips that leave no root unread (dead frames, zero pages): the scan is as good as complete.
 HARMLESS_SKIPS = ("stacks_of_no_stopped_thread", "exited_threads_dead_frames", "exiting_thread_frames",
-                  "never_touched_pages")
+                  "never_touched_pages", "parent_agent_memory")
 # The verdicts, as the result's by-stack keys and the JSON's group names.
 VERDICTS = (("definitely_lost", "definitely_by_stack"), ("indirectly_lost", "indirectly_by_stack"),
             ("possibly_lost", "possibly_by_stack"), ("reachable", "reachable_by_stack"))
@@ -190,6 +192,9 @@ class LeakScan(Struct):
                 "allocator": s.get("allocator"),
                 "root_ranges": s.get("root_ranges"),
                 "root_bytes": s.get("root_bytes"), "block_bytes": s.get("block_bytes"),
+                # a followed fork child: its copy of the parent's agent, left out of the roots
+                # (ranges, how old the parent's list of it was at the fork, whether it was cut short)
+                "inherited_agent": s.get("inherited_agent"),
                 "skipped": skipped, "undecided_blocks": s.get("undecided_blocks", 0),
                 "leaked_not_listed": max(0, int(s.get("leaked_blocks") or 0) - int(s.get("leaked_listed") or 0)),
                 "stop_ms": s.get("stop_ms"), "collect_ms": s.get("collect_ms"), "scan_ms": s.get("scan_ms"),

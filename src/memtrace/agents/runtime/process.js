@@ -14,9 +14,10 @@
  * key's destructor, which is retired by deleting the key, see core.js).
  */
 
-import { FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES, PROC } from '../layout.js';
+import { AGENT_MEMORY, AGENT_MEMORY_RANGES, FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES,
+  PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
-import { writeField, writeStruct } from './structs.js';
+import { readStruct, writeField, writeStruct } from './structs.js';
 import {
   applyPatches, buildWorld, deferPatch, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
   SIGSTOP_BYTES, signalStopSymbols, uninstallSignalStop, writeWhenStopped,
@@ -70,6 +71,8 @@ export const proc = {
   mark: null,         // our session's mark (claimProcess), or null
   staleMarks: 0,      // marks of sessions gone without taking theirs off, taken off (marksOfThisProcess)
   quiesce: null,      // how the wait for threads inside process.c's code ended (unhookExec)
+  agentMemory: null,  // the tables a fork child finds the agent's memory in (agentMemoryTables), or null
+  inherited: null,    // in a followed fork child: the parent agent's memory, {ranges, truncated, age_ms}
 };
 
 function nf(name, ret, args) {
@@ -254,6 +257,8 @@ export function buildProcess(config, sources) {
     diffOut: Memory.alloc((MAX_PATCHES + 1) * 16),
     forks,
   };
+  // --follow-children --leaks: the tables a fork child's scan finds the agent's memory in.
+  proc.agentMemory = (config.followChildren && config.leaks) ? agentMemoryTables() : null;
   mem.onExec = new NativeCallback((path, argv) => {
     try {
       if (proc.onExec !== null)
@@ -333,6 +338,7 @@ export function buildProcess(config, sources) {
     exec_notify: 0,
     forks: 0,
     reserved: 0,
+    agent_memory: proc.agentMemory === null ? 0 : uint64(proc.agentMemory.toString()),
   });
   proc.cm = cm;
   proc.mem = mem;
@@ -341,6 +347,7 @@ export function buildProcess(config, sources) {
   mem.take = new NativeFunction(cm.mt_fork_take, 'int', ['pointer', 'pointer', 'int']);
   mem.entry = new NativeFunction(cm.mt_fork_entry, 'pointer', ['int']);
   mem.lost = new NativeFunction(cm.mt_fork_lost, 'int', []);
+  mem.agentMemoryOf = new NativeFunction(cm.mt_fork_agent_memory, 'uint64', ['pointer']);
   const child = leakedStub(cm.mt_fork_child);
   if (child.equals(cm.mt_fork_child))
     return { guard: false, why: 'no leaked stub for the fork handler on this architecture' };
@@ -834,8 +841,114 @@ export function reportChildren() {
 export function releaseFork(entry, pid) {
   if (proc.cm === null)
     return false;
+  // Before the child runs on: its copy of the parent agent's tables is as the fork left it.
+  try {
+    proc.inherited = inheritedAgentMemory(ptr(proc.mem.agentMemoryOf(ptr(entry)).toString()));
+  } catch (e) {
+    proc.inherited = null;
+  }
   const release = new NativeFunction(proc.cm.mt_fork_release, 'int', ['pointer', 'int']);
   return release(ptr(entry), pid) === 1;
+}
+
+/* ---- the agent's memory, as a fork child inherits it ------------------------------------
+ *
+ * A fork child inherits the whole agent -- Frida's heap, data and threads' stacks, memtrace's
+ * tables -- as a copy nobody serves (process.c).  Its words are the parent's: the live table holds
+ * every block the parent tracked, and Frida's heap holds pointers into arena memory the parent
+ * freed and the child hands out again.  A leak scan in the child that took them for the
+ * program's roots called the parent's lost blocks reachable (every one) and, now and then, one of
+ * the child's own lost blocks possibly lost (CI: 2 of 3).  Frida cloaks its memory from the
+ * parent's Gum only, and the child's agent has a Gum of its own; so the parent writes down what is
+ * the agent's -- the cloaked parts of every writable mapping and memtrace's own tables -- every
+ * second (refreshAgentMemory, from the flush), into the one of two tables not current, then names
+ * it current.  The child posts the tables' address with its pid (process.c mt_post), and its new
+ * agent reads its own copy before the child runs on (releaseFork): the agent's memory as it was up
+ * to a second before the fork.  Memory the agent took since stays a root, as before. */
+
+const AGENT_MEMORY_BYTES = AGENT_MEMORY.size + 2 * AGENT_MEMORY_RANGES * 16;
+
+function agentMemoryTables() {
+  const t = Memory.alloc(AGENT_MEMORY_BYTES);
+  writeStruct(t, AGENT_MEMORY, { current: 0, cap: AGENT_MEMORY_RANGES, n0: 0, n1: 0, truncated: 0, refreshes: 0,
+    t_ms: 0 });
+  return t;
+}
+
+function agentMemoryTable(t, which) {
+  return t.add(AGENT_MEMORY.size + which * AGENT_MEMORY_RANGES * 16);
+}
+
+/* Every writable range that is the agent's: Frida's cloaked parts of each mapping, and `owned`
+ * (memtrace's tables, [{base, size}]). */
+function agentRanges(owned) {
+  const out = owned.map(r => ({ base: ptr(r.base.toString()), size: Number(r.size) }));
+  const maps = File.readAllText('/proc/self/maps');
+  for (const line of maps.split('\n')) {
+    const f = line.split(' ', 2);
+    if (f.length < 2 || f[1][1] !== 'w')
+      continue;
+    const [lo, hi] = f[0].split('-');
+    const base = ptr('0x' + lo);
+    const size = Number(ptr('0x' + hi).sub(base).toString());
+    const visible = Cloak.clipRange({ base, size });
+    if (visible === null)
+      continue;                      // none of it is Frida's
+    let at = base;
+    for (const v of [...visible].sort((a, b) => a.base.compare(b.base))) {
+      if (v.base.compare(at) > 0)
+        out.push({ base: at, size: Number(v.base.sub(at).toString()) });
+      at = v.base.add(v.size);
+    }
+    const end = base.add(size);
+    if (end.compare(at) > 0)
+      out.push({ base: at, size: Number(end.sub(at).toString()) });
+  }
+  return out;
+}
+
+/* The parent (called from the flush every second, and once at the start): the table not current
+ * rewritten whole, then named current -- a fork at any instant copies one complete table. */
+export function refreshAgentMemory(owned) {
+  const t = proc.agentMemory;
+  if (t === null || proc.torn)
+    return;
+  const head = readStruct(t, AGENT_MEMORY);
+  const next = 1 - Number(head.current);
+  const ranges = agentRanges(owned || []);
+  const n = Math.min(ranges.length, AGENT_MEMORY_RANGES);
+  const table = agentMemoryTable(t, next);
+  for (let i = 0; i !== n; i++) {
+    table.add(i * 16).writeU64(uint64(ranges[i].base.toString()));
+    table.add(i * 16 + 8).writeU64(ranges[i].size);
+  }
+  writeField(t, AGENT_MEMORY, next === 0 ? 'n0' : 'n1', n);
+  writeField(t, AGENT_MEMORY, 'truncated', ranges.length > n ? 1 : 0);
+  writeField(t, AGENT_MEMORY, 't_ms', Date.now());     // wall time: the child's agent has a clock of its own
+  writeField(t, AGENT_MEMORY, 'refreshes', Number(head.refreshes) + 1);
+  writeField(t, AGENT_MEMORY, 'current', next);
+}
+
+/* The child's new agent: its inherited copy of the parent's tables at `t` (null: none). */
+function inheritedAgentMemory(t) {
+  if (t.isNull())
+    return null;
+  const head = readStruct(t, AGENT_MEMORY);
+  if (Number(head.cap) !== AGENT_MEMORY_RANGES || Number(head.refreshes) === 0)
+    return null;
+  const current = Number(head.current);
+  const n = Math.min(Number(current === 0 ? head.n0 : head.n1), AGENT_MEMORY_RANGES);
+  const table = agentMemoryTable(t, current);
+  const ranges = [];
+  for (let i = 0; i !== n; i++)
+    ranges.push({ base: ptr(table.add(i * 16).readU64().toString()), size: table.add(i * 16 + 8).readU64().toNumber() });
+  return { ranges, truncated: Number(head.truncated) === 1, age_ms: Math.max(0, Date.now() - head.t_ms.toNumber()) };
+}
+
+/* In a followed fork child: the parent agent's memory it inherited ({ranges, truncated, age_ms}),
+ * or null (not a fork child, or its parent kept no tables). */
+export function inheritedAgent() {
+  return proc.inherited;
 }
 
 /* ---- one memtrace session per process --------------------------------------------------

@@ -7,13 +7,13 @@
 
 import { calibrate } from './calibrate.js';
 import { darwinFacts } from './facts.js';
-import { retireThreadKey, setEnabled } from './core.js';
+import { core, retireThreadKey, setEnabled } from './core.js';
 import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize, unwatchModules, watchModules } from './modules.js';
 import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
 import {
-  awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, releaseFork, reportChildren,
-  markEnding, tearDownProcess, unhookExec,
+  awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, refreshAgentMemory, releaseFork,
+  reportChildren, markEnding, tearDownProcess, unhookExec,
 } from './process.js';
 import { recon } from './recon.js';
 import { walkFrames } from './stacks.js';
@@ -195,12 +195,15 @@ export function serve(tracer) {
       watchCrash();
       // After every hook is in (Frida's, the tracer's, ours): what a fork child must undo.
       const patches = recordPatches();
+      refreshAgentMemory(core.owned);
       life.tick = 1;
       life.timer = setInterval(() => {
         flush();
         reportChildren();
-        if (life.tick++ % MODULE_SCAN_TICKS === 0)
+        if (life.tick++ % MODULE_SCAN_TICKS === 0) {
           announceModules();
+          refreshAgentMemory(core.owned);
+        }
       }, DRAIN_INTERVAL_MS);
       return { t: now(), process: patches, calibration };
     },

@@ -915,7 +915,12 @@ export function refreshAgentMemory(owned) {
     return;
   const head = readStruct(t, AGENT_MEMORY);
   const next = 1 - Number(head.current);
-  const ranges = agentRanges(owned || []);
+  let ranges;
+  try {
+    ranges = agentRanges(owned || []);
+  } catch (e) {
+    return;        // /proc unreadable now: the tables stay as last written (a child's scan reads more roots)
+  }
   const n = Math.min(ranges.length, AGENT_MEMORY_RANGES);
   const table = agentMemoryTable(t, next);
   for (let i = 0; i !== n; i++) {

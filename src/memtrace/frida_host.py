@@ -479,13 +479,14 @@ class FridaHost:
                             unwind=self.unwind.info() if self.unwind else None)
 
     def _init(self, config: dict[str, Any], sources: list[str], process_sources: list[str]) -> Any:
-        """The agent's ``init``.  A program at the hold point (spawned here: it sees this host's
-        files) reads the large texts -- the C sources, the precompiled core, ~700 KB -- from files
-        of the cache folder instead of the rpc carrying them (30-80 ms of JSON each way at load
-        14-40; issue 21: fixed cost); an agent that cannot read one asks for them inline."""
+        """The agent's ``init``.  A local target (spawned or attached: it sees this host's files)
+        reads the large texts -- the C sources, the precompiled core, ~700 KB -- from files of the
+        cache folder instead of the rpc carrying them (30-80 ms of JSON each way at load 14-40;
+        issue 21: fixed cost); an agent that cannot read one (another user's program, another
+        mount namespace) asks for them inline."""
         init: Any = None
         how = "inline"
-        by_file = _texts_by_file(config, sources, process_sources, self._text_refs) if self.program_held else None
+        by_file = _texts_by_file(config, sources, process_sources, self._text_refs) if self.is_local else None
         if by_file is not None:
             init = self.rpc("init", "init", *by_file)
             how = "by file"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 
 from memtrace.capture import RecordType, read_records
 
+from ..children import kill_and_reap  # noqa: TID252
 from ..conftest import run_memtrace  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
@@ -118,3 +120,18 @@ def test_the_sources_come_by_file_and_inline_when_a_file_is_wrong(compile_c, tmp
     for s in (first, second):
         rows = {r["frames"][0]["function"]: (r["bytes"], r["count"]) for r in s["live_by_stack"] if r["frames"]}
         assert rows.get("main") == (100_000, 1000), rows
+
+
+def test_a_running_program_reads_the_sources_by_file_too(compile_c, tmp_path: Path) -> None:
+    # Attached by --pid, a local program sees the host's files as well: the init's ~700 KB of texts
+    # come from the cache folder, not through the rpc (issue 21: fixed cost; 82 -> 34 ms of init).
+    proc = subprocess.Popen([str(compile_c("sleeping_threads")), "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        out = tmp_path / "c"
+        run_memtrace("malloc", "--device", "local", "--quiet", "--pid", str(proc.pid), "--window", "1", "--out", out,
+                     env={"MEMTRACE_CACHE_DIR": str(tmp_path / "cache")})
+        info = next(r.body for r in read_records(out) if r.type == RecordType.RECON)["info"]
+        assert info["texts"] == "by file" and info["precompiledAs"] == "module", info
+    finally:
+        kill_and_reap(proc)

@@ -165,7 +165,7 @@ export function serve(tracer) {
     /* processSources: cmodule/process.c behind the layout header (fork and exec handling). */
     init(config, sources, processSources) {
       // The host's large texts (the C sources, the precompiled core) may come as files of its
-      // cache for a program it holds (FridaHost._texts_by_file): read here, before anything is
+      // cache for a local target (FridaHost._texts_by_file): read here, before anything is
       // touched; one unreadable and the host sends them inline instead.
       const texts = hostTexts(config, sources, processSources);
       if (texts === null)

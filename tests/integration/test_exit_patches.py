@@ -30,9 +30,9 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device te
 frida = pytest.importorskip("frida")
 
 
-def test_the_exits_patches_are_made_with_the_world_stopped(compile_c: Callable[..., Path]) -> None:
-    exe = compile_c("exit_busy", "-pthread")
-    target = subprocess.Popen([str(exe), "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def _exit_world(exe: Path, threads: int) -> dict[str, Any]:
+    """The agent's account of the exit of `exe` run with `threads` churning threads."""
+    target = subprocess.Popen([str(exe), str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert target.stdout is not None and target.stdin is not None
     assert target.stdout.readline().strip() == "ready"
     agent = build_agent("malloc")
@@ -59,7 +59,11 @@ def test_the_exits_patches_are_made_with_the_world_stopped(compile_c: Callable[.
         assert wait_exit(target, 60) == 0       # (this process is Frida's tracer: see exit_of)
     finally:
         kill_and_reap(target)
-    world = said[0]["world"]
+    return said[0]["world"]
+
+
+def test_the_exits_patches_are_made_with_the_world_stopped(compile_c: Callable[..., Path]) -> None:
+    world = _exit_world(compile_c("exit_busy", "-pthread"), 2)
     assert world["why"] is None, world
     # The exiting thread (and only it: the churning threads are stopped) was left out ...
     assert world["parked_at_exit"] == 1, world
@@ -70,4 +74,21 @@ def test_the_exits_patches_are_made_with_the_world_stopped(compile_c: Callable[.
     assert world["running"] == 0 and world["failed"] == 0 and world["frida_busy"] == 0, world
     # Both C modules waited out before they are freed: malloc's core and the process module
     # (the descriptor guard's and the execve hook's code).
+    assert world["quiesced"] == 2 and world["not_quiesced"] == 0, world
+
+
+def test_a_single_threaded_programs_exit_stops_nothing(compile_c: Callable[..., Path]) -> None:
+    """Its one thread is the exiting one, held by Frida's exit monitor: no other thread of the
+    program can run the bytes a patch rewrites or sit in our code, so the exit's patches are made
+    without a stop (each stop clones a helper and attaches: ~6 ms of a short program's CPU) and the
+    wait for threads in our code has nothing to wait for."""
+    world = _exit_world(compile_c("exit_busy", "-pthread"), 0)
+    assert world["why"] is None and world["parked_at_exit"] == 1, world
+    whats = [what for what, _n in world["log"]]
+    assert "malloc hooks out" in whats and "descriptor guard out" in whats and "teardown" in whats, world
+    # The start's patches (hooks in) stopped the world; the exit's were made alone.
+    exit_patches = len(whats) - whats.index("malloc hooks out")
+    assert world["alone"] == exit_patches >= 3, world
+    assert world["stopped"] + world["alone"] == world["applied"], world
+    assert world["running"] == 0 and world["failed"] == 0 and world["frida_busy"] == 0, world
     assert world["quiesced"] == 2 and world["not_quiesced"] == 0, world

@@ -110,8 +110,10 @@ export const world = {
     // kept at 0, the account's proof); patches refused for it (applyPatches: `refused` says which)
     frida_retries: 0, frida_busy: 0, frida_refused: 0, frida_sleeps: 0,
     frida_refused_retried: 0,   // refusals tried again (applyPatchesRetrying), not said
-    parked_at_exit: 0 },        // threads Frida's exit monitor holds, left out of the exit's stops
+    parked_at_exit: 0,          // threads Frida's exit monitor holds, left out of the exit's stops
+    alone: 0 },                 // the exit's patches of a program with one thread: no stop (skipParkedAtExit)
   parked: new Set(),          // their ids (skipParkedAtExit)
+  alone: false,               // at exit, the program's one thread is the one held there (skipParkedAtExit)
   hold: null,                 // a held program's main thread and the hold library's code (configureWorld)
   fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
   busy: null,                 // why the last strict stop gave up: { ms, tries, threads } (stopClear)
@@ -447,6 +449,20 @@ function busyThread() {
 export function skipParkedAtExit() {
   if (world.fns === null)
     return 0;
+  // A program with one thread: that thread is the exiting one, held in Frida's code by the exit
+  // monitor, running nothing of the program's until dispose returns; no other thread of the
+  // program exists to run the bytes a patch rewrites or to sit in our code, nor can one start.
+  // The exit's patches need no stop then, and its waits nothing (each stop clones a helper and
+  // attaches: a single-threaded program's exit cost ~20 ms of its CPU, 3-4 stops and 2 looks).
+  const listed = new Set();
+  const frida = new Set(fridaThreads(world.fns.listTasks, world.mem.listed, listed));
+  const program = [...listed].filter(tid => !frida.has(tid) && tid !== Process.getCurrentThreadId());
+  if (program.length === 1) {
+    world.parked.add(program[0]);
+    world.alone = true;
+    world.stats.parked_at_exit = 1;
+    return 1;
+  }
   let before = inFridaCode();
   for (let look = 1; look < PARKED_LOOKS && world.parked.size === 0; look++) {
     if (before.size === 0 && look >= PARKED_IDLE_LOOKS)
@@ -604,7 +620,9 @@ export function applyPatches(what, write = null) {
   // its context, and a thread on the way in has not yet counted itself in.
   const avoid = [...world.sites].map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode,
     [...world.entryCode.values()]);
-  let stopped = stopClear(avoid, true);
+  // At exit with no other thread of the program (skipParkedAtExit): nothing to stop.
+  const alone = world.alone;
+  let stopped = alone || stopClear(avoid, true);
   if (!stopped && world.busy !== null && direct === 0)
     stopped = stopClearSleeping(avoid);
   if (!stopped && world.busy !== null)
@@ -635,14 +653,17 @@ export function applyPatches(what, write = null) {
       afters.push([ptr(a), after]);
     });
   } finally {
-    if (stopped)
+    if (stopped && !alone)
       world.fns.resume(world.mem.world);
   }
   for (const [site, bytes] of afters)
     noteEntryRanges(site, bytes);
   for (const call of world.afterFlush.splice(0))
     call();
-  if (stopped) {
+  if (alone) {
+    world.stats.alone++;
+    world.log.push([what, rewritten]);
+  } else if (stopped) {
     world.stats.stopped++;
     world.stats.rewritten_stopped += rewritten;
     world.log.push([what, rewritten]);
@@ -954,6 +975,11 @@ function restoreStopped(sites, what) {
 export function quiesce(ranges) {
   if (world.fns === null || ranges.length === 0)
     return { clear: false, tries: 0, threads: null, why: world.why };
+  if (world.alone) {
+    // The program's one thread is held in Frida's exit monitor, not in our code (skipParkedAtExit).
+    world.stats.quiesced++;
+    return { clear: true, tries: 0, threads: 0 };
+  }
   const deadline = Date.now() + QUIESCE_MS;
   let tries = 0;
   let threads = null;

@@ -32,8 +32,8 @@ SKIP_REASONS = {
     "exiting_thread_frames": "of them, the exiting thread's frames below its call to exit (exit's and Frida's: "
                              "only dead slots of the program's)",
     "scanning_thread_stack": "the scanning thread's own stack",
-    "parent_agent_memory": "a fork child's copy of its parent's agent (Frida's memory and memtrace's tables: "
-                           "not the program's)",
+    "parent_agent_memory": "a fork child's copy of its parent's agent (Frida's memory and memtrace's tables, "
+                           "mostly reserved, never touched: not the program's; address space)",
     "unreadable": "unreadable memory",
     "never_touched_pages": "pages never touched (zero, not read)",
     "not_scanned_budget": "not reached in the time budget",

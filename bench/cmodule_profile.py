@@ -1,14 +1,15 @@
 """Where a traced program's time goes, by function of memtrace's C core (`perf record -e cpu-clock`).
 
-    python bench/cmodule_profile.py [--freq HZ] [--all-threads] -- PROGRAM [ARGS...]
+    python bench/cmodule_profile.py [--freq HZ] [--all-threads] [--annotate FUNCTION] -- PROGRAM [ARGS...]
 
 Runs PROGRAM under `memtrace malloc` (its default: every allocation stacked, every block tracked)
 inside `perf record` and prints, for the target's main thread, the share of its samples in the
 CModule by function, in each library, and the hottest symbols elsewhere; and the share of each of
 the target's threads (memtrace's drain runs on Frida's JavaScript thread); --all-threads: all of
-the target's threads together instead of its main thread (a program whose work is in threads).  The CModule's code is
-anonymous memory to perf: its samples are matched against the gcc stand-in's cached module.so files
-(memtrace.frida_host.gcc_cache_shim), trying each at every page-aligned load address and keeping the
+the target's threads together instead of its main thread (a program whose work is in threads);
+--annotate: also the hottest instructions of one of the core's functions, as objdump shows them.  The CModule's code is
+anonymous memory to perf: its samples are matched against the host-built modules (the newest four)
+and the gcc stand-in's cached module.so files (memtrace.frida_host.gcc_cache_shim), trying each at every page-aligned load address and keeping the
 one that puts the most samples inside the hook and tracking functions.  Shares of one run are what
 to compare (the core's samples against the program's own): on a shared machine the load moves
 absolute times far more than it moves them.  perf must be allowed to sample (perf_event_paranoid
@@ -58,13 +59,40 @@ def best_fit(ips: list[int], candidates: list[Path]) -> tuple[Path, int, collect
     return None if best is None else (best[1], best[2], best[3])
 
 
+def print_annotation(so: Path, base: int, ips: list[int], function: str, n: int) -> None:
+    """The hottest instructions of `function` in the module `so` loaded at `base`, with objdump's text."""
+    syms = symbols(so)
+    addrs = [a for a, _ in syms]
+    hits: collections.Counter[int] = collections.Counter()
+    for ip in ips:
+        i = bisect.bisect_right(addrs, ip - base) - 1
+        if i >= 0 and syms[i][1].split(".")[0] == function:
+            hits[ip - base] += 1
+    if not hits:
+        print(f"  {function}: no samples")
+        return
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(so)], capture_output=True, text=True).stdout
+    lines = {}
+    for line in text.splitlines():
+        head, _, rest = line.partition(":")
+        if rest and head.strip() and all(c in "0123456789abcdef" for c in head.strip()):
+            lines[int(head.strip(), 16)] = rest.strip()
+    print(f"  {function}: {sum(hits.values())} samples; the hottest instructions (a sample lands on the one after "
+          f"the instruction that waited):")
+    for off, k in hits.most_common(20):
+        print(f"    {off:#8x} {100 * k / n:5.1f} %  {lines.get(off, '?')}")
+
+
 def main() -> None:
     args = sys.argv[1:]
     freq = "2000"
     all_threads = False
-    while args[:1] in (["--freq"], ["--all-threads"]):
+    annotate = None
+    while args[:1] in (["--freq"], ["--all-threads"], ["--annotate"]):
         if args[0] == "--freq":
             freq, args = args[1], args[2:]
+        elif args[0] == "--annotate":
+            annotate, args = args[1], args[2:]
         else:
             all_threads, args = True, args[1:]
     if args[:1] == ["--"]:
@@ -121,8 +149,11 @@ def main() -> None:
     if anon:
         mid = statistics.median(anon)
         anon = [ip for ip in anon if abs(ip - mid) < 0x20000]
-    shims = sorted(Path(os.environ.get("MEMTRACE_CACHE_DIR") or Path.home() / ".cache" / "memtrace" / "agents")
-                   .glob("cmodule-gcc-*/*.so"))
+    # The core the host built (agentbuild.precompiled_module: cmodule-KEY.so, loaded as it is), and
+    # the modules the gcc stand-in kept (a core the agent compiled from the host's assembly).
+    cache = Path(os.environ.get("MEMTRACE_CACHE_DIR") or Path.home() / ".cache" / "memtrace" / "agents")
+    shims = sorted(cache.glob("cmodule-*.so"), key=lambda p: -p.stat().st_mtime)[:4] + sorted(
+        cache.glob("cmodule-gcc-*/*.so"))
     fit = best_fit(anon, shims) if anon and shims else None
     who = "all threads" if all_threads else "main thread"
     kernel = sum(1 for _, _, _, ip, _ in main_rows if ip >= 1 << 63)
@@ -134,6 +165,8 @@ def main() -> None:
         print(f"  (module {so.name} at {base:#x})")
         for name, k in by.most_common(14):
             print(f"  {name:34} {100 * k / n:5.1f} %")
+        if annotate is not None:
+            print_annotation(so, base, anon, annotate, n)
     print(f"{who}, by library (outside the CModule):")
     for lib, k in libs.most_common(8):
         print(f"  {lib:34} {100 * k / n:5.1f} %")

@@ -550,10 +550,13 @@ mt_fork_release (MtForkEntry * e, gint pid)
 }
 
 /* On a followed fork child's own agent: where its inherited copy of the parent agent's
- * MtAgentMemory is (0: none), as the child posted it. */
+ * MtAgentMemory is (0: none), as the child `pid` posted it (0 when the entry is another's). */
 guint64
-mt_fork_agent_memory (const MtForkEntry * e)
+mt_fork_agent_memory (const MtForkEntry * e, gint pid)
 {
+  if (e->pid != pid || e->state != MT_FORK_TAKEN)
+    return 0;
+  mt_proc_barrier ();
   return e->agent_memory;
 }
 

@@ -575,17 +575,20 @@ PROC = Layout("MtProc", (
     ("agent_memory", "u64"),       # the agent's memory as a fork child inherits it (process.js), or 0
 ))
 # What the agent's memory is, as a fork child inherits it (agents/runtime/process.js): a header,
-# then two tables of AGENT_MEMORY_RANGES (base, size) pairs, written by the parent's agent in turn
-# (`current` names the one complete); the child's new agent reads the one current at the fork.
+# then two tables, each an AGENT_MEMORY_TABLE head and AGENT_MEMORY_RANGES (base, size) pairs,
+# written by the parent's agent in turn (`current` names the one written last, whole, its head
+# with it); the child's new agent reads the one current at the fork.
 AGENT_MEMORY_RANGES = 4096
 AGENT_MEMORY = Layout("MtAgentMemory", (
     ("current", "u32"),            # 0 or 1: the table written last, whole
     ("cap", "u32"),                # AGENT_MEMORY_RANGES
-    ("n0", "u32"),                 # ranges in table 0
-    ("n1", "u32"),                 # ranges in table 1
-    ("truncated", "u32"),          # 1: more ranges than a table holds (the rest stay roots)
     ("refreshes", "u32"),          # tables written since the start
-    ("t_ms", "u64"),               # when the current table was written (wall clock, ms)
+    ("reserved", "u32"),
+))
+AGENT_MEMORY_TABLE = Layout("MtAgentMemoryTable", (
+    ("n", "u32"),                  # ranges in the table
+    ("truncated", "u32"),          # 1: more ranges than a table holds (the rest stay roots)
+    ("t_ms", "u64"),               # when it was written (wall clock, ms)
 ))
 
 # ---- Darwin: task_info(TASK_VM_INFO) ----------------------------------------------------------

@@ -129,37 +129,46 @@ def test_a_followed_fork_child_gets_the_whole_agent(compile_c, tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.skipif(oracle.valgrind() is None,
                     reason="valgrind is not installed (.ci/run installs it: apt-get install valgrind)")
-def test_what_the_parent_lost_before_a_fork_is_lost_in_the_child_too(compile_c, tmp_path: Path) -> None:
+@pytest.mark.parametrize("generations", [1, 2], ids=["child", "grandchild"])
+def test_what_the_parent_lost_before_a_fork_is_lost_in_the_child_too(compile_c, tmp_path: Path,
+                                                                      generations: int) -> None:
     """A fork child's scan takes none of the agent it inherited for the program's roots.  The parent's
     live table, copied into the child, holds every block the parent tracked: the two blocks the parent
-    lost before the fork read as reachable in the child, where valgrind says definitely lost."""
+    lost before the fork read as reachable in the child, where valgrind says definitely lost.  A
+    grandchild inherits its grandparent's copy through its parent: left out too."""
     exe = compile_c("fork_inherit")
-    family = oracle.run_family(exe, xml_dir=tmp_path / "vg")
-    assert len(family) == 2, family
-    vg_parent, vg_child = family
+    args = ["grandchild"] if generations == 2 else []
+    family = oracle.run_family(exe, *args, xml_dir=tmp_path / "vg")
+    assert len(family) == 1 + generations, family
     out = tmp_path / "c"
     proc = run_memtrace("malloc", "--device", "local", "--quiet", "--window", "60", "--follow-children", "--leaks",
-                        "--out", out, "--", exe, timeout=300)
-    assert "child status 0" in proc.stderr
-    (child,) = _end(out / "capture.mtc")["children"]
-    parent = summarize(read_records(out / "capture.mtc")).leaks_json(None)
-    leaks = summarize(read_records(out / child["capture"])).leaks_json(None)
-    assert parent is not None and leaks is not None
-    assert {r["frames"][0]["function"]: (r["blocks"], r["bytes"]) for r in parent["definitely_lost"]["by_stack"]} \
-        == {"parent_lose": (2, 10000)}
-    for kind in ("definitely_lost", "indirectly_lost"):
-        assert (parent[kind]["blocks"], parent[kind]["bytes"]) == vg_parent.run.exit.total(kind), kind
-        assert (leaks[kind]["blocks"], leaks[kind]["bytes"]) == vg_child.run.exit.total(kind), kind
-    assert (leaks["definitely_lost"]["blocks"], leaks["definitely_lost"]["bytes"]) == (2, 10000)
-    # In the child they were allocated before its tracing (by its parent): found by the heap walk.
-    assert all(r["allocated_before_tracing"] for r in leaks["definitely_lost"]["by_stack"])
-    assert leaks["scan"]["when"] == "exit" and leaks["scan"]["complete"]
-    # What was left out, and from when: the parent's list of its agent's memory, a second old at most
-    # (plus the load of a shared machine) when the child forked.
-    inherited = leaks["scan"]["inherited_agent"]
-    assert inherited is not None and inherited["ranges"] > 0 and not inherited["truncated"], inherited
-    assert leaks["scan"]["skipped"]["parent_agent_memory"] > 0
-    assert parent["scan"]["inherited_agent"] is None and parent["scan"]["skipped"]["parent_agent_memory"] == 0
+                        "--out", out, "--", exe, *args, timeout=300)
+    assert proc.stderr.count("status 0") == generations, proc.stderr
+    # The captures by generation, each with valgrind's process of that generation.
+    paths, vg = [out / "capture.mtc"], [family[0]]
+    for _ in range(generations):
+        (child,) = _end(paths[-1])["children"]
+        paths.append(out / child["capture"])
+        vg.append(next(p for p in family if p.ppid == vg[-1].pid))
+    lost = [(2, 10000)] + [(3, 17000) if generations == 2 else (2, 10000)] * generations
+    for depth, (path, traced) in enumerate(zip(paths, vg)):
+        leaks = summarize(read_records(path)).leaks_json(None)
+        assert leaks is not None and leaks["scan"]["when"] == "exit" and leaks["scan"]["complete"], path
+        for kind in ("definitely_lost", "indirectly_lost"):
+            assert (leaks[kind]["blocks"], leaks[kind]["bytes"]) == traced.run.exit.total(kind), (path, kind)
+        assert (leaks["definitely_lost"]["blocks"], leaks["definitely_lost"]["bytes"]) == lost[depth], path
+        inherited = leaks["scan"]["inherited_agent"]
+        if depth == 0:
+            assert {r["frames"][0]["function"]: (r["blocks"], r["bytes"])
+                    for r in leaks["definitely_lost"]["by_stack"]} == {"parent_lose": (2, 10000)}
+            assert inherited is None and leaks["scan"]["skipped"]["parent_agent_memory"] == 0
+            continue
+        # In a child, the parent's blocks were allocated before its tracing: found by the heap walk.
+        assert all(r["allocated_before_tracing"] for r in leaks["definitely_lost"]["by_stack"]
+                   if r["bytes"] != 7000), path
+        # What was left out: the parent's list of its agent's memory.
+        assert inherited is not None and inherited["ranges"] > 0 and not inherited["truncated"], inherited
+        assert leaks["scan"]["skipped"]["parent_agent_memory"] > 0
 
 
 @pytest.mark.slow

@@ -193,7 +193,8 @@ class LeakScan(Struct):
                 "root_ranges": s.get("root_ranges"),
                 "root_bytes": s.get("root_bytes"), "block_bytes": s.get("block_bytes"),
                 # a followed fork child: its copy of the parent's agent, left out of the roots
-                # (ranges, how old the parent's list of it was at the fork, whether it was cut short)
+                # (ranges, how old the parent's list of it was when the child's agent read it, whether
+                # it was cut short)
                 "inherited_agent": s.get("inherited_agent"),
                 "skipped": skipped, "undecided_blocks": s.get("undecided_blocks", 0),
                 "leaked_not_listed": max(0, int(s.get("leaked_blocks") or 0) - int(s.get("leaked_listed") or 0)),

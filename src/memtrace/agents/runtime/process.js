@@ -14,7 +14,7 @@
  * key's destructor, which is retired by deleting the key, see core.js).
  */
 
-import { AGENT_MEMORY, AGENT_MEMORY_RANGES, FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES,
+import { AGENT_MEMORY, AGENT_MEMORY_RANGES, AGENT_MEMORY_TABLE, FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES,
   PROC } from '../layout.js';
 import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
@@ -73,6 +73,8 @@ export const proc = {
   quiesce: null,      // how the wait for threads inside process.c's code ended (unhookExec)
   agentMemory: null,  // the tables a fork child finds the agent's memory in (agentMemoryTables), or null
   inherited: null,    // in a followed fork child: the parent agent's memory, {ranges, truncated, age_ms}
+  lastLook: undefined,   // the agent's memory at the last look (refreshAgentMemory), sorted {lo, hi}
+  stableLook: [],     // ... what of it the look before held too: what the tables say (writeAgentMemory)
 };
 
 function nf(name, ret, args) {
@@ -347,7 +349,7 @@ export function buildProcess(config, sources) {
   mem.take = new NativeFunction(cm.mt_fork_take, 'int', ['pointer', 'pointer', 'int']);
   mem.entry = new NativeFunction(cm.mt_fork_entry, 'pointer', ['int']);
   mem.lost = new NativeFunction(cm.mt_fork_lost, 'int', []);
-  mem.agentMemoryOf = new NativeFunction(cm.mt_fork_agent_memory, 'uint64', ['pointer']);
+  mem.agentMemoryOf = new NativeFunction(cm.mt_fork_agent_memory, 'uint64', ['pointer', 'int']);
   const child = leakedStub(cm.mt_fork_child);
   if (child.equals(cm.mt_fork_child))
     return { guard: false, why: 'no leaked stub for the fork handler on this architecture' };
@@ -843,7 +845,11 @@ export function releaseFork(entry, pid) {
     return false;
   // Before the child runs on: its copy of the parent agent's tables is as the fork left it.
   try {
-    proc.inherited = inheritedAgentMemory(ptr(proc.mem.agentMemoryOf(ptr(entry)).toString()));
+    proc.inherited = inheritedAgentMemory(ptr(proc.mem.agentMemoryOf(ptr(entry), pid).toString()));
+    // Its own tables say it too, before the child runs on: a grandchild forked at once leaves
+    // out its grandparent's copy as well.
+    if (proc.inherited !== null && proc.agentMemory !== null && !proc.torn)
+      writeAgentMemory();
   } catch (e) {
     proc.inherited = null;
   }
@@ -866,23 +872,22 @@ export function releaseFork(entry, pid) {
  * agent reads its own copy before the child runs on (releaseFork): the agent's memory as it was up
  * to a second before the fork.  Memory the agent took since stays a root, as before. */
 
-const AGENT_MEMORY_BYTES = AGENT_MEMORY.size + 2 * AGENT_MEMORY_RANGES * 16;
+const TABLE_BYTES = AGENT_MEMORY_TABLE.size + AGENT_MEMORY_RANGES * 16;
 
 function agentMemoryTables() {
-  const t = Memory.alloc(AGENT_MEMORY_BYTES);
-  writeStruct(t, AGENT_MEMORY, { current: 0, cap: AGENT_MEMORY_RANGES, n0: 0, n1: 0, truncated: 0, refreshes: 0,
-    t_ms: 0 });
+  const t = Memory.alloc(AGENT_MEMORY.size + 2 * TABLE_BYTES);
+  writeStruct(t, AGENT_MEMORY, { current: 0, cap: AGENT_MEMORY_RANGES, refreshes: 0, reserved: 0 });
   return t;
 }
 
 function agentMemoryTable(t, which) {
-  return t.add(AGENT_MEMORY.size + which * AGENT_MEMORY_RANGES * 16);
+  return t.add(AGENT_MEMORY.size + which * TABLE_BYTES);
 }
 
-/* Every writable range that is the agent's: Frida's cloaked parts of each mapping, and `owned`
- * (memtrace's tables, [{base, size}]). */
+/* Every writable range that is the agent's now, sorted as {lo, hi} Numbers (addresses are below
+ * 2^48: exact): Frida's cloaked parts of each mapping, and `owned` (memtrace's tables, [{base, size}]). */
 function agentRanges(owned) {
-  const out = owned.map(r => ({ base: ptr(r.base.toString()), size: Number(r.size) }));
+  const out = owned.map(r => ({ lo: Number(r.base.toString()), hi: Number(r.base.toString()) + Number(r.size) }));
   const maps = File.readAllText('/proc/self/maps');
   for (const line of maps.split('\n')) {
     const f = line.split(' ', 2);
@@ -894,42 +899,82 @@ function agentRanges(owned) {
     const visible = Cloak.clipRange({ base, size });
     if (visible === null)
       continue;                      // none of it is Frida's
-    let at = base;
-    for (const v of [...visible].sort((a, b) => a.base.compare(b.base))) {
-      if (v.base.compare(at) > 0)
-        out.push({ base: at, size: Number(v.base.sub(at).toString()) });
-      at = v.base.add(v.size);
+    let at = parseInt(lo, 16);
+    const end = parseInt(hi, 16);
+    const shown = visible.map(r => [Number(r.base.toString()), Number(r.base.toString()) + r.size])
+      .sort((x, y) => x[0] - y[0]);
+    for (const [vlo, vhi] of shown) {
+      if (vlo > at)
+        out.push({ lo: at, hi: vlo });
+      at = Math.max(at, vhi);
     }
-    const end = base.add(size);
-    if (end.compare(at) > 0)
-      out.push({ base: at, size: Number(end.sub(at).toString()) });
+    if (end > at)
+      out.push({ lo: at, hi: end });
+  }
+  return out.sort((x, y) => x.lo - y.lo);
+}
+
+/* The parts of sorted ranges `a` that sorted ranges `b` also hold. */
+function intersect(a, b) {
+  const out = [];
+  let j = 0;
+  for (const r of a) {
+    while (j < b.length && b[j].hi <= r.lo)
+      j++;
+    for (let k = j; k < b.length && b[k].lo < r.hi; k++) {
+      const lo = Math.max(r.lo, b[k].lo), hi = Math.min(r.hi, b[k].hi);
+      if (hi > lo)
+        out.push({ lo, hi });
+    }
   }
   return out;
 }
 
-/* The parent (called from the flush every second, and once at the start): the table not current
- * rewritten whole, then named current -- a fork at any instant copies one complete table. */
-export function refreshAgentMemory(owned) {
+/* The parent (called once at the start, then from the flush every second): the table not current
+ * rewritten whole, its head with it, then named current -- a fork at any instant copies one
+ * complete table.  Only what was the agent's at this look and the one before goes in: memory the
+ * agent takes and lets go of between two looks (the very text of /proc/self/maps this reads, in a
+ * process of many mappings) may be the program's again by the fork, and must stay a root.  A
+ * followed child's agent adds what it inherited itself (its grandchildren's scans leave that out
+ * too).  `twice`: look again at once (the start: a program may fork at its first line). */
+export function refreshAgentMemory(owned, twice = false) {
   const t = proc.agentMemory;
   if (t === null || proc.torn)
     return;
-  const head = readStruct(t, AGENT_MEMORY);
-  const next = 1 - Number(head.current);
-  let ranges;
+  let fresh;
   try {
-    ranges = agentRanges(owned || []);
+    fresh = agentRanges(owned || []);
+    if (twice) {
+      proc.lastLook = fresh;
+      fresh = agentRanges(owned || []);
+    }
   } catch (e) {
     return;        // /proc unreadable now: the tables stay as last written (a child's scan reads more roots)
   }
-  const n = Math.min(ranges.length, AGENT_MEMORY_RANGES);
-  const table = agentMemoryTable(t, next);
-  for (let i = 0; i !== n; i++) {
-    table.add(i * 16).writeU64(uint64(ranges[i].base.toString()));
-    table.add(i * 16 + 8).writeU64(ranges[i].size);
+  proc.stableLook = proc.lastLook === undefined ? [] : intersect(fresh, proc.lastLook);
+  proc.lastLook = fresh;
+  writeAgentMemory();
+}
+
+/* The table not current written whole with the last stable look and what this agent inherited. */
+function writeAgentMemory() {
+  const t = proc.agentMemory;
+  const stable = proc.stableLook.slice();
+  if (proc.inherited !== null) {
+    stable.push(...proc.inherited.ranges.map(r => ({ lo: Number(r.base.toString()), hi: Number(r.base.toString()) + r.size })));
+    stable.sort((x, y) => x.lo - y.lo);
   }
-  writeField(t, AGENT_MEMORY, next === 0 ? 'n0' : 'n1', n);
-  writeField(t, AGENT_MEMORY, 'truncated', ranges.length > n ? 1 : 0);
-  writeField(t, AGENT_MEMORY, 't_ms', Date.now());     // wall time: the child's agent has a clock of its own
+  const head = readStruct(t, AGENT_MEMORY);
+  const next = 1 - Number(head.current);
+  const n = Math.min(stable.length, AGENT_MEMORY_RANGES);
+  const table = agentMemoryTable(t, next);
+  const pairs = table.add(AGENT_MEMORY_TABLE.size);
+  for (let i = 0; i !== n; i++) {
+    pairs.add(i * 16).writeU64(stable[i].lo);
+    pairs.add(i * 16 + 8).writeU64(stable[i].hi - stable[i].lo);
+  }
+  // wall time: the child's agent has a clock of its own
+  writeStruct(table, AGENT_MEMORY_TABLE, { n, truncated: stable.length > n ? 1 : 0, t_ms: Date.now() });
   writeField(t, AGENT_MEMORY, 'refreshes', Number(head.refreshes) + 1);
   writeField(t, AGENT_MEMORY, 'current', next);
 }
@@ -941,13 +986,14 @@ function inheritedAgentMemory(t) {
   const head = readStruct(t, AGENT_MEMORY);
   if (Number(head.cap) !== AGENT_MEMORY_RANGES || Number(head.refreshes) === 0)
     return null;
-  const current = Number(head.current);
-  const n = Math.min(Number(current === 0 ? head.n0 : head.n1), AGENT_MEMORY_RANGES);
-  const table = agentMemoryTable(t, current);
+  const table = agentMemoryTable(t, Number(head.current) & 1);
+  const th = readStruct(table, AGENT_MEMORY_TABLE);
+  const n = Math.min(Number(th.n), AGENT_MEMORY_RANGES);
+  const pairs = table.add(AGENT_MEMORY_TABLE.size);
   const ranges = [];
   for (let i = 0; i !== n; i++)
-    ranges.push({ base: ptr(table.add(i * 16).readU64().toString()), size: table.add(i * 16 + 8).readU64().toNumber() });
-  return { ranges, truncated: Number(head.truncated) === 1, age_ms: Math.max(0, Date.now() - head.t_ms.toNumber()) };
+    ranges.push({ base: ptr(pairs.add(i * 16).readU64().toString()), size: pairs.add(i * 16 + 8).readU64().toNumber() });
+  return { ranges, truncated: Number(th.truncated) === 1, age_ms: Math.max(0, Date.now() - th.t_ms.toNumber()) };
 }
 
 /* In a followed fork child: the parent agent's memory it inherited ({ranges, truncated, age_ms}),

@@ -195,7 +195,7 @@ export function serve(tracer) {
       watchCrash();
       // After every hook is in (Frida's, the tracer's, ours): what a fork child must undo.
       const patches = recordPatches();
-      refreshAgentMemory(core.owned);
+      refreshAgentMemory(core.owned, true);
       life.tick = 1;
       life.timer = setInterval(() => {
         flush();

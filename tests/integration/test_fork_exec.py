@@ -151,7 +151,7 @@ def test_what_the_parent_lost_before_a_fork_is_lost_in_the_child_too(compile_c, 
         paths.append(out / child["capture"])
         vg.append(next(p for p in family if p.ppid == vg[-1].pid))
     lost = [(2, 10000)] + [(3, 17000) if generations == 2 else (2, 10000)] * generations
-    for depth, (path, traced) in enumerate(zip(paths, vg)):
+    for depth, (path, traced) in enumerate(zip(paths, vg, strict=True)):
         leaks = summarize(read_records(path)).leaks_json(None)
         assert leaks is not None and leaks["scan"]["when"] == "exit" and leaks["scan"]["complete"], path
         for kind in ("definitely_lost", "indirectly_lost"):

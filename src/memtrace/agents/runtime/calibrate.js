@@ -13,29 +13,45 @@ import { IS_DARWIN, findExport, now } from './platform.js';
 import { selfTaskVmInfo } from './taskinfo.js';
 
 /* The agent's own tables: reserved and resident bytes (mincore), so calibration can take the
- * agent's footprint out of the target's.  null without a core (JavaScript-only tracers). */
+ * agent's footprint out of the target's.  null without a core (JavaScript-only tracers).  The
+ * stack budget's tables reserve gigabytes: mincore is asked a chunk at a time into one small
+ * vector, counted in C -- a vector per table, as large as its pages, and a NativeFunction per
+ * table cost 6-10 ms of the target's CPU at its exit. */
+const MINCORE_CHUNK_PAGES = 64 * 1024;
+let mincoreFns = null;
+
 function agentMemory() {
   const mincore = findExport('mincore');
   if (core.tables.length === 0 || mincore === null)
     return null;
-  const f = new NativeFunction(mincore, 'int', ['pointer', 'size_t', 'pointer']);
+  if (mincoreFns === null) {
+    mincoreFns = {
+      mincore: new NativeFunction(mincore, 'int', ['pointer', 'size_t', 'pointer']),
+      count: core.cm && core.cm.mt_count_resident
+        ? new NativeFunction(core.cm.mt_count_resident, 'uint64', ['pointer', 'uint64']) : null,
+      vec: Memory.alloc(MINCORE_CHUNK_PAGES),
+    };
+  }
+  const { count, vec } = mincoreFns;
   const ps = Process.pageSize;
   let reserved = 0;
   let resident = 0;
   for (const t of core.tables) {
-    const pages = t.size / ps;
-    const vec = Memory.alloc(pages);
-    reserved += t.size;
-    if (f(t.base, t.size, vec) !== 0)
-      return null;
-    if (core.cm && core.cm.mt_count_resident) {   // C: the stack budget's tables are millions of pages
-      resident += ps * Number(new NativeFunction(core.cm.mt_count_resident, 'uint64', ['pointer', 'uint64'])(vec, pages));
-      continue;
+    const pages = Math.ceil(Number(t.size) / ps);
+    reserved += Number(t.size);
+    for (let done = 0; done < pages; done += MINCORE_CHUNK_PAGES) {
+      const n = Math.min(MINCORE_CHUNK_PAGES, pages - done);
+      if (mincoreFns.mincore(t.base.add(done * ps), n * ps, vec) !== 0)
+        return null;
+      if (count !== null) {
+        resident += ps * Number(count(vec, n));
+        continue;
+      }
+      const bytes = new Uint8Array(vec.readByteArray(n));
+      for (let i = 0; i < n; i++)
+        if (bytes[i] & 1)
+          resident += ps;
     }
-    const bytes = new Uint8Array(vec.readByteArray(pages));
-    for (let i = 0; i < pages; i++)
-      if (bytes[i] & 1)
-        resident += ps;
   }
   return { source: 'mincore', tables: core.tables.length, reserved, resident };
 }

@@ -24,6 +24,7 @@ import {
 
 const DRAIN_INTERVAL_MS = 100;
 const MODULE_SCAN_TICKS = 10;     // modules rescanned every 10th flush
+const EXIT_MESSAGE_GRACE_MS = 25;  // the goodbye's time to reach Frida's transmitter (dispose)
 
 const life = {
   config: null,
@@ -304,6 +305,15 @@ export function serve(tracer) {
           calibration,
           world: worldReport(),     // how the exit's patches went (tests/integration/test_exit_patches.py)
         });
+        // A message sent here reaches Frida's transmitter through the agent's main context (an idle
+        // source posted from this, the JavaScript thread); Frida's exit path flushes its connection
+        // once dispose has returned, and that can run before the idle does: the message is then
+        // lost with the process (frida/frida#3749). A short sleep lets the main context take it
+        // first: wall time at the exit, no CPU. Without it, a single-threaded program's exit --
+        // whose patches no longer stop the world, so dispose returns sooner -- lost its goodbye
+        // 3 times in 160 at load 8 ("detached: lost the channel"); with it 0 in 160.
+        if (reason === 'exit')
+          Thread.sleep(EXIT_MESSAGE_GRACE_MS / 1000);
       }
       // The key first (its stub turns into a return), then every other stub, and the wait for
       // threads still inside a hook.

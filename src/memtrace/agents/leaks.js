@@ -24,7 +24,7 @@ import { LEAK_BEFORE_TRACING_KEY, LEAK_BLOCK, LEAK_BLOCK_UNTRACKED, LEAK_GLIBC, 
   VM_MEMORY_STACK, VM_TAG_MALLOC_LAST, WORLD_ERRORS } from './layout.js';
 import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
-import { inheritedAgent } from './runtime/process.js';
+import { inheritedAgent, numberRanges } from './runtime/process.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
 import { fridaThreads } from './runtime/world.js';
 
@@ -62,27 +62,6 @@ function fn(name, ret, args) {
 
 function rangeEnd(r) {
   return r.base.add(r.size);
-}
-
-/* [base, end) minus every hole, as {base, size} pieces. */
-function subtract(range, holes) {
-  let pieces = [{ base: range.base, end: rangeEnd(range) }];
-  for (const h of holes) {
-    const hEnd = h.base.add(h.size);
-    const next = [];
-    for (const p of pieces) {
-      if (hEnd.compare(p.base) <= 0 || h.base.compare(p.end) >= 0) {
-        next.push(p);
-        continue;
-      }
-      if (h.base.compare(p.base) > 0)
-        next.push({ base: p.base, end: h.base });
-      if (hEnd.compare(p.end) < 0)
-        next.push({ base: hEnd, end: p.end });
-    }
-    pieces = next;
-  }
-  return pieces.map(p => ({ base: p.base, size: Number(p.end.sub(p.base).toString()) }));
 }
 
 /* Darwin: a region libmalloc made (VM tags MALLOC .. MALLOC_NANO).  DEVICE-UNVERIFIED. */
@@ -253,9 +232,8 @@ function staticTls() {
   return staticTlsSize;
 }
 
-/* The pieces of `pieces` ({base, size}) outside every one of `holes` ({lo, hi} as Numbers, sorted by
- * lo): a fork child's inherited agent memory, hundreds of ranges, compared as Numbers (addresses
- * are below 2^48, exact). */
+/* The pieces of `pieces` ({base, size}) outside every one of `holes` ({lo, hi}, sorted by lo:
+ * runtime/process.js numberRanges). */
 function outside(pieces, holes) {
   const out = [];
   for (const p of pieces) {
@@ -283,9 +261,8 @@ function outside(pieces, holes) {
  * is read as any stack is (from a stopped thread's sp, or its TLS up).  Counts what it left out
  * in stats.inheritedBytes. */
 function rootRanges(own, inherited, stats) {
-  const holes = inherited === null ? [] : inherited.ranges
-    .map(r => ({ lo: Number(r.base.toString()), hi: Number(r.base.toString()) + r.size }))
-    .sort((a, b) => a.lo - b.lo);
+  const ownHoles = numberRanges(own);
+  const holes = inherited === null ? [] : inherited.ranges;
   const inheritedStacks = [];
   const guards = new Set();
   if (!IS_DARWIN) {
@@ -306,7 +283,7 @@ function rootRanges(own, inherited, stats) {
       inheritedStacks.push({ base: r.base, size: r.size, flags: LEAK_RANGE_STACK | LEAK_RANGE_FRIDA, live_from: from });
       continue;
     }
-    let pieces = subtract(r, own).filter(piece => piece.size > 0);
+    let pieces = outside([r], ownHoles);
     if (!stack && holes.length > 0) {
       const before = pieces.reduce((sum, piece) => sum + piece.size, 0);
       pieces = outside(pieces, holes);

@@ -72,7 +72,7 @@ export const proc = {
   staleMarks: 0,      // marks of sessions gone without taking theirs off, taken off (marksOfThisProcess)
   quiesce: null,      // how the wait for threads inside process.c's code ended (unhookExec)
   agentMemory: null,  // the tables a fork child finds the agent's memory in (agentMemoryTables), or null
-  inherited: null,    // in a followed fork child: the parent agent's memory, {ranges, truncated, age_ms}
+  inherited: null,    // in a followed fork child: the parent agent's memory, {ranges: sorted {lo, hi}, truncated, age_ms}
   lastLook: undefined,   // the agent's memory at the last look (refreshAgentMemory), sorted {lo, hi}
   stableLook: [],     // ... what of it the look before held too: what the tables say (writeAgentMemory)
 };
@@ -884,10 +884,17 @@ function agentMemoryTable(t, which) {
   return t.add(AGENT_MEMORY.size + which * TABLE_BYTES);
 }
 
-/* Every writable range that is the agent's now, sorted as {lo, hi} Numbers (addresses are below
- * 2^48: exact): Frida's cloaked parts of each mapping, and `owned` (memtrace's tables, [{base, size}]). */
+/* Ranges ({base, size}) as {lo, hi} Numbers (addresses are below 2^48: exact), sorted by lo: the
+ * form the agent-memory tables and the leak scan's holes (leaks.js outside) use. */
+export function numberRanges(ranges) {
+  return ranges.map(r => ({ lo: Number(r.base.toString()), hi: Number(r.base.toString()) + Number(r.size) }))
+    .sort((x, y) => x.lo - y.lo);
+}
+
+/* Every writable range that is the agent's now, sorted as {lo, hi} Numbers: Frida's cloaked parts
+ * of each mapping, and `owned` (memtrace's tables, [{base, size}]). */
 function agentRanges(owned) {
-  const out = owned.map(r => ({ lo: Number(r.base.toString()), hi: Number(r.base.toString()) + Number(r.size) }));
+  const out = numberRanges(owned);
   const maps = File.readAllText('/proc/self/maps');
   for (const line of maps.split('\n')) {
     const f = line.split(' ', 2);
@@ -961,7 +968,7 @@ function writeAgentMemory() {
   const t = proc.agentMemory;
   const stable = proc.stableLook.slice();
   if (proc.inherited !== null) {
-    stable.push(...proc.inherited.ranges.map(r => ({ lo: Number(r.base.toString()), hi: Number(r.base.toString()) + r.size })));
+    stable.push(...proc.inherited.ranges);
     stable.sort((x, y) => x.lo - y.lo);
   }
   const head = readStruct(t, AGENT_MEMORY);
@@ -990,13 +997,16 @@ function inheritedAgentMemory(t) {
   const th = readStruct(table, AGENT_MEMORY_TABLE);
   const n = Math.min(Number(th.n), AGENT_MEMORY_RANGES);
   const pairs = table.add(AGENT_MEMORY_TABLE.size);
-  const ranges = [];
-  for (let i = 0; i !== n; i++)
-    ranges.push({ base: ptr(pairs.add(i * 16).readU64().toString()), size: pairs.add(i * 16 + 8).readU64().toNumber() });
+  const ranges = [];        // written sorted (writeAgentMemory)
+  for (let i = 0; i !== n; i++) {
+    const lo = pairs.add(i * 16).readU64().toNumber();
+    ranges.push({ lo, hi: lo + pairs.add(i * 16 + 8).readU64().toNumber() });
+  }
   return { ranges, truncated: Number(th.truncated) === 1, age_ms: Math.max(0, Date.now() - th.t_ms.toNumber()) };
 }
 
-/* In a followed fork child: the parent agent's memory it inherited ({ranges, truncated, age_ms}),
+/* In a followed fork child: the parent agent's memory it inherited ({ranges: sorted {lo, hi} Numbers,
+ * truncated, age_ms}),
  * or null (not a fork child, or its parent kept no tables). */
 export function inheritedAgent() {
   return proc.inherited;

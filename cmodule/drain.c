@@ -112,7 +112,17 @@ mt_lanes_used (void)
   return hw < mt_config.agg_lanes ? hw : mt_config.agg_lanes;
 }
 
-/* A row's running totals: the sum of its lanes. */
+/* The fields a free adds to: read before the fields an allocation adds to (mt_row_totals). */
+#define MT_FREE_SIDE ((1u << MT_A_FREES) | (1u << MT_A_FREED_BYTES) | (1u << MT_A_TEMP) \
+    | (1u << MT_A_TEMP_BYTES) | (1u << MT_A_EXTRA_WEIGHT_FREED))
+
+/* A row's running totals: the sum of its lanes, read while the program's threads add to them.
+ * Every lane's free side is read first, then (after a fence) the allocation side: a free counted
+ * here had its allocation counted before it -- in program order on its own thread, the common
+ * case -- so a row never reads more frees than allocations from a thread that allocated and freed
+ * between two reads (256 churning threads read -1 live blocks, issue 21).  A free on another
+ * thread can still come first: the allocating thread counts after its block is in the live table
+ * (track.c), so the drain clamps what it reports (mt_drain). */
 static void
 mt_row_totals (guint64 row, guint64 * out)
 {
@@ -125,7 +135,13 @@ mt_row_totals (guint64 row, guint64 * out)
     out[f] = 0;
   for (l = 0; l != lanes; l++)
     for (f = 0; f != MT_AGG_STRIDE; f++)
-      out[f] += a[l * stride + f];
+      if ((MT_FREE_SIDE & (1u << f)) != 0)
+        out[f] += a[l * stride + f];
+  mt_barrier ();
+  for (l = 0; l != lanes; l++)
+    for (f = 0; f != MT_AGG_STRIDE; f++)
+      if ((MT_FREE_SIDE & (1u << f)) == 0)
+        out[f] += a[l * stride + f];
 }
 
 /* The row at position i of the drain's walk: interned stacks in order (ids are dense), then the
@@ -619,8 +635,10 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
    * (A definition is in mt_defs before its id is published: core.c, mt_intern.) */
   used = mt_drain_defs (out, cap, used, mt_load_acquire (&mt_core.defs_head), mt_core.defs_tail);
   info->now_us = (guint64) g_get_monotonic_time ();
-  info->tracked_bytes = (guint64) mt_core.tracked_bytes;
-  info->tracked_blocks = (guint64) mt_core.live_blocks;
+  /* Sums read while threads run can be a free ahead of its allocation (mt_row_totals): never
+   * below zero, as they are once the hooks are out. */
+  info->tracked_bytes = mt_core.tracked_bytes > 0 ? (guint64) mt_core.tracked_bytes : 0;
+  info->tracked_blocks = mt_core.live_blocks > 0 ? (guint64) mt_core.live_blocks : 0;
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
   info->peak_bytes = mt_core.peak_bytes;
   info->peak_t_us = mt_peak_t_us ();
@@ -717,7 +735,7 @@ mt_lost_calls (void)
 guint64
 mt_live_count (void)
 {
-  return (guint64) mt_core.live_blocks;
+  return mt_core.live_blocks > 0 ? (guint64) mt_core.live_blocks : 0;
 }
 
 /* Entries in the live table now (the logger path's VM regions included), for sizing a leak scan. */

@@ -568,6 +568,24 @@ def _body_problem(kind: RecordType, body: Any, payload: bytes = b"") -> tuple[st
     return None
 
 
+def admit_body(kind: RecordType, body: dict[str, Any]) -> list[str]:
+    """Takes out of ``body``, in place, each top-level field the reader would refuse (and skip the
+    whole record for, its group's records with it); returns what was taken out, as "where: what".
+
+    For bodies that come from an agent (a BATCH): one bad value in its JSON would otherwise lose
+    the batch's agent records -- its stack definitions -- when the capture is read.  Every field of
+    a record's body is optional; a body wrong as a whole is left as it is (the reader says it)."""
+    removed: list[str] = []
+    while (found := problem(body, RECORD_SCHEMAS[kind])) is not None:
+        where, what = found
+        key = re.split(r"[.\[]", where[1:], maxsplit=1)[0] if where.startswith(".") else ""
+        if key not in body:
+            break
+        del body[key]
+        removed.append(f"{where}: {what}")
+    return removed
+
+
 def _events_problem(events: list[dict[str, Any]]) -> tuple[str, str] | None:
     """The first event that is not of the type(s) its "type" names (each subclasses Event), or not
     an Event when no tracer declares its type.  The events of one type are checked in one msgspec

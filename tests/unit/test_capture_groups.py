@@ -273,3 +273,34 @@ def test_a_large_symbols_round_is_written_alone(tmp_path: Path, monkeypatch: pyt
         w.write(RecordType.BATCH, *drain(3))
     assert [rtype for _, rtype, _ in frames(p)] == [RecordType.BATCH, RecordType.SYMBOLS, RecordType.GROUP]
     assert [len(r.body["rows"]) for r in read_records(p) if r.type == RecordType.SYMBOLS] == [len(many), 1]
+
+
+def test_a_batch_field_out_of_range_costs_that_field_not_the_batchs_stacks(tmp_path: Path) -> None:
+    """A drain read while 256 threads churned said -1 live blocks (2^64 - 1 as the agent's u64):
+    the reader refused the batch, and with it the group's stack definitions and symbols -- the run's
+    one stack read "<stack 0 not in capture>".  admit_body takes the bad field out and says so."""
+    drains = [drain(i) for i in range(DRAINS)]
+    bad = dict(drains[0][0], live=2**64 - 1, tracked={"bytes": 64, "blocks": 2**64 - 1})
+    said = capture.admit_body(RecordType.BATCH, bad)
+    assert said == [".live: expected a count below 2^63, got 18446744073709551615",
+                    ".tracked.blocks: expected a count below 2^63, got 18446744073709551615"], said
+    assert "live" not in bad and "tracked" not in bad and bad["counters"] == drains[0][0]["counters"]
+    path = tmp_path / "c.mtc"
+    with CaptureWriter(path) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        w.write(RecordType.BATCH, bad, drains[0][1])
+        for body, data in drains[1:]:
+            w.write(RecordType.BATCH, body, data)
+        w.write(RecordType.END, {"ended": "completed", "reason": "done"})
+    info = CaptureInfo(path)
+    batches = [r for r in read_records(path, info) if r.type == RecordType.BATCH]
+    assert info.n_skipped == 0 and len(batches) == DRAINS
+    assert [r.stack_id for r in decode_agent_records(batches[0].data) if isinstance(r, StackRecord)] == [0, 1, 2]
+
+
+def test_a_body_wrong_as_a_whole_is_left_for_the_reader_to_say() -> None:
+    """Only fields are taken out: a body that is not an object is written as it came."""
+    body: list[object] = ["not", "an", "object"]
+    assert capture.admit_body(RecordType.BATCH, body) == [] and body == ["not", "an", "object"]  # type: ignore[arg-type]
+    fine = {"live": 1, "counters": [0] * layout.N_COUNTERS}
+    assert capture.admit_body(RecordType.BATCH, fine) == [] and fine["live"] == 1

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memtrace import __version__, priority
-from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, Record, RecordType
+from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, Record, RecordType, admit_body
 from memtrace.children import CHILD_WAIT_S, Child, ChildFollower, ChildUI, Family
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import (
@@ -220,6 +220,7 @@ class CaptureLoop:
         self.live: LiveStats = tracer.live()
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
         self._host_symbols = False     # a local target: the host symbolizes (_launch_and_attach)
+        self._fields_left_out: set[str] = set()     # agent batch fields said on screen (_route)
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
         self._platform: str | None = None
@@ -744,6 +745,13 @@ class CaptureLoop:
     def _route(self, ptype: str | None, payload: dict[str, Any], data: bytes) -> None:
         if ptype == "events:batch":
             exact_batch_ints(payload)
+            for said in admit_body(RecordType.BATCH, payload):
+                # Written as it came, the capture's reader would skip the batch and its stacks.
+                self._write(RecordType.WARNING, {"message": f"an agent batch's field left out: {said}",
+                                                 "batch_field": said})
+                if said.split(":", 1)[0] not in self._fields_left_out:
+                    self._fields_left_out.add(said.split(":", 1)[0])
+                    self.ui.warning(f"an agent batch's field left out: {said}")
             self._write(RecordType.BATCH, payload, data)
             self.batches += 1
             self.live.batch(payload, data)

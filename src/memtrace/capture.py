@@ -1730,13 +1730,13 @@ def _records_at(rtype: int, payload: bytes, version: int, offset: int, info: Cap
     return records
 
 
-def frame_records(frames: Iterable[bytes], path: Path | str = "") -> Iterator[Record]:
+def frame_records(frames: Iterable[bytes], path: Path | str = "", info: CaptureInfo | None = None) -> Iterator[Record]:
     """The records of the bytes a :class:`CaptureWriter` appends, in the pieces it appends them
     (``CaptureWriter.observer``: the header, then one whole record at a time): what
     :func:`read_records` yields reading the finished file, decoded as it is written -- a
     command folds its summary during the capture instead of reading the capture again at the
-    end (issue 21: fixed cost)."""
-    info = CaptureInfo(Path(path))
+    end (issue 21: fixed cost).  ``info``, when given, says what was skipped, as read_records' does."""
+    info = info if info is not None else CaptureInfo(Path(path))
     version = 0
     offset = 0
     for frame in frames:

@@ -124,6 +124,8 @@ class CaptureResult:
     # The tracer's summary, folded while the capture was written (run_capture's ``summarize``);
     # None: not asked for, or the fold failed (read the capture back).
     summary: Any = None
+    # What of the capture its own reader skipped (damaged records), when the fold saw any.
+    damage: str | None = None
 
 
 # The seam's older name (tracers' ``host`` hook returns one).
@@ -359,6 +361,7 @@ class CaptureLoop:
                                     f"from the target")
         if self.fold is not None:
             result.summary = self.fold.result()
+            result.damage = self.fold.damage()
         return result
 
     def _note_frida_signal(self, e: Exception) -> None:

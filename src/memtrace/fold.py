@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from memtrace.capture import Record, frame_records
+from memtrace.capture import CaptureInfo, Record, frame_records
 
 
 class SummaryFold:
@@ -33,6 +33,7 @@ class SummaryFold:
     def __init__(self, summarize: Callable[[Iterable[Record]], Any], path: Path) -> None:
         self._summarize = summarize
         self._path = path
+        self.info = CaptureInfo(path)       # what the fold skipped, as a read of the file would say
         self._pieces: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()     # None: closed
         self._thread: threading.Thread | None = None
         self._summary: Any = None
@@ -63,9 +64,16 @@ class SummaryFold:
         self._thread.join()
         return None if self._failed else self._summary
 
+    def damage(self) -> str | None:
+        """Why the records folded are not all the writer wrote (records skipped as damaged, a
+        stack used but never defined), in one phrase; None when nothing was lost."""
+        if self.info.n_skipped or self.info.undefined_stacks():
+            return self.info.problem
+        return None
+
     def _run(self) -> None:
         try:
-            self._summary = self._summarize(frame_records(self._until_done(), self._path))
+            self._summary = self._summarize(frame_records(self._until_done(), self._path, self.info))
         except Exception:  # noqa: BLE001 -- the summary is then read back from the file, which says what is wrong
             self._failed = True
         finally:

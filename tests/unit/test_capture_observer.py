@@ -72,3 +72,39 @@ def test_observed_records_after_a_failed_write(tmp_path: Path, monkeypatch: pyte
     read = list(read_records(path))
     assert read[-1].type == RecordType.END and "capture_error" in read[-1].body
     assert list(frame_records(pieces, path)) == read
+
+
+def test_a_fold_says_what_it_skipped_as_a_read_would(tmp_path: Path) -> None:
+    """A record the writer wrote and the reader refuses (a drain whose live count read -1) cost
+    the summary its stacks without a word: the fold now keeps the read's CaptureInfo, and the
+    tracer command says what was skipped (commands/trace.py)."""
+    from memtrace.analyze.malloc import summarize
+    from memtrace.capture import CaptureInfo
+    from memtrace.fold import SummaryFold
+
+    path = tmp_path / "c.mtc"
+    fold = SummaryFold(summarize, path)
+    fold.start()
+    with CaptureWriter(path, observer=fold.feed) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        body, data = drain(0)
+        w.write(RecordType.BATCH, {**body, "live": 2**64 - 1}, data)     # not admitted: as before the fix
+        for i in range(1, 5):
+            w.write(RecordType.BATCH, *drain(i))
+        w.write(RecordType.END, {"ended": "completed", "reason": "done"})
+    assert fold.result() is not None
+    info = CaptureInfo(path)
+    summarize(read_records(path, info))
+    said = fold.damage()
+    assert info.n_skipped == 1 and said == info.problem, (said, info.problem)
+    assert "live: expected a count below 2^63" in said and "stack id 0 is used but no STACK record" in said
+    # A capture read whole says nothing.
+    clean = tmp_path / "clean.mtc"
+    fold = SummaryFold(summarize, clean)
+    fold.start()
+    with CaptureWriter(clean, observer=fold.feed) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        for i in range(5):
+            w.write(RecordType.BATCH, *drain(i))
+        w.write(RecordType.END, {"ended": "completed", "reason": "done"})
+    assert fold.result() is not None and fold.damage() is None

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from memtrace.capture import read_records
+from memtrace.capture import CaptureInfo, read_records
 from memtrace.capture_loop import CAPTURE_OPTIONS, CaptureResult, capture_options, run_capture
 from memtrace.target import TARGET_OPTIONS, target_from_values
 from memtrace.tracers import Tracer
@@ -60,7 +60,16 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
         if isinstance(ui, RichUI):
             ui.close()
     # Folded while the capture was written; read back only when that failed.
-    summary = result.summary if result.summary is not None else tracer.summarize(read_records(result.path))
+    damage = result.damage
+    if result.summary is not None:
+        summary = result.summary
+    else:
+        info = CaptureInfo(result.path)
+        summary = tracer.summarize(read_records(result.path, info))
+        damage = info.problem if info.n_skipped or info.undefined_stacks() else None
+    if damage is not None:
+        # Records this memtrace wrote and cannot read back: the summary covers the rest, said.
+        sys.stderr.write(f"memtrace: warning: {result.path}: {damage}\n")
     host = {**values, "capture": str(result.path)}
     if values["json"]:
         emit_json(summary.to_json(capture=str(result.path), top=values.get(tracer.json_top_option, 20)))

@@ -1586,8 +1586,11 @@ def _group_without(rh: bytes, payload: bytes, rtype: RecordType, version: int) -
         held = _decode_group(_unzstd(payload, BATCH_MAX_BYTES, "GROUP record"), version)
     except _Damaged:
         return None
-    kept = [(r.type, r.body, bytes(r.data)) for r in held if r.type != rtype]
-    if len(kept) == len(held):
+    records = [r for r in held if isinstance(r, Record)]
+    if len(records) < len(held):
+        return None         # a record of it refused: copied as it is, for a reader to say so
+    kept = [(r.type, r.body, bytes(r.data)) for r in records if r.type != rtype]
+    if len(kept) == len(records):
         return None
     if not kept:
         return b""
@@ -1715,7 +1718,12 @@ def _records_at(rtype: int, payload: bytes, version: int, offset: int, info: Cap
         info.unknown[rtype] = info.unknown.get(rtype, 0) + 1
         return []
     # A grouped BATCH (version 5) is several drains: each a record at the group's byte.
-    records = decoded if isinstance(decoded, list) else [decoded]
+    records: list[Record] = []
+    for k, one in enumerate(decoded if isinstance(decoded, list) else [decoded]):
+        if isinstance(one, _Refused):
+            info.skip(offset, f"GROUP record: {one.why}", within=-2 - k)
+        else:
+            records.append(one)
     for k, record in enumerate(records):
         record.offset = offset
         info.records += 1
@@ -1815,7 +1823,7 @@ def _stop(info: CaptureInfo, offset: int, why: str, corrupt: bool = True) -> Non
     info.truncation = f"{'corrupt' if corrupt else 'truncated'} at byte {offset}: {why}"
 
 
-def _decode(rtype: int, payload: bytes, version: int, body: Any = None) -> Record | list[Record] | None:
+def _decode(rtype: int, payload: bytes, version: int, body: Any = None) -> Record | list[Record | _Refused] | None:
     """One record from its payload (``body``: its JSON already read, from a group's columns: the
     payload is then the rest, a BATCH's ``u32 0 | agent records``)."""
     try:
@@ -1867,10 +1875,17 @@ def _decode(rtype: int, payload: bytes, version: int, body: Any = None) -> Recor
     return Record(kind, body, data)
 
 
-def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]:
+@dataclass
+class _Refused:
+    """A record of a GROUP whose content the reader refuses (said and skipped by _records_at)."""
+
+    why: str
+
+
+def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record | _Refused]:
     """The records of a GROUP record: ``u8 type | u8 0 | u16 0 | u32 length | payload``, each
     payload as a version-4 record's uncompressed one."""
-    out: list[Record] = []
+    out: list[Record | _Refused] = []
     at = 0
     held = GROUPED_V8 if version >= 8 else GROUPED if version >= 6 else GROUPED_V5
     running: dict[int, dict[int, int]] = {}        # the AGG values so far, by stack and field bit (version 6's deltas)
@@ -1913,8 +1928,14 @@ def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record]
             payload = payload[:n] + values
         if rtype != RecordType.BATCH and payload[:4] == ZSTD_MAGIC:
             raise _Damaged(f"GROUP record: its record {len(out)} is compressed again")
-        one = _decode(rtype, payload, 5, body)     # (zstd inside a group: refused above)
-        assert isinstance(one, Record)
+        try:
+            decoded = _decode(rtype, payload, 5, body)     # (zstd inside a group: refused above)
+            assert isinstance(decoded, Record)
+            one: Record | _Refused = decoded
+        except _Damaged as e:
+            # Framed and checksummed with the group, only its content is wrong (a value out of
+            # range): that record alone is skipped, never the group's other records with it.
+            one = _Refused(f"its record {len(out)} ({_type_name(rtype)}): {e}")
         out.append(one)
         at += length
     if len(out) < 2:

@@ -304,3 +304,29 @@ def test_a_body_wrong_as_a_whole_is_left_for_the_reader_to_say() -> None:
     assert capture.admit_body(RecordType.BATCH, body) == [] and body == ["not", "an", "object"]  # type: ignore[arg-type]
     fine = {"live": 1, "counters": [0] * layout.N_COUNTERS}
     assert capture.admit_body(RecordType.BATCH, fine) == [] and fine["live"] == 1
+
+
+def test_a_refused_record_of_a_group_costs_that_record_alone(tmp_path: Path) -> None:
+    """Written as it came (before admit_body), a drain whose live count read -1 made the reader
+    skip its whole GROUP: the drain before it (the stacks' definitions) and the SYMBOLS beside
+    it too.  The group's framing and checksum hold, so only the refused record is skipped."""
+    drains = [drain(i) for i in range(DRAINS)]
+    path = tmp_path / "c.mtc"
+    with CaptureWriter(path) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        w.write(RecordType.BATCH, *drains[0])
+        w.write(RecordType.BATCH, dict(drains[1][0], live=2**64 - 1), drains[1][1])
+        w.write(RecordType.SYMBOLS, {"rows": [["0x401000", "m", 0, "f", None, None]]})
+        for body, data in drains[2:]:
+            w.write(RecordType.BATCH, body, data)
+        w.write(RecordType.END, {"ended": "completed", "reason": "done"})
+    offsets = {at for at, rtype, _ in frames(path) if rtype == RecordType.GROUP}
+    info = CaptureInfo(path)
+    records = list(read_records(path, info))
+    batches = [r for r in records if r.type == RecordType.BATCH]
+    assert info.n_skipped == 1 and len(info.skipped) == 1, info.skipped
+    assert "its record" in info.skipped[0] and "BATCH" in info.skipped[0] and ".live" in info.skipped[0]
+    assert int(info.skipped[0].split()[1].rstrip(":")) in offsets      # said at its group's byte
+    assert [r.body["t"] for r in batches] == [100 * i for i in range(DRAINS) if i != 1]
+    assert [r.stack_id for r in decode_agent_records(batches[0].data) if isinstance(r, StackRecord)] == [0, 1, 2]
+    assert any(r.type == RecordType.SYMBOLS for r in records)

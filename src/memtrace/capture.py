@@ -1586,11 +1586,12 @@ def _group_without(rh: bytes, payload: bytes, rtype: RecordType, version: int) -
         held = _decode_group(_unzstd(payload, BATCH_MAX_BYTES, "GROUP record"), version)
     except _Damaged:
         return None
-    records = [r for r in held if isinstance(r, Record)]
-    if len(records) < len(held):
-        return None         # a record of it refused: copied as it is, for a reader to say so
-    kept = [(r.type, r.body, bytes(r.data)) for r in records if r.type != rtype]
-    if len(kept) == len(records):
+    if any(isinstance(r, _Refused) and r.body is None for r in held):
+        return None         # a record whose JSON cannot be read: copied as it is, for a reader to say so
+    # A refused record is written again as it was (for a reader to say so) unless of the type taken out.
+    kept = [(RecordType(r.rtype), r.body, r.data) if isinstance(r, _Refused) else (r.type, r.body, bytes(r.data))
+            for r in held if (r.rtype if isinstance(r, _Refused) else r.type) != rtype]
+    if len(kept) == len(held):
         return None
     if not kept:
         return b""
@@ -1722,9 +1723,9 @@ def _records_at(rtype: int, payload: bytes, version: int, offset: int, info: Cap
     for k, one in enumerate(decoded if isinstance(decoded, list) else [decoded]):
         if isinstance(one, _Refused):
             info.skip(offset, f"GROUP record: {one.why}", within=-2 - k)
-        else:
-            records.append(one)
-    for k, record in enumerate(records):
+            continue
+        record = one
+        records.append(record)
         record.offset = offset
         info.records += 1
         if isinstance(record.data, BatchData):
@@ -1877,9 +1878,27 @@ def _decode(rtype: int, payload: bytes, version: int, body: Any = None) -> Recor
 
 @dataclass
 class _Refused:
-    """A record of a GROUP whose content the reader refuses (said and skipped by _records_at)."""
+    """A record of a GROUP whose content the reader refuses (said and skipped by _records_at),
+    with what it held, so that a group rewritten without some other type keeps it as it was."""
 
     why: str
+    rtype: int = 0
+    body: Any = None        # its JSON, when that could be read (None: the record is dropped on a rewrite)
+    data: bytes = b""
+
+
+def _refused_parts(rtype: int, payload: bytes, body: Any) -> tuple[Any, bytes]:
+    """A refused group record's JSON body and agent records, as far as they can be read."""
+    data = b""
+    if rtype == RecordType.BATCH and len(payload) >= 4:
+        (n,) = struct.unpack_from("<I", payload)
+        payload, data = payload[4:4 + n], bytes(payload[4 + n:])
+    if body is None:
+        try:
+            body = _loads(RecordType(rtype), payload)
+        except (ValueError, CaptureError, _Damaged):
+            body = None
+    return body, data
 
 
 def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record | _Refused]:
@@ -1935,7 +1954,8 @@ def _decode_group(records: bytes, version: int = FORMAT_VERSION) -> list[Record 
         except _Damaged as e:
             # Framed and checksummed with the group, only its content is wrong (a value out of
             # range): that record alone is skipped, never the group's other records with it.
-            one = _Refused(f"its record {len(out)} ({_type_name(rtype)}): {e}")
+            one = _Refused(f"its record {len(out)} ({_type_name(rtype)}): {e}", rtype,
+                           *_refused_parts(rtype, payload, body))
         out.append(one)
         at += length
     if len(out) < 2:

@@ -330,3 +330,43 @@ def test_a_refused_record_of_a_group_costs_that_record_alone(tmp_path: Path) -> 
     assert [r.body["t"] for r in batches] == [100 * i for i in range(DRAINS) if i != 1]
     assert [r.stack_id for r in decode_agent_records(batches[0].data) if isinstance(r, StackRecord)] == [0, 1, 2]
     assert any(r.type == RecordType.SYMBOLS for r in records)
+
+
+def _group_with_a_refused_drain(path: Path, symbols: str = "OLD") -> list[tuple[dict[str, object], bytes]]:
+    drains = [drain(i) for i in range(DRAINS)]
+    with CaptureWriter(path) as w:
+        w.write(RecordType.META, {"tracer": "malloc", "target": {"label": "t"}})
+        w.write(RecordType.BATCH, *drains[0])
+        w.write(RecordType.BATCH, dict(drains[1][0], live=2**64 - 1), drains[1][1])
+        w.write(RecordType.SYMBOLS, {"rows": [["0x401000", "m", 0, symbols, None, None]]})
+        for body, data in drains[2:]:
+            w.write(RecordType.BATCH, body, data)
+        w.write(RecordType.END, {"ended": "completed", "reason": "done"})
+    return drains
+
+
+def test_symbols_rewritten_past_a_refused_record_leave_no_stale_rows(tmp_path: Path) -> None:
+    """`memtrace symbolize` rewrites SYMBOLS (replace_records): a group holding a refused record
+    was copied as it was, and once the reader read past refused records its old SYMBOLS came back
+    beside the new ones.  The group is written again without them, the refused record kept (and
+    still said)."""
+    path = tmp_path / "c.mtc"
+    _group_with_a_refused_drain(path)
+    capture.replace_records(path, RecordType.SYMBOLS, [{"rows": [["0x401000", "m", 0, "NEW", None, None]]}])
+    info = CaptureInfo(path)
+    records = list(read_records(path, info))
+    names = [row[3] for r in records if r.type == RecordType.SYMBOLS for row in r.body["rows"]]
+    assert names == ["NEW"]
+    assert info.n_skipped == 1 and ".live" in info.skipped[0]
+    assert len([r for r in records if r.type == RecordType.BATCH]) == DRAINS - 1
+
+
+def test_a_drain_keeps_its_place_in_its_group_past_a_refused_one(tmp_path: Path) -> None:
+    """A bad agent record is said "of drain N of the group": N is the drain's place in the group,
+    counting the refused record before it."""
+    path = tmp_path / "c.mtc"
+    _group_with_a_refused_drain(path)
+    places = {r.body["t"]: r.data.drain for r in read_records(path) if r.type == RecordType.BATCH}
+    # Drain 0 alone in the opening group; the next group: drain 1 (refused) at place 0, SYMBOLS at
+    # 1, drain 2 at place 2, and so on.
+    assert places == {0: 0, **{100 * i: i for i in range(2, DRAINS)}}, places

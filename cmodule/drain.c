@@ -138,6 +138,9 @@ mt_row_totals (guint64 row, guint64 * out)
       if ((MT_FREE_SIDE & (1u << f)) != 0)
         out[f] += a[l * stride + f];
   mt_barrier ();
+  /* (Again: a lane a new thread took since, whose allocation a free above may have followed;
+   * lanes are only ever added.) */
+  lanes = mt_lanes_used ();
   for (l = 0; l != lanes; l++)
     for (f = 0; f != MT_AGG_STRIDE; f++)
       if ((MT_FREE_SIDE & (1u << f)) == 0)
@@ -612,6 +615,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   guint64 head = mt_load_acquire (&mt_core.defs_head);
   guint64 tail = mt_core.defs_tail;
   MtDrainInfo * info = &mt_drain_info;
+  gint64 tracked;
 
   info->more = 0;
   mt_core.tick++;
@@ -637,7 +641,8 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   info->now_us = (guint64) g_get_monotonic_time ();
   /* Sums read while threads run can be a free ahead of its allocation (mt_row_totals): never
    * below zero, as they are once the hooks are out. */
-  info->tracked_bytes = mt_core.tracked_bytes > 0 ? (guint64) mt_core.tracked_bytes : 0;
+  tracked = mt_core.tracked_bytes;         /* (read once: other threads change it) */
+  info->tracked_bytes = tracked > 0 ? (guint64) tracked : 0;
   info->tracked_blocks = mt_core.live_blocks > 0 ? (guint64) mt_core.live_blocks : 0;
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
   info->peak_bytes = mt_core.peak_bytes;
@@ -735,7 +740,8 @@ mt_lost_calls (void)
 guint64
 mt_live_count (void)
 {
-  return mt_core.live_blocks > 0 ? (guint64) mt_core.live_blocks : 0;
+  gint64 blocks = mt_core.live_blocks;
+  return blocks > 0 ? (guint64) blocks : 0;
 }
 
 /* Entries in the live table now (the logger path's VM regions included), for sizing a leak scan. */

@@ -181,7 +181,9 @@ static inline void
 mt_tracked_add (gint64 delta)
 {
   gint64 now = (gint64) MT_ADD64 (&mt_core.tracked_bytes, delta) + delta;
-  if (delta > 0 && (guint64) now > mt_core.peak_bytes)
+  /* (now > 0: a free counted on another thread before its allocation can leave the total below
+   * zero for a moment, which as unsigned would read as a peak of ~2^64.) */
+  if (delta > 0 && now > 0 && (guint64) now > mt_core.peak_bytes)
     mt_raise_peak ((guint64) now);
 }
 

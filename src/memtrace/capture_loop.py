@@ -222,7 +222,7 @@ class CaptureLoop:
         self.live: LiveStats = tracer.live()
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
         self._host_symbols = False     # a local target: the host symbolizes (_launch_and_attach)
-        self._fields_left_out: set[str] = set()     # agent batch fields said on screen (_route)
+        self._fields_left_out: dict[str, int] = {}     # agent batch fields left out: how often (_route)
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
         self._platform: str | None = None
@@ -653,6 +653,9 @@ class CaptureLoop:
         end_body["ended_at"] = _iso_now()
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
+        if self._fields_left_out:
+            # Agent batch fields the reader would have refused (_route): how many batches each.
+            end_body["batch_fields_left_out"] = dict(self._fields_left_out)
         end_body["process_guard"] = self.process_info
         assert self.follower is not None
         end_body.update(self.follower.evidence(root=self.child is None))
@@ -751,10 +754,12 @@ class CaptureLoop:
             exact_batch_ints(payload)
             for said in admit_body(RecordType.BATCH, payload):
                 # Written as it came, the capture's reader would skip the batch and its stacks.
-                self._write(RecordType.WARNING, {"message": f"an agent batch's field left out: {said}",
-                                                 "batch_field": said})
-                if said.split(":", 1)[0] not in self._fields_left_out:
-                    self._fields_left_out.add(said.split(":", 1)[0])
+                # Said once per field (a WARNING and on screen), counted for the END.
+                where = said.split(":", 1)[0]
+                self._fields_left_out[where] = self._fields_left_out.get(where, 0) + 1
+                if self._fields_left_out[where] == 1:
+                    self._write(RecordType.WARNING, {"message": f"an agent batch's field left out: {said}",
+                                                     "batch_field": said})
                     self.ui.warning(f"an agent batch's field left out: {said}")
             self._write(RecordType.BATCH, payload, data)
             self.batches += 1
@@ -856,14 +861,20 @@ class CaptureLoop:
             return
         assert self.family is not None
         self.ui.phase("passing output through")
-        while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.source.alive():
-            self._raise_if_signalled()
-            time.sleep(0.05)
-            self.drain(wait=0.0, until=self.family.deadline)
-        if self.source.alive():
-            info["outlived_window"] = True
-            if self.source.spawned and not self.options.keep_running:
-                self.source.kill()
+        interrupted = True
+        try:
+            while time.monotonic() < self.family.deadline and not self.family.stopped.is_set() and self.source.alive():
+                self._raise_if_signalled()
+                time.sleep(0.05)
+                self.drain(wait=0.0, until=self.family.deadline)
+            interrupted = False
+        finally:
+            # Interrupted too (Ctrl-C, SIGTERM): what memtrace launched does not outlive it.
+            if self.source.alive():
+                if not interrupted:
+                    info["outlived_window"] = True
+                if self.source.spawned and not self.options.keep_running:
+                    self.source.kill()
 
     def _capture_child(self, child: Child, entry: str | None, held: Path | None) -> CaptureResult:
         """The capture of a process this target made (``--follow-children``), same tracer and folder,

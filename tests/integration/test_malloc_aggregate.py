@@ -65,10 +65,13 @@ def test_timeline_samples_the_tracked_bytes_at_every_drain(compile_c, tmp_path: 
     assert all(len(tl[k]) == n for k in ("tracked_bytes", "tracked_blocks", "peak_bytes", "in_use", "footprint"))
     assert tl["t"] == sorted(tl["t"])
     assert all(p <= 68 * MIB for p in tl["peak_bytes"]) and tl["peak_bytes"][-1] == 68 * MIB
-    # keep_early's 4 MiB alone before keep_late; 4.5 MiB at the end; the burst never reaches a sample.
+    # keep_early's 4 MiB alone before keep_late; 4.5 MiB at the end.  The burst lasts well under a
+    # millisecond and seldom meets a sample -- but a loaded machine can preempt it mid-way and a
+    # drain then samples it (seen once beside hook storms): never above the peak, whole MiBs of it
+    # (with keep_late's 512 KiB once small_burst runs).
     assert 4 * MIB in tl["tracked_bytes"]
     assert tl["tracked_bytes"][-1] == 4 * MIB + 512 * 1024 and tl["tracked_blocks"][-1] == 6
-    assert max(tl["tracked_bytes"]) == 4 * MIB + 512 * 1024
+    assert all(b <= 68 * MIB and b % MIB in (0, 512 * 1024) for b in tl["tracked_bytes"]), tl["tracked_bytes"]
     assert all(x is not None and x > 0 for x in tl["in_use"] + tl["footprint"])
     series = {st["frames"][0]["function"]: st["live"] for st in tl["stacks"]}
     assert series["keep_early"][-1] == 4 * MIB

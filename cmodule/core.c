@@ -515,13 +515,31 @@ mt_lane_seen (gint l)
     MT_ADD32 (&mt_globals.lanes_hw, 1);
 }
 
+/* The lanes threads share (atomically): the last quarter of them (at least one), never a lane a
+ * thread owns.  An owner adds to its lane without a lock prefix, a load and a store: a sharer's
+ * locked add landing between them was lost -- with more threads than lanes, a stack's counts
+ * drifted (the native harness read -4 live blocks after every block was freed). */
+static inline guint64
+mt_shared_lanes (void)
+{
+  guint64 lanes = mt_config.agg_lanes;
+  return lanes >= 4 ? lanes / 4 : 1;
+}
+
+static inline gint
+mt_shared_lane (guint slot_index)
+{
+  guint64 shared = mt_shared_lanes ();
+  return (gint) (mt_config.agg_lanes - shared + (slot_index & (shared - 1)));
+}
+
 /* A lane of the aggregate rows of the thread's own, while there are free ones: its adds then need
- * no lock prefix (track.c, mt_lane_add).  Otherwise it shares lane (slot index % lanes) with
+ * no lock prefix (track.c, mt_lane_add).  Otherwise it shares one of the shared lanes with
  * other threads, atomically.  The drain gives the lane back when it retires the slot. */
 static void
 mt_claim_lane (MtSlot * s, guint slot_index)
 {
-  guint64 l, lanes = mt_config.agg_lanes;
+  guint64 l, lanes = mt_config.agg_lanes - mt_shared_lanes ();
   for (l = 0; l != lanes && l != MT_MAX_LANES; l++)
   {
     if (mt_globals.lane_claim[l] == 0 && g_atomic_int_add (&mt_globals.lane_claim[l], 1) == 0)
@@ -532,7 +550,7 @@ mt_claim_lane (MtSlot * s, guint slot_index)
       return;
     }
   }
-  s->lane = (gint) (slot_index & (lanes - 1));
+  s->lane = mt_shared_lane (slot_index);
   s->lane_shared = 1;
   mt_lane_seen (s->lane);
 }
@@ -550,9 +568,9 @@ mt_shared_slot (void)
   MtSlot * s = &mt_slots[mt_config.n_slots];
   if (s->busy != MT_BUSY_SHARED)
   {
-    s->lane = 0;
+    s->lane = mt_shared_lane (0);
     s->lane_shared = 1;
-    mt_lane_seen (0);
+    mt_lane_seen (s->lane);
     s->state = MT_SLOT_LIVE;
     mt_barrier ();
     s->busy = MT_BUSY_SHARED;
@@ -685,7 +703,7 @@ mt_assign (void)
     own = mt_own_thread (s->tid);
     if (own)
     {
-      s->lane = 0;
+      s->lane = mt_shared_lane (0);     /* (never added to; a shared lane all the same) */
       s->lane_shared = 1;
     }
     else

@@ -73,6 +73,20 @@ def test_two_thousand_threads_alive_at_once_all_counted(compile_c, tmp_path: Pat
     assert s["dropped"]["dropped_stacks"] <= 20
 
 
+def test_more_threads_than_lanes_count_every_pair_of_every_stack(compile_c, tmp_path: Path) -> None:
+    """32 threads, 8 lanes: the threads past the lanes shared a lane with a thread that owned it and
+    added without a lock prefix, so a locked add landing inside the owner's load and store was lost
+    -- the malloc(64) stack read 3,199,951 of its 3,200,000 calls and ~1,000 of its blocks stayed
+    "live" at exit.  Shared lanes are now never owned (cmodule/core.c, mt_shared_lane)."""
+    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--",
+                      compile_c("many_threads"), "32", "100000", timeout=300)
+    assert s["ended"] == "target-exited"
+    top = rows_by_function(s["top_stacks"])
+    assert top["thread_allocs"] == (32 * (100000 * 64 + 100), 32 * 100001)
+    # Only each thread's kept malloc(100) is live: no pair's block left behind by a lost free.
+    assert rows_by_function(s["live_by_stack"])["thread_allocs"] == (32 * 100, 32)
+
+
 @pytest.mark.slow
 def test_threads_past_the_slot_table_are_counted_and_said(compile_c, tmp_path: Path) -> None:
     exe = compile_c("many_threads")

@@ -145,6 +145,8 @@ extern guint64 mt_live_occupied (void);
 extern guint64 mt_slot_size (void);
 extern guint64 mt_globals_size (void);
 extern guint64 mt_core_size (void);
+extern gint64 mt_probe_live_blocks (void);
+extern gint64 mt_probe_tracked_bytes (void);
 extern guint64 mt_config_size (void);
 extern guint64 mt_busy_slots (void);
 /* probe.c, compiled with the core */
@@ -545,6 +547,11 @@ drain_once (guint64 final)
   {
     mt_drain (drain_buf, DRAIN_CAP, final);
     mt_snapshot (snapshot_buf);     /* flush.js reads the counters with every drain */
+    /* Every thread frees only its own blocks: a free is counted after its allocation in program
+     * order, and the drain reads a row's free side first (drain.c, mt_row_totals). */
+    if (mt_probe_live_blocks () < 0 || mt_probe_tracked_bytes () < 0)
+      FAIL ("a drain read %lld live blocks, %lld tracked bytes: a free counted before its allocation",
+            (long long) mt_probe_live_blocks (), (long long) mt_probe_tracked_bytes ());
     /* (A drain can see bytes just added before the same call raised the peak: compared at the end.) */
     if (mt_drain_info.tracked_bytes > max_tracked_seen)
       max_tracked_seen = mt_drain_info.tracked_bytes;

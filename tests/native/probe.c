@@ -62,3 +62,17 @@ mt_probe_index_check (guint64 * gen)
   }
   return seen == n ? 0 : n + 1;
 }
+
+/* The drain's live block count and the tracked bytes before drain.c clamps what it reports: a
+ * harness whose threads free only their own blocks must never see either below zero. */
+gint64
+mt_probe_live_blocks (void)
+{
+  return mt_core.live_blocks;
+}
+
+gint64
+mt_probe_tracked_bytes (void)
+{
+  return mt_core.tracked_bytes;
+}

@@ -59,14 +59,19 @@ def test_layered_capture_on_request_says_what_it_covers(compile_c, tmp_path: Pat
     assert "covers: every allocation stacked, every block tracked" in " ".join(proc.stdout.split())
 
 
-def test_two_thousand_threads_alive_at_once_all_counted(compile_c, tmp_path: Path) -> None:
-    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--",
-                      compile_c("many_threads"), "2000", "10", timeout=300)
+def _many_threads_counted(compile_c, out: Path, threads: int, pairs: int) -> dict:
+    """many_threads: each thread makes `pairs` malloc(64)/free pairs and keeps one malloc(100),
+    every one with its stack -- counted exactly, and only the kept blocks live at the end."""
+    s = memtrace_json("malloc", "--device", "local", "--out", out, "--",
+                      compile_c("many_threads"), str(threads), str(pairs), timeout=300)
     assert s["ended"] == "target-exited"
-    # Each thread: 10 malloc(64)/free pairs and one kept malloc(100), every one with its stack.
-    top = rows_by_function(s["top_stacks"])
-    assert top["thread_allocs"] == (2000 * (10 * 64 + 100), 2000 * 11)
-    assert rows_by_function(s["live_by_stack"])["thread_allocs"] == (2000 * 100, 2000)
+    assert rows_by_function(s["top_stacks"])["thread_allocs"] == (threads * (pairs * 64 + 100), threads * (pairs + 1))
+    assert rows_by_function(s["live_by_stack"])["thread_allocs"] == (threads * 100, threads)
+    return s
+
+
+def test_two_thousand_threads_alive_at_once_all_counted(compile_c, tmp_path: Path) -> None:
+    s = _many_threads_counted(compile_c, tmp_path / "cap", 2000, 10)
     assert s["dropped"]["unslotted_calls"] == 0
     # 2000 threads interning their first stacks at once on a busy machine may outwait the stack
     # lock's bound (never a hang): such a stack is dropped and counted, and there are few.
@@ -78,13 +83,7 @@ def test_more_threads_than_lanes_count_every_pair_of_every_stack(compile_c, tmp_
     added without a lock prefix, so a locked add landing inside the owner's load and store was lost
     -- the malloc(64) stack read 3,199,951 of its 3,200,000 calls and ~1,000 of its blocks stayed
     "live" at exit.  Shared lanes are now never owned (cmodule/core.c, mt_shared_lane)."""
-    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--",
-                      compile_c("many_threads"), "32", "100000", timeout=300)
-    assert s["ended"] == "target-exited"
-    top = rows_by_function(s["top_stacks"])
-    assert top["thread_allocs"] == (32 * (100000 * 64 + 100), 32 * 100001)
-    # Only each thread's kept malloc(100) is live: no pair's block left behind by a lost free.
-    assert rows_by_function(s["live_by_stack"])["thread_allocs"] == (32 * 100, 32)
+    _many_threads_counted(compile_c, tmp_path / "cap", 32, 100000)
 
 
 @pytest.mark.slow

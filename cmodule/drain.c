@@ -112,6 +112,15 @@ mt_lanes_used (void)
   return hw < mt_config.agg_lanes ? hw : mt_config.agg_lanes;
 }
 
+/* The drain's live block count as reported: a sum read while threads run can be a free ahead of
+ * its allocation (mt_row_totals), never below zero, as it is once the hooks are out. */
+static inline guint64
+mt_live_blocks_reported (void)
+{
+  gint64 blocks = mt_core.live_blocks;
+  return blocks > 0 ? (guint64) blocks : 0;
+}
+
 /* The fields a free adds to: read before the fields an allocation adds to (mt_row_totals). */
 #define MT_FREE_SIDE ((1u << MT_A_FREES) | (1u << MT_A_FREED_BYTES) | (1u << MT_A_TEMP) \
     | (1u << MT_A_TEMP_BYTES) | (1u << MT_A_EXTRA_WEIGHT_FREED))
@@ -639,11 +648,10 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
    * (A definition is in mt_defs before its id is published: core.c, mt_intern.) */
   used = mt_drain_defs (out, cap, used, mt_load_acquire (&mt_core.defs_head), mt_core.defs_tail);
   info->now_us = (guint64) g_get_monotonic_time ();
-  /* Sums read while threads run can be a free ahead of its allocation (mt_row_totals): never
-   * below zero, as they are once the hooks are out. */
+  /* Tracked bytes, too, can be a free ahead of its allocation for a moment: never below zero. */
   tracked = mt_core.tracked_bytes;         /* (read once: other threads change it) */
   info->tracked_bytes = tracked > 0 ? (guint64) tracked : 0;
-  info->tracked_blocks = mt_core.live_blocks > 0 ? (guint64) mt_core.live_blocks : 0;
+  info->tracked_blocks = mt_live_blocks_reported ();
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
   info->peak_bytes = mt_core.peak_bytes;
   info->peak_t_us = mt_peak_t_us ();
@@ -740,8 +748,7 @@ mt_lost_calls (void)
 guint64
 mt_live_count (void)
 {
-  gint64 blocks = mt_core.live_blocks;
-  return blocks > 0 ? (guint64) blocks : 0;
+  return mt_live_blocks_reported ();
 }
 
 /* Entries in the live table now (the logger path's VM regions included), for sizing a leak scan. */

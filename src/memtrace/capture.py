@@ -734,6 +734,13 @@ class CaptureInfo:
         if len(self.skipped) < SKIPS_NAMED:
             self.skipped.append(f"byte {offset}: {why}")
 
+    @property
+    def damage(self) -> str | None:
+        """What of the capture could not be read although it was written (records refused, stack
+        ids used but never defined), in one phrase -- the part of :attr:`problem` a complete read
+        of a finished capture can still have; None when nothing was lost."""
+        return self.problem if self.n_skipped or self.undefined_stacks() else None
+
     def undefined_stacks(self) -> list[int]:
         """Stack ids used by some record that no STACK record defines (pseudo stacks aside)."""
         return sorted(sid for sid in self.stacks_used if sid not in self.stacks_defined and sid < NESTED_STACK)
@@ -1882,9 +1889,9 @@ class _Refused:
     with what it held, so that a group rewritten without some other type keeps it as it was."""
 
     why: str
-    rtype: int = 0
-    body: Any = None        # its JSON, when that could be read (None: the record is dropped on a rewrite)
-    data: bytes = b""
+    rtype: int
+    body: Any               # its JSON, when that could be read (None: its group is copied as it is on a rewrite)
+    data: bytes
 
 
 def _refused_parts(rtype: int, payload: bytes, body: Any) -> tuple[Any, bytes]:
@@ -1896,7 +1903,7 @@ def _refused_parts(rtype: int, payload: bytes, body: Any) -> tuple[Any, bytes]:
     if body is None:
         try:
             body = _loads(RecordType(rtype), payload)
-        except (ValueError, CaptureError, _Damaged):
+        except _Damaged:
             body = None
     return body, data
 

@@ -67,9 +67,7 @@ class SummaryFold:
     def damage(self) -> str | None:
         """Why the records folded are not all the writer wrote (records skipped as damaged, a
         stack used but never defined), in one phrase; None when nothing was lost."""
-        if self.info.n_skipped or self.info.undefined_stacks():
-            return self.info.problem
-        return None
+        return self.info.damage
 
     def _run(self) -> None:
         try:

@@ -66,7 +66,7 @@ def trace(tracer: Tracer, values: dict[str, Any], program: tuple[str, ...] | lis
     else:
         info = CaptureInfo(result.path)
         summary = tracer.summarize(read_records(result.path, info))
-        damage = info.problem if info.n_skipped or info.undefined_stacks() else None
+        damage = info.damage
     if damage is not None:
         # Records this memtrace wrote and cannot read back: the summary covers the rest, said.
         sys.stderr.write(f"memtrace: warning: {result.path}: {damage}\n")

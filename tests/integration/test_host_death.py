@@ -120,3 +120,43 @@ def test_targets_outlive_memtrace_dying_of_an_exception(compile_c, tmp_path: Pat
         stop.touch()
         assert target.wait(timeout=30) == 0, f"run {i}: the target died with memtrace"
         assert result.read_text().startswith("ok ")
+
+
+def test_an_exception_escaping_the_capture_detaches_first(compile_c, tmp_path: Path) -> None:
+    """A bug of memtrace's own raised in the window (here the UI's): the session is detached before
+    the exception leaves run_capture -- the hooks out as Ctrl-C takes them out -- not left attached
+    for the interpreter's exit to tear down (a host once died of SIGSEGV there), and the target
+    lives on, traced again by the next session of this same process."""
+    from memtrace.capture_loop import CaptureOptions, run_capture
+    from memtrace.frida_host import FridaHost
+    from memtrace.target import TargetSpec
+    from memtrace.ui import SilentUI
+
+    from ..children import exit_of, kill_and_reap  # noqa: TID252
+
+    class BrokenUI(SilentUI):
+        def progress(self, p):  # type: ignore[no-untyped-def]
+            if p.elapsed > 0.3:
+                raise RuntimeError("a bug in memtrace")
+
+    victim = compile_c("host_victim")
+    stop, result = tmp_path / "stop", tmp_path / "result"
+    target_proc = subprocess.Popen([str(victim), str(stop), str(result)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target_proc.stdout is not None and target_proc.stdout.readline().startswith("ready ")
+        target = TargetSpec(device="local", pid=target_proc.pid)
+        host = FridaHost(target, rpc_timeout=30)
+        with pytest.raises(RuntimeError, match="a bug in memtrace"):
+            run_capture("malloc", target, CaptureOptions(tracer="malloc", window=60, out=tmp_path / "c"), BrokenUI(),
+                        host=host)
+        assert host.session is not None and host.session.is_detached
+        assert exit_of(target_proc) is None
+        again = run_capture("malloc", target, CaptureOptions(tracer="malloc", window=0.5, out=tmp_path / "again"),
+                            host=FridaHost(target, rpc_timeout=30))
+        assert again.ended == "completed", again.reason
+        stop.touch()
+        assert target_proc.wait(timeout=30) == 0
+        assert result.read_text().startswith("ok ")
+    finally:
+        if exit_of(target_proc) is None:
+            kill_and_reap(target_proc)

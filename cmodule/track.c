@@ -382,15 +382,6 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
 
   if (want_stack)
   {
-    /* The block's live-table lines, asked for before the walk: on a large heap they are a miss, which
-     * the walk's ~100 ns then hides instead of the insert waiting for it. */
-    guint64 b = mt_live_bucket (p);
-    MT_PREFETCH_W (mt_live_keys (b));
-    MT_PREFETCH_W (mt_live_metas (b));
-  }
-
-  if (want_stack)
-  {
     guint64 frames[MT_MAX_FRAMES];
     guint64 hash;
     guint n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash);

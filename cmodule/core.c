@@ -135,10 +135,9 @@ struct _MtCore
   /* read on every row change, written when the peak moves */
   volatile guint64 peak_epoch;
   volatile guint64 peak_bytes;
-  volatile guint64 peak_clock;     /* when: track.c's mt_peak_clock (drain.c turns it into us) */
   volatile gint peak_lock;         /* TinyCC only (gcc raises the peak with a compare-and-swap) */
   gint pad1a;
-  guint64 pad1[4];
+  guint64 pad1[5];
   /* read by every tracked allocation (the block's birth), written by the drain */
   volatile guint64 tick;
   guint64 pad2[7];
@@ -160,8 +159,11 @@ struct _MtCore
   guint64 live_cursor;             /* the final drain's walk through the live table */
   guint64 live_done;
   guint64 live_dumped;
-  guint64 cal_clock;               /* mt_peak_clock and the monotonic clock at the first drain */
-  guint64 cal_us;
+  /* When the peak was reached, placed by the drains (drain.c, mt_place_peak): no clock is read where
+   * it is raised. */
+  guint64 peak_seen_bytes;         /* the peak bytes the last drain saw */
+  guint64 peak_us;                 /* the middle of the drain interval in which they were reached */
+  guint64 last_drain_us;
   guint64 pagemap_fd1;             /* /proc/self/pagemap's fd + 1 for the final live walk (0: none) */
   guint64 page_size;
 };

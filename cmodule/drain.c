@@ -6,8 +6,8 @@
  * agent's thread, never on a hooked call.
  */
 
-static guint64 mt_peak_t_us (void);
 static inline void mt_top_note (guint64 row);
+static guint64 mt_place_peak (void);
 
 static void
 mt_retire (MtSlot * s)
@@ -300,7 +300,9 @@ mt_drain_peak (guint8 * out, guint64 cap, guint64 used, gboolean final)
     gint64 count_sum = 0;
     e = mt_load_acquire (&mt_core.peak_epoch);
     peak_bytes = mt_core.peak_bytes;
-    peak_t = mt_peak_t_us ();
+    if (peak_bytes != mt_core.peak_seen_bytes)
+      mt_place_peak ();         /* raised since this drain began: placed with these bytes */
+    peak_t = mt_core.peak_us;
     n_stacks = mt_load_acquire (&mt_core.n_stacks);
     total = n_stacks + MT_N_PSEUDO_STACKS;
     pos = start + sizeof (MtChunkHeader) + sizeof (MtPeakHeadRecord);
@@ -566,30 +568,25 @@ mt_top_rows (void)
   mt_drain_info.n_top = n;
 }
 
-/* When the peak was reached, in the core's microseconds (g_get_monotonic_time).  On x86-64 with
- * gcc the hot path keeps the time-stamp counter: its rate is measured between the first drain and
- * this one (the counter is invariant on every x86-64 this runs on), so a peak is placed to the
- * microsecond; before a second drain it is placed at the drain. */
+/* When the peak was reached, to within one drain interval: a drain that finds the peak bytes
+ * changed since the drain before places it in the middle of the interval between them (a drain runs
+ * every 100 ms while the window runs; the flush before a stop, the final drain and a fork's drain
+ * are drains too).  The hot path reads no clock (track.c, mt_raise_peak); the timeline's samples
+ * are the drains' own, so a peak between two of them shows between them.  Returns the monotonic
+ * clock now. */
 static guint64
-mt_peak_t_us (void)
+mt_place_peak (void)
 {
-  guint64 c = mt_core.peak_clock;
-#if MT_LIGHT_HOOKS
-  guint64 tsc, us;
-  gdouble per;
-  if (c == 0)
-    return 0;
-  tsc = mt_peak_clock ();
-  us = (guint64) g_get_monotonic_time ();
-  if (mt_core.cal_clock == 0 || tsc <= mt_core.cal_clock || us <= mt_core.cal_us)
-    return us;
-  per = (gdouble) (us - mt_core.cal_us) / (gdouble) (tsc - mt_core.cal_clock);
-  if (c >= tsc)
-    return us;
-  return us - (guint64) ((gdouble) (tsc - c) * per);
-#else
-  return c;
-#endif
+  guint64 now_us = (guint64) g_get_monotonic_time ();
+  guint64 bytes = mt_load_acquire (&mt_core.peak_bytes);
+  if (bytes != mt_core.peak_seen_bytes)
+  {
+    guint64 prev = mt_core.last_drain_us;
+    mt_core.peak_seen_bytes = bytes;
+    mt_core.peak_us = prev != 0 && prev <= now_us ? prev + (now_us - prev) / 2 : now_us;
+  }
+  mt_core.last_drain_us = now_us;
+  return now_us;
 }
 
 /* The stack definitions in mt_defs[tail, head) as one chunk at out + used, if they fit (else
@@ -628,11 +625,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
 
   info->more = 0;
   mt_core.tick++;
-  if (mt_core.cal_clock == 0)
-  {
-    mt_core.cal_clock = mt_peak_clock ();
-    mt_core.cal_us = (guint64) g_get_monotonic_time ();
-  }
+  mt_place_peak ();
 
   used = mt_drain_defs (out, cap, used, head, tail);
 
@@ -654,7 +647,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   info->tracked_blocks = mt_live_blocks_reported ();
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
   info->peak_bytes = mt_core.peak_bytes;
-  info->peak_t_us = mt_peak_t_us ();
+  info->peak_t_us = mt_core.peak_us;
   info->stacks = mt_core.n_stacks;
   info->tick = mt_core.tick;
   info->live_dumped = mt_core.live_dumped;

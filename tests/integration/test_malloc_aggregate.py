@@ -75,6 +75,11 @@ def test_timeline_samples_the_tracked_bytes_at_every_drain(compile_c, tmp_path: 
     assert all(x is not None and x > 0 for x in tl["in_use"] + tl["footprint"])
     series = {st["frames"][0]["function"]: st["live"] for st in tl["stacks"]}
     assert series["keep_early"][-1] == 4 * MIB
+    # The peak is placed between the drain before it and the first drain that saw it (no clock is
+    # read where it is raised): between those two samples, 10 ms either side for the clocks' reads.
+    first = tl["peak_bytes"].index(68 * MIB)
+    assert first > 0, "the burst came after keep_early's first drain"
+    assert tl["t"][first - 1] - 0.01 <= s["peak"]["t"] <= tl["t"][first] + 0.01, (s["peak"]["t"], tl["t"])
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@
  */
 
 static inline void mt_top_note (guint64 row);
-static guint64 mt_place_peak (void);
+static void mt_place_peak (void);
 
 static void
 mt_retire (MtSlot * s)
@@ -570,11 +570,11 @@ mt_top_rows (void)
 
 /* When the peak was reached, to within one drain interval: a drain that finds the peak bytes
  * changed since the drain before places it in the middle of the interval between them (a drain runs
- * every 100 ms while the window runs; the flush before a stop, the final drain and a fork's drain
- * are drains too).  The hot path reads no clock (track.c, mt_raise_peak); the timeline's samples
- * are the drains' own, so a peak between two of them shows between them.  Returns the monotonic
- * clock now. */
-static guint64
+ * every 100 ms while the window runs; the flush before a stop and the final drain are drains too;
+ * before the first drain there is no interval: the first drain's time).  The hot path reads no
+ * clock (track.c, mt_raise_peak); the timeline's samples are the drains' own, so a peak between two
+ * of them shows between them. */
+static void
 mt_place_peak (void)
 {
   guint64 now_us = (guint64) g_get_monotonic_time ();
@@ -586,7 +586,6 @@ mt_place_peak (void)
     mt_core.peak_us = prev != 0 && prev <= now_us ? prev + (now_us - prev) / 2 : now_us;
   }
   mt_core.last_drain_us = now_us;
-  return now_us;
 }
 
 /* The stack definitions in mt_defs[tail, head) as one chunk at out + used, if they fit (else

@@ -833,21 +833,34 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
 
     Without Frida's exit monitor: these agents have nothing to save when the process exits, and
     the monitor hangs a process that calls exit() while the agent is being torn down after our
-    detach (docs/domain/sessions.md, "A target that exits as we detach")."""
+    detach (docs/domain/sessions.md, "A target that exits as we detach").
+
+    A local target gets the tracers' guard against a starved injection (memtrace.priority): Frida's
+    injector gives its loader 5 s to sync up, then unmaps it under the loader thread -- on a loaded
+    machine an attach failed ("unexpectedly timed out trying to sync up with agent", a CI run of
+    the device checks) and can kill the target."""
     source = build_agent(agent).source
+    boost = None
+    if getattr(device, "type", None) == "local":
+        with contextlib.suppress(OSError):      # (the pid gone: the attach says so)
+            boost = priority.boost_injection(pid)
     try:
         try:
-            session = device.attach(pid, exit_monitor=False)
-        except (TypeError, AttributeError):       # frida < 17.10 has no such option
-            session = device.attach(pid)
-    except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,
-            frida.NotSupportedError, frida.TransportError) as e:
-        raise TargetError(f"cannot attach to pid {pid}: {str(e).splitlines()[0] if str(e) else e}") from None
-    try:
-        script = session.create_script(source, name=f"memtrace-{agent}")
-        script.load()
-    except (*GONE_ERRORS, frida.InvalidArgumentError, frida.NotSupportedError) as e:
-        raise TargetError(f"cannot load the {agent} agent into pid {pid}: {_first_line(e)}") from None
+            try:
+                session = device.attach(pid, exit_monitor=False)
+            except (TypeError, AttributeError):       # frida < 17.10 has no such option
+                session = device.attach(pid)
+        except (frida.ProcessNotFoundError, frida.PermissionDeniedError, frida.ProcessNotRespondingError,
+                frida.NotSupportedError, frida.TransportError) as e:
+            raise TargetError(f"cannot attach to pid {pid}: {str(e).splitlines()[0] if str(e) else e}") from None
+        try:
+            script = session.create_script(source, name=f"memtrace-{agent}")
+            script.load()
+        except (*GONE_ERRORS, frida.InvalidArgumentError, frida.NotSupportedError) as e:
+            raise TargetError(f"cannot load the {agent} agent into pid {pid}: {_first_line(e)}") from None
+    finally:
+        if boost is not None:
+            boost.end()         # every thread's priority back, the program's and memtrace's
     return session, script
 
 

@@ -99,6 +99,44 @@ def test_memtrace_attaches_to_64_spinning_threads_and_leaves_them_as_they_were(
     assert {tid: after[tid] for tid in before} == before
 
 
+ONE_SHOT = """
+import json, sys
+import frida
+from memtrace import priority
+from memtrace.frida_host import load_agent
+made = []
+real = priority.boost_injection
+def recording(pid, held=False):
+    made.append(real(pid, held))
+    return made[-1]
+priority.boost_injection = recording
+session, script = load_agent(frida.get_local_device(), int(sys.argv[1]), "census")
+script.unload()
+session.detach()
+print(json.dumps({"boosts": len(made), "lowered": bool(made and made[0] is not None and made[0].lower),
+                  "restored": all(b is not None and b.restored for b in made)}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_one_shot_agent_attaches_under_the_same_guard(spinning: subprocess.Popen[str]) -> None:
+    """census, limit and doctor's device checks load their agent through load_agent, not FridaHost:
+    it gets the same guard against a starved injection (a CI run's device check failed "timed out
+    trying to sync up with agent" on a loaded machine), and every thread's priority back after."""
+    pid = spinning.pid
+    before = nice_values(pid)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    res = subprocess.run([sys.executable, "-c", ONE_SHOT, str(pid)], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"boosts": 1, "lowered": True, "restored": True}
+    time.sleep(0.3)
+    assert spinning.poll() is None, f"the target died: {spinning.returncode}"
+    after = nice_values(pid)
+    assert {tid: after[tid] for tid in before} == before
+
+
 def _spinning_target(exe: Path, threads: int, mode: str = "spin") -> subprocess.Popen[str]:
     target = subprocess.Popen([str(exe), str(threads), mode], stdout=subprocess.PIPE, text=True)
     assert target.stdout is not None and target.stdout.readline().strip() == "ready"

@@ -161,9 +161,9 @@ struct _MtCore
   guint64 live_dumped;
   /* When the peak was reached, placed by the drains (drain.c, mt_place_peak): no clock is read where
    * it is raised. */
-  guint64 peak_seen_bytes;         /* the peak bytes the last drain saw */
-  guint64 peak_us;                 /* the middle of the drain interval in which they were reached */
-  guint64 last_drain_us;
+  guint64 peak_seen_bytes;         /* the peak bytes the agent last looked at */
+  guint64 peak_us;                 /* the middle of the interval between two looks they were reached in */
+  guint64 peak_seen_us;            /* when it last looked */
   guint64 pagemap_fd1;             /* /proc/self/pagemap's fd + 1 for the final live walk (0: none) */
   guint64 page_size;
 };

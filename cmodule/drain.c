@@ -7,7 +7,7 @@
  */
 
 static inline void mt_top_note (guint64 row);
-static void mt_place_peak (void);
+static void mt_place_peak (guint64 bytes);
 
 static void
 mt_retire (MtSlot * s)
@@ -299,9 +299,8 @@ mt_drain_peak (guint8 * out, guint64 cap, guint64 used, gboolean final)
     guint32 nstacks = 0;
     gint64 count_sum = 0;
     e = mt_load_acquire (&mt_core.peak_epoch);
-    peak_bytes = mt_core.peak_bytes;
-    if (peak_bytes != mt_core.peak_seen_bytes)
-      mt_place_peak ();         /* raised since this drain began: placed with these bytes */
+    peak_bytes = mt_load_acquire (&mt_core.peak_bytes);
+    mt_place_peak (peak_bytes);         /* the time shipped is these bytes' */
     peak_t = mt_core.peak_us;
     n_stacks = mt_load_acquire (&mt_core.n_stacks);
     total = n_stacks + MT_N_PSEUDO_STACKS;
@@ -568,24 +567,32 @@ mt_top_rows (void)
   mt_drain_info.n_top = n;
 }
 
-/* When the peak was reached, to within one drain interval: a drain that finds the peak bytes
- * changed since the drain before places it in the middle of the interval between them (a drain runs
- * every 100 ms while the window runs; the flush before a stop and the final drain are drains too;
- * before the first drain there is no interval: the first drain's time).  The hot path reads no
- * clock (track.c, mt_raise_peak); the timeline's samples are the drains' own, so a peak between two
- * of them shows between them. */
+/* When the peak was reached, to within one drain interval: each time the agent looks at the peak
+ * (every drain, and when the hooks go in or out: mt_peak_mark), peak bytes changed since the last
+ * look are placed in the middle of the interval between the two looks.  Drains run every 100 ms
+ * while the window runs (a late one on a busy target widens its interval); the hooks going out
+ * closes the last interval, so a stop's unhooking or an exit's leak scan never counts in it.  The
+ * hot path reads no clock (track.c, mt_raise_peak); the timeline's samples are the drains' own, so
+ * a peak between two of them shows between them.  `bytes`: the peak bytes as the caller read them
+ * (the time is theirs).  The agent's thread only. */
 static void
-mt_place_peak (void)
+mt_place_peak (guint64 bytes)
 {
   guint64 now_us = (guint64) g_get_monotonic_time ();
-  guint64 bytes = mt_load_acquire (&mt_core.peak_bytes);
   if (bytes != mt_core.peak_seen_bytes)
   {
-    guint64 prev = mt_core.last_drain_us;
+    guint64 prev = mt_core.peak_seen_us;
     mt_core.peak_seen_bytes = bytes;
     mt_core.peak_us = prev != 0 && prev <= now_us ? prev + (now_us - prev) / 2 : now_us;
   }
-  mt_core.last_drain_us = now_us;
+  mt_core.peak_seen_us = now_us;
+}
+
+/* The hooks go in or out (the agent's setEnabled): the peak is looked at then (mt_place_peak). */
+void
+mt_peak_mark (void)
+{
+  mt_place_peak (mt_load_acquire (&mt_core.peak_bytes));
 }
 
 /* The stack definitions in mt_defs[tail, head) as one chunk at out + used, if they fit (else
@@ -624,7 +631,6 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
 
   info->more = 0;
   mt_core.tick++;
-  mt_place_peak ();
 
   used = mt_drain_defs (out, cap, used, head, tail);
 
@@ -645,7 +651,8 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   info->tracked_bytes = tracked > 0 ? (guint64) tracked : 0;
   info->tracked_blocks = mt_live_blocks_reported ();
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);
-  info->peak_bytes = mt_core.peak_bytes;
+  mt_place_peak (mt_load_acquire (&mt_core.peak_bytes));
+  info->peak_bytes = mt_core.peak_seen_bytes;         /* the bytes placed: the sample and its time agree */
   info->peak_t_us = mt_core.peak_us;
   info->stacks = mt_core.n_stacks;
   info->tick = mt_core.tick;

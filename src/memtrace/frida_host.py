@@ -119,6 +119,7 @@ class FridaHost:
         self.phases: dict[str, float] = {}
         # Frida's threads favoured over a busy target's while it injects (memtrace.priority).
         self._boost: priority.InjectionBoost | None = None
+        self._detach_tried = False
         self.boosted: dict[str, int] = {}
         # What prepare() made while Frida injected: the agents built, their compiled bytecode,
         # the precompiled core by its source, the texts' files by their text.
@@ -310,6 +311,7 @@ class FridaHost:
             self.phases["boosted"] = time.monotonic()
         try:
             self.session = self._attach_retrying()
+            self._detach_tried = False
         except frida.ProcessNotFoundError as e:
             if self.spawned:
                 raise TargetGone(_first_line(e)) from None      # its words may name the signal
@@ -719,7 +721,10 @@ class FridaHost:
 
     def detach(self) -> None:
         self._unboost()
-        if self.session is not None:
+        # Once: a path that detached (and the exception it raised) meets run()'s detach on the way
+        # out, and a detach that timed out would only wait its 5 s again.
+        if self.session is not None and not self._detach_tried:
+            self._detach_tried = True
             with contextlib.suppress(AgentTimeout, TargetLost, *GONE_ERRORS):
                 self.call("detach", self.session.detach, timeout=5)
 
@@ -860,7 +865,11 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
             raise TargetError(f"cannot load the {agent} agent into pid {pid}: {_first_line(e)}") from None
     finally:
         if boost is not None:
-            boost.end()         # every thread's priority back, the program's and memtrace's
+            # Every thread born while it injected gets its value at birth back, Frida's too: a
+            # one-shot agent is not asked which are Frida's, and restore(None) would leave a thread
+            # the program made meanwhile at -20 for good (limit keeps its agent).  Then memtrace's own.
+            boost.restore(set())
+            boost.end()
     return session, script
 
 

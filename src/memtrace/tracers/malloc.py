@@ -208,8 +208,8 @@ def _peak(console: Console, summary: MallocSummary, top: int) -> None:
 
     peak = summary.peak
     assert peak is not None
-    # Placed by the agent's drains, every 100 ms, in the middle of the interval it fell in.
-    when = f" at {peak.t_s:.1f} s (± 0.05)" if peak.t_s is not None else ""
+    # Placed by the agent's looks at it (every drain, 100 ms apart): in the middle of the interval.
+    when = f" at {peak.t_s:.1f} s" if peak.t_s is not None else ""
     exact = "" if summary.peak_exact else " (the target ended before its last peak was read: an earlier peak)"
     line(console, ("peak of tracked live bytes", f"{fmt_bytes(peak.bytes)} in {peak.count:,} blocks"
                    f"{when}{exact}"))

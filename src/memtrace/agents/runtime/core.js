@@ -350,6 +350,7 @@ export function buildCore(config, sources, extraSymbols) {
     monotonicUs: new NativeFunction(cm.mt_monotonic_us, 'uint64', []),
     sitesUsed: new NativeFunction(cm.mt_sites_used, 'uint64', []),
     pagemap: new NativeFunction(cm.mt_live_pagemap, 'void', ['uint64', 'uint64']),
+    peakMark: new NativeFunction(cm.mt_peak_mark, 'void', []),
   };
   const busy = new NativeFunction(cm.mt_busy_slots, 'uint64', []);
   proc.busyProbe = () => Number(busy());
@@ -407,6 +408,10 @@ function findTlsOffset(key) {
 export function setEnabled(on) {
   if (core.cfg !== null)
     writeField(core.cfg, CONFIG, 'enabled', on ? 1 : 0);
+  // The peak is placed in time by the agent's looks at it (cmodule/drain.c, mt_place_peak): one as
+  // the hooks go in opens the first interval, one as they go out closes the last.
+  if (core.fns.peakMark)
+    core.fns.peakMark();
   core.enabled = on;
   if (on)
     core.started = true;

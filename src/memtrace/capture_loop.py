@@ -349,14 +349,6 @@ class CaptureLoop:
             if self.child is None:
                 self.follower.join(self.ui.phase)
             result = self._end(interrupted)
-        except BaseException:
-            # Whatever escapes (a write error, or a bug of memtrace's own): detached here, as Ctrl-C
-            # detaches, rather than leaving Frida's session to the interpreter's exit.  A host that
-            # exited with the session attached once died of SIGSEGV in that teardown (round 12's CI,
-            # not reproduced), and its agent's hooks stayed in the target until the channel closed.
-            with contextlib.suppress(Exception):
-                self.source.detach()
-            raise
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -119,7 +119,6 @@ class FridaHost:
         self.phases: dict[str, float] = {}
         # Frida's threads favoured over a busy target's while it injects (memtrace.priority).
         self._boost: priority.InjectionBoost | None = None
-        self._detach_tried = False
         self.boosted: dict[str, int] = {}
         # What prepare() made while Frida injected: the agents built, their compiled bytecode,
         # the precompiled core by its source, the texts' files by their text.
@@ -311,7 +310,6 @@ class FridaHost:
             self.phases["boosted"] = time.monotonic()
         try:
             self.session = self._attach_retrying()
-            self._detach_tried = False
         except frida.ProcessNotFoundError as e:
             if self.spawned:
                 raise TargetGone(_first_line(e)) from None      # its words may name the signal
@@ -721,10 +719,7 @@ class FridaHost:
 
     def detach(self) -> None:
         self._unboost()
-        # Once: a path that detached (and the exception it raised) meets run()'s detach on the way
-        # out, and a detach that timed out would only wait its 5 s again.
-        if self.session is not None and not self._detach_tried:
-            self._detach_tried = True
+        if self.session is not None:
             with contextlib.suppress(AgentTimeout, TargetLost, *GONE_ERRORS):
                 self.call("detach", self.session.detach, timeout=5)
 

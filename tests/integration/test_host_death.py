@@ -120,4 +120,3 @@ def test_targets_outlive_memtrace_dying_of_an_exception(compile_c, tmp_path: Pat
         stop.touch()
         assert target.wait(timeout=30) == 0, f"run {i}: the target died with memtrace"
         assert result.read_text().startswith("ok ")
-

@@ -49,30 +49,11 @@
 extern gint usleep (guint usec);
 
 #ifdef MT_DARWIN
-typedef guint32 mt_port_t;
-extern mt_port_t mach_task_self_;
-extern gint task_threads (mt_port_t task, mt_port_t ** list, guint32 * count);
-extern gint thread_suspend (mt_port_t thread);
-extern gint thread_resume (mt_port_t thread);
-extern gint thread_get_state (mt_port_t thread, gint flavor, guint32 * state, guint32 * count);
-extern gint mach_port_deallocate (mt_port_t task, mt_port_t name);
-extern gint mach_vm_deallocate (mt_port_t task, guint64 address, guint64 size);
-extern gint mach_vm_read_overwrite (mt_port_t task, guint64 address, guint64 size, guint64 data,
-    guint64 * out_size);
-extern gint mach_vm_region_recurse (mt_port_t task, guint64 * address, guint64 * size, guint32 * depth,
-    gint32 * info, guint32 * count);
-# ifdef MT_ARM64
-#  define MT_THREAD_STATE_FLAVOR 6           /* ARM_THREAD_STATE64: x0..x28, fp, lr, sp, pc, cpsr */
-#  define MT_THREAD_STATE_COUNT 68
-#  define MT_SP_INDEX 31
-# else
-#  define MT_THREAD_STATE_FLAVOR 4           /* x86_THREAD_STATE64: rax rbx rcx rdx rdi rsi rbp rsp ... */
-#  define MT_THREAD_STATE_COUNT 42
-#  define MT_SP_INDEX 7
-# endif
+/* The Mach calls (task_threads, thread_suspend, mach_vm_read_overwrite, mach_vm_region_recurse ...)
+ * and mt_port_t are declared by world.c, compiled before this file: it stops the world for the
+ * scan on Darwin too. */
 /* vm_region_submap_info_64 is #pragma pack(4): protection, max_protection, inheritance, then the
  * 8-byte offset in words 3-4 (no padding), so user_tag is word 5, pages_resident word 6. */
-#define MT_SUBMAP_INFO_COUNT_64 19
 #define MT_SUBMAP_USER_TAG_WORD 5
 #define MT_MINCORE_INCORE 0x1
 #define MT_MINCORE_PAGED_OUT 0x20
@@ -216,15 +197,12 @@ mt_leak_read (MtLeakJob * job, guint64 addr, guint64 len, guint8 * buf)
 #endif
 }
 
-/* Linux: the process's thread ids (the agent tells Frida's own apart); Darwin: 0. */
+/* The process's thread ids -- Linux: task ids; Darwin: thread port names, their rights released --
+ * for the agent to tell Frida's own apart (Cloak.hasThread).  How many there are (may be > cap). */
 guint64
 mt_leak_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
 {
-#ifdef MT_DARWIN
-  return 0;
-#else
   return mt_world_list_tasks (tgid, out, cap);
-#endif
 }
 
 /* Stops every thread but the caller and job->skip; 1 when the world is stopped (n_failed says
@@ -232,64 +210,21 @@ mt_leak_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
 gint
 mt_leak_stop (MtLeakJob * job)
 {
+  gint ok = mt_world_stop ((MtWorld *) job);
 #ifdef MT_DARWIN
-  mt_port_t * list = NULL;
-  guint32 count = 0, i;
-  const guint64 * skip = (const guint64 *) job->skip;
-  if (task_threads (mach_task_self_, &list, &count) != 0)
-  {
-    job->state = MT_LEAK_FAILED;
-    return 0;
-  }
-  for (i = 0; i != count; i++)
-  {
-    mt_port_t th = list[i];
-    gboolean skipped = (guint64) th == job->self_tid;
-    guint64 k;
-    for (k = 0; !skipped && k != job->n_skip; k++)
-      skipped = skip[k] == (guint64) th;
-    if (!skipped && job->n_threads < job->threads_cap && thread_suspend (th) == 0)
-    {
-      MtLeakThread * t = (MtLeakThread *) job->threads + job->n_threads;
-      guint64 * regs = (guint64 *) job->regs + job->n_threads * MT_LEAK_REGS;
-      guint32 cnt = MT_THREAD_STATE_COUNT;
-      guint r;
-      for (r = 0; r != MT_LEAK_REGS; r++)
-        regs[r] = 0;
-      t->tid = th;
-      t->sp = 0;
-      if (thread_get_state (th, MT_THREAD_STATE_FLAVOR, (guint32 *) regs, &cnt) == 0)
-        t->sp = regs[MT_SP_INDEX];
-      job->n_threads++;
-      continue;     /* the port is released at resume */
-    }
-    if (!skipped)
-      job->n_failed++;
-    mach_port_deallocate (mach_task_self_, th);
-  }
-  mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
-  job->state = MT_LEAK_STOPPED;
-  return 1;
-#else
-  return mt_world_stop ((MtWorld *) job);
+  guint64 i;
+  /* arm64e: the sp thread_get_state gives is signed (world.c strips it with the platform's mask;
+   * the job's own is the one the scan uses). */
+  for (i = 0; ok && i != job->n_threads; i++)
+    ((MtLeakThread *) job->threads)[i].sp &= job->ptr_mask;
 #endif
+  return ok;
 }
 
 void
 mt_leak_resume (MtLeakJob * job)
 {
-#ifdef MT_DARWIN
-  guint64 i;
-  for (i = 0; i != job->n_threads; i++)
-  {
-    mt_port_t th = (mt_port_t) ((MtLeakThread *) job->threads)[i].tid;
-    thread_resume (th);
-    mach_port_deallocate (mach_task_self_, th);
-  }
-  job->state = MT_LEAK_RESUMED;
-#else
   mt_world_resume ((MtWorld *) job);
-#endif
 }
 
 /* Darwin: the VM user tag of the region holding addr (VM_MEMORY_STACK = 30 marks thread
@@ -1383,21 +1318,12 @@ mt_leak_step (MtLeakJob * job, guint64 budget)
  * inside malloc or the message loop may hold (a deadlock that freezes the app for good).  Returns
  * 1 when the scan completed; job->stop_us, collect_us, scan_us say how long each part took. */
 
-#ifdef MT_DARWIN
-static gint mt_leak_darwin_stop (MtLeakJob * job);
-static void mt_leak_darwin_resume (MtLeakJob * job);
-#endif
-
 gint
 mt_leak_scan_all (MtLeakJob * job)
 {
   gint64 t0 = g_get_monotonic_time (), t1, t2, deadline;
   gint done = 0;
-#ifdef MT_DARWIN
-  mt_leak_darwin_stop (job);
-#else
   mt_leak_stop (job);
-#endif
   t1 = g_get_monotonic_time ();
   mt_leak_collect (job);
   t2 = g_get_monotonic_time ();
@@ -1407,137 +1333,7 @@ mt_leak_scan_all (MtLeakJob * job)
   job->stop_us = (guint64) (t1 - t0);
   job->collect_us = (guint64) (t2 - t1);
   job->scan_us = (guint64) (g_get_monotonic_time () - t2);
-#ifdef MT_DARWIN
-  mt_leak_darwin_resume (job);
-#else
   mt_leak_resume (job);
-#endif
   return done;
 }
 
-#ifdef MT_DARWIN
-
-/* ---- stopping the world: Darwin (DEVICE-UNVERIFIED; run in tests against the stand-in's mach
- * calls, demo/darwin/mtmach.c) ------------------------------------------------------------------
- *
- * task_threads hands us a send right for every thread of the task (out-of-line memory, mapped by
- * the kernel: no malloc).  Every thread but the scanning one and Frida's (job->skip: the ports
- * Cloak.hasThread names, listed before the stop) is suspended and its registers read; threads
- * started meanwhile are caught by another pass.  The rights are kept until resume. */
-
-static gboolean
-mt_leak_darwin_skipped (MtLeakJob * job, guint64 th)
-{
-  const guint64 * skip = (const guint64 *) job->skip;
-  guint64 k;
-  if (th == job->self_tid)
-    return TRUE;
-  for (k = 0; k != job->n_skip; k++)
-  {
-    if (skip[k] == th)
-      return TRUE;
-  }
-  return FALSE;
-}
-
-static gboolean
-mt_leak_darwin_held (MtLeakJob * job, guint64 th)
-{
-  const MtLeakThread * t = (const MtLeakThread *) job->threads;
-  guint64 i;
-  for (i = 0; i != job->n_threads; i++)
-  {
-    if (t[i].tid == th)
-      return TRUE;
-  }
-  return FALSE;
-}
-
-static gint
-mt_leak_darwin_stop (MtLeakJob * job)
-{
-  gint pass;
-  job->n_threads = 0;
-  job->n_failed = 0;
-  for (pass = 0; pass != 16; pass++)
-  {
-    mt_port_t * list = NULL;
-    guint32 count = 0, i, added = 0;
-    if (task_threads (mach_task_self_, &list, &count) != 0)
-    {
-      if (pass == 0)
-      {
-        job->state = MT_LEAK_FAILED;
-        return 0;
-      }
-      break;
-    }
-    for (i = 0; i != count; i++)
-    {
-      mt_port_t th = list[i];
-      if (mt_leak_darwin_skipped (job, th) || mt_leak_darwin_held (job, th))
-      {
-        mach_port_deallocate (mach_task_self_, th);      /* a second right to a held thread: one is kept */
-        continue;
-      }
-      if (job->n_threads < job->threads_cap && thread_suspend (th) == 0)
-      {
-        MtLeakThread * t = (MtLeakThread *) job->threads + job->n_threads;
-        guint64 * regs = (guint64 *) job->regs + job->n_threads * MT_LEAK_REGS;
-        guint32 cnt = MT_THREAD_STATE_COUNT;
-        guint r;
-        for (r = 0; r != MT_LEAK_REGS; r++)
-          regs[r] = 0;
-        t->tid = th;
-        t->sp = 0;
-        if (thread_get_state (th, MT_THREAD_STATE_FLAVOR, (guint32 *) regs, &cnt) == 0)
-          t->sp = regs[MT_SP_INDEX] & job->ptr_mask;    /* arm64e: the sp is signed */
-        job->n_threads++;
-        added++;
-        continue;
-      }
-      job->n_failed++;
-      mach_port_deallocate (mach_task_self_, th);
-    }
-    mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
-    if (added == 0)
-      break;
-  }
-  job->state = MT_LEAK_STOPPED;
-  return 1;
-}
-
-static void
-mt_leak_darwin_resume (MtLeakJob * job)
-{
-  guint64 i;
-  for (i = 0; i != job->n_threads; i++)
-  {
-    mt_port_t th = (mt_port_t) ((MtLeakThread *) job->threads)[i].tid;
-    thread_resume (th);
-    mach_port_deallocate (mach_task_self_, th);
-  }
-  job->state = MT_LEAK_RESUMED;
-}
-
-/* The task's threads (ports) into out, at most cap; their rights released.  Before the stop, for
- * the agent to tell Frida's (Cloak.hasThread) from the app's. */
-guint64
-mt_leak_darwin_threads (guint64 * out, guint64 cap)
-{
-  mt_port_t * list = NULL;
-  guint32 count = 0, i;
-  guint64 n = 0;
-  if (task_threads (mach_task_self_, &list, &count) != 0)
-    return 0;
-  for (i = 0; i != count; i++)
-  {
-    if (n < cap)
-      out[n++] = list[i];
-    mach_port_deallocate (mach_task_self_, list[i]);
-  }
-  mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
-  return n;
-}
-
-#endif

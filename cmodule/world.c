@@ -40,14 +40,71 @@
  * signal stop (MT_WORLD_SIGSTOP, below), else the stop is refused with the reason in `error`, as
  * where ptrace is not allowed.
  *
- * Darwin: not here.  The leak scan suspends threads with thread_suspend (leaks.c); patching is
- * left to Frida (docs/domain/frida.md, "Patching code while threads run").
+ * Darwin (MT_DARWIN, below): the same MtWorld and the same calls, with the threads held by Mach
+ * thread suspension (task_threads, thread_suspend, thread_get_state) instead of a helper process:
+ * every patch of every tracer (iosurface, purgeable, fds, threads, probe) and the leak scan stop
+ * the world through it; mt_world_write writes through a writable alias there (no RWX pages).
  */
+
+#define MT_WORLD_HOLD_LIMIT_US (600ULL * 1000000ULL)
+
+/* A full barrier: an atomic add of 0 to the state word (no static: a TinyCC module's data may not
+ * be writable). */
+static inline void
+mt_world_barrier (MtWorld * w)
+{
+  g_atomic_int_add ((volatile gint *) &w->state, 0);
+}
+
+static inline guint64
+mt_world_state (MtWorld * w)
+{
+  return (guint64) g_atomic_int_add ((volatile gint *) &w->state, 0);
+}
+
+static gboolean
+mt_world_is_skipped (MtWorld * w, guint64 tid)
+{
+  const guint64 * skip = (const guint64 *) w->skip;
+  guint64 i;
+  if (tid == w->self_tid)
+    return TRUE;
+  for (i = 0; i != w->n_skip; i++)
+  {
+    if (skip[i] == tid)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+static gboolean
+mt_world_is_held (MtWorld * w, guint64 tid)
+{
+  MtWorldThread * t = (MtWorldThread *) w->threads;
+  guint64 i;
+  for (i = 0; i != w->n_threads; i++)
+  {
+    if (t[i].tid == tid)
+      return TRUE;
+  }
+  return FALSE;
+}
+
+/* How long a stop may take: the caller's bound (the leak scan's budget), else the default. */
+static guint64
+mt_world_timeout_us (MtWorld * w)
+{
+  guint64 t = w->stop_timeout_us;
+  /* The caller's own bound wins, longer or shorter (the leak scan gives its whole budget: thousands
+   * of threads on a loaded machine take more than the default); never past the hold limit. */
+  if (t == 0)
+    return MT_WORLD_STOP_TIMEOUT_US;
+  return t < MT_WORLD_HOLD_LIMIT_US ? t : MT_WORLD_HOLD_LIMIT_US;
+}
 
 #ifndef MT_DARWIN
 
 #define MT_WORLD_WAIT_US 200
-#define MT_WORLD_HOLD_LIMIT_US (600ULL * 1000000ULL)
 
 /* MtWorld.error: why the world could not be stopped, or why a thread could not be -- MT_WORLD_E_ATTACH
  * (a thread could not be attached, most often: it ended), _CLONE (the helper could not be made),
@@ -141,20 +198,6 @@ mt_world_sleep_us (guint64 us)
   syscall (MT_SYS_NANOSLEEP, (glong) (gsize) ts, 0L);
 }
 
-/* A full barrier: an atomic add of 0 to the state word (no static: a TinyCC module's data may not
- * be writable). */
-static inline void
-mt_world_barrier (MtWorld * w)
-{
-  g_atomic_int_add ((volatile gint *) &w->state, 0);
-}
-
-static inline guint64
-mt_world_state (MtWorld * w)
-{
-  return (guint64) g_atomic_int_add ((volatile gint *) &w->state, 0);
-}
-
 /* The monotonic clock, in microseconds, by system call (`syscall` is a symbol both CModules have).
  * Every bound here is a time, never a count of sleeps: in a process whose 128 threads kept both
  * CPUs busy, usleep (200) took 19 ms, not 0.2 (1000 of them 19 s), which stretched the leak
@@ -167,34 +210,6 @@ mt_world_now_us (void)
   ts[1] = 0;
   syscall (MT_SYS_CLOCK_GETTIME, 1L, ts);          /* CLOCK_MONOTONIC */
   return (guint64) ts[0] * 1000000ULL + (guint64) ts[1] / 1000ULL;
-}
-
-static gboolean
-mt_world_is_skipped (MtWorld * w, guint64 tid)
-{
-  const guint64 * skip = (const guint64 *) w->skip;
-  guint64 i;
-  if (tid == w->self_tid)
-    return TRUE;
-  for (i = 0; i != w->n_skip; i++)
-  {
-    if (skip[i] == tid)
-      return TRUE;
-  }
-  return FALSE;
-}
-
-static gboolean
-mt_world_is_held (MtWorld * w, guint64 tid)
-{
-  MtWorldThread * t = (MtWorldThread *) w->threads;
-  guint64 i;
-  for (i = 0; i != w->n_threads; i++)
-  {
-    if (t[i].tid == tid)
-      return TRUE;
-  }
-  return FALSE;
 }
 
 /* Attach to one thread and wait, a bounded time, for it to stop.  PTRACE_SEIZE + PTRACE_INTERRUPT,
@@ -425,18 +440,6 @@ mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
 }
 
 /* The helper process: runs on its own small stack, shares our memory, never allocates. */
-/* How long a stop may take: the caller's bound (the leak scan's budget), else the default. */
-static guint64
-mt_world_timeout_us (MtWorld * w)
-{
-  guint64 t = w->stop_timeout_us;
-  /* The caller's own bound wins, longer or shorter (the leak scan gives its whole budget: thousands
-   * of threads on a loaded machine take more than the default); never past the hold limit. */
-  if (t == 0)
-    return MT_WORLD_STOP_TIMEOUT_US;
-  return t < MT_WORLD_HOLD_LIMIT_US ? t : MT_WORLD_HOLD_LIMIT_US;
-}
-
 static gint
 mt_world_tracer (gpointer data)
 {
@@ -893,6 +896,315 @@ mt_world_resume (MtWorld * w)
   w->tracer_pid = 0;
 }
 
+/* Linux: up to `len` bytes of this process's memory at `addr` into buf, without faulting: how many
+ * were read (the end of a mapping stops it), -1 when none. */
+static gssize
+mt_world_read (MtWorld * w, guint64 addr, guint8 * buf, guint64 len)
+{
+  guint64 local[2], remote[2];
+  local[0] = (guint64) buf;
+  local[1] = len;
+  remote[0] = addr;
+  remote[1] = len;
+  return process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
+}
+
+#define mt_world_strip(v) (v)
+
+#else /* MT_DARWIN */
+
+/*
+ * ---- Darwin: the world stopped with Mach thread suspension -------------------------------------
+ * DEVICE-UNVERIFIED.  Run here in two ways: compiled natively against the stand-in's Mach calls
+ * (demo/darwin/mtmach.c; tests/programs/world_darwin), and end to end on Linux, where the agent
+ * builds this file with MT_DARWIN over the stand-in library when the host asks for it
+ * (MEMTRACE_WORLD_MACH: agents/runtime/process.js) and the storms run against it.
+ *
+ * Why it is needed (docs/domain/frida.md): on a jailbroken iPhone Frida writes a patch through a
+ * writable alias of the code pages or by mapping a re-signed copy over them, and neither suspends
+ * a thread; a thread inside the bytes meanwhile resumes in a half-written prologue.
+ *
+ *   - task_threads hands a send right to every thread of the task, as out-of-line memory the
+ *     kernel maps (no malloc: this runs while threads that may hold the allocator's locks are
+ *     suspended); every thread but the caller and w->skip (Frida's own: Frida's thread ids on
+ *     Darwin are these port names, which Cloak.hasThread knows) is thread_suspend'ed -- which
+ *     returns once the thread is off the CPU -- and its registers read (thread_get_state);
+ *     threads started meanwhile are caught by another pass, up to 16.  The rights of the held
+ *     threads are kept until resume; every other is released at once.
+ *   - A thread that ends between the listing and the suspend (KERN_TERMINATED, or a dead name) is
+ *     no concern; one that cannot be suspended is counted (n_failed) and a patch waits for a stop
+ *     with none, as on Linux.
+ *   - arm64e signs pc, lr, sp and fp in the state thread_get_state returns, and every return
+ *     address a frame saved: they are stripped (mt_world_strip) before they are compared with a
+ *     range.
+ *   - Memory is read with mach_vm_read_overwrite, which fails instead of faulting.
+ *   - A gap Linux does not have: the kernel starts workqueue threads by itself (libdispatch), even
+ *     with every thread of the app suspended.  One started after the last pass runs on while the
+ *     world is "stopped"; the agent's check that every held thread was listed does not see it.
+ *     The window is one pass's length; said in docs/domain/frida.md.
+ */
+typedef guint32 mt_port_t;
+extern mt_port_t mach_task_self_;
+extern gint task_threads (mt_port_t task, mt_port_t ** list, guint32 * count);
+extern gint thread_suspend (mt_port_t thread);
+extern gint thread_resume (mt_port_t thread);
+extern gint thread_get_state (mt_port_t thread, gint flavor, guint32 * state, guint32 * count);
+extern gint mach_port_deallocate (mt_port_t task, mt_port_t name);
+extern gint mach_vm_deallocate (mt_port_t task, guint64 address, guint64 size);
+extern gint mach_vm_read_overwrite (mt_port_t task, guint64 address, guint64 size, guint64 data,
+    guint64 * out_size);
+extern gint mach_vm_region_recurse (mt_port_t task, guint64 * address, guint64 * size, guint32 * depth,
+    gint32 * info, guint32 * count);
+extern gint mach_vm_remap (mt_port_t target, guint64 * address, guint64 size, guint64 mask, gint flags,
+    mt_port_t source_task, guint64 source, gint copy, gint * cur_protection, gint * max_protection, guint inheritance);
+extern gint mach_vm_protect (mt_port_t task, guint64 address, guint64 size, gint set_maximum, gint protection);
+extern guint64 mach_absolute_time (void);
+extern gint mach_timebase_info (guint32 * info);       /* mach_timebase_info_data_t: numer, denom */
+extern gint usleep (guint usec);
+extern void gum_clear_cache (gpointer address, gsize size);
+
+# ifdef MT_ARM64
+#  define MT_THREAD_STATE_FLAVOR 6           /* ARM_THREAD_STATE64: x0..x28, fp, lr, sp, pc, cpsr */
+#  define MT_THREAD_STATE_COUNT 68
+#  define MT_WORLD_FP 29
+#  define MT_WORLD_LR 30
+#  define MT_WORLD_SP 31
+#  define MT_WORLD_PC 32
+/* arm64e's pointer authentication: the bits above the 39-bit user address space are a signature
+ * (the leak scan's mask, agents/leaks.js PTR_MASK). */
+#  define mt_world_strip(v) ((v) & 0x7fffffffffULL)
+# else
+#  define MT_THREAD_STATE_FLAVOR 4           /* x86_THREAD_STATE64: rax rbx rcx rdx rdi rsi rbp rsp r8..r15 rip */
+#  define MT_THREAD_STATE_COUNT 42
+#  define MT_WORLD_SP 7
+#  define MT_WORLD_PC 16
+#  define mt_world_strip(v) (v)
+# endif
+#define MT_KERN_TERMINATED 37
+#define MT_MACH_SEND_INVALID_DEST 0x10000003
+#define MT_SUBMAP_INFO_COUNT_64 19
+#define MT_WORLD_READ_CHUNK 4096ULL
+#define MT_VM_FLAGS_ANYWHERE 1
+#define MT_VM_INHERIT_NONE 2
+#define MT_VM_PROT_READ 1
+#define MT_VM_PROT_WRITE 2
+
+static void
+mt_world_sleep_us (guint64 us)
+{
+  usleep ((guint) us);
+}
+
+/* The monotonic clock in microseconds: mach_absolute_time's ticks through the timebase (24 MHz
+ * on Apple silicon: 125/3 ns a tick; 1/1 on Intel).  Every bound is a time, as on Linux. */
+static guint64
+mt_world_now_us (void)
+{
+  guint32 tb[2];
+  guint64 t = mach_absolute_time ();
+  tb[0] = 1;
+  tb[1] = 1;
+  if (mach_timebase_info (tb) != 0 || tb[0] == 0 || tb[1] == 0)
+  {
+    tb[0] = 1;
+    tb[1] = 1;
+  }
+  return t / 1000 * tb[0] / tb[1] + (t % 1000) * tb[0] / tb[1] / 1000;
+}
+
+/* The task's threads (port names) into out, at most cap; every right task_threads gave released
+ * (a live thread's name stays valid: libpthread holds a right of its own).  Returns how many
+ * there are, which may be more than cap.  tgid is unused (Linux's signature). */
+guint64
+mt_world_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
+{
+  mt_port_t * list = NULL;
+  guint32 count = 0, i;
+  (void) tgid;
+  if (task_threads (mach_task_self_, &list, &count) != 0)
+    return 0;
+  for (i = 0; i != count; i++)
+  {
+    if (i < cap)
+      out[i] = list[i];
+    mach_port_deallocate (mach_task_self_, list[i]);
+  }
+  mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
+  return count;
+}
+
+/* No seccomp on Darwin (the sandbox does not trap thread calls). */
+gint
+mt_world_seccomp (guint64 tgid)
+{
+  (void) tgid;
+  return 0;
+}
+
+/* Suspends thread th and reads its registers into slot n_threads; TRUE when held (its right kept). */
+static gboolean
+mt_world_suspend_one (MtWorld * w, mt_port_t th)
+{
+  MtWorldThread * t = (MtWorldThread *) w->threads + w->n_threads;
+  guint64 * regs = (guint64 *) w->regs + w->n_threads * MT_WORLD_REGS;
+  guint32 cnt = MT_THREAD_STATE_COUNT;
+  guint r;
+  gint kr = thread_suspend (th);
+  if (kr != 0)
+  {
+    /* Ended between the listing and now: no concern.  Anything else runs on: counted. */
+    if (kr != MT_KERN_TERMINATED && kr != MT_MACH_SEND_INVALID_DEST)
+    {
+      w->n_failed++;
+      if (w->error == 0)
+        w->error = MT_WORLD_E_ATTACH;
+    }
+    return FALSE;
+  }
+  for (r = 0; r != MT_WORLD_REGS; r++)
+    regs[r] = 0;
+  t->tid = th;
+  t->sp = 0;
+  if (thread_get_state (th, MT_THREAD_STATE_FLAVOR, (guint32 *) regs, &cnt) == 0)
+  {
+#ifdef MT_ARM64
+    regs[MT_WORLD_FP] = mt_world_strip (regs[MT_WORLD_FP]);
+    regs[MT_WORLD_LR] = mt_world_strip (regs[MT_WORLD_LR]);
+    regs[MT_WORLD_SP] = mt_world_strip (regs[MT_WORLD_SP]);
+    regs[MT_WORLD_PC] = mt_world_strip (regs[MT_WORLD_PC]);
+#endif
+    t->sp = regs[MT_WORLD_SP];
+  }
+  w->n_threads++;
+  return TRUE;
+}
+
+void mt_world_resume (MtWorld * w);
+
+/* Stops every thread but the caller and w->skip; 1 when the world is stopped (n_failed says how
+ * many threads could not be), 0 when it could not be stopped at all (error says why; nothing is
+ * held then). */
+gint
+mt_world_stop (MtWorld * w)
+{
+  guint64 deadline = mt_world_now_us () + mt_world_timeout_us (w);
+  gint pass;
+  w->n_threads = 0;
+  w->n_failed = 0;
+  w->error = 0;
+  w->abandoned = 0;
+  w->state = MT_WORLD_STOPPING;
+  for (pass = 0; pass != 16; pass++)
+  {
+    mt_port_t * list = NULL;
+    guint32 count = 0, i, added = 0;
+    if (task_threads (mach_task_self_, &list, &count) != 0)
+    {
+      if (pass == 0)
+      {
+        w->state = MT_WORLD_FAILED;
+        w->error = MT_WORLD_E_ATTACH;
+        return 0;
+      }
+      break;
+    }
+    for (i = 0; i != count; i++)
+    {
+      mt_port_t th = list[i];
+      if (mt_world_is_skipped (w, th) || mt_world_is_held (w, th))
+      {
+        mach_port_deallocate (mach_task_self_, th);      /* a held thread's second right: one is kept */
+        continue;
+      }
+      if (w->n_threads == w->threads_cap)
+        w->n_failed++;
+      else if (mt_world_suspend_one (w, th))
+      {
+        added++;
+        continue;
+      }
+      mach_port_deallocate (mach_task_self_, th);
+    }
+    mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
+    if (added == 0)
+      break;
+    if (mt_world_now_us () > deadline)
+    {
+      w->state = MT_WORLD_STOPPED;
+      mt_world_resume (w);
+      w->n_threads = 0;
+      w->state = MT_WORLD_FAILED;
+      w->error = MT_WORLD_E_TIMEOUT;
+      return 0;
+    }
+  }
+  w->state = MT_WORLD_STOPPED;
+  return 1;
+}
+
+/* Lets every held thread go and releases its right.  The ids and registers stay in the buffers (a
+ * look: the agent reads them after); a second resume does nothing. */
+void
+mt_world_resume (MtWorld * w)
+{
+  guint64 i;
+  if (w->state != MT_WORLD_STOPPED)
+    return;
+  for (i = 0; i != w->n_threads; i++)
+  {
+    mt_port_t th = (mt_port_t) ((MtWorldThread *) w->threads)[i].tid;
+    thread_resume (th);
+    mach_port_deallocate (mach_task_self_, th);
+  }
+  w->state = MT_WORLD_RESUMED;
+}
+
+/* Up to `len` bytes at `addr` into buf, without faulting: how many were read (stopping at the
+ * first page that cannot be: the end of a stack's mapping), -1 when none.  The whole length is
+ * tried first; only a read that fails goes page by page. */
+static gssize
+mt_world_read (MtWorld * w, guint64 addr, guint8 * buf, guint64 len)
+{
+  guint64 done = 0, got = 0;
+  (void) w;
+  if (mach_vm_read_overwrite (mach_task_self_, addr, len, (guint64) buf, &got) == 0 && got == len)
+    return (gssize) len;
+  while (done < len)
+  {
+    guint64 at = addr + done;
+    guint64 chunk = MIN (len - done, MT_WORLD_READ_CHUNK - (at & (MT_WORLD_READ_CHUNK - 1)));
+    got = 0;
+    if (mach_vm_read_overwrite (mach_task_self_, at, chunk, (guint64) (buf + done), &got) != 0 || got == 0)
+      break;
+    done += got;
+    if (got < chunk)
+      break;
+  }
+  return done == 0 ? -1 : (gssize) done;
+}
+
+/* Frida's own code on Darwin, where there is no /proc/self/maps and Frida cloaks its image from
+ * Process's ranges: the VM region holding one of gum's functions (a CModule's gum symbols are the
+ * agent's own), [start, end) into out.  1 when found.  DEVICE-UNVERIFIED: that the agent's __TEXT
+ * is one region. */
+gint
+mt_world_frida_code (guint64 * out)
+{
+  guint64 want = (guint64) (gsize) gum_clear_cache;
+  guint64 a = want, size = 0;
+  guint32 depth = 0x7fffffff;
+  gint32 info[32];
+  guint32 count = MT_SUBMAP_INFO_COUNT_64;
+  if (mach_vm_region_recurse (mach_task_self_, &a, &size, &depth, info, &count) != 0 || a > want ||
+      a + size <= want)
+    return 0;
+  out[0] = a;
+  out[1] = a + size;
+  return 1;
+}
+
+#endif
+
 /* Stopped thread i's pc (0 when its registers could not be read). */
 guint64
 mt_world_pc (MtWorld * w, guint64 i)
@@ -976,19 +1288,14 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
   }
   while (sp != 0 && done < depth)
   {
-    guint64 local[2], remote[2], k;
-    gssize got;
+    guint64 k;
     guint64 len = MIN (depth - done, scratch_size);
-    local[0] = (guint64) scratch;
-    local[1] = len;
-    remote[0] = sp + done;
-    remote[1] = len;
-    got = process_vm_readv ((gint) w->tgid, local, 1, remote, 1, 0);
+    gssize got = mt_world_read (w, sp + done, scratch, len);
     if (got <= 0)
       break;                           /* the end of the stack's mapping */
     for (k = 0; k + 8 <= (guint64) got; k += 8)
     {
-      guint64 v = *(guint64 *) (scratch + k);
+      guint64 v = mt_world_strip (*(guint64 *) (scratch + k));    /* arm64e: a signed return address */
       if (mt_world_in (v, ranges, n_ranges))
       {
         *where = MT_WORLD_REGS + done + k;
@@ -1046,6 +1353,39 @@ mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint
 }
 
 
+#ifdef MT_DARWIN
+/*
+ * Darwin's way to write code with the world stopped, touching nothing of Frida's (a stopped thread
+ * may hold one of its locks): a writable alias of the pages (mach_vm_remap, not copied), the bytes
+ * written through it, the alias dropped -- the code pages stay executable all along, as Frida's
+ * own Darwin writer does where debugger mappings are enforced (docs/domain/frida.md, path 2).
+ * Kernel calls only.  DEVICE-UNVERIFIED: whether the device allows it (where it does not, the
+ * agent's restore counts as failed and Frida's own restore is what runs).  Run here against the
+ * stand-in, whose mach_vm_remap aliases shared pages (Linux cannot alias private ones).
+ */
+static gint
+mt_world_write_alias (guint8 * dst, const guint8 * src, guint64 len, guint64 page_size)
+{
+  guint64 start = (guint64) dst & ~(page_size - 1);
+  guint64 end = ((guint64) dst + len + page_size - 1) & ~(page_size - 1);
+  guint64 alias = 0, k;
+  gint cur = 0, max = 0;
+  if (mach_vm_remap (mach_task_self_, &alias, end - start, 0, MT_VM_FLAGS_ANYWHERE, mach_task_self_, start, 0, &cur,
+      &max, MT_VM_INHERIT_NONE) != 0)
+    return 0;
+  if (mach_vm_protect (mach_task_self_, alias, end - start, 0, MT_VM_PROT_READ | MT_VM_PROT_WRITE) != 0)
+  {
+    mach_vm_deallocate (mach_task_self_, alias, end - start);
+    return 0;
+  }
+  for (k = 0; k != len; k++)
+    ((volatile guint8 *) alias)[((guint64) dst - start) + k] = src[k];
+  mach_vm_deallocate (mach_task_self_, alias, end - start);
+  gum_clear_cache ((gpointer) start, end - start);
+  return 1;
+}
+#endif
+
 /*
  * Writes `len` bytes of code at `dst` (a hooked function's prologue, memtrace's own restore)
  * while the world is stopped, touching nothing of Frida's: a stopped thread may hold one of
@@ -1060,6 +1400,12 @@ extern void gum_clear_cache (gpointer address, gsize size);
 gint
 mt_world_write (guint8 * dst, const guint8 * src, guint64 len, gpointer mprotect_fn, guint64 page_size)
 {
+#ifdef MT_DARWIN
+  /* No mprotect given: a device (iOS refuses RWX pages): the writable alias.  Given: the Mach stop
+   * run on Linux over the stand-in, where the code pages are Linux's and written as there. */
+  if (mprotect_fn == NULL)
+    return mt_world_write_alias (dst, src, len, page_size);
+#endif
   MtMprotectFunc protect = (MtMprotectFunc) mprotect_fn;
   guint64 start = (guint64) dst & ~(page_size - 1);
   guint64 end = ((guint64) dst + len + page_size - 1) & ~(page_size - 1);
@@ -1165,5 +1511,3 @@ mt_world_write_stopped (MtWorld * w, const guint64 * ranges, guint64 n_ranges, g
   mt_world_resume (w);
   return written;
 }
-
-#endif

@@ -26,7 +26,7 @@ import { core } from './runtime/core.js';
 import { IS_DARWIN, findExport, libcExport, libcModule, now } from './runtime/platform.js';
 import { inheritedAgent, numberRanges } from './runtime/process.js';
 import { readStruct, writeStruct } from './runtime/structs.js';
-import { fridaThreads } from './runtime/world.js';
+import { WORLD_MACH_SYMBOLS, fridaThreads } from './runtime/world.js';
 
 const SLICE_BYTES = 64 * 1024 * 1024;    // bytes read between two progress messages
 const MAX_THREADS = 4096;
@@ -41,9 +41,8 @@ const LINUX_SYMBOLS = ['clone', 'ptrace', 'waitpid', 'prctl', 'open', 'close', '
 const MAX_SEGS = 65536;                   // allocator heaps (and its state) the C may find
 const MAX_FREED = 1 << 20;                // tcache and fastbin entries the C may remember
 export const LEAKS_LIVE_TABLE = 1 << 22;  // --leaks on Linux: live-table entries (untouched pages until used)
-const DARWIN_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume', 'thread_get_state',
-  'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite', 'mach_vm_region_recurse',
-  'usleep', 'mincore', 'malloc_get_all_zones'];
+// cmodule/world.c's Mach stop (the same as the process CModule's: WORLD_MACH_SYMBOLS) and leaks.c's own.
+const DARWIN_SYMBOLS = [...WORLD_MACH_SYMBOLS, 'mincore', 'malloc_get_all_zones'];
 // arm64e signs pointers (PAC): the bits above the address space are a signature, stripped before a
 // word is matched against the blocks (DEVICE-UNVERIFIED: the same mask as the core's code addresses).
 const PTR_MASK = (IS_DARWIN && Process.arch === 'arm64') ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff');
@@ -357,19 +356,9 @@ function programThreads(skip) {
  * on Linux it starts a thread of its own to read the others' registers, and that thread's
  * mallocs and its exit's frees (its tcache flushed) would show in the app's counts. */
 export function cloakedTids() {
-  const buf = Memory.alloc(MAX_THREADS * 8);
-  if (IS_DARWIN) {
-    // The task's thread ports (task_threads); Frida's thread ids are those ports (DEVICE-UNVERIFIED).
-    const n = Number(fn('mt_leak_darwin_threads', 'uint64', ['pointer', 'uint64'])(buf, MAX_THREADS));
-    const out = [];
-    for (let i = 0; i < n; i++) {
-      const port = Number(buf.add(i * 8).readU64());
-      if (Cloak.hasThread(port))
-        out.push(port);
-    }
-    return out;
-  }
-  return fridaThreads(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']), buf);
+  // Linux: task ids; Darwin: the task's thread ports (task_threads), which are Frida's thread ids
+  // there (DEVICE-UNVERIFIED).  Both listed by cmodule/world.c mt_world_list_tasks.
+  return fridaThreads(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']));
 }
 
 /*
@@ -417,8 +406,8 @@ export function forgetExitedFridaThreads(cell) {
   if (n === 0)
     return 0;
   taskBuf = taskBuf || Memory.alloc(MAX_THREADS * 8);
-  const total = IS_DARWIN ? Number(fn('mt_leak_darwin_threads', 'uint64', ['pointer', 'uint64'])(taskBuf, MAX_THREADS))
-    : Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, taskBuf, MAX_THREADS));
+  // Linux: task ids; Darwin: thread port names (cmodule/world.c mt_world_list_tasks).
+  const total = Number(fn('mt_leak_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64'])(Process.id, taskBuf, MAX_THREADS));
   if (total === 0 || total >= MAX_THREADS)
     return 0;
   const alive = new Set();

@@ -32,6 +32,10 @@ mt_barrier (void)
   __atomic_thread_fence (__ATOMIC_SEQ_CST);
 }
 
+/* world.c stops the world for the scan (Mach thread suspension on Darwin), compiled first as in
+ * the agent's CModule; gum_clear_cache is one of Frida's (unused by the Mach stop's paths here). */
+void gum_clear_cache (gpointer address, gsize size) { __builtin___clear_cache ((char *) address, (char *) address + size); }
+#include "world.c"
 #include "leaks.c"
 
 #include <pthread.h>
@@ -249,7 +253,7 @@ main (void)
   job->n_ranges = list_ranges (ranges, (1 << 20) / sizeof (MtLeakRange), own, n_own);
 
   /* Step by step, to watch the world while it is stopped. */
-  mt_leak_darwin_stop (job);
+  mt_leak_stop (job);
   long busy0 = g_busy_count, frida0 = g_frida_count;
   int busy_suspended = mtmach_suspend_count (g_busy_port), frida_suspended = mtmach_suspend_count (g_frida_port);
   usleep (100000);
@@ -271,7 +275,7 @@ main (void)
   const char * v_kept_before = verdict (job, g_kept_before);
   guint64 n_candidates = job->n_blocks, n_untracked = job->n_untracked;
   before[0] = before[1] = before[2] = NULL;
-  mt_leak_darwin_resume (job);
+  mt_leak_resume (job);
   usleep (50000);
   long busy2 = g_busy_count;
 

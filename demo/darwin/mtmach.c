@@ -15,12 +15,21 @@
  *                         holding a thread's stack pointer), VM_MEMORY_MALLOC_TINY for the zone's
  *                         own region, pages_resident from mincore
  *   malloc_get_all_zones  one zone whose introspection enumerator lists the registered blocks
+ *   mach_absolute_time    ticks of Apple silicon's 24 MHz clock, mach_timebase_info 125/3 (ns a tick)
+ *
+ * Port names are xnu-like (0x1103, 0x1203, ...), unlike thread ids, so that a caller mixing the two
+ * is caught -- except once mtmach_name_threads_by_id () was called, after which a thread's name
+ * is its Linux thread id: memtrace's agent calls it when it runs its Mach stop over this library
+ * (agent config worldMach), so that Frida's thread ids (Cloak.hasThread, getCurrentThreadId) are
+ * the names task_threads gives, as they are on Darwin.  A thread's entry is freed once the thread
+ * has ended (xnu: its name dies with it).
  */
 #define _GNU_SOURCE
 #include "mtmach.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <time.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -42,14 +51,34 @@ typedef struct {
   uint64_t regs[21];
 } Entry;
 
-mach_port_t mach_task_self_ = 0x203;
+/* libsystem_kernel's once on a device; libmtdarwin.so (the IOSurface / purgeable half of the
+ * stand-in) exports its own, with the same value, and its own mach_vm_deallocate: these two are
+ * hidden (mtmach.h), so that preloaded beside it neither library answers the other's calls.  The
+ * agent finds them in this library's symbol table. */
+mach_port_t mach_task_self_ = 0x103;
 
 static Entry g_threads[MAX_THREADS];
 static uint64_t g_malloc_region_lo, g_malloc_region_hi;     /* the zone's own region (below) */
 static _Atomic mach_port_t g_next_name = 0x1103;
 static _Atomic int g_handler_installed;
+static int g_names_are_tids;
 
 static pid_t gettid_raw (void) { return (pid_t) syscall (SYS_gettid); }
+
+/* Names are thread ids from now on (no names were handed out before: called first). */
+void
+mtmach_name_threads_by_id (void)
+{
+  g_names_are_tids = 1;
+}
+
+static uint64_t
+now_ns (void)
+{
+  struct timespec ts;
+  clock_gettime (CLOCK_MONOTONIC, &ts);
+  return (uint64_t) ts.tv_sec * 1000000000ULL + (uint64_t) ts.tv_nsec;
+}
 
 static Entry *
 by_tid (pid_t tid, int create)
@@ -64,7 +93,7 @@ by_tid (pid_t tid, int create)
     pid_t free_tid = 0;
     if (__atomic_compare_exchange_n (&g_threads[i].tid, &free_tid, tid, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
     {
-      g_threads[i].name = atomic_fetch_add (&g_next_name, 0x100);
+      g_threads[i].name = g_names_are_tids ? (mach_port_t) tid : atomic_fetch_add (&g_next_name, 0x100);
       atomic_store (&g_threads[i].refs, 1);          /* libpthread's */
       atomic_store (&g_threads[i].suspend_count, 0);
       atomic_store (&g_threads[i].stopped, 0);
@@ -155,18 +184,29 @@ task_threads (mach_port_t task, mach_port_t ** list, uint32_t * count)
     }
   }
   syscall (SYS_close, fd);
+  /* Threads that have ended: their names are dead, their entries free again (a program that keeps
+   * starting threads would otherwise fill the table). */
+  for (int i = 0; i < MAX_THREADS; i++)
+  {
+    pid_t t = g_threads[i].tid;
+    if (t != 0 && syscall (SYS_tgkill, getpid (), t, 0) != 0 && atomic_load (&g_threads[i].suspend_count) == 0)
+      __atomic_compare_exchange_n (&g_threads[i].tid, &t, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  }
   mach_port_t * out = mmap (NULL, (n ? n : 1) * sizeof (mach_port_t), PROT_READ | PROT_WRITE,
                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (out == MAP_FAILED)
     return KERN_FAILURE;
+  uint32_t listed = 0;
   for (uint32_t i = 0; i < n; i++)
   {
     Entry * e = by_tid (tids[i], 1);
+    if (e == NULL)
+      continue;                                      /* the table is full: the thread goes unlisted */
     atomic_fetch_add (&e->refs, 1);                  /* the right handed to the caller */
-    out[i] = e->name;
+    out[listed++] = e->name;
   }
   *list = out;
-  *count = n;
+  *count = listed;
   return KERN_SUCCESS;
 }
 
@@ -186,9 +226,12 @@ thread_suspend (mach_port_t thread)
     atomic_store (&e->suspend_count, 0);
     return MACH_SEND_INVALID_DEST;                   /* the thread is gone */
   }
-  for (int waited = 0; !atomic_load (&e->stopped); waited++)
+  /* xnu returns once the thread is off the CPU; a thread that blocks the signal never gets here:
+   * given up after 2 s, by the clock (a loaded machine stretches every sleep). */
+  uint64_t deadline = now_ns () + 2000000000ULL;
+  while (!atomic_load (&e->stopped))
   {
-    if (waited > 200000)
+    if (now_ns () > deadline)
     {
       atomic_store (&e->suspend_count, 0);
       return KERN_FAILURE;
@@ -398,6 +441,51 @@ mach_vm_region_recurse (mach_port_t task, uint64_t * address, uint64_t * size, u
     line = eol + 1;
   }
   return KERN_INVALID_ADDRESS;
+}
+
+/* A second mapping of the same pages (copy FALSE), as xnu's mach_vm_remap makes for any pages; Linux
+ * can alias only shared ones (mremap with old_size 0), so private pages -- a program's code -- are
+ * KERN_INVALID_ARGUMENT here. */
+kern_return_t
+mach_vm_remap (mach_port_t target, uint64_t * address, uint64_t size, uint64_t mask, int flags, mach_port_t source_task,
+    uint64_t source, int copy, int * cur_protection, int * max_protection, unsigned inheritance)
+{
+  (void) mask;
+  (void) inheritance;
+  if (target != mach_task_self_ || source_task != mach_task_self_ || copy || (flags & 1) == 0)
+    return KERN_INVALID_ARGUMENT;
+  void * alias = mremap ((void *) source, 0, size, MREMAP_MAYMOVE);
+  if (alias == MAP_FAILED)
+    return KERN_INVALID_ARGUMENT;
+  *address = (uint64_t) alias;
+  *cur_protection = 5;                               /* as the source: r-x */
+  *max_protection = 7;
+  return KERN_SUCCESS;
+}
+
+/* VM_PROT_READ/WRITE/EXECUTE are PROT_READ/WRITE/EXEC's bits; VM_PROT_COPY (0x10) is not modelled. */
+kern_return_t
+mach_vm_protect (mach_port_t task, uint64_t address, uint64_t size, int set_maximum, int protection)
+{
+  (void) set_maximum;
+  if (task != mach_task_self_)
+    return KERN_INVALID_ARGUMENT;
+  return mprotect ((void *) address, size, protection & 7) == 0 ? KERN_SUCCESS : KERN_PROTECTION_FAILURE;
+}
+
+/* Apple silicon's timebase: 24 MHz ticks, 125/3 ns each (xnu's mach_timebase_info_data_t). */
+uint64_t
+mach_absolute_time (void)
+{
+  return now_ns () * 3 / 125;
+}
+
+kern_return_t
+mach_timebase_info (mach_timebase_info_data_t * info)
+{
+  info->numer = 125;
+  info->denom = 3;
+  return KERN_SUCCESS;
 }
 
 mach_port_t

@@ -1,0 +1,339 @@
+/* The Darwin stop-the-world (cmodule/world.c built with MT_DARWIN) run on Linux against the
+ * stand-in's Mach calls (demo/darwin/mtmach.c), as the agent runs it around every patch on a
+ * device: a function's first bytes rewritten one at a time -- as a writer that is not atomic
+ * leaves them, half old and half new, for a moment -- while four threads call it in a loop.
+ *
+ *   control    in a child process, the same rewriting with the world running: it must die (a
+ *              thread runs a half-written prologue), or this harness proves nothing;
+ *   stopped    mt_world_stop_clear: every thread held, none inside the bytes (one caught there
+ *              is let go and caught again), the bytes rewritten, resumed -- no thread may die;
+ *   and the rest of what the agent relies on: "Frida's" thread (in the skip list) never held;
+ *   a thread not listed beforehand let go (MT_WORLD_STOP_NEW); one held inside "Frida's code"
+ *   (MT_WORLD_STOP_BUSY, named); a thread that will return into a "module" counted by
+ *   mt_world_refs; every right task_threads gave released; the clock through the timebase.
+ *
+ * Prints one JSON object (tests/integration/test_world_darwin.py checks it).  Built with
+ * -I <generated layout header dir> -I tests/programs/leaks_darwin (its glib.h) -I cmodule. */
+#define MT_DARWIN 1
+#include "mt_layout.h"
+
+void gum_clear_cache (gpointer address, gsize size);
+#include "world.c"
+
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern guint32 mtmach_thread_self (void);
+extern int mtmach_suspend_count (guint32 thread);
+extern int mtmach_user_refs (guint32 thread);
+
+#define N_HOT 4
+#define PATCH_BYTES 16
+#define MAX_HELD 64
+
+/* Two versions of hot(), 16 bytes of straight-line code (a thread spends most of its time in
+ * them): mov eax, 1; nop x10; ret -- and xor eax, eax; inc eax; inc eax; nop x9; ret.  A thread
+ * that runs a mix of the two faults (the mixes read memory at eax + a displacement of nops) or
+ * returns what neither returns. */
+static const guint8 HOT_A[PATCH_BYTES] = { 0xb8, 0x01, 0x00, 0x00, 0x00, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90,
+                                            0x90, 0x90, 0x90, 0xc3 };
+static const guint8 HOT_B[PATCH_BYTES] = { 0x31, 0xc0, 0xff, 0xc0, 0xff, 0xc0, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90,
+                                            0x90, 0x90, 0x90, 0xc3 };
+
+static guint8 * g_hot;
+static volatile int g_stop;
+static volatile long g_calls[N_HOT];
+static volatile guint32 g_ports[N_HOT];
+static volatile long g_frida_count;
+static volatile guint32 g_frida_port, g_parked_port, g_module_port;
+static volatile int g_release_parked, g_release_module, g_parked_in, g_module_in;
+
+void
+gum_clear_cache (gpointer address, gsize size)
+{
+  __builtin___clear_cache ((char *) address, (char *) address + size);
+}
+
+static void *
+hot_caller (void * arg)
+{
+  long i = (long) arg;
+  int (* hot) (void) = (int (*) (void)) g_hot;
+  g_ports[i] = mtmach_thread_self ();
+  while (!g_stop)
+  {
+    int r = hot ();
+    if (r != 1 && r != 2)
+      abort ();                                      /* a mix of the two ran */
+    g_calls[i]++;
+  }
+  return NULL;
+}
+
+/* "Frida's" thread: in the skip list, never held, runs on while the world is stopped. */
+static void *
+frida_thread (void * arg)
+{
+  (void) arg;
+  g_frida_port = mtmach_thread_self ();
+  while (!g_stop)
+    g_frida_count++;
+  return NULL;
+}
+
+/* A thread parked inside "Frida's code" (its own section): a strict stop must not keep it held. */
+__attribute__ ((noinline, section ("mt_fridacode"))) static void
+frida_code_spin (void)
+{
+  g_parked_in = 1;
+  while (!g_release_parked)
+    __asm__ volatile ("pause");
+}
+
+static void *
+parked_thread (void * arg)
+{
+  (void) arg;
+  g_parked_port = mtmach_thread_self ();
+  frida_code_spin ();
+  while (!g_stop)
+    usleep (1000);
+  return NULL;
+}
+
+/* A thread that will return into a "module" (its own section) from a sleep. */
+__attribute__ ((noinline, section ("mt_module"))) static void
+module_wait (void)
+{
+  g_module_in = 1;
+  while (!g_release_module)
+    usleep (2000);
+  g_module_in = 0;
+}
+
+static void *
+module_thread (void * arg)
+{
+  (void) arg;
+  g_module_port = mtmach_thread_self ();
+  module_wait ();
+  while (!g_stop)
+    usleep (1000);
+  return NULL;
+}
+
+extern char __start_mt_fridacode[], __stop_mt_fridacode[], __start_mt_module[], __stop_mt_module[];
+
+/* Rewrites hot()'s bytes from last to first, yielding between them: a non-atomic writer's
+ * half-old, half-new prologue, held for a moment. */
+static void
+slow_write (const guint8 * bytes)
+{
+  for (int k = PATCH_BYTES - 1; k >= 0; k--)
+  {
+    ((volatile guint8 *) g_hot)[k] = bytes[k];
+    sched_yield ();
+  }
+  gum_clear_cache (g_hot, PATCH_BYTES);
+}
+
+static void
+start_hot (pthread_t * t)
+{
+  for (long i = 0; i < N_HOT; i++)
+    pthread_create (&t[i], NULL, hot_caller, (void *) i);
+  while (g_calls[0] == 0 || g_calls[N_HOT - 1] == 0)
+    usleep (1000);
+}
+
+/* The control: the same writes with the world running, in a child.  Returns its wait status. */
+static int
+control (int patches)
+{
+  pid_t pid = fork ();
+  if (pid == 0)
+  {
+    pthread_t t[N_HOT];
+    start_hot (t);
+    for (int i = 0; i < patches; i++)
+      slow_write (i % 2 ? HOT_A : HOT_B);
+    _exit (0);
+  }
+  int status = 0;
+  waitpid (pid, &status, 0);
+  return status;
+}
+
+static MtWorld *
+new_world (guint64 * skip, guint64 n_skip)
+{
+  MtWorld * w = calloc (1, sizeof (MtWorld));
+  w->self_tid = mtmach_thread_self ();
+  w->skip = (guint64) skip;
+  w->n_skip = n_skip;
+  w->threads = (guint64) calloc (MAX_HELD, sizeof (MtWorldThread));
+  w->threads_cap = MAX_HELD;
+  w->regs = (guint64) calloc (MAX_HELD * MT_WORLD_REGS, 8);
+  return w;
+}
+
+static int
+held (MtWorld * w, guint32 port)
+{
+  for (guint64 i = 0; i < w->n_threads; i++)
+    if (((MtWorldThread *) w->threads)[i].tid == port)
+      return 1;
+  return 0;
+}
+
+int
+main (int argc, char ** argv)
+{
+  int patches = argc > 1 ? atoi (argv[1]) : 2000;
+  g_hot = mmap (NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  memcpy (g_hot, HOT_A, PATCH_BYTES);
+
+  /* The control first, before this process has threads (fork keeps only the caller). */
+  int control_status = control (patches);
+
+  pthread_t hot[N_HOT], frida, parked, module;
+  pthread_create (&frida, NULL, frida_thread, NULL);
+  while (g_frida_port == 0)
+    usleep (1000);
+  start_hot (hot);
+  guint64 skip[1] = { g_frida_port };
+  MtWorld * w = new_world (skip, 1);
+  guint64 range[2] = { (guint64) g_hot + 1, (guint64) g_hot + PATCH_BYTES };
+
+  /* How often a plain stop finds a thread inside the bytes: what mt_world_stop_clear moves on. */
+  int looks = 0, inside = 0, frida_held = 0, frida_ran_stopped = 0, frozen = 1;
+  for (; looks < 200; looks++)
+  {
+    if (!mt_world_stop (w))
+      break;
+    inside += mt_world_inside (w, range, 1) != 0;
+    frida_held += held (w, g_frida_port);
+    long f0 = g_frida_count, c0 = g_calls[0];
+    if (looks % 50 == 0)
+    {
+      usleep (20000);
+      frida_ran_stopped += g_frida_count != f0;
+      frozen &= g_calls[0] == c0 && mtmach_suspend_count (g_ports[0]) == 1 && mtmach_suspend_count (g_frida_port) == 0;
+    }
+    mt_world_resume (w);
+  }
+
+  /* The storm: every rewrite with the world stopped clear of the bytes. */
+  int stopped = 0, not_clear = 0, n_held_min = 1 << 30;
+  for (int i = 0; i < patches; i++)
+  {
+    if (!mt_world_stop_clear (w, range, 1, 400, 500))
+    {
+      not_clear++;
+      continue;
+    }
+    if ((int) w->n_threads < n_held_min)
+      n_held_min = (int) w->n_threads;
+    slow_write (i % 2 ? HOT_A : HOT_B);
+    mt_world_resume (w);
+    stopped++;
+  }
+  long calls_after = 0;
+  for (int i = 0; i < N_HOT; i++)
+    calls_after += g_calls[i] != 0;
+
+  /* A thread started after the listing is let go: STOP_NEW. */
+  guint64 listed[MAX_HELD];
+  guint64 n_listed = mt_world_list_tasks (0, listed, MAX_HELD);
+  pthread_create (&module, NULL, module_thread, NULL);
+  while (!g_module_in)
+    usleep (1000);
+  gint new_got = mt_world_stop_checked (w, range, 1, 400, 500, listed, n_listed, NULL, 0, 0, NULL, 0, 0, NULL);
+  int module_suspended_after_new = mtmach_suspend_count (g_module_port);
+
+  /* mt_world_refs: the module thread will return into module_wait (a word of its stack). */
+  guint8 * scratch = malloc (65536);
+  guint64 module_range[2] = { (guint64) __start_mt_module, (guint64) __stop_mt_module };
+  guint64 refs_in = ~0ULL, refs_out = ~0ULL;
+  if (mt_world_stop (w))
+  {
+    refs_in = mt_world_refs (w, module_range, 1, 256 * 1024, scratch, 65536);
+    mt_world_resume (w);
+  }
+  g_release_module = 1;
+  while (g_module_in)
+    usleep (1000);
+  if (mt_world_stop (w))
+  {
+    refs_out = mt_world_refs (w, module_range, 1, 256 * 1024, scratch, 65536);
+    mt_world_resume (w);
+  }
+
+  /* A strict stop with a thread inside "Frida's code": BUSY, that thread named; then CLEAR. */
+  pthread_create (&parked, NULL, parked_thread, NULL);
+  while (!g_parked_in)
+    usleep (1000);
+  guint64 frida_code[2] = { (guint64) __start_mt_fridacode, (guint64) __stop_mt_fridacode };
+  guint64 busy[4] = { 0, 0, 0, 0 };
+  n_listed = mt_world_list_tasks (0, listed, MAX_HELD);
+  gint busy_got = mt_world_stop_checked (w, range, 1, 400, 500, listed, n_listed, frida_code, 1, 8192, scratch, 65536,
+      0, busy);
+  int parked_suspended_after_busy = mtmach_suspend_count (g_parked_port);
+  g_release_parked = 1;
+  usleep (20000);
+  n_listed = mt_world_list_tasks (0, listed, MAX_HELD);
+  gint clear_got = mt_world_stop_checked (w, range, 1, 400, 500, listed, n_listed, frida_code, 1, 8192, scratch, 65536,
+      1, NULL);
+
+  /* The clock: mach_absolute_time through the timebase, in microseconds. */
+  guint64 t0 = mt_world_now_us ();
+  usleep (200000);
+  guint64 slept_us = mt_world_now_us () - t0;
+
+  guint64 code[2] = { 0, 0 };
+  int frida_code_found = mt_world_frida_code (code);
+  int code_has_it = code[0] <= (guint64) gum_clear_cache && (guint64) gum_clear_cache < code[1];
+  /* The Darwin writer (no mprotect given): through a writable alias, the code page executable all
+   * along -- of shared pages here (the stand-in's remap cannot alias a private page: refused). */
+  guint8 byte = 0x90;
+  int wrote = mt_world_write (g_hot + 8, &byte, 1, NULL, 4096);
+  guint8 * shared = mmap (NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  static const guint8 RET7[6] = { 0xb8, 0x07, 0x00, 0x00, 0x00, 0xc3 }, RET9[6] = { 0xb8, 0x09, 0x00, 0x00, 0x00, 0xc3 };
+  memcpy (shared, RET7, sizeof (RET7));
+  mprotect (shared, 4096, PROT_READ | PROT_EXEC);
+  int before_alias = ((int (*) (void)) shared) ();
+  int alias_wrote = mt_world_write (shared, RET9, sizeof (RET9), NULL, 4096);
+  int after_alias = ((int (*) (void)) shared) ();
+
+  g_stop = 1;
+  for (int i = 0; i < N_HOT; i++)
+    pthread_join (hot[i], NULL);
+  int refs_ok = 1;
+  for (int i = 0; i < N_HOT; i++)
+    refs_ok &= mtmach_user_refs (g_ports[i]) == 1;
+  refs_ok &= mtmach_user_refs (g_frida_port) == 1 && mtmach_user_refs (g_module_port) == 1 &&
+      mtmach_user_refs (g_parked_port) == 1;
+  int names_are_not_tids = g_frida_port > 0x1000 && (g_frida_port & 0xff) == 0x03;
+
+  printf ("{\"control_signaled\": %d, \"control_signal\": %d, \"looks\": %d, \"inside\": %d, \"frida_held\": %d,"
+          " \"frida_ran_stopped\": %d, \"frozen\": %d, \"patches\": %d, \"stopped\": %d, \"not_clear\": %d,"
+          " \"held_min\": %d, \"callers_ran\": %ld, \"new_got\": %d, \"module_suspended_after_new\": %d,"
+          " \"refs_in\": %llu, \"refs_out\": %llu, \"busy_got\": %d, \"busy_n\": %llu, \"busy_first_is_parked\": %d,"
+          " \"parked_suspended_after_busy\": %d, \"clear_got\": %d, \"slept_us\": %llu, \"frida_code_found\": %d,"
+          " \"frida_code_has_gum\": %d, \"wrote\": %d, \"alias_wrote\": %d, \"alias_before\": %d, \"alias_after\": %d,"
+          " \"rights_released\": %d, \"names_are_not_tids\": %d}\n",
+          WIFSIGNALED (control_status), WIFSIGNALED (control_status) ? WTERMSIG (control_status) : 0, looks, inside,
+          frida_held, frida_ran_stopped, frozen, patches, stopped, not_clear, n_held_min, calls_after, new_got,
+          module_suspended_after_new, (unsigned long long) refs_in, (unsigned long long) refs_out, busy_got,
+          (unsigned long long) busy[0], busy[1] == g_parked_port, parked_suspended_after_busy, clear_got,
+          (unsigned long long) slept_us, frida_code_found, code_has_it, wrote, alias_wrote, before_alias, after_alias, refs_ok,
+          names_are_not_tids);
+  return 0;
+}

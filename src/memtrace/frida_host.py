@@ -446,6 +446,11 @@ class FridaHost:
         config["frameCache"] = os.environ.get("MEMTRACE_FRAME_CACHE", "on") != "off"
         # The agent writes the environment its compiler gets only at the hold point (process.js withCompilerEnv).
         config["programHeld"] = self.program_held
+        # Tests and storms only: patches made under the Darwin stop-the-world (Mach thread suspension,
+        # cmodule/world.c MT_DARWIN) over the Darwin stand-in library at this path (demo/darwin/mtmach.c).
+        mach = os.environ.get("MEMTRACE_WORLD_MACH")
+        if mach and self.is_local:
+            config["worldMach"] = mach
         if self.program_held and self._hold_lib is not None:
             # Its main thread waits in this library: world.c does not search that stack for
             # Frida's code while it is there (ld.so's frames may hold anything).

@@ -16,11 +16,11 @@
 
 import { AGENT_MEMORY, AGENT_MEMORY_RANGES, AGENT_MEMORY_TABLE, FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES,
   PROC } from '../layout.js';
-import { IS_DARWIN, libcExport, libcModule, now } from './platform.js';
+import { IS_DARWIN, findExport, libcExport, libcModule, now } from './platform.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import {
   applyPatches, buildWorld, deferPatch, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
-  SIGSTOP_BYTES, signalStopSymbols, uninstallSignalStop, writeWhenStopped,
+  SIGSTOP_BYTES, signalStopSymbols, uninstallSignalStop, WORLD_MACH_SYMBOLS, writeWhenStopped,
 } from './world.js';
 
 const STUB_PAGE = 4096;
@@ -48,6 +48,7 @@ const ORIGIN_NAMES = Object.fromEntries(Object.entries(FORK_ORIGINS).map(([k, v]
 
 export const proc = {
   cm: null,
+  worldCm: null,      // cmodule/world.c built with MT_DARWIN (buildMachWorld): run by this thread only
   mem: null,
   stubPage: null,
   execJump: null,     // the execve jump's write, for applyPatches to make with the world stopped
@@ -221,13 +222,80 @@ function disarmStubs() {
 
 /* ---- the process CModule (fork, exec) ------------------------------------------------- */
 
+/*
+ * cmodule/world.c alone, built with MT_DARWIN: the world stopped by Mach thread suspension
+ * (task_threads, thread_suspend, thread_get_state) around every patch.  On Darwin it is the whole
+ * process CModule (iOS apps cannot fork: no process.c).  On Linux only when the host asks
+ * (config.worldMach, from MEMTRACE_WORLD_MACH: the path of the Darwin stand-in library,
+ * demo/darwin/mtmach.c, whose calls behave as xnu's), so that the Darwin stop runs for real here:
+ * the storms patch every tracer's hooks under it (tests/stress/hook_storm.py --world mach).  Its
+ * code runs on this thread only, never on a target thread: nothing to quiesce before it is freed.
+ * DEVICE-UNVERIFIED on a device.
+ */
+function moduleSymbol(module, name) {
+  const s = module.enumerateSymbols().find(x => x.name === name);
+  return s === undefined ? null : s.address;
+}
+
+function buildMachWorld(config, sources) {
+  let lib = null;
+  if (!IS_DARWIN) {
+    lib = Process.enumerateModules().find(m => m.path === config.worldMach) || null;
+    if (lib === null && config.programHeld) {
+      // Loading it now would wait for the loader's lock, which the held main thread has.
+      world.why = `the Mach stand-in ${config.worldMach} is not preloaded (LD_PRELOAD) into the held program`;
+      return;
+    }
+    try {
+      lib = lib || Module.load(config.worldMach);
+    } catch (e) {
+      world.why = `the Mach stand-in ${config.worldMach} could not be loaded: ${e.message}`;
+      return;
+    }
+  }
+  const symbols = {};
+  for (const name of WORLD_MACH_SYMBOLS) {
+    // The stand-in hides the two names its sibling libmtdarwin.so also defines (demo/darwin/mtmach.c).
+    const p = lib !== null ? (lib.findExportByName(name) || moduleSymbol(lib, name)) : findExport(name);
+    if (p === null) {
+      world.why = `the Mach stop cannot be built: ${name} not found`;
+      return;
+    }
+    symbols[name] = p;
+  }
+  if (lib !== null) {
+    // Frida's thread ids here are Linux's: the stand-in names threads by them from now on, as
+    // task_threads' names are Frida's ids on Darwin (Cloak.hasThread, getCurrentThreadId).
+    const byId = lib.findExportByName('mtmach_name_threads_by_id');
+    if (byId === null) {
+      world.why = `${config.worldMach} is not the Mach stand-in (no mtmach_name_threads_by_id)`;
+      return;
+    }
+    new NativeFunction(byId, 'void', [])();
+  }
+  const defines = '#define MT_DARWIN 1\n' + (Process.arch === 'arm64' ? '#define MT_ARM64 1\n' : '');
+  // The layout header and world.c: everything before process.c (the host may send the files
+  // joined in one text).
+  const text = Array.isArray(sources) ? sources.join('\n') : String(sources);
+  const processC = text.indexOf('#line 1 "process.c"');
+  try {
+    proc.worldCm = new CModule(defines + (processC < 0 ? text : text.slice(0, processC)), symbols);
+  } catch (e) {
+    world.why = `cmodule/world.c (Mach) did not compile: ${String(e.message || e).split('\n')[0]}`;
+    return;
+  }
+  buildWorld(proc.worldCm, true);
+}
+
 /* Compiles cmodule/world.c and process.c (sources: the layout header, then both) -- stopping the
  * world around every patch (world.js) -- and registers the fork handler.  Returns what the host records (or why fork children are not guarded). */
 export function buildProcess(config, sources) {
-  if (IS_DARWIN)
-    buildWorld(null);     // says why the world is not stopped there
-  if (IS_DARWIN || !sources || sources.length === 0)
-    return { guard: false, why: IS_DARWIN ? 'not on Darwin (iOS apps cannot fork)' : 'no sources' };
+  if (IS_DARWIN) {
+    buildMachWorld(config, sources || '');
+    return { guard: false, why: 'not on Darwin (iOS apps cannot fork)' };
+  }
+  if (!sources || sources.length === 0)
+    return { guard: false, why: 'no sources' };
   const mmap = nf('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'long']);
   const registerAtfork = nf('__register_atfork', 'int', ['pointer', 'pointer', 'pointer', 'pointer']);
   if (mmap === null || registerAtfork === null)
@@ -344,7 +412,10 @@ export function buildProcess(config, sources) {
   });
   proc.cm = cm;
   proc.mem = mem;
-  buildWorld(cm);
+  if (typeof config.worldMach === 'string')
+    buildMachWorld(config, sources);
+  else
+    buildWorld(cm);
   proc.pristine = readPristine();
   mem.take = new NativeFunction(cm.mt_fork_take, 'int', ['pointer', 'pointer', 'int']);
   mem.entry = new NativeFunction(cm.mt_fork_entry, 'pointer', ['int']);

@@ -39,9 +39,14 @@
  * the target's allocator, no Process.enumerateThreads() (on Linux it reads each thread's registers
  * through a ptrace helper of Frida's own, which cannot attach to a thread we hold).
  *
- * Where the world cannot be stopped (Darwin: Frida's own patching, docs/domain/frida.md; a seccomp
- * filter; ptrace refused) the patches are applied with the world running, and the agent says so
- * once (`world` in the stop result and a warning).
+ * Darwin: the same, with the threads held by Mach thread suspension (cmodule/world.c MT_DARWIN,
+ * built by process.js buildMachWorld; DEVICE-UNVERIFIED, run on Linux over the Darwin stand-in):
+ * Frida's Darwin writers suspend nobody either (docs/domain/frida.md).  There world.c writes its own
+ * restores through a writable alias of the code pages (no RWX pages on iOS).
+ *
+ * Where the world cannot be stopped (a seccomp filter with no signal stop; ptrace refused; the Mach
+ * calls not found) the patches are applied with the world running, and the agent says so once
+ * (`world` in the stop result and a warning).
  */
 
 import { WORLD, WORLD_ERROR_CODES, WORLD_ERRORS, WORLD_REGS, WORLD_STATES, WORLD_THREAD } from '../layout.js';
@@ -195,10 +200,28 @@ export function fridaThreads(listTasks, buffer, listed) {
   return out;
 }
 
-/* cm: the process CModule (cmodule/world.c compiled in); null on Darwin. */
-export function buildWorld(cm) {
-  if (IS_DARWIN) {
-    world.why = 'Darwin: Frida patches with its own protocol (docs/domain/frida.md)';
+/* The C library calls cmodule/world.c's Mach stop makes (MT_DARWIN): a CModule that compiles it
+ * there is given these. */
+export const WORLD_MACH_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume',
+  'thread_get_state', 'mach_port_deallocate', 'mach_vm_deallocate', 'mach_vm_read_overwrite',
+  'mach_vm_region_recurse', 'mach_vm_remap', 'mach_vm_protect', 'mach_absolute_time', 'mach_timebase_info', 'usleep'];
+
+/* Frida's own code as the Mach stop finds it (cmodule/world.c mt_world_frida_code: the VM region
+ * of one of gum's functions), [[lo, hi)] or [] -- Darwin has no /proc/self/maps. */
+function machFridaCode(cm) {
+  const out = Memory.alloc(16);
+  if (new NativeFunction(cm.mt_world_frida_code, 'int', ['pointer'], { scheduling: 'exclusive' })(out) !== 1)
+    return [];
+  return [[out.readPointer(), out.add(8).readPointer()]];
+}
+
+/* cm: a CModule with cmodule/world.c compiled in (null: none, world.why says so).  `mach`: compiled
+ * with MT_DARWIN -- the threads held by Mach thread suspension: on Darwin, or on Linux over the
+ * Darwin stand-in (process.js buildMachWorld). */
+export function buildWorld(cm, mach = false) {
+  if (cm === null) {
+    world.why = IS_DARWIN ? 'Darwin: cmodule/world.c could not be built (the Mach calls were not found)'
+      : 'no process CModule (cmodule/world.c) was built';
     return;
   }
   const fns = {
@@ -216,7 +239,7 @@ export function buildWorld(cm) {
   // The strict stop's back-off: libc's usleep, exclusive (the script's lock is kept: see FRIDA_MS).
   const usleep = Module.findGlobalExportByName('usleep');
   fns.pause = usleep === null ? null : new NativeFunction(usleep, 'int', ['uint'], { scheduling: 'exclusive' });
-  if (fns.seccomp(Process.id) === 1) {
+  if (!mach && fns.seccomp(Process.id) === 1) {
     // No clone(CLONE_VM) helper under a filter that may trap it: the signal stop instead, where
     // this module has one (cmodule/world.c MT_WORLD_SIGSTOP), else the world runs.
     const sig = cm.mt_sigstop_install === undefined ? 0
@@ -242,13 +265,18 @@ export function buildWorld(cm) {
   };
   world.mem.world.writeByteArray(new Array(WORLD.size).fill(0));    // no helper yet (tracer_pid 0)
   world.fns = fns;
-  world.fridaCode = fridaCodeRanges();
+  if (mach)
+    world.stopBy = 'mach (task_threads, thread_suspend)';
+  world.fridaCode = mach ? machFridaCode(cm) : fridaCodeRanges();
   world.mem.fridaRanges = Memory.alloc(Math.max(1, world.fridaCode.length) * 16);
   world.fridaCode.forEach(([lo, hi], i) => {
     world.mem.fridaRanges.add(i * 16).writePointer(lo);
     world.mem.fridaRanges.add(i * 16 + 8).writePointer(hi);
   });
-  world.mprotect = Module.findGlobalExportByName('mprotect');
+  // How world.c writes code under a stop (restoreStopped): mprotect where the pages can go RWX
+  // (Linux, the Mach stop over the stand-in included); on Darwin none is given and it writes
+  // through a writable alias (cmodule/world.c mt_world_write_alias).
+  world.mprotect = IS_DARWIN ? NULL : Module.findGlobalExportByName('mprotect');
   world.why = null;
 }
 
@@ -607,7 +635,7 @@ export function applyPatches(what, write = null) {
     makeQueued();
     Interceptor.flush();
     world.stats.running++;
-    if (!IS_DARWIN && !world.warned) {
+    if (!world.warned) {
       world.warned = true;
       warnLater(`hooks patched with the world running: ${world.why}`);
     }
@@ -937,7 +965,7 @@ function restoreStopped(sites, what) {
     staged.push([ptr(site), buf, last + 1]);
   }
   if (staged.length === 0 || world.fns === null || world.mprotect === null)
-    return;
+    return;     // (NULL, not null, on Darwin: the alias writer)
   const avoid = sites.map(s => [ptr(s).add(1), ptr(s).add(PROLOGUE_BYTES)]).concat(world.fridaCode);
   const writes = Memory.alloc(staged.length * 24);
   staged.forEach(([site, buf, len], i) => {

@@ -96,6 +96,16 @@ def build_standin(out_dir: Path) -> Path:
     return demo / "libmtdarwin.so"
 
 
+def use_mach_world(lib: Path) -> None:
+    """Every patch of every cycle under the Darwin stop-the-world, run on Linux: memtrace builds
+    cmodule/world.c with MT_DARWIN over the stand-in's Mach calls (MEMTRACE_WORLD_MACH), preloaded
+    into the targets (a spawned one is held before its constructors, where the agent cannot load
+    it).  Set in this process's environment: the memtrace runs and the targets inherit it."""
+    os.environ["MEMTRACE_WORLD_MACH"] = str(lib)
+    # Preloaded: a spawned target is held before its constructors, where the agent cannot load it.
+    os.environ["LD_PRELOAD"] = " ".join(filter(None, (os.environ.get("LD_PRELOAD"), str(lib))))
+
+
 def memtrace_cmd() -> list[str]:
     found = shutil.which("memtrace", path=str(Path(sys.executable).parent))
     return [found] if found else [sys.executable, "-m", "memtrace"]
@@ -304,6 +314,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             log.append({"mode": mode, "cycle": cycle, "rc": res.rc, "died": died, "ended": ended,
                         "reason": why, "at_injection": at_injection, "seconds": round(seconds, 2),
                         "hung": res.hung, "world": world,
+                        "stop_by": res.world.get("stop_by") if res.world is not None else None,
                         # a cycle that did not complete keeps all it said (a refusal's evidence
                         # is one long warning, wrapped: its last lines alone lost which thread)
                         "stderr": res.stderr.strip().splitlines()[-3 if ended == "completed" else -60:]})
@@ -322,6 +333,8 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
             shutil.rmtree(out, ignore_errors=True)
             if progress:
                 busy = "" if world is None else " world " + " ".join(f"{k}={v}" for k, v in world.items() if v)
+                if res.world is not None and res.world.get("stop_by") != "ptrace":
+                    busy += f" by {res.world.get('stop_by')}"
                 print(f"  {mode} cycle {cycle + 1}/{cycles}: {died or ended} rc={res.rc} {seconds:.1f} s"
                       f"{' (at injection)' if at_injection else ''}{busy}", file=sys.stderr, flush=True)
             if died is not None:
@@ -383,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="lib: memtrace's command line called in this process; cli: one memtrace process a cycle")
     ap.add_argument("--cycle-timeout", type=float, default=CYCLE_TIMEOUT,
                     help="seconds a cycle may take before it counts as hung")
+    ap.add_argument("--world", choices=("native", "mach"), default="native",
+                    help="native: Linux's stop (ptrace helper); mach: the Darwin stop (Mach thread suspension, "
+                         "cmodule/world.c MT_DARWIN) over the stand-in library demo/darwin/mtmach.c")
     args = ap.parse_args(argv)
     modes = list(MODES) if args.mode == "all" else args.mode.split(",")
     for m in modes:
@@ -395,8 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hook-storm-") as tmp:
         work = Path(tmp)
         exe = build_target(work)
-        if any(MODES[m][2] in STANDIN_KINDS for m in modes):
+        if any(MODES[m][2] in STANDIN_KINDS for m in modes) or args.world == "mach":
             build_standin(work)
+        if args.world == "mach":
+            use_mach_world(work / "demo" / "libmtmach.so")
         print("mode cycles deaths failures seconds deaths_at_injection", flush=True)
         for m in modes:
             t0 = time.monotonic()

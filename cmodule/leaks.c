@@ -25,10 +25,11 @@
  *           mt_leak_stop hands it over as one (under a seccomp filter: world.c's signal stop,
  *           MT_WORLD_SIGSTOP).  It fails where ptrace is not allowed (another tracer attached,
  *           Yama scope 3); the scan then runs with the world moving and says so (n_failed).
- *   Darwin: task_threads + thread_suspend + thread_get_state, and thread_resume after, in one C
- *           call with the scan (mt_leak_scan_all and mt_leak_darwin_stop, at the end of this
- *           file; the Darwin branch of mt_leak_stop is no longer called).  DEVICE-UNVERIFIED:
- *           run in tests against the stand-in's Mach calls (demo/darwin/mtmach.c).
+ *   Darwin: cmodule/world.c too (MT_DARWIN: task_threads + thread_suspend + thread_get_state,
+ *           thread_resume after), in one C call with the scan (mt_leak_scan_all); when the world
+ *           cannot be stopped there the scan is not made (the zones' enumerators would walk a
+ *           live heap).  DEVICE-UNVERIFIED: run in tests against the stand-in's Mach calls
+ *           (demo/darwin/mtmach.c).
  *
  * Every read of a root, or of a block outside a heap walked while the world is stopped, goes
  * through mt_leak_read (process_vm_readv on Linux, mach_vm_read_overwrite on Darwin), which
@@ -1323,7 +1324,16 @@ mt_leak_scan_all (MtLeakJob * job)
 {
   gint64 t0 = g_get_monotonic_time (), t1, t2, deadline;
   gint done = 0;
-  mt_leak_stop (job);
+  gint stopped = mt_leak_stop (job);
+#ifdef MT_DARWIN
+  if (!stopped)
+  {
+    job->stop_us = (guint64) (g_get_monotonic_time () - t0);
+    return 0;
+  }
+#else
+  (void) stopped;      /* Linux scans with the world moving and says so (n_failed) */
+#endif
   t1 = g_get_monotonic_time ();
   mt_leak_collect (job);
   t2 = g_get_monotonic_time ();

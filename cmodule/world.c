@@ -911,6 +911,14 @@ mt_world_read (MtWorld * w, guint64 addr, guint8 * buf, guint64 len)
 
 #define mt_world_strip(v) (v)
 
+/* Linux: a thread starts only from a running one, and every one but Frida's is held: none. */
+guint64
+mt_world_unheld (MtWorld * w)
+{
+  (void) w;
+  return 0;
+}
+
 #else /* MT_DARWIN */
 
 /*
@@ -934,14 +942,20 @@ mt_world_read (MtWorld * w, guint64 addr, guint8 * buf, guint64 len)
  *   - A thread that ends between the listing and the suspend (KERN_TERMINATED, or a dead name) is
  *     no concern; one that cannot be suspended is counted (n_failed) and a patch waits for a stop
  *     with none, as on Linux.
- *   - arm64e signs pc, lr, sp and fp in the state thread_get_state returns, and every return
- *     address a frame saved: they are stripped (mt_world_strip) before they are compared with a
+ *   - arm64e signs pc, lr, sp and fp in the state thread_get_state returns, every return address a
+ *     frame saved and any pointer a register holds signed: every register and stack word is
+ *     stripped (mt_world_strip: iOS's 39-bit user address space) before it is compared with a
  *     range.
  *   - Memory is read with mach_vm_read_overwrite, which fails instead of faulting.
  *   - A gap Linux does not have: the kernel starts workqueue threads by itself (libdispatch), even
- *     with every thread of the app suspended.  One started after the last pass runs on while the
- *     world is "stopped"; the agent's check that every held thread was listed does not see it.
- *     The window is one pass's length; said in docs/domain/frida.md.
+ *     with every thread of the app suspended.  mt_world_stop_checked lists the task once more
+ *     before it says the world is clear and lets go (MT_WORLD_STOP_NEW: stopped again) if a
+ *     thread is neither held nor Frida's; one started after that look, before the resume, runs
+ *     on while the patch is written (the agent counts such threads after its flush:
+ *     `started_during`).  Said in docs/domain/frida.md.
+ *   - No helper holds the world on Darwin: a stopper that never resumes (its thread hung inside
+ *     the flush) leaves the app's threads suspended; on Linux the helper lets go after
+ *     MT_WORLD_HOLD_LIMIT_US.  Every wait of world.c's own is bounded on both.
  */
 typedef guint32 mt_port_t;
 extern mt_port_t mach_task_self_;
@@ -984,7 +998,6 @@ extern void gum_clear_cache (gpointer address, gsize size);
 #define MT_MACH_SEND_INVALID_DEST 0x10000003
 #define MT_SUBMAP_INFO_COUNT_64 19
 #define MT_WORLD_READ_CHUNK 4096ULL
-#define MT_VM_FLAGS_ANYWHERE 1
 #define MT_VM_INHERIT_NONE 2
 #define MT_VM_PROT_READ 1
 #define MT_VM_PROT_WRITE 2
@@ -1075,6 +1088,14 @@ mt_world_suspend_one (MtWorld * w, mt_port_t th)
 #endif
     t->sp = regs[MT_WORLD_SP];
   }
+  else
+  {
+    /* Held, but where it is is unknown (pc 0 would read as outside every range): counted as not
+     * stopped, so a patch waits for a stop with none. */
+    w->n_failed++;
+    if (w->error == 0)
+      w->error = MT_WORLD_E_ATTACH;
+  }
   w->n_threads++;
   return TRUE;
 }
@@ -1098,6 +1119,9 @@ mt_world_stop (MtWorld * w)
   {
     mt_port_t * list = NULL;
     guint32 count = 0, i, added = 0;
+    /* The last pass's failures are the ones that stand (a thread that could not be suspended in
+     * one pass is tried again in the next). */
+    w->n_failed = 0;
     if (task_threads (mach_task_self_, &list, &count) != 0)
     {
       if (pass == 0)
@@ -1140,6 +1164,27 @@ mt_world_stop (MtWorld * w)
   }
   w->state = MT_WORLD_STOPPED;
   return 1;
+}
+
+/* How many threads of the task are neither held nor skipped now -- on Darwin the kernel starts
+ * workqueue threads by itself (libdispatch) even with every thread of the app suspended, so a
+ * stop can be joined after its last pass.  Every right released. */
+guint64
+mt_world_unheld (MtWorld * w)
+{
+  mt_port_t * list = NULL;
+  guint32 count = 0, i;
+  guint64 n = 0;
+  if (task_threads (mach_task_self_, &list, &count) != 0)
+    return 0;
+  for (i = 0; i != count; i++)
+  {
+    if (!mt_world_is_skipped (w, list[i]) && !mt_world_is_held (w, list[i]))
+      n++;
+    mach_port_deallocate (mach_task_self_, list[i]);
+  }
+  mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
+  return n;
 }
 
 /* Lets every held thread go and releases its right.  The ids and registers stay in the buffers (a
@@ -1279,7 +1324,7 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
     return FALSE;
   for (r = 0; r != MT_WORLD_REGS; r++)
   {
-    if (mt_world_in (regs[r], ranges, n_ranges))
+    if (mt_world_in (mt_world_strip (regs[r]), ranges, n_ranges))    /* arm64e: x16/x17 may hold signed ones */
     {
       *where = r;
       *value = regs[r];
@@ -1373,7 +1418,8 @@ mt_world_write_alias (guint8 * dst, const guint8 * src, guint64 len, guint64 pag
   if (mach_vm_remap (mach_task_self_, &alias, end - start, 0, MT_VM_FLAGS_ANYWHERE, mach_task_self_, start, 0, &cur,
       &max, MT_VM_INHERIT_NONE) != 0)
     return 0;
-  if (mach_vm_protect (mach_task_self_, alias, end - start, 0, MT_VM_PROT_READ | MT_VM_PROT_WRITE) != 0)
+  if ((max & MT_VM_PROT_WRITE) == 0 ||
+      mach_vm_protect (mach_task_self_, alias, end - start, 0, MT_VM_PROT_READ | MT_VM_PROT_WRITE) != 0)
   {
     mach_vm_deallocate (mach_task_self_, alias, end - start);
     return 0;
@@ -1464,6 +1510,13 @@ mt_world_stop_checked (MtWorld * w, const guint64 * ranges, guint64 n_ranges, gu
         return MT_WORLD_STOP_NEW;
       }
     }
+  }
+  /* Darwin: a thread the kernel started since the last pass (mt_world_unheld) runs on: let go
+   * and stopped again, as one not listed is.  The window left is from here to the resume. */
+  if (mt_world_unheld (w) != 0)
+  {
+    mt_world_resume (w);
+    return MT_WORLD_STOP_NEW;
   }
   if (n_frida != 0)
   {

@@ -1,7 +1,8 @@
-/* The Darwin stand-in's Mach thread and VM calls (demo/darwin/mtmach.c): what memtrace's leak
- * scan stops the world and reads memory with on a device (cmodule/leaks.c), with xnu's semantics
- * and struct layouts, implemented on Linux so the Darwin path runs in tests.  Kept apart from
- * mtdarwin.c (the IOSurface / purgeable stand-in). */
+/* The Darwin stand-in's Mach thread and VM calls (demo/darwin/mtmach.c): what memtrace stops the
+ * world with on a device -- around every patch and for the leak scan (cmodule/world.c built with
+ * MT_DARWIN) -- and reads memory with (cmodule/leaks.c), with xnu's semantics and struct layouts,
+ * implemented on Linux so the Darwin path runs in tests.  Kept apart from mtdarwin.c (the
+ * IOSurface / purgeable stand-in). */
 #ifndef MTMACH_H
 #define MTMACH_H
 

@@ -379,8 +379,8 @@ WORLD_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume"
 WORLD_STOP_TIMEOUT_US = 10_000_000    # how long stopping may take when MtWorld.stop_timeout_us is 0
 WORLD_ERROR_CODES: dict[str, int] = {"attach": 1, "clone": 2, "timeout": 3, "seccomp": 4, "inside": 5}
 WORLD_ERRORS: dict[int, str] = {
-    1: "a thread could not be attached", 2: "the ptrace helper could not be made",
-    3: "the ptrace helper did not stop the world in time",
+    1: "a thread could not be attached (Linux: ptrace) or suspended (Darwin)", 2: "the ptrace helper could not be made",
+    3: "the world was not stopped in time (Linux: the ptrace helper; Darwin: thread_suspend)",
     4: "a seccomp filter is installed (a non-thread clone could kill the process)",
     5: "a thread stayed inside the bytes to be patched, or could not be stopped",
 }

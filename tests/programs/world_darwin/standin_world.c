@@ -129,6 +129,18 @@ module_thread (void * arg)
   return NULL;
 }
 
+static volatile int g_late_started;
+
+static void *
+late_thread (void * arg)
+{
+  (void) arg;
+  g_late_started = 1;
+  while (!g_stop)
+    usleep (1000);
+  return NULL;
+}
+
 extern char __start_mt_fridacode[], __stop_mt_fridacode[], __start_mt_module[], __stop_mt_module[];
 
 /* Rewrites hot()'s bytes from last to first, yielding between them: a non-atomic writer's
@@ -258,6 +270,22 @@ main (int argc, char ** argv)
   gint new_got = mt_world_stop_checked (w, range, 1, 400, 500, listed, n_listed, NULL, 0, 0, NULL, 0, 0, NULL);
   int module_suspended_after_new = mtmach_suspend_count (g_module_port);
 
+  /* A thread started while the world is stopped (as xnu starts workqueue threads by itself) is
+   * neither held nor skipped: mt_world_unheld sees it, and a checked stop lets go (STOP_NEW) even
+   * with a listing that names it. */
+  guint64 unheld_before = ~0ULL, unheld_after = ~0ULL;
+  pthread_t late;
+  g_late_started = 0;
+  if (mt_world_stop (w))
+  {
+    unheld_before = mt_world_unheld (w);
+    pthread_create (&late, NULL, late_thread, NULL);
+    while (!g_late_started)
+      usleep (1000);
+    unheld_after = mt_world_unheld (w);
+    mt_world_resume (w);
+  }
+
   /* mt_world_refs: the module thread will return into module_wait (a word of its stack). */
   guint8 * scratch = malloc (65536);
   guint64 module_range[2] = { (guint64) __start_mt_module, (guint64) __stop_mt_module };
@@ -328,12 +356,12 @@ main (int argc, char ** argv)
           " \"refs_in\": %llu, \"refs_out\": %llu, \"busy_got\": %d, \"busy_n\": %llu, \"busy_first_is_parked\": %d,"
           " \"parked_suspended_after_busy\": %d, \"clear_got\": %d, \"slept_us\": %llu, \"frida_code_found\": %d,"
           " \"frida_code_has_gum\": %d, \"wrote\": %d, \"alias_wrote\": %d, \"alias_before\": %d, \"alias_after\": %d,"
-          " \"rights_released\": %d, \"names_are_not_tids\": %d}\n",
+          " \"rights_released\": %d, \"names_are_not_tids\": %d, \"unheld_before\": %llu, \"unheld_after\": %llu}\n",
           WIFSIGNALED (control_status), WIFSIGNALED (control_status) ? WTERMSIG (control_status) : 0, looks, inside,
           frida_held, frida_ran_stopped, frozen, patches, stopped, not_clear, n_held_min, calls_after, new_got,
           module_suspended_after_new, (unsigned long long) refs_in, (unsigned long long) refs_out, busy_got,
           (unsigned long long) busy[0], busy[1] == g_parked_port, parked_suspended_after_busy, clear_got,
           (unsigned long long) slept_us, frida_code_found, code_has_it, wrote, alias_wrote, before_alias, after_alias, refs_ok,
-          names_are_not_tids);
+          names_are_not_tids, (unsigned long long) unheld_before, (unsigned long long) unheld_after);
   return 0;
 }

@@ -232,8 +232,12 @@ function disarmStubs() {
  * code runs on this thread only, never on a target thread: nothing to quiesce before it is freed.
  * DEVICE-UNVERIFIED on a device.
  */
+// The Mach stop's calls that are the C library's, not the Mach stand-in's.
+const MACH_LIBC_NAMES = new Set(['usleep']);
+
+/* A symbol the module itself defines (not one it imports), or null. */
 function moduleSymbol(module, name) {
-  const s = module.enumerateSymbols().find(x => x.name === name);
+  const s = module.enumerateSymbols().find(x => x.name === name && x.type !== 'undefined' && !x.address.isNull());
   return s === undefined ? null : s.address;
 }
 
@@ -255,8 +259,10 @@ function buildMachWorld(config, sources) {
   }
   const symbols = {};
   for (const name of WORLD_MACH_SYMBOLS) {
-    // The stand-in hides the two names its sibling libmtdarwin.so also defines (demo/darwin/mtmach.c).
-    const p = lib !== null ? (lib.findExportByName(name) || moduleSymbol(lib, name)) : findExport(name);
+    // The stand-in hides the two names its sibling libmtdarwin.so also defines (demo/darwin/mtmach.c);
+    // the C library's (usleep) are the process's own.
+    const p = lib !== null && !MACH_LIBC_NAMES.has(name) ? (lib.findExportByName(name) || moduleSymbol(lib, name))
+      : findExport(name);
     if (p === null) {
       world.why = `the Mach stop cannot be built: ${name} not found`;
       return;

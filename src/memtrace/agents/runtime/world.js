@@ -90,7 +90,8 @@ const SCRATCH = 64 * 1024;
 export const world = {
   fns: null,
   mem: null,
-  stopBy: 'ptrace',     // how the world is stopped: a ptrace helper, or a signal (seccomp: cmodule/world.c)
+  stopBy: 'ptrace',     // how the world is stopped: a ptrace helper, a signal (seccomp), Mach suspension
+  mach: false,          // cmodule/world.c built with MT_DARWIN (buildWorld)
   why: 'no process CModule (cmodule/world.c) was built',   // why patches run unstopped (null: they do not)
   fridaCode: [],        // [start, end) of Frida's own code
   sites: new Set(),     // every address patched this session (string)
@@ -111,6 +112,10 @@ export const world = {
     // with the world stopped; sites left for Frida's own restore (shared with a redirect);
     // drains (the world seen with no thread in Frida's code) and how many did not end so in time.
     restored_stopped: 0, restored_by_frida: 0, drained: 0, drain_tries: 0, not_drained: 0,
+    restore_refused: 0,         // listener sites memtrace's writer could not put back (left to Frida's)
+    // threads neither held nor Frida's seen right after a flush under the stop: on Darwin the kernel
+    // may start a workqueue thread during a stop (cmodule/world.c mt_world_unheld); 0 on Linux
+    started_during: 0,
     // strict stops: retried for a thread in Frida's code; given up and patched anyway (never now:
     // kept at 0, the account's proof); patches refused for it (applyPatches: `refused` says which)
     frida_retries: 0, frida_busy: 0, frida_refused: 0, frida_sleeps: 0,
@@ -230,6 +235,7 @@ export function buildWorld(cm, mach = false) {
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
     pc: exclusive(cm, 'mt_world_pc', 'uint64', ['pointer', 'uint64']),
+    unheld: exclusive(cm, 'mt_world_unheld', 'uint64', ['pointer']),
     // Stop, then check in C before any JavaScript runs (cmodule/world.c says why).
     stopChecked: exclusive(cm, 'mt_world_stop_checked', 'int', ['pointer', 'pointer', 'uint64', 'uint64', 'uint64',
       'pointer', 'uint64', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64', 'int', 'pointer']),
@@ -265,6 +271,7 @@ export function buildWorld(cm, mach = false) {
   };
   world.mem.world.writeByteArray(new Array(WORLD.size).fill(0));    // no helper yet (tracer_pid 0)
   world.fns = fns;
+  world.mach = mach;
   if (mach)
     world.stopBy = 'mach (task_threads, thread_suspend)';
   world.fridaCode = mach ? machFridaCode(cm) : fridaCodeRanges();
@@ -409,9 +416,12 @@ function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
   }
 }
 
-// x86-64's struct user_regs_struct, as cmodule/world.c keeps a stopped thread's registers.
+// x86-64's registers as cmodule/world.c keeps a stopped thread's: Linux's struct user_regs_struct
+// (ptrace), or Darwin's x86_THREAD_STATE64 (the Mach stop).
 const X64_REGS = ['r15', 'r14', 'r13', 'r12', 'rbp', 'rbx', 'r11', 'r10', 'r9', 'r8', 'rax', 'rcx', 'rdx', 'rsi',
   'rdi', 'orig_rax', 'rip', 'cs', 'eflags', 'rsp', 'ss', 'fs_base', 'gs_base', 'ds', 'es', 'fs', 'gs'];
+const X64_MACH_REGS = ['rax', 'rbx', 'rcx', 'rdx', 'rdi', 'rsi', 'rbp', 'rsp', 'r8', 'r9', 'r10', 'r11', 'r12', 'r13',
+  'r14', 'r15', 'rip', 'rflags', 'cs', 'fs', 'gs'];
 
 /* The last busy stop's first thread in Frida's code, in words: its id and name, by what it pointed
  * in (a register, or a stack word at sp + offset) and where to (Frida's symbol).  Called with the
@@ -430,8 +440,9 @@ function busyThread() {
   } catch (e) {
     // the thread has gone since
   }
+  const names = world.mach ? X64_MACH_REGS : X64_REGS;
   const how = where < WORLD_REGS
-    ? `register ${Process.arch === 'x64' && where < X64_REGS.length ? X64_REGS[where] : where}`
+    ? `register ${Process.arch === 'x64' && where < names.length ? names[where] : where}`
     : `stack word at sp+0x${(where - WORLD_REGS).toString(16)}`;
   let sym = value.toString();
   try {
@@ -680,6 +691,8 @@ export function applyPatches(what, write = null) {
         rewritten++;
       afters.push([ptr(a), after]);
     });
+    if (stopped && !alone)
+      world.stats.started_during += Number(world.fns.unheld(world.mem.world));
   } finally {
     if (stopped && !alone)
       world.fns.resume(world.mem.world);
@@ -989,6 +1002,8 @@ function restoreStopped(sites, what) {
     world.stats.failed++;
     return;    // left to Frida's restore (maybe with the world running): counted as failed
   }
+  // A site the writer refused (Darwin: no writable alias allowed) is left to Frida's restore too.
+  world.stats.restore_refused += staged.length - written;
   world.stats.restored_stopped += written;
   world.stats.stopped++;
   world.stats.applied++;

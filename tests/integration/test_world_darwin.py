@@ -18,6 +18,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 from tests.conftest import ROOT
 
 from memtrace.agentbuild import c_layout_header
@@ -26,6 +27,7 @@ HARNESS = ROOT / "tests" / "programs" / "world_darwin"
 PATCHES = 300
 
 
+@pytest.mark.slow       # ~18 s on 2 CPUs: the control's storm and 300 stopped rewrites
 def test_patches_under_the_mach_stop_kill_nothing_that_the_running_world_does(tmp_path: Path) -> None:
     (tmp_path / "mt_layout.h").write_text(c_layout_header())
     exe = tmp_path / "standin_world"

@@ -102,6 +102,9 @@ mt_world_timeout_us (MtWorld * w)
   return t < MT_WORLD_HOLD_LIMIT_US ? t : MT_WORLD_HOLD_LIMIT_US;
 }
 
+/* What mt_world_each_task (one per platform, below) calls for every thread of the process. */
+typedef void (* MtWorldVisit) (MtWorld * w, guint64 tid, gpointer data);
+
 #ifndef MT_DARWIN
 
 #define MT_WORLD_WAIT_US 200
@@ -296,8 +299,6 @@ mt_world_proc_path (gchar * path, guint64 tgid, const gchar * leaf)
  * a buffer on the stack, so any number of threads is visited, 4 KB at a time).  w may be NULL
  * for a listing.  Returns how many threads were listed.
  */
-typedef void (* MtWorldVisit) (MtWorld * w, guint64 tid, gpointer data);
-
 static guint64
 mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data)
 {
@@ -331,32 +332,6 @@ mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data
   return n;
 }
 
-typedef struct
-{
-  guint64 * out;
-  guint64 cap;
-  guint64 n;
-} MtWorldList;
-
-static void
-mt_world_list_one (MtWorld * w, guint64 tid, gpointer data)
-{
-  MtWorldList * l = data;
-  if (l->n < l->cap)
-    l->out[l->n++] = tid;
-}
-
-/* The process's thread ids, at most cap of them (the agent tells Frida's own apart); returns how
- * many there are, which may be more than cap. */
-guint64
-mt_world_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
-{
-  MtWorldList l;
-  l.out = out;
-  l.cap = cap;
-  l.n = 0;
-  return mt_world_each_task (tgid, mt_world_list_one, NULL, &l);
-}
 
 /* 1 when the process runs under a seccomp filter (/proc/self/status "Seccomp:\t2"): such a
  * filter may trap a clone that makes no thread, which would kill the process with SIGSYS. */
@@ -1025,11 +1000,11 @@ mt_world_now_us (void)
   return t / 1000 * tb[0] / tb[1] + (t % 1000) * tb[0] / tb[1] / 1000;
 }
 
-/* The task's threads (port names) into out, at most cap; every right task_threads gave released
- * (a live thread's name stays valid: libpthread holds a right of its own).  Returns how many
- * there are, which may be more than cap.  tgid is unused (Linux's signature). */
-guint64
-mt_world_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
+/* Calls visit(w, name) for every thread of the task (its port name: Frida's thread id on Darwin),
+ * then releases every right task_threads gave (a live thread's name stays valid: libpthread holds
+ * a right of its own).  Linux's signature (tgid unused).  Returns how many threads were listed. */
+static guint64
+mt_world_each_task (guint64 tgid, MtWorldVisit visit, MtWorld * w, gpointer data)
 {
   mt_port_t * list = NULL;
   guint32 count = 0, i;
@@ -1037,11 +1012,9 @@ mt_world_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
   if (task_threads (mach_task_self_, &list, &count) != 0)
     return 0;
   for (i = 0; i != count; i++)
-  {
-    if (i < cap)
-      out[i] = list[i];
+    visit (w, list[i], data);
+  for (i = 0; i != count; i++)
     mach_port_deallocate (mach_task_self_, list[i]);
-  }
   mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
   return count;
 }
@@ -1054,8 +1027,12 @@ mt_world_seccomp (guint64 tgid)
   return 0;
 }
 
-/* Suspends thread th and reads its registers into slot n_threads; TRUE when held (its right kept). */
-static gboolean
+/* Suspends thread th and reads its registers into slot n_threads: MT_WORLD_HELD (its right kept),
+ * MT_WORLD_HELD_BLIND (held, but its registers could not be read), MT_WORLD_NOT_HELD. */
+#define MT_WORLD_NOT_HELD 0
+#define MT_WORLD_HELD 1
+#define MT_WORLD_HELD_BLIND 2
+static gint
 mt_world_suspend_one (MtWorld * w, mt_port_t th)
 {
   MtWorldThread * t = (MtWorldThread *) w->threads + w->n_threads;
@@ -1072,7 +1049,7 @@ mt_world_suspend_one (MtWorld * w, mt_port_t th)
       if (w->error == 0)
         w->error = MT_WORLD_E_ATTACH;
     }
-    return FALSE;
+    return MT_WORLD_NOT_HELD;
   }
   for (r = 0; r != MT_WORLD_REGS; r++)
     regs[r] = 0;
@@ -1087,17 +1064,13 @@ mt_world_suspend_one (MtWorld * w, mt_port_t th)
     regs[MT_WORLD_PC] = mt_world_strip (regs[MT_WORLD_PC]);
 #endif
     t->sp = regs[MT_WORLD_SP];
+    w->n_threads++;
+    return MT_WORLD_HELD;
   }
-  else
-  {
-    /* Held, but where it is is unknown (pc 0 would read as outside every range): counted as not
-     * stopped, so a patch waits for a stop with none. */
-    w->n_failed++;
-    if (w->error == 0)
-      w->error = MT_WORLD_E_ATTACH;
-  }
+  if (w->error == 0)
+    w->error = MT_WORLD_E_ATTACH;
   w->n_threads++;
-  return TRUE;
+  return MT_WORLD_HELD_BLIND;
 }
 
 void mt_world_resume (MtWorld * w);
@@ -1109,6 +1082,7 @@ gint
 mt_world_stop (MtWorld * w)
 {
   guint64 deadline = mt_world_now_us () + mt_world_timeout_us (w);
+  guint64 blind = 0;
   gint pass;
   w->n_threads = 0;
   w->n_failed = 0;
@@ -1119,9 +1093,11 @@ mt_world_stop (MtWorld * w)
   {
     mt_port_t * list = NULL;
     guint32 count = 0, i, added = 0;
-    /* The last pass's failures are the ones that stand (a thread that could not be suspended in
-     * one pass is tried again in the next). */
-    w->n_failed = 0;
+    /* The last pass's failures to suspend are the ones that stand (such a thread is tried again
+     * in the next pass); a held thread whose registers could not be read stays counted (where it
+     * is is unknown: pc 0 would read as outside every range), so a patch waits for a stop with
+     * none. */
+    w->n_failed = blind;
     if (task_threads (mach_task_self_, &list, &count) != 0)
     {
       if (pass == 0)
@@ -1142,10 +1118,16 @@ mt_world_stop (MtWorld * w)
       }
       if (w->n_threads == w->threads_cap)
         w->n_failed++;
-      else if (mt_world_suspend_one (w, th))
+      else
       {
-        added++;
-        continue;
+        gint got = mt_world_suspend_one (w, th);
+        if (got != MT_WORLD_NOT_HELD)
+        {
+          blind += got == MT_WORLD_HELD_BLIND;
+          w->n_failed += got == MT_WORLD_HELD_BLIND;
+          added++;
+          continue;
+        }
       }
       mach_port_deallocate (mach_task_self_, th);
     }
@@ -1169,21 +1151,18 @@ mt_world_stop (MtWorld * w)
 /* How many threads of the task are neither held nor skipped now -- on Darwin the kernel starts
  * workqueue threads by itself (libdispatch) even with every thread of the app suspended, so a
  * stop can be joined after its last pass.  Every right released. */
+static void
+mt_world_count_unheld (MtWorld * w, guint64 tid, gpointer data)
+{
+  if (!mt_world_is_skipped (w, tid) && !mt_world_is_held (w, tid))
+    (*(guint64 *) data)++;
+}
+
 guint64
 mt_world_unheld (MtWorld * w)
 {
-  mt_port_t * list = NULL;
-  guint32 count = 0, i;
   guint64 n = 0;
-  if (task_threads (mach_task_self_, &list, &count) != 0)
-    return 0;
-  for (i = 0; i != count; i++)
-  {
-    if (!mt_world_is_skipped (w, list[i]) && !mt_world_is_held (w, list[i]))
-      n++;
-    mach_port_deallocate (mach_task_self_, list[i]);
-  }
-  mach_vm_deallocate (mach_task_self_, (guint64) list, (guint64) count * sizeof (mt_port_t));
+  mt_world_each_task (0, mt_world_count_unheld, w, &n);
   return n;
 }
 
@@ -1249,6 +1228,33 @@ mt_world_frida_code (guint64 * out)
 }
 
 #endif
+
+typedef struct
+{
+  guint64 * out;
+  guint64 cap;
+  guint64 n;
+} MtWorldList;
+
+static void
+mt_world_list_one (MtWorld * w, guint64 tid, gpointer data)
+{
+  MtWorldList * l = data;
+  if (l->n < l->cap)
+    l->out[l->n++] = tid;
+}
+
+/* The process's thread ids (Linux: task ids; Darwin: thread port names), at most cap of them (the
+ * agent tells Frida's own apart); returns how many there are, which may be more than cap. */
+guint64
+mt_world_list_tasks (guint64 tgid, guint64 * out, guint64 cap)
+{
+  MtWorldList l;
+  l.out = out;
+  l.cap = cap;
+  l.n = 0;
+  return mt_world_each_task (tgid, mt_world_list_one, NULL, &l);
+}
 
 /* Stopped thread i's pc (0 when its registers could not be read). */
 guint64
@@ -1409,10 +1415,8 @@ mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint
  * stand-in, whose mach_vm_remap aliases shared pages (Linux cannot alias private ones).
  */
 static gint
-mt_world_write_alias (guint8 * dst, const guint8 * src, guint64 len, guint64 page_size)
+mt_world_write_alias (guint8 * dst, const guint8 * src, guint64 len, guint64 start, guint64 end)
 {
-  guint64 start = (guint64) dst & ~(page_size - 1);
-  guint64 end = ((guint64) dst + len + page_size - 1) & ~(page_size - 1);
   guint64 alias = 0, k;
   gint cur = 0, max = 0;
   if (mach_vm_remap (mach_task_self_, &alias, end - start, 0, MT_VM_FLAGS_ANYWHERE, mach_task_self_, start, 0, &cur,
@@ -1446,16 +1450,16 @@ extern void gum_clear_cache (gpointer address, gsize size);
 gint
 mt_world_write (guint8 * dst, const guint8 * src, guint64 len, gpointer mprotect_fn, guint64 page_size)
 {
-#ifdef MT_DARWIN
-  /* No mprotect given: a device (iOS refuses RWX pages): the writable alias.  Given: the Mach stop
-   * run on Linux over the stand-in, where the code pages are Linux's and written as there. */
-  if (mprotect_fn == NULL)
-    return mt_world_write_alias (dst, src, len, page_size);
-#endif
   MtMprotectFunc protect = (MtMprotectFunc) mprotect_fn;
   guint64 start = (guint64) dst & ~(page_size - 1);
   guint64 end = ((guint64) dst + len + page_size - 1) & ~(page_size - 1);
   guint64 k;
+#ifdef MT_DARWIN
+  /* No mprotect given: a device (iOS refuses RWX pages): the writable alias.  Given: the Mach stop
+   * run on Linux over the stand-in, where the code pages are Linux's and written as there. */
+  if (mprotect_fn == NULL)
+    return mt_world_write_alias (dst, src, len, start, end);
+#endif
   if (protect ((gpointer) start, end - start, 1 | 2 | 4) != 0)
     return 0;
   for (k = 0; k != len; k++)

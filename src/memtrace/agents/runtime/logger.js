@@ -11,7 +11,7 @@
  */
 
 import { LOGGER_INFLIGHT_SHARDS, LOGGER_INFLIGHT_STRIDE } from '../layout.js';
-import { IS_DARWIN } from './platform.js';
+import { IS_DARWIN, moduleSymbol } from './platform.js';
 
 export const LOGGER_MODULES = IS_DARWIN
   ? { malloc_logger: 'libsystem_malloc.dylib', __syscall_logger: 'libsystem_kernel.dylib', task: 'libsystem_kernel.dylib' }
@@ -25,20 +25,14 @@ export function familyFor(family, darwin) {
   return darwin ? family.filter(n => !DARWIN_ABSENT.has(n)) : family;
 }
 
-function moduleSymbol(name, moduleName) {
+function loggerSymbol(name, moduleName) {
   const m = Process.findModuleByName(moduleName);
-  if (m === null)
-    return null;
-  const p = m.findExportByName(name);
-  if (p !== null)
-    return p;
-  const s = m.enumerateSymbols().find(x => x.name === name);
-  return s === undefined ? null : s.address;
+  return m === null ? null : moduleSymbol(m, name);
 }
 
 /* The address of malloc_logger or __syscall_logger (a variable), or null. */
 export function loggerVariable(name) {
-  return moduleSymbol(name, LOGGER_MODULES[name]);
+  return loggerSymbol(name, LOGGER_MODULES[name]);
 }
 
 const state = {
@@ -51,11 +45,11 @@ const state = {
 export function loggerSymbols() {
   state.inflight = Memory.alloc(LOGGER_INFLIGHT_SHARDS * LOGGER_INFLIGHT_STRIDE * 4);
   // mach_task_self_ itself (the callback reads the variable); unknown (0) without it.
-  state.selfTask = moduleSymbol('mach_task_self_', LOGGER_MODULES.task) || Module.findGlobalExportByName('mach_task_self_');
+  state.selfTask = loggerSymbol('mach_task_self_', LOGGER_MODULES.task) || Module.findGlobalExportByName('mach_task_self_');
   if (state.selfTask === null)
     state.selfTask = Memory.alloc(8);
   state.blockSize = Memory.alloc(Process.pointerSize);
-  const ms = moduleSymbol('malloc_size', LOGGER_MODULES.malloc_logger);
+  const ms = loggerSymbol('malloc_size', LOGGER_MODULES.malloc_logger);
   state.blockSize.writePointer(ms === null ? NULL : ms);
   return { mt_inflight: state.inflight, mt_self_task: state.selfTask, mt_block_size: state.blockSize };
 }

@@ -19,6 +19,16 @@ export function findExport(name, moduleName) {
   return Module.findGlobalExportByName(name);
 }
 
+/* `name` as `module` exports it, else as its symbol table defines it (a hidden symbol, a variable
+ * left out of the exports; never an import of another module's), or null. */
+export function moduleSymbol(module, name) {
+  const p = module.findExportByName(name);
+  if (p !== null)
+    return p;
+  const s = module.enumerateSymbols().find(x => x.name === name && x.type !== 'undefined' && !x.address.isNull());
+  return s === undefined ? null : s.address;
+}
+
 let libc;   // undefined until first asked for
 
 /* The C library (Linux): its own exports, never a same-named one from another module

@@ -16,7 +16,7 @@
 
 import { AGENT_MEMORY, AGENT_MEMORY_RANGES, AGENT_MEMORY_TABLE, FD_DUP_REFUSED, FD_GUARD_MAX, FD_RANGES, FORK_ORIGINS, MAX_PATCHES, PATCH_BYTES,
   PROC } from '../layout.js';
-import { IS_DARWIN, findExport, libcExport, libcModule, now } from './platform.js';
+import { IS_DARWIN, findExport, libcExport, libcModule, moduleSymbol, now } from './platform.js';
 import { readStruct, writeField, writeStruct } from './structs.js';
 import {
   applyPatches, buildWorld, deferPatch, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
@@ -235,11 +235,6 @@ function disarmStubs() {
 // The Mach stop's calls that are the C library's, not the Mach stand-in's.
 const MACH_LIBC_NAMES = new Set(['usleep']);
 
-/* A symbol the module itself defines (not one it imports), or null. */
-function moduleSymbol(module, name) {
-  const s = module.enumerateSymbols().find(x => x.name === name && x.type !== 'undefined' && !x.address.isNull());
-  return s === undefined ? null : s.address;
-}
 
 function buildMachWorld(config, sources) {
   let lib = null;
@@ -261,8 +256,7 @@ function buildMachWorld(config, sources) {
   for (const name of WORLD_MACH_SYMBOLS) {
     // The stand-in hides the two names its sibling libmtdarwin.so also defines (demo/darwin/mtmach.c);
     // the C library's (usleep) are the process's own.
-    const p = lib !== null && !MACH_LIBC_NAMES.has(name) ? (lib.findExportByName(name) || moduleSymbol(lib, name))
-      : findExport(name);
+    const p = lib !== null && !MACH_LIBC_NAMES.has(name) ? moduleSymbol(lib, name) : findExport(name);
     if (p === null) {
       world.why = `the Mach stop cannot be built: ${name} not found`;
       return;

@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HOT = ("mt_malloc", "mt_free", "mt_track_alloc", "mt_unwind_walk_regs", "mt_intern", "mt_calloc", "mt_realloc_common")
 
 
 def symbols(so: Path) -> list[tuple[int, str]]:
@@ -38,25 +37,43 @@ def symbols(so: Path) -> list[tuple[int, str]]:
             if t in "tT"]
 
 
+def instruction_starts(so: Path) -> set[int]:
+    """Every instruction's offset in the module's code, from objdump."""
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(so)], capture_output=True, text=True).stdout
+    out = set()
+    for line in text.splitlines():
+        head, _, rest = line.partition(":")
+        if rest and head.strip() and all(c in "0123456789abcdef" for c in head.strip()):
+            out.add(int(head.strip(), 16))
+    return out
+
+
 def best_fit(ips: list[int], candidates: list[Path]) -> tuple[Path, int, collections.Counter[str]] | None:
-    """The module file and load address that put the most samples inside HOT functions."""
-    best: tuple[int, Path, int, collections.Counter[str]] | None = None
+    """The module file and load address under which the most samples fall on an instruction's first
+    byte (x86's instructions have every length: at a wrong address a sample mostly falls inside one,
+    where scoring by the samples that land in hot functions let a wrong address win whenever the
+    hot code moved into a function inlined elsewhere)."""
+    best: tuple[int, Path, int] | None = None
     lo = min(ips) & ~0xFFF
     for so in candidates:
-        syms = symbols(so)
-        if not syms:
+        starts = instruction_starts(so)
+        if not starts:
             continue
-        addrs = [a for a, _ in syms]
         for base in range(lo - 0x40000, lo + 0x1000, 0x1000):
-            by: collections.Counter[str] = collections.Counter()
-            for ip in ips:
-                i = bisect.bisect_right(addrs, ip - base) - 1
-                if i >= 0 and ip - base < addrs[-1] + 0x1000:
-                    by[syms[i][1].split(".")[0]] += 1
-            score = sum(by[h] for h in HOT)
+            score = sum(1 for ip in ips if ip - base in starts)
             if best is None or score > best[0]:
-                best = (score, so, base, by)
-    return None if best is None else (best[1], best[2], best[3])
+                best = (score, so, base)
+    if best is None:
+        return None
+    _, so, base = best
+    syms = symbols(so)
+    addrs = [a for a, _ in syms]
+    by: collections.Counter[str] = collections.Counter()
+    for ip in ips:
+        i = bisect.bisect_right(addrs, ip - base) - 1
+        if i >= 0 and ip - base < addrs[-1] + 0x1000:
+            by[syms[i][1].split(".")[0]] += 1
+    return so, base, by
 
 
 def print_annotation(so: Path, base: int, ips: list[int], function: str, n: int) -> None:

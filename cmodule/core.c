@@ -694,8 +694,12 @@ mt_assign (void)
     if (mt_frame_cache_on != 0)
     {
       MtFrameCache * fc = (MtFrameCache *) (mt_frame_caches + (guint64) i * MT_FRAME_CACHE_BYTES);
+      guint k;
       fc->gen = 0;
       fc->rgen = ~(guint64) 0;      /* its rules emptied as the slot's are */
+      fc->memo_lookups = fc->memo_hits = fc->memo_mask = fc->memo_misses = 0;
+      for (k = 0; k != MT_STACK_MEMO_ENTRIES; k++)
+        fc->memo_tag[k] = 0;        /* and its memo: another thread's walks */
     }
 #endif
     s->ring = (ring >= 0) ? mt_ring_pool + (guint64) ring * mt_config.ring_size : NULL;

@@ -261,17 +261,60 @@ mt_walk_invocation (MtSlot * s, guint64 * frames, guint max, gboolean * truncate
   return mt_walk_fp_chain (fp, sp, hi, frames, n, max, truncated);
 }
 
-/* The stack of the call being hooked: frames[0] is the caller's return address; *hash its identity. */
+/* What the thread's stack memo knows of the stack mt_call_stack_hashed gave: its id (MT_NO_STACK: not
+ * yet), and the entry it came from or went into (1 + its index; 0: none), where mt_intern_known notes
+ * the id once the stack is interned. */
+typedef struct
+{
+  guint32 id;
+  guint32 memo;
+} MtKnownStack;
+
+/* The stack of the call being hooked: frames[0] is the caller's return address; *hash its identity;
+ * *known what the memo knows of it. */
 static guint
-mt_call_stack_hashed (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags, guint64 * hash)
+mt_call_stack_hashed (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags, guint64 * hash,
+    MtKnownStack * known)
 {
   gboolean truncated;
-  guint n = 0;
+  guint n = 0, walked;
   MtHashed hashed;
+  gboolean slow = kind < 64 && (mt_slow_kinds & (1ULL << kind)) != 0;
+#ifdef MT_UNWIND
+  MtFrameCache * fc = NULL;
+  guint64 hi = s->stack_hi;
+#endif
+  known->id = MT_NO_STACK;
+  known->memo = 0;
+#ifdef MT_UNWIND
+  /* A fast hook's call from a path this thread walked before: its stack from the memo (unwind.c).
+   * (A slow kind's walk starts from Interceptor's invocation, not from fp: never memoized.) */
+  if (!slow && mt_unwind_count != 0 && hi != 0 && (fc = mt_frame_cache (s)) != NULL)
+  {
+    const MtStackMemo * e = mt_memo_find (fc, (guint64) fp, (guint64) &truncated, hi, (guint) mt_config.max_frames);
+    if (e != NULL)
+    {
+      guint k;
+      n = e->n;
+      for (k = 0; k != n; k++)
+        frames[k] = e->frames[k];
+      if ((e->flags & MT_MEMO_TRUNCATED) != 0)
+      {
+        *flags |= MT_FLAG_TRUNCATED;
+        s->counters[MT_C_TRUNCATED_STACKS]++;
+      }
+      s->counters[MT_C_STACK_MEMO_HITS]++;
+      *hash = e->hash;
+      known->id = e->stack_id;
+      known->memo = 1 + (guint32) (e - fc->memo);
+      return n;
+    }
+  }
+#endif
   hashed.ok = FALSE;
   hashed.sum = 0;
   hashed.pw_n = 0;
-  if (kind < 64 && (mt_slow_kinds & (1ULL << kind)) != 0)
+  if (slow)
     n = mt_walk_invocation (s, frames, (guint) mt_config.max_frames, &truncated, &hashed);
   if (n == 0)
   {
@@ -285,6 +328,7 @@ mt_call_stack_hashed (MtSlot * s, guint kind, gpointer fp, guint64 * frames, gui
         frames[0] = (guint64) (gsize) gum_invocation_context_get_return_address (ic) & mt_config.code_mask;
     }
   }
+  walked = n;
   if (truncated)
   {
     /* The innermost frames are kept; a last pseudo frame says the outer ones were cut (room for it:
@@ -301,6 +345,11 @@ mt_call_stack_hashed (MtSlot * s, guint kind, gpointer fp, guint64 * frames, gui
       hashed.ok = FALSE;
   }
   *hash = hashed.ok ? mt_hash_final (hashed.sum, n) : mt_hash_frames (frames, n);
+#ifdef MT_UNWIND
+  if (fc != NULL)
+    known->memo = mt_memo_store (fc, (guint64) fp, hi, (guint) mt_config.max_frames, frames, n, walked, truncated,
+        *hash);
+#endif
   return n;
 }
 
@@ -308,7 +357,24 @@ static guint
 mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags)
 {
   guint64 hash;
-  return mt_call_stack_hashed (s, kind, fp, frames, flags, &hash);
+  MtKnownStack known;
+  return mt_call_stack_hashed (s, kind, fp, frames, flags, &hash, &known);
+}
+
+/* The id of the stack mt_call_stack_hashed just gave: the memo's, else interned (and then memoized
+ * with it: ids never move, and a dropped stack is not remembered, so that it is tried again). */
+static guint32
+mt_intern_known (MtSlot * s, const guint64 * frames, guint n, guint64 hash, const MtKnownStack * known)
+{
+  guint32 id;
+  if (known->id != MT_NO_STACK)
+    return known->id;
+  id = mt_intern_hashed (s, frames, n, hash);
+#ifdef MT_UNWIND
+  if (id <= mt_config.stack_mask && known->memo != 0)
+    mt_frame_cache (s)->memo[known->memo - 1].stack_id = id;
+#endif
+  return id;
 }
 
 #ifdef __TINYC__
@@ -369,8 +435,9 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   {
     guint64 frames[MT_MAX_FRAMES];
     guint64 hash;
-    guint n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash);
-    stack_id = mt_intern_hashed (s, frames, n, hash);
+    MtKnownStack known;
+    guint n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash, &known);
+    stack_id = mt_intern_known (s, frames, n, hash, &known);
   }
 
   /* The row's lines (a program with thousands of stacks seldom finds its row in the cache), asked

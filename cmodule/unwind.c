@@ -210,6 +210,44 @@ typedef struct
   guint64 fpaddr;     /* where the step out of this level read the caller's fp (0: kept), | flags */
 } MtUnwindLevel;
 
+/* ---- the stack memo: whole walks by their first state ---------------------------------------
+ *
+ * The frame cache holds one walk, the thread's last: a program whose allocations come by turns from a
+ * handful of call paths (sqlite3's row loop: the record, the cell, the page, the string) matches it
+ * only where the paths meet, and walks, hashes and stores the inner levels every time.  The memo keeps
+ * whole walks, by their first state (the return address into the allocator's caller and the stack
+ * pointer after it): each with the (address, value) of every word the walk read that its result
+ * depends on -- the same words the frame cache checks, the return addresses, the frame pointers the
+ * walk on uses (their bit 60 cleared, as the walk clears it), the word a walk ending on a low return
+ * address read -- and its frames, its hash and, once interned, its stack id.  A walk from a state the
+ * memo holds, under the same registry generation, stack top and frame limit, whose words all still
+ * hold their values, is that walk, frame for frame (the argument of the frame cache's, from the first
+ * level); its stack is then copied, not walked, hashed or looked up.  Walks are memoized only when the
+ * frame cache holds them whole (fc->hashed: its levels are the walk's). */
+#define MT_MEMO_WINDOW 4096   /* lookups between two looks at the memo's hit rate */
+#define MT_MEMO_NEED_FP 1     /* (flags) the walk uses its first frame pointer: the key's fp must match */
+#define MT_MEMO_TRUNCATED 2   /* (flags) the stack was cut at the frame limit */
+
+typedef struct
+{
+  guint64 pc;             /* the first state: its return address, */
+  guint64 sp;             /* its stack pointer */
+  guint64 fp;             /* and its frame pointer (checked only with MT_MEMO_NEED_FP) */
+  guint64 gen;            /* mt_unwind_count + 1 when made; 0: empty */
+  guint64 hi;             /* the stack top and the frame limit the walk had */
+  guint32 max;
+  guint16 n;              /* frames (a truncated stack's pseudo frame included) */
+  guint8 flags;
+  guint8 pad;
+  guint32 n_checks;
+  guint32 stack_id;       /* MT_NO_STACK until the stack is interned */
+  guint64 hash;           /* the stack's identity (mt_call_stack_hashed) */
+  guint64 check[4 * MT_STACK_MEMO_LEVELS];   /* 2 * LEVELS (address | 1 for a frame pointer, value) pairs */
+  guint64 frames[MT_STACK_MEMO_LEVELS];
+} MtStackMemo;
+
+typedef char mt_stack_memo_size_check[(sizeof (MtStackMemo) == MT_STACK_MEMO_BYTES) ? 1 : -1];
+
 typedef struct
 {
   guint64 gen;        /* mt_unwind_count + 1 when the levels were cached; 0: empty */
@@ -231,6 +269,17 @@ typedef struct
    * instead of the slot's whenever the thread has a frame cache. */
   guint64 rgen;
   guint64 r[2 * MT_RULE_CACHE_ENTRIES];
+  /* The stack memo: sets of MT_STACK_MEMO_WAYS entries, each set's tags in one line. */
+  guint64 memo_tag[MT_STACK_MEMO_ENTRIES];   /* the entry's key mixed (mt_memo_tag); 0: empty */
+  guint32 memo_used[MT_STACK_MEMO_ENTRIES];  /* memo_clock at the entry's last use */
+  guint64 memo_clock;
+  /* The store policy: a memo that keeps missing (a compiler's stacks, seldom the same twice) is
+   * stored into on 1 miss in memo_mask + 1, so that its misses do not each pay a whole copy. */
+  guint32 memo_lookups;      /* in this window of MT_MEMO_WINDOW lookups */
+  guint32 memo_hits;
+  guint32 memo_mask;
+  guint32 memo_misses;
+  MtStackMemo memo[MT_STACK_MEMO_ENTRIES];
 } MtFrameCache;
 
 /* The agent sizes the caches from the layout (FRAME_CACHE_BYTES per slot): a mismatch fails to compile. */
@@ -589,6 +638,150 @@ mt_unwind_walk_regs (guint64 pc0, guint64 sp0, guint64 fp0, guint64 hi, guint64 
     fc->max = max;
   }
   return n;
+}
+
+/* A first state's tag (never 0), whose top bits pick its set. */
+static inline guint64
+mt_memo_tag (guint64 pc, guint64 sp)
+{
+  return ((pc ^ (sp << 17) ^ (sp >> 7)) * 0x9e3779b97f4a7c15ULL) | 1;
+}
+
+static inline guint
+mt_memo_set (guint64 tag)
+{
+  return (guint) (tag >> (64 - mt_log2 (MT_STACK_MEMO_ENTRIES / MT_STACK_MEMO_WAYS))) * MT_STACK_MEMO_WAYS;
+}
+
+/* The memoized walk from the hooked call's frame fp0 (as mt_unwind_walk takes it), or NULL. */
+static inline const MtStackMemo *
+mt_memo_find (MtFrameCache * fc, guint64 fp0, guint64 lo, guint64 hi, guint max)
+{
+  const MtStackMemo * e = NULL;
+  guint64 pc, sp, tag, gen = mt_unwind_count + 1;
+  guint i, nc, set, w;
+  if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
+    return NULL;
+  pc = ((guint64 *) fp0)[1];
+  sp = fp0 + 16;
+  tag = mt_memo_tag (pc, sp);
+  set = mt_memo_set (tag);
+  fc->memo_lookups++;
+  for (w = set; w != set + MT_STACK_MEMO_WAYS; w++)
+  {
+    if (fc->memo_tag[w] == tag)
+    {
+      e = &fc->memo[w];
+      break;
+    }
+  }
+  if (e == NULL || e->pc != pc || e->sp != sp || e->gen != gen || e->hi != hi || e->max != max)
+    return NULL;
+  if ((e->flags & MT_MEMO_NEED_FP) != 0 && (((guint64 *) fp0)[0] & MT_SWIFT_ASYNC_MASK) != e->fp)
+    return NULL;
+  nc = e->n_checks;
+  for (i = 0; i != nc; i++)
+  {
+    guint64 a = e->check[2 * i];
+    guint64 v = *(const volatile guint64 *) (gsize) (a & ~(guint64) 7);
+    if ((v & ~((a & 1) << 60)) != e->check[2 * i + 1])
+      return NULL;
+  }
+  fc->memo_used[w] = (guint32) ++fc->memo_clock;
+  fc->memo_hits++;
+  return e;
+}
+
+/* Memoizes the walk that just ran from fp0, if the frame cache holds it whole: frames[0, n) as the
+ * caller finished them (the first `walked` the walk's, then a truncated stack's pseudo frame), their
+ * hash.  Returns 1 + the entry's index, or 0 when it was not memoized. */
+static guint32
+mt_memo_store (MtFrameCache * fc, guint64 fp0, guint64 hi, guint max, const guint64 * frames, guint n,
+    guint walked, gboolean truncated, guint64 hash)
+{
+  MtStackMemo * e;
+  guint64 m = fc->m, u, pc, sp, tag;
+  guint nc = 0, k, set, w, victim;
+  if (fc->memo_lookups >= MT_MEMO_WINDOW)
+  {
+    /* Under a quarter of the window's lookups hit: 1 store in 16 misses; under a half: 1 in 4. */
+    guint32 l = fc->memo_lookups, h = fc->memo_hits;
+    fc->memo_mask = 4 * h < l ? 15 : 2 * h < l ? 3 : 0;
+    fc->memo_lookups = 0;
+    fc->memo_hits = 0;
+  }
+  if ((fc->memo_misses++ & fc->memo_mask) != 0)
+    return 0;
+  if (fc->hashed == 0 || m == 0 || m > MT_STACK_MEMO_LEVELS || n > MT_STACK_MEMO_LEVELS || walked > m)
+    return 0;
+  pc = ((guint64 *) fp0)[1];
+  sp = fp0 + 16;
+  if (fc->e[m - 1].pc != pc || fc->e[m - 1].sp != sp)
+    return 0;
+  /* The frames the walk gave are the cached levels' return addresses, innermost first. */
+  for (k = 0; k != walked; k++)
+    if (frames[k] != fc->e[m - 1 - k].pc)
+      return 0;
+  /* The entry: the state's own (a walk from it that changed), else the set's least recently used. */
+  tag = mt_memo_tag (pc, sp);
+  set = mt_memo_set (tag);
+  victim = set + MT_STACK_MEMO_WAYS;
+  for (w = set; w != set + MT_STACK_MEMO_WAYS && victim == set + MT_STACK_MEMO_WAYS; w++)
+    if (fc->memo_tag[w] == tag)
+      victim = w;
+  for (w = set; w != set + MT_STACK_MEMO_WAYS && victim == set + MT_STACK_MEMO_WAYS; w++)
+    if (fc->memo_tag[w] == 0)
+      victim = w;
+  if (victim == set + MT_STACK_MEMO_WAYS)
+  {
+    victim = set;
+    for (w = set + 1; w != set + MT_STACK_MEMO_WAYS; w++)
+      if ((gint32) (fc->memo_used[w] - fc->memo_used[victim]) < 0)
+        victim = w;
+  }
+  e = &fc->memo[victim];
+  fc->memo_tag[victim] = 0;
+  e->gen = 0;
+  for (u = m - 1; u != 0; u--)
+  {
+    const MtUnwindLevel * l = &fc->e[u];
+    const MtUnwindLevel * next = &fc->e[u - 1];
+    guint64 addr = l->fpaddr & ~(guint64) 7;
+    e->check[2 * nc] = next->sp - 8;
+    e->check[2 * nc + 1] = next->pc;
+    nc++;
+    if (addr != 0 && (next->fpaddr & MT_FC_NEED_FP) != 0)
+    {
+      e->check[2 * nc] = addr | 1;
+      e->check[2 * nc + 1] = next->fp;
+      nc++;
+    }
+  }
+  if (fc->term == MT_FC_END_PC)
+  {
+    if (nc == 2 * MT_STACK_MEMO_LEVELS)
+      return 0;
+    e->check[2 * nc] = fc->term_addr;
+    e->check[2 * nc + 1] = fc->term_val;
+    nc++;
+  }
+  for (k = 0; k != n; k++)
+    e->frames[k] = frames[k];
+  e->pc = pc;
+  e->sp = sp;
+  e->fp = fc->e[m - 1].fp;
+  e->hi = hi;
+  e->max = max;
+  e->n = (guint16) n;
+  e->flags = (guint8) (((fc->e[m - 1].fpaddr & MT_FC_NEED_FP) != 0 ? MT_MEMO_NEED_FP : 0)
+      | (truncated ? MT_MEMO_TRUNCATED : 0));
+  e->n_checks = nc;
+  e->stack_id = MT_NO_STACK;
+  e->hash = hash;
+  e->gen = fc->gen;   /* the generation the walk's rules came from */
+  fc->memo_tag[victim] = tag;
+  fc->memo_used[victim] = (guint32) ++fc->memo_clock;
+  return 1 + victim;
 }
 
 static guint

@@ -159,7 +159,10 @@ C_FAILED = 72                  # + kind
 # Stack walks through unwind tables that reused frames of the thread's previous walk (cmodule/unwind.c,
 # the frame cache): every word they reused was checked, the stack is the full walk's.
 COUNTERS["frame_cache_walks"] = C_FAILED + N_KINDS
-N_COUNTERS = C_FAILED + N_KINDS + 1
+# Stacks taken from the thread's stack memo (cmodule/unwind.c): every word the walk had read was
+# checked unchanged, so the stack is the walk's, without walking, hashing or looking it up again.
+COUNTERS["stack_memo_hits"] = C_FAILED + N_KINDS + 1
+N_COUNTERS = C_FAILED + N_KINDS + 2
 # Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0
 # (capture.py pads every counters list to N_COUNTERS).
 MIN_COUNTERS = 64
@@ -209,8 +212,22 @@ LIVE_WAYS = 8                  # pointers per live-table bucket
 # generation word: the MtSlot's own 128 missed on most of a compiler's frames).
 FRAME_CACHE_LEVELS = 128
 RULE_CACHE_ENTRIES = 2048
+# Then the thread's stack memo (cmodule/unwind.c, "the stack memo"): whole walks by their first state
+# (return address, stack pointer), each with the words it read, its frames, its hash and its stack id,
+# so that an allocation from a call path seen before is checked instead of walked, hashed and looked
+# up.  STACK_MEMO_ENTRIES of them in sets of STACK_MEMO_WAYS (a direct-mapped memo lost half of sqlite3's
+# hits in one run of two, its hot paths colliding under that run's addresses), the least recently used
+# of a set replaced; walks of at most STACK_MEMO_LEVELS levels (the default 64 frames and a truncated
+# stack's limit state).  First the entries' tags (8 bytes each), their last uses (4 bytes each), the
+# use clock and the store policy's counts (24 bytes); then the entries, each a 64-byte header,
+# 2 * LEVELS (address, value) checks and LEVELS frames.
+STACK_MEMO_ENTRIES = 32
+STACK_MEMO_WAYS = 4
+STACK_MEMO_LEVELS = 66
+STACK_MEMO_BYTES = 64 + 2 * STACK_MEMO_LEVELS * 16 + 8 * STACK_MEMO_LEVELS
 FRAME_CACHE_BYTES = (80 + 2 * FRAME_CACHE_LEVELS * 32 + 8 * FRAME_CACHE_LEVELS + 8 * (FRAME_CACHE_LEVELS + 2)
-                     + 8 + 16 * RULE_CACHE_ENTRIES)
+                     + 8 + 16 * RULE_CACHE_ENTRIES + 12 * STACK_MEMO_ENTRIES + 24
+                     + STACK_MEMO_ENTRIES * STACK_MEMO_BYTES)
 MAX_RINGS = 4096               # recycled-ring stack in MtGlobals
 NESTED_LOG = 8                 # nested calls remembered per slot during a compound entry's real call
 TOP_STACKS = 8                 # stacks by live bytes in each timeline sample

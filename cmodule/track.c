@@ -271,10 +271,11 @@ typedef struct
 } MtKnownStack;
 
 /* The stack of the call being hooked: frames[0] is the caller's return address; *hash its identity;
- * *known what the memo knows of it. */
+ * *known what the memo knows of it.  With id_enough, a stack whose id the memo knows is not copied
+ * into frames (the caller only wants the id): the count is still returned. */
 static guint
 mt_call_stack_hashed (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * flags, guint64 * hash,
-    MtKnownStack * known)
+    MtKnownStack * known, gboolean id_enough)
 {
   gboolean truncated;
   guint n = 0, walked;
@@ -296,8 +297,9 @@ mt_call_stack_hashed (MtSlot * s, guint kind, gpointer fp, guint64 * frames, gui
     {
       guint k;
       n = e->n;
-      for (k = 0; k != n; k++)
-        frames[k] = e->frames[k];
+      if (!id_enough || e->stack_id == MT_NO_STACK)
+        for (k = 0; k != n; k++)
+          frames[k] = e->frames[k];
       if ((e->flags & MT_MEMO_TRUNCATED) != 0)
       {
         *flags |= MT_FLAG_TRUNCATED;
@@ -358,7 +360,7 @@ mt_call_stack (MtSlot * s, guint kind, gpointer fp, guint64 * frames, guint16 * 
 {
   guint64 hash;
   MtKnownStack known;
-  return mt_call_stack_hashed (s, kind, fp, frames, flags, &hash, &known);
+  return mt_call_stack_hashed (s, kind, fp, frames, flags, &hash, &known, FALSE);
 }
 
 /* The id of the stack mt_call_stack_hashed just gave: the memo's, else interned (and then memoized
@@ -436,7 +438,7 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
     guint64 frames[MT_MAX_FRAMES];
     guint64 hash;
     MtKnownStack known;
-    guint n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash, &known);
+    guint n = mt_call_stack_hashed (s, kind, fp, frames, &flags, &hash, &known, TRUE);
     stack_id = mt_intern_known (s, frames, n, hash, &known);
   }
 

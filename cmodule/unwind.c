@@ -679,12 +679,21 @@ mt_memo_find (MtFrameCache * fc, guint64 fp0, guint64 lo, guint64 hi, guint max)
     return NULL;
   if ((e->flags & MT_MEMO_NEED_FP) != 0 && (((guint64 *) fp0)[0] & MT_SWIFT_ASYNC_MASK) != e->fp)
     return NULL;
+  /* Two words a branch: the loads are independent, the stack hot (CPython's walks are 64 levels). */
   nc = e->n_checks;
-  for (i = 0; i != nc; i++)
+  for (i = 0; i + 2 <= nc; i += 2)
   {
-    guint64 a = e->check[2 * i];
-    guint64 v = *(const volatile guint64 *) (gsize) (a & ~(guint64) 7);
-    if ((v & ~((a & 1) << 60)) != e->check[2 * i + 1])
+    const guint64 * c = &e->check[2 * i];
+    guint64 v0 = *(const volatile guint64 *) (gsize) (c[0] & ~(guint64) 7);
+    guint64 v1 = *(const volatile guint64 *) (gsize) (c[2] & ~(guint64) 7);
+    if ((((v0 & ~((c[0] & 1) << 60)) ^ c[1]) | ((v1 & ~((c[2] & 1) << 60)) ^ c[3])) != 0)
+      return NULL;
+  }
+  if (i != nc)
+  {
+    const guint64 * c = &e->check[2 * i];
+    guint64 v = *(const volatile guint64 *) (gsize) (c[0] & ~(guint64) 7);
+    if ((v & ~((c[0] & 1) << 60)) != c[1])
       return NULL;
   }
   fc->memo_used[w] = (guint32) ++fc->memo_clock;

@@ -223,6 +223,10 @@ class CaptureLoop:
         self.stacks = StacksSeen(want_families=getattr(self.ui, "wants_families", False))
         self._host_symbols = False     # a local target: the host symbolizes (_launch_and_attach)
         self._fields_left_out: dict[str, int] = {}     # agent batch fields left out: how often (_route)
+        # A drain's bytes the agent sent ahead of its batch in pieces (events:part, runtime/flush.js),
+        # and how many pieces were joined to their batch.
+        self._parts: list[bytes] = []
+        self._pieces_joined = 0
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
         self._platform: str | None = None
@@ -653,6 +657,12 @@ class CaptureLoop:
         end_body["ended_at"] = _iso_now()
         end_body.update(self.live.snapshot())
         end_body["batches"] = self.batches
+        if self._pieces_joined:
+            end_body["batch_pieces"] = self._pieces_joined
+        if self._parts:
+            # A drain whose batch never came (the agent went mid-send): its bytes cut at any offset,
+            # not records the reader could take; said, not kept.
+            end_body["batch_pieces_lost"] = {"pieces": len(self._parts), "bytes": sum(map(len, self._parts))}
         if self._fields_left_out:
             # Agent batch fields the reader would have refused (_route): how many batches each.
             end_body["batch_fields_left_out"] = dict(self._fields_left_out)
@@ -750,7 +760,14 @@ class CaptureLoop:
         return False
 
     def _route(self, ptype: str | None, payload: dict[str, Any], data: bytes) -> None:
+        if ptype == "events:part":
+            self._parts.append(data or b"")
+            return
         if ptype == "events:batch":
+            if self._parts:
+                data = b"".join([*self._parts, data or b""])
+                self._pieces_joined += len(self._parts)
+                self._parts.clear()
             exact_batch_ints(payload)
             for said in admit_body(RecordType.BATCH, payload):
                 # Written as it came, the capture's reader would skip the batch and its stacks.

@@ -539,9 +539,16 @@ def _warnings(messages: list[tuple[str, Any, Any]]) -> list[str]:
 
 
 def _batches(messages: list[tuple[str, Any, Any]]) -> Iterator[bytes]:
+    parts: list[bytes] = []       # a drain sent ahead of its batch in pieces (events:part)
     for kind, message, data in messages:
-        if kind == "message" and (message.get("payload") or {}).get("type") == "events:batch" and data:
-            yield data
+        ptype = (message.get("payload") or {}).get("type") if kind == "message" else None
+        if ptype == "events:part":
+            parts.append(data or b"")
+        elif ptype == "events:batch":
+            whole = b"".join([*parts, data or b""])
+            parts.clear()
+            if whole:
+                yield whole
 
 
 def _counters(messages: list[tuple[str, Any, Any]]) -> list[int] | None:

@@ -150,6 +150,18 @@ mt_raise_peak (guint64 bytes)
     mt_ncount (s, MT_C_PEAK_MISSED, 1);
 #else
   guint64 cur = __atomic_load_n (&mt_core.peak_bytes, __ATOMIC_ACQUIRE);
+#if MT_SOLO
+  if (mt_core.solo == MT_SOLO_ON)
+  {
+    /* The only writer (and its own signal handlers: each store whole, the epoch's add one instruction). */
+    if (bytes > cur)
+    {
+      mt_core.peak_bytes = bytes;
+      mt_xadd_solo (&mt_core.peak_epoch, 1);
+    }
+    return;
+  }
+#endif
   while (bytes > cur)
   {
     if (__atomic_compare_exchange_n (&mt_core.peak_bytes, &cur, bytes, FALSE, __ATOMIC_SEQ_CST,
@@ -165,7 +177,13 @@ mt_raise_peak (guint64 bytes)
 static inline void
 mt_tracked_add (gint64 delta)
 {
-  gint64 now = (gint64) MT_ADD64 (&mt_core.tracked_bytes, delta) + delta;
+  gint64 now;
+#if MT_SOLO
+  if (mt_core.solo == MT_SOLO_ON)
+    now = (gint64) mt_xadd_solo ((volatile guint64 *) &mt_core.tracked_bytes, (guint64) delta) + delta;
+  else
+#endif
+    now = (gint64) MT_ADD64 (&mt_core.tracked_bytes, delta) + delta;
   /* (now > 0: a free counted on another thread before its allocation can leave the total below
    * zero for a moment, which as unsigned would read as a peak of ~2^64.) */
   if (delta > 0 && now > 0 && (guint64) now > mt_core.peak_bytes)

@@ -653,13 +653,42 @@ mt_memo_set (guint64 tag)
   return (guint) (tag >> (64 - mt_log2 (MT_STACK_MEMO_ENTRIES / MT_STACK_MEMO_WAYS))) * MT_STACK_MEMO_WAYS;
 }
 
-/* The memoized walk from the hooked call's frame fp0 (as mt_unwind_walk takes it), or NULL. */
+/* Whether memo entry e holds for the walk from fp0 (pc, sp its first state): its key and every word. */
+static inline gboolean
+mt_memo_holds (const MtStackMemo * e, guint64 fp0, guint64 pc, guint64 sp, guint64 gen, guint64 hi, guint max)
+{
+  guint i, nc;
+  if (e->pc != pc || e->sp != sp || e->gen != gen || e->hi != hi || e->max != max)
+    return FALSE;
+  if ((e->flags & MT_MEMO_NEED_FP) != 0 && (((guint64 *) fp0)[0] & MT_SWIFT_ASYNC_MASK) != e->fp)
+    return FALSE;
+  /* Two words a branch: the loads are independent, the stack hot (CPython's walks are 64 levels). */
+  nc = e->n_checks;
+  for (i = 0; i + 2 <= nc; i += 2)
+  {
+    const guint64 * c = &e->check[2 * i];
+    guint64 v0 = *(const volatile guint64 *) (gsize) (c[0] & ~(guint64) 7);
+    guint64 v1 = *(const volatile guint64 *) (gsize) (c[2] & ~(guint64) 7);
+    if ((((v0 & ~((c[0] & 1) << 60)) ^ c[1]) | ((v1 & ~((c[2] & 1) << 60)) ^ c[3])) != 0)
+      return FALSE;
+  }
+  if (i != nc)
+  {
+    const guint64 * c = &e->check[2 * i];
+    guint64 v = *(const volatile guint64 *) (gsize) (c[0] & ~(guint64) 7);
+    if ((v & ~((c[0] & 1) << 60)) != c[1])
+      return FALSE;
+  }
+  return TRUE;
+}
+
+/* The memoized walk from the hooked call's frame fp0 (as mt_unwind_walk takes it), or NULL.  A first
+ * state may have several entries (an interpreter's one C path under many outer ones): each is tried. */
 static inline const MtStackMemo *
 mt_memo_find (MtFrameCache * fc, guint64 fp0, guint64 lo, guint64 hi, guint max)
 {
-  const MtStackMemo * e = NULL;
   guint64 pc, sp, tag, gen = mt_unwind_count + 1;
-  guint i, nc, set, w;
+  guint set, w;
   if (fp0 < lo || fp0 + 16 > hi || (fp0 & 7) != 0)
     return NULL;
   pc = ((guint64 *) fp0)[1];
@@ -669,36 +698,14 @@ mt_memo_find (MtFrameCache * fc, guint64 fp0, guint64 lo, guint64 hi, guint max)
   fc->memo_lookups++;
   for (w = set; w != set + MT_STACK_MEMO_WAYS; w++)
   {
-    if (fc->memo_tag[w] == tag)
+    if (fc->memo_tag[w] == tag && mt_memo_holds (&fc->memo[w], fp0, pc, sp, gen, hi, max))
     {
-      e = &fc->memo[w];
-      break;
+      fc->memo_used[w] = (guint32) ++fc->memo_clock;
+      fc->memo_hits++;
+      return &fc->memo[w];
     }
   }
-  if (e == NULL || e->pc != pc || e->sp != sp || e->gen != gen || e->hi != hi || e->max != max)
-    return NULL;
-  if ((e->flags & MT_MEMO_NEED_FP) != 0 && (((guint64 *) fp0)[0] & MT_SWIFT_ASYNC_MASK) != e->fp)
-    return NULL;
-  /* Two words a branch: the loads are independent, the stack hot (CPython's walks are 64 levels). */
-  nc = e->n_checks;
-  for (i = 0; i + 2 <= nc; i += 2)
-  {
-    const guint64 * c = &e->check[2 * i];
-    guint64 v0 = *(const volatile guint64 *) (gsize) (c[0] & ~(guint64) 7);
-    guint64 v1 = *(const volatile guint64 *) (gsize) (c[2] & ~(guint64) 7);
-    if ((((v0 & ~((c[0] & 1) << 60)) ^ c[1]) | ((v1 & ~((c[2] & 1) << 60)) ^ c[3])) != 0)
-      return NULL;
-  }
-  if (i != nc)
-  {
-    const guint64 * c = &e->check[2 * i];
-    guint64 v = *(const volatile guint64 *) (gsize) (c[0] & ~(guint64) 7);
-    if ((v & ~((c[0] & 1) << 60)) != c[1])
-      return NULL;
-  }
-  fc->memo_used[w] = (guint32) ++fc->memo_clock;
-  fc->memo_hits++;
-  return e;
+  return NULL;
 }
 
 /* Memoizes the walk that just ran from fp0, if the frame cache holds it whole: frames[0, n) as the
@@ -731,13 +738,10 @@ mt_memo_store (MtFrameCache * fc, guint64 fp0, guint64 hi, guint max, const guin
   for (k = 0; k != walked; k++)
     if (frames[k] != fc->e[m - 1 - k].pc)
       return 0;
-  /* The entry: the state's own (a walk from it that changed), else the set's least recently used. */
+  /* The entry: an empty way, else the set's least recently used (a first state may keep several). */
   tag = mt_memo_tag (pc, sp);
   set = mt_memo_set (tag);
   victim = set + MT_STACK_MEMO_WAYS;
-  for (w = set; w != set + MT_STACK_MEMO_WAYS && victim == set + MT_STACK_MEMO_WAYS; w++)
-    if (fc->memo_tag[w] == tag)
-      victim = w;
   for (w = set; w != set + MT_STACK_MEMO_WAYS && victim == set + MT_STACK_MEMO_WAYS; w++)
     if (fc->memo_tag[w] == 0)
       victim = w;

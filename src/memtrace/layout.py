@@ -162,7 +162,11 @@ COUNTERS["frame_cache_walks"] = C_FAILED + N_KINDS
 # Stacks taken from the thread's stack memo (cmodule/unwind.c): every word the walk had read was
 # checked unchanged, so the stack is the walk's, without walking, hashing or looking it up again.
 COUNTERS["stack_memo_hits"] = C_FAILED + N_KINDS + 1
-N_COUNTERS = C_FAILED + N_KINDS + 2
+# Solo mode (cmodule/core.c, mt_solo_joined): started when the target's first thread got a slot (its
+# read-modify-writes on shared state then lock-free), ended when another did (1 each at most).
+COUNTERS["solo_started"] = C_FAILED + N_KINDS + 2
+COUNTERS["solo_ended"] = C_FAILED + N_KINDS + 3
+N_COUNTERS = C_FAILED + N_KINDS + 4
 # Captures made before the counters grew past 64 hold 64 of them: readers get the rest as 0
 # (capture.py pads every counters list to N_COUNTERS).
 MIN_COUNTERS = 64

@@ -30,7 +30,7 @@ def test_solo_mode_ends_when_a_second_thread_comes_and_nothing_is_lost(compile_c
         # Nothing dropped, no live-table way lost to a race: every free found its block.
         assert all(v == 0 for v in s["dropped"].values()), s["dropped"]
 
-        def rows(fn: str) -> list[tuple[int, int]]:
+        def rows(fn: str, s: dict = s) -> list[tuple[int, int]]:
             return sorted((r["count"], r["bytes"]) for r in s["top_stacks"] if r["frames"]
                           and r["frames"][0]["function"] == fn)
 

@@ -1321,13 +1321,14 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
   return ok;
 #else
   (void) spins;
-#if MT_SOLO
-  gboolean solo = mt_core.solo == MT_SOLO_ON;
-#endif
+  gboolean solo = MT_SOLO && mt_core.solo == MT_SOLO_ON;
   for (i = 0; i != MT_LIVE_WAYS; i++)
   {
     guint64 expected = 0;
-    if (ways[i] != 0)
+    /* Solo, the first way is tried with the swap itself, not read first: a table page's first touch
+     * is then a write, one page fault, where a read mapped the zero page and the write after it
+     * faulted again (a sparse heap -- sqlite3's -- touches a table page per block). */
+    if (!(i == 0 && solo) && ways[i] != 0)
       continue;
 #if MT_SOLO
     if (solo ? mt_cas_solo (&ways[i], 0, p)

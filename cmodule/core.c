@@ -131,12 +131,7 @@ struct _MtCore
 {
   /* written by every tracked allocation and free */
   volatile gint64 tracked_bytes;
-  /* solo mode (mt_solo): its state (MT_SOLO_*), the solo thread's slot index + 1, and how many of the
-   * target's threads were ever given a slot of their own */
-  volatile guint64 solo;
-  volatile guint64 solo_slot;
-  volatile guint64 target_slots;
-  guint64 pad0[4];
+  guint64 pad0[7];
   /* read on every row change, written when the peak moves */
   volatile guint64 peak_epoch;
   volatile guint64 peak_bytes;
@@ -145,7 +140,13 @@ struct _MtCore
   guint64 pad1[5];
   /* read by every tracked allocation (the block's birth), written by the drain */
   volatile guint64 tick;
-  guint64 pad2[7];
+  /* solo mode (above): its state (MT_SOLO_*), read by every tracked allocation and free (not on
+   * tracked_bytes' line: with several threads that line is theirs to fight over), the solo thread's
+   * slot index + 1, and how many of the target's threads were ever given a slot of their own */
+  volatile guint64 solo;
+  volatile guint64 solo_slot;
+  volatile guint64 target_slots;
+  guint64 pad2[4];
   /* stack definitions: produced under mt_globals.stack_lock, consumed by the drain */
   volatile guint64 defs_head;
   volatile guint64 defs_tail;
@@ -249,7 +250,7 @@ extern glong syscall (glong number, ...);
 # define MT_COMPILER_BARRIER() __asm__ __volatile__ ("" ::: "memory")
 #endif
 
-/* Solo mode (x86-64 Linux, gcc).  While only one of the target's threads has ever had a slot, the
+/* Solo mode (x86-64 Linux, gcc; MtCore.solo).  While only one of the target's threads has ever had a slot, the
  * read-modify-writes every tracked allocation and free makes on shared state -- the live table's
  * compare-and-swap, tracked bytes, the peak -- are made without the lock prefix: one instruction
  * each, still whole against a signal handler on the same thread, but no longer a full barrier that

@@ -10,10 +10,11 @@ import { now } from './platform.js';
 const JSON_BATCH = 512;           // events held before an early flush
 /* A drain larger than this goes out in pieces (events:part, then the batch with the rest; the host
  * joins them, capture_loop.py).  send() copies its bytes and Frida's transport copies them again,
- * each copy an allocation of the agent's allocator: past its mmap threshold (dlmalloc's 256 KiB) every
- * copy was fresh pages, zeroed, faulted in and unmapped again, and each unmap a TLB shootdown that
- * interrupted the target's threads too.  cc1plus ships ~3 MiB of stack definitions a drain: that
- * churn was ~0.1 s of its 0.5 s (18,800 page faults on the agent's threads). */
+ * each copy an allocation of the agent's allocator: a copy of megabytes was fresh pages, zeroed,
+ * faulted in and unmapped again, and each unmap a TLB shootdown that interrupted the target's threads
+ * too.  cc1plus ships ~3 MiB of stack definitions a drain: that churn was ~0.1 s of its 0.5 s (18,800
+ * page faults on the agent's threads; ~8,000 with pieces of 192 KiB, and no fewer with 48 KiB ones,
+ * which cost more wake-ups: the allocator's own threshold was not looked up, only measured around). */
 const SEND_PIECE = 192 * 1024;
 let pendingJson = [];
 

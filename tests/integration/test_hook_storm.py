@@ -101,6 +101,12 @@ rpc.exports = { fridaDestructors() {
 """
 
 
+def _said(what: object) -> str:
+    """The whole of `what` for an assertion's message (pytest shortens a non-string one to a line,
+    which hid the very field a rare CI failure needed: frida_keys_why)."""
+    return json.dumps(what, default=str)
+
+
 class PatchedRun(NamedTuple):
     died: str | None
     world: dict[str, Any]
@@ -148,7 +154,7 @@ def _patched_run(storm_exe: Path, demo_bin: Path, tracer: str, mach: bool) -> Pa
 @pytest.mark.parametrize("tracer", list(TRACERS))
 def test_every_patch_is_applied_with_the_world_stopped(storm_exe: Path, demo_bin: Path, tracer: str) -> None:
     run = _patched_run(storm_exe, demo_bin, tracer, mach=False)
-    assert run.world["stop_by"] == "ptrace", run.world
+    assert run.world["stop_by"] == "ptrace", _said(run.world)
     _assert_every_patch_stopped(tracer, run)
 
 
@@ -158,51 +164,51 @@ def test_every_patch_is_applied_with_the_mach_world_stopped(storm_exe: Path, dem
     threads held by thread_suspend, Frida's found by the port names task_threads gives, Frida's
     code by its VM region, the listeners' sites put back through mt_world_write."""
     run = _patched_run(storm_exe, demo_bin, tracer, mach=True)
-    assert run.world["stop_by"].startswith("mach"), run.world
+    assert run.world["stop_by"].startswith("mach"), _said(run.world)
     # No thread appeared unheld after a flush; every listener site put back by memtrace's writer.
-    assert run.world["started_during"] == 0 and run.world["restore_refused"] == 0, run.world
+    assert run.world["started_during"] == 0 and run.world["restore_refused"] == 0, _said(run.world)
     _assert_every_patch_stopped(tracer, run)
 
 
 def _assert_every_patch_stopped(tracer: str, run: PatchedRun) -> None:
     died, world, destructors_before, destructors_after = run
     assert died is None, f"the target died: {died}"
-    assert world["why"] is None, world
+    assert world["why"] is None, _said(world)
     # Frida's own pthread keys (its Interceptor's per-thread context...) have their destructors in
     # its agent, which glibc would call on a thread exiting while Frida unloads (the threads
     # storm's death): once the hooks are out, none is left to call (world.js retireFridaKeyDestructors).
-    assert destructors_before >= 1 and world["frida_keys_retired"] == destructors_before, (destructors_before, world)
-    assert destructors_after == 0 and world["frida_keys_why"] is None, (destructors_after, world)
+    assert destructors_before >= 1 and world["frida_keys_retired"] == destructors_before, _said((destructors_before, world))
+    assert destructors_after == 0 and world["frida_keys_why"] is None, _said((destructors_after, world))
     # Ours in first (execve, the descriptor guard), the tracer's after; out in the reverse order.
     whats = [what for what, _n in world["log"]]
-    assert whats[:2] == ["execve hook in", "descriptor guard in"], world
-    assert whats[-2:] == ["descriptor guard out", "execve hook out"], world
-    assert world["applied"] >= 4 and world["stopped"] == world["applied"], world
-    assert world["running"] == 0 and world["failed"] == 0, world
-    assert world["frida_code_ranges"] >= 1, world
+    assert whats[:2] == ["execve hook in", "descriptor guard in"], _said(world)
+    assert whats[-2:] == ["descriptor guard out", "execve hook out"], _said(world)
+    assert world["applied"] >= 4 and world["stopped"] == world["applied"], _said(world)
+    assert world["running"] == 0 and world["failed"] == 0, _said(world)
+    assert world["frida_code_ranges"] >= 1, _said(world)
     if platform.machine() == "x86_64":
         # Interceptor's way in (the guard's trampoline slices, the enter thunk) kept clear of the
         # stops too: a thread on it when a hook comes out would resume into a freed context.
-        assert world["entry_ranges"] >= 2, world
+        assert world["entry_ranges"] >= 2, _said(world)
     # The proof that the bytes changed under the stop: every site rewritten going in while the
     # world was stopped, and every one restored under it going out (the guard's close is shared
     # with the fds tracer's listener: rewritten once going in, restored once going out).
     rewritten_in = sum(n for what, n in world["log"] if what.endswith(" in"))
     # ("listeners out (memtrace)": the listener sites memtrace put back itself, world.js)
     rewritten_out = sum(n for what, n in world["log"] if " out" in what)
-    assert rewritten_in == world["sites"], world
-    assert rewritten_out == world["sites"], world
+    assert rewritten_in == world["sites"], _said(world)
+    assert rewritten_out == world["sites"], _said(world)
     # No listener's restore was left to a thread leaving JavaScript with the world running:
     # memtrace put every listener-only site back itself (restored_stopped), and every thread had
     # left Frida's code before the guard and the execve hook came out.
-    assert world["not_drained"] == 0 and world["frida_busy"] == 0 and world["frida_refused"] == 0, world
-    assert world["refused"] == [], world
+    assert world["not_drained"] == 0 and world["frida_busy"] == 0 and world["frida_refused"] == 0, _said(world)
+    assert world["refused"] == [], _said(world)
     if tracer in ("fds", "threads", "iosurface", "purgeable"):
         restored = next(n for what, n in world["log"] if what == "listeners out (memtrace)")
-        assert restored >= 1 and world["restored_stopped"] == restored and world["drained"] >= 2, world
+        assert restored >= 1 and world["restored_stopped"] == restored and world["drained"] >= 2, _said(world)
     # Before the agent's code can be freed, no thread was left in it: process.c's (the descriptor
     # guard's mt_close, the execve hook) for every tracer, and the malloc tracer's own module.
-    assert world["quiesced"] == (2 if tracer == "malloc" else 1) and world["not_quiesced"] == 0, world
+    assert world["quiesced"] == (2 if tracer == "malloc" else 1) and world["not_quiesced"] == 0, _said(world)
 
 
 # A cycle is a whole memtrace run (injection, agent load, hooks in, a 0.25 s window, hooks out,
@@ -234,8 +240,8 @@ MACH_STORM_MODES = ["spawn", "fds", "threads", "iosurface"]
 def test_a_storm_under_the_mach_stop_kills_no_target(mode: str, tmp_path: Path) -> None:
     log = _storm(mode, CYCLES, tmp_path, "--world", "mach")
     # Every cycle's patches went in and out under the Mach stop, none with the world running.
-    assert all(str(c["stop_by"]).startswith("mach") for c in log), log
-    assert all(c["world"]["running"] == 0 and c["world"]["stopped"] == c["world"]["applied"] > 0 for c in log), log
+    assert all(str(c["stop_by"]).startswith("mach") for c in log), _said(log)
+    assert all(c["world"]["running"] == 0 and c["world"]["stopped"] == c["world"]["applied"] > 0 for c in log), _said(log)
 
 
 def _storm(mode: str, n: int, tmp_path: Path, *options: str) -> list[dict[str, Any]]:

@@ -587,7 +587,9 @@ class FridaHost:
     def scan_leaks(self, config: dict[str, Any], timeout: float) -> None:
         """malloc --leaks: the agent scans the target's memory (cmodule/leaks.c) and sends the
         result as a ``result`` message (progress as ``leaks:progress``)."""
-        self.rpc("leak scan", "leaks", config, timeout=timeout)
+        # Run even when the wait ends before the reactor got to it (a 1 ms budget on a loaded host:
+        # CI, once): a late scan is said, and its result kept if it comes before the hooks are out.
+        self.rpc("leak scan", "leaks", config, timeout=timeout, run_late=True)
 
     def symbolize(self, addresses: list[int]) -> list[list[Any]] | None:
         """Rows from the agent's own symbolizer (DebugSymbol in the target); None if it fails."""
@@ -629,14 +631,15 @@ class FridaHost:
             with contextlib.suppress(*GONE_ERRORS):
                 script.unload()
 
-    def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None) -> Any:
+    def rpc(self, what: str, method: str, *args: Any, timeout: float | None = None, run_late: bool = False) -> Any:
         """Call the agent's rpc export ``method``."""
         if self.script is None:
             raise MemtraceError(f"agent {what}: no agent is loaded")
-        return self.call(what, lambda: getattr(self.script.exports_sync, method)(*args), timeout)
+        return self.call(what, lambda: getattr(self.script.exports_sync, method)(*args), timeout, run_late)
 
-    def call(self, what: str, fn: Callable[[], Any], timeout: float | None = None) -> Any:
-        """Run ``fn`` with a deadline: an agent that never answers raises AgentTimeout, not a hang."""
+    def call(self, what: str, fn: Callable[[], Any], timeout: float | None = None, run_late: bool = False) -> Any:
+        """Run ``fn`` with a deadline: an agent that never answers raises AgentTimeout, not a hang.
+        A call still queued on the reactor at the deadline is never made, unless ``run_late``."""
         seconds = timeout if timeout is not None else self.rpc_timeout
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -663,7 +666,8 @@ class FridaHost:
         try:
             return future.result(timeout=seconds)
         except concurrent.futures.TimeoutError:
-            future.cancel()         # still queued behind a stuck call: never run it
+            if not run_late:
+                future.cancel()     # still queued behind a stuck call: never run it
             raise AgentTimeout(what, seconds) from None
         except frida.RPCException as e:
             raise MemtraceError(f"agent {what} failed: {str(e).splitlines()[0]}") from None

@@ -47,7 +47,8 @@ typedef struct {
   mach_port_t name;
   _Atomic int refs;            /* user references: libpthread's one while the thread lives, plus the caller's */
   _Atomic int suspend_count;
-  _Atomic int stopped;         /* the handler has saved the registers and waits */
+  _Atomic uint64_t ask;        /* the last suspend's number: a signal carrying another is stale */
+  _Atomic uint64_t stopped;    /* the suspend the handler holds the thread for (0: running) */
   uint64_t regs[21];
 } Entry;
 
@@ -117,9 +118,13 @@ on_suspend (int sig, siginfo_t * info, void * ctx)
 {
   Entry * e = by_tid (gettid_raw (), 0);
   const greg_t * g = ((ucontext_t *) ctx)->uc_mcontext.gregs;
+  uint64_t ask = (uint64_t) (uintptr_t) info->si_value.sival_ptr;
   (void) sig;
-  (void) info;
-  if (e == NULL)
+  /* A signal of a suspend given up on (thread_suspend's deadline, on a loaded machine) arrives
+   * late and is queued (a real-time signal): it must neither stop the thread nor say "stopped" for
+   * a later suspend that has not been delivered yet -- that one would return with the thread
+   * running on (and its registers read from the stale stop). */
+  if (e == NULL || ask == 0 || ask != atomic_load (&e->ask))
     return;
   const int order[21] = { REG_RAX, REG_RBX, REG_RCX, REG_RDX, REG_RDI, REG_RSI, REG_RBP, REG_RSP, REG_R8, REG_R9,
                           REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15, REG_RIP, REG_EFL, REG_CSGSFS,
@@ -129,7 +134,7 @@ on_suspend (int sig, siginfo_t * info, void * ctx)
   e->regs[18] &= 0xffff;                             /* cs */
   e->regs[19] = 0;                                   /* fs, gs: selectors, 0 in user space */
   e->regs[20] = 0;
-  atomic_store (&e->stopped, 1);
+  atomic_store (&e->stopped, ask);
   for (;;)
   {
     int c = atomic_load (&e->suspend_count);
@@ -221,19 +226,30 @@ thread_suspend (mach_port_t thread)
     return KERN_SUCCESS;                             /* already stopped: only the count rises */
   if (e->tid == gettid_raw ())
     return KERN_SUCCESS;                             /* xnu suspends the caller on return to user space */
-  if (syscall (SYS_tgkill, getpid (), e->tid, SUSPEND_SIGNAL) != 0)
+  uint64_t ask = atomic_fetch_add (&e->ask, 1) + 1;
+  siginfo_t si;
+  memset (&si, 0, sizeof (si));
+  si.si_signo = SUSPEND_SIGNAL;
+  si.si_code = SI_QUEUE;
+  si.si_pid = getpid ();
+  si.si_uid = getuid ();
+  si.si_value.sival_ptr = (void *) (uintptr_t) ask;
+  if (syscall (SYS_rt_tgsigqueueinfo, getpid (), e->tid, SUSPEND_SIGNAL, &si) != 0)
   {
+    atomic_fetch_add (&e->ask, 1);
     atomic_store (&e->suspend_count, 0);
     return MACH_SEND_INVALID_DEST;                   /* the thread is gone */
   }
   /* xnu returns once the thread is off the CPU; a thread that blocks the signal never gets here:
    * given up after 2 s, by the clock (a loaded machine stretches every sleep). */
   uint64_t deadline = now_ns () + 2000000000ULL;
-  while (!atomic_load (&e->stopped))
+  while (atomic_load (&e->stopped) != ask)
   {
     if (now_ns () > deadline)
     {
+      atomic_fetch_add (&e->ask, 1);                 /* its signal, when it comes, is stale */
       atomic_store (&e->suspend_count, 0);
+      syscall (SYS_futex, &e->suspend_count, FUTEX_WAKE, 1, NULL, NULL, 0);
       return KERN_FAILURE;
     }
     usleep (10);

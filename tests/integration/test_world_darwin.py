@@ -70,3 +70,18 @@ def test_patches_under_the_mach_stop_kill_nothing_that_the_running_world_does(tm
     assert doc["wrote"] == 0, doc
     # Every send right task_threads handed out was released (port names, not thread ids).
     assert doc["rights_released"] == 1 and doc["names_are_not_tids"] == 1, doc
+
+
+def test_a_suspend_given_up_on_leaves_no_stop_behind(tmp_path: Path) -> None:
+    """The stand-in's thread_suspend of a thread that blocks its signal gives up after its deadline;
+    the queued signal arrives later and stops nothing, a later suspend holds the thread by its own
+    signal (registers read, the thread still), and resume lets it run (standin_suspend.c)."""
+    exe = tmp_path / "standin_suspend"
+    subprocess.run(["gcc", "-O1", "-g", "-pthread", "-Wall", "-Werror", "-I", str(ROOT / "demo" / "darwin"),
+                    "-o", str(exe), str(HARNESS / "standin_suspend.c"), str(ROOT / "demo" / "darwin" / "mtmach.c")],
+                   check=True)
+    doc = json.loads(subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout)
+    kern_failure = 5
+    assert (doc["blocked_kr"], doc["count_after_failure"], doc["ran_after_late_signal"]) == (kern_failure, 0, 1), doc
+    assert (doc["kr"], doc["state_kr"], doc["ran_while_held"]) == (0, 0, 0), doc
+    assert (doc["resume_kr"], doc["ran_after_resume"]) == (0, 1), doc

@@ -1101,7 +1101,8 @@ export function retireFridaKeyDestructors() {
       return fk.retired;
     }
     if (Date.now() > deadline) {
-      fk.why = `no strict stop in ${FRIDA_KEYS_MS} ms (${readError() || 'a thread in Frida\'s code'})`;
+      const first = world.busy !== null && world.busy.first ? `; the first: ${world.busy.first}` : '';
+      fk.why = `no strict stop in ${FRIDA_KEYS_MS} ms (${readError() || 'a thread in Frida\'s code'}${first})`;
       return null;
     }
     Thread.sleep(0.002);
@@ -1135,5 +1136,7 @@ export function worldReport() {
     // a held program: its main thread's wait in the hold library is known (its stack not searched there)
     hold_code: world.hold !== null,
     entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,
-    frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why }, world.stats);
+    frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why,
+    // the last strict stop that gave up: how long, how many stops, which thread (busyThread)
+    last_busy: world.busy }, world.stats);
 }

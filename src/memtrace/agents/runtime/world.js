@@ -84,7 +84,9 @@ const WORLD_TIMEOUT = WORLD_ERROR_CODES.timeout;
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
-const DRAIN_MS = 1000;           // threads inside Frida's code waited for (drain)
+const DRAIN_MS = 1000;           // threads inside Frida's code waited for (drain) at least this long,
+const DRAIN_LOOKS = 10;          // ... and for at least this many looks,
+const DRAIN_CAP_MS = 3000;       // ... but never longer than this (givesUp)
 const SCRATCH = 64 * 1024;
 
 export const world = {
@@ -882,6 +884,16 @@ function readS32(bytes, k) {
   return (bytes[k] | (bytes[k + 1] << 8) | (bytes[k + 2] << 16) | (bytes[k + 3] << 24));
 }
 
+/* Whether a loop of looks for a moment with no thread in Frida's code, begun at `started` with
+ * `looks` made, gives up now: past `ms` with at least `minLooks` made, or past `capMs` whatever.
+ * It is the looks that find such a moment, and on a loaded machine every stop takes long (the
+ * Mach stand-in suspends each thread by a signal round trip): a bound by time alone may allow only
+ * a handful (CI's rare Mach-stop failures: a drain and a key retirement that gave up). */
+function givesUp(started, looks, ms, minLooks, capMs) {
+  const spent = Date.now() - started;
+  return spent > capMs || (spent > ms && looks >= minLooks);
+}
+
 /*
  * Waits (bounded) until no thread of the target is inside Frida's code: none then runs a
  * JavaScript callback of ours or waits for the script's lock, so none holds a level of
@@ -897,15 +909,15 @@ function readS32(bytes, k) {
 export function drain() {
   if (world.fns === null || world.fridaCode.length === 0)
     return false;
-  const deadline = Date.now() + DRAIN_MS;
-  for (;;) {
+  const started = Date.now();
+  for (let looks = 1; ; looks++) {
     world.stats.drain_tries++;
     // A look, let go in C: clear (no thread in Frida's code) or busy.
     if (stopOnce(0, true, true) === STOP_CLEAR) {
       world.stats.drained++;
       return true;
     }
-    if (Date.now() > deadline)
+    if (givesUp(started, looks, DRAIN_MS, DRAIN_LOOKS, DRAIN_CAP_MS))
       break;
     Thread.sleep(0.002);
   }
@@ -1064,7 +1076,9 @@ export function quiesce(ranges) {
  * null when it could not be done (why in world.fridaKeys.why).
  */
 const PTHREAD_KEYS_MAX = 1024;
-const FRIDA_KEYS_MS = 3000;
+const FRIDA_KEYS_MS = 3000;        // givesUp: at least this long,
+const FRIDA_KEYS_LOOKS = 20;       // ... and this many strict stops,
+const FRIDA_KEYS_CAP_MS = 6000;    // ... never longer than this
 
 export function retireFridaKeyDestructors() {
   const fk = world.fridaKeys;
@@ -1089,8 +1103,8 @@ export function retireFridaKeyDestructors() {
   };
   if (ours().length === 0)
     return (fk.retired = 0);
-  const deadline = Date.now() + FRIDA_KEYS_MS;
-  for (;;) {
+  const started = Date.now();
+  for (let looks = 1; ; looks++) {
     if (stopClear([], true, 0)) {
       // Stopped strictly: read again (a key made meanwhile), then write -- nothing else runs.
       const slots = ours();
@@ -1100,9 +1114,10 @@ export function retireFridaKeyDestructors() {
       fk.retired = slots.length;
       return fk.retired;
     }
-    if (Date.now() > deadline) {
+    if (givesUp(started, looks, FRIDA_KEYS_MS, FRIDA_KEYS_LOOKS, FRIDA_KEYS_CAP_MS)) {
       const first = world.busy !== null && world.busy.first ? `; the first: ${world.busy.first}` : '';
-      fk.why = `no strict stop in ${FRIDA_KEYS_MS} ms (${readError() || 'a thread in Frida\'s code'}${first})`;
+      fk.why = `no strict stop in ${Date.now() - started} ms, ${looks} stops ` +
+        `(${readError() || 'a thread in Frida\'s code'}${first})`;
       return null;
     }
     Thread.sleep(0.002);

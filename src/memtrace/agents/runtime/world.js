@@ -86,7 +86,7 @@ const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a re
 const QUIESCE_MS = 3000;
 const DRAIN_MS = 1000;           // threads inside Frida's code waited for (drain) at least this long,
 const DRAIN_LOOKS = 10;          // ... and for at least this many looks,
-const DRAIN_CAP_MS = 3000;       // ... but never longer than this (givesUp)
+const DRAIN_CAP_MS = 2500;       // ... but never longer than this (givesUp)
 const SCRATCH = 64 * 1024;
 
 export const world = {
@@ -1078,7 +1078,7 @@ export function quiesce(ranges) {
 const PTHREAD_KEYS_MAX = 1024;
 const FRIDA_KEYS_MS = 3000;        // givesUp: at least this long,
 const FRIDA_KEYS_LOOKS = 20;       // ... and this many strict stops,
-const FRIDA_KEYS_CAP_MS = 6000;    // ... never longer than this
+const FRIDA_KEYS_CAP_MS = 4500;    // ... never longer than this
 
 export function retireFridaKeyDestructors() {
   const fk = world.fridaKeys;

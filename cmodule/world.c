@@ -1404,6 +1404,16 @@ mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint
 }
 
 
+/* mt_world_first_ref for the agent, with the world stopped: which held thread points into `ranges`
+ * (a quiesce that does not end must say which thread, and by what register or stack word). */
+void
+mt_world_first_ref_of (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
+    guint64 scratch_size, guint64 * out)
+{
+  mt_world_first_ref (w, ranges, n_ranges, depth, scratch, scratch_size, out);
+}
+
+
 #ifdef MT_DARWIN
 /*
  * Darwin's way to write code with the world stopped, touching nothing of Frida's (a stopped thread

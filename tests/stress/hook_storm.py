@@ -319,6 +319,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                         "refused": res.world.get("refused") if res.world is not None else None,
                         "frida_keys_why": res.world.get("frida_keys_why") if res.world is not None else None,
                         "last_busy": res.world.get("last_busy") if res.world is not None else None,
+                        "last_not_quiesced": res.world.get("last_not_quiesced") if res.world is not None else None,
                         # a cycle that did not complete keeps all it said (a refusal's evidence
                         # is one long warning, wrapped: its last lines alone lost which thread)
                         "stderr": res.stderr.strip().splitlines()[-3 if ended == "completed" else -60:]})

@@ -462,7 +462,8 @@ export const tracer = {
       mallocState.quiesce = quiesce(ownCode(core.cm, mallocState.trampolines));
       if (!mallocState.quiesce.clear && mallocState.quiesce.threads !== null)
         warn(`${mallocState.quiesce.threads} thread(s) still inside memtrace's malloc hooks after ` +
-          `${mallocState.quiesce.tries} looks; the agent unloads regardless`);
+          `${mallocState.quiesce.tries} looks` +
+          `${mallocState.quiesce.first ? ` (the first: ${mallocState.quiesce.first})` : ''}; the agent unloads regardless`);
     }
     // No more destructor calls into the CModule, and the key's index never reused (core.js).
     mallocState.keyRetired = retireThreadKey();

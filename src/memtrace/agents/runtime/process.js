@@ -781,7 +781,8 @@ function quiesceProcessCode() {
   if (!proc.quiesce.clear && proc.quiesce.threads !== null) {
     try {
       send({ type: 'agent:warning', message: `${proc.quiesce.threads} thread(s) still inside memtrace's ` +
-        `descriptor guard or execve hook after ${proc.quiesce.tries} looks; the agent unloads regardless` });
+        `descriptor guard or execve hook after ${proc.quiesce.tries} looks` +
+        `${proc.quiesce.first ? ` (the first: ${proc.quiesce.first})` : ''}; the agent unloads regardless` });
     } catch (e) {
       // going away
     }

@@ -129,6 +129,7 @@ export const world = {
   hold: null,                 // a held program's main thread and the hold library's code (configureWorld)
   fridaKeys: { done: false, retired: null, why: null },   // retireFridaKeyDestructors
   busy: null,                 // why the last strict stop gave up: { ms, tries, threads } (stopClear)
+  lastQuiesce: null,          // the last quiesce that did not end: { tries, threads, first, why }
   queuedDirect: 0,            // redirects queued by callers (notePatched) since the last applyPatches
   pendingRedirects: new Set(),   // sites of deferred redirects not made yet (a refusal forgets them)
   refused: [],                // [what, why] per patch refused (applyPatches)
@@ -234,6 +235,8 @@ export function buildWorld(cm, mach = false) {
   const fns = {
     resume: exclusive(cm, 'mt_world_resume', 'void', ['pointer']),
     refs: exclusive(cm, 'mt_world_refs', 'uint64', ['pointer', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64']),
+    firstRef: exclusive(cm, 'mt_world_first_ref_of', 'void',
+      ['pointer', 'pointer', 'uint64', 'uint64', 'pointer', 'uint64', 'pointer']),
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
     pc: exclusive(cm, 'mt_world_pc', 'uint64', ['pointer', 'uint64']),
@@ -1045,6 +1048,10 @@ export function quiesce(ranges) {
     if (stopClear([], true, 0)) {
       const n = writeRanges(ranges);
       threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH));
+      // Which thread, and by what (read still stopped, said once the world runs: busyThread).
+      if (threads !== 0)
+        world.fns.firstRef(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH,
+          world.mem.busy.add(8));
       world.fns.resume(world.mem.world);
       if (threads === 0) {
         world.stats.quiesced++;
@@ -1056,7 +1063,9 @@ export function quiesce(ranges) {
     Thread.sleep(0.002);
   }
   world.stats.not_quiesced++;
-  return { clear: false, tries, threads, why: threads === null ? readError() : null };
+  const first = threads !== null && threads !== 0 ? busyThread() : null;
+  world.lastQuiesce = { tries, threads, first, why: threads === null ? readError() : null };
+  return { clear: false, tries, threads, why: world.lastQuiesce.why, first };
 }
 
 /*
@@ -1153,5 +1162,5 @@ export function worldReport() {
     entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,
     frida_keys_retired: world.fridaKeys.retired, frida_keys_why: world.fridaKeys.why,
     // the last strict stop that gave up: how long, how many stops, which thread (busyThread)
-    last_busy: world.busy }, world.stats);
+    last_busy: world.busy, last_not_quiesced: world.lastQuiesce }, world.stats);
 }

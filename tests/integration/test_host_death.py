@@ -113,9 +113,11 @@ def test_targets_outlive_memtrace_dying_of_an_exception(compile_c, tmp_path: Pat
         stop, result = tmp_path / f"stop{i}", tmp_path / f"result{i}"
         target = subprocess.Popen([str(victim), str(stop), str(result)], stdout=subprocess.PIPE, text=True)
         assert target.stdout is not None and target.stdout.readline().startswith("ready ")
-        mt = subprocess.run([sys.executable, "-c", BROKEN_UI, str(target.pid), str(tmp_path / f"c{i}")],
-                            capture_output=True, text=True, env=env, timeout=120)
-        assert mt.returncode == 1 and "RuntimeError: a bug in memtrace" in mt.stderr
+        # -X faulthandler: a crash at memtrace's exit says in which threads it happened.
+        mt = subprocess.run([sys.executable, "-X", "faulthandler", "-c", BROKEN_UI, str(target.pid),
+                             str(tmp_path / f"c{i}")], capture_output=True, text=True, env=env, timeout=120)
+        assert mt.returncode == 1 and "RuntimeError: a bug in memtrace" in mt.stderr, \
+            f"run {i}: memtrace exited {mt.returncode}:\n{mt.stderr[-4000:]}"
         time.sleep(AFTERLIFE_S)
         stop.touch()
         assert target.wait(timeout=30) == 0, f"run {i}: the target died with memtrace"

@@ -353,13 +353,14 @@ class CaptureLoop:
             if self.child is None:
                 self.follower.join(self.ui.phase)
             result = self._end(interrupted)
-        except BaseException:
+        except BaseException as failure:
             # memtrace itself failed (a bug; an error nothing above handles): the hooks come out
             # before it goes, so the target runs on untraced and memtrace's interpreter does not
             # end with a session still live under Frida's threads (CI saw such an exit die of
             # SIGSEGV after the traceback, once in ten runs).  A second detach is a no-op.
             with contextlib.suppress(Exception):
                 self.source.detach()
+            self._end_failed(failure)
             raise
         finally:
             for sig, handler in previous.items():
@@ -375,6 +376,27 @@ class CaptureLoop:
             result.summary = self.fold.result()
             result.damage = self.fold.damage()
         return result
+
+    def _end_failed(self, failure: BaseException) -> None:
+        """A capture that memtrace's own failure cut short ends with an END that says so, not as a
+        file a report can only call truncated.  Errors memtrace raises on purpose (a launch that
+        failed, a disk that filled) end their captures their own way, or leave none."""
+        if isinstance(failure, (MemtraceError, CaptureWriteError)) or not isinstance(failure, Exception):
+            return
+        if self.writer is None or self.writer.end_written:
+            return
+        what = f"{type(failure).__name__}: {failure}"
+        body = {"ended": "memtrace-failed",
+                "reason": f"memtrace failed during {self.stage or 'the capture'} ({what}) and detached from "
+                          f"the target; data up to then is kept",
+                "evidence": {"error": what, "stage": self.stage}, "ended_at": _iso_now(),
+                "pid": self.source.pid}
+        with contextlib.suppress(Exception):        # the failure may be the capture's own
+            body.update(self.live.snapshot())
+            body["batches"] = self.batches
+            body["evidence"]["calls"] = self.live.activity()
+        with contextlib.suppress(Exception):
+            self._write(RecordType.END, body)
 
     def _note_frida_signal(self, e: Exception) -> None:
         """Frida's spawn or attach failed because the process was killed under it ("target

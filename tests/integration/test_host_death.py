@@ -118,6 +118,13 @@ def test_targets_outlive_memtrace_dying_of_an_exception(compile_c, tmp_path: Pat
                              str(tmp_path / f"c{i}")], capture_output=True, text=True, env=env, timeout=120)
         assert mt.returncode == 1 and "RuntimeError: a bug in memtrace" in mt.stderr, \
             f"run {i}: memtrace exited {mt.returncode}:\n{mt.stderr[-4000:]}"
+        # The capture ends with memtrace's failure named, and everything before it kept.
+        capture = tmp_path / f"c{i}"
+        records = list(read_records(capture, CaptureInfo(capture)))
+        end = records[-1]
+        assert end.type == RecordType.END and end.body["ended"] == "memtrace-failed", end
+        assert "RuntimeError: a bug in memtrace" in end.body["reason"] and end.body["evidence"]["calls"] > 0
+        assert any(r.type == RecordType.BATCH for r in records)
         time.sleep(AFTERLIFE_S)
         stop.touch()
         assert target.wait(timeout=30) == 0, f"run {i}: the target died with memtrace"

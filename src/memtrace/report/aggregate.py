@@ -19,7 +19,8 @@ from memtrace.report.chapters import Lines, chapter_of, leaks
 from memtrace.report.collect import Skipped
 
 REPORT_VERSION = 1
-DEATHS = ("launch-storm", "perpetual-stream", "slow-start", "anti-debug", "starved", "detached", "truncated")
+DEATHS = ("launch-storm", "perpetual-stream", "slow-start", "anti-debug", "starved", "detached", "truncated",
+          "memtrace-failed")
 NORMAL = ("completed", "target-exited")
 
 

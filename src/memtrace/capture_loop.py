@@ -386,15 +386,16 @@ class CaptureLoop:
         if self.writer is None or self.writer.end_written:
             return
         what = f"{type(failure).__name__}: {failure}"
-        body = {"ended": "memtrace-failed",
+        evidence: dict[str, Any] = {"error": what, "stage": self.stage}
+        body: dict[str, Any] = {"ended": "memtrace-failed",
                 "reason": f"memtrace failed during {self.stage or 'the capture'} ({what}) and detached from "
                           f"the target; data up to then is kept",
-                "evidence": {"error": what, "stage": self.stage}, "ended_at": _iso_now(),
+                "evidence": evidence, "ended_at": _iso_now(),
                 "pid": self.source.pid}
         with contextlib.suppress(Exception):        # the failure may be the capture's own
             body.update(self.live.snapshot())
             body["batches"] = self.batches
-            body["evidence"]["calls"] = self.live.activity()
+            evidence["calls"] = self.live.activity()
         with contextlib.suppress(Exception):
             self._write(RecordType.END, body)
 

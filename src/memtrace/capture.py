@@ -1285,19 +1285,24 @@ class CaptureWriter:
         self._batches = 0
         self._opening = True               # (version 8) holding the run's opening records (OPENING)
         self._reserve: Path | None = self.path.with_name(f".{self.path.name}.reserve") if reserve else None
+        # Written under a name of its own until its header is whole, then linked in place: whoever
+        # watches the folder (a test, a user's script, `memtrace show` run early) finds no capture or
+        # one that starts with its header, never an empty file it must call "not a capture".
+        fresh = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
         try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+            self._fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
         except OSError as e:
             raise CaptureWriteError(f"{self.path}: cannot create the capture: {e.strerror}") from None
         try:
             if self._reserve is not None:
                 _set_aside(self._reserve, reserve)
             self._append(header_bytes())
+            _link_in_place(fresh, self.path)
         except (OSError, CaptureWriteError) as e:
             os.close(self._fd)
             self._fd = -1
             with contextlib.suppress(OSError):
-                self.path.unlink()
+                fresh.unlink()
             self._release_reserve()
             why = e.strerror if isinstance(e, OSError) else self.error
             raise CaptureWriteError(f"{self.path}: cannot start the capture: {why}{_free_space(self.path)}") from None
@@ -1481,6 +1486,19 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         if n <= 0:
             raise OSError(errno_names.EIO, "short write")
         view, offset = view[n:], offset + n
+
+
+def _link_in_place(fresh: Path, path: Path) -> None:
+    """fresh becomes path, never over an existing file (os.link's EEXIST is the O_EXCL of a direct
+    create); a file system without hard links (FAT on a USB stick) gets a rename after a check."""
+    try:
+        os.link(fresh, path)
+    except OSError as e:
+        if e.errno == errno_names.EEXIST or path.exists():
+            raise
+        os.rename(fresh, path)
+        return
+    fresh.unlink()
 
 
 def _set_aside(path: Path, size: int) -> None:

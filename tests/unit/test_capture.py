@@ -17,6 +17,7 @@ from memtrace.capture import (
     AllocRecord,
     CaptureError,
     CaptureInfo,
+    CaptureWriteError,
     CaptureWriter,
     FreeRecord,
     RecordType,
@@ -416,3 +417,31 @@ def test_a_failed_write_of_the_drains_held_before_the_end_is_raised(tmp_path: Pa
     end = [r.body for r in read_records(p) if r.type == RecordType.END]
     assert len(end) == 1 and end[0]["ended"] == "write-failed", end
     assert end[0]["capture_error"]["lost_records"] >= 1, end
+
+
+def test_a_capture_appears_with_its_header_whole_and_never_over_another(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file is linked in place once its header is written: a folder watched while a capture
+    starts holds no capture or a readable one, never an empty file; and an existing capture is
+    refused, not overwritten, with nothing left behind."""
+    path = tmp_path / "capture.mtc"
+    seen: list[bool] = []
+    set_aside = capture._set_aside
+
+    def look_then_set_aside(reserve: Path, size: int) -> None:     # runs before the header is written
+        seen.append(path.exists())
+        set_aside(reserve, size)
+
+    monkeypatch.setattr(capture, "_set_aside", look_then_set_aside)
+    writer = CaptureWriter(path)
+    assert seen == [False], "the capture was visible before its header was written"
+    assert path.read_bytes() == capture.header_bytes()
+    writer._release_reserve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.mtc"]
+    writer.write(RecordType.META, {"tracer": "malloc"})
+    writer.close()
+    before = path.read_bytes()
+    with pytest.raises(CaptureWriteError, match="cannot start the capture: File exists"):
+        CaptureWriter(path, reserve=0)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.mtc"]

@@ -84,14 +84,18 @@ class FridaLauncher:
                 pid = device.spawn(target.app)
             else:
                 argv = list(target.argv)
-                if device.type == "local" and "/" not in argv[0]:
+                program = argv[0]
+                if device.type == "local" and "/" not in program:
                     # Frida spawns a path; a bare name is looked up on PATH as a shell would.
-                    argv[0] = shutil.which(argv[0]) or argv[0]
+                    program = shutil.which(program) or program
                 if device.type == "local":
-                    check_local_program(argv[0])
+                    check_local_program(program)
                 # env: added to memtrace's own environment (the hold before constructors, memtrace.hold)
                 extra: dict[str, Any] = {"env": env} if env else {}
-                pid = device.spawn(argv, stdio="pipe" if stdio_pipe else "inherit", **extra)
+                # argv as given, argv[0] included, as a shell passes it: Frida's default would be
+                # the resolved path, and a program that reads its argv[0] (a multi-call binary, jq's
+                # origin, a usage line) would run differently traced (jq allocated 16 B more).
+                pid = device.spawn(program, argv=argv, stdio="pipe" if stdio_pipe else "inherit", **extra)
         except SPAWN_ERRORS as e:
             raise TargetError(f"cannot launch {target.describe()}: {_locked_hint(str(e))}") from None
         return Launched(pid, t, suspended=True, spawned=True, how="frida spawn")

@@ -241,7 +241,22 @@ def test_a_storm_under_the_mach_stop_kills_no_target(mode: str, tmp_path: Path) 
     log = _storm(mode, CYCLES, tmp_path, "--world", "mach")
     # Every cycle's patches went in and out under the Mach stop, none with the world running.
     assert all(str(c["stop_by"]).startswith("mach") for c in log), _said(log)
-    assert all(c["world"]["running"] == 0 and c["world"]["stopped"] == c["world"]["applied"] > 0 for c in log), _said(log)
+    for c in log:
+        world = c["world"]
+        assert world["running"] == 0 and world["applied"] > 0, _said(log)
+        if world["stopped"] != world["applied"]:
+            # A patch refused (nothing written) because a held thread had a word above its sp that
+            # points into Frida's agent: the strict stop's known cost, by design, when that word
+            # is a dead return address -- the --pid storm's one target met a new agent mapped where
+            # an earlier session's agent was, and one worker's stale word pointed into it for a whole
+            # session (docs/hook-storm.md, "Round 17").  Allowed only so: every patch stopped or
+            # refused, each refusal naming a stack word -- never a pc or a register in Frida's code.
+            assert world["stopped"] + len(c["refused"]) == world["applied"], _said(log)
+            assert all("stack word at sp+" in why for _what, why in c["refused"]), _said(log)
+    # And the storm did patch: at least one cycle made every patch under the stop (two CI runs had
+    # 1 and 3 of 6 cycles refused; test_every_patch_is_applied_with_the_mach_world_stopped holds
+    # each tracer, on a fresh target, to every patch).
+    assert any(c["world"]["stopped"] == c["world"]["applied"] for c in log), _said(log)
 
 
 def _storm(mode: str, n: int, tmp_path: Path, *options: str) -> list[dict[str, Any]]:

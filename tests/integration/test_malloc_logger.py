@@ -301,3 +301,9 @@ def test_agent_tables_stay_untouched_until_used_and_are_reported(compile_c, demo
     fp = summarize(read_records(tmp_path / "c")).coverage()["footprint"]
     assert fp["agent_delta"] == after["resident"] - before["resident"]
     assert fp["delta_without_agent"] == fp["delta"] - fp["agent_delta"]
+    # Table by table: the parts add up to the whole, and the blocks the stand-in keeps live are in the
+    # live table, its stacks in the stack index.
+    assert sum(after["resident_by_table"].values()) == after["resident"]
+    assert set(after["resident_by_table"]) >= {"live_table", "stack_index", "slots", "agg"}
+    assert sum(fp["agent_delta_by_table"].values()) == fp["agent_delta"]
+    assert fp["agent_delta_by_table"]["live_table"] > 0 and fp["agent_delta_by_table"]["stack_index"] > 0

@@ -342,6 +342,11 @@ class MallocSummary(CaptureContext):
                 agent_delta = aga["resident"] - agb["resident"]
                 out["footprint"]["agent_delta"] = agent_delta
                 out["footprint"]["delta_without_agent"] = out["footprint"]["delta"] - agent_delta
+                # Which of the agent's tables grew (the live table is most of it on a large heap).
+                bb, ba = agb.get("resident_by_table"), aga.get("resident_by_table")
+                if isinstance(bb, dict) and isinstance(ba, dict):
+                    out["footprint"]["agent_delta_by_table"] = {
+                        name: v - bb.get(name, 0) for name, v in ba.items() if v - bb.get(name, 0)}
         return out
 
     @property

@@ -36,8 +36,11 @@ function agentMemory() {
   const ps = Process.pageSize;
   let reserved = 0;
   let resident = 0;
+  // Which table holds what: the footprint's first question when the agent's share is large.
+  const byTable = {};
   for (const t of core.tables) {
     const pages = Math.ceil(Number(t.size) / ps);
+    const before = resident;
     reserved += Number(t.size);
     for (let done = 0; done < pages; done += MINCORE_CHUNK_PAGES) {
       const n = Math.min(MINCORE_CHUNK_PAGES, pages - done);
@@ -52,8 +55,10 @@ function agentMemory() {
         if (bytes[i] & 1)
           resident += ps;
     }
+    const name = t.name || 'other';
+    byTable[name] = (byTable[name] || 0) + resident - before;
   }
-  return { source: 'mincore', tables: core.tables.length, reserved, resident };
+  return { source: 'mincore', tables: core.tables.length, reserved, resident, resident_by_table: byTable };
 }
 
 function readProcKeyValues(path) {

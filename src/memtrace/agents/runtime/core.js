@@ -58,11 +58,11 @@ function pow2(n) {
 /* A table as whole pages of its own: the OS hands them out zeroed and untouched, so nothing needs
  * clearing (and dirtying) before use, and the agent's resident footprint grows only as they are
  * used -- app extensions are jetsammed in the tens of MB. */
-function rawPages(size) {
+function rawPages(size, name) {
   const ps = Process.pageSize;
   const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
   const base = Memory.alloc(bytes);
-  core.tables.push({ base, size: bytes });
+  core.tables.push({ base, size: bytes, name });
   return base;
 }
 
@@ -71,20 +71,20 @@ function rawPages(size) {
  * stacks costs nothing until stacks use it -- the rows are by dense id, so they fill page by page --
  * and no overcommit heuristic refuses the reservation.  Unmapped when the script goes away, as
  * Memory.alloc's pages are freed.  Elsewhere (Darwin: a jetsam-sized budget) rawPages. */
-function budgetPages(size) {
+function budgetPages(size, name) {
   const ps = Process.pageSize;
   const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
   if (NATIVE_PLATFORM !== 'linux')
-    return rawPages(bytes);
+    return rawPages(bytes, name);
   const mmap = libcFunction('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'int64']);
   const munmap = libcFunction('munmap', 'int', ['pointer', 'size_t']);
   if (mmap === null || munmap === null)
-    return rawPages(bytes);
+    return rawPages(bytes, name);
   // PROT_READ | PROT_WRITE; MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
   const base = mmap(NULL, bytes, 3, 0x02 | 0x20 | 0x4000, -1, 0);
   if (base.equals(ptr('-1')))
     throw new Error(`memtrace agent: cannot reserve ${bytes} bytes for the stack tables (a smaller --stack-table?)`);
-  core.tables.push({ base, size: bytes });
+  core.tables.push({ base, size: bytes, name });
   Script.bindWeak(base, () => munmap(base, bytes));
   return base;
 }
@@ -163,21 +163,21 @@ export function buildCore(config, sources, extraSymbols) {
 
   const cfg = Memory.alloc(CONFIG.size);
   core.tables = [];
-  const globals = rawPages(GLOBALS_BYTES);
-  const coreState = rawPages(CORE_BYTES);
-  const slots = rawPages((nSlots + 1) * SLOT_BYTES);   // + the shared slot of threads past nSlots
-  const rings = rawPages(nRings * ringSize);
+  const globals = rawPages(GLOBALS_BYTES, 'globals');
+  const coreState = rawPages(CORE_BYTES, 'core');
+  const slots = rawPages((nSlots + 1) * SLOT_BYTES, 'slots');   // + the shared slot of threads past nSlots
+  const rings = rawPages(nRings * ringSize, 'rings');
   // The stack index's generations (core.c, mt_intern): (hash, id) pairs, from 4096 up to twice as
   // many as stack ids, 4 * stackSlots pairs in all; only the generations reached are written.
-  const stackTable = budgetPages(4 * stackSlots * 16);
-  const defs = rawPages(DEFS_BYTES);
+  const stackTable = budgetPages(4 * stackSlots * 16, 'stack_index');
+  const defs = rawPages(DEFS_BYTES, 'defs');
   // Each bucket: its LIVE_WAYS keys (one cache line), then their LIVE_META entries (core.c).
-  const liveTable = rawPages(liveBuckets * LIVE_WAYS * (8 + LIVE_META.size));
-  const liveLocks = rawPages(liveBuckets * 4);
-  const agg = budgetPages(rows * lanes * AGG_STRIDE * 8);
-  const aggDirty = budgetPages(rows);
-  const aggShipped = budgetPages(rows * AGG_STRIDE * 8);
-  const aggLive = budgetPages(rows * 8);
+  const liveTable = rawPages(liveBuckets * LIVE_WAYS * (8 + LIVE_META.size), 'live_table');
+  const liveLocks = rawPages(liveBuckets * 4, 'live_locks');
+  const agg = budgetPages(rows * lanes * AGG_STRIDE * 8, 'agg');
+  const aggDirty = budgetPages(rows, 'agg_dirty');
+  const aggShipped = budgetPages(rows * AGG_STRIDE * 8, 'agg_shipped');
+  const aggLive = budgetPages(rows * 8, 'agg_live');
   const drainInfo = Memory.alloc(DRAIN_INFO.size);
   const top = Memory.alloc(2 * TOP_STACKS * 8);
   // drain.c's rows changed since the last top: a count (first "unknown": more than it holds), then
@@ -220,7 +220,7 @@ export function buildCore(config, sources, extraSymbols) {
   if (!IS_DARWIN && Process.arch === 'x64') {
     // unwind.c's frame caches, one per slot, resident only as threads walk (MEMTRACE_FRAME_CACHE=off: none).
     const on = config.frameCache !== false;
-    symbols.mt_frame_caches = on ? budgetPages((nSlots + 1) * FRAME_CACHE_BYTES) : rawPages(8);
+    symbols.mt_frame_caches = on ? budgetPages((nSlots + 1) * FRAME_CACHE_BYTES, 'frame_caches') : rawPages(8, 'frame_caches');
     symbols.mt_frame_cache_on = Memory.alloc(8).writeU64(on ? 1 : 0);
   }
   symbols.mt_usable_size = usableSizeCell();

@@ -451,6 +451,14 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   if (!want_stack && !want_live)
     return;
 
+  /* The block's live-table lines, asked for before the stack: a fresh part of the table is a miss
+   * (a growing heap's every allocation), which the stack's memo check or walk then overlaps. */
+  {
+    guint64 b = mt_live_bucket (p);
+    MT_PREFETCH_W (mt_live_keys (b));
+    MT_PREFETCH_W (mt_live_metas (b));
+  }
+
   if (want_stack)
   {
     guint64 frames[MT_MAX_FRAMES];

@@ -224,11 +224,12 @@ RULE_CACHE_ENTRIES = 2048
 # of a set replaced; walks of at most STACK_MEMO_LEVELS levels (the default 64 frames and a truncated
 # stack's limit state).  First the entries' tags (8 bytes each), their last uses (4 bytes each), the
 # use clock and the store policy's counts (24 bytes); then the entries, each a 64-byte header,
-# 2 * LEVELS (address, value) checks and LEVELS frames.
+# 2 * LEVELS checked words' values (u64) and then their addresses (u16: words above the first state's
+# frame), and LEVELS frames.
 STACK_MEMO_ENTRIES = 32
 STACK_MEMO_WAYS = 4
 STACK_MEMO_LEVELS = 66
-STACK_MEMO_BYTES = 64 + 2 * STACK_MEMO_LEVELS * 16 + 8 * STACK_MEMO_LEVELS
+STACK_MEMO_BYTES = 64 + 2 * STACK_MEMO_LEVELS * (8 + 2) + 8 * STACK_MEMO_LEVELS
 FRAME_CACHE_BYTES = (80 + 2 * FRAME_CACHE_LEVELS * 32 + 8 * FRAME_CACHE_LEVELS + 8 * (FRAME_CACHE_LEVELS + 2)
                      + 8 + 16 * RULE_CACHE_ENTRIES + 12 * STACK_MEMO_ENTRIES + 24
                      + STACK_MEMO_ENTRIES * STACK_MEMO_BYTES)

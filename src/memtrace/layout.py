@@ -220,14 +220,16 @@ RULE_CACHE_ENTRIES = 2048
 # (return address, stack pointer), each with the words it read, its frames, its hash and its stack id,
 # so that an allocation from a call path seen before is checked instead of walked, hashed and looked
 # up.  STACK_MEMO_ENTRIES of them in sets of STACK_MEMO_WAYS (a direct-mapped memo lost half of sqlite3's
-# hits in one run of two, its hot paths colliding under that run's addresses), the least recently used
-# of a set replaced; walks of at most STACK_MEMO_LEVELS levels (the default 64 frames and a truncated
+# hits in one run of two, its hot paths colliding under that run's addresses; and every entry of one
+# first state shares its set: CPython's PyUnicode_New at one depth under 5 or more hot Python-level
+# paths thrashed a set of 4 in about one run of three, 390 K walks more, where 8 ways keep them), the
+# least recently used of a set replaced; walks of at most STACK_MEMO_LEVELS levels (the default 64 frames and a truncated
 # stack's limit state).  First the entries' tags (8 bytes each), their last uses (4 bytes each), the
 # use clock and the store policy's counts (24 bytes); then the entries, each a 64-byte header,
 # 2 * LEVELS checked words' values (u64) and then their addresses (u16: words above the first state's
 # frame), and LEVELS frames.
 STACK_MEMO_ENTRIES = 32
-STACK_MEMO_WAYS = 4
+STACK_MEMO_WAYS = 8
 STACK_MEMO_LEVELS = 66
 STACK_MEMO_BYTES = 64 + 2 * STACK_MEMO_LEVELS * (8 + 2) + 8 * STACK_MEMO_LEVELS
 FRAME_CACHE_BYTES = (80 + 2 * FRAME_CACHE_LEVELS * 32 + 8 * FRAME_CACHE_LEVELS + 8 * (FRAME_CACHE_LEVELS + 2)

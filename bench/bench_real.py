@@ -189,6 +189,21 @@ def main() -> None:
         if with_heaptrack:
             h = results[(p.name, "heaptrack")]
             print(f"{'':9} heaptrack wall {statistics.median(h.wall):.2f} s, file {statistics.median(h.size) / 1e6:.1f}M")
+        if baseline is not None:
+            print(f"{'':9} {paired_line(m.cpu, results[(p.name, 'baseline')].cpu)}")
+
+
+def paired_line(this: list[float], base: list[float]) -> str:
+    """This memtrace against the baseline, repeat by repeat (the two ran one after the other): the
+    median of the paired ratios and in how many pairs this one was faster.  Each program's ratio against
+    native moves by +-15 % between runs on a shared machine, far more than most changes; a pair shares
+    its moment's load, so a change of a few per cent shows as a majority of pairs going one way."""
+    pairs = [a / b for a, b in zip(this, base, strict=True) if b > 0]
+    if not pairs:
+        return "this / baseline: no pairs"
+    faster = sum(1 for r in pairs if r < 1)
+    return (f"this / baseline, paired: median {statistics.median(pairs):.3f}, faster in {faster} of "
+            f"{len(pairs)} pairs")
 
 
 if __name__ == "__main__":

@@ -278,9 +278,8 @@ typedef struct
    * instead of the slot's whenever the thread has a frame cache. */
   guint64 rgen;
   guint64 r[2 * MT_RULE_CACHE_ENTRIES];
-  /* The stack memo: sets of MT_STACK_MEMO_WAYS entries, each set's tags in one line. */
-  guint64 memo_tag[MT_STACK_MEMO_ENTRIES];   /* the entry's key mixed (mt_memo_tag); 0: empty */
-  guint32 memo_used[MT_STACK_MEMO_ENTRIES];  /* memo_clock at the entry's last use */
+  /* The stack memo.  Its clock and store policy first: they bring memo_tag to a cache line's start
+   * (offset 43,136), so that each set's 8 tags are one line. */
   guint64 memo_clock;
   /* The store policy: a memo that keeps missing (a compiler's stacks, seldom the same twice) is
    * stored into on 1 miss in memo_mask + 1, so that its misses do not each pay a whole copy. */
@@ -288,11 +287,17 @@ typedef struct
   guint32 memo_hits;
   guint32 memo_mask;
   guint32 memo_misses;
+  /* Sets of MT_STACK_MEMO_WAYS entries, each set's tags in one line. */
+  guint64 memo_tag[MT_STACK_MEMO_ENTRIES];   /* the entry's key mixed (mt_memo_tag); 0: empty */
+  guint32 memo_used[MT_STACK_MEMO_ENTRIES];  /* memo_clock at the entry's last use */
   MtStackMemo memo[MT_STACK_MEMO_ENTRIES];
 } MtFrameCache;
 
 /* The agent sizes the caches from the layout (FRAME_CACHE_BYTES per slot): a mismatch fails to compile. */
 typedef char mt_frame_cache_size_check[(sizeof (MtFrameCache) == MT_FRAME_CACHE_BYTES) ? 1 : -1];
+#ifndef __TINYC__
+typedef char mt_memo_tag_line_check[(__builtin_offsetof (MtFrameCache, memo_tag) % 64 == 0) ? 1 : -1];
+#endif
 
 /* One MtFrameCache per slot (mt_slots' indices); mt_frame_cache_on: 0 off, else on. */
 extern guint8 mt_frame_caches[];

@@ -367,11 +367,14 @@ extern gssize pread (gint fd, gpointer buf, gsize count, gint64 offset);
 #endif
 
 /* The pagemap bits of 64 pages from `first` (valid: read), for the final live walk. */
+/* Pages of the live table one read of /proc/self/pagemap covers (8 bytes each: 4 KiB a read). */
+#define MT_PAGE_WINDOW 512
+
 typedef struct
 {
   gboolean valid;
   guint64 first;
-  guint64 bits;       /* bit k: page first + k was written at some time (present or swapped) */
+  guint64 bits[MT_PAGE_WINDOW / 64];   /* bit k: page first + k was written at some time (present or swapped) */
 } MtPageWindow;
 
 /* Whether bucket b's key line lies on a page never written: its keys are all zero then, and reading
@@ -385,28 +388,62 @@ mt_live_bucket_untouched (guint64 b, MtPageWindow * w)
   (void) w;
   return FALSE;
 #else
-  guint64 fd1 = mt_core.pagemap_fd1, ps = mt_core.page_size, page, pm[64], k;
+  guint64 fd1 = mt_core.pagemap_fd1, ps = mt_core.page_size, page, pm[MT_PAGE_WINDOW], k;
   if (fd1 == 0 || ps == 0)
     return FALSE;
   page = (guint64) (gsize) mt_live_keys (b) / ps;
-  if (!w->valid || page < w->first || page >= w->first + 64)
+  if (!w->valid || page < w->first || page >= w->first + MT_PAGE_WINDOW)
   {
-    if (pread ((gint) (fd1 - 1), pm, sizeof pm, (gint64) (page * 8)) != (gssize) sizeof pm)
+    /* (A read past the end of the address space's mapped part returns fewer entries: those pages
+     * count as written, so nothing is skipped that could hold a key.) */
+    gssize got = pread ((gint) (fd1 - 1), pm, sizeof pm, (gint64) (page * 8));
+    if (got < 8)
     {
       mt_core.pagemap_fd1 = 0;      /* unreadable: every bucket is looked at */
       return FALSE;
     }
     w->valid = TRUE;
     w->first = page;
-    w->bits = 0;
-    for (k = 0; k != 64; k++)
+    for (k = 0; k != MT_PAGE_WINDOW / 64; k++)
+      w->bits[k] = 0;
+    for (k = 0; k != MT_PAGE_WINDOW; k++)
     {
-      if ((pm[k] >> 62) != 0)       /* bit 63 present, bit 62 swapped */
-        w->bits |= 1ULL << k;
+      if (k >= (guint64) got / 8 || (pm[k] >> 62) != 0)       /* bit 63 present, bit 62 swapped */
+        w->bits[k / 64] |= 1ULL << (k % 64);
     }
   }
-  return ((w->bits >> (page - w->first)) & 1) == 0;
+  k = page - w->first;
+  return ((w->bits[k / 64] >> (k % 64)) & 1) == 0;
 #endif
+}
+
+/* After bucket b was found on an untouched page: the first bucket past it whose key line may lie on
+ * a written page -- the first one on the next page the window says was written, or on the page past
+ * the window (asked about then) -- so that the final drain steps over a run of untouched pages at
+ * once, not bucket by bucket (cxx_work's exit walked 512 K buckets for the 100 K on written pages).
+ * Key lines are 64-byte aligned (buckets of MT_LIVE_BUCKET_BYTES from a page-aligned table), so none
+ * straddles two pages. */
+static guint64
+mt_live_next_bucket_after_untouched (guint64 b, const MtPageWindow * w)
+{
+  guint64 ps = mt_core.page_size, base = (guint64) (gsize) mt_live_table, page, k, next, b_next;
+  page = (guint64) (gsize) mt_live_keys (b) / ps;
+  next = w->first + MT_PAGE_WINDOW;
+  for (k = page - w->first + 1; k < MT_PAGE_WINDOW; k++)
+  {
+    if (w->bits[k / 64] == 0 && k % 64 == 0)
+    {
+      k += 63;
+      continue;
+    }
+    if (((w->bits[k / 64] >> (k % 64)) & 1) != 0)
+    {
+      next = w->first + k;
+      break;
+    }
+  }
+  b_next = (next * ps - base + MT_LIVE_BUCKET_BYTES - 1) / MT_LIVE_BUCKET_BYTES;
+  return b_next > b ? b_next : b + 1;
 }
 
 /* The final drain: every block still in the live table, as LIVE records. */
@@ -419,7 +456,6 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
   MtPageWindow w;
   w.valid = FALSE;
   w.first = 0;
-  w.bits = 0;
   if (!mt_chunk_open (cap, &used))
     return start;
   for (i = mt_core.live_cursor; i != n; i++)
@@ -430,8 +466,19 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
     /* Most buckets are empty (a table of 4,194,304 entries, a heap of a few thousand blocks): one
      * look at a bucket's key line skips its ways, where a way-by-way walk cost ~30 ms of the
      * target's exit -- no look at all where its page was never written. */
-    if (i % MT_LIVE_WAYS == 0
-        && (mt_live_bucket_untouched (i / MT_LIVE_WAYS, &w) || mt_live_bucket_empty (i / MT_LIVE_WAYS)))
+    if (i % MT_LIVE_WAYS == 0 && mt_live_bucket_untouched (i / MT_LIVE_WAYS, &w))
+    {
+      guint64 b_next = mt_live_next_bucket_after_untouched (i / MT_LIVE_WAYS, &w);
+      i = (b_next <= mt_config.live_mask + 1 ? b_next : mt_config.live_mask + 1) * MT_LIVE_WAYS - 1;
+      continue;
+    }
+    /* The key lines ahead, asked for while this one is read: the written part of the table is cold
+     * by the target's exit, and its buckets are 192 bytes apart, a stride the hardware's prefetcher
+     * follows only after a while.  (With the page runs stepped over: the C++ program's final drain
+     * 5-6 ms -> 1-3 ms of its exit, CPython's, whose heap wrote the whole table, 20 -> 7-8 ms.) */
+    if (i % MT_LIVE_WAYS == 0 && i / MT_LIVE_WAYS + 8 <= mt_config.live_mask)
+      MT_PREFETCH (mt_live_keys (i / MT_LIVE_WAYS + 8));
+    if (i % MT_LIVE_WAYS == 0 && mt_live_bucket_empty (i / MT_LIVE_WAYS))
     {
       i += MT_LIVE_WAYS - 1;
       continue;

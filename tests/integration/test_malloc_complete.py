@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from memtrace.analyze.malloc import summarize
 from memtrace.capture import RecordType, read_records
 
 from ..conftest import memtrace_json, run_memtrace  # noqa: TID252
@@ -48,6 +49,22 @@ def test_default_peak_counts_every_small_block_with_its_stack(compile_c, tmp_pat
     info = recon["info"]
     assert recon["hold"] == {"held": True}, recon["hold"]
     assert info["toolchain"] == "external" and info["precompiled"] is True, info
+
+
+def test_every_live_block_of_a_sparse_heap_is_found_at_the_end(compile_c, tmp_path: Path) -> None:
+    """The final drain walks the live table page run by page run (untouched runs stepped over whole):
+    every block still live is shipped as a LIVE record -- 200 small blocks spread over ~16 MB of heap
+    and 8 large mapped ones -- with its size and stack, as many as the rows say."""
+    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("sparse_live"))
+    big = sum((i + 1) << 20 for i in range(8))
+    by_function = rows_by_function(s["live_by_stack"])
+    assert by_function["spread_small"] == (200 * 64, 200)
+    assert by_function["spread_big"] == (big, 8)
+    summary = summarize(read_records(tmp_path / "cap"))
+    records = summary.live_blocks
+    assert (len(records), sum(r[1] for r in records)) == (s["live"]["count"], s["live"]["bytes"])
+    sizes = sorted(r[1] for r in records)
+    assert sizes.count(64) >= 200 and [z for z in sizes if z >= 1 << 20] == [(i + 1) << 20 for i in range(8)]
 
 
 def test_layered_capture_on_request_says_what_it_covers(compile_c, tmp_path: Path) -> None:

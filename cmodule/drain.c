@@ -366,10 +366,10 @@ mt_live_pagemap (guint64 fd1, guint64 page_size)
 extern gssize pread (gint fd, gpointer buf, gsize count, gint64 offset);
 #endif
 
-/* The pagemap bits of 64 pages from `first` (valid: read), for the final live walk. */
 /* Pages of the live table one read of /proc/self/pagemap covers (8 bytes each: 4 KiB a read). */
 #define MT_PAGE_WINDOW 512
 
+/* The pagemap bits of MT_PAGE_WINDOW pages from `first` (valid: read), for the final live walk. */
 typedef struct
 {
   gboolean valid;
@@ -465,23 +465,29 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
     MtLiveRecord * r;
     /* Most buckets are empty (a table of 4,194,304 entries, a heap of a few thousand blocks): one
      * look at a bucket's key line skips its ways, where a way-by-way walk cost ~30 ms of the
-     * target's exit -- no look at all where its page was never written. */
-    if (i % MT_LIVE_WAYS == 0 && mt_live_bucket_untouched (i / MT_LIVE_WAYS, &w))
+     * target's exit -- no look at all where its page was never written, a run of such pages
+     * stepped over whole. */
+    if (i % MT_LIVE_WAYS == 0)
     {
-      guint64 b_next = mt_live_next_bucket_after_untouched (i / MT_LIVE_WAYS, &w);
-      i = (b_next <= mt_config.live_mask + 1 ? b_next : mt_config.live_mask + 1) * MT_LIVE_WAYS - 1;
-      continue;
-    }
-    /* The key lines ahead, asked for while this one is read: the written part of the table is cold
-     * by the target's exit, and its buckets are 192 bytes apart, a stride the hardware's prefetcher
-     * follows only after a while.  (With the page runs stepped over: the C++ program's final drain
-     * 5-6 ms -> 1-3 ms of its exit, CPython's, whose heap wrote the whole table, 20 -> 7-8 ms.) */
-    if (i % MT_LIVE_WAYS == 0 && i / MT_LIVE_WAYS + 8 <= mt_config.live_mask)
-      MT_PREFETCH (mt_live_keys (i / MT_LIVE_WAYS + 8));
-    if (i % MT_LIVE_WAYS == 0 && mt_live_bucket_empty (i / MT_LIVE_WAYS))
-    {
-      i += MT_LIVE_WAYS - 1;
-      continue;
+      guint64 b = i / MT_LIVE_WAYS;
+      if (mt_live_bucket_untouched (b, &w))
+      {
+        guint64 b_next = mt_live_next_bucket_after_untouched (b, &w);
+        i = (b_next <= mt_config.live_mask + 1 ? b_next : mt_config.live_mask + 1) * MT_LIVE_WAYS - 1;
+        continue;
+      }
+      /* The key lines ahead, asked for while this one is read: the written part of the table is
+       * cold by the target's exit, and its buckets are 192 bytes apart, a stride the hardware's
+       * prefetcher follows only after a while.  (With the page runs stepped over: the C++
+       * program's final drain 5-6 ms -> 1-3 ms of its exit, CPython's, whose heap wrote the whole
+       * table, 20 -> 7-8 ms.) */
+      if (b + 8 <= mt_config.live_mask)
+        MT_PREFETCH (mt_live_keys (b + 8));
+      if (mt_live_bucket_empty (b))
+      {
+        i += MT_LIVE_WAYS - 1;
+        continue;
+      }
     }
     p = MT_LIVE_KEY (i);
     /* The logger path's VM regions are not malloc blocks; its owed and suspect entries are (their

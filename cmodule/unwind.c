@@ -218,8 +218,7 @@ typedef struct
  * whole walks, by their first state (the return address into the allocator's caller and the stack
  * pointer after it): each with the (address, value) of every word the walk read that its result
  * depends on -- the same words the frame cache checks, the return addresses, the frame pointers the
- * walk on uses, the word a walk ending on a low return
- * address read -- and its frames, its hash and, once interned, its stack id.  A walk from a state the
+ * walk on uses, the word a walk ending on a low return address read -- and its frames, its hash and, once interned, its stack id.  A walk from a state the
  * memo holds, under the same registry generation, stack top and frame limit, whose words all still
  * hold their values, is that walk, frame for frame (the argument of the frame cache's, from the first
  * level); its stack is then copied, not walked, hashed or looked up.  Walks are memoized only when the

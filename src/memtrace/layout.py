@@ -223,12 +223,11 @@ RULE_CACHE_ENTRIES = 2048
 # hits in one run of two, its hot paths colliding under that run's addresses; and every entry of one
 # first state shares its set: CPython's PyUnicode_New at one depth under 5 or more hot Python-level
 # paths thrashed a set of 4 in about one run of three, 390 K walks more, where 8 ways keep them), the
-# least recently used of a set replaced; walks of at most STACK_MEMO_LEVELS levels (the default 64 frames and a truncated
-# stack's limit state).  First the use clock and the store policy's counts (24 bytes, which bring the
-# tags to a cache line's start), the entries' tags (8 bytes each), their last uses (4 bytes each);
-# then the entries, each a 64-byte header,
-# 2 * LEVELS checked words' values (u64) and then their addresses (u16: words above the first state's
-# frame), and LEVELS frames.
+# least recently used of a set replaced; walks of at most STACK_MEMO_LEVELS levels (the default 64
+# frames and a truncated stack's limit state).  First the use clock and the store policy's counts
+# (24 bytes, which bring the tags to a cache line's start), the entries' tags (8 bytes each), their
+# last uses (4 bytes each); then the entries, each a 64-byte header, 2 * LEVELS checked words' values
+# (u64) and then their addresses (u16: words above the first state's frame), and LEVELS frames.
 STACK_MEMO_ENTRIES = 32
 STACK_MEMO_WAYS = 8
 STACK_MEMO_LEVELS = 66

@@ -345,8 +345,8 @@ class MallocSummary(CaptureContext):
                 # Which of the agent's tables grew (the live table is most of it on a large heap).
                 bb, ba = agb.get("resident_by_table"), aga.get("resident_by_table")
                 if isinstance(bb, dict) and isinstance(ba, dict):
-                    out["footprint"]["agent_delta_by_table"] = {
-                        name: v - bb.get(name, 0) for name, v in ba.items() if v - bb.get(name, 0)}
+                    grown = {name: v - bb.get(name, 0) for name, v in ba.items()}
+                    out["footprint"]["agent_delta_by_table"] = {name: d for name, d in grown.items() if d}
         return out
 
     @property

@@ -20,6 +20,12 @@ mt_retire (MtSlot * s)
   }
   s->last_ptr = 0;
   s->nested_seq = 0;
+  /* The frees the thread kept as credit (track.c, mt_tracked_add_own) reach the total now. */
+  if (s->tracked_credit != 0)
+  {
+    MT_ADD64 (&mt_core.tracked_bytes, -s->tracked_credit);
+    s->tracked_credit = 0;
+  }
   if (s->has_ring && s->ring != NULL)
   {
     if (mt_trylock (&mt_globals.ring_free_lock, 100000))
@@ -681,6 +687,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   guint64 tail = mt_core.defs_tail;
   MtDrainInfo * info = &mt_drain_info;
   gint64 tracked;
+  gint i, hw;
 
   info->more = 0;
   mt_core.tick++;
@@ -701,6 +708,9 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   info->now_us = (guint64) g_get_monotonic_time ();
   /* Tracked bytes, too, can be a free ahead of its allocation for a moment: never below zero. */
   tracked = mt_core.tracked_bytes;         /* (read once: other threads change it) */
+  hw = mt_slots_used ();
+  for (i = 0; i < hw; i++)
+    tracked -= mt_slots[i].tracked_credit;  /* frees not in the total yet (mt_tracked_add_own) */
   info->tracked_bytes = tracked > 0 ? (guint64) tracked : 0;
   info->tracked_blocks = mt_live_blocks_reported ();
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);

@@ -285,7 +285,7 @@ static void
 mt_logger_released (MtSlot * s, guint kind, guint64 p, const MtLiveMeta * m, gboolean temporary, gboolean nested)
 {
   mt_logger_count (s, MT_C_TRACKED_FREES, nested);
-  mt_release_tracked (s, m, temporary);
+  mt_release_tracked (s, m, temporary, !nested);
   if (!nested)
     mt_emit_free (s, kind, p, 0);
 }

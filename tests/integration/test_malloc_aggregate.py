@@ -113,6 +113,28 @@ def test_four_threads_every_allocation_stacked_nothing_dropped(compile_c, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_peak_between_threads_is_high_by_no_more_than_their_credit(compile_c, tmp_path: Path) -> None:
+    # keeper frees 100 x 32 B, then spender's 1 MiB makes the peak: keeper's frees may still be its
+    # credit (kept out of the shared total so that threads do not fight over it), the peak high by
+    # at most 4 KiB a thread -- never low -- while the composition at that instant, the timeline and
+    # the live set are exact.
+    s = memtrace_json("malloc", "--device", "local", "--out", tmp_path / "cap", "--", compile_c("credit_peak"))
+    assert s["ended"] == "target-exited"
+    peak = s["peak"]
+    composition = by_function(peak["by_stack"])
+    assert composition.pop("spender_block") == (1, MIB), peak["by_stack"]
+    assert "keeper_small" not in composition and "keeper_kept" not in composition
+    held = sum(r["bytes"] for r in peak["by_stack"])
+    assert held <= peak["bytes"] <= held + 4096, (peak["bytes"], held)
+    assert by_function(s["live_by_stack"])["keeper_kept"] == (1, 2048)
+    # Sampled after the peak (keeper's credit not in the total yet for most of them): exact.
+    tl, live = s["timeline"], s["live"]["bytes"]
+    after = [b for t, b in zip(tl["t"], tl["tracked_bytes"], strict=True) if t > peak["t"] + 0.06]
+    assert len(after) >= 2 and after[-1] == live, (after, live)
+    assert all(b in (live - 2048, live) for b in after), (after, live)
+
+
+@pytest.mark.slow
 def test_each_kind_as_itself(compile_c, tmp_path: Path) -> None:
     """reallocarray is hooked (and its release seen); realloc(NULL, n) and reallocarray's own realloc
     are glibc's inside the entry, not calls of the program's; aligned_alloc is memalign's address in

@@ -98,7 +98,7 @@ struct _MtSlot
   guint64 last_size;
   /* Bytes this thread freed that tracked_bytes does not yet show (mt_tracked_add_own): at most
    * MT_TRACKED_CREDIT_MAX, written by the thread alone outside any nested call. */
-  gint64 tracked_credit;
+  volatile gint64 tracked_credit;   /* read by the drain: relaxed loads and stores (mt_credit_*) */
   gssize nested_seq;          /* added to atomically (a signal handler may add) */
   MtNested nested[MT_NESTED_LOG];
 #ifdef MT_UNWIND
@@ -383,6 +383,28 @@ mt_load_acquire (volatile guint64 * p)
   return v;
 #else
   return __atomic_load_n (p, __ATOMIC_ACQUIRE);
+#endif
+}
+
+/* A thread's tracked-bytes credit (track.c, mt_tracked_add_own): its owner writes it, the drain
+ * reads it; whole-word relaxed accesses (a plain `mov` on x86-64) that the sanitizers can see. */
+static inline gint64
+mt_credit_get (volatile gint64 * p)
+{
+#ifdef __TINYC__
+  return *p;
+#else
+  return __atomic_load_n (p, __ATOMIC_RELAXED);
+#endif
+}
+
+static inline void
+mt_credit_set (volatile gint64 * p, gint64 v)
+{
+#ifdef __TINYC__
+  *p = v;
+#else
+  __atomic_store_n (p, v, __ATOMIC_RELAXED);
 #endif
 }
 

@@ -21,10 +21,10 @@ mt_retire (MtSlot * s)
   s->last_ptr = 0;
   s->nested_seq = 0;
   /* The frees the thread kept as credit (track.c, mt_tracked_add_own) reach the total now. */
-  if (s->tracked_credit != 0)
+  if (mt_credit_get (&s->tracked_credit) != 0)
   {
-    MT_ADD64 (&mt_core.tracked_bytes, -s->tracked_credit);
-    s->tracked_credit = 0;
+    MT_ADD64 (&mt_core.tracked_bytes, -mt_credit_get (&s->tracked_credit));
+    mt_credit_set (&s->tracked_credit, 0);
   }
   if (s->has_ring && s->ring != NULL)
   {
@@ -710,7 +710,7 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   tracked = mt_core.tracked_bytes;         /* (read once: other threads change it) */
   hw = mt_slots_used ();
   for (i = 0; i < hw; i++)
-    tracked -= mt_slots[i].tracked_credit;  /* frees not in the total yet (mt_tracked_add_own) */
+    tracked -= mt_credit_get (&mt_slots[i].tracked_credit);  /* frees not in the total yet (mt_tracked_add_own) */
   info->tracked_bytes = tracked > 0 ? (guint64) tracked : 0;
   info->tracked_blocks = mt_live_blocks_reported ();
   info->peak_epoch = mt_load_acquire (&mt_core.peak_epoch);

@@ -215,25 +215,25 @@ mt_tracked_add_own (MtSlot * s, gint64 delta)
     return;
   }
 #endif
-  credit = s->tracked_credit;
+  credit = mt_credit_get (&s->tracked_credit);
   if (delta < 0)
   {
     credit -= delta;
     if (credit <= MT_TRACKED_CREDIT_MAX)
     {
-      s->tracked_credit = credit;
+      mt_credit_set (&s->tracked_credit, credit);
       return;
     }
-    s->tracked_credit = 0;
+    mt_credit_set (&s->tracked_credit, 0);
     MT_ADD64 (&mt_core.tracked_bytes, -credit);
     return;
   }
   if (credit >= delta)
   {
-    s->tracked_credit = credit - delta;
+    mt_credit_set (&s->tracked_credit, credit - delta);
     return;
   }
-  s->tracked_credit = 0;
+  mt_credit_set (&s->tracked_credit, 0);
   delta -= credit;
   now = (gint64) MT_ADD64 (&mt_core.tracked_bytes, delta) + delta;
   if (now > 0 && (guint64) now > mt_core.peak_bytes)

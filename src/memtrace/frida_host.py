@@ -847,9 +847,13 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
     A local target gets the tracers' guard against a starved injection (memtrace.priority): Frida's
     injector gives its loader 5 s to sync up, then unmaps it under the loader thread -- on a loaded
     machine an attach failed ("unexpectedly timed out trying to sync up with agent", a CI run of
-    the device checks) and can kill the target."""
+    the device checks) and can kill the target.  As in a tracer's session, Frida's own threads
+    (the agent says which: ``fridaThreadsAmong``) keep their raised priority until they are gone:
+    given back their value at birth, the agent's teardown at the detach competed with 64 spinning
+    threads and the target once died of SIGSEGV right after it (a CI run of the one-shot test)."""
     source = build_agent(agent).source
     boost = None
+    loaded = None
     if getattr(device, "type", None) == "local":
         with contextlib.suppress(OSError):      # (the pid gone: the attach says so)
             boost = priority.boost_injection(pid)
@@ -865,16 +869,27 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
         try:
             script = session.create_script(source, name=f"memtrace-{agent}")
             script.load()
+            loaded = script
         except (*GONE_ERRORS, frida.InvalidArgumentError, frida.NotSupportedError) as e:
             raise TargetError(f"cannot load the {agent} agent into pid {pid}: {_first_line(e)}") from None
     finally:
         if boost is not None:
-            # Every thread born while it injected gets its value at birth back, Frida's too: a
-            # one-shot agent is not asked which are Frida's, and restore(None) would leave a thread
-            # the program made meanwhile at -20 for good (limit keeps its agent).  Then memtrace's own.
-            boost.restore(set())
+            # Frida's threads stay raised; every other thread born while it injected gets its value
+            # at birth back (an agent that cannot say: all of them -- restore(None) would leave a
+            # thread the program made meanwhile at -20 for good).  Then memtrace's own.
+            boost.restore(_frida_threads_among(loaded, sorted(boost.raised)))
             boost.end()
     return session, script
+
+
+def _frida_threads_among(script: Any, tids: list[int]) -> set[int]:
+    """Which of ``tids`` are Frida's own threads, as a one-shot agent says; none when it cannot."""
+    if script is None or not tids:
+        return set()
+    try:
+        return {int(t) for t in script.exports_sync.frida_threads_among(tids)}
+    except (frida.core.RPCException, *GONE_ERRORS, frida.InvalidOperationError, TypeError, ValueError):
+        return set()
 
 
 TEXTS_KEPT = 16      # the texts folder's newest files kept (a few versions' sources and cores)

@@ -224,5 +224,7 @@ function memlimit(pid) {
 
 rpc.exports = {
   census: census,
-  memlimit: memlimit,
+  memlimit: memlimit,  /* Which of these thread ids are Frida's own (memtrace.frida_host.load_agent keeps them favoured
+   * until the agent is gone: its teardown must not starve in a busy target). */
+  fridaThreadsAmong: (tids) => tids.filter(tid => Cloak.hasThread(tid)),
 };

@@ -174,5 +174,7 @@ rpc.exports = {
   sample: sample,
   watch: installHooks,
   unwatch: uninstallSource,
-  dispose: uninstallSource,
+  dispose: uninstallSource,  /* Which of these thread ids are Frida's own (memtrace.frida_host.load_agent keeps them favoured
+   * until the agent is gone: its teardown must not starve in a busy target). */
+  fridaThreadsAmong: (tids) => tids.filter(tid => Cloak.hasThread(tid)),
 };

@@ -96,14 +96,16 @@ struct _MtSlot
   volatile guint64 ncount[MT_N_COUNTERS];
   guint64 last_ptr;     /* the thread's latest allocation: a free of it is a temporary */
   guint64 last_size;
-  /* Bytes this thread freed that tracked_bytes does not yet show (mt_tracked_add_own): at most
-   * MT_TRACKED_CREDIT_MAX, written by the thread alone outside any nested call. */
-  volatile gint64 tracked_credit;   /* read by the drain: relaxed loads and stores (mt_credit_*) */
   gssize nested_seq;          /* added to atomically (a signal handler may add) */
   MtNested nested[MT_NESTED_LOG];
 #ifdef MT_UNWIND
   MtUnwindCache ucache;       /* the walk's rules by return address (unwind.c) */
 #endif
+  /* Bytes this thread freed that tracked_bytes does not yet show (mt_tracked_add_own): at most
+   * MT_TRACKED_CREDIT_MAX, written by the thread alone outside any nested call; read by the drain
+   * (relaxed loads and stores, mt_credit_*).  Last, so that the hot fields above keep the offsets
+   * they were measured with. */
+  volatile gint64 tracked_credit;
 } MT_LINE_ALIGNED;
 
 struct _MtGlobals

@@ -707,7 +707,8 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   used = mt_drain_defs (out, cap, used, mt_load_acquire (&mt_core.defs_head), mt_core.defs_tail);
   info->now_us = (guint64) g_get_monotonic_time ();
   /* Tracked bytes, too, can be a free ahead of its allocation for a moment: never below zero. */
-  tracked = mt_core.tracked_bytes;         /* (read once: other threads change it) */
+  /* (Read once, before the credits: a credit flushed in between is then subtracted at most once.) */
+  tracked = (gint64) mt_load_acquire ((volatile guint64 *) &mt_core.tracked_bytes);
   hw = mt_slots_used ();
   for (i = 0; i < hw; i++)
     tracked -= mt_credit_get (&mt_slots[i].tracked_credit);  /* frees not in the total yet (mt_tracked_add_own) */

@@ -174,8 +174,11 @@ mt_raise_peak (guint64 bytes)
 #endif
 }
 
+/* `held`: credit (below) already in the total that the caller's thread has not spent -- taken off
+ * the figure the peak is compared with, so that a signal handler's allocation on a thread holding
+ * credit does not raise its peak by that credit. */
 static inline void
-mt_tracked_add (gint64 delta)
+mt_tracked_add (gint64 delta, gint64 held)
 {
   gint64 now;
 #if MT_SOLO
@@ -184,6 +187,7 @@ mt_tracked_add (gint64 delta)
   else
 #endif
     now = (gint64) MT_ADD64 (&mt_core.tracked_bytes, delta) + delta;
+  now -= held;
   /* (now > 0: a free counted on another thread before its allocation can leave the total below
    * zero for a moment, which as unsigned would read as a peak of ~2^64.) */
   if (delta > 0 && now > 0 && (guint64) now > mt_core.peak_bytes)
@@ -211,7 +215,7 @@ mt_tracked_add_own (MtSlot * s, gint64 delta)
 #if MT_SOLO
   if (mt_core.solo == MT_SOLO_ON)
   {
-    mt_tracked_add (delta);
+    mt_tracked_add (delta, 0);
     return;
   }
 #endif
@@ -633,7 +637,7 @@ mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary, gboole
   if (own)
     mt_tracked_add_own (s, -(gint64) m->size);
   else
-    mt_tracked_add (-(gint64) m->size);
+    mt_tracked_add (-(gint64) m->size, 0);
 }
 
 /* In events mode, the FREE record of a tracked block (a full ring drops it and counts the drop). */
@@ -806,7 +810,8 @@ mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolea
       MT_ADD64 (&a[MT_A_ALLOCS], 1);
       MT_ADD64 (&a[MT_A_BYTES], size);
       mt_agg_dirty_row (row);
-      mt_tracked_add ((gint64) size);
+      /* (The shared slot holds no credit: only a thread's own outermost calls keep one.) */
+      mt_tracked_add ((gint64) size, busy == MT_BUSY_SHARED ? 0 : mt_credit_get (&s->tracked_credit));
     }
     else
     {

@@ -202,8 +202,8 @@ function aliasMoves() {
  * A sample in between says null (not read), never a stale value. */
 const IN_USE_FIRST_MS = 1000;
 
-function sampledInUse() {
-  const t0 = Date.now();
+/* t0: the sample's own `t` (ms), so that the wait is measured on the clock the timeline shows. */
+function sampledInUse(t0) {
   if (!mallocState.inUseSampled) {
     mallocState.inUseSampled = true;
     mallocState.inUseNext = t0 + IN_USE_FIRST_MS;
@@ -211,12 +211,13 @@ function sampledInUse() {
   if (t0 < mallocState.inUseNext)
     return null;
   mallocState.inUseTook = null;
+  const d0 = Date.now();
   const v = allocatorInUse();
   const took = mallocState.inUseTook;
   if (took !== null) {
     mallocState.inUseNext = took >= 100 ? t0 + Math.min(Math.ceil(5 * took), 2000) : 0;
   } else {
-    const ms = Date.now() - t0;
+    const ms = Date.now() - d0;
     mallocState.inUseNext = ms >= 2 ? t0 + 100 * ms : 0;
   }
   return v;
@@ -320,7 +321,7 @@ function onBatch(payload, info, last) {
     payload.live_done = true;
   if (last) {
     payload.sample = { t: payload.t, tracked_bytes: info.tracked_bytes, tracked_blocks: info.tracked_blocks,
-      peak_bytes: info.peak_bytes, in_use: sampledInUse(), footprint: footprint(), top: info.top };
+      peak_bytes: info.peak_bytes, in_use: sampledInUse(payload.t), footprint: footprint(), top: info.top };
   }
 }
 

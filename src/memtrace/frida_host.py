@@ -876,20 +876,37 @@ def load_agent(device: Any, pid: int, agent: str) -> tuple[Any, Any]:
         if boost is not None:
             # Frida's threads stay raised; every other thread born while it injected gets its value
             # at birth back (an agent that cannot say: all of them -- restore(None) would leave a
-            # thread the program made meanwhile at -20 for good).  Then memtrace's own.
-            boost.restore(_frida_threads_among(loaded, sorted(boost.raised)))
-            boost.end()
+            # thread the program made meanwhile at -20 for good).  Then memtrace's own, whatever
+            # the question did (an interrupt included).
+            frida_threads: set[int] = set()
+            try:
+                frida_threads = _frida_threads_among(loaded, sorted(boost.raised))
+            finally:
+                boost.restore(frida_threads)
+                boost.end()
     return session, script
 
 
+FRIDA_THREADS_TIMEOUT = 10.0     # s: a stopped or frozen target never answers
+
+
 def _frida_threads_among(script: Any, tids: list[int]) -> set[int]:
-    """Which of ``tids`` are Frida's own threads, as a one-shot agent says; none when it cannot."""
+    """Which of ``tids`` are Frida's own threads, as a one-shot agent says; none when it cannot, or
+    not within FRIDA_THREADS_TIMEOUT (Frida's blocking call has no deadline of its own: it is made
+    on a daemon thread, left behind if the target never answers)."""
     if script is None or not tids:
         return set()
-    try:
-        return {int(t) for t in script.exports_sync.frida_threads_among(tids)}
-    except (frida.core.RPCException, *GONE_ERRORS, frida.InvalidOperationError, TypeError, ValueError):
-        return set()
+    answer: list[set[int]] = []
+
+    def ask() -> None:
+        with contextlib.suppress(frida.core.RPCException, *GONE_ERRORS, frida.InvalidOperationError,
+                                 TypeError, ValueError):
+            answer.append({int(t) for t in script.exports_sync.frida_threads_among(tids)})
+
+    asker = threading.Thread(target=ask, name="memtrace-frida-threads", daemon=True)
+    asker.start()
+    asker.join(FRIDA_THREADS_TIMEOUT)
+    return answer[0] if answer else set()
 
 
 TEXTS_KEPT = 16      # the texts folder's newest files kept (a few versions' sources and cores)

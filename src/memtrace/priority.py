@@ -208,6 +208,7 @@ class InjectionBoost:
         self._watcher: threading.Thread | None = None
         self.restored = False
         self.default_nice = 0
+        self.program_nices: set[int] = set()    # the values the program's threads had when the window opened
 
     def start(self) -> None:
         main_nice = _nice(self.pid)
@@ -240,6 +241,7 @@ class InjectionBoost:
                     self.ignored.add(tid)
                     continue
                 self.known.add(tid)
+                self.program_nices.add(nice)
                 if not self.lower or nice >= LOWERED:
                     continue
                 assert self.guard is not None
@@ -265,8 +267,14 @@ class InjectionBoost:
 
     def _value_at_birth(self, nice: int) -> int:
         """A thread seen at our 19 was made by a lowered thread (the injector's bootstrap runs in
-        a hijacked program thread): its own value is the program's usual one."""
-        return self.default_nice if nice == LOWERED and self.lower else nice
+        a hijacked program thread), one seen at our -20 -- a value none of the program's threads had
+        -- by a thread we raised (a thread the program made in the window, itself making one): its
+        own value is the program's usual one."""
+        if nice == LOWERED and self.lower:
+            return self.default_nice
+        if nice == RAISED and RAISED not in self.program_nices:
+            return self.default_nice
+        return nice
 
     def restore(self, frida_threads: set[int] | None = None) -> dict[str, int]:
         """Every program thread's nice value back as it was; memtrace's own threads too.  Of the
@@ -284,6 +292,14 @@ class InjectionBoost:
             back = 0
             for tid, nice in self.original.items():
                 back += _set_nice(tid, nice)
+            # Born in the window since the watcher's last look (a thread a raised one made, say, at
+            # its inherited -20): unseen by the watcher, its value at birth back too.
+            for tid in _tids(self.pid):
+                if tid in self.known or tid in self.raised or tid in self.ignored:
+                    continue
+                now = _nice(tid)
+                if now is not None and self._value_at_birth(now) != now:
+                    back += _set_nice(tid, self._value_at_birth(now))
             kept = 0
             for tid, born in self.raised.items():
                 if not os.path.isdir(f"/proc/{self.pid}/task/{tid}"):

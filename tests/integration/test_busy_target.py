@@ -139,6 +139,33 @@ def test_a_one_shot_agent_attaches_under_the_same_guard(spinning: subprocess.Pop
     assert {tid: after[tid] for tid in before} == before
 
 
+@pytest.mark.timeout(60)
+def test_a_thread_made_by_a_raised_thread_gets_the_programs_value_back(compile_c: Callable[..., Path]) -> None:
+    """A thread the program makes in the boost's window is raised like Frida's; one it makes in turn
+    is born at -20 by inheritance: neither is left at -20 once the boost gives the program's threads
+    back (a value at birth of -20 no program thread had is the program's usual value)."""
+    target = subprocess.Popen([str(compile_c("thread_chain"))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        os.setpriority(os.PRIO_PROCESS, target.pid, 3)
+        boost = priority.boost_injection(target.pid)
+        if boost is None:
+            pytest.skip("memtrace may not set nice values both ways here (CAP_SYS_NICE)")
+        try:
+            target.send_signal(signal.SIGUSR2)
+            assert target.stdout.readline().strip() == "chained"
+            during = nice_values(target.pid)
+            assert len(during) == 3 and sorted(during.values()) == [-20, -20, 3], during
+        finally:
+            counts = boost.restore(set())
+            boost.end()
+        assert counts["raised"] == 0
+        assert nice_values(target.pid) == dict.fromkeys(during, 3)
+    finally:
+        target.kill()
+        target.wait()
+
+
 def _spinning_target(exe: Path, threads: int, mode: str = "spin") -> subprocess.Popen[str]:
     target = subprocess.Popen([str(exe), str(threads), mode], stdout=subprocess.PIPE, text=True)
     assert target.stdout is not None and target.stdout.readline().strip() == "ready"

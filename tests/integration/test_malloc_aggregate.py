@@ -39,7 +39,7 @@ def test_peak_of_a_burst_freed_at_once_and_the_live_set_by_stack(compile_c, tmp_
     assert s["ended"] == "target-exited" and s["mode"] == "aggregate"
     # 64 MiB allocated and freed within a millisecond, between two drains: the peak still has it.
     peak = s["peak"]
-    assert (peak["bytes"], peak["count"], peak["exact"]) == (68 * MIB, 68, True)
+    assert (peak["bytes"], peak["held_bytes"], peak["count"], peak["exact"]) == (68 * MIB, 68 * MIB, 68, True)
     assert by_function(peak["by_stack"]) == {"burst_block": (64, 64 * MIB), "keep_early": (4, 4 * MIB)}
     assert peak["t"] is not None and peak["t"] > 0
     assert s["live"] == {"count": 6, "bytes": 4 * MIB + 512 * 1024, "estimated_bytes": 4 * MIB + 512 * 1024}
@@ -128,7 +128,7 @@ def test_a_peak_between_threads_is_high_by_no_more_than_their_credit(compile_c, 
     assert composition.pop("spender_block") == (1, MIB), peak["by_stack"]
     assert "keeper_small" not in composition and "keeper_kept" not in composition
     held = sum(r["bytes"] for r in peak["by_stack"])
-    assert held <= peak["bytes"] <= held + 4096, (peak["bytes"], held)
+    assert peak["held_bytes"] == held <= peak["bytes"] <= held + 4096, (peak["bytes"], held)
     assert by_function(s["live_by_stack"])["keeper_kept"] == (1, 2048)
     # Sampled after the peak (keeper's credit not in the total yet for most of them): exact.
     tl, live = s["timeline"], s["live"]["bytes"]

@@ -112,6 +112,10 @@ class Peak(Struct):
     t_us: int = 0               # the core's clock when it was reached
     t_s: float | None = None    # seconds after the hooks went in
     exact: bool = True          # False: the target died before the composition of its last peak was shipped
+    # The composition's sum: the bytes the stacks held at that instant.  Below `bytes` only with
+    # several threads, by the frees other threads had not yet added to the total (cmodule/track.c,
+    # mt_tracked_add_own: 4 KiB a thread at most).
+    held_bytes: int = 0
 
 
 class MallocSummary(CaptureContext):
@@ -364,7 +368,7 @@ class MallocSummary(CaptureContext):
         p = self.peak
         if p is None:
             return None
-        return {"bytes": p.bytes, "count": p.count, "t": p.t_s, "exact": self.peak_exact,
+        return {"bytes": p.bytes, "count": p.count, "held_bytes": p.held_bytes, "t": p.t_s, "exact": self.peak_exact,
                 "by_stack": [r.to_json() for r in self.stack_rows(top, measure="peak")]}
 
     def temporary_json(self, top: int) -> dict[str, Any] | None:
@@ -674,3 +678,4 @@ class _AggFold:
         for sid, (b, c) in self.composition.items():
             st = s.row(sid)
             st.peak_bytes, st.peak_count = b, c
+            p.held_bytes += b

@@ -13,6 +13,7 @@ static void
 mt_retire (MtSlot * s)
 {
   guint j;
+  gint64 credit;
   for (j = 0; j != MT_N_COUNTERS; j++)
   {
     mt_globals.retired[j] += s->counters[j] + s->ncount[j];
@@ -21,9 +22,10 @@ mt_retire (MtSlot * s)
   s->last_ptr = 0;
   s->nested_seq = 0;
   /* The frees the thread kept as credit (track.c, mt_tracked_add_own) reach the total now. */
-  if (mt_credit_get (&s->tracked_credit) != 0)
+  credit = mt_credit_get (&s->tracked_credit);
+  if (credit != 0)
   {
-    MT_ADD64 (&mt_core.tracked_bytes, -mt_credit_get (&s->tracked_credit));
+    MT_ADD64 (&mt_core.tracked_bytes, -credit);
     mt_credit_set (&s->tracked_credit, 0);
   }
   if (s->has_ring && s->ring != NULL)

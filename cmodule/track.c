@@ -211,7 +211,7 @@ mt_tracked_add (gint64 delta, gint64 held)
 static inline void
 mt_tracked_add_own (MtSlot * s, gint64 delta)
 {
-  gint64 credit, now;
+  gint64 credit;
 #if MT_SOLO
   if (mt_core.solo == MT_SOLO_ON)
   {
@@ -229,7 +229,7 @@ mt_tracked_add_own (MtSlot * s, gint64 delta)
       return;
     }
     mt_credit_set (&s->tracked_credit, 0);
-    MT_ADD64 (&mt_core.tracked_bytes, -credit);
+    mt_tracked_add (-credit, 0);
     return;
   }
   if (credit >= delta)
@@ -237,11 +237,9 @@ mt_tracked_add_own (MtSlot * s, gint64 delta)
     mt_credit_set (&s->tracked_credit, credit - delta);
     return;
   }
+  /* What the credit does not cover goes to the total, with no credit left: the peak compares it. */
   mt_credit_set (&s->tracked_credit, 0);
-  delta -= credit;
-  now = (gint64) MT_ADD64 (&mt_core.tracked_bytes, delta) + delta;
-  if (now > 0 && (guint64) now > mt_core.peak_bytes)
-    mt_raise_peak ((guint64) now);
+  mt_tracked_add (delta - credit, 0);
 }
 
 /* ---- events ----------------------------------------------------------- */

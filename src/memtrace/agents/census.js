@@ -16,6 +16,7 @@
  * task_vm_info's offsets are layout.js's (memtrace/layout.py), read by runtime/taskinfo.js.
  */
 
+import { fridaThreadsAmong } from './runtime/platform.js';
 import { machTaskSelf, readTaskVmInfo } from './runtime/taskinfo.js';
 
 function fn(name, ret, args, system) {
@@ -224,7 +225,6 @@ function memlimit(pid) {
 
 rpc.exports = {
   census: census,
-  memlimit: memlimit,  /* Which of these thread ids are Frida's own (memtrace.frida_host.load_agent keeps them favoured
-   * until the agent is gone: its teardown must not starve in a busy target). */
-  fridaThreadsAmong: (tids) => tids.filter(tid => Cloak.hasThread(tid)),
+  memlimit: memlimit,
+  fridaThreadsAmong: fridaThreadsAmong,
 };

@@ -18,6 +18,7 @@
  * task_vm_info's offsets are layout.js's (memtrace/layout.py), read by runtime/taskinfo.js.
  */
 
+import { fridaThreadsAmong } from './runtime/platform.js';
 import { selfTaskVmInfo } from './runtime/taskinfo.js';
 
 function fn(name, ret, args) {
@@ -174,7 +175,6 @@ rpc.exports = {
   sample: sample,
   watch: installHooks,
   unwatch: uninstallSource,
-  dispose: uninstallSource,  /* Which of these thread ids are Frida's own (memtrace.frida_host.load_agent keeps them favoured
-   * until the agent is gone: its teardown must not starve in a busy target). */
-  fridaThreadsAmong: (tids) => tids.filter(tid => Cloak.hasThread(tid)),
+  dispose: uninstallSource,
+  fridaThreadsAmong: fridaThreadsAmong,
 };

@@ -11,6 +11,13 @@ export function now() {
   return Date.now() - T0;
 }
 
+/* Which of these thread ids are Frida's own (cloaked): the host's injection boost keeps those
+ * favoured until the agent is gone and gives any other its priority back (memtrace.priority; the
+ * tracers' rpc and the one-shot agents' alike). */
+export function fridaThreadsAmong(tids) {
+  return tids.filter(tid => Cloak.hasThread(tid));
+}
+
 export function findExport(name, moduleName) {
   if (moduleName) {
     const m = Process.findModuleByName(moduleName);

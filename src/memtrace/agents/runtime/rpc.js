@@ -10,7 +10,7 @@ import { darwinFacts } from './facts.js';
 import { core, retireThreadKey, setEnabled } from './core.js';
 import { flush } from './flush.js';
 import { announceModules, describeModule, symbolize, unwatchModules, watchModules } from './modules.js';
-import { NATIVE_PLATFORM, moduleOf, now } from './platform.js';
+import { NATIVE_PLATFORM, fridaThreadsAmong, moduleOf, now } from './platform.js';
 import {
   awaitAck, buildProcess, claimProcess, hookExec, listenForAcks, proc, recordPatches, refreshAgentMemory, releaseFork,
   reportChildren, markEnding, tearDownProcess, unhookExec,
@@ -158,11 +158,7 @@ export function serve(tracer) {
         mainModule: describeModule(Process.mainModule),
       };
     },
-    /* Which of these thread ids are Frida's own (cloaked): the host's injection boost keeps
-     * those favoured and gives any other its priority back (memtrace.priority). */
-    fridaThreadsAmong(tids) {
-      return tids.filter(tid => Cloak.hasThread(tid));
-    },
+    fridaThreadsAmong,
     /* processSources: cmodule/process.c behind the layout header (fork and exec handling). */
     init(config, sources, processSources) {
       // The host's large texts (the C sources, the precompiled core) may come as files of its

@@ -298,8 +298,9 @@ class InjectionBoost:
                 if tid in self.known or tid in self.raised or tid in self.ignored:
                     continue
                 now = _nice(tid)
-                if now is not None and self._value_at_birth(now) != now:
-                    back += _set_nice(tid, self._value_at_birth(now))
+                birth = self._value_at_birth(now) if now is not None else None
+                if birth is not None and birth != now:
+                    back += _set_nice(tid, birth)
             kept = 0
             for tid, born in self.raised.items():
                 if not os.path.isdir(f"/proc/{self.pid}/task/{tid}"):

@@ -135,3 +135,27 @@ def test_a_running_program_reads_the_sources_by_file_too(compile_c, tmp_path: Pa
         assert info["texts"] == "by file" and info["precompiledAs"] == "module", info
     finally:
         kill_and_reap(proc)
+
+
+def test_a_core_built_by_tinycc_is_said(compile_c, tmp_path: Path) -> None:
+    # gcc and cc that fail, first on PATH (the host's build of the core and the target's compile
+    # alike): the agent builds the core with Frida's TinyCC -- still exact, slower on every call --
+    # and the capture says so, in a warning on the terminal and in the capture, not left to timing.
+    exe = compile_c("path_writer")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("gcc", "cc"):
+        (broken / name).write_text("#!/bin/sh\necho 'broken for the test' >&2\nexit 1\n")
+        (broken / name).chmod(0o755)
+    out = tmp_path / "out"
+    proc = run_memtrace("malloc", "--json", "--device", "local", "--out", out, "--", exe, tmp_path / "path",
+                        env={"MEMTRACE_CACHE_DIR": str(tmp_path / "cache"), "CC": "/usr/bin/gcc",
+                             "PATH": f"{broken}:/usr/local/bin:/usr/bin:/bin"})
+    info = next(r.body for r in read_records(out) if r.type == RecordType.RECON)["info"]
+    assert info["toolchain"] == "internal" and info["toolchainError"], info
+    said = [r.body["message"] for r in read_records(out) if r.type == RecordType.WARNING]
+    assert any("built by Frida's TinyCC, not gcc" in m for m in said), said
+    assert "built by Frida's TinyCC, not gcc" in proc.stderr
+    summary = json.loads(proc.stdout)
+    rows = {r["frames"][0]["function"]: (r["bytes"], r["count"]) for r in summary["live_by_stack"] if r["frames"]}
+    assert rows.get("main") == (100_000, 1000), rows

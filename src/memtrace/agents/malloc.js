@@ -410,6 +410,11 @@ export const tracer = {
     mallocState.ownThreads = Memory.alloc(OWN_THREADS_WORDS * 8);
     extra.mt_own_threads = mallocState.ownThreads;
     const info = buildCore(config, sources, extra);
+    // Frida's TinyCC in place of gcc is a slower core for every hooked call (no direct TLS read,
+    // no solo mode, a lock for every live-table insert): said, never left to be found by timing.
+    if (info.toolchain === 'internal' && info.toolchainError)
+      warn(`memtrace's C core was built by Frida's TinyCC, not gcc (${info.toolchainError}): every hooked ` +
+        'call costs more; `memtrace doctor` checks the toolchain');
     mallocState.backend = chooseBackend(config);
     info.backend = mallocState.backend;
     info.stackThreshold = config.stackThreshold;

@@ -1,5 +1,7 @@
 /* Benchmark target: T threads x N malloc(size)/free pairs each, timed inside the program so start-up
- * and instrumentation set-up are excluded.  Usage: alloc_storm N [threads [size]].
+ * and instrumentation set-up are excluded.  Usage: alloc_storm N [threads [size [grow]]].
+ * "grow": each thread makes its N blocks first, keeping them, then frees them all -- heaps that grow,
+ * so every block lands on memory (and a live-table entry on a table page) never touched before.
  * Prints "ns_per_pair <x>": the process's CPU time over the storm divided by the pairs made (every
  * thread's, memtrace's drain included), so that 4 threads on 2 CPUs compare with 1 thread on 1;
  * "wall_ns_per_pair <y>"; and "thread_ns_per_pair <z>", the storm threads' own CPU time only. */
@@ -11,6 +13,7 @@
 static void *volatile sink;
 static long n_pairs;
 static size_t pair_size;
+static int grow;
 static pthread_barrier_t start;
 
 __attribute__((noinline)) void storm_pair(size_t size) {
@@ -27,7 +30,14 @@ static void *storm_thread(void *arg) {
   long me = (long)arg;
   pthread_barrier_wait(&start);
   double c0 = seconds(CLOCK_THREAD_CPUTIME_ID);
-  for (long i = 0; i < n_pairs; i++) storm_pair(pair_size);
+  if (grow) {
+    void **kept = malloc((size_t)n_pairs * sizeof *kept);
+    for (long i = 0; i < n_pairs; i++) kept[i] = malloc(pair_size);
+    for (long i = 0; i < n_pairs; i++) free(kept[i]);
+    free(kept);
+  } else {
+    for (long i = 0; i < n_pairs; i++) storm_pair(pair_size);
+  }
   thread_cpu[me] = seconds(CLOCK_THREAD_CPUTIME_ID) - c0;
   return arg;
 }
@@ -42,6 +52,7 @@ int main(int argc, char **argv) {
   n_pairs = argc > 1 ? atol(argv[1]) : 2000000;
   int threads = argc > 2 ? atoi(argv[2]) : 4;
   pair_size = argc > 3 ? (size_t)atol(argv[3]) : 32;
+  grow = argc > 4 && argv[4][0] == 'g';
   pthread_t t[64];
   if (threads < 1 || threads > 64) return 2;
   for (long i = 0; i < 10000; i++) storm_pair(pair_size);   /* warm-up */

@@ -12,6 +12,12 @@ host, heaptrack's interpreter) is not.
 --baseline SRC adds the default of the memtrace in SRC (another checkout's src/, its cmodule/ beside
 it) on 1 and 4 threads, interleaved with the rest, to measure a change against its starting point.
 
+Also: 4 threads growing their heaps (alloc_storm's "grow": each thread makes min(N, 1 M) blocks, keeps
+them, then frees them all), native, memtrace's default and the baseline's: every block's live-table
+entry on a table page no thread has touched yet, the case where a first read of a page (the kernel's
+zero page) and the write after it cost a second fault and a TLB flush of every CPU the process runs
+on.
+
 The targets, checked at the end: the default (every allocation stacked, every block tracked), 4 threads,
 <= native + 50 ns per pair, >= 99 % of bytes on stacks, nothing dropped; the layered capture (a device's
 default: --stack-threshold 8192 --live-threshold 4096), 1 thread, <= 1.5x native.
@@ -72,14 +78,21 @@ def parse(text: str) -> float:
     return float(m.group(1))
 
 
-def native(exe: Path, n: int, threads: int) -> float:
-    return parse(subprocess.run([str(exe), str(n), str(threads)], capture_output=True, text=True, check=True).stdout)
+GROW = ("32", "grow")      # alloc_storm's size and mode for growing heaps
+GROW_MAX = 1_000_000       # blocks per thread kept at once (4 threads: ~250 MB of heap)
 
 
-def memtrace(exe: Path, n: int, threads: int, tmp: Path, *opts: str, src: Path = ROOT / "src") -> tuple[float, dict]:
+def native(exe: Path, n: int, threads: int, *mode: str) -> float:
+    return parse(subprocess.run([str(exe), str(n), str(threads), *mode], capture_output=True, text=True,
+                                check=True).stdout)
+
+
+def memtrace(exe: Path, n: int, threads: int, tmp: Path, *opts: str, src: Path = ROOT / "src",
+             mode: tuple[str, ...] = ()) -> tuple[float, dict]:
     out = Path(tempfile.mkdtemp(dir=tmp))
     proc = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--json",
-                           "--window", "600", "--out", str(out / "cap"), *opts, "--", str(exe), str(n), str(threads)],
+                           "--window", "600", "--out", str(out / "cap"), *opts, "--", str(exe), str(n), str(threads),
+                           *mode],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(src)})
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr)
@@ -126,10 +139,13 @@ def main() -> None:
     rows = {(name, t): Row(name, t) for name, t in (
         ("native", 1), ("memtrace layered (device default)", 1), ("memtrace default (all stacked)", 1),
         ("native", 4), ("memtrace layered (device default)", 4), ("memtrace default (all stacked)", 4),
-        ("memtrace --events (all stacked)", 4), ("heaptrack", 4))}
+        ("memtrace --events (all stacked)", 4), ("heaptrack", 4),
+        ("native, growing heaps", 4), ("memtrace default, growing heaps", 4))}
     if baseline is not None:
         for nt in (1, 4):
             rows[("baseline default (all stacked)", nt)] = Row("baseline default (all stacked)", nt)
+        rows[("baseline default, growing heaps", 4)] = Row("baseline default, growing heaps", 4)
+    grow_n = min(n, GROW_MAX)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         exe = build(tmp)
@@ -154,6 +170,11 @@ def main() -> None:
                     r.times.append(t)
                     r.coverage.append(s["coverage"]["stack_coverage"] or 0.0)
                     r.dropped.append(sum(v for k, v in s["dropped"].items() if k != "dropped_record_bytes"))
+            rows[("native, growing heaps", 4)].times.append(native(exe, grow_n, 4, *GROW))
+            rows[("memtrace default, growing heaps", 4)].times.append(memtrace(exe, grow_n, 4, tmp, mode=GROW)[0])
+            if baseline is not None:
+                rows[("baseline default, growing heaps", 4)].times.append(
+                    memtrace(exe, grow_n, 4, tmp, src=baseline, mode=GROW)[0])
             ht = heaptrack(exe, n, 4, tmp)
             if ht is not None:
                 rows[("heaptrack", 4)].times.append(ht)
@@ -166,7 +187,7 @@ def main() -> None:
     print(f"{'configuration':46} {'threads':>7} {'ns/pair':>8} {'x native':>9} {'+ns':>7} {'on stacks':>10} "
           f"{'dropped':>9}")
     for r in rows.values():
-        base = rows[("native", r.threads)].median
+        base = rows[("native, growing heaps" if "growing" in r.name else "native", r.threads)].median
         cov = f"{100 * statistics.median(r.coverage):.2f} %" if r.coverage else ""
         dropped = f"{statistics.median(r.dropped):,.0f}" if r.dropped else ""
         print(f"{r.name:46} {r.threads:7} {r.median:8.1f} {r.median / base:9.2f} {r.median - base:7.1f} {cov:>10} "

@@ -34,11 +34,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from memtrace import tracers
-from memtrace.agentbuild import build_agent
-
 from ..children import exit_of, kill_and_reap  # noqa: TID252
 from ..conftest import ROOT  # noqa: TID252
+from .tracer_agent import load_tracer
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -124,15 +122,9 @@ def _patched_run(storm_exe: Path, demo_bin: Path, tracer: str, mach: bool) -> Pa
     preload = " ".join(filter(None, (os.environ.get("LD_PRELOAD"), str(demo_bin / "libmtmach.so"))))
     target = _start(storm_exe, kind, demo_bin, {"LD_PRELOAD": preload} if mach else {})
     try:
-        agent = build_agent(tracer)
         session = frida.get_local_device().attach(target.pid)
         try:
-            script = session.create_script(agent.source)
-            script.on("message", lambda message, data: None)
-            script.load()
-            api = script.exports_sync
-            api.init({**tracers.all_tracers()[tracer].agent_config(None, {}), **extra}, agent.c_sources,
-                     agent.process_sources)
+            script, api = load_tracer(session, tracer, extra)
             api.start()
             time.sleep(0.5)
             keys = session.create_script(FRIDA_KEY_DESTRUCTORS)
@@ -336,7 +328,6 @@ def _start_with_a_thread_parked(storm_exe: Path, demo_bin: Path, tracer: str, en
     target = _start(storm_exe, "fds", demo_bin)
     messages: list[object] = []
     try:
-        agent = build_agent(tracer)
         session = frida.get_local_device().attach(target.pid)
         try:
             parker = session.create_script(PARK_ONE_THREAD)
@@ -345,12 +336,7 @@ def _start_with_a_thread_parked(storm_exe: Path, demo_bin: Path, tracer: str, en
             parker.load()
             assert parked.wait(30), "no storm thread entered dup"
             pristine = parker.exports_sync.prologues(entries)
-            script = session.create_script(agent.source)
-            script.on("message", lambda message, data: messages.append(message))
-            script.load()
-            api = script.exports_sync
-            api.init({**tracers.all_tracers()[tracer].agent_config(None, {}), **config}, agent.c_sources,
-                     agent.process_sources)
+            script, api = load_tracer(session, tracer, config, lambda message, data: messages.append(message))
             api.start()
             held = api.world()
             untouched = parker.exports_sync.prologues(entries)

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from memtrace import tracers
-from memtrace.agentbuild import build_agent
-
 from ..children import kill_and_reap  # noqa: TID252
+from .tracer_agent import load_tracer
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -38,14 +36,9 @@ def test_a_stale_return_address_on_a_parked_thread_does_not_hold_the_code(
     assert target.stdin is not None and target.stdout is not None
     try:
         assert target.stdout.readline().strip() == "ready"
-        agent = build_agent(tracer)
         session = frida.get_local_device().attach(target.pid)
         try:
-            script = session.create_script(agent.source)
-            script.on("message", lambda message, data: None)
-            script.load()
-            api = script.exports_sync
-            api.init(tracers.all_tracers()[tracer].agent_config(None, {}), agent.c_sources, agent.process_sources)
+            script, api = load_tracer(session, tracer)
             api.start()
             # The thread closes through the guard, then parks on the stale word.
             target.stdin.write("close\n")

@@ -61,16 +61,6 @@ extern void mt_on_exec (const gchar * path, gchar * const * argv);
 extern void mt_on_exec_failed (gint error);
 
 extern gint mprotect (gpointer address, gsize length, gint prot);
-
-/* The program's threads inside one of this file's entries (the descriptor guard, the execve hook,
- * the atfork handlers): counted from before their first call out to after their last, so that with
- * the world stopped a count of 0 says that no thread will return into this code -- any thread still
- * on it has its pc there.  quiesce (world.js) then need not read the threads' stacks, where a stale
- * word (a return address into mt_close left by an earlier, deeper call, under a live frame's
- * unwritten buffer) kept the code "in use" for good.  A vfork child's exec, which never returns
- * to decrement, is not counted. */
-#define MT_PROC_ENTER() g_atomic_int_add (&mt_proc.inflight, 1)
-#define MT_PROC_LEAVE() g_atomic_int_add (&mt_proc.inflight, -1)
 extern gint getpid (void);
 extern gint getppid (void);
 extern gint usleep (guint usec);
@@ -139,19 +129,8 @@ mt_post (gint origin, const gchar * path)
 }
 
 /* pthread atfork child handler (through a leaked stub, see process.js). */
-static void mt_fork_child_waiting (void);
-
 void
 mt_fork_child (void)
-{
-  /* The threads counted at the fork do not exist here: this one is the child's only thread. */
-  mt_proc.inflight = 1;
-  mt_fork_child_waiting ();
-  MT_PROC_LEAVE ();
-}
-
-static void
-mt_fork_child_waiting (void)
 {
   gint idx, me, waited;
   /* A copy inherited by a child is not the traced process: its own forks are not ours to
@@ -208,18 +187,8 @@ extern MtForkMask mt_fork_masks[];     /* MT_FORK_MASKS entries, zeroed by the a
 extern gint pthread_sigmask (gint how, const gpointer set, gpointer old);
 extern gpointer pthread_self (void);
 
-static void mt_fork_mask (void);
-
 void
 mt_fork_prepare (void)
-{
-  MT_PROC_ENTER ();
-  mt_fork_mask ();
-  MT_PROC_LEAVE ();
-}
-
-static void
-mt_fork_mask (void)
 {
   guint64 all[16];
   gsize me = (gsize) pthread_self ();
@@ -266,16 +235,13 @@ mt_fork_unmask (void)
 void
 mt_fork_parent (void)
 {
-  MT_PROC_ENTER ();
   mt_fork_unmask ();
-  MT_PROC_LEAVE ();
 }
 
 void
 mt_fork_child_unmask (void)
 {
   gint i;
-  mt_proc.inflight = 1;       /* (as in mt_fork_child: the child's only thread) */
   mt_fork_unmask ();
   /* Entries of other threads that were forking at that instant: they do not exist here. */
   for (i = 0; i != MT_FORK_MASKS; i++)
@@ -283,7 +249,6 @@ mt_fork_child_unmask (void)
     mt_fork_masks[i].owner = 0;
     mt_fork_masks[i].claim = 0;
   }
-  MT_PROC_LEAVE ();
 }
 
 /* Forks between prepare and parent/child right now (teardown waits for them before the parent
@@ -468,11 +433,9 @@ mt_fd_kept (guint64 fd, guint64 caller)
 gint
 mt_close (gint fd)
 {
-  gint r;
-  MT_PROC_ENTER ();
-  r = (fd >= 0 && mt_fd_kept ((guint64) fd, MT_CALLER ())) ? 0 : ((MtCloseFunc) mt_real_close) (fd);
-  MT_PROC_LEAVE ();
-  return r;
+  if (fd >= 0 && mt_fd_kept ((guint64) fd, MT_CALLER ()))
+    return 0;
+  return ((MtCloseFunc) mt_real_close) (fd);
 }
 
 /* [lo, hi] less the kept descriptors, as the runs between them. */
@@ -499,26 +462,13 @@ mt_close_range_kept (guint lo, guint hi, gint flags, guint64 caller)
 gint
 mt_close_range (guint lo, guint hi, gint flags)
 {
-  gint r;
-  MT_PROC_ENTER ();
-  r = mt_close_range_kept (lo, hi, flags, MT_CALLER ());
-  MT_PROC_LEAVE ();
-  return r;
+  return mt_close_range_kept (lo, hi, flags, MT_CALLER ());
 }
-
-static void mt_closefrom_kept (gint lo, guint64 caller);
 
 void
 mt_closefrom (gint lo)
 {
-  MT_PROC_ENTER ();
-  mt_closefrom_kept (lo, MT_CALLER ());
-  MT_PROC_LEAVE ();
-}
-
-static void
-mt_closefrom_kept (gint lo, guint64 caller)
-{
+  guint64 caller = MT_CALLER ();
   if (lo < 0)
     lo = 0;
   if (mt_close_range_kept ((guint) lo, MT_CLOSE_RANGE_MAX_FD, 0, caller) != 0)
@@ -537,33 +487,23 @@ mt_closefrom_kept (gint lo, guint64 caller)
 gint
 mt_dup2 (gint oldfd, gint newfd)
 {
-  gint r;
-  MT_PROC_ENTER ();
   if (newfd >= 0 && newfd != oldfd && mt_fd_guarded ((guint64) newfd, MT_CALLER (), MT_FD_DUP_REFUSED))
   {
     *__errno_location () = MT_EBUSY;
-    r = -1;
+    return -1;
   }
-  else
-    r = ((MtDup2Func) mt_real_dup2) (oldfd, newfd);
-  MT_PROC_LEAVE ();
-  return r;
+  return ((MtDup2Func) mt_real_dup2) (oldfd, newfd);
 }
 
 gint
 mt_dup3 (gint oldfd, gint newfd, gint flags)
 {
-  gint r;
-  MT_PROC_ENTER ();
   if (newfd >= 0 && newfd != oldfd && mt_fd_guarded ((guint64) newfd, MT_CALLER (), MT_FD_DUP_REFUSED))
   {
     *__errno_location () = MT_EBUSY;
-    r = -1;
+    return -1;
   }
-  else
-    r = ((MtDup3Func) mt_real_dup3) (oldfd, newfd, flags);
-  MT_PROC_LEAVE ();
-  return r;
+  return ((MtDup3Func) mt_real_dup3) (oldfd, newfd, flags);
 }
 
 /* The parent's agent takes the next posted entry: out[0..2] = pid, ppid, origin, path copied.
@@ -662,13 +602,11 @@ mt_execve (const gchar * path, gchar * const * argv, gchar * const * envp)
       mt_forks.e[idx].state = MT_FORK_TAKEN;
     return r;
   }
-  MT_PROC_ENTER ();
   if (mt_proc.exec_notify)
     mt_on_exec (path, argv);
   r = ((MtExecveFunc) mt_real_execve) (path, argv, envp);
   if (mt_proc.exec_notify)
     mt_on_exec_failed (*__errno_location ());
-  MT_PROC_LEAVE ();
   return r;
 }
 

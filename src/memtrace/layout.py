@@ -595,7 +595,7 @@ PROC = Layout("MtProc", (
     ("page_size", "s32"),
     ("exec_notify", "s32"),        # 1: the agent is told before the traced process execs
     ("forks", "s32"),              # fork children this copy has been (counted in the child)
-    ("inflight", "s32"),           # the program's threads inside process.c's entries now (quiesce)
+    ("reserved", "s32"),
     ("agent_memory", "u64"),       # the agent's memory as a fork child inherits it (process.js), or 0
 ))
 # What the agent's memory is, as a fork child inherits it (agents/runtime/process.js): a header,

@@ -1,5 +1,4 @@
-"""A tracer's agent loaded by hand into a session the test attached (test_hook_storm.py,
-test_quiesce.py): built, its messages given to `on_message` (or dropped), initialized with the
+"""A tracer's agent loaded by hand into a session the test attached (test_hook_storm.py): built, its messages given to `on_message` (or dropped), initialized with the
 tracer's own configuration over `extra`."""
 
 from __future__ import annotations

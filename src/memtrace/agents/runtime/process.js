@@ -407,7 +407,7 @@ export function buildProcess(config, sources) {
     page_size: Process.pageSize,
     exec_notify: 0,
     forks: 0,
-    inflight: 0,
+    reserved: 0,
     agent_memory: proc.agentMemory === null ? 0 : uint64(proc.agentMemory.toString()),
   });
   proc.cm = cm;
@@ -777,7 +777,7 @@ export function unhookExec() {
 function quiesceProcessCode() {
   if (proc.cm === null)
     return;
-  proc.quiesce = quiesce(moduleCode(proc.cm), proc.mem.proc.add(PROC.fields.inflight[0]));
+  proc.quiesce = quiesce(moduleCode(proc.cm));
   if (!proc.quiesce.clear && proc.quiesce.threads !== null) {
     try {
       send({ type: 'agent:warning', message: `${proc.quiesce.threads} thread(s) still inside memtrace's ` +

@@ -108,7 +108,7 @@ export const world = {
   otherSites: new Set(),      // sites memtrace also redirects (replaceFast/replace: malloc, execve, guard)
   pristine: new Map(),        // site -> its first PROLOGUE_BYTES before memtrace's first patch (read stopped)
   entryCode: new Map(),       // 'lo-hi' -> [lo, hi): Interceptor's trampoline slices and enter thunk (entryRanges)
-  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0, quiesced_by_count: 0,
+  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
     rewritten_stopped: 0,     // sites whose bytes the flush changed while the world was stopped
     // JavaScript listeners (releaseListenerSites): sites put back to their pristine bytes by memtrace
     // with the world stopped; sites left for Frida's own restore (shared with a redirect);
@@ -1029,13 +1029,8 @@ function restoreStopped(sites, what) {
  * Waits (bounded) until no thread of the target runs in `ranges` ([start, end) NativePointer
  * pairs: code about to be freed) or will return into it.  Call with every hook into that code
  * already out.  Returns { clear, tries, threads } (threads: still referring at the last look).
- * `inflight`: where the code counts the threads inside it (an s32: MtProc.inflight, process.c), or
- * null.  Read with the world stopped, a count of 0 says that no thread has called out of the code
- * and not yet come back, so only the threads' registers (their pc among them) are looked at, not
- * their stacks: a conservative read of a stack takes a stale word on a live frame for a return
- * address, which no waiting clears.
  */
-export function quiesce(ranges, inflight = null) {
+export function quiesce(ranges) {
   if (world.fns === null || ranges.length === 0)
     return { clear: false, tries: 0, threads: null, why: world.why };
   if (world.alone) {
@@ -1052,17 +1047,14 @@ export function quiesce(ranges, inflight = null) {
     // asked from JavaScript while the world is stopped.
     if (stopClear([], true, 0)) {
       const n = writeRanges(ranges);
-      const depth = inflight !== null && inflight.readS32() === 0 ? 0 : REFS_DEPTH;
-      threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, depth, world.mem.scratch, SCRATCH));
+      threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH));
       // Which thread, and by what (read still stopped, said once the world runs: busyThread).
       if (threads !== 0)
-        world.fns.firstRef(world.mem.world, world.mem.ranges, n, depth, world.mem.scratch, SCRATCH,
+        world.fns.firstRef(world.mem.world, world.mem.ranges, n, REFS_DEPTH, world.mem.scratch, SCRATCH,
           world.mem.busy.add(8));
       world.fns.resume(world.mem.world);
       if (threads === 0) {
         world.stats.quiesced++;
-        if (depth === 0)
-          world.stats.quiesced_by_count++;    // (the stacks not read: nothing had called out)
         return { clear: true, tries, threads };
       }
     }

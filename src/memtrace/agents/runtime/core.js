@@ -342,7 +342,9 @@ export function buildCore(config, sources, extraSymbols) {
   // Every table (slots and the live table hold block addresses) and the drain buffer (LIVE records).
   core.owned = [...core.tables, { base: core.drainBuf, size: core.drainCap }];
   core.fns = {
-    drain: new NativeFunction(cm.mt_drain, 'uint64', ['pointer', 'uint64', 'uint64']),
+    // Exclusive: the script's lock held through the call, so that no other thread's flush (an exec's,
+    // a crash's) runs a second mt_drain at once over the one drain buffer and the drain's own state.
+    drain: new NativeFunction(cm.mt_drain, 'uint64', ['pointer', 'uint64', 'uint64'], { scheduling: 'exclusive' }),
     snapshot: new NativeFunction(cm.mt_snapshot, 'void', ['pointer']),
     lost: new NativeFunction(cm.mt_lost_calls, 'uint64', []),
     live: new NativeFunction(cm.mt_live_count, 'uint64', []),

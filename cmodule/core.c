@@ -1098,6 +1098,10 @@ mt_defs_reserve (guint64 len)
   return mt_defs + off;
 }
 
+/* The smallest page size: a write every MT_PAGE_MIN bytes writes every page of a range on any
+ * platform (larger pages only take a few more writes). */
+#define MT_PAGE_MIN 4096ULL
+
 /* The stack index grows: generation g is a table of mt_index_entries (g) (hash, id) pairs, laid out
  * after every earlier generation's in mt_stack_table (the agent reserves their sum, under
  * 4 * (stack_mask + 1) pairs, as pages resident only once written).  When interning an id would
@@ -1142,7 +1146,7 @@ mt_index_grow (void)
    * process runs on (102 samples of 840 in a 131,072-stack run).  A fourth of its pairs are about to
    * be filled, spread by hash: every page would be written anyway.  Nobody reads it before it is
    * published below. */
-  for (i = 0; i < to_n; i += 256)
+  for (i = 0; i < to_n; i += MT_PAGE_MIN / 16)
     to[2 * i] = 0;
   for (i = 0; i != from_n; i++)
   {

@@ -203,13 +203,19 @@ mt_chunk_close (guint8 * out, guint64 start, guint64 used)
 static void
 mt_touch_for_write (volatile guint64 * lo, volatile guint64 * hi)
 {
-  guint64 ps = mt_core.page_size != 0 ? mt_core.page_size : 4096;
   guint64 a;
   if (lo >= hi)
     return;
   *lo = 0;
-  for (a = ((guint64) lo + ps) & ~(ps - 1); a < (guint64) hi; a += ps)
+  for (a = ((guint64) lo + MT_PAGE_MIN) & ~(MT_PAGE_MIN - 1); a < (guint64) hi; a += MT_PAGE_MIN)
     *(volatile guint64 *) a = 0;
+}
+
+/* A stack row the drain has not shipped yet (nor written: its words are 0, its page maybe unread). */
+static inline gboolean
+mt_row_unshipped (guint64 row)
+{
+  return row <= mt_config.stack_mask && row + 1 >= mt_core.shipped_rows;
 }
 
 /* mt_agg_shipped and mt_agg_live are the drain's alone, and each of their pages is written before it
@@ -263,7 +269,7 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
       continue;
     mt_agg_dirty[row] = 0;
     mt_barrier ();
-    if (row + 1 >= mt_core.shipped_rows && row <= mt_config.stack_mask)
+    if (mt_row_unshipped (row))
       mt_ship_rows_writable (row);
     mt_row_totals (row, now);
     for (f = 0; f != MT_AGG_STRIDE; f++)
@@ -645,7 +651,7 @@ mt_top_rows (void)
     {
       guint64 row = mt_walk_row (i, n_stacks);
       /* (A row never shipped holds 0, on a page not to be read before it is written: above.) */
-      mt_top_offer (top, &n, row, row <= mt_config.stack_mask && row + 1 >= mt_core.shipped_rows ? 0 : mt_agg_live[row]);
+      mt_top_offer (top, &n, row, mt_row_unshipped (row) ? 0 : mt_agg_live[row]);
     }
   }
   else

@@ -129,6 +129,10 @@ struct _MtGlobals
    * which costs the drain a lane of zeros, nothing else): the drain sums only those, where summing
    * every lane of every changed row cost a single-threaded program 8 cache lines (and pages) a row. */
   volatile gint lanes_hw;
+  /* The live table's blocks of 4 GiB or more (core.c, mt_live_big_add): (address, size) pairs, size 0
+   * for a free pair, under big_lock. */
+  volatile gint big_lock;
+  volatile guint64 live_big[2 * MT_LIVE_BIG_BLOCKS];
 };
 
 /* The aggregate core's shared state, each group on its own cache line. */
@@ -190,9 +194,9 @@ extern guint8 mt_ring_pool[];
  * 4 * (stack_mask + 1) pairs: every generation's table, one after the other (mt_index_table). */
 extern volatile guint64 mt_stack_table[];
 extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
-/* The live table: bucket b is MT_LIVE_BUCKET_BYTES at mt_live_table + b * MT_LIVE_BUCKET_BYTES, its
- * MT_LIVE_WAYS keys (one cache line) followed by their MtLiveMeta entries: an insert or a removal
- * touches the key line and the meta line right after it, not two lines far apart in two tables. */
+/* The live table: bucket b is MT_LIVE_WAYS MtLiveEntry (16 bytes each: a compressed key, the block's
+ * size, stack and birth tick), two cache lines at mt_live_table + b * MT_LIVE_BUCKET_BYTES ("the
+ * live-pointer table", below). */
 extern guint8 mt_live_table[];
 extern volatile gint mt_live_locks[];
 /* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_STRIDE counters */
@@ -298,6 +302,15 @@ mt_cas_solo (volatile guint64 * p, guint64 expected, guint64 desired)
   __asm__ __volatile__ ("cmpxchgq %2, %1" : "+a" (prev), "+m" (*p) : "r" (desired) : "memory", "cc");
   return prev == expected;
 }
+
+/* The same on 32 bits (a live-table key). */
+static inline gboolean
+mt_cas_solo32 (volatile guint32 * p, guint32 expected, guint32 desired)
+{
+  guint32 prev = expected;
+  __asm__ __volatile__ ("cmpxchgl %2, %1" : "+a" (prev), "+m" (*p) : "r" (desired) : "memory", "cc");
+  return prev == expected;
+}
 #endif
 
 /* A hint that a line will be read (or written) soon, so that two cache misses run side by side
@@ -367,6 +380,17 @@ mt_barrier (void)
 /* A store that earlier loads and stores may not pass (a row's snapshot before its epoch). */
 static inline void
 mt_store_release (volatile guint64 * p, guint64 v)
+{
+#ifdef __TINYC__
+  mt_barrier ();
+  *p = v;
+#else
+  __atomic_store_n (p, v, __ATOMIC_RELEASE);
+#endif
+}
+
+static inline void
+mt_store_release32 (volatile guint32 * p, guint32 v)
 {
 #ifdef __TINYC__
   mt_barrier ();
@@ -1287,13 +1311,27 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
 #define MT_LIVE_OWED 2
 #define MT_LIVE_VM 4
 
-/* Address bits one bucket spans: glibc's chunks are >= 32 B, so a 128-byte span holds at most 4 of
- * a window's blocks (8 ways); allocators with 16-byte blocks (Darwin's nano zone) keep 32 bytes. */
+/* Address bits one bucket spans: glibc's chunks are >= 32 B, so a 256-byte span holds at most 8 of a
+ * window's blocks, the bucket's 8 ways; allocators with 16-byte blocks (Darwin's nano zone) keep 64
+ * bytes, two windows' worth.  What the table costs is what of it the heap touches: 128 bytes of
+ * table per 256 bytes of heap address space, half a byte per byte (1.5 with the 8-byte keys and
+ * 128-byte spans before).  Each of those pages is one the target faults in, and on a machine that
+ * hands fresh pages out slowly (a VM whose host backs guest memory on first touch: ~10 us a page
+ * here) CPython's run spent a third of its overhead faulting in the 96 MiB the old layout touched. */
 #ifdef MT_LINUX
-# define MT_LIVE_SHIFT 7
+# define MT_LIVE_SHIFT 8
 #else
-# define MT_LIVE_SHIFT 5
+# define MT_LIVE_SHIFT 6
 #endif
+#define MT_LIVE_SPAN_MASK ((1u << MT_LIVE_SHIFT) - 1)
+/* Windows a key can name (its bits above the span's, less the one that marks a way as taken). */
+#define MT_LIVE_KEY_WINDOWS ((1u << (32 - MT_LIVE_SHIFT)) - 1)
+
+static inline guint64
+mt_live_window_offset (guint64 window_q)
+{
+  return (window_q * 0x9e3779b97f4a7c15ULL) >> 32;
+}
 
 static inline guint64
 mt_live_bucket (guint64 p)
@@ -1301,34 +1339,59 @@ mt_live_bucket (guint64 p)
   /* Neighbouring blocks in the same or neighbouring buckets: the address space is cut into windows
    * as large as the table spans (buckets << MT_LIVE_SHIFT bytes), each covering every bucket once
    * in address order from its own pseudo-random offset.  The blocks an allocator hands out one
-   * after the other -- and frees in much the same order -- then share a bucket's key line (4 of
-   * glibc's smallest chunks to a line) and its meta line, and the table's pages, where a fully
-   * hashed table made every tracked allocation and free of a large heap two cache misses, and a
-   * bucket per 32 bytes of heap touched 6 bytes of table per byte of heap (1.5 now).  A window
-   * adds at most 4 glibc blocks to a bucket, as it added at most 1 to each of 4 times as many. */
+   * after the other -- and frees in much the same order -- then share a bucket's lines and the
+   * table's pages, where a fully hashed table made every tracked allocation and free of a large
+   * heap two cache misses. */
   guint64 mask = mt_config.live_mask;
   guint64 q = p >> MT_LIVE_SHIFT;
-  guint64 window = ((q & ~mask) * 0x9e3779b97f4a7c15ULL) >> 32;
-  return (q + window) & mask;
+  return (q + mt_live_window_offset (q & ~mask)) & mask;
 }
 
-#define MT_LIVE_BUCKET_BYTES (MT_LIVE_WAYS * 8 + MT_LIVE_WAYS * sizeof (MtLiveMeta))
-
-static inline volatile guint64 *
-mt_live_keys (guint64 b)
+/* The key of address p (its flag bits included) in its bucket: the number of p's window plus one
+ * (0 is an empty way) above p's bits inside the span.  The bucket says the rest (mt_live_address).
+ * 0 when p is past what a key can name (2^48 and up with the smallest table: a tagged pointer). */
+static inline guint32
+mt_live_key (guint64 p)
 {
-  return (volatile guint64 *) (mt_live_table + b * MT_LIVE_BUCKET_BYTES);
+  guint64 w = (p >> MT_LIVE_SHIFT) >> mt_config.live_bits;
+  if (G_UNLIKELY (w >= MT_LIVE_KEY_WINDOWS))
+    return 0;
+  return (guint32) (((w + 1) << MT_LIVE_SHIFT) | (p & MT_LIVE_SPAN_MASK));
 }
 
-static inline MtLiveMeta *
-mt_live_metas (guint64 b)
+/* The address (flag bits included) whose key in bucket b is `key` (not 0). */
+static inline guint64
+mt_live_address (guint64 b, guint32 key)
 {
-  return (MtLiveMeta *) (mt_live_table + b * MT_LIVE_BUCKET_BYTES + MT_LIVE_WAYS * 8);
+  guint64 wq = ((guint64) (key >> MT_LIVE_SHIFT) - 1) << mt_config.live_bits;
+  guint64 q = wq | ((b - mt_live_window_offset (wq)) & mt_config.live_mask);
+  return (q << MT_LIVE_SHIFT) | (key & MT_LIVE_SPAN_MASK);
+}
+
+#define MT_LIVE_BUCKET_BYTES (MT_LIVE_WAYS * sizeof (MtLiveEntry))
+
+static inline MtLiveEntry *
+mt_live_entries (guint64 b)
+{
+  return (MtLiveEntry *) (mt_live_table + b * MT_LIVE_BUCKET_BYTES);
+}
+
+static inline volatile guint32 *
+mt_live_key_at (MtLiveEntry * e)
+{
+  return (volatile guint32 *) &e->key;
 }
 
 /* Entry i of the whole table (bucket i / MT_LIVE_WAYS, way i % MT_LIVE_WAYS), for walks over it. */
-#define MT_LIVE_KEY(i) (mt_live_keys ((i) / MT_LIVE_WAYS)[(i) % MT_LIVE_WAYS])
-#define MT_LIVE_META(i) (mt_live_metas ((i) / MT_LIVE_WAYS)[(i) % MT_LIVE_WAYS])
+#define MT_LIVE_ENTRY(i) (mt_live_entries ((i) / MT_LIVE_WAYS)[(i) % MT_LIVE_WAYS])
+
+/* The address entry i holds (flag bits included), 0 for an empty way. */
+static inline guint64
+mt_live_entry_address (guint64 i)
+{
+  guint32 key = *mt_live_key_at (&MT_LIVE_ENTRY (i));
+  return key == 0 ? 0 : mt_live_address (i / MT_LIVE_WAYS, key);
+}
 
 static inline guint32
 mt_tick_k (guint k)
@@ -1336,77 +1399,164 @@ mt_tick_k (guint k)
   return ((guint32) mt_core.tick & ((1u << MT_LIVE_TICK_BITS) - 1)) | ((guint32) k << MT_LIVE_TICK_BITS);
 }
 
-/* Remembers block p (its size, stack and sampling multiplier k); FALSE when its bucket is full. */
+/* ---- blocks of 4 GiB or more: their sizes in a side list --------------------------------------
+ * An entry's size is 32 bits; a larger block's says MT_LIVE_SIZE_BIG and its size sits here, under
+ * a lock, with its address (flag bits included).  Such blocks are few (a JIT's reservation, a
+ * mapped database); past MT_LIVE_BIG_BLOCKS at once the block is not tracked (counted as a full
+ * table).  In mt_globals, not the module's own static data (TinyCC's faults on its first write). */
+#define mt_live_big (mt_globals.live_big)
+#define mt_live_big_lock (mt_globals.big_lock)
+
+/* The list knows a block by its address and VM flag: the logger path's other flags change. */
+#define MT_LIVE_BIG_ADDRESS(p) ((p) & ~(guint64) (MT_LIVE_SUSPECT | MT_LIVE_OWED))
+
+static gboolean
+mt_live_big_add (guint64 p, guint64 size)
+{
+  guint i;
+  p = MT_LIVE_BIG_ADDRESS (p);
+  gboolean ok = FALSE;
+  /* Bounded, as every lock a hook takes: a signal handler on the thread that holds it gives up. */
+  if (!mt_lock_patiently (&mt_live_big_lock))
+    return FALSE;
+  for (i = 0; i != MT_LIVE_BIG_BLOCKS && !ok; i++)
+  {
+    if (mt_live_big[2 * i + 1] == 0)
+    {
+      mt_live_big[2 * i] = p;
+      mt_live_big[2 * i + 1] = size;
+      ok = TRUE;
+    }
+  }
+  mt_unlock (&mt_live_big_lock);
+  return ok;
+}
+
+/* The size of big block p, taken out of the list when `take` (its entry leaves the table); 0 if the
+ * list's lock could not be had. */
+static guint64
+mt_live_big_size (guint64 p, gboolean take)
+{
+  guint i;
+  guint64 size = 0;
+  p = MT_LIVE_BIG_ADDRESS (p);
+  if (!mt_lock_patiently (&mt_live_big_lock))
+    return 0;
+  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
+  {
+    if (mt_live_big[2 * i + 1] != 0 && mt_live_big[2 * i] == p)
+    {
+      size = mt_live_big[2 * i + 1];
+      if (take)
+        mt_live_big[2 * i + 1] = 0;
+      break;
+    }
+  }
+  mt_unlock (&mt_live_big_lock);
+  return size;
+}
+
+/* Entry e (holding p) as the core's functions hand it over, its whole size; `take`: it is leaving. */
+static inline void
+mt_live_meta_of (const MtLiveEntry * e, guint64 p, MtLiveMeta * out, gboolean take)
+{
+  out->size = G_LIKELY (e->size != MT_LIVE_SIZE_BIG) ? e->size : mt_live_big_size (p, take);
+  out->stack_id = e->stack_id;
+  out->tick_k = e->tick_k;
+}
+
+/* The whole size of entry i (holding p), for walks over the table. */
+static inline guint64
+mt_live_entry_size (guint64 i, guint64 p)
+{
+  guint32 size = MT_LIVE_ENTRY (i).size;
+  return G_LIKELY (size != MT_LIVE_SIZE_BIG) ? size : mt_live_big_size (p, FALSE);
+}
+
+/* Remembers block p (its size, stack and sampling multiplier k); FALSE when its bucket is full (or
+ * p cannot be keyed, or the big blocks' list is full). */
 static gboolean
 mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
 {
   guint64 b = mt_live_bucket (p);
-  volatile guint64 * ways = mt_live_keys (b);
+  MtLiveEntry * e = mt_live_entries (b);
+  guint32 key = mt_live_key (p), size32 = (guint32) size;
   guint i;
-  /* The meta line of the first ways (most buckets hold fewer than 4 blocks), fetched while the key
-   * line is: the two misses of a fresh part of the table overlap. */
-  MT_PREFETCH_W (mt_live_metas (b));
+  if (G_UNLIKELY (key == 0))
+    return FALSE;
+  if (G_UNLIKELY (size >= MT_LIVE_SIZE_BIG))
+  {
+    if (!mt_live_big_add (p, size))
+      return FALSE;
+    size32 = MT_LIVE_SIZE_BIG;
+  }
 #ifdef __TINYC__
   gboolean ok = FALSE;
-  if (!mt_trylock (&mt_live_locks[b], spins))
-    return FALSE;
-  for (i = 0; i != MT_LIVE_WAYS; i++)
+  if (mt_trylock (&mt_live_locks[b], spins))
   {
-    if (ways[i] == 0)
+    for (i = 0; i != MT_LIVE_WAYS; i++)
     {
-      MtLiveMeta * m = &mt_live_metas (b)[i];
-      m->size = size;
-      m->stack_id = stack_id;
-      m->tick_k = mt_tick_k (k);
-      ways[i] = p;
-      ok = TRUE;
-      break;
+      if (*mt_live_key_at (&e[i]) == 0)
+      {
+        e[i].size = size32;
+        e[i].stack_id = stack_id;
+        e[i].tick_k = mt_tick_k (k);
+        *mt_live_key_at (&e[i]) = key;
+        ok = TRUE;
+        break;
+      }
     }
+    mt_unlock (&mt_live_locks[b]);
   }
-  mt_unlock (&mt_live_locks[b]);
-  return ok;
 #else
   (void) spins;
+  gboolean ok = FALSE;
   gboolean solo = MT_SOLO && mt_core.solo == MT_SOLO_ON;
   for (i = 0; i != MT_LIVE_WAYS; i++)
   {
-    guint64 expected = 0;
+    guint32 expected = 0;
+    volatile guint32 * kp = mt_live_key_at (&e[i]);
     /* The first way is tried with the swap itself, not read first: a table page's first touch is
      * then a write, one page fault, where a read mapped the kernel's zero page and the write after
      * it faulted again (a sparse heap -- sqlite3's -- touches a table page per block) -- and, with
      * several threads, flushed the TLB of every CPU the process runs on: two threads growing their
      * heaps spent 39 % of their samples in those faults and 18 % in the flushes' interrupts. */
-    if (i != 0 && ways[i] != 0)
+    if (i != 0 && *kp != 0)
       continue;
 #if MT_SOLO
-    if (solo ? mt_cas_solo (&ways[i], 0, p)
-        : __atomic_compare_exchange_n (&ways[i], &expected, p, FALSE, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+    if (solo ? mt_cas_solo32 (kp, 0, key)
+        : __atomic_compare_exchange_n (kp, &expected, key, FALSE, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
 #else
-    if (__atomic_compare_exchange_n (&ways[i], &expected, p, FALSE, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+    if (__atomic_compare_exchange_n (kp, &expected, key, FALSE, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
 #endif
     {
       /* Only the thread that frees p reads this entry, and p is not handed out before we return. */
-      MtLiveMeta * m = &mt_live_metas (b)[i];
-      m->size = size;
-      m->stack_id = stack_id;
-      m->tick_k = mt_tick_k (k);
-      return TRUE;
+      e[i].size = size32;
+      e[i].stack_id = stack_id;
+      e[i].tick_k = mt_tick_k (k);
+      ok = TRUE;
+      break;
     }
   }
-  return FALSE;
 #endif
+  if (!ok && size32 == MT_LIVE_SIZE_BIG)
+    mt_live_big_size (p, TRUE);
+  return ok;
 }
 
-/* The way of bucket b holding key v, or -1.  A bucket's keys are one cache line: reading them is
- * what a per-bucket occupancy count cost (and every insert and removal no longer pays an atomic
- * add to keep one). */
+/* The way of bucket b holding address v (flag bits included), or -1.  A bucket's keys sit 16 bytes
+ * apart in its two lines: reading them is what a per-bucket occupancy count cost (and every insert
+ * and removal no longer pays an atomic add to keep one). */
 static inline gint
 mt_live_way (guint64 b, guint64 v)
 {
-  volatile guint64 * ways = mt_live_keys (b);
+  MtLiveEntry * e = mt_live_entries (b);
+  guint32 key = mt_live_key (v);
   gint i;
+  if (G_UNLIKELY (key == 0))
+    return -1;
   for (i = 0; i != MT_LIVE_WAYS; i++)
-    if (ways[i] == v)
+    if (*mt_live_key_at (&e[i]) == key)
       return i;
   return -1;
 }
@@ -1414,12 +1564,22 @@ mt_live_way (guint64 b, guint64 v)
 static inline gboolean
 mt_live_bucket_empty (guint64 b)
 {
-  volatile guint64 * ways = mt_live_keys (b);
+  MtLiveEntry * e = mt_live_entries (b);
   gint i;
   for (i = 0; i != MT_LIVE_WAYS; i++)
-    if (ways[i] != 0)
+    if (*mt_live_key_at (&e[i]) != 0)
       return FALSE;
   return TRUE;
+}
+
+/* Takes way i of bucket b (holding v) out of the table: its entry is read before the way is offered
+ * to another insert. */
+static inline void
+mt_live_take (guint64 b, gint i, guint64 v, MtLiveMeta * out)
+{
+  MtLiveEntry * e = &mt_live_entries (b)[i];
+  mt_live_meta_of (e, v, out, TRUE);
+  mt_store_release32 (mt_live_key_at (e), 0);
 }
 
 /* Only the thread freeing p can remove p, and p cannot be handed out again
@@ -1431,9 +1591,7 @@ mt_live_remove (guint64 p, MtLiveMeta * out)
   gint i = mt_live_way (b, p);
   if (i < 0)
     return FALSE;
-  *out = mt_live_metas (b)[i];
-  /* The entry is read before the way is offered to another insert. */
-  mt_store_release (&mt_live_keys (b)[i], 0);
+  mt_live_take (b, i, p, out);
   return TRUE;
 }
 

@@ -436,9 +436,9 @@ typedef struct
   guint64 bits[MT_PAGE_WINDOW / 64];   /* bit k: page first + k was written at some time (present or swapped) */
 } MtPageWindow;
 
-/* Whether bucket b's key line lies on a page never written: its keys are all zero then, and reading
- * them would fault the page in (the table is 96 MiB of mostly untouched pages at its default size:
- * the reads' faults were most of the final drain).  FALSE when it cannot tell. */
+/* Whether bucket b lies on a page never written: its keys are all zero then, and reading them would
+ * fault the page in (the table is 128 MiB of mostly untouched pages at its default size: the reads'
+ * faults were most of the final drain).  FALSE when it cannot tell. */
 static gboolean
 mt_live_bucket_untouched (guint64 b, MtPageWindow * w)
 {
@@ -450,7 +450,7 @@ mt_live_bucket_untouched (guint64 b, MtPageWindow * w)
   guint64 fd1 = mt_core.pagemap_fd1, ps = mt_core.page_size, page, pm[MT_PAGE_WINDOW], k;
   if (fd1 == 0 || ps == 0)
     return FALSE;
-  page = (guint64) (gsize) mt_live_keys (b) / ps;
+  page = (guint64) (gsize) mt_live_entries (b) / ps;
   if (!w->valid || page < w->first || page >= w->first + MT_PAGE_WINDOW)
   {
     /* (A read past the end of the address space's mapped part returns fewer entries: those pages
@@ -476,17 +476,17 @@ mt_live_bucket_untouched (guint64 b, MtPageWindow * w)
 #endif
 }
 
-/* After bucket b was found on an untouched page: the first bucket past it whose key line may lie on
- * a written page -- the first one on the next page the window says was written, or on the page past
- * the window (asked about then) -- so that the final drain steps over a run of untouched pages at
- * once, not bucket by bucket (cxx_work's exit walked 512 K buckets for the 100 K on written pages).
- * Key lines are 64-byte aligned (buckets of MT_LIVE_BUCKET_BYTES from a page-aligned table), so none
- * straddles two pages. */
+/* After bucket b was found on an untouched page: the first bucket past it that may lie on a written
+ * page -- the first one on the next page the window says was written, or on the page past the
+ * window (asked about then) -- so that the final drain steps over a run of untouched pages at once,
+ * not bucket by bucket (cxx_work's exit walked 512 K buckets for the 100 K on written pages).
+ * Buckets are 128-byte aligned (MT_LIVE_BUCKET_BYTES from a page-aligned table), so none straddles
+ * two pages. */
 static guint64
 mt_live_next_bucket_after_untouched (guint64 b, const MtPageWindow * w)
 {
   guint64 ps = mt_core.page_size, base = (guint64) (gsize) mt_live_table, page, k, next, b_next;
-  page = (guint64) (gsize) mt_live_keys (b) / ps;
+  page = (guint64) (gsize) mt_live_entries (b) / ps;
   next = w->first + MT_PAGE_WINDOW;
   for (k = page - w->first + 1; k < MT_PAGE_WINDOW; k++)
   {
@@ -520,7 +520,7 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
   for (i = mt_core.live_cursor; i != n; i++)
   {
     guint64 p;
-    MtLiveMeta * m;
+    MtLiveEntry * e;
     MtLiveRecord * r;
     /* Most buckets are empty (a table of 4,194,304 entries, a heap of a few thousand blocks): one
      * look at a bucket's key line skips its ways, where a way-by-way walk cost ~30 ms of the
@@ -535,20 +535,23 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
         i = (b_next <= mt_config.live_mask + 1 ? b_next : mt_config.live_mask + 1) * MT_LIVE_WAYS - 1;
         continue;
       }
-      /* The key lines ahead, asked for while this one is read: the written part of the table is
-       * cold by the target's exit, and its buckets are 192 bytes apart, a stride the hardware's
-       * prefetcher follows only after a while.  (With the page runs stepped over: the C++
+      /* The buckets ahead, asked for while this one is read: the written part of the table is
+       * cold by the target's exit, and the hardware's prefetcher follows a stride only after a
+       * while.  (With the page runs stepped over: the C++
        * program's final drain 5-6 ms -> 1-3 ms of its exit, CPython's, whose heap wrote the whole
        * table, 20 -> 7-8 ms.) */
       if (b + 8 <= mt_config.live_mask)
-        MT_PREFETCH (mt_live_keys (b + 8));
+      {
+        MT_PREFETCH (mt_live_entries (b + 8));
+        MT_PREFETCH ((const guint8 *) mt_live_entries (b + 8) + 64);
+      }
       if (mt_live_bucket_empty (b))
       {
         i += MT_LIVE_WAYS - 1;
         continue;
       }
     }
-    p = MT_LIVE_KEY (i);
+    p = mt_live_entry_address (i);
     /* The logger path's VM regions are not malloc blocks; its owed and suspect entries are (their
      * rows count them live), at their address (malloc.c, "the logger path's live-table entries"). */
     if (p == 0 || (p & MT_LIVE_VM) != 0)
@@ -559,15 +562,15 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
       mt_drain_info.more = 1;
       break;
     }
-    m = &MT_LIVE_META (i);
+    e = &MT_LIVE_ENTRY (i);
     r = (MtLiveRecord *) (out + used);
     r->type = MT_REC_LIVE;
-    r->k = (guint8) (m->tick_k >> MT_LIVE_TICK_BITS);
+    r->k = (guint8) (e->tick_k >> MT_LIVE_TICK_BITS);
     r->reserved = 0;
-    r->stack_id = m->stack_id;
+    r->stack_id = e->stack_id;
     r->ptr = p;
-    r->size = m->size;
-    r->tick = m->tick_k & ((1u << MT_LIVE_TICK_BITS) - 1);
+    r->size = mt_live_entry_size (i, p);
+    r->tick = e->tick_k & ((1u << MT_LIVE_TICK_BITS) - 1);
     r->reserved2 = 0;
     used += sizeof (MtLiveRecord);
     mt_core.live_dumped++;
@@ -827,7 +830,9 @@ mt_reset (void)
   for (i = 0; i != 8 * (mt_config.stack_mask + 1); i++)   /* every generation of the index (core.c) */
     mt_stack_table[i] = 0;
   for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
-    MT_LIVE_KEY (i) = 0;
+    MT_LIVE_ENTRY (i).key = 0;
+  for (i = 0; i != 2 * MT_LIVE_BIG_BLOCKS; i++)
+    mt_globals.live_big[i] = 0;
   for (i = 0; i <= mt_config.live_mask; i++)
     mt_live_locks[i] = 0;
 }
@@ -874,7 +879,7 @@ mt_live_occupied (void)
 {
   guint64 i, n = 0;
   for (i = 0; i != (mt_config.live_mask + 1) * MT_LIVE_WAYS; i++)
-    n += MT_LIVE_KEY (i) != 0;
+    n += MT_LIVE_ENTRY (i).key != 0;
   return n;
 }
 

@@ -94,7 +94,7 @@ mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * u
   guint64 entries = (mt_config.live_mask + 1) * MT_LIVE_WAYS;
   for (i = 0; i != entries; i++)
   {
-    guint64 p = MT_LIVE_KEY (i);
+    guint64 p = mt_live_entry_address (i);
     if (p == 0 || (p & MT_LIVE_VM) != 0)
       continue;
     all++;
@@ -106,8 +106,8 @@ mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * u
     if (n < cap)
     {
       out[n].ptr = p;
-      out[n].size = MT_LIVE_META (i).size;
-      out[n].stack_id = MT_LIVE_META (i).stack_id;
+      out[n].size = mt_live_entry_size (i, p);
+      out[n].stack_id = MT_LIVE_ENTRY (i).stack_id;
       out[n].flags = 0;
       n++;
     }
@@ -127,10 +127,10 @@ mt_leak_tracked_chunk_bytes (void)
   guint64 entries = (mt_config.live_mask + 1) * MT_LIVE_WAYS;
   for (i = 0; i != entries; i++)
   {
-    guint64 p = MT_LIVE_KEY (i), c;
+    guint64 p = mt_live_entry_address (i), c;
     if (p == 0 || (p & MT_LIVE_VM) != 0)
       continue;
-    c = (MT_LIVE_META (i).size + 8 + 15) & ~(guint64) 15;
+    c = (mt_live_entry_size (i, p) + 8 + 15) & ~(guint64) 15;
     sum += c < 32 ? 32 : c;
   }
   return sum;

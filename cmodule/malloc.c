@@ -249,25 +249,26 @@ mt_bucket_lock (MtSlot * s, guint64 b, gboolean nested)
   return TRUE;
 }
 
-/* The way holding key v in bucket b (lock held), or -1. */
+/* The way holding address v (flag bits included) in bucket b (lock held), or -1. */
 static gint
 mt_bucket_find (guint64 b, guint64 v)
 {
-  volatile guint64 * ways = mt_live_keys (b);
-  gint i;
-  for (i = 0; i != MT_LIVE_WAYS; i++)
-    if (ways[i] == v)
-      return i;
-  return -1;
+  return mt_live_way (b, v);
 }
 
-/* Takes way i of bucket b out of the table (lock held): its meta is read before the way is
- * offered to another insert. */
+/* Takes way i of bucket b, holding v, out of the table (lock held): its entry is read before the
+ * way is offered to another insert. */
 static void
-mt_bucket_take (guint64 b, gint i, MtLiveMeta * out)
+mt_bucket_take (guint64 b, gint i, guint64 v, MtLiveMeta * out)
 {
-  *out = mt_live_metas (b)[i];
-  mt_store_release (&mt_live_keys (b)[i], 0);
+  mt_live_take (b, i, v, out);
+}
+
+/* Way i of bucket b holds v from now on (lock held): a change of the entry's flag bits. */
+static void
+mt_bucket_rekey (guint64 b, gint i, guint64 v)
+{
+  *mt_live_key_at (&mt_live_entries (b)[i]) = mt_live_key (v);
 }
 
 static inline void
@@ -303,12 +304,12 @@ mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
   if ((i = mt_bucket_find (b, p | MT_LIVE_SUSPECT)) >= 0)
   {
     /* The suspect was the old block of a realloc: its release is this. */
-    mt_bucket_take (b, i, &m);
+    mt_bucket_take (b, i, p | MT_LIVE_SUSPECT, &m);
     release = TRUE;
   }
   else if ((i = mt_bucket_find (b, p)) >= 0)
   {
-    mt_live_keys (b)[i] = p | MT_LIVE_OWED;
+    mt_bucket_rekey (b, i, p | MT_LIVE_OWED);
   }
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
@@ -327,10 +328,11 @@ mt_logger_release (MtSlot * s, guint kind, guint64 p, gboolean temporary, gboole
   gint i;
   if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
     return;
+  guint64 v = p;
   if ((i = mt_bucket_find (b, p)) < 0)
-    i = mt_bucket_find (b, p | MT_LIVE_SUSPECT);
+    i = mt_bucket_find (b, v = p | MT_LIVE_SUSPECT);
   if (i >= 0)
-    mt_bucket_take (b, i, &m);
+    mt_bucket_take (b, i, v, &m);
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
     mt_logger_released (s, kind, p, &m, temporary, nested);
@@ -351,7 +353,7 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
     return;
   if ((i = mt_bucket_find (b, p | MT_LIVE_OWED)) >= 0)
   {
-    mt_bucket_take (b, i, &m);
+    mt_bucket_take (b, i, p | MT_LIVE_OWED, &m);
     release = TRUE;
   }
   else if ((i = mt_bucket_find (b, p)) >= 0)
@@ -360,12 +362,12 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
     if (nested || (size_of != NULL && size_of ((gconstpointer) (gsize) p) != 0))
     {
       /* Handed out again and not logged as such: whose is the entry?  The next event decides. */
-      mt_live_keys (b)[i] = p | MT_LIVE_SUSPECT;
+      mt_bucket_rekey (b, i, p | MT_LIVE_SUSPECT);
       mt_logger_count (s, MT_C_REALLOC_REUSE_SEEN, nested);
     }
     else
     {
-      mt_bucket_take (b, i, &m);
+      mt_bucket_take (b, i, p, &m);
       release = TRUE;
     }
   }
@@ -425,7 +427,7 @@ mt_vm_unlist (MtSlot * s, guint64 p)
   if (!mt_bucket_lock (s, b, FALSE))
     return;
   if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
-    mt_bucket_take (b, i, &m);
+    mt_bucket_take (b, i, p | MT_LIVE_VM, &m);
   mt_unlock (&mt_live_locks[b]);
 }
 
@@ -488,7 +490,7 @@ mt_on_vm_free (MtSlot * s, guint64 p, guint64 size, gboolean nested)
   if (!mt_live_bucket_empty (b) && mt_bucket_lock (s, b, nested))
   {
     if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
-      mt_bucket_take (b, i, &m);
+      mt_bucket_take (b, i, p | MT_LIVE_VM, &m);
     mt_unlock (&mt_live_locks[b]);
   }
   if (i < 0)

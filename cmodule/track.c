@@ -506,9 +506,9 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   /* The block's live-table lines, asked for before the stack: a fresh part of the table is a miss
    * (a growing heap's every allocation), which the stack's memo check or walk then overlaps. */
   {
-    guint64 b = mt_live_bucket (p);
-    MT_PREFETCH_W (mt_live_keys (b));
-    MT_PREFETCH_W (mt_live_metas (b));
+    const guint8 * e = (const guint8 *) mt_live_entries (mt_live_bucket (p));
+    MT_PREFETCH_W (e);
+    MT_PREFETCH_W (e + 64);
   }
 
   if (want_stack)
@@ -699,8 +699,8 @@ mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_h
   chunk_min = mt_config.chunk_min;
   if (chunk_min == 0)
   {
-    MT_PREFETCH (mt_live_keys (b));
-    MT_PREFETCH (mt_live_metas (b));
+    MT_PREFETCH (mt_live_entries (b));
+    MT_PREFETCH ((const guint8 *) mt_live_entries (b) + 64);
     if (from_hook)
       MT_PREFETCH_W ((const guint8 *) p - 8);
   }

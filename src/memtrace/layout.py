@@ -206,7 +206,7 @@ MAX_FRAMES = 512
 # The last frame of a stack cut at --frames: its innermost frames are kept, this marks the cut (so
 # --frames is at most MAX_FRAMES - 1).
 TRUNCATED_FRAME = 1
-LIVE_WAYS = 8                  # pointers per live-table bucket
+LIVE_WAYS = 8                  # blocks per live-table bucket
 # Each thread's last stack walk through unwind tables, frame by frame (cmodule/unwind.c, "the frame
 # cache"): a walk that reaches one of its frames unchanged copies the rest.  Levels held at most
 # (a stack deeper than this is walked in full every time), and the bytes of one thread's cache: an
@@ -254,11 +254,27 @@ OWN_THREADS_WORDS = OWN_TID + OWN_TIDS
 # the caller used from the call instruction at `ra` and moves the site's counts to that kind.
 SITE = Layout("MtSite", (("ra", "u64"), ("calls", "u64"), ("bytes", "u64"), ("kind", "u64")))
 
-# The live table: bucket b holds LIVE_WAYS keys (block addresses, 0 = empty) in mt_live_table[b * LIVE_WAYS
-# + way], and beside each key its entry in mt_live_meta at the same index.  `tick` is the drain count when
-# the block was allocated (100 ms ticks; it wraps after 2^24 ticks), `k` the sampling multiplier (0: an
-# exact block; k >= 1: a sampled one standing for k * sample_interval bytes).
+# The live table (cmodule/core.c, "the live-pointer table"): bucket b is LIVE_WAYS entries of 16 bytes, two
+# cache lines, at mt_live_table + b * LIVE_WAYS * LIVE_ENTRY.size.  An entry's `key` is not the block's
+# address but what the bucket does not already say of it: the number of the address window, plus one (0 =
+# an empty way), above the address's low bits (core.c, mt_live_key) -- so that a block costs 16 bytes of
+# table, not 24, and a bucket spans 256 bytes of heap, not 128: the table a heap touches is half its size
+# where it was 1.5 times, and every page of it is a fresh page the target faults in.  `size` is the
+# requested size (LIVE_SIZE_BIG: 4 GiB or more, the size in the core's side list), `tick` the drain count
+# when the block was allocated (100 ms ticks; it wraps after 2^24 ticks), `k` the sampling multiplier (0:
+# an exact block; k >= 1: a sampled one standing for k * sample_interval bytes).  MtLiveMeta is an entry
+# as the core's functions hand it over, its size whole.
+LIVE_ENTRY = Layout("MtLiveEntry", (("key", "u32"), ("size", "u32"), ("stack_id", "u32"), ("tick_k", "u32")))
 LIVE_META = Layout("MtLiveMeta", (("size", "u64"), ("stack_id", "u32"), ("tick_k", "u32")))
+LIVE_SIZE_BIG = 0xFFFFFFFF
+LIVE_BIG_BLOCKS = 64            # blocks of 4 GiB or more the side list holds at once (more: untracked, counted)
+# A key holds 32 bits: the address bits above the bucket's own and the span's low bits -- so the table
+# has at least 2^LIVE_MIN_BUCKET_BITS buckets, whatever is asked, for a 48-bit address space (Linux:
+# 16 MiB reserved, resident only where a heap touches it); Darwin's (iOS addresses stay below 2^40,
+# and its budget is small) 2^LIVE_MIN_BUCKET_BITS_DARWIN: its keys name addresses below 2^45.  A
+# block past what a key names is not tracked, and counted (live_table_full).
+LIVE_MIN_BUCKET_BITS = 17
+LIVE_MIN_BUCKET_BITS_DARWIN = 13
 LIVE_TICK_BITS = 24
 
 # ---- aggregates: per-stack running totals kept by the core, one row per stack and lane ---------
@@ -343,6 +359,7 @@ CONFIG = Layout("MtConfig", (
     ("defs_size", "u64"),          # bytes of the stack-definition buffer, power of two
     ("track_min", "u64"),          # min(live_threshold, stack_threshold), 0 while sampling: smaller blocks are only counted
     ("chunk_min", "u64"),          # glibc: a block whose chunk (the size word before it) is smaller is untracked; 0: unused
+    ("live_bits", "u64"),          # log2 of the live buckets (live_mask + 1), >= LIVE_MIN_BUCKET_BITS
 ))
 
 # ---- unwinding through code without frame pointers (cmodule/unwind.c, runtime/unwind.js) --------
@@ -647,7 +664,7 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 
 # Every record layout and C struct the generated header defines, in order.
 C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
-                                 CONFIG, LOGGER_EVENT, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
+                                 CONFIG, LOGGER_EVENT, LIVE_ENTRY, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
                                  LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_SEG,
                                  LEAK_GLIBC, WORLD_THREAD, WORLD, LEAK_JOB,
                                  UNWIND_ROW, UNWIND_MODULE, PROC, PURG_EVENT)

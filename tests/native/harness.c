@@ -41,7 +41,8 @@
 
 #define N_SLOTS 64            /* probe.c's MT_HARNESS_SLOTS */
 #define STACK_SLOTS 4096
-#define LIVE_BUCKETS 4096
+#define LIVE_BUCKET_BITS MT_LIVE_MIN_BUCKET_BITS   /* the agent's smallest: a key names a 48-bit address */
+#define LIVE_BUCKETS (1 << LIVE_BUCKET_BITS)
 #define LANES 4
 #define N_ROWS (STACK_SLOTS + 3)
 #define N_RINGS 64
@@ -55,10 +56,10 @@ MtConfig mt_config;
 /* mt_globals, mt_core and mt_slots (N_SLOTS of them): probe.c, where their types are known. */
 guint8 mt_ring_pool[N_RINGS * RING_SIZE] ALIGNED;
 /* As the agent sizes them (runtime/core.js): (hash, id) pairs, twice as many as stack ids; each
- * live bucket its MT_LIVE_WAYS keys and then their MtLiveMeta entries. */
+ * live bucket its MT_LIVE_WAYS entries. */
 volatile guint64 mt_stack_table[8 * STACK_SLOTS];   /* every generation of the index */
 guint8 mt_defs[DEFS_BYTES] ALIGNED;
-guint8 mt_live_table[LIVE_BUCKETS * MT_LIVE_WAYS * (8 + sizeof (MtLiveMeta))] ALIGNED;
+guint8 mt_live_table[LIVE_BUCKETS * MT_LIVE_WAYS * sizeof (MtLiveEntry)] ALIGNED;
 volatile gint mt_live_locks[LIVE_BUCKETS];
 volatile guint64 mt_agg[N_ROWS * LANES * MT_AGG_STRIDE] ALIGNED;
 volatile guint8 mt_agg_dirty[N_ROWS];
@@ -155,6 +156,7 @@ extern guint64 mt_probe_slots_hw (void);
 extern void mt_probe_set_slots_hw (gint hw);
 extern void mt_probe_peak_lock (gint delta);
 extern guint64 mt_probe_live_bucket (guint64 p);
+extern guint64 mt_probe_live_keys (void);
 extern guint64 mt_probe_index_check (guint64 * gen);
 
 /* ---- the allocator behind the hooks ---------------------------------------------------------- */
@@ -618,6 +620,10 @@ provoke_findings (void)
   (void) mt_busy_slots ();
   mt_probe_set_slots_hw ((gint) hw);
 
+  /* The live table's keys and big blocks (probe.c). */
+  if (mt_probe_live_keys () != 0)
+    FAIL ("the live table's keys or big blocks (above)");
+
   /* A new high-water mark while another thread holds the peak's lock: the peak must still reach it. */
   if (mode == MODE_STACKED)
   {
@@ -672,6 +678,7 @@ configure (void)
   mt_config.n_rings = mode == MODE_EVENTS ? N_RINGS : 0;
   mt_config.stack_mask = STACK_SLOTS - 1;
   mt_config.live_mask = LIVE_BUCKETS - 1;
+  mt_config.live_bits = LIVE_BUCKET_BITS;
   mt_config.code_mask = ~0ULL;
   mt_config.tls_key = key;
   mt_config.gettid_nr = SYS_gettid;

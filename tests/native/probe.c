@@ -1,6 +1,8 @@
 /* Compiled after the core in the harness's build only.  The tables whose type only the core
  * knows are defined here at their exact size (an index past the slot array is then an ASan
  * report), and a few views of the core's private state for the harness's checks. */
+#include <stdio.h>
+
 #define MT_HARNESS_SLOTS 64
 
 MtGlobals mt_globals;
@@ -75,4 +77,71 @@ gint64
 mt_probe_tracked_bytes (void)
 {
   return mt_core.tracked_bytes;
+}
+
+/* The live table's keys and its big blocks, checked directly (cmodule/core.c, "the live-pointer
+ * table"): every address a key can name comes back whole from its bucket and key, flag bits and
+ * all; one it cannot name (past 2^48 with the smallest table) is refused, not mistaken for another; a block of 4 GiB or
+ * more keeps its exact size through the side list, which refuses the one block too many and is
+ * empty again once they are gone.  Returns the failures (each said on stderr); leaves the table
+ * as it found it. */
+guint64
+mt_probe_live_keys (void)
+{
+  static const guint64 addresses[] = {
+    0x10, 0x1000, 0x55555555a2a0ULL, 0x55555555a2a8ULL | MT_LIVE_OWED, 0x7ffff7a00010ULL,
+    0x7ffff7a000f0ULL | MT_LIVE_VM, 0xffffffffff0ULL, 0xfffffffffff0ULL, 0x123456789ab0ULL,
+  };
+  guint64 failures = 0, i, b;
+  MtLiveMeta m;
+  for (i = 0; i != G_N_ELEMENTS (addresses); i++)
+  {
+    guint64 p = addresses[i];
+    guint32 key = mt_live_key (p);
+    b = mt_live_bucket (p);
+    if (key == 0 || mt_live_address (b, key) != p)
+    {
+      fprintf (stderr, "probe: %#llx keyed %#x comes back as %#llx\n", (unsigned long long) p, key,
+               (unsigned long long) (key == 0 ? 0 : mt_live_address (b, key)));
+      failures++;
+    }
+  }
+  {
+    guint64 far = (guint64) MT_LIVE_KEY_WINDOWS << (MT_LIVE_SHIFT + mt_config.live_bits);
+    if (far < (1ULL << 48) || mt_live_key (far) != 0 || mt_live_insert (far, 64, 1, 0, 16)
+        || mt_live_address (mt_live_bucket (far - 16), mt_live_key (far - 16)) != far - 16)
+    {
+      fprintf (stderr, "probe: the first address a key cannot name (%#llx) was keyed, or the last one not\n",
+               (unsigned long long) far);
+      failures++;
+    }
+  }
+  for (i = 0; i != MT_LIVE_BIG_BLOCKS + 1; i++)
+  {
+    guint64 p = 0x100000000000ULL + i * 0x100000000ULL;
+    gboolean in = mt_live_insert (p, (5ULL << 32) + i, 7, 0, 16);
+    if (in != (i < MT_LIVE_BIG_BLOCKS))
+    {
+      fprintf (stderr, "probe: big block %llu %s\n", (unsigned long long) i, in ? "taken past the list" : "refused");
+      failures++;
+    }
+  }
+  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
+  {
+    guint64 p = 0x100000000000ULL + i * 0x100000000ULL;
+    b = mt_live_bucket (p);
+    if (mt_live_way (b, p) < 0 || mt_live_entry_size (b * MT_LIVE_WAYS + (guint64) mt_live_way (b, p), p) != (5ULL << 32) + i
+        || !mt_live_remove (p, &m) || m.size != (5ULL << 32) + i || m.stack_id != 7)
+    {
+      fprintf (stderr, "probe: big block %llu lost its size\n", (unsigned long long) i);
+      failures++;
+    }
+  }
+  for (i = 0; i != 2 * MT_LIVE_BIG_BLOCKS; i++)
+    if (i % 2 == 1 && mt_globals.live_big[i] != 0)
+    {
+      fprintf (stderr, "probe: the big blocks' list kept pair %llu\n", (unsigned long long) (i / 2));
+      failures++;
+    }
+  return failures;
 }

@@ -11,15 +11,17 @@ agent_config_for = MALLOC.agent_config
 SLOT_BYTES, GLOBALS_BYTES, CORE_BYTES, DEFS_BYTES = 2048, 65536, 4096, 1 << 20   # runtime/core.js
 
 
-def reserved(config: dict) -> int:
+def reserved(config: dict, darwin: bool = False) -> int:
     """Bytes the core maps for a config, as runtime/core.js does (the default mode: no rings)."""
-    stacks, entries = config["stackTable"], config["liveTable"]
+    stacks = config["stackTable"]
+    min_buckets = 1 << (layout.LIVE_MIN_BUCKET_BITS_DARWIN if darwin else layout.LIVE_MIN_BUCKET_BITS)
+    buckets = max(min_buckets, config["liveTable"] // layout.LIVE_WAYS)
     rows = stacks + len(layout.PSEUDO_STACKS)
     lanes = config.get("aggLanes", 4)
     rings = config["rings"] * config["ringKb"] * 1024 if config.get("events") else 0
     return (GLOBALS_BYTES + CORE_BYTES + config["threadSlots"] * SLOT_BYTES + rings
             + stacks * (8 + 4) + DEFS_BYTES                                          # stack table, list, definitions
-            + entries * (8 + layout.LIVE_META.size) + 2 * (entries // layout.LIVE_WAYS) * 4   # live table, meta
+            + buckets * layout.LIVE_WAYS * layout.LIVE_ENTRY.size + buckets * 4             # live table, its locks
             + rows * (lanes * layout.AGG_STRIDE * 8 + 1 + layout.AGG_STRIDE * 8 + 8))      # rows, dirty, shipped, live
 
 
@@ -27,8 +29,8 @@ def test_darwin_targets_get_small_tables_and_user_options_still_win() -> None:
     linux, darwin = agent_config_for("linux", {}), agent_config_for("darwin", {})
     assert linux == AGENT_DEFAULTS
     assert reserved(linux) > 64 << 20
-    assert reserved(darwin) < 8 << 20
-    assert reserved({**darwin, "events": True}) < 12 << 20
+    assert reserved(darwin, darwin=True) < 8 << 20
+    assert reserved({**darwin, "events": True}, darwin=True) < 12 << 20
     assert agent_config_for("darwin", {"ringKb": 1024})["ringKb"] == 1024
     assert agent_config_for("darwin", {"liveThreshold": 1})["liveThreshold"] == 1
     assert agent_config_for(None, {}) == AGENT_DEFAULTS

@@ -53,7 +53,7 @@ AGENT_DEFAULTS: dict[str, Any] = {
 }
 # Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app
 # extensions are jetsammed in the tens of MB), so the core's tables and rings are sized for that
-# (~6.5 MiB reserved; only what is used becomes resident): 8192 stacks with one aggregate lane each
+# (~6 MiB reserved; only what is used becomes resident): 8192 stacks with one aggregate lane each
 # (a row's cache line shared by threads), 65536 live blocks -- and the layered capture stays the
 # default there: stacks for allocations of 8 KiB and up, blocks of 4 KiB and up tracked (every
 # summary says so in its "covers" line).  DEVICE-UNVERIFIED: not measured on a device.

@@ -22,9 +22,21 @@ static volatile gint * mt_live_occupancy_p;
 #define mt_live_table mt_live_table_p
 #define mt_live_meta mt_live_meta_p
 #define mt_live_occupancy mt_live_occupancy_p
-/* leaks.c reads the live table through core.c's accessors (key i, its meta): here, plain arrays. */
-#define MT_LIVE_KEY(i) (mt_live_table[i])
-#define MT_LIVE_META(i) (mt_live_meta[i])
+/* leaks.c reads the live table through core.c's accessors (entry i's address, its size, the entry):
+ * here, plain arrays of whole addresses and metas. */
+static inline guint64
+mt_live_entry_address (guint64 i)
+{
+  return mt_live_table[i];
+}
+
+static inline guint64
+mt_live_entry_size (guint64 i, guint64 p)
+{
+  (void) p;
+  return mt_live_meta[i].size;
+}
+#define MT_LIVE_ENTRY(i) (mt_live_meta[i])
 
 static inline void
 mt_barrier (void)

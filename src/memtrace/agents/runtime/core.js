@@ -9,7 +9,8 @@
  * until it is used.
  */
 
-import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_META, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
+import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_ENTRY, LIVE_MIN_BUCKET_BITS,
+  LIVE_MIN_BUCKET_BITS_DARWIN, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
   MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_CHANGED_MAX, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withCompilerEnv } from './process.js';
@@ -154,7 +155,10 @@ export function buildCore(config, sources, extraSymbols) {
   if (nRings > MAX_RINGS)
     throw new Error(`memtrace agent: at most ${MAX_RINGS} rings (asked for ${nRings})`);
   const stackSlots = pow2(config.stackTable);
-  const liveBuckets = pow2(Math.max(1024, Math.ceil(config.liveTable / LIVE_WAYS)));
+  // At least 2^LIVE_MIN_BUCKET_BITS buckets, whatever was asked: a key names the address bits above
+  // its bucket's in 32 bits (core.c, mt_live_key; layout.py).  Only the pages a heap touches are resident.
+  const minBucketBits = IS_DARWIN ? LIVE_MIN_BUCKET_BITS_DARWIN : LIVE_MIN_BUCKET_BITS;
+  const liveBuckets = pow2(Math.max(2 ** minBucketBits, Math.ceil(config.liveTable / LIVE_WAYS)));
   const lanes = Math.min(MAX_LANES, pow2(config.aggLanes || DEFAULT_LANES));
   const rows = stackSlots + PSEUDO_STACKS.length;
   // Stack definitions waiting for the drain (100 ms): a burst of new stacks past it loses theirs
@@ -171,8 +175,8 @@ export function buildCore(config, sources, extraSymbols) {
   // many as stack ids, 4 * stackSlots pairs in all; only the generations reached are written.
   const stackTable = budgetPages(4 * stackSlots * 16, 'stack_index');
   const defs = rawPages(DEFS_BYTES, 'defs');
-  // Each bucket: its LIVE_WAYS keys (one cache line), then their LIVE_META entries (core.c).
-  const liveTable = rawPages(liveBuckets * LIVE_WAYS * (8 + LIVE_META.size), 'live_table');
+  // Each bucket: LIVE_WAYS entries of LIVE_ENTRY.size bytes, two cache lines (core.c).
+  const liveTable = rawPages(liveBuckets * LIVE_WAYS * LIVE_ENTRY.size, 'live_table');
   const liveLocks = rawPages(liveBuckets * 4, 'live_locks');
   const agg = budgetPages(rows * lanes * AGG_STRIDE * 8, 'agg');
   const aggDirty = budgetPages(rows, 'agg_dirty');
@@ -311,6 +315,7 @@ export function buildCore(config, sources, extraSymbols) {
     n_rings: nRings,
     stack_mask: stackSlots - 1,
     live_mask: liveBuckets - 1,
+    live_bits: Math.round(Math.log2(liveBuckets)),
     code_mask: (IS_DARWIN && Process.arch === 'arm64') ? uint64('0x7fffffffff') : uint64('0xffffffffffffffff'),
     tls_key: key,
     gettid_nr: Process.arch === 'arm64' ? 178 : 186,   // SYS_gettid

@@ -1324,8 +1324,11 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
 # define MT_LIVE_SHIFT 6
 #endif
 #define MT_LIVE_SPAN_MASK ((1u << MT_LIVE_SHIFT) - 1)
-/* Windows a key can name (its bits above the span's, less the one that marks a way as taken). */
-#define MT_LIVE_KEY_WINDOWS ((1u << (32 - MT_LIVE_SHIFT)) - 1)
+/* Windows a key can name: its bits above the span's, less the top bit (MT_LIVE_DISPLACED) and the
+ * one value that would reach it. */
+#define MT_LIVE_KEY_WINDOWS ((1u << (31 - MT_LIVE_SHIFT)) - 1)
+/* A key's top bit: the entry is not in its home bucket but in its alternate (mt_live_alt). */
+#define MT_LIVE_DISPLACED 0x80000000u
 
 static inline guint64
 mt_live_window_offset (guint64 window_q)
@@ -1368,6 +1371,22 @@ mt_live_address (guint64 b, guint32 key)
   return (q << MT_LIVE_SHIFT) | (key & MT_LIVE_SPAN_MASK);
 }
 
+/* The alternate bucket of the block keyed `key` (no MT_LIVE_DISPLACED) whose home is bucket b: its
+ * entry goes there when the home's 8 ways are taken.  Dense parts of the heap that land on the same
+ * buckets (glibc's thread arenas: heaps of 64 MiB on 64 MiB boundaries, whose first megabytes are
+ * all small blocks, at the windows' pseudo-random offsets) overflowed their buckets: 8 threads
+ * keeping 300,000 blocks of 24 B each had half their blocks untracked.  The alternate is in the
+ * other half of the table, at a place drawn from the key, so each block of a crowded bucket goes
+ * somewhere else; XOR makes it its own inverse (the drain finds the home from where the entry is).
+ * The logger path's own flags (suspect, owed) change on an entry in place: they are left out. */
+static inline guint64
+mt_live_alt (guint64 b, guint32 key)
+{
+  guint64 half = (mt_config.live_mask + 1) >> 1;
+  guint64 h = ((guint64) (key & ~(guint32) (MT_LIVE_SUSPECT | MT_LIVE_OWED)) * 0x9e3779b97f4a7c15ULL) >> 32;
+  return b ^ ((h & (half - 1)) | half);
+}
+
 #define MT_LIVE_BUCKET_BYTES (MT_LIVE_WAYS * sizeof (MtLiveEntry))
 
 static inline MtLiveEntry *
@@ -1390,7 +1409,15 @@ static inline guint64
 mt_live_entry_address (guint64 i)
 {
   guint32 key = *mt_live_key_at (&MT_LIVE_ENTRY (i));
-  return key == 0 ? 0 : mt_live_address (i / MT_LIVE_WAYS, key);
+  guint64 b = i / MT_LIVE_WAYS;
+  if (key == 0)
+    return 0;
+  if (key & MT_LIVE_DISPLACED)
+  {
+    key &= ~MT_LIVE_DISPLACED;
+    b = mt_live_alt (b, key);
+  }
+  return mt_live_address (b, key);
 }
 
 static inline guint32
@@ -1473,44 +1500,29 @@ mt_live_entry_size (guint64 i, guint64 p)
   return G_LIKELY (size != MT_LIVE_SIZE_BIG) ? size : mt_live_big_size (p, FALSE);
 }
 
-/* Remembers block p (its size, stack and sampling multiplier k); FALSE when its bucket is full (or
- * p cannot be keyed, or the big blocks' list is full). */
-static gboolean
-mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
+/* Takes an empty way of bucket b for `key`: its entry, or NULL when the 8 are taken. */
+static MtLiveEntry *
+mt_live_claim (guint64 b, guint32 key, guint spins)
 {
-  guint64 b = mt_live_bucket (p);
   MtLiveEntry * e = mt_live_entries (b);
-  guint32 key = mt_live_key (p), size32 = (guint32) size;
   guint i;
-  if (G_UNLIKELY (key == 0))
-    return FALSE;
-  if (G_UNLIKELY (size >= MT_LIVE_SIZE_BIG))
-  {
-    if (!mt_live_big_add (p, size))
-      return FALSE;
-    size32 = MT_LIVE_SIZE_BIG;
-  }
 #ifdef __TINYC__
-  gboolean ok = FALSE;
-  if (mt_trylock (&mt_live_locks[b], spins))
+  MtLiveEntry * got = NULL;
+  if (!mt_trylock (&mt_live_locks[b], spins))
+    return NULL;
+  for (i = 0; i != MT_LIVE_WAYS; i++)
   {
-    for (i = 0; i != MT_LIVE_WAYS; i++)
+    if (*mt_live_key_at (&e[i]) == 0)
     {
-      if (*mt_live_key_at (&e[i]) == 0)
-      {
-        e[i].size = size32;
-        e[i].stack_id = stack_id;
-        e[i].tick_k = mt_tick_k (k);
-        *mt_live_key_at (&e[i]) = key;
-        ok = TRUE;
-        break;
-      }
+      *mt_live_key_at (&e[i]) = key;
+      got = &e[i];
+      break;
     }
-    mt_unlock (&mt_live_locks[b]);
   }
+  mt_unlock (&mt_live_locks[b]);
+  return got;
 #else
   (void) spins;
-  gboolean ok = FALSE;
   gboolean solo = MT_SOLO && mt_core.solo == MT_SOLO_ON;
   for (i = 0; i != MT_LIVE_WAYS; i++)
   {
@@ -1529,36 +1541,79 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
 #else
     if (__atomic_compare_exchange_n (kp, &expected, key, FALSE, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
 #endif
-    {
-      /* Only the thread that frees p reads this entry, and p is not handed out before we return. */
-      e[i].size = size32;
-      e[i].stack_id = stack_id;
-      e[i].tick_k = mt_tick_k (k);
-      ok = TRUE;
-      break;
-    }
+      return &e[i];
   }
+  return NULL;
 #endif
-  if (!ok && size32 == MT_LIVE_SIZE_BIG)
-    mt_live_big_size (p, TRUE);
-  return ok;
 }
 
-/* The way of bucket b holding address v (flag bits included), or -1.  A bucket's keys sit 16 bytes
- * apart in its two lines: reading them is what a per-bucket occupancy count cost (and every insert
- * and removal no longer pays an atomic add to keep one). */
+/* Remembers block p (its size, stack and sampling multiplier k) in its bucket, else in its alternate;
+ * FALSE when both are full (or p cannot be keyed, or the big blocks' list is full). */
+static gboolean
+mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
+{
+  guint64 b = mt_live_bucket (p);
+  guint32 key = mt_live_key (p), size32 = (guint32) size;
+  MtLiveEntry * e;
+  if (G_UNLIKELY (key == 0))
+    return FALSE;
+  if (G_UNLIKELY (size >= MT_LIVE_SIZE_BIG))
+  {
+    if (!mt_live_big_add (p, size))
+      return FALSE;
+    size32 = MT_LIVE_SIZE_BIG;
+  }
+  e = mt_live_claim (b, key, spins);
+  if (G_UNLIKELY (e == NULL))
+    e = mt_live_claim (mt_live_alt (b, key), key | MT_LIVE_DISPLACED, spins);
+  if (G_UNLIKELY (e == NULL))
+  {
+    if (size32 == MT_LIVE_SIZE_BIG)
+      mt_live_big_size (p, TRUE);
+    return FALSE;
+  }
+  /* Only the thread that frees p reads this entry, and p is not handed out before we return (the
+   * drain, which walks the table, reads entries the hooks no longer change: at the window's end). */
+  e->size = size32;
+  e->stack_id = stack_id;
+  e->tick_k = mt_tick_k (k);
+  return TRUE;
+}
+
+/* The way of bucket b whose key is `key`, or -1.  A bucket's keys sit 16 bytes apart in its two
+ * lines: reading them is what a per-bucket occupancy count cost (and every insert and removal no
+ * longer pays an atomic add to keep one). */
 static inline gint
-mt_live_way (guint64 b, guint64 v)
+mt_live_way_of_key (guint64 b, guint32 key)
 {
   MtLiveEntry * e = mt_live_entries (b);
-  guint32 key = mt_live_key (v);
   gint i;
-  if (G_UNLIKELY (key == 0))
-    return -1;
   for (i = 0; i != MT_LIVE_WAYS; i++)
     if (*mt_live_key_at (&e[i]) == key)
       return i;
   return -1;
+}
+
+/* Where address v (flag bits included) is listed: its way, and in *at its bucket (its home, or its
+ * alternate); -1 when it is not.  A block in the table is almost always in its home: the alternate
+ * is read only on a miss there. */
+static inline gint
+mt_live_find (guint64 v, guint64 * at)
+{
+  guint32 key = mt_live_key (v);
+  guint64 b = mt_live_bucket (v);
+  gint i;
+  if (G_UNLIKELY (key == 0))
+    return -1;
+  if (G_LIKELY ((i = mt_live_way_of_key (b, key)) >= 0))
+  {
+    *at = b;
+    return i;
+  }
+  b = mt_live_alt (b, key);
+  if ((i = mt_live_way_of_key (b, key | MT_LIVE_DISPLACED)) >= 0)
+    *at = b;
+  return i;
 }
 
 static inline gboolean
@@ -1570,6 +1625,16 @@ mt_live_bucket_empty (guint64 b)
     if (*mt_live_key_at (&e[i]) != 0)
       return FALSE;
   return TRUE;
+}
+
+/* Whether nothing at address v can be listed, whatever the logger path's flags on it: its home and
+ * its alternate are empty (a look before taking a bucket lock). */
+static inline gboolean
+mt_live_surely_absent (guint64 v)
+{
+  guint64 b = mt_live_bucket (v);
+  guint32 key = mt_live_key (v);
+  return key == 0 || (mt_live_bucket_empty (b) && mt_live_bucket_empty (mt_live_alt (b, key)));
 }
 
 /* Takes way i of bucket b (holding v) out of the table: its entry is read before the way is offered
@@ -1587,8 +1652,8 @@ mt_live_take (guint64 b, gint i, guint64 v, MtLiveMeta * out)
 static inline gboolean
 mt_live_remove (guint64 p, MtLiveMeta * out)
 {
-  guint64 b = mt_live_bucket (p);
-  gint i = mt_live_way (b, p);
+  guint64 b = 0;
+  gint i = mt_live_find (p, &b);
   if (i < 0)
     return FALSE;
   mt_live_take (b, i, p, out);

@@ -437,7 +437,7 @@ typedef struct
 } MtPageWindow;
 
 /* Whether bucket b lies on a page never written: its keys are all zero then, and reading them would
- * fault the page in (the table is 128 MiB of mostly untouched pages at its default size: the reads'
+ * fault the page in (the table is 256 MiB of mostly untouched pages at its default size: the reads'
  * faults were most of the final drain).  FALSE when it cannot tell. */
 static gboolean
 mt_live_bucket_untouched (guint64 b, MtPageWindow * w)

@@ -249,11 +249,12 @@ mt_bucket_lock (MtSlot * s, guint64 b, gboolean nested)
   return TRUE;
 }
 
-/* The way holding address v (flag bits included) in bucket b (lock held), or -1. */
+/* The way holding address v (flag bits included), its bucket in *at (the home bucket's lock held:
+ * it guards p's entry wherever the entry is), or -1. */
 static gint
-mt_bucket_find (guint64 b, guint64 v)
+mt_bucket_find (guint64 v, guint64 * at)
 {
-  return mt_live_way (b, v);
+  return mt_live_find (v, at);
 }
 
 /* Takes way i of bucket b, holding v, out of the table (lock held): its entry is read before the
@@ -264,11 +265,13 @@ mt_bucket_take (guint64 b, gint i, guint64 v, MtLiveMeta * out)
   mt_live_take (b, i, v, out);
 }
 
-/* Way i of bucket b holds v from now on (lock held): a change of the entry's flag bits. */
+/* Way i of bucket b holds v from now on (the home's lock held): a change of the entry's flag bits,
+ * in its home or its alternate (which they leave as it is: mt_live_alt). */
 static void
 mt_bucket_rekey (guint64 b, gint i, guint64 v)
 {
-  *mt_live_key_at (&mt_live_entries (b)[i]) = mt_live_key (v);
+  volatile guint32 * kp = mt_live_key_at (&mt_live_entries (b)[i]);
+  *kp = mt_live_key (v) | (*kp & MT_LIVE_DISPLACED);
 }
 
 static inline void
@@ -298,18 +301,19 @@ mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
   guint64 b = mt_live_bucket (p);
   MtLiveMeta m;
   gint i;
+  guint64 at = 0;
   gboolean release = FALSE;
-  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_surely_absent (p) || !mt_bucket_lock (s, b, nested))
     return;
-  if ((i = mt_bucket_find (b, p | MT_LIVE_SUSPECT)) >= 0)
+  if ((i = mt_bucket_find (p | MT_LIVE_SUSPECT, &at)) >= 0)
   {
     /* The suspect was the old block of a realloc: its release is this. */
-    mt_bucket_take (b, i, p | MT_LIVE_SUSPECT, &m);
+    mt_bucket_take (at, i, p | MT_LIVE_SUSPECT, &m);
     release = TRUE;
   }
-  else if ((i = mt_bucket_find (b, p)) >= 0)
+  else if ((i = mt_bucket_find (p, &at)) >= 0)
   {
-    mt_bucket_rekey (b, i, p | MT_LIVE_OWED);
+    mt_bucket_rekey (at, i, p | MT_LIVE_OWED);
   }
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
@@ -326,13 +330,13 @@ mt_logger_release (MtSlot * s, guint kind, guint64 p, gboolean temporary, gboole
   guint64 b = mt_live_bucket (p);
   MtLiveMeta m;
   gint i;
-  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
+  guint64 at = 0, v = p;
+  if (p == 0 || mt_live_surely_absent (p) || !mt_bucket_lock (s, b, nested))
     return;
-  guint64 v = p;
-  if ((i = mt_bucket_find (b, p)) < 0)
-    i = mt_bucket_find (b, v = p | MT_LIVE_SUSPECT);
+  if ((i = mt_bucket_find (p, &at)) < 0)
+    i = mt_bucket_find (v = p | MT_LIVE_SUSPECT, &at);
   if (i >= 0)
-    mt_bucket_take (b, i, v, &m);
+    mt_bucket_take (at, i, v, &m);
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
     mt_logger_released (s, kind, p, &m, temporary, nested);
@@ -348,26 +352,27 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
   guint64 b = mt_live_bucket (p);
   MtLiveMeta m;
   gint i;
+  guint64 at = 0;
   gboolean release = FALSE;
-  if (p == 0 || mt_live_bucket_empty (b) || !mt_bucket_lock (s, b, nested))
+  if (p == 0 || mt_live_surely_absent (p) || !mt_bucket_lock (s, b, nested))
     return;
-  if ((i = mt_bucket_find (b, p | MT_LIVE_OWED)) >= 0)
+  if ((i = mt_bucket_find (p | MT_LIVE_OWED, &at)) >= 0)
   {
-    mt_bucket_take (b, i, p | MT_LIVE_OWED, &m);
+    mt_bucket_take (at, i, p | MT_LIVE_OWED, &m);
     release = TRUE;
   }
-  else if ((i = mt_bucket_find (b, p)) >= 0)
+  else if ((i = mt_bucket_find (p, &at)) >= 0)
   {
     gsize (*size_of) (gconstpointer) = mt_block_size;
     if (nested || (size_of != NULL && size_of ((gconstpointer) (gsize) p) != 0))
     {
       /* Handed out again and not logged as such: whose is the entry?  The next event decides. */
-      mt_bucket_rekey (b, i, p | MT_LIVE_SUSPECT);
+      mt_bucket_rekey (at, i, p | MT_LIVE_SUSPECT);
       mt_logger_count (s, MT_C_REALLOC_REUSE_SEEN, nested);
     }
     else
     {
-      mt_bucket_take (b, i, p, &m);
+      mt_bucket_take (at, i, p, &m);
       release = TRUE;
     }
   }
@@ -424,10 +429,11 @@ mt_vm_unlist (MtSlot * s, guint64 p)
   guint64 b = mt_live_bucket (p | MT_LIVE_VM);
   MtLiveMeta m;
   gint i;
+  guint64 at = 0;
   if (!mt_bucket_lock (s, b, FALSE))
     return;
-  if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
-    mt_bucket_take (b, i, p | MT_LIVE_VM, &m);
+  if ((i = mt_bucket_find (p | MT_LIVE_VM, &at)) >= 0)
+    mt_bucket_take (at, i, p | MT_LIVE_VM, &m);
   mt_unlock (&mt_live_locks[b]);
 }
 
@@ -487,10 +493,11 @@ mt_on_vm_free (MtSlot * s, guint64 p, guint64 size, gboolean nested)
   MtLiveMeta m;
   MtFreeRecord * rec;
   gint i = -1;
-  if (!mt_live_bucket_empty (b) && mt_bucket_lock (s, b, nested))
+  guint64 at = 0;
+  if (!mt_live_surely_absent (p | MT_LIVE_VM) && mt_bucket_lock (s, b, nested))
   {
-    if ((i = mt_bucket_find (b, p | MT_LIVE_VM)) >= 0)
-      mt_bucket_take (b, i, p | MT_LIVE_VM, &m);
+    if ((i = mt_bucket_find (p | MT_LIVE_VM, &at)) >= 0)
+      mt_bucket_take (at, i, p | MT_LIVE_VM, &m);
     mt_unlock (&mt_live_locks[b]);
   }
   if (i < 0)

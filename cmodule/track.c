@@ -709,7 +709,7 @@ mt_on_release (MtSlot * s, guint kind, gpointer p, guint64 size, gboolean from_h
    * tracked block's chunk is larger than track_min: most frees end here without a table lookup. */
   if (from_hook && chunk_min != 0 && (((const guint64 *) p)[-1] & ~(guint64) 7) < chunk_min)
     return;
-  if (mt_live_way (b, (guint64) p) >= 0)
+  if (mt_live_find ((guint64) p, &b) >= 0)
   {
     gint prev = mt_guard (s);
     mt_release_live (s, kind, (guint64) p, size, temporary);

@@ -81,7 +81,8 @@ mt_probe_tracked_bytes (void)
 
 /* The live table's keys and its big blocks, checked directly (cmodule/core.c, "the live-pointer
  * table"): every address a key can name comes back whole from its bucket and key, flag bits and
- * all; one it cannot name (past 2^48 with the smallest table) is refused, not mistaken for another; a block of 4 GiB or
+ * all; one it cannot name (past 2^48 with the smallest table) is refused, not mistaken for another;
+ * a bucket's ninth block goes to its alternate and is found there; a block of 4 GiB or
  * more keeps its exact size through the side list, which refuses the one block too many and is
  * empty again once they are gone.  Returns the failures (each said on stderr); leaves the table
  * as it found it. */
@@ -129,11 +130,33 @@ mt_probe_live_keys (void)
   for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
   {
     guint64 p = 0x100000000000ULL + i * 0x100000000ULL;
-    b = mt_live_bucket (p);
-    if (mt_live_way (b, p) < 0 || mt_live_entry_size (b * MT_LIVE_WAYS + (guint64) mt_live_way (b, p), p) != (5ULL << 32) + i
+    gint way = mt_live_find (p, &b);
+    if (way < 0 || mt_live_entry_size (b * MT_LIVE_WAYS + (guint64) way, p) != (5ULL << 32) + i
         || !mt_live_remove (p, &m) || m.size != (5ULL << 32) + i || m.stack_id != 7)
     {
       fprintf (stderr, "probe: big block %llu lost its size\n", (unsigned long long) i);
+      failures++;
+    }
+  }
+  /* A crowded bucket: 16 blocks 16 bytes apart in one span, 8 in their home and 8 in their
+   * alternates, each found, named and taken out. */
+  for (i = 0; i != 16; i++)
+  {
+    guint64 p = 0x7f0000001000ULL + 16 * i;
+    if (!mt_live_insert (p, 16 + i, 9, 0, 16))
+    {
+      fprintf (stderr, "probe: block %llu of a crowded bucket refused\n", (unsigned long long) i);
+      failures++;
+    }
+  }
+  for (i = 0; i != 16; i++)
+  {
+    guint64 p = 0x7f0000001000ULL + 16 * i;
+    gint way = mt_live_find (p, &b);
+    if (way < 0 || (b == mt_live_bucket (p)) != (i < 8) || mt_live_entry_address (b * MT_LIVE_WAYS + (guint64) way) != p
+        || !mt_live_remove (p, &m) || m.size != 16 + i)
+    {
+      fprintf (stderr, "probe: block %llu of a crowded bucket lost (way %d)\n", (unsigned long long) i, way);
       failures++;
     }
   }

@@ -43,12 +43,13 @@ SORTS = ("bytes", "calls", "live")
 # The agent core's sizing, overridable by malloc's own options (agent keys of the same name).
 # A local target is traced completely: every allocation gets a stack and every block is tracked
 # (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
-# as they are used (docs/agents.md, "Memory budget"): 4,194,304 stack ids, 4,194,304 live-table
-# entries, 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
+# as they are used (docs/agents.md, "Memory budget"): 4,194,304 stack ids, 16,777,216 live-table
+# entries (256 MiB reserved: the table a heap touches is half a byte per byte of heap, however large
+# it is -- a large one only keeps dense parts of the heap from crowding the same buckets), 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
 # them is counted and said, never silent.
 AGENT_DEFAULTS: dict[str, Any] = {
     "liveThreshold": 0, "stackThreshold": 0, "frames": 64, "sampleBytes": 0, "ringKb": 1024,
-    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 22, "liveTable": 1 << 22, "defsKb": 8192,
+    "threadSlots": 1 << 14, "rings": 64, "stackTable": 1 << 22, "liveTable": 1 << 24, "defsKb": 8192,
     "toolchain": "auto", "backend": "auto",
 }
 # Darwin: the agent's tables live in the app's own footprint and count toward its jetsam limit (app

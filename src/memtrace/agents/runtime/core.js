@@ -176,7 +176,7 @@ export function buildCore(config, sources, extraSymbols) {
   const stackTable = budgetPages(4 * stackSlots * 16, 'stack_index');
   const defs = rawPages(DEFS_BYTES, 'defs');
   // Each bucket: LIVE_WAYS entries of LIVE_ENTRY.size bytes, two cache lines (core.c).
-  const liveTable = rawPages(liveBuckets * LIVE_WAYS * LIVE_ENTRY.size, 'live_table');
+  const liveTable = budgetPages(liveBuckets * LIVE_WAYS * LIVE_ENTRY.size, 'live_table');
   const liveLocks = rawPages(liveBuckets * 4, 'live_locks');
   const agg = budgetPages(rows * lanes * AGG_STRIDE * 8, 'agg');
   const aggDirty = budgetPages(rows, 'agg_dirty');

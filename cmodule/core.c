@@ -199,6 +199,9 @@ extern guint8 mt_defs[];                      /* STACK records, a ring of defs_s
  * live-pointer table", below). */
 extern guint8 mt_live_table[];
 extern volatile gint mt_live_locks[];
+/* Per bucket: 1 once the bucket, full, sent a block to one of its alternates (mt_live_alt); a miss in
+ * a bucket reads its alternates only then.  Never cleared. */
+extern volatile guint8 mt_live_spill[];
 /* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_STRIDE counters */
 extern volatile guint64 mt_agg[];
 extern volatile guint8 mt_agg_dirty[];        /* per row: changed since the drain last looked */
@@ -1324,11 +1327,13 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
 # define MT_LIVE_SHIFT 6
 #endif
 #define MT_LIVE_SPAN_MASK ((1u << MT_LIVE_SHIFT) - 1)
-/* Windows a key can name: its bits above the span's, less the top bit (MT_LIVE_DISPLACED) and the
- * one value that would reach it. */
-#define MT_LIVE_KEY_WINDOWS ((1u << (31 - MT_LIVE_SHIFT)) - 1)
-/* A key's top bit: the entry is not in its home bucket but in its alternate (mt_live_alt). */
-#define MT_LIVE_DISPLACED 0x80000000u
+/* A key's top 3 bits: 0 for an entry in its home bucket, j for one in its j-th alternate (mt_live_alt). */
+#define MT_LIVE_ALT_SHIFT 29
+#define MT_LIVE_ALTS 7
+#define MT_LIVE_ALT_MASK (7u << MT_LIVE_ALT_SHIFT)
+/* Windows a key can name: its bits above the span's and below the alternate's, less the one value
+ * that would reach them. */
+#define MT_LIVE_KEY_WINDOWS ((1u << (MT_LIVE_ALT_SHIFT - MT_LIVE_SHIFT)) - 1)
 
 static inline guint64
 mt_live_window_offset (guint64 window_q)
@@ -1371,19 +1376,23 @@ mt_live_address (guint64 b, guint32 key)
   return (q << MT_LIVE_SHIFT) | (key & MT_LIVE_SPAN_MASK);
 }
 
-/* The alternate bucket of the block keyed `key` (no MT_LIVE_DISPLACED) whose home is bucket b: its
- * entry goes there when the home's 8 ways are taken.  Dense parts of the heap that land on the same
- * buckets (glibc's thread arenas: heaps of 64 MiB on 64 MiB boundaries, whose first megabytes are
- * all small blocks, at the windows' pseudo-random offsets) overflowed their buckets: 8 threads
- * keeping 300,000 blocks of 24 B each had half their blocks untracked.  The alternate is in the
- * other half of the table, at a place drawn from the key, so each block of a crowded bucket goes
- * somewhere else; XOR makes it its own inverse (the drain finds the home from where the entry is).
- * The logger path's own flags (suspect, owed) change on an entry in place: they are left out. */
+/* The j-th alternate (1 ... MT_LIVE_ALTS) of the block keyed `key` (alternate bits clear) whose home
+ * is bucket b: where its entry goes when the home's 8 ways are taken.  Dense parts of the heap do land
+ * on the same buckets: glibc's thread arenas are heaps of 64 MiB on 64 MiB boundaries, all small
+ * blocks at first, and each window starts at its own offset; 8 threads keeping 300,000 blocks of 24 B
+ * each had half their blocks untracked with 8 ways and no second place, and ~14,000 with one
+ * alternate -- which fails when it falls in another dense stretch, as full as the home.  Each
+ * alternate is in the other half of the table at a place drawn from the key and j, so the blocks of a
+ * crowded bucket scatter, and seven fail together about never.  XOR makes each its own inverse (the
+ * drain finds the home from where the entry is and j).  The logger path's own flags (suspect, owed)
+ * change on an entry in place: they are left out. */
 static inline guint64
-mt_live_alt (guint64 b, guint32 key)
+mt_live_alt (guint64 b, guint32 key, guint j)
 {
   guint64 half = (mt_config.live_mask + 1) >> 1;
-  guint64 h = ((guint64) (key & ~(guint32) (MT_LIVE_SUSPECT | MT_LIVE_OWED)) * 0x9e3779b97f4a7c15ULL) >> 32;
+  guint64 k = (guint64) (key & ~(guint32) (MT_LIVE_SUSPECT | MT_LIVE_OWED)) | ((guint64) j << 32);
+  guint64 h = (k * 0x9e3779b97f4a7c15ULL) ^ ((k * 0x9e3779b97f4a7c15ULL) >> 29);
+  h = (h * 0xbf58476d1ce4e5b9ULL) >> 32;
   return b ^ ((h & (half - 1)) | half);
 }
 
@@ -1408,14 +1417,15 @@ mt_live_key_at (MtLiveEntry * e)
 static inline guint64
 mt_live_entry_address (guint64 i)
 {
-  guint32 key = *mt_live_key_at (&MT_LIVE_ENTRY (i));
+  guint32 key = *mt_live_key_at (&MT_LIVE_ENTRY (i)), j;
   guint64 b = i / MT_LIVE_WAYS;
   if (key == 0)
     return 0;
-  if (key & MT_LIVE_DISPLACED)
+  j = key >> MT_LIVE_ALT_SHIFT;
+  if (j != 0)
   {
-    key &= ~MT_LIVE_DISPLACED;
-    b = mt_live_alt (b, key);
+    key &= ~MT_LIVE_ALT_MASK;
+    b = mt_live_alt (b, key, j);
   }
   return mt_live_address (b, key);
 }
@@ -1547,8 +1557,9 @@ mt_live_claim (guint64 b, guint32 key, guint spins)
 #endif
 }
 
-/* Remembers block p (its size, stack and sampling multiplier k) in its bucket, else in its alternate;
- * FALSE when both are full (or p cannot be keyed, or the big blocks' list is full). */
+/* Remembers block p (its size, stack and sampling multiplier k) in its bucket, else in the first of
+ * its alternates with room; FALSE when all are full (or p cannot be keyed, or the big blocks' list is
+ * full). */
 static gboolean
 mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
 {
@@ -1565,7 +1576,15 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
   }
   e = mt_live_claim (b, key, spins);
   if (G_UNLIKELY (e == NULL))
-    e = mt_live_claim (mt_live_alt (b, key), key | MT_LIVE_DISPLACED, spins);
+  {
+    guint j;
+    /* Said before the entry is anywhere: the only lookup of p is its own free, after this returns,
+     * but the logger path's lock-free look (mt_live_surely_absent) may come from another thread. */
+    if (mt_live_spill[b] == 0)
+      mt_live_spill[b] = 1;
+    for (j = 1; j <= MT_LIVE_ALTS && e == NULL; j++)
+      e = mt_live_claim (mt_live_alt (b, key, j), key | (j << MT_LIVE_ALT_SHIFT), spins);
+  }
   if (G_UNLIKELY (e == NULL))
   {
     if (size32 == MT_LIVE_SIZE_BIG)
@@ -1594,14 +1613,15 @@ mt_live_way_of_key (guint64 b, guint32 key)
   return -1;
 }
 
-/* Where address v (flag bits included) is listed: its way, and in *at its bucket (its home, or its
- * alternate); -1 when it is not.  A block in the table is almost always in its home: the alternate
- * is read only on a miss there. */
+/* Where address v (flag bits included) is listed: its way, and in *at its bucket (its home, or one of
+ * its alternates); -1 when it is not.  A block in the table is almost always in its home: the
+ * alternates are read only on a miss there, and only when the home ever sent a block away. */
 static inline gint
 mt_live_find (guint64 v, guint64 * at)
 {
   guint32 key = mt_live_key (v);
   guint64 b = mt_live_bucket (v);
+  guint j;
   gint i;
   if (G_UNLIKELY (key == 0))
     return -1;
@@ -1610,10 +1630,18 @@ mt_live_find (guint64 v, guint64 * at)
     *at = b;
     return i;
   }
-  b = mt_live_alt (b, key);
-  if ((i = mt_live_way_of_key (b, key | MT_LIVE_DISPLACED)) >= 0)
-    *at = b;
-  return i;
+  if (G_LIKELY (mt_live_spill[b] == 0))
+    return -1;
+  for (j = 1; j <= MT_LIVE_ALTS; j++)
+  {
+    guint64 a = mt_live_alt (b, key, j);
+    if ((i = mt_live_way_of_key (a, key | (j << MT_LIVE_ALT_SHIFT))) >= 0)
+    {
+      *at = a;
+      return i;
+    }
+  }
+  return -1;
 }
 
 static inline gboolean
@@ -1627,14 +1655,13 @@ mt_live_bucket_empty (guint64 b)
   return TRUE;
 }
 
-/* Whether nothing at address v can be listed, whatever the logger path's flags on it: its home and
- * its alternate are empty (a look before taking a bucket lock). */
+/* Whether nothing at address v can be listed, whatever the logger path's flags on it: its home is
+ * empty and never sent a block to an alternate (a look before taking a bucket lock). */
 static inline gboolean
 mt_live_surely_absent (guint64 v)
 {
   guint64 b = mt_live_bucket (v);
-  guint32 key = mt_live_key (v);
-  return key == 0 || (mt_live_bucket_empty (b) && mt_live_bucket_empty (mt_live_alt (b, key)));
+  return mt_live_key (v) == 0 || (mt_live_spill[b] == 0 && mt_live_bucket_empty (b));
 }
 
 /* Takes way i of bucket b (holding v) out of the table: its entry is read before the way is offered

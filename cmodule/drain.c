@@ -834,7 +834,10 @@ mt_reset (void)
   for (i = 0; i != 2 * MT_LIVE_BIG_BLOCKS; i++)
     mt_globals.live_big[i] = 0;
   for (i = 0; i <= mt_config.live_mask; i++)
+  {
     mt_live_locks[i] = 0;
+    mt_live_spill[i] = 0;
+  }
 }
 
 guint64

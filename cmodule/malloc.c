@@ -271,7 +271,7 @@ static void
 mt_bucket_rekey (guint64 b, gint i, guint64 v)
 {
   volatile guint32 * kp = mt_live_key_at (&mt_live_entries (b)[i]);
-  *kp = mt_live_key (v) | (*kp & MT_LIVE_DISPLACED);
+  *kp = mt_live_key (v) | (*kp & MT_LIVE_ALT_MASK);
 }
 
 static inline void

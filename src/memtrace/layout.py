@@ -268,12 +268,13 @@ LIVE_ENTRY = Layout("MtLiveEntry", (("key", "u32"), ("size", "u32"), ("stack_id"
 LIVE_META = Layout("MtLiveMeta", (("size", "u64"), ("stack_id", "u32"), ("tick_k", "u32")))
 LIVE_SIZE_BIG = 0xFFFFFFFF
 LIVE_BIG_BLOCKS = 64            # blocks of 4 GiB or more the side list holds at once (more: untracked, counted)
-# A key holds 32 bits: the address bits above the bucket's own and the span's low bits -- so the table
-# has at least 2^LIVE_MIN_BUCKET_BITS buckets, whatever is asked, for a 48-bit address space (Linux:
-# 32 MiB reserved, resident only where a heap touches it); Darwin's (iOS addresses stay below 2^40,
-# and its budget is small) 2^LIVE_MIN_BUCKET_BITS_DARWIN: its keys name addresses below 2^45.  A
-# block past what a key names is not tracked, and counted (live_table_full).
-LIVE_MIN_BUCKET_BITS = 18
+# A key holds 32 bits: which of its alternates an entry is in (3 bits), the address bits above the
+# bucket's own and the span's low bits -- so the table has at least 2^LIVE_MIN_BUCKET_BITS buckets,
+# whatever is asked, for a 48-bit address space (Linux: 128 MiB reserved, resident only where a heap
+# touches it); Darwin's (iOS addresses stay below 2^40, and its budget is small)
+# 2^LIVE_MIN_BUCKET_BITS_DARWIN: its keys name addresses below 2^42.  A block past what a key names is
+# not tracked, and counted (live_table_full).
+LIVE_MIN_BUCKET_BITS = 20
 LIVE_MIN_BUCKET_BITS_DARWIN = 13
 LIVE_TICK_BITS = 24
 

@@ -61,6 +61,7 @@ volatile guint64 mt_stack_table[8 * STACK_SLOTS];   /* every generation of the i
 guint8 mt_defs[DEFS_BYTES] ALIGNED;
 guint8 mt_live_table[LIVE_BUCKETS * MT_LIVE_WAYS * sizeof (MtLiveEntry)] ALIGNED;
 volatile gint mt_live_locks[LIVE_BUCKETS];
+volatile guint8 mt_live_spill[LIVE_BUCKETS];
 volatile guint64 mt_agg[N_ROWS * LANES * MT_AGG_STRIDE] ALIGNED;
 volatile guint8 mt_agg_dirty[N_ROWS];
 guint64 mt_agg_shipped[N_ROWS * MT_AGG_STRIDE];

@@ -138,6 +138,42 @@ mt_probe_live_keys (void)
       failures++;
     }
   }
+  /* The last alternate: the home of p and its first six alternates filled with stand-in keys, p goes
+   * to the seventh, is found there (its home said it spilled), named, and taken out. */
+  {
+    guint64 p = 0x7f0000fff0a0ULL, home = mt_live_bucket (p), at = 0;
+    guint32 key = mt_live_key (p), j, w;
+    gint way;
+    for (w = 0; w != MT_LIVE_WAYS; w++)
+      mt_live_entries (home)[w].key = 0x1000 + w;
+    for (j = 1; j != MT_LIVE_ALTS; j++)
+      for (w = 0; w != MT_LIVE_WAYS; w++)
+        mt_live_entries (mt_live_alt (home, key, j))[w].key = 0x2000 + w;
+    if (!mt_live_insert (p, 77, 5, 0, 16) || mt_live_spill[home] != 1
+        || (way = mt_live_find (p, &at)) < 0 || at != mt_live_alt (home, key, MT_LIVE_ALTS)
+        || mt_live_entry_address (at * MT_LIVE_WAYS + (guint64) way) != p
+        || !mt_live_remove (p, &m) || m.size != 77 || mt_live_find (p, &at) >= 0)
+    {
+      fprintf (stderr, "probe: a block in its last alternate was not kept, found or named\n");
+      failures++;
+    }
+    if (mt_live_insert (p + 0x10, 78, 5, 0, 16) || mt_live_insert (p + 0x20, 78, 5, 0, 16)
+        ? FALSE : TRUE)
+    {
+      /* (two more fit: the seventh alternate has 8 ways) */
+      fprintf (stderr, "probe: the seventh alternate took nothing more\n");
+      failures++;
+    }
+    mt_live_remove (p + 0x10, &m);
+    mt_live_remove (p + 0x20, &m);
+    for (w = 0; w != MT_LIVE_WAYS; w++)
+      mt_live_entries (home)[w].key = 0;
+    for (j = 1; j != MT_LIVE_ALTS; j++)
+      for (w = 0; w != MT_LIVE_WAYS; w++)
+        mt_live_entries (mt_live_alt (home, key, j))[w].key = 0;
+    mt_live_spill[home] = 0;
+  }
+
   /* A crowded bucket: 16 blocks 16 bytes apart in one span, 8 in their home and 8 in their
    * alternates, each found, named and taken out. */
   for (i = 0; i != 16; i++)

@@ -21,7 +21,7 @@ def reserved(config: dict, darwin: bool = False) -> int:
     rings = config["rings"] * config["ringKb"] * 1024 if config.get("events") else 0
     return (GLOBALS_BYTES + CORE_BYTES + config["threadSlots"] * SLOT_BYTES + rings
             + stacks * (8 + 4) + DEFS_BYTES                                          # stack table, list, definitions
-            + buckets * layout.LIVE_WAYS * layout.LIVE_ENTRY.size + buckets * 4             # live table, its locks
+            + buckets * (layout.LIVE_WAYS * layout.LIVE_ENTRY.size + 4 + 1)                  # live table, locks, spills
             + rows * (lanes * layout.AGG_STRIDE * 8 + 1 + layout.AGG_STRIDE * 8 + 8))      # rows, dirty, shipped, live
 
 

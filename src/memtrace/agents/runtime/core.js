@@ -178,6 +178,8 @@ export function buildCore(config, sources, extraSymbols) {
   // Each bucket: LIVE_WAYS entries of LIVE_ENTRY.size bytes, two cache lines (core.c).
   const liveTable = budgetPages(liveBuckets * LIVE_WAYS * LIVE_ENTRY.size, 'live_table');
   const liveLocks = rawPages(liveBuckets * 4, 'live_locks');
+  // A byte a bucket: it once sent a block to an alternate (core.c, mt_live_spill).
+  const liveSpill = budgetPages(liveBuckets, 'live_spill');
   const agg = budgetPages(rows * lanes * AGG_STRIDE * 8, 'agg');
   const aggDirty = budgetPages(rows, 'agg_dirty');
   const aggShipped = budgetPages(rows * AGG_STRIDE * 8, 'agg_shipped');
@@ -203,6 +205,7 @@ export function buildCore(config, sources, extraSymbols) {
     mt_defs: defs,
     mt_live_table: liveTable,
     mt_live_locks: liveLocks,
+    mt_live_spill: liveSpill,
     mt_agg: agg,
     mt_agg_dirty: aggDirty,
     mt_agg_shipped: aggShipped,

@@ -44,16 +44,21 @@ function agentMemory() {
     reserved += Number(t.size);
     for (let done = 0; done < pages; done += MINCORE_CHUNK_PAGES) {
       const n = Math.min(MINCORE_CHUNK_PAGES, pages - done);
+      const had = resident;
       if (mincoreFns.mincore(t.base.add(done * ps), n * ps, vec) !== 0)
         return null;
       if (count !== null) {
         resident += ps * Number(count(vec, n));
-        continue;
+      } else {
+        const bytes = new Uint8Array(vec.readByteArray(n));
+        for (let i = 0; i < n; i++)
+          if (bytes[i] & 1)
+            resident += ps;
       }
-      const bytes = new Uint8Array(vec.readByteArray(n));
-      for (let i = 0; i < n; i++)
-        if (bytes[i] & 1)
-          resident += ps;
+      // A table that fills from its start has nothing resident past a stretch with nothing: the
+      // stack budget reserves gigabytes, and counting them all was 1.5 ms of every target's exit.
+      if (t.prefix && resident === had)
+        break;
     }
     const name = t.name || 'other';
     byTable[name] = (byTable[name] || 0) + resident - before;

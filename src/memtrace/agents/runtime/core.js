@@ -59,11 +59,11 @@ function pow2(n) {
 /* A table as whole pages of its own: the OS hands them out zeroed and untouched, so nothing needs
  * clearing (and dirtying) before use, and the agent's resident footprint grows only as they are
  * used -- app extensions are jetsammed in the tens of MB. */
-function rawPages(size, name) {
+function rawPages(size, name, prefix = false) {
   const ps = Process.pageSize;
   const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
   const base = Memory.alloc(bytes);
-  core.tables.push({ base, size: bytes, name });
+  core.tables.push({ base, size: bytes, name, prefix });
   return base;
 }
 
@@ -71,21 +71,24 @@ function rawPages(size, name) {
  * address space reserved without committing swap for it (MAP_NORESERVE), so a budget of millions of
  * stacks costs nothing until stacks use it -- the rows are by dense id, so they fill page by page --
  * and no overcommit heuristic refuses the reservation.  Unmapped when the script goes away, as
- * Memory.alloc's pages are freed.  Elsewhere (Darwin: a jetsam-sized budget) rawPages. */
-function budgetPages(size, name) {
+ * Memory.alloc's pages are freed.  Elsewhere (Darwin: a jetsam-sized budget) rawPages.  `prefix`:
+ * the table fills from its start (rows by dense id, the index's generations one after the other, the
+ * threads' frame caches by slot), so calibration's count of its resident pages stops at the first
+ * stretch with none (runtime/calibrate.js). */
+function budgetPages(size, name, prefix = false) {
   const ps = Process.pageSize;
   const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
   if (NATIVE_PLATFORM !== 'linux')
-    return rawPages(bytes, name);
+    return rawPages(bytes, name, prefix);
   const mmap = libcFunction('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'int64']);
   const munmap = libcFunction('munmap', 'int', ['pointer', 'size_t']);
   if (mmap === null || munmap === null)
-    return rawPages(bytes, name);
+    return rawPages(bytes, name, prefix);
   // PROT_READ | PROT_WRITE; MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
   const base = mmap(NULL, bytes, 3, 0x02 | 0x20 | 0x4000, -1, 0);
   if (base.equals(ptr('-1')))
     throw new Error(`memtrace agent: cannot reserve ${bytes} bytes for the stack tables (a smaller --stack-table?)`);
-  core.tables.push({ base, size: bytes, name });
+  core.tables.push({ base, size: bytes, name, prefix });
   Script.bindWeak(base, () => munmap(base, bytes));
   return base;
 }
@@ -173,17 +176,17 @@ export function buildCore(config, sources, extraSymbols) {
   const rings = rawPages(nRings * ringSize, 'rings');
   // The stack index's generations (core.c, mt_intern): (hash, id) pairs, from 4096 up to twice as
   // many as stack ids, 4 * stackSlots pairs in all; only the generations reached are written.
-  const stackTable = budgetPages(4 * stackSlots * 16, 'stack_index');
+  const stackTable = budgetPages(4 * stackSlots * 16, 'stack_index', true);
   const defs = rawPages(DEFS_BYTES, 'defs');
   // Each bucket: LIVE_WAYS entries of LIVE_ENTRY.size bytes, two cache lines (core.c).
   const liveTable = budgetPages(liveBuckets * LIVE_WAYS * LIVE_ENTRY.size, 'live_table');
-  const liveLocks = rawPages(liveBuckets * 4, 'live_locks');
+  const liveLocks = budgetPages(liveBuckets * 4, 'live_locks');
   // A byte a bucket: it once sent a block to an alternate (core.c, mt_live_spill).
   const liveSpill = budgetPages(liveBuckets, 'live_spill');
-  const agg = budgetPages(rows * lanes * AGG_STRIDE * 8, 'agg');
-  const aggDirty = budgetPages(rows, 'agg_dirty');
-  const aggShipped = budgetPages(rows * AGG_STRIDE * 8, 'agg_shipped');
-  const aggLive = budgetPages(rows * 8, 'agg_live');
+  const agg = budgetPages(rows * lanes * AGG_STRIDE * 8, 'agg', true);
+  const aggDirty = budgetPages(rows, 'agg_dirty', true);
+  const aggShipped = budgetPages(rows * AGG_STRIDE * 8, 'agg_shipped', true);
+  const aggLive = budgetPages(rows * 8, 'agg_live', true);
   const drainInfo = Memory.alloc(DRAIN_INFO.size);
   const top = Memory.alloc(2 * TOP_STACKS * 8);
   // drain.c's rows changed since the last top: a count (first "unknown": more than it holds), then
@@ -227,7 +230,7 @@ export function buildCore(config, sources, extraSymbols) {
   if (!IS_DARWIN && Process.arch === 'x64') {
     // unwind.c's frame caches, one per slot, resident only as threads walk (MEMTRACE_FRAME_CACHE=off: none).
     const on = config.frameCache !== false;
-    symbols.mt_frame_caches = on ? budgetPages((nSlots + 1) * FRAME_CACHE_BYTES, 'frame_caches') : rawPages(8, 'frame_caches');
+    symbols.mt_frame_caches = on ? budgetPages((nSlots + 1) * FRAME_CACHE_BYTES, 'frame_caches', true) : rawPages(8, 'frame_caches');
     symbols.mt_frame_cache_on = Memory.alloc(8).writeU64(on ? 1 : 0);
   }
   symbols.mt_usable_size = usableSizeCell();

@@ -1579,9 +1579,10 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
   {
     guint j;
     /* Said before the entry is anywhere: the only lookup of p is its own free, after this returns,
-     * but the logger path's lock-free look (mt_live_surely_absent) may come from another thread. */
-    if (mt_live_spill[b] == 0)
-      mt_live_spill[b] = 1;
+     * but the logger path's lock-free look (mt_live_surely_absent) may come from another thread.
+     * Stored without a look first: a page of spill bytes first read maps the kernel's zero page,
+     * and the store after it faults again ("Pages written before they are read", docs/agents.md). */
+    mt_live_spill[b] = 1;
     for (j = 1; j <= MT_LIVE_ALTS && e == NULL; j++)
       e = mt_live_claim (mt_live_alt (b, key, j), key | (j << MT_LIVE_ALT_SHIFT), spins);
   }

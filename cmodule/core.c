@@ -380,27 +380,18 @@ mt_barrier (void)
 #endif
 }
 
-/* A store that earlier loads and stores may not pass (a row's snapshot before its epoch). */
+/* A store that earlier loads and stores may not pass (a row's snapshot before its epoch), of a word
+ * of any size (a live-table key is 32 bits). */
+#ifdef __TINYC__
+# define MT_STORE_RELEASE(p, v) do { mt_barrier (); *(p) = (v); } while (0)
+#else
+# define MT_STORE_RELEASE(p, v) __atomic_store_n ((p), (v), __ATOMIC_RELEASE)
+#endif
+
 static inline void
 mt_store_release (volatile guint64 * p, guint64 v)
 {
-#ifdef __TINYC__
-  mt_barrier ();
-  *p = v;
-#else
-  __atomic_store_n (p, v, __ATOMIC_RELEASE);
-#endif
-}
-
-static inline void
-mt_store_release32 (volatile guint32 * p, guint32 v)
-{
-#ifdef __TINYC__
-  mt_barrier ();
-  *p = v;
-#else
-  __atomic_store_n (p, v, __ATOMIC_RELEASE);
-#endif
+  MT_STORE_RELEASE (p, v);
 }
 
 /* A load that later loads may not pass (the drain reads a row's counters, then its epoch). */
@@ -1672,7 +1663,7 @@ mt_live_take (guint64 b, gint i, guint64 v, MtLiveMeta * out)
 {
   MtLiveEntry * e = &mt_live_entries (b)[i];
   mt_live_meta_of (e, v, out, TRUE);
-  mt_store_release32 (mt_live_key_at (e), 0);
+  MT_STORE_RELEASE (mt_live_key_at (e), 0u);
 }
 
 /* Only the thread freeing p can remove p, and p cannot be handed out again

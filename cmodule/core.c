@@ -316,6 +316,13 @@ mt_cas_solo32 (volatile guint32 * p, guint32 expected, guint32 desired)
 }
 #endif
 
+/* Kept out of its callers' code (a rare path out of a hot one). */
+#ifdef __TINYC__
+# define MT_NOINLINE
+#else
+# define MT_NOINLINE __attribute__ ((noinline))
+#endif
+
 /* A hint that a line will be read (or written) soon, so that two cache misses run side by side
  * instead of one after the other; never faults.  Nothing under TinyCC. */
 #ifdef __TINYC__
@@ -1605,25 +1612,13 @@ mt_live_way_of_key (guint64 b, guint32 key)
   return -1;
 }
 
-/* Where address v (flag bits included) is listed: its way, and in *at its bucket (its home, or one of
- * its alternates); -1 when it is not.  A block in the table is almost always in its home: the
- * alternates are read only on a miss there, and only when the home ever sent a block away. */
-static inline gint
-mt_live_find (guint64 v, guint64 * at)
+/* The alternates of home bucket b, for the block keyed `key`: out of line, so that the hooks' inlined
+ * lookup stays a home scan (a free on a large heap is a cache miss there; its code is the free's). */
+static MT_NOINLINE gint
+mt_live_find_spilled (guint64 b, guint32 key, guint64 * at)
 {
-  guint32 key = mt_live_key (v);
-  guint64 b = mt_live_bucket (v);
   guint j;
   gint i;
-  if (G_UNLIKELY (key == 0))
-    return -1;
-  if (G_LIKELY ((i = mt_live_way_of_key (b, key)) >= 0))
-  {
-    *at = b;
-    return i;
-  }
-  if (G_LIKELY (mt_live_spill[b] == 0))
-    return -1;
   for (j = 1; j <= MT_LIVE_ALTS; j++)
   {
     guint64 a = mt_live_alt (b, key, j);
@@ -1634,6 +1629,27 @@ mt_live_find (guint64 v, guint64 * at)
     }
   }
   return -1;
+}
+
+/* Where address v (flag bits included) is listed: its way, and in *at its bucket (its home, or one of
+ * its alternates); -1 when it is not.  A block in the table is almost always in its home: the
+ * alternates are read only on a miss there, and only when the home ever sent a block away. */
+static inline gint
+mt_live_find (guint64 v, guint64 * at)
+{
+  guint32 key = mt_live_key (v);
+  guint64 b = mt_live_bucket (v);
+  gint i;
+  if (G_UNLIKELY (key == 0))
+    return -1;
+  if (G_LIKELY ((i = mt_live_way_of_key (b, key)) >= 0))
+  {
+    *at = b;
+    return i;
+  }
+  if (G_LIKELY (mt_live_spill[b] == 0))
+    return -1;
+  return mt_live_find_spilled (b, key, at);
 }
 
 static inline gboolean

@@ -449,12 +449,6 @@ mt_intern_known (MtSlot * s, const guint64 * frames, guint n, guint64 hash, cons
   return id;
 }
 
-#ifdef __TINYC__
-# define MT_NOINLINE
-#else
-# define MT_NOINLINE __attribute__ ((noinline))
-#endif
-
 /* A block of a tracked size was allocated: its stack, its live-table entry, its row. */
 static MT_NOINLINE void
 mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)

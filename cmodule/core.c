@@ -1326,7 +1326,7 @@ mt_intern (MtSlot * s, const guint64 * frames, guint n)
 #endif
 #define MT_LIVE_SPAN_MASK ((1u << MT_LIVE_SHIFT) - 1)
 /* A key's top 3 bits: 0 for an entry in its home bucket, j for one in its j-th alternate (mt_live_alt). */
-#define MT_LIVE_ALT_SHIFT 29
+#define MT_LIVE_ALT_SHIFT MT_LIVE_KEY_ADDRESS_BITS      /* layout.py: the agent sizes the table by it */
 #define MT_LIVE_ALTS 7
 #define MT_LIVE_ALT_MASK (7u << MT_LIVE_ALT_SHIFT)
 /* Windows a key can name: its bits above the span's and below the alternate's, less the one value
@@ -1442,29 +1442,53 @@ mt_tick_k (guint k)
 #define mt_live_big (mt_globals.live_big)
 #define mt_live_big_lock (mt_globals.big_lock)
 
-/* The list knows a block by its address and VM flag: the logger path's other flags change. */
-#define MT_LIVE_BIG_ADDRESS(p) ((p) & ~(guint64) (MT_LIVE_SUSPECT | MT_LIVE_OWED))
-
+/* The list knows a block by its address with its flag bits, as its entry does: the logger path's
+ * "owed" block and a new block at the same address are two (mt_live_big_rename follows a change). */
 static gboolean
 mt_live_big_add (guint64 p, guint64 size)
 {
-  guint i;
-  p = MT_LIVE_BIG_ADDRESS (p);
+  guint i, free_pair = MT_LIVE_BIG_BLOCKS;
   gboolean ok = FALSE;
   /* Bounded, as every lock a hook takes: a signal handler on the thread that holds it gives up. */
   if (!mt_lock_patiently (&mt_live_big_lock))
     return FALSE;
-  for (i = 0; i != MT_LIVE_BIG_BLOCKS && !ok; i++)
+  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
   {
-    if (mt_live_big[2 * i + 1] == 0)
+    /* A pair still listed at p is stale (its removal could not have the lock): p is this block now. */
+    if (mt_live_big[2 * i + 1] != 0 && mt_live_big[2 * i] == p)
     {
-      mt_live_big[2 * i] = p;
-      mt_live_big[2 * i + 1] = size;
-      ok = TRUE;
+      free_pair = i;
+      break;
     }
+    if (mt_live_big[2 * i + 1] == 0 && free_pair == MT_LIVE_BIG_BLOCKS)
+      free_pair = i;
+  }
+  if (free_pair != MT_LIVE_BIG_BLOCKS)
+  {
+    mt_live_big[2 * free_pair] = p;
+    mt_live_big[2 * free_pair + 1] = size;
+    ok = TRUE;
   }
   mt_unlock (&mt_live_big_lock);
   return ok;
+}
+
+/* Big block `from` is listed as `to` from now on (the logger path changed its entry's flags). */
+static void
+mt_live_big_rename (guint64 from, guint64 to)
+{
+  guint i;
+  if (!mt_lock_patiently (&mt_live_big_lock))
+    return;
+  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
+  {
+    if (mt_live_big[2 * i + 1] != 0 && mt_live_big[2 * i] == from)
+    {
+      mt_live_big[2 * i] = to;
+      break;
+    }
+  }
+  mt_unlock (&mt_live_big_lock);
 }
 
 /* The size of big block p, taken out of the list when `take` (its entry leaves the table); 0 if the
@@ -1474,7 +1498,6 @@ mt_live_big_size (guint64 p, gboolean take)
 {
   guint i;
   guint64 size = 0;
-  p = MT_LIVE_BIG_ADDRESS (p);
   if (!mt_lock_patiently (&mt_live_big_lock))
     return 0;
   for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)

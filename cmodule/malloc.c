@@ -270,7 +270,10 @@ mt_bucket_take (guint64 b, gint i, guint64 v, MtLiveMeta * out)
 static void
 mt_bucket_rekey (guint64 b, gint i, guint64 v)
 {
-  volatile guint32 * kp = mt_live_key_at (&mt_live_entries (b)[i]);
+  MtLiveEntry * e = &mt_live_entries (b)[i];
+  volatile guint32 * kp = mt_live_key_at (e);
+  if (G_UNLIKELY (e->size == MT_LIVE_SIZE_BIG))
+    mt_live_big_rename (mt_live_entry_address (b * MT_LIVE_WAYS + (guint64) i), v);
   *kp = mt_live_key (v) | (*kp & MT_LIVE_ALT_MASK);
 }
 

@@ -276,6 +276,10 @@ LIVE_BIG_BLOCKS = 64            # blocks of 4 GiB or more the side list holds at
 # not tracked, and counted (live_table_full).
 LIVE_MIN_BUCKET_BITS = 20
 LIVE_MIN_BUCKET_BITS_DARWIN = 13
+# A key names addresses below about 2^(LIVE_KEY_ADDRESS_BITS + log2 buckets) (its window field is 29
+# bits less the span's): the agent raises the bucket count past these minimums when the process
+# already maps higher (runtime/core.js, liveBucketBitsFor -- a macOS heap near 2^47).
+LIVE_KEY_ADDRESS_BITS = 29
 LIVE_TICK_BITS = 24
 
 # ---- aggregates: per-stack running totals kept by the core, one row per stack and lane ---------

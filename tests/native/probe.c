@@ -138,6 +138,35 @@ mt_probe_live_keys (void)
       failures++;
     }
   }
+  /* The logger path's owed big block and a new big block at its address: each keeps its own size. */
+  {
+    guint64 p = 0x7f1000000010ULL, at = 0;
+    gint way;
+    MtLiveMeta m2;
+    /* (A block listed first and gone again leaves the list's first pair free for the new block.) */
+    mt_live_insert (p + 0x100, 5ULL << 32, 3, 0, 16);
+    mt_live_insert (p, 6ULL << 32, 3, 0, 16);
+    mt_live_remove (p + 0x100, &m);
+    way = mt_live_find (p, &at);
+    if (way >= 0)
+      mt_bucket_rekey (at, way, p | MT_LIVE_OWED);
+    mt_live_insert (p, 7ULL << 32, 4, 0, 16);
+    if (way < 0 || !mt_live_remove (p | MT_LIVE_OWED, &m) || m.size != 6ULL << 32
+        || !mt_live_remove (p, &m2) || m2.size != 7ULL << 32)
+    {
+      fprintf (stderr, "probe: an owed big block and a new one at its address mixed up their sizes\n");
+      failures++;
+    }
+    /* A pair left listed (its removal could not have the list's lock) is taken over, not doubled. */
+    mt_live_big_add (p, 8ULL << 32);
+    mt_live_big_add (p, 9ULL << 32);
+    if (mt_live_big_size (p, TRUE) != 9ULL << 32 || mt_live_big_size (p, TRUE) != 0)
+    {
+      fprintf (stderr, "probe: a stale big pair was doubled\n");
+      failures++;
+    }
+  }
+
   /* The last alternate: the home of p and its first six alternates filled with stand-in keys, p goes
    * to the seventh, is found there (its home said it spilled), named, and taken out. */
   {

@@ -9,8 +9,8 @@
  * until it is used.
  */
 
-import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_ENTRY, LIVE_MIN_BUCKET_BITS,
-  LIVE_MIN_BUCKET_BITS_DARWIN, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
+import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_ENTRY, LIVE_KEY_ADDRESS_BITS,
+  LIVE_MIN_BUCKET_BITS, LIVE_MIN_BUCKET_BITS_DARWIN, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
   MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_CHANGED_MAX, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withCompilerEnv } from './process.js';
@@ -93,6 +93,27 @@ function budgetPages(size, name, prefix = false) {
   return base;
 }
 
+/* Bits of the highest address mapped now (the stack's, the shared cache's, a heap region's): blocks
+ * come from below it -- new mappings are placed under the stack -- so the live table's keys must
+ * name addresses up to it (core.c, mt_live_key).  0 when the ranges cannot be listed. */
+function highestAddressBits() {
+  let bits = 0;
+  try {
+    for (const r of Process.enumerateRanges('---'))
+      bits = Math.max(bits, r.base.add(r.size - 1).toString(2).length);
+  } catch (e) {
+    return 0;
+  }
+  return bits;
+}
+
+/* Buckets (log2) a table needs for its keys to name every address below 2^bits, with one bit to
+ * spare: a key names addresses below about 2^(LIVE_KEY_ADDRESS_BITS + buckets' bits).  A local macOS
+ * target's heap sits near 2^47, where an iPhone app's stays below 2^40. */
+function liveBucketBitsFor(bits) {
+  return bits === 0 ? 0 : bits + 1 - LIVE_KEY_ADDRESS_BITS;
+}
+
 function sizeOf(cm, fn) {
   return Number(new NativeFunction(cm[fn], 'uint64', [])());
 }
@@ -160,7 +181,8 @@ export function buildCore(config, sources, extraSymbols) {
   const stackSlots = pow2(config.stackTable);
   // At least 2^LIVE_MIN_BUCKET_BITS buckets, whatever was asked: a key names the address bits above
   // its bucket's in 32 bits (core.c, mt_live_key; layout.py).  Only the pages a heap touches are resident.
-  const minBucketBits = IS_DARWIN ? LIVE_MIN_BUCKET_BITS_DARWIN : LIVE_MIN_BUCKET_BITS;
+  const minBucketBits = Math.max(IS_DARWIN ? LIVE_MIN_BUCKET_BITS_DARWIN : LIVE_MIN_BUCKET_BITS,
+    liveBucketBitsFor(highestAddressBits()));
   const liveBuckets = pow2(Math.max(2 ** minBucketBits, Math.ceil(config.liveTable / LIVE_WAYS)));
   const lanes = Math.min(MAX_LANES, pow2(config.aggLanes || DEFAULT_LANES));
   const rows = stackSlots + PSEUDO_STACKS.length;

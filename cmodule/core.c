@@ -1443,34 +1443,39 @@ mt_tick_k (guint k)
 #define mt_live_big_lock (mt_globals.big_lock)
 
 /* The list knows a block by its address with its flag bits, as its entry does: the logger path's
- * "owed" block and a new block at the same address are two (mt_live_big_rename follows a change). */
+ * "owed" block and a new block at the same address are two (mt_live_big_rename follows a change).
+ * Every use takes the list's lock, bounded as every lock a hook takes: a signal handler on the
+ * thread that holds it gives up. */
+
+/* The pair listing p (the lock held), or MT_LIVE_BIG_BLOCKS. */
+static guint
+mt_live_big_pair (guint64 p)
+{
+  guint i;
+  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
+    if (mt_live_big[2 * i + 1] != 0 && mt_live_big[2 * i] == p)
+      return i;
+  return MT_LIVE_BIG_BLOCKS;
+}
+
 static gboolean
 mt_live_big_add (guint64 p, guint64 size)
 {
-  guint i, free_pair = MT_LIVE_BIG_BLOCKS;
-  gboolean ok = FALSE;
-  /* Bounded, as every lock a hook takes: a signal handler on the thread that holds it gives up. */
+  guint i;
   if (!mt_lock_patiently (&mt_live_big_lock))
     return FALSE;
-  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
+  /* A pair still listed at p is stale (its removal could not have the lock): p is this block now. */
+  i = mt_live_big_pair (p);
+  if (i == MT_LIVE_BIG_BLOCKS)
+    for (i = 0; i != MT_LIVE_BIG_BLOCKS && mt_live_big[2 * i + 1] != 0; i++)
+      ;
+  if (i != MT_LIVE_BIG_BLOCKS)
   {
-    /* A pair still listed at p is stale (its removal could not have the lock): p is this block now. */
-    if (mt_live_big[2 * i + 1] != 0 && mt_live_big[2 * i] == p)
-    {
-      free_pair = i;
-      break;
-    }
-    if (mt_live_big[2 * i + 1] == 0 && free_pair == MT_LIVE_BIG_BLOCKS)
-      free_pair = i;
-  }
-  if (free_pair != MT_LIVE_BIG_BLOCKS)
-  {
-    mt_live_big[2 * free_pair] = p;
-    mt_live_big[2 * free_pair + 1] = size;
-    ok = TRUE;
+    mt_live_big[2 * i] = p;
+    mt_live_big[2 * i + 1] = size;
   }
   mt_unlock (&mt_live_big_lock);
-  return ok;
+  return i != MT_LIVE_BIG_BLOCKS;
 }
 
 /* Big block `from` is listed as `to` from now on (the logger path changed its entry's flags). */
@@ -1480,14 +1485,8 @@ mt_live_big_rename (guint64 from, guint64 to)
   guint i;
   if (!mt_lock_patiently (&mt_live_big_lock))
     return;
-  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
-  {
-    if (mt_live_big[2 * i + 1] != 0 && mt_live_big[2 * i] == from)
-    {
-      mt_live_big[2 * i] = to;
-      break;
-    }
-  }
+  if ((i = mt_live_big_pair (from)) != MT_LIVE_BIG_BLOCKS)
+    mt_live_big[2 * i] = to;
   mt_unlock (&mt_live_big_lock);
 }
 
@@ -1500,25 +1499,28 @@ mt_live_big_size (guint64 p, gboolean take)
   guint64 size = 0;
   if (!mt_lock_patiently (&mt_live_big_lock))
     return 0;
-  for (i = 0; i != MT_LIVE_BIG_BLOCKS; i++)
+  if ((i = mt_live_big_pair (p)) != MT_LIVE_BIG_BLOCKS)
   {
-    if (mt_live_big[2 * i + 1] != 0 && mt_live_big[2 * i] == p)
-    {
-      size = mt_live_big[2 * i + 1];
-      if (take)
-        mt_live_big[2 * i + 1] = 0;
-      break;
-    }
+    size = mt_live_big[2 * i + 1];
+    if (take)
+      mt_live_big[2 * i + 1] = 0;
   }
   mt_unlock (&mt_live_big_lock);
   return size;
 }
 
-/* Entry e (holding p) as the core's functions hand it over, its whole size; `take`: it is leaving. */
+/* The whole size of entry e (holding p); `take`: the entry is leaving (a big block leaves the list). */
+static inline guint64
+mt_live_size_of (const MtLiveEntry * e, guint64 p, gboolean take)
+{
+  return G_LIKELY (e->size != MT_LIVE_SIZE_BIG) ? e->size : mt_live_big_size (p, take);
+}
+
+/* Entry e (holding p) as the core's functions hand it over, its whole size. */
 static inline void
 mt_live_meta_of (const MtLiveEntry * e, guint64 p, MtLiveMeta * out, gboolean take)
 {
-  out->size = G_LIKELY (e->size != MT_LIVE_SIZE_BIG) ? e->size : mt_live_big_size (p, take);
+  out->size = mt_live_size_of (e, p, take);
   out->stack_id = e->stack_id;
   out->tick_k = e->tick_k;
 }
@@ -1527,8 +1529,7 @@ mt_live_meta_of (const MtLiveEntry * e, guint64 p, MtLiveMeta * out, gboolean ta
 static inline guint64
 mt_live_entry_size (guint64 i, guint64 p)
 {
-  guint32 size = MT_LIVE_ENTRY (i).size;
-  return G_LIKELY (size != MT_LIVE_SIZE_BIG) ? size : mt_live_big_size (p, FALSE);
+  return mt_live_size_of (&MT_LIVE_ENTRY (i), p, FALSE);
 }
 
 /* Takes an empty way of bucket b for `key`: its entry, or NULL when the 8 are taken. */

@@ -249,21 +249,8 @@ mt_bucket_lock (MtSlot * s, guint64 b, gboolean nested)
   return TRUE;
 }
 
-/* The way holding address v (flag bits included), its bucket in *at (the home bucket's lock held:
- * it guards p's entry wherever the entry is), or -1. */
-static gint
-mt_bucket_find (guint64 v, guint64 * at)
-{
-  return mt_live_find (v, at);
-}
-
-/* Takes way i of bucket b, holding v, out of the table (lock held): its entry is read before the
- * way is offered to another insert. */
-static void
-mt_bucket_take (guint64 b, gint i, guint64 v, MtLiveMeta * out)
-{
-  mt_live_take (b, i, v, out);
-}
+/* Below, an entry is found (mt_live_find), taken (mt_live_take) and re-keyed with p's home bucket's
+ * lock held: it guards p's entry wherever the entry is, its home or an alternate. */
 
 /* Way i of bucket b holds v from now on (the home's lock held): a change of the entry's flag bits,
  * in its home or its alternate (which they leave as it is: mt_live_alt). */
@@ -308,13 +295,13 @@ mt_logger_claim (MtSlot * s, guint64 p, gboolean nested)
   gboolean release = FALSE;
   if (p == 0 || mt_live_surely_absent (p) || !mt_bucket_lock (s, b, nested))
     return;
-  if ((i = mt_bucket_find (p | MT_LIVE_SUSPECT, &at)) >= 0)
+  if ((i = mt_live_find (p | MT_LIVE_SUSPECT, &at)) >= 0)
   {
     /* The suspect was the old block of a realloc: its release is this. */
-    mt_bucket_take (at, i, p | MT_LIVE_SUSPECT, &m);
+    mt_live_take (at, i, p | MT_LIVE_SUSPECT, &m);
     release = TRUE;
   }
-  else if ((i = mt_bucket_find (p, &at)) >= 0)
+  else if ((i = mt_live_find (p, &at)) >= 0)
   {
     mt_bucket_rekey (at, i, p | MT_LIVE_OWED);
   }
@@ -336,10 +323,10 @@ mt_logger_release (MtSlot * s, guint kind, guint64 p, gboolean temporary, gboole
   guint64 at = 0, v = p;
   if (p == 0 || mt_live_surely_absent (p) || !mt_bucket_lock (s, b, nested))
     return;
-  if ((i = mt_bucket_find (p, &at)) < 0)
-    i = mt_bucket_find (v = p | MT_LIVE_SUSPECT, &at);
+  if ((i = mt_live_find (p, &at)) < 0)
+    i = mt_live_find (v = p | MT_LIVE_SUSPECT, &at);
   if (i >= 0)
-    mt_bucket_take (at, i, v, &m);
+    mt_live_take (at, i, v, &m);
   mt_unlock (&mt_live_locks[b]);
   if (i >= 0)
     mt_logger_released (s, kind, p, &m, temporary, nested);
@@ -359,12 +346,12 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
   gboolean release = FALSE;
   if (p == 0 || mt_live_surely_absent (p) || !mt_bucket_lock (s, b, nested))
     return;
-  if ((i = mt_bucket_find (p | MT_LIVE_OWED, &at)) >= 0)
+  if ((i = mt_live_find (p | MT_LIVE_OWED, &at)) >= 0)
   {
-    mt_bucket_take (at, i, p | MT_LIVE_OWED, &m);
+    mt_live_take (at, i, p | MT_LIVE_OWED, &m);
     release = TRUE;
   }
-  else if ((i = mt_bucket_find (p, &at)) >= 0)
+  else if ((i = mt_live_find (p, &at)) >= 0)
   {
     gsize (*size_of) (gconstpointer) = mt_block_size;
     if (nested || (size_of != NULL && size_of ((gconstpointer) (gsize) p) != 0))
@@ -375,7 +362,7 @@ mt_logger_release_moved (MtSlot * s, guint64 p, gboolean temporary, gboolean nes
     }
     else
     {
-      mt_bucket_take (at, i, p, &m);
+      mt_live_take (at, i, p, &m);
       release = TRUE;
     }
   }
@@ -435,8 +422,8 @@ mt_vm_unlist (MtSlot * s, guint64 p)
   guint64 at = 0;
   if (!mt_bucket_lock (s, b, FALSE))
     return;
-  if ((i = mt_bucket_find (p | MT_LIVE_VM, &at)) >= 0)
-    mt_bucket_take (at, i, p | MT_LIVE_VM, &m);
+  if ((i = mt_live_find (p | MT_LIVE_VM, &at)) >= 0)
+    mt_live_take (at, i, p | MT_LIVE_VM, &m);
   mt_unlock (&mt_live_locks[b]);
 }
 
@@ -499,8 +486,8 @@ mt_on_vm_free (MtSlot * s, guint64 p, guint64 size, gboolean nested)
   guint64 at = 0;
   if (!mt_live_surely_absent (p | MT_LIVE_VM) && mt_bucket_lock (s, b, nested))
   {
-    if ((i = mt_bucket_find (p | MT_LIVE_VM, &at)) >= 0)
-      mt_bucket_take (at, i, p | MT_LIVE_VM, &m);
+    if ((i = mt_live_find (p | MT_LIVE_VM, &at)) >= 0)
+      mt_live_take (at, i, p | MT_LIVE_VM, &m);
     mt_unlock (&mt_live_locks[b]);
   }
   if (i < 0)

@@ -235,6 +235,9 @@ extern guint pthread_mach_thread_np (gpointer thread);
 extern gint pthread_getattr_np (gpointer thread, gpointer attr);
 /* [lo, hi) of the main thread's stack and the main thread's id (the process id), or zeros. */
 extern volatile guint64 mt_main_stack[3];
+/* glibc's main arena and the offset of a thread's arena pointer from pthread_self(), or zeros
+ * (agents/runtime/core.js, mainArenaCell). */
+extern volatile guint64 mt_main_arena[2];
 extern gint pthread_attr_getstack (gpointer attr, gpointer * addr, gsize * size);
 extern gint pthread_attr_destroy (gpointer attr);
 extern glong syscall (glong number, ...);
@@ -776,6 +779,27 @@ mt_solo_end (void)
 #endif
 }
 
+#ifndef MT_DARWIN
+/* The thread that loaded the agent made the process's first call into malloc, so glibc gave it
+ * the main arena, and it ended without handing the arena back; the program's main thread would get
+ * an arena of its own on its first call -- an mmap'd heap grown a page at a time by mprotect (3,106
+ * calls in the C++ bench program), a heap it never has without memtrace.  Its first call comes here
+ * before the C library sees it, and the main thread is handed the main arena, as natively.  A
+ * thread that already has an arena (a process attached to, a fork child) keeps it. */
+static void
+mt_adopt_main_arena (void)
+{
+  guint64 arena = mt_main_arena[0];
+  gpointer volatile * mine;
+  if (G_LIKELY (arena == 0) || mt_main_stack[2] == 0 || mt_current_tid () != mt_main_stack[2])
+    return;
+  mt_main_arena[0] = 0;
+  mine = (gpointer volatile *) ((guint64) pthread_self () + mt_main_arena[1]);
+  if (*mine == NULL)
+    *mine = (gpointer) arena;
+}
+#endif
+
 /* Called when pthread_getspecific() gave NULL.  pthread_setspecific may itself
  * allocate (glibc, keys >= 32): a nested call on this thread finds its stack
  * address registered in `assigning` and passes straight through. */
@@ -793,6 +817,9 @@ mt_assign (void)
     if (a != 0 && here <= a && a - here < 65536)
       return NULL;
   }
+#ifndef MT_DARWIN
+  mt_adopt_main_arena ();   /* before anything here can call malloc (pthread_setspecific may) */
+#endif
   /* 64 threads assigning at once is rare: retry a bounded number of times (a marker
    * left claimed by a thread that does not exist, in a fork child, must not hang us),
    * then this call goes through the shared slot (counted, its stack dropped).  Thousands of

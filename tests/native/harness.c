@@ -75,6 +75,7 @@ volatile guint64 mt_alias_kinds;
 volatile guint64 mt_tls_offset;          /* 0: the core asks pthread_getspecific */
 volatile guint64 mt_own_threads[MT_OWN_THREADS_WORDS];   /* zeros: no thread is Frida's */
 volatile guint64 mt_main_stack[3];       /* zeros: every thread's bounds from pthread_getattr_np */
+volatile guint64 mt_main_arena[2];       /* zeros: no thread is handed an arena */
 gsize (* volatile mt_usable_size) (gconstpointer);   /* NULL: the harness's threads are never memtrace's own */
 volatile guint64 mt_unwind_count;        /* no unwind tables: frame-pointer walks */
 MtUnwindModule mt_unwind_modules[MT_MAX_UNWIND_MODULES];

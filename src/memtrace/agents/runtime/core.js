@@ -263,6 +263,7 @@ export function buildCore(config, sources, extraSymbols) {
   } else {
     symbols.pthread_getattr_np = findExport('pthread_getattr_np');
     symbols.mt_main_stack = mainStack();
+    symbols.mt_main_arena = mainArenaCell();
     symbols.pthread_attr_getstack = findExport('pthread_attr_getstack');
     symbols.pthread_attr_destroy = findExport('pthread_attr_destroy');
     symbols.syscall = findExport('syscall');
@@ -594,6 +595,131 @@ function mainStack() {
     writeMainStack(mainStackCell);
   }
   return mainStackCell;
+}
+
+/* glibc's main arena, for the program's main thread (core.c, mt_adopt_main_arena): a cell of two
+ * u64, the main arena's address and where the C library keeps a thread's arena pointer (its offset
+ * from pthread_self(), the same in every thread: initial-exec TLS), or zeros wherever either is not
+ * found for certain (not glibc, not 64-bit, glibc before 2.26, a layout that does not check out).
+ * Why: the thread that loaded the agent made the process's first malloc call, so glibc gave it the
+ * main arena, and it ended (a raw clone, no pthread exit) without putting the arena back; the main
+ * thread's own first call then got an arena of its own -- an mmap'd heap grown a page at a time by
+ * mprotect, which the program never has without memtrace. */
+const ARENA_NEXT = 2160;                 // offsetof(struct malloc_state, next): glibc >= 2.26, LP64
+const ARENA_HEAP_MAX = 64 * 1024 * 1024; // a non-main arena's heaps are aligned to this (HEAP_MAX_SIZE)
+const NON_MAIN_ARENA = 4;                // the chunk size's bit: the block is not the main arena's
+const PT_LOAD = 1;
+const PT_TLS = 7;
+
+function mainArenaCell() {
+  const cell = Memory.alloc(16);
+  try {
+    const found = findMainArena();
+    if (found !== null) {
+      cell.writePointer(found.arena);
+      cell.add(8).writePointer(found.offset);
+    }
+  } catch (e) {
+    // zeros: the main thread gets whatever arena glibc gives it
+  }
+  return cell;
+}
+
+function findMainArena() {
+  if (IS_DARWIN || Process.pointerSize !== 8)
+    return null;
+  const versionFn = findExport('gnu_get_libc_version');
+  if (versionFn === null)
+    return null;
+  const [major, minor] = new NativeFunction(versionFn, 'pointer', [])().readCString().split('.').map(Number);
+  if (!(major > 2 || (major === 2 && minor >= 26)))
+    return null;
+  const libc = Process.findModuleByAddress(versionFn);
+  const malloc = libcFunction('malloc', 'pointer', ['size_t']);
+  const free = libcFunction('free', 'void', ['pointer']);
+  const self = libcFunction('pthread_self', 'pointer', []);
+  const iterate = libcFunction('dl_iterate_phdr', 'int', ['pointer', 'pointer']);
+  if (libc === null || malloc === null || free === null || self === null || iterate === null)
+    return null;
+  const inLibc = a => a.compare(libc.base) >= 0 && a.compare(libc.base.add(libc.size)) < 0;
+
+  // This thread's arena, by one of its blocks: a non-main arena's block says so in its size word,
+  // and its heap starts with the arena's address (heap_info.ar_ptr).
+  const block = malloc(64);
+  if (block.isNull())
+    return null;
+  const nonMain = (block.sub(8).readU64().toNumber() & NON_MAIN_ARENA) !== 0;
+  const heapArena = nonMain ? block.and(ptr(ARENA_HEAP_MAX - 1).not()).readPointer() : null;
+  free(block);
+
+  // The C library's TLS block as this thread has it (dl_iterate_phdr's dlpi_tls_data, PT_TLS's size).
+  let tls = null;
+  const visit = new NativeCallback((info, size) => {
+    if (size < 64)
+      return 0;
+    const bias = info.readPointer();
+    const phdrs = info.add(16).readPointer();
+    const n = info.add(24).readU16();
+    let mine = false;
+    let tlsSize = 0;
+    for (let i = 0; i !== n; i++) {
+      const ph = phdrs.add(i * 56);
+      const type = ph.readU32();
+      const start = bias.add(ph.add(16).readPointer());
+      if (type === PT_LOAD && versionFn.compare(start) >= 0 && versionFn.compare(start.add(ph.add(40).readPointer())) < 0)
+        mine = true;
+      if (type === PT_TLS)
+        tlsSize = ph.add(40).readU64().toNumber();
+    }
+    if (!mine)
+      return 0;
+    tls = { data: info.add(56).readPointer(), size: tlsSize };
+    return 1;
+  }, 'int', ['pointer', 'size_t', 'pointer']);
+  iterate(visit, NULL);
+  if (tls === null || tls.data.isNull() || tls.size === 0 || tls.size > 4096)
+    return null;
+
+  // The main arena: the one arena of the ring (malloc_state.next) inside the C library's image.
+  const ringMain = start => {
+    let main = null;
+    let a = start;
+    for (let hops = 0; hops !== 1024; hops++) {
+      if (inLibc(a)) {
+        if (main !== null)
+          return null;
+        main = a;
+      } else if (!a.and(15).isNull()) {
+        return null;
+      }
+      a = a.add(ARENA_NEXT).readPointer();
+      if (a.equals(start))
+        return main;
+      if (a.isNull() || Process.findRangeByAddress(a) === null)
+        return null;
+    }
+    return null;
+  };
+  const hits = [];
+  for (let off = 0; off + 8 <= tls.size; off += 8) {
+    const word = tls.data.add(off);
+    const v = word.readPointer();
+    if (v.isNull() || !v.and(7).isNull() || Process.findRangeByAddress(v) === null)
+      continue;
+    if (nonMain ? !v.equals(heapArena) : !inLibc(v))
+      continue;
+    let main = null;
+    try {
+      main = ringMain(v);
+    } catch (e) {
+      main = null;
+    }
+    if (main !== null && (nonMain || main.equals(v)))
+      hits.push({ arena: main, offset: word.sub(self()) });   // wraps below zero: the core adds it back
+  }
+  if (hits.length !== 1)
+    return null;
+  return hits[0];
 }
 
 /* A 64-bit value never passes through a Number: one past 2^53 goes as its decimal string (the

@@ -290,7 +290,7 @@ export function serve(tracer) {
       if (first && reason !== 'unload') {
         let calibration = null;
         try {
-          calibration = calibrate();
+          calibration = calibrate(true);
         } catch (e) {
           calibration = null;
         }

@@ -1746,6 +1746,21 @@ mt_live_remove (guint64 p, MtLiveMeta * out)
   return TRUE;
 }
 
+/* mt_live_remove where a look a moment ago found p in its home bucket b at way i: taken there if the
+ * way still holds p's key (a signal handler's call in between may have changed the bucket; entries
+ * never move, but the check costs one load from a line in L1), else looked for again. */
+static inline gboolean
+mt_live_remove_found (guint64 p, guint64 b, gint i, MtLiveMeta * out)
+{
+  guint32 key = mt_live_key (p);
+  if (G_LIKELY (b == mt_live_bucket (p) && *mt_live_key_at (&mt_live_entries (b)[i]) == key))
+  {
+    mt_live_take (b, i, p, out);
+    return TRUE;
+  }
+  return mt_live_remove (p, out);
+}
+
 /* Pages resident in a mincore() vector (bit 0 of each byte), for calibration's count of the agent's
  * own tables: the stack budget's reservations are millions of pages, too many for a JavaScript
  * loop at the target's exit. */

@@ -308,7 +308,8 @@ AGG_FIELDS: dict[str, int] = {
     "extra_weight_freed": 16,
     "failed": 17,           # allocation calls on this stack that returned NULL (never in the others)
 }
-AGG_STRIDE = 24
+AGG_STRIDE = 18             # = len(AGG_FIELDS): a row is its fields, no padding (every stack's rows are pages the
+                            # target faults in: 24 cost cc1plus 4.6 MB more of them)
 MAX_LANES = 64                 # lanes per row at most (runtime/core.js clamps the aggLanes option to it)
 AGG_SNAP_FIELDS = frozenset({"snap_epoch", "snap_bytes", "snap_count"})
 # An AGG record carries the fields of its mask (bit = field index), each the stack's running total.

@@ -1455,10 +1455,26 @@ mt_live_entry_address (guint64 i)
   return mt_live_address (b, key);
 }
 
+/* An entry's stack_k: the stack id's low MT_LIVE_STACK_BITS bits, the sampling multiplier k above. */
 static inline guint32
-mt_tick_k (guint k)
+mt_live_stack_k (guint32 stack_id, guint k)
 {
-  return ((guint32) mt_core.tick & ((1u << MT_LIVE_TICK_BITS) - 1)) | ((guint32) k << MT_LIVE_TICK_BITS);
+  return (stack_id & ((1u << MT_LIVE_STACK_BITS) - 1)) | ((guint32) k << MT_LIVE_STACK_BITS);
+}
+
+/* The stack id of entry e: a real id is below 2^MT_LIVE_STACK_BITS - 16 (the agent bounds the stack
+ * table), a pseudo stack's (0xFFFFFFFD ...) comes back from its low bits. */
+static inline guint32
+mt_live_entry_stack (const MtLiveEntry * e)
+{
+  guint32 v = e->stack_k & ((1u << MT_LIVE_STACK_BITS) - 1);
+  return v >= (1u << MT_LIVE_STACK_BITS) - 16 ? v | ~((1u << MT_LIVE_STACK_BITS) - 1) : v;
+}
+
+static inline guint
+mt_live_entry_k (const MtLiveEntry * e)
+{
+  return e->stack_k >> MT_LIVE_STACK_BITS;
 }
 
 /* ---- blocks of 4 GiB or more: their sizes in a side list --------------------------------------
@@ -1548,8 +1564,15 @@ static inline void
 mt_live_meta_of (const MtLiveEntry * e, guint64 p, MtLiveMeta * out, gboolean take)
 {
   out->size = mt_live_size_of (e, p, take);
-  out->stack_id = e->stack_id;
-  out->tick_k = e->tick_k;
+  out->stack_id = mt_live_entry_stack (e);
+  out->tick_k = (guint32) mt_live_entry_k (e) << MT_LIVE_TICK_BITS;
+}
+
+/* The stack id of entry i, for walks over the table. */
+static inline guint32
+mt_live_entry_stack_id (guint64 i)
+{
+  return mt_live_entry_stack (&MT_LIVE_ENTRY (i));
 }
 
 /* The whole size of entry i (holding p), for walks over the table. */
@@ -1644,8 +1667,7 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
   /* Only the thread that frees p reads this entry, and p is not handed out before we return (the
    * drain, which walks the table, reads entries the hooks no longer change: at the window's end). */
   e->size = size32;
-  e->stack_id = stack_id;
-  e->tick_k = mt_tick_k (k);
+  e->stack_k = mt_live_stack_k (stack_id, k);
   return TRUE;
 }
 

@@ -480,8 +480,9 @@ mt_live_bucket_untouched (guint64 b, MtPageWindow * w)
  * page -- the first one on the next page the window says was written, or on the page past the
  * window (asked about then) -- so that the final drain steps over a run of untouched pages at once,
  * not bucket by bucket (cxx_work's exit walked 512 K buckets for the 100 K on written pages).
- * Buckets are 128-byte aligned (MT_LIVE_BUCKET_BYTES from a page-aligned table), so none straddles
- * two pages. */
+ * A bucket (96 bytes) may straddle two pages; its first way is on the first, and every insert into
+ * the bucket writes that way first (a swap, which writes even when it fails: core.c, mt_live_claim),
+ * so a bucket whose first page was never written is empty whatever its second page holds. */
 static guint64
 mt_live_next_bucket_after_untouched (guint64 b, const MtPageWindow * w)
 {
@@ -565,12 +566,12 @@ mt_drain_live (guint8 * out, guint64 cap, guint64 used)
     e = &MT_LIVE_ENTRY (i);
     r = (MtLiveRecord *) (out + used);
     r->type = MT_REC_LIVE;
-    r->k = (guint8) (e->tick_k >> MT_LIVE_TICK_BITS);
+    r->k = (guint8) mt_live_entry_k (e);
     r->reserved = 0;
-    r->stack_id = e->stack_id;
+    r->stack_id = mt_live_entry_stack (e);
     r->ptr = p;
     r->size = mt_live_entry_size (i, p);
-    r->tick = e->tick_k & ((1u << MT_LIVE_TICK_BITS) - 1);
+    r->tick = 0;          /* (12-byte entries hold no birth tick) */
     r->reserved2 = 0;
     used += sizeof (MtLiveRecord);
     mt_core.live_dumped++;

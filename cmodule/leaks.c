@@ -107,7 +107,7 @@ mt_leak_candidates (MtLeakBlock * out, guint64 cap, guint64 * total, guint64 * u
     {
       out[n].ptr = p;
       out[n].size = mt_live_entry_size (i, p);
-      out[n].stack_id = MT_LIVE_ENTRY (i).stack_id;
+      out[n].stack_id = mt_live_entry_stack_id (i);
       out[n].flags = 0;
       n++;
     }

@@ -254,18 +254,23 @@ OWN_THREADS_WORDS = OWN_TID + OWN_TIDS
 # the caller used from the call instruction at `ra` and moves the site's counts to that kind.
 SITE = Layout("MtSite", (("ra", "u64"), ("calls", "u64"), ("bytes", "u64"), ("kind", "u64")))
 
-# The live table (cmodule/core.c, "the live-pointer table"): bucket b is LIVE_WAYS entries of 16 bytes, two
-# cache lines, at mt_live_table + b * LIVE_WAYS * LIVE_ENTRY.size.  An entry's `key` is not the block's
-# address but what the bucket does not already say of it: the number of the address window, plus one (0 =
-# an empty way), above the address's low bits (core.c, mt_live_key) -- so that a block costs 16 bytes of
-# table, not 24, and a bucket spans 256 bytes of heap, not 128: the table a heap touches is half its size
-# where it was 1.5 times, and every page of it is a fresh page the target faults in.  `size` is the
-# requested size (LIVE_SIZE_BIG: 4 GiB or more, the size in the core's side list), `tick` the drain count
-# when the block was allocated (100 ms ticks; it wraps after 2^24 ticks), `k` the sampling multiplier (0:
-# an exact block; k >= 1: a sampled one standing for k * sample_interval bytes).  MtLiveMeta is an entry
-# as the core's functions hand it over, its size whole.
-LIVE_ENTRY = Layout("MtLiveEntry", (("key", "u32"), ("size", "u32"), ("stack_id", "u32"), ("tick_k", "u32")))
+# The live table (cmodule/core.c, "the live-pointer table"): bucket b is LIVE_WAYS entries of 12 bytes
+# (96: two cache lines at most), at mt_live_table + b * LIVE_WAYS * LIVE_ENTRY.size.  An entry's `key` is
+# not the block's address but what the bucket does not already say of it: the number of the address
+# window, plus one (0 = an empty way), above the address's low bits (core.c, mt_live_key) -- so that a
+# bucket spans 256 bytes of heap: the table a heap touches is 0.375 bytes per byte of heap, and every page
+# of it is a fresh page the target faults in (24-byte entries, 128-byte spans: 1.5; 16-byte: 0.5).
+# `size` is the requested size (LIVE_SIZE_BIG: 4 GiB or more, the size in the core's side list);
+# `stack_k` the block's stack id in its low LIVE_STACK_BITS bits (the pseudo stacks' ids as their low
+# bits: they are the top of the 32-bit range, real ids stay far below 2^LIVE_STACK_BITS - 16) and the
+# sampling multiplier k above them (0: an exact block; k >= 1: a sampled one standing for k *
+# sample_interval bytes).  MtLiveMeta is an entry as the core's functions hand it over, its size whole,
+# its stack id whole, k at LIVE_TICK_BITS in tick_k (the birth tick the 16-byte entry held is gone:
+# LIVE records say 0).
+LIVE_ENTRY = Layout("MtLiveEntry", (("key", "u32"), ("size", "u32"), ("stack_k", "u32")))
 LIVE_META = Layout("MtLiveMeta", (("size", "u64"), ("stack_id", "u32"), ("tick_k", "u32")))
+LIVE_STACK_BITS = 24
+LIVE_STACK_IDS_MAX = 1 << 23    # the stack table's ids at most (runtime/core.js clamps stackTable to it)
 LIVE_SIZE_BIG = 0xFFFFFFFF
 LIVE_BIG_BLOCKS = 64            # blocks of 4 GiB or more the side list holds at once (more: untracked, counted)
 # A key holds 32 bits: which of its alternates an entry is in (3 bits), the address bits above the

@@ -117,6 +117,25 @@ mt_probe_live_keys (void)
       failures++;
     }
   }
+  /* An entry's stack id and sampling multiplier share a word: every id the stack table can give and
+   * every pseudo stack come back whole, with k beside them. */
+  {
+    static const guint32 ids[] = { 0, 1, (1u << 23) - 1, 0xFFFFFFFDu, 0xFFFFFFFEu, 0xFFFFFFFFu };
+    static const guint ks[] = { 0, 1, 255 };
+    guint j, q;
+    for (j = 0; j != G_N_ELEMENTS (ids); j++)
+      for (q = 0; q != G_N_ELEMENTS (ks); q++)
+      {
+        guint64 p = 0x7f2000000040ULL;
+        if (!mt_live_insert (p, 48, ids[j], ks[q], 16) || !mt_live_remove (p, &m) || m.size != 48
+            || m.stack_id != ids[j] || m.tick_k >> MT_LIVE_TICK_BITS != ks[q])
+        {
+          fprintf (stderr, "probe: stack %#x with k %u came back as %#x, k %u\n", ids[j], ks[q], m.stack_id,
+                   m.tick_k >> MT_LIVE_TICK_BITS);
+          failures++;
+        }
+      }
+  }
   for (i = 0; i != MT_LIVE_BIG_BLOCKS + 1; i++)
   {
     guint64 p = 0x100000000000ULL + i * 0x100000000ULL;

@@ -44,7 +44,7 @@ SORTS = ("bytes", "calls", "live")
 # A local target is traced completely: every allocation gets a stack and every block is tracked
 # (thresholds 0), 64 frames a stack.  The tables are OS pages reserved up front and resident only
 # as they are used (docs/agents.md, "Memory budget"): 4,194,304 stack ids, 16,777,216 live-table
-# entries (256 MiB reserved: the table a heap touches is half a byte per byte of heap, however large
+# entries (192 MiB reserved: the table a heap touches is 0.375 bytes per byte of heap, however large
 # it is -- a large one only keeps dense parts of the heap from crowding the same buckets), 16,384 threads at once, 8 MiB of stack definitions between drains; a stack or block past
 # them is counted and said, never silent.
 AGENT_DEFAULTS: dict[str, Any] = {

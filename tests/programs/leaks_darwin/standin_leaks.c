@@ -22,7 +22,7 @@ static volatile gint * mt_live_occupancy_p;
 #define mt_live_table mt_live_table_p
 #define mt_live_meta mt_live_meta_p
 #define mt_live_occupancy mt_live_occupancy_p
-/* leaks.c reads the live table through core.c's accessors (entry i's address, its size, the entry):
+/* leaks.c reads the live table through core.c's accessors (entry i's address, its size, its stack):
  * here, plain arrays of whole addresses and metas. */
 static inline guint64
 mt_live_entry_address (guint64 i)
@@ -36,7 +36,11 @@ mt_live_entry_size (guint64 i, guint64 p)
   (void) p;
   return mt_live_meta[i].size;
 }
-#define MT_LIVE_ENTRY(i) (mt_live_meta[i])
+static inline guint32
+mt_live_entry_stack_id (guint64 i)
+{
+  return mt_live_meta[i].stack_id;
+}
 
 static inline void
 mt_barrier (void)

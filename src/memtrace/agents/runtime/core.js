@@ -10,7 +10,7 @@
  */
 
 import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_ENTRY, LIVE_KEY_ADDRESS_BITS,
-  LIVE_MIN_BUCKET_BITS, LIVE_MIN_BUCKET_BITS_DARWIN, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
+  LIVE_MIN_BUCKET_BITS, LIVE_MIN_BUCKET_BITS_DARWIN, LIVE_STACK_IDS_MAX, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
   MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_CHANGED_MAX, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
 import { disarmStub, leakedStub, proc, withCompilerEnv } from './process.js';
@@ -178,7 +178,8 @@ export function buildCore(config, sources, extraSymbols) {
   const nRings = events ? config.rings : 0;
   if (nRings > MAX_RINGS)
     throw new Error(`memtrace agent: at most ${MAX_RINGS} rings (asked for ${nRings})`);
-  const stackSlots = pow2(config.stackTable);
+  // A live-table entry holds a stack id in LIVE_STACK_BITS bits (layout.py): the table is bounded there.
+  const stackSlots = Math.min(pow2(config.stackTable), LIVE_STACK_IDS_MAX);
   // At least 2^LIVE_MIN_BUCKET_BITS buckets, whatever was asked: a key names the address bits above
   // its bucket's in 32 bits (core.c, mt_live_key; layout.py).  Only the pages a heap touches are resident.
   const minBucketBits = Math.max(IS_DARWIN ? LIVE_MIN_BUCKET_BITS_DARWIN : LIVE_MIN_BUCKET_BITS,
@@ -200,7 +201,7 @@ export function buildCore(config, sources, extraSymbols) {
   // many as stack ids, 4 * stackSlots pairs in all; only the generations reached are written.
   const stackTable = budgetPages(4 * stackSlots * 16, 'stack_index', true);
   const defs = rawPages(DEFS_BYTES, 'defs');
-  // Each bucket: LIVE_WAYS entries of LIVE_ENTRY.size bytes, two cache lines (core.c).
+  // Each bucket: LIVE_WAYS entries of LIVE_ENTRY.size bytes, two cache lines at most (core.c).
   const liveTable = budgetPages(liveBuckets * LIVE_WAYS * LIVE_ENTRY.size, 'live_table');
   const liveLocks = budgetPages(liveBuckets * 4, 'live_locks');
   // A byte a bucket: it once sent a block to an alternate (core.c, mt_live_spill).

@@ -1,13 +1,15 @@
 """Where a traced program's time goes, by function of memtrace's C core (`perf record -e cpu-clock`).
 
-    python bench/cmodule_profile.py [--freq HZ] [--all-threads] [--annotate FUNCTION] -- PROGRAM [ARGS...]
+    python bench/cmodule_profile.py [--freq HZ] [--all-threads] [--annotate FUNCTION] [--memtrace-option OPT]... -- PROGRAM [ARGS...]
 
 Runs PROGRAM under `memtrace malloc` (its default: every allocation stacked, every block tracked)
 inside `perf record` and prints, for the target's main thread, the share of its samples in the
 CModule by function, in each library, and the hottest symbols elsewhere; and the share of each of
 the target's threads (memtrace's drain runs on Frida's JavaScript thread); --all-threads: all of
 the target's threads together instead of its main thread (a program whose work is in threads);
---annotate: also the hottest instructions of one of the core's functions, as objdump shows them.  The CModule's code is
+--annotate: also the hottest instructions of one of the core's functions, as objdump shows them;
+--memtrace-option: one more argument for `memtrace malloc` (repeat it: `--memtrace-option
+--stack-threshold --memtrace-option 1099511627776` profiles tracking without stacks).  The CModule's code is
 anonymous memory to perf: its samples are matched against the host-built modules (the newest four)
 and the gcc stand-in's cached module.so files (memtrace.frida_host.gcc_cache_shim), trying each at every page-aligned load address and keeping the
 one that puts the most samples inside the hook and tracking functions.  Shares of one run are what
@@ -105,9 +107,12 @@ def main() -> None:
     freq = "2000"
     all_threads = False
     annotate = None
-    while args[:1] in (["--freq"], ["--all-threads"], ["--annotate"]):
+    options: list[str] = []
+    while args[:1] in (["--freq"], ["--all-threads"], ["--annotate"], ["--memtrace-option"]):
         if args[0] == "--freq":
             freq, args = args[1], args[2:]
+        elif args[0] == "--memtrace-option":
+            options, args = [*options, args[1]], args[2:]
         elif args[0] == "--annotate":
             annotate, args = args[1], args[2:]
         else:
@@ -123,7 +128,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         data = Path(d) / "perf.data"
         cmd = ["perf", "record", "-q", "-e", "cpu-clock", "-F", freq, "-o", str(data), "--", sys.executable, "-m",
-               "memtrace.cli", "malloc", "--device", "local", "--window", "600", "--out", str(Path(d) / "cap"),
+               "memtrace.cli", "malloc", "--device", "local", "--window", "600", *options, "--out", str(Path(d) / "cap"),
                "--", str(program), *args[1:]]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
                        env={**os.environ, "PYTHONPATH": str(ROOT / "src")})

@@ -330,7 +330,8 @@ PEAK_HEAD_RECORD = Layout("MtPeakHeadRecord", (("type", "u8"), ("reserved", "u8"
                                                ("count", "u64"), ("t_us", "u64")))
 PEAK_RECORD = Layout("MtPeakRecord", (("type", "u8"), ("reserved", "u8"), ("reserved2", "u16"), ("stack_id", "u32"),
                                       ("bytes", "u64"), ("count", "u64")))
-# The live table at the end of the window, one record per tracked block still live.
+# The live table at the end of the window, one record per tracked block still live (`tick`: 0 since the
+# table's 12-byte entries, which keep no birth tick; the field stays for the format).
 LIVE_RECORD = Layout("MtLiveRecord", (("type", "u8"), ("k", "u8"), ("reserved", "u16"), ("stack_id", "u32"),
                                       ("ptr", "u64"), ("size", "u64"), ("tick", "u32"), ("reserved2", "u32")))
 

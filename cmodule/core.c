@@ -167,6 +167,7 @@ struct _MtCore
   volatile guint64 defs_stalled;   /* defs_tail + 1 when a wait for the drain gave up (mt_defs_wait) */
   volatile guint64 stack_unlocks;  /* times the stack lock was let go of (by its holder) */
   volatile guint64 stack_stalled;  /* stack_unlocks + 1 when a patient wait for it gave up */
+  volatile guint64 any_cold;       /* some row had a cold add (mt_agg_cold_rows is worth reading) */
   /* the drain's own */
   guint64 shipped_epoch;
   guint64 composition_us;          /* when the last composition was shipped */
@@ -202,10 +203,15 @@ extern volatile gint mt_live_locks[];
 /* Per bucket: 1 once the bucket, full, sent a block to one of its alternates (mt_live_alt); a miss in
  * a bucket reads its alternates only then.  Never cleared. */
 extern volatile guint8 mt_live_spill[];
-/* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_STRIDE counters */
+/* (stack slots + MT_N_PSEUDO_STACKS) rows x agg_lanes lanes x MT_AGG_HOT counters (layout.py, AGG_HOT) */
 extern volatile guint64 mt_agg[];
+/* The same rows' cold fields (MT_AGG_COLD each, field f at f - MT_AGG_HOT), and a byte per row: 0 none
+ * ever added, 1 some added (the drain reads the row's cold lanes), 2 read, its shipped copy written. */
+extern volatile guint64 mt_agg_cold[];
+extern volatile guint8 mt_agg_cold_rows[];
 extern volatile guint8 mt_agg_dirty[];        /* per row: changed since the drain last looked */
-extern guint64 mt_agg_shipped[];              /* per row: the totals last shipped (drain only) */
+extern guint64 mt_agg_shipped[];              /* per row: its hot fields' totals last shipped (drain only) */
+extern guint64 mt_agg_shipped_cold[];         /* per row: its cold fields' (written once the row has any) */
 extern gint64 mt_agg_live[];                  /* per row: its live bytes as last shipped (drain only) */
 extern MtDrainInfo mt_drain_info;
 extern guint64 mt_top[];                      /* 2 * MT_TOP_STACKS: (stack id, live bytes) */
@@ -1308,7 +1314,7 @@ mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
          * interning thread's lane, where its next add goes, and its dirty flag): a first read of a
          * fresh page maps the zero page, and the write after it faulted again and flushed every
          * CPU's TLB (86 samples of 840 in a 131,072-stack run, in the row's snapshot). */
-        mt_agg[((guint64) s->lane * (mt_config.stack_mask + 1 + MT_N_PSEUDO_STACKS) + id) * MT_AGG_STRIDE] = 0;
+        mt_agg[((guint64) s->lane * (mt_config.stack_mask + 1 + MT_N_PSEUDO_STACKS) + id) * MT_AGG_HOT] = 0;
         mt_agg_dirty[id] = 0;
         mt_store_release (&mt_core.n_stacks, id + 1);
         table[2 * i + 1] = id;

@@ -141,27 +141,37 @@ mt_live_blocks_reported (void)
  * thread can still come first: the allocating thread counts after its block is in the live table
  * (track.c), so the drain clamps what it reports (mt_drain). */
 static void
-mt_row_totals (guint64 row, guint64 * out)
+mt_row_side (guint64 row, guint64 * out, guint64 lanes, gboolean free_side, gboolean cold)
 {
-  guint64 lanes = mt_lanes_used ();
-  guint64 stride = mt_agg_rows () * MT_AGG_STRIDE;     /* one lane to the next (lane-major) */
-  volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
+  guint64 hot_stride = mt_agg_rows () * MT_AGG_HOT;     /* one lane to the next (lane-major) */
+  guint64 cold_stride = mt_agg_rows () * MT_AGG_COLD;
+  volatile guint64 * a = &mt_agg[row * MT_AGG_HOT];
+  volatile guint64 * c = &mt_agg_cold[row * MT_AGG_COLD];
   guint64 l;
+  guint f;
+  for (l = 0; l != lanes; l++)
+  {
+    for (f = 0; f != MT_AGG_HOT; f++)
+      if (((MT_FREE_SIDE & (1u << f)) != 0) == free_side)
+        out[f] += a[l * hot_stride + f];
+    if (cold)
+      for (f = MT_AGG_HOT; f != MT_AGG_STRIDE; f++)
+        if (((MT_FREE_SIDE & (1u << f)) != 0) == free_side)
+          out[f] += c[l * cold_stride + f - MT_AGG_HOT];
+  }
+}
+
+static void
+mt_row_totals (guint64 row, guint64 * out, gboolean cold)
+{
   guint f;
   for (f = 0; f != MT_AGG_STRIDE; f++)
     out[f] = 0;
-  for (l = 0; l != lanes; l++)
-    for (f = 0; f != MT_AGG_STRIDE; f++)
-      if ((MT_FREE_SIDE & (1u << f)) != 0)
-        out[f] += a[l * stride + f];
+  mt_row_side (row, out, mt_lanes_used (), TRUE, cold);
   mt_barrier ();
   /* (Again: a lane a new thread took since, whose allocation a free above may have followed;
    * lanes are only ever added.) */
-  lanes = mt_lanes_used ();
-  for (l = 0; l != lanes; l++)
-    for (f = 0; f != MT_AGG_STRIDE; f++)
-      if ((MT_FREE_SIDE & (1u << f)) == 0)
-        out[f] += a[l * stride + f];
+  mt_row_side (row, out, mt_lanes_used (), FALSE, cold);
 }
 
 /* The row at position i of the drain's walk: interned stacks in order (ids are dense), then the
@@ -231,8 +241,8 @@ mt_ship_rows_writable (guint64 row)
   if (mt_core.shipped_rows == 0)
   {
     guint64 pseudo = mt_config.stack_mask + 1;
-    mt_touch_for_write (&mt_agg_shipped[pseudo * MT_AGG_STRIDE],
-        &mt_agg_shipped[(pseudo + MT_N_PSEUDO_STACKS) * MT_AGG_STRIDE]);
+    mt_touch_for_write (&mt_agg_shipped[pseudo * MT_AGG_SHIPPED_HOT],
+        &mt_agg_shipped[(pseudo + MT_N_PSEUDO_STACKS) * MT_AGG_SHIPPED_HOT]);
     mt_touch_for_write ((volatile guint64 *) &mt_agg_live[pseudo],
         (volatile guint64 *) &mt_agg_live[pseudo + MT_N_PSEUDO_STACKS]);
     mt_core.shipped_rows = 1;
@@ -240,7 +250,7 @@ mt_ship_rows_writable (guint64 row)
   from = mt_core.shipped_rows - 1;
   if (row > mt_config.stack_mask || row < from)
     return;
-  mt_touch_for_write (&mt_agg_shipped[from * MT_AGG_STRIDE], &mt_agg_shipped[(row + 1) * MT_AGG_STRIDE]);
+  mt_touch_for_write (&mt_agg_shipped[from * MT_AGG_SHIPPED_HOT], &mt_agg_shipped[(row + 1) * MT_AGG_SHIPPED_HOT]);
   mt_touch_for_write ((volatile guint64 *) &mt_agg_live[from], (volatile guint64 *) &mt_agg_live[row + 1]);
   mt_core.shipped_rows = row + 2;
 }
@@ -260,7 +270,9 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
   {
     guint64 row = mt_walk_row (i, n_stacks);
     guint64 now[MT_AGG_STRIDE];
-    guint64 * shipped = &mt_agg_shipped[row * MT_AGG_STRIDE];
+    guint64 * shipped = &mt_agg_shipped[row * MT_AGG_SHIPPED_HOT];
+    guint64 * shipped_cold = &mt_agg_shipped_cold[row * MT_AGG_COLD];
+    guint8 cold;
     guint32 mask = 0;
     guint nvalues = 0, f;
     MtAggRecord * r;
@@ -271,10 +283,31 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
     mt_barrier ();
     if (mt_row_unshipped (row))
       mt_ship_rows_writable (row);
-    mt_row_totals (row, now);
+    /* Its cold lanes are read only if it ever had a cold add (the mark is set before the add it
+     * stands for, and the add before the row's dirty flag, cleared above).  A first mark: its cold
+     * shipped copy written before it is first read ("Pages written before they are read"); a hook's
+     * late mark of 1 over this 2 only writes zeros again, and the next record carries the cold
+     * totals once more -- totals are what AGG records carry. */
+    cold = mt_core.any_cold != 0 ? mt_agg_cold_rows[row] : 0;
+    if (cold == 1)
+    {
+      for (f = 0; f != MT_AGG_COLD; f++)
+        shipped_cold[f] = 0;
+      mt_agg_cold_rows[row] = 2;
+    }
+    mt_row_totals (row, now, cold != 0);
     for (f = 0; f != MT_AGG_STRIDE; f++)
     {
-      if (((guint32) MT_AGG_SHIPPED_MASK & (1u << f)) != 0 && now[f] != shipped[f])
+      guint64 was;
+      if (((guint32) MT_AGG_SHIPPED_MASK & (1u << f)) == 0)
+        continue;
+      if (f < MT_AGG_HOT)
+        was = shipped[f];
+      else if (cold != 0)
+        was = shipped_cold[f - MT_AGG_HOT];
+      else
+        continue;             /* (no cold add yet: its cold totals are 0, never shipped) */
+      if (now[f] != was)
       {
         mask |= 1u << f;
         nvalues++;
@@ -305,8 +338,11 @@ mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
     used += sizeof (MtAggRecord) + 8 * (guint64) nvalues;
     mt_core.live_blocks += (gint64) ((now[MT_A_ALLOCS] - now[MT_A_FREES])
         - (shipped[MT_A_ALLOCS] - shipped[MT_A_FREES]));
-    for (f = 0; f != MT_AGG_STRIDE; f++)
+    for (f = 0; f != MT_AGG_SHIPPED_HOT; f++)
       shipped[f] = now[f];
+    if (cold != 0)
+      for (f = MT_AGG_HOT; f != MT_AGG_STRIDE; f++)
+        shipped_cold[f - MT_AGG_HOT] = now[f];
     mt_agg_live[row] = (gint64) (now[MT_A_BYTES] - now[MT_A_FREED_BYTES]);
     mt_top_note (row);
   }
@@ -320,11 +356,11 @@ static void
 mt_row_at_peak (guint64 row, guint64 e, gint64 * bytes, gint64 * count)
 {
   guint64 lanes = mt_lanes_used ();
-  volatile guint64 * a = &mt_agg[row * MT_AGG_STRIDE];
+  volatile guint64 * a = &mt_agg[row * MT_AGG_HOT];
   guint64 l;
   *bytes = 0;
   *count = 0;
-  for (l = 0; l != lanes; l++, a += mt_agg_rows () * MT_AGG_STRIDE)
+  for (l = 0; l != lanes; l++, a += mt_agg_rows () * MT_AGG_HOT)
   {
     guint64 b = a[MT_A_BYTES] - a[MT_A_FREED_BYTES];
     guint64 c = a[MT_A_ALLOCS] - a[MT_A_FREES];

@@ -79,9 +79,7 @@ mt_on_failed (MtSlot * s, guint kind, guint64 size, gpointer fp)
     gint prev = mt_guard (s);
     guint n = mt_call_stack (s, kind, fp, frames, &flags);
     guint64 row = mt_row_of (mt_intern (s, frames, n));
-    volatile guint64 * a = mt_agg_lane (s, row);
-    mt_agg_touch (a);
-    MT_ADD64 (&a[MT_A_FAILED], 1);
+    MT_ADD64 (MT_COLD (mt_agg_cold_lane (s, row), MT_A_FAILED), 1);
     mt_agg_dirty_row (row);
     mt_set_busy (s, prev);
   }

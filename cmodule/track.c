@@ -26,7 +26,8 @@ mt_id_of_row (guint64 row)
   return 0xFFFFFFFFu - (guint32) (row - mt_config.stack_mask - 1);
 }
 
-/* Rows are lane-major: lane l of row r is at (l * rows + r) * MT_AGG_STRIDE, rows being
+/* Rows are lane-major: lane l of row r is at (l * rows + r) * MT_AGG_HOT (its cold fields at the same
+ * place in mt_agg_cold, times MT_AGG_COLD), rows being
  * stack_mask + 1 + MT_N_PSEUDO_STACKS.  A stack only one thread touches then costs one row of
  * resident memory (its other lanes' pages are never written), and ids are dense, so rows pack. */
 static inline guint64
@@ -38,8 +39,27 @@ mt_agg_rows (void)
 static inline volatile guint64 *
 mt_agg_lane (MtSlot * s, guint64 row)
 {
-  return &mt_agg[((guint64) s->lane * mt_agg_rows () + row) * MT_AGG_STRIDE];
+  return &mt_agg[((guint64) s->lane * mt_agg_rows () + row) * MT_AGG_HOT];
 }
+
+/* The thread's lane of a row's cold fields (field f at [f - MT_AGG_HOT]), the row marked as having
+ * some first: the drain reads cold lanes only for marked rows (a row's dirty flag, set after the add,
+ * makes the drain look at it again), and the marks only once any is set (a run with none -- every
+ * block tracked, no sampling, no failed call -- never maps a page of them, not even the zero page). */
+static inline volatile guint64 *
+mt_agg_cold_lane (MtSlot * s, guint64 row)
+{
+  if (mt_agg_cold_rows[row] == 0)
+  {
+    mt_agg_cold_rows[row] = 1;
+    if (mt_core.any_cold == 0)
+      mt_core.any_cold = 1;
+  }
+  return &mt_agg_cold[((guint64) s->lane * mt_agg_rows () + row) * MT_AGG_COLD];
+}
+
+/* Field f of a row's cold lane c. */
+#define MT_COLD(c, f) (&(c)[(f) - MT_AGG_HOT])
 
 /* An add to the thread's lane of a row: where the lane is the thread's own and a signal handler
  * cannot tear the add (MT_LIGHT_HOOKS: one `add` to memory), a plain add -- the lock prefix of
@@ -530,20 +550,22 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
     mt_lane_add (s, &a[MT_A_ALLOCS], 1);
     mt_lane_add (s, &a[MT_A_BYTES], size);
     if (k != 0)
-      mt_lane_add (s, &a[MT_A_EXTRA_WEIGHT], weight - size);
+      mt_lane_add (s, MT_COLD (mt_agg_cold_lane (s, row), MT_A_EXTRA_WEIGHT), weight - size);
   }
   else
   {
+    volatile guint64 * c = mt_agg_cold_lane (s, row);
     s->counters[MT_C_LIVE_TABLE_FULL]++;
-    mt_lane_add (s, &a[MT_A_UNTRACKED], 1);
-    mt_lane_add (s, &a[MT_A_UNTRACKED_BYTES], size);
+    mt_lane_add (s, MT_COLD (c, MT_A_UNTRACKED), 1);
+    mt_lane_add (s, MT_COLD (c, MT_A_UNTRACKED_BYTES), size);
   }
   if (k != 0)
   {
-    mt_lane_add (s, &a[MT_A_SAMPLED], 1);
-    mt_lane_add (s, &a[MT_A_SAMPLED_BYTES], size);
-    mt_lane_add (s, &a[MT_A_SAMPLED_WEIGHT], weight);
-    mt_lane_add (s, &a[MT_A_SAMPLED_COUNT_FP], (weight << MT_AGG_FP_SHIFT) / (size != 0 ? size : 1));
+    volatile guint64 * c = mt_agg_cold_lane (s, row);
+    mt_lane_add (s, MT_COLD (c, MT_A_SAMPLED), 1);
+    mt_lane_add (s, MT_COLD (c, MT_A_SAMPLED_BYTES), size);
+    mt_lane_add (s, MT_COLD (c, MT_A_SAMPLED_WEIGHT), weight);
+    mt_lane_add (s, MT_COLD (c, MT_A_SAMPLED_COUNT_FP), (weight << MT_AGG_FP_SHIFT) / (size != 0 ? size : 1));
   }
   mt_agg_dirty_row (row);
   if (tracked)
@@ -619,7 +641,8 @@ mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary, gboole
   mt_lane_add (s, &a[MT_A_FREES], 1);
   mt_lane_add (s, &a[MT_A_FREED_BYTES], m->size);
   if (k != 0)
-    mt_lane_add (s, &a[MT_A_EXTRA_WEIGHT_FREED], (guint64) k * mt_config.sample_interval - m->size);
+    mt_lane_add (s, MT_COLD (mt_agg_cold_lane (s, row), MT_A_EXTRA_WEIGHT_FREED),
+        (guint64) k * mt_config.sample_interval - m->size);
   if (temporary)
   {
     mt_lane_add (s, &a[MT_A_TEMP], 1);
@@ -809,9 +832,10 @@ mt_nested (MtSlot * s, guint kind, guint64 p, guint64 size, guint64 old, gboolea
     }
     else
     {
+      volatile guint64 * c = mt_agg_cold_lane (s, row);
       mt_ncount (s, MT_C_LIVE_TABLE_FULL, 1);
-      MT_ADD64 (&a[MT_A_UNTRACKED], 1);
-      MT_ADD64 (&a[MT_A_UNTRACKED_BYTES], size);
+      MT_ADD64 (MT_COLD (c, MT_A_UNTRACKED), 1);
+      MT_ADD64 (MT_COLD (c, MT_A_UNTRACKED_BYTES), size);
       mt_agg_dirty_row (row);
     }
   }

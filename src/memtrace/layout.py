@@ -313,8 +313,16 @@ AGG_FIELDS: dict[str, int] = {
     "extra_weight_freed": 16,
     "failed": 17,           # allocation calls on this stack that returned NULL (never in the others)
 }
-AGG_STRIDE = 18             # = len(AGG_FIELDS): a row is its fields, no padding (every stack's rows are pages the
-                            # target faults in: 24 cost cc1plus 4.6 MB more of them)
+AGG_STRIDE = 18             # = len(AGG_FIELDS): the fields of a row (as AGG records and the host count them)
+# In the core a row is two: the fields every tracked allocation and free adds to (AGG_HOT: allocs ...
+# snap_count) in mt_agg, and the rest (untracked, sampling, failed: a full table, --sample-bytes, a NULL
+# return) in mt_agg_cold, read only for rows that ever had one (mt_agg_cold_rows).  Every stack's rows
+# are pages the target faults in (cc1plus: ~60,000 stacks): 24 fields a row were 9.3 MB, and as many
+# again for the drain's shipped copies; hot rows are 72 bytes, and the shipped copy of a hot row only
+# its AGG_SHIPPED_HOT shipped fields.
+AGG_HOT = 9
+AGG_COLD = AGG_STRIDE - AGG_HOT
+AGG_SHIPPED_HOT = 6         # allocs ... temp_bytes: the hot fields an AGG record carries (not the snapshot's)
 MAX_LANES = 64                 # lanes per row at most (runtime/core.js clamps the aggLanes option to it)
 AGG_SNAP_FIELDS = frozenset({"snap_epoch", "snap_bytes", "snap_count"})
 # An AGG record carries the fields of its mask (bit = field index), each the stack's running total.

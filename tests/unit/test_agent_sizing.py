@@ -22,7 +22,8 @@ def reserved(config: dict, darwin: bool = False) -> int:
     return (GLOBALS_BYTES + CORE_BYTES + config["threadSlots"] * SLOT_BYTES + rings
             + stacks * (8 + 4) + DEFS_BYTES                                          # stack table, list, definitions
             + buckets * (layout.LIVE_WAYS * layout.LIVE_ENTRY.size + 4 + 1)                  # live table, locks, spills
-            + rows * (lanes * layout.AGG_STRIDE * 8 + 1 + layout.AGG_STRIDE * 8 + 8))      # rows, dirty, shipped, live
+            + rows * (lanes * layout.AGG_STRIDE * 8 + 1 + 1                              # rows (hot, cold), marks, dirty
+                      + (layout.AGG_SHIPPED_HOT + layout.AGG_COLD) * 8 + 8))              # shipped (hot, cold), live
 
 
 def test_darwin_targets_get_small_tables_and_user_options_still_win() -> None:

@@ -9,7 +9,7 @@
  * until it is used.
  */
 
-import { AGG_STRIDE, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_ENTRY, LIVE_KEY_ADDRESS_BITS,
+import { AGG_COLD, AGG_HOT, AGG_SHIPPED_HOT, CONFIG, COUNTERS, DRAIN_INFO, FRAME_CACHE_BYTES, LIVE_ENTRY, LIVE_KEY_ADDRESS_BITS,
   LIVE_MIN_BUCKET_BITS, LIVE_MIN_BUCKET_BITS_DARWIN, LIVE_STACK_IDS_MAX, LIVE_WAYS, MAX_FRAMES, MAX_LANES,
   MAX_RINGS, N_COUNTERS, N_SITES, PSEUDO_STACKS, SITE, TOP_CHANGED_MAX, TOP_STACKS } from '../layout.js';
 import { IS_DARWIN, NATIVE_PLATFORM, findExport, libcFunction } from './platform.js';
@@ -206,9 +206,13 @@ export function buildCore(config, sources, extraSymbols) {
   const liveLocks = budgetPages(liveBuckets * 4, 'live_locks');
   // A byte a bucket: it once sent a block to an alternate (core.c, mt_live_spill).
   const liveSpill = budgetPages(liveBuckets, 'live_spill');
-  const agg = budgetPages(rows * lanes * AGG_STRIDE * 8, 'agg', true);
+  const agg = budgetPages(rows * lanes * AGG_HOT * 8, 'agg', true);
+  // The rows' cold fields (a full table, sampling, failed calls), written only for rows that have them.
+  const aggCold = budgetPages(rows * lanes * AGG_COLD * 8, 'agg_cold');
+  const aggColdRows = budgetPages(rows, 'agg_cold_rows');
   const aggDirty = budgetPages(rows, 'agg_dirty', true);
-  const aggShipped = budgetPages(rows * AGG_STRIDE * 8, 'agg_shipped', true);
+  const aggShipped = budgetPages(rows * AGG_SHIPPED_HOT * 8, 'agg_shipped', true);
+  const aggShippedCold = budgetPages(rows * AGG_COLD * 8, 'agg_shipped_cold');
   const aggLive = budgetPages(rows * 8, 'agg_live', true);
   const drainInfo = Memory.alloc(DRAIN_INFO.size);
   const top = Memory.alloc(2 * TOP_STACKS * 8);
@@ -233,6 +237,9 @@ export function buildCore(config, sources, extraSymbols) {
     mt_live_locks: liveLocks,
     mt_live_spill: liveSpill,
     mt_agg: agg,
+    mt_agg_cold: aggCold,
+    mt_agg_cold_rows: aggColdRows,
+    mt_agg_shipped_cold: aggShippedCold,
     mt_agg_dirty: aggDirty,
     mt_agg_shipped: aggShipped,
     mt_agg_live: aggLive,

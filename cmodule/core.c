@@ -195,9 +195,9 @@ extern guint8 mt_ring_pool[];
  * 4 * (stack_mask + 1) pairs: every generation's table, one after the other (mt_index_table). */
 extern volatile guint64 mt_stack_table[];
 extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
-/* The live table: bucket b is MT_LIVE_WAYS MtLiveEntry (16 bytes each: a compressed key, the block's
- * size, stack and birth tick), two cache lines at mt_live_table + b * MT_LIVE_BUCKET_BYTES ("the
- * live-pointer table", below). */
+/* The live table: bucket b is MT_LIVE_WAYS MtLiveEntry (12 bytes each: a compressed key, the block's
+ * size, its stack id and sampling multiplier), two cache lines at most at mt_live_table + b *
+ * MT_LIVE_BUCKET_BYTES ("the live-pointer table", below). */
 extern guint8 mt_live_table[];
 extern volatile gint mt_live_locks[];
 /* Per bucket: 1 once the bucket, full, sent a block to one of its alternates (mt_live_alt); a miss in
@@ -1677,7 +1677,7 @@ mt_live_insert (guint64 p, guint64 size, guint32 stack_id, guint k, guint spins)
   return TRUE;
 }
 
-/* The way of bucket b whose key is `key`, or -1.  A bucket's keys sit 16 bytes apart in its two
+/* The way of bucket b whose key is `key`, or -1.  A bucket's keys sit 12 bytes apart in its two
  * lines: reading them is what a per-bucket occupancy count cost (and every insert and removal no
  * longer pays an atomic add to keep one). */
 static inline gint

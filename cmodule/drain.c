@@ -120,6 +120,14 @@ mt_lanes_used (void)
   return hw < mt_config.agg_lanes ? hw : mt_config.agg_lanes;
 }
 
+/* The lanes of the rows' cold fields that may hold anything, for calibration's count of their
+ * resident pages (runtime/core.js, the cold tables' extent): none while no row had a cold add. */
+guint64
+mt_cold_lanes (void)
+{
+  return mt_core.any_cold != 0 ? mt_lanes_used () : 0;
+}
+
 /* The drain's live block count as reported: a sum read while threads run can be a free ahead of
  * its allocation (mt_row_totals), never below zero, as it is once the hooks are out. */
 static inline guint64
@@ -517,8 +525,9 @@ mt_live_bucket_untouched (guint64 b, MtPageWindow * w)
  * window (asked about then) -- so that the final drain steps over a run of untouched pages at once,
  * not bucket by bucket (cxx_work's exit walked 512 K buckets for the 100 K on written pages).
  * A bucket (96 bytes) may straddle two pages; its first way is on the first, and every insert into
- * the bucket writes that way first (a swap, which writes even when it fails: core.c, mt_live_claim),
- * so a bucket whose first page was never written is empty whatever its second page holds. */
+ * the bucket tries that way first (core.c, mt_live_claim): its swap either takes it -- a write -- or
+ * finds it taken, written before (TinyCC's locked scan takes the first empty way, way 0 if it is
+ * empty); so a bucket whose first page was never written is empty whatever its second page holds. */
 static guint64
 mt_live_next_bucket_after_untouched (guint64 b, const MtPageWindow * w)
 {

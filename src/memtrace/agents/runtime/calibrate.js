@@ -39,7 +39,7 @@ function agentMemory() {
   // Which table holds what: the footprint's first question when the agent's share is large.
   const byTable = {};
   for (const t of core.tables) {
-    const pages = Math.ceil(Number(t.size) / ps);
+    const pages = Math.ceil((t.extent ? Math.min(Number(t.size), t.extent()) : Number(t.size)) / ps);
     const before = resident;
     reserved += Number(t.size);
     for (let done = 0; done < pages; done += MINCORE_CHUNK_PAGES) {

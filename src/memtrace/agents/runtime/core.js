@@ -59,11 +59,11 @@ function pow2(n) {
 /* A table as whole pages of its own: the OS hands them out zeroed and untouched, so nothing needs
  * clearing (and dirtying) before use, and the agent's resident footprint grows only as they are
  * used -- app extensions are jetsammed in the tens of MB. */
-function rawPages(size, name, prefix = false) {
+function rawPages(size, name, prefix = false, extent = null) {
   const ps = Process.pageSize;
   const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
   const base = Memory.alloc(bytes);
-  core.tables.push({ base, size: bytes, name, prefix });
+  core.tables.push({ base, size: bytes, name, prefix, extent });
   return base;
 }
 
@@ -74,21 +74,22 @@ function rawPages(size, name, prefix = false) {
  * Memory.alloc's pages are freed.  Elsewhere (Darwin: a jetsam-sized budget) rawPages.  `prefix`:
  * the table fills from its start (rows by dense id, the index's generations one after the other, the
  * threads' frame caches by slot), so calibration's count of its resident pages stops at the first
- * stretch with none (runtime/calibrate.js). */
-function budgetPages(size, name, prefix = false) {
+ * stretch with none (runtime/calibrate.js); `extent`: a function giving the bytes from its start that
+ * may be resident at all (calibration counts no further). */
+function budgetPages(size, name, prefix = false, extent = null) {
   const ps = Process.pageSize;
   const bytes = Math.max(ps, Math.ceil(size / ps) * ps);
   if (NATIVE_PLATFORM !== 'linux')
-    return rawPages(bytes, name, prefix);
+    return rawPages(bytes, name, prefix, extent);
   const mmap = libcFunction('mmap', 'pointer', ['pointer', 'size_t', 'int', 'int', 'int', 'int64']);
   const munmap = libcFunction('munmap', 'int', ['pointer', 'size_t']);
   if (mmap === null || munmap === null)
-    return rawPages(bytes, name, prefix);
+    return rawPages(bytes, name, prefix, extent);
   // PROT_READ | PROT_WRITE; MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
   const base = mmap(NULL, bytes, 3, 0x02 | 0x20 | 0x4000, -1, 0);
   if (base.equals(ptr('-1')))
     throw new Error(`memtrace agent: cannot reserve ${bytes} bytes for the stack tables (a smaller --stack-table?)`);
-  core.tables.push({ base, size: bytes, name, prefix });
+  core.tables.push({ base, size: bytes, name, prefix, extent });
   Script.bindWeak(base, () => munmap(base, bytes));
   return base;
 }
@@ -207,12 +208,16 @@ export function buildCore(config, sources, extraSymbols) {
   // A byte a bucket: it once sent a block to an alternate (core.c, mt_live_spill).
   const liveSpill = budgetPages(liveBuckets, 'live_spill');
   const agg = budgetPages(rows * lanes * AGG_HOT * 8, 'agg', true);
-  // The rows' cold fields (a full table, sampling, failed calls), written only for rows that have them.
-  const aggCold = budgetPages(rows * lanes * AGG_COLD * 8, 'agg_cold');
-  const aggColdRows = budgetPages(rows, 'agg_cold_rows');
+  // The rows' cold fields (a full table, sampling, failed calls), written only for rows that have them;
+  // calibration counts their resident pages only in the lanes that may hold any (drain.c,
+  // mt_cold_lanes): a mincore over gigabytes never written was milliseconds of every target's exit.
+  const coldLanes = () => (core.cm && core.cm.mt_cold_lanes ? Number(new NativeFunction(core.cm.mt_cold_lanes, 'uint64', [])()) : lanes);
+  const aggCold = budgetPages(rows * lanes * AGG_COLD * 8, 'agg_cold', false, () => coldLanes() * rows * AGG_COLD * 8);
+  const aggColdRows = budgetPages(rows, 'agg_cold_rows', false, () => (coldLanes() !== 0 ? rows : 0));
   const aggDirty = budgetPages(rows, 'agg_dirty', true);
   const aggShipped = budgetPages(rows * AGG_SHIPPED_HOT * 8, 'agg_shipped', true);
-  const aggShippedCold = budgetPages(rows * AGG_COLD * 8, 'agg_shipped_cold');
+  const aggShippedCold = budgetPages(rows * AGG_COLD * 8, 'agg_shipped_cold', false,
+    () => (coldLanes() !== 0 ? rows * AGG_COLD * 8 : 0));
   const aggLive = budgetPages(rows * 8, 'agg_live', true);
   const drainInfo = Memory.alloc(DRAIN_INFO.size);
   const top = Memory.alloc(2 * TOP_STACKS * 8);
@@ -608,12 +613,12 @@ function mainStack() {
 /* glibc's main arena, for the program's main thread (core.c, mt_adopt_main_arena): a cell of two
  * u64, the main arena's address and where the C library keeps a thread's arena pointer (its offset
  * from pthread_self(), the same in every thread: initial-exec TLS), or zeros wherever either is not
- * found for certain (not glibc, not 64-bit, glibc before 2.26, a layout that does not check out).
+ * found for certain (not glibc, not 64-bit, glibc before 2.27, a layout that does not check out).
  * Why: the thread that loaded the agent made the process's first malloc call, so glibc gave it the
  * main arena, and it ended (a raw clone, no pthread exit) without putting the arena back; the main
  * thread's own first call then got an arena of its own -- an mmap'd heap grown a page at a time by
  * mprotect, which the program never has without memtrace. */
-const ARENA_NEXT = 2160;                 // offsetof(struct malloc_state, next): glibc >= 2.26, LP64
+const ARENA_NEXT = 2160;                 // offsetof(struct malloc_state, next): glibc >= 2.27 (have_fastchunks), LP64
 const ARENA_HEAP_MAX = 64 * 1024 * 1024; // a non-main arena's heaps are aligned to this (HEAP_MAX_SIZE)
 const NON_MAIN_ARENA = 4;                // the chunk size's bit: the block is not the main arena's
 const PT_LOAD = 1;
@@ -640,7 +645,7 @@ function findMainArena() {
   if (versionFn === null)
     return null;
   const [major, minor] = new NativeFunction(versionFn, 'pointer', [])().readCString().split('.').map(Number);
-  if (!(major > 2 || (major === 2 && minor >= 26)))
+  if (!(major > 2 || (major === 2 && minor >= 27)))
     return null;
   const libc = Process.findModuleByAddress(versionFn);
   const malloc = libcFunction('malloc', 'pointer', ['size_t']);

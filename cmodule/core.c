@@ -183,6 +183,7 @@ struct _MtCore
   guint64 pagemap_fd1;             /* /proc/self/pagemap's fd + 1 for the final live walk (0: none) */
   guint64 page_size;
   guint64 shipped_rows;            /* 1 + the stack rows of mt_agg_shipped and mt_agg_live written (drain.c) */
+  guint64 rows_swept;              /* the final drain marked every row dirty (mt_sweep_rows) */
 };
 
 extern MtConfig mt_config;

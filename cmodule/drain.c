@@ -263,6 +263,24 @@ mt_ship_rows_writable (guint64 row)
   mt_core.shipped_rows = row + 2;
 }
 
+/* Every row marked dirty, once, for the final drain: a hook adds to its row with a plain add and
+ * skips the dirty flag when it reads it set, and on x86 that read may pass the add still in its
+ * store buffer while the drain clears the flag, fences and reads the old total -- the change then
+ * waits for the row's next one, and a row's last change before the end could never be shipped.  By
+ * the final drain the hooks are out and no thread is inside one: every row is compared with what was
+ * shipped (rows whose totals did not move cost a read, no record). */
+static void
+mt_sweep_rows (void)
+{
+  guint64 n_stacks = mt_load_acquire (&mt_core.n_stacks), i;
+  if (mt_core.rows_swept)
+    return;
+  mt_core.rows_swept = 1;
+  for (i = 0; i != n_stacks + MT_N_PSEUDO_STACKS; i++)
+    mt_agg_dirty[mt_walk_row (i, n_stacks)] = 1;
+  mt_barrier ();
+}
+
 /* Changed rows as AGG records (their running totals, changed fields only). */
 static guint64
 mt_drain_rows (guint8 * out, guint64 cap, guint64 used)
@@ -798,6 +816,8 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   used = mt_drain_defs (out, cap, used, head, tail);
 
   used = mt_drain_rings (out, cap, used);
+  if (final)
+    mt_sweep_rows ();
   used = mt_drain_rows (out, cap, used);
   used = mt_drain_peak (out, cap, used, final != 0);
   if (final && !mt_core.live_done && !info->more)

@@ -1572,7 +1572,7 @@ mt_live_meta_of (const MtLiveEntry * e, guint64 p, MtLiveMeta * out, gboolean ta
 {
   out->size = mt_live_size_of (e, p, take);
   out->stack_id = mt_live_entry_stack (e);
-  out->tick_k = (guint32) mt_live_entry_k (e) << MT_LIVE_TICK_BITS;
+  out->k = mt_live_entry_k (e);
 }
 
 /* The stack id of entry i, for walks over the table. */

@@ -141,13 +141,8 @@ mt_live_blocks_reported (void)
 #define MT_FREE_SIDE ((1u << MT_A_FREES) | (1u << MT_A_FREED_BYTES) | (1u << MT_A_TEMP) \
     | (1u << MT_A_TEMP_BYTES) | (1u << MT_A_EXTRA_WEIGHT_FREED))
 
-/* A row's running totals: the sum of its lanes, read while the program's threads add to them.
- * Every lane's free side is read first, then (after a fence) the allocation side: a free counted
- * here had its allocation counted before it -- in program order on its own thread, the common
- * case -- so a row never reads more frees than allocations from a thread that allocated and freed
- * between two reads (256 churning threads read -1 live blocks, issue 21).  A free on another
- * thread can still come first: the allocating thread counts after its block is in the live table
- * (track.c), so the drain clamps what it reports (mt_drain). */
+/* One side of a row's lanes (the free side's fields, or the allocation side's) added into out; its
+ * cold fields too when `cold`. */
 static void
 mt_row_side (guint64 row, guint64 * out, guint64 lanes, gboolean free_side, gboolean cold)
 {
@@ -169,6 +164,13 @@ mt_row_side (guint64 row, guint64 * out, guint64 lanes, gboolean free_side, gboo
   }
 }
 
+/* A row's running totals: the sum of its lanes, read while the program's threads add to them.
+ * Every lane's free side is read first, then (after a fence) the allocation side: a free counted
+ * here had its allocation counted before it -- in program order on its own thread, the common
+ * case -- so a row never reads more frees than allocations from a thread that allocated and freed
+ * between two reads (256 churning threads read -1 live blocks, issue 21).  A free on another
+ * thread can still come first: the allocating thread counts after its block is in the live table
+ * (track.c), so the drain clamps what it reports (mt_drain). */
 static void
 mt_row_totals (guint64 row, guint64 * out, gboolean cold)
 {

@@ -479,7 +479,7 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   gboolean want_stack, want_live, tracked;
   guint32 stack_id = MT_NO_STACK;
   guint64 row;
-  volatile guint64 * a;
+  volatile guint64 * a, * c;
 
   want_stack = size >= mt_config.stack_threshold;
   want_live = size >= mt_config.live_threshold;
@@ -543,6 +543,8 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
   MT_PREFETCH_W (&mt_agg_dirty[row]);
   /* Every block with a stack is tracked, whatever its size: its free must find its row. */
   tracked = mt_live_insert (p, size, stack_id, k, 4096);
+  /* (The row's cold fields only for a sampled block or one the table had no room for.) */
+  c = (k != 0 || !tracked) ? mt_agg_cold_lane (s, row) : NULL;
   if (tracked)
   {
     flags |= MT_FLAG_LIVE;
@@ -550,18 +552,16 @@ mt_track_alloc (MtSlot * s, guint kind, guint64 p, guint64 size, gpointer fp)
     mt_lane_add (s, &a[MT_A_ALLOCS], 1);
     mt_lane_add (s, &a[MT_A_BYTES], size);
     if (k != 0)
-      mt_lane_add (s, MT_COLD (mt_agg_cold_lane (s, row), MT_A_EXTRA_WEIGHT), weight - size);
+      mt_lane_add (s, MT_COLD (c, MT_A_EXTRA_WEIGHT), weight - size);
   }
   else
   {
-    volatile guint64 * c = mt_agg_cold_lane (s, row);
     s->counters[MT_C_LIVE_TABLE_FULL]++;
     mt_lane_add (s, MT_COLD (c, MT_A_UNTRACKED), 1);
     mt_lane_add (s, MT_COLD (c, MT_A_UNTRACKED_BYTES), size);
   }
   if (k != 0)
   {
-    volatile guint64 * c = mt_agg_cold_lane (s, row);
     mt_lane_add (s, MT_COLD (c, MT_A_SAMPLED), 1);
     mt_lane_add (s, MT_COLD (c, MT_A_SAMPLED_BYTES), size);
     mt_lane_add (s, MT_COLD (c, MT_A_SAMPLED_WEIGHT), weight);
@@ -636,7 +636,7 @@ mt_release_tracked (MtSlot * s, const MtLiveMeta * m, gboolean temporary, gboole
 {
   guint64 row = mt_row_of (m->stack_id);
   volatile guint64 * a = mt_agg_lane (s, row);
-  guint k = m->tick_k >> MT_LIVE_TICK_BITS;
+  guint k = m->k;
   mt_agg_touch (a);
   mt_lane_add (s, &a[MT_A_FREES], 1);
   mt_lane_add (s, &a[MT_A_FREED_BYTES], m->size);

@@ -264,11 +264,10 @@ SITE = Layout("MtSite", (("ra", "u64"), ("calls", "u64"), ("bytes", "u64"), ("ki
 # `stack_k` the block's stack id in its low LIVE_STACK_BITS bits (the pseudo stacks' ids as their low
 # bits: they are the top of the 32-bit range, real ids stay far below 2^LIVE_STACK_BITS - 16) and the
 # sampling multiplier k above them (0: an exact block; k >= 1: a sampled one standing for k *
-# sample_interval bytes).  MtLiveMeta is an entry as the core's functions hand it over, its size whole,
-# its stack id whole, k at LIVE_TICK_BITS in tick_k (the birth tick the 16-byte entry held is gone:
-# LIVE records say 0).
+# sample_interval bytes).  MtLiveMeta is an entry as the core's functions hand it over: its size whole,
+# its stack id whole, its k (the birth tick the 16-byte entry held is gone: LIVE records say 0).
 LIVE_ENTRY = Layout("MtLiveEntry", (("key", "u32"), ("size", "u32"), ("stack_k", "u32")))
-LIVE_META = Layout("MtLiveMeta", (("size", "u64"), ("stack_id", "u32"), ("tick_k", "u32")))
+LIVE_META = Layout("MtLiveMeta", (("size", "u64"), ("stack_id", "u32"), ("k", "u32")))
 LIVE_STACK_BITS = 24
 LIVE_STACK_IDS_MAX = 1 << 23    # the stack table's ids at most (runtime/core.js clamps stackTable to it)
 LIVE_SIZE_BIG = 0xFFFFFFFF
@@ -285,7 +284,6 @@ LIVE_MIN_BUCKET_BITS_DARWIN = 13
 # bits less the span's): the agent raises the bucket count past these minimums when the process
 # already maps higher (runtime/core.js, liveBucketBitsFor -- a macOS heap near 2^47).
 LIVE_KEY_ADDRESS_BITS = 29
-LIVE_TICK_BITS = 24
 
 # ---- aggregates: per-stack running totals kept by the core, one row per stack and lane ---------
 
@@ -322,9 +320,12 @@ AGG_STRIDE = 18             # = len(AGG_FIELDS): the fields of a row (as AGG rec
 # its AGG_SHIPPED_HOT shipped fields.
 AGG_HOT = 9
 AGG_COLD = AGG_STRIDE - AGG_HOT
-AGG_SHIPPED_HOT = 6         # allocs ... temp_bytes: the hot fields an AGG record carries (not the snapshot's)
 MAX_LANES = 64                 # lanes per row at most (runtime/core.js clamps the aggLanes option to it)
 AGG_SNAP_FIELDS = frozenset({"snap_epoch", "snap_bytes", "snap_count"})
+# The hot fields an AGG record carries (allocs ... temp_bytes, not the snapshot's): the first ones of a
+# row, as the drain's shipped copy keeps them (cmodule/drain.c).
+AGG_SHIPPED_HOT = sum(1 for k, i in AGG_FIELDS.items() if i < AGG_HOT and k not in AGG_SNAP_FIELDS)
+assert all(i < AGG_SHIPPED_HOT for k, i in AGG_FIELDS.items() if i < AGG_HOT and k not in AGG_SNAP_FIELDS)
 # An AGG record carries the fields of its mask (bit = field index), each the stack's running total.
 AGG_SHIPPED_MASK = sum(1 << i for k, i in AGG_FIELDS.items() if k not in AGG_SNAP_FIELDS)
 AGG_FP_SHIFT = 8            # sampled_count_fp's fixed point

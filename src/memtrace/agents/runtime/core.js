@@ -211,7 +211,12 @@ export function buildCore(config, sources, extraSymbols) {
   // The rows' cold fields (a full table, sampling, failed calls), written only for rows that have them;
   // calibration counts their resident pages only in the lanes that may hold any (drain.c,
   // mt_cold_lanes): a mincore over gigabytes never written was milliseconds of every target's exit.
-  const coldLanes = () => (core.cm && core.cm.mt_cold_lanes ? Number(new NativeFunction(core.cm.mt_cold_lanes, 'uint64', [])()) : lanes);
+  let coldLanesFn = null;
+  const coldLanes = () => {
+    if (coldLanesFn === null && core.cm && core.cm.mt_cold_lanes)
+      coldLanesFn = new NativeFunction(core.cm.mt_cold_lanes, 'uint64', []);
+    return coldLanesFn === null ? lanes : Number(coldLanesFn());
+  };
   const aggCold = budgetPages(rows * lanes * AGG_COLD * 8, 'agg_cold', false, () => coldLanes() * rows * AGG_COLD * 8);
   const aggColdRows = budgetPages(rows, 'agg_cold_rows', false, () => (coldLanes() !== 0 ? rows : 0));
   const aggDirty = budgetPages(rows, 'agg_dirty', true);

@@ -133,6 +133,12 @@ struct _MtGlobals
    * for a free pair, under big_lock. */
   volatile gint big_lock;
   volatile guint64 live_big[2 * MT_LIVE_BIG_BLOCKS];
+  /* The last stack defined (under stack_lock, mt_intern_hashed): its id, its frame count and its
+   * frames right-aligned (its outermost at last_def[MT_MAX_FRAMES - 1]), so that the next
+   * definition finds the outer frames they share where they are, and rewrites only the rest. */
+  guint64 last_def_id;
+  guint64 last_def_n;
+  guint64 last_def[MT_MAX_FRAMES];
 };
 
 /* The aggregate core's shared state, each group on its own cache line. */
@@ -1249,6 +1255,40 @@ mt_defs_wait (guint64 len)
   }
 }
 
+/* Stack definitions are ~90 % of what a compiler's capture ships (cc1plus: 48,000 stacks of 36
+ * frames, 14 MB), and each byte of them is written to the definitions ring, copied to the drain's
+ * buffer and again by Frida's transport: pages the target faults in.  A stack and the one defined
+ * just before it (on one thread: the same outer frames, main, the pass, the parser) share two
+ * thirds of their frames, so a definition that shares at least MT_TAIL_MIN outer frames with the
+ * last one is a STACK_TAIL record: its own inner frames and the count of the shared ones (the host
+ * expands it, capture.StackTails: the capture holds STACK records as before). */
+#define MT_TAIL_MIN 2
+
+/* Outer frames the n frames (innermost first) share with the last stack defined (stack lock held). */
+static inline guint
+mt_def_shared (const guint64 * frames, guint n)
+{
+  guint m = (guint) mt_globals.last_def_n, j = 0;
+  const guint64 * last = &mt_globals.last_def[MT_MAX_FRAMES - 1];
+  if (m > n)
+    m = n;
+  while (j != m && frames[n - 1 - j] == last[-(gint64) j])
+    j++;
+  return j;
+}
+
+/* The stack just defined becomes the last one: its frames not shared with the previous are written. */
+static inline void
+mt_def_remember (const guint64 * frames, guint n, guint shared, guint64 id)
+{
+  guint k;
+  guint64 * at = &mt_globals.last_def[MT_MAX_FRAMES - n];
+  for (k = 0; k != n - shared; k++)
+    at[k] = frames[k];
+  mt_globals.last_def_n = n;
+  mt_globals.last_def_id = id;
+}
+
 /* A stack's id, interning it on first sight.  The definition goes to the drain through mt_defs before
  * the id is used, so no row is ever shipped without one.  When every id is taken (stack_mask + 1 of
  * them: the documented budget, docs/agents.md "Memory budget") or the definitions buffer is full, the
@@ -1297,19 +1337,37 @@ mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
     if (v == 0)
     {
       guint64 id = mt_core.n_stacks;
-      guint64 len = sizeof (MtStackRecord) + 8 * (guint64) n;
+      guint shared = mt_def_shared (frames, n);
+      gboolean tail = shared >= MT_TAIL_MIN;
+      guint own = tail ? n - shared : n;
+      guint64 head_len = tail ? sizeof (MtStackTailRecord) : sizeof (MtStackRecord);
+      guint64 len = head_len + 8 * (guint64) own;
       guint8 * rec = id <= mt_config.stack_mask ? mt_defs_reserve (len) : NULL;
       if (rec != NULL)
       {
-        MtStackRecord * r = (MtStackRecord *) rec;
-        guint64 * out = (guint64 *) (rec + sizeof (MtStackRecord));
+        guint64 * out = (guint64 *) (rec + head_len);
         guint k;
-        r->type = MT_REC_STACK;
-        r->nframes = (guint8) n;
-        r->nframes_hi = (guint16) (n >> 8);
-        r->stack_id = (guint32) id;
-        for (k = 0; k != n; k++)
+        if (tail)
+        {
+          MtStackTailRecord * r = (MtStackTailRecord *) rec;
+          r->type = MT_REC_STACK_TAIL;
+          r->nframes = (guint8) own;
+          r->nframes_hi = (guint16) (own >> 8);
+          r->stack_id = (guint32) id;
+          r->parent_id = (guint32) mt_globals.last_def_id;
+          r->shared = shared;
+        }
+        else
+        {
+          MtStackRecord * r = (MtStackRecord *) rec;
+          r->type = MT_REC_STACK;
+          r->nframes = (guint8) n;
+          r->nframes_hi = (guint16) (n >> 8);
+          r->stack_id = (guint32) id;
+        }
+        for (k = 0; k != own; k++)
           out[k] = frames[k];
+        mt_def_remember (frames, n, shared, id);
         mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
         /* The new row's words, 0 and used by nobody yet, written before anything reads them (the
          * interning thread's lane, where its next add goes, and its dirty flag): a first read of a

@@ -222,6 +222,7 @@ GROUPED_V8 = GROUPED | OPENING
 
 # The agent's record layout and counters (memtrace/layout.py, shared with the agent's C and JS).
 REC_PAD, REC_STACK, REC_ALLOC, REC_FREE = layout.REC_PAD, layout.REC_STACK, layout.REC_ALLOC, layout.REC_FREE
+REC_STACK_TAIL = layout.REC_STACK_TAIL     # the wire's only: StackTails makes it a STACK record
 REC_AGG, REC_PEAK_HEAD, REC_PEAK, REC_LIVE = layout.REC_AGG, layout.REC_PEAK_HEAD, layout.REC_PEAK, layout.REC_LIVE
 NESTED_STACK = layout.NESTED_STACK
 AGG_FIELDS = layout.AGG_FIELDS
@@ -253,6 +254,7 @@ def alloc_totals(counters: list[int]) -> tuple[int, int]:
 
 _CHUNK = struct.Struct(layout.CHUNK_HEADER.format)
 _STACK_HEAD = struct.Struct(layout.STACK_RECORD.format)
+_STACK_TAIL_HEAD = struct.Struct(layout.STACK_TAIL_RECORD.format)
 _ALLOC = struct.Struct(layout.ALLOC_RECORD.format)
 _FREE = struct.Struct(layout.FREE_RECORD.format)
 _PAD = struct.Struct(layout.PAD_RECORD.format)
@@ -2191,6 +2193,99 @@ def iter_stacks_and_aggs(data: bytes, allocs: bool = False) -> Iterator[tuple[An
             raise CaptureError(f"agent record at offset {pos} overruns its chunk (ends at {stop})")
     if pos != end:
         raise CaptureError("agent record chunk header cut short")
+
+
+class StackTails:
+    """The agent's STACK_TAIL records (layout.REC_STACK_TAIL: a stack as its inner frames and the
+    count of outer frames it shares with the stack defined just before it) made STACK records again,
+    batch by batch in the order the agent sent them, before anything else sees the batch: a capture
+    only ever holds STACK records.  Only the definitions' chunks are walked (thread 0, opening with a
+    definition or padding); the rows', the composition's and the live table's are copied as they are.
+    A tail whose parent is not the stack defined before it (a batch lost on the way) keeps its own
+    frames only and is counted in ``broken``."""
+
+    def __init__(self) -> None:
+        self.last_id: int | None = None
+        self.last_frames = b""      # the last stack defined: its frames' bytes, innermost first
+        self.expanded = 0           # tails made whole
+        self.broken = 0             # tails whose outer frames were not known
+
+    def expand(self, data: bytes) -> bytes:
+        """The batch with every STACK_TAIL record a STACK record (the same bytes when it has none)."""
+        mv = memoryview(data)
+        end = len(data)
+        pos = copied = 0
+        out: list[bytes | memoryview] = []
+        chunk_size, chunk_from = _CHUNK.size, _CHUNK.unpack_from
+        while pos + chunk_size <= end:
+            tid, length = chunk_from(mv, pos)
+            body, stop = pos + chunk_size, pos + chunk_size + length
+            if stop > end:
+                break               # the capture's reader names it
+            if tid == 0 and length >= _STACK_HEAD.size and mv[body] in _DEFINITIONS_OPEN:
+                pieces, grew = self._definitions(mv, body, stop)
+                if pieces is not None:
+                    out += [mv[copied:pos], _CHUNK.pack(tid, length + grew), *pieces]
+                    copied = stop
+            pos = stop
+        if not out:
+            return data
+        out.append(mv[copied:])
+        return b"".join(out)
+
+    def _definitions(self, mv: memoryview, pos: int, stop: int) -> tuple[list[bytes | memoryview] | None, int]:
+        pieces: list[bytes | memoryview] | None = None
+        copied, grew = pos, 0
+        last_at: tuple[int, int] | None = None      # the last STACK record's frames, read at the end
+        head_size, tail_size, fixed = _STACK_HEAD.size, _STACK_TAIL_HEAD.size, _FIXED_SIZE
+        while pos + head_size <= stop:
+            rtype = mv[pos]
+            if rtype == REC_STACK:
+                n = mv[pos + 1] | mv[pos + 2] << 8
+                size = head_size + 8 * n
+                if pos + size > stop:
+                    break
+                self.last_id = _STACK_HEAD.unpack_from(mv, pos)[3]
+                last_at = (pos + head_size, pos + size)
+            elif rtype == REC_STACK_TAIL:
+                _, lo, hi, sid, parent, shared = _STACK_TAIL_HEAD.unpack_from(mv, pos)
+                size = tail_size + 8 * (lo | hi << 8)
+                if pos + size > stop:
+                    break
+                if last_at is not None:
+                    self.last_frames, last_at = bytes(mv[last_at[0]:last_at[1]]), None
+                if parent == self.last_id and 8 * shared <= len(self.last_frames):
+                    frames = bytes(mv[pos + tail_size:pos + size]) + self.last_frames[len(self.last_frames) - 8 * shared:]
+                    self.expanded += 1
+                else:
+                    frames, shared = bytes(mv[pos + tail_size:pos + size]), 0
+                    self.broken += 1
+                n = len(frames) // 8
+                if pieces is None:
+                    pieces = []
+                pieces += [mv[copied:pos], _STACK_HEAD.pack(REC_STACK, n & 0xFF, n >> 8, sid), frames]
+                grew += head_size - tail_size + 8 * shared
+                copied = pos + size
+                self.last_id, self.last_frames = sid, frames
+            elif rtype == REC_PAD:
+                size = _PAD.unpack_from(mv, pos)[3]
+                if size < head_size:
+                    break
+            elif fixed[rtype]:
+                size = fixed[rtype]     # the logger path's VM events share the definitions' buffer
+            else:
+                break                   # not a definitions chunk after all: the reader names it
+            pos += size
+        if last_at is not None:
+            self.last_frames = bytes(mv[last_at[0]:last_at[1]])
+        if pieces is None:
+            return None, 0
+        pieces.append(mv[copied:stop])
+        return pieces, grew
+
+
+# What a chunk of the definitions' buffer can open with (mt_drain_defs).
+_DEFINITIONS_OPEN = frozenset({REC_STACK, REC_STACK_TAIL, REC_PAD, REC_ALLOC, REC_FREE})
 
 
 def agg_values(mask: int, values: tuple[int, ...]) -> dict[str, int]:

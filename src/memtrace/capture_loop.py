@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from memtrace import __version__, priority
-from memtrace.capture import FILE_NAME, CaptureWriteError, CaptureWriter, Record, RecordType, admit_body
+from memtrace.capture import (
+    FILE_NAME,
+    CaptureWriteError,
+    CaptureWriter,
+    Record,
+    RecordType,
+    StackTails,
+    admit_body,
+)
 from memtrace.children import CHILD_WAIT_S, Child, ChildFollower, ChildUI, Family
 from memtrace.deaths import DeathThresholds, classify_end
 from memtrace.errors import (
@@ -227,6 +235,7 @@ class CaptureLoop:
         # and how many pieces were joined to their batch.
         self._parts: list[bytes] = []
         self._pieces_joined = 0
+        self._tails = StackTails()      # the wire's STACK_TAIL records made whole (_route)
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
         self._platform: str | None = None
@@ -694,6 +703,8 @@ class CaptureLoop:
             # A drain whose batch never came (the agent went mid-send): its bytes cut at any offset,
             # not records the reader could take; said, not kept.
             end_body["batch_pieces_lost"] = {"pieces": len(self._parts), "bytes": sum(map(len, self._parts))}
+        if self._tails.broken:
+            end_body["stack_tails_broken"] = self._tails.broken
         if self._fields_left_out:
             # Agent batch fields the reader would have refused (_route): how many batches each.
             end_body["batch_fields_left_out"] = dict(self._fields_left_out)
@@ -799,6 +810,12 @@ class CaptureLoop:
                 data = b"".join([*self._parts, data or b""])
                 self._pieces_joined += len(self._parts)
                 self._parts.clear()
+            if data:
+                broken = self._tails.broken
+                data = self._tails.expand(data)
+                if self._tails.broken != broken and broken == 0:
+                    self.ui.warning("a stack definition came without the one before it: its outer frames are "
+                                    "missing (counted in the END record's stack_tails_broken)")
             exact_batch_ints(payload)
             for said in admit_body(RecordType.BATCH, payload):
                 # Written as it came, the capture's reader would skip the batch and its stacks.

@@ -539,7 +539,10 @@ def _warnings(messages: list[tuple[str, Any, Any]]) -> list[str]:
 
 
 def _batches(messages: list[tuple[str, Any, Any]]) -> Iterator[bytes]:
+    from memtrace.capture import StackTails
+
     parts: list[bytes] = []       # a drain sent ahead of its batch in pieces (events:part)
+    tails = StackTails()          # the wire's STACK_TAIL records made whole, as the capture loop does
     for kind, message, data in messages:
         ptype = (message.get("payload") or {}).get("type") if kind == "message" else None
         if ptype == "events:part":
@@ -548,7 +551,7 @@ def _batches(messages: list[tuple[str, Any, Any]]) -> Iterator[bytes]:
             whole = b"".join([*parts, data or b""])
             parts.clear()
             if whole:
-                yield whole
+                yield tails.expand(whole)
 
 
 def _counters(messages: list[tuple[str, Any, Any]]) -> list[int] | None:

@@ -65,6 +65,10 @@ REC_PAD, REC_STACK, REC_ALLOC, REC_FREE = 0, 1, 2, 3
 # The aggregate stream (the default): per-stack running totals, the composition at the peak, and
 # at the end of the window the live table itself.  See "aggregates" below.
 REC_AGG, REC_PEAK_HEAD, REC_PEAK, REC_LIVE = 4, 5, 6, 7
+# On the wire only (agent to host), never in a capture: a stack whose outer frames are the stack
+# defined just before it, as its own inner frames and a count of the shared ones.  The host
+# expands it into a STACK record as the batch arrives (capture.StackTails).
+REC_STACK_TAIL = 8
 
 PAD_RECORD = Layout("MtPadRecord", (("type", "u8"), ("reserved", "u8"), ("reserved2", "u16"),
                                     ("length", "u32")))
@@ -72,6 +76,10 @@ PAD_RECORD = Layout("MtPadRecord", (("type", "u8"), ("reserved", "u8"), ("reserv
 # be 256 frames deep: older captures read the same).
 STACK_RECORD = Layout("MtStackRecord", (("type", "u8"), ("nframes", "u8"), ("nframes_hi", "u16"),
                                         ("stack_id", "u32")))
+# Followed by u64 frames[nframes + 256 * nframes_hi]: the stack's innermost frames; its outermost
+# `shared` frames are the outermost `shared` of stack parent_id, the stack defined just before it.
+STACK_TAIL_RECORD = Layout("MtStackTailRecord", (("type", "u8"), ("nframes", "u8"), ("nframes_hi", "u16"),
+                                                 ("stack_id", "u32"), ("parent_id", "u32"), ("shared", "u32")))
 ALLOC_RECORD = Layout("MtAllocRecord", (("type", "u8"), ("kind", "u8"), ("flags", "u16"), ("stack_id", "u32"),
                                         ("ptr", "u64"), ("size", "u64"), ("weight", "u64")))
 FREE_RECORD = Layout("MtFreeRecord", (("type", "u8"), ("kind", "u8"), ("flags", "u16"), ("reserved", "u32"),
@@ -684,7 +692,7 @@ TASK_VM_INFO_FIELDS: dict[str, tuple[int, str]] = {
 }
 
 # Every record layout and C struct the generated header defines, in order.
-C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
+C_STRUCTS: tuple[Layout, ...] = (PAD_RECORD, STACK_RECORD, STACK_TAIL_RECORD, ALLOC_RECORD, FREE_RECORD, CHUNK_HEADER,
                                  CONFIG, LOGGER_EVENT, LIVE_ENTRY, LIVE_META, AGG_RECORD, PEAK_HEAD_RECORD, PEAK_RECORD,
                                  LIVE_RECORD, DRAIN_INFO, SITE, LEAK_BLOCK, LEAK_RANGE, LEAK_THREAD, LEAK_SEG,
                                  LEAK_GLIBC, WORLD_THREAD, WORLD, LEAK_JOB,

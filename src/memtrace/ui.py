@@ -83,7 +83,12 @@ class SilentUI:
 class RichUI(SilentUI):
     """The live panel on a terminal (stderr): phase, elapsed vs window, rates, drops, families."""
 
-    wants_families = True
+    @property
+    def wants_families(self) -> bool:
+        """The panel's stack labels and families, worth their host CPU only where the panel is shown:
+        on a terminal.  (Piped stderr -- scripts, CI, make bench-real -- shows no panel; there the
+        capture loop also leaves naming a local target's stacks until the target is done.)"""
+        return bool(self.console.is_terminal)
 
     def __init__(self, console: Console | None = None, stdout_to_stderr: bool = False) -> None:
         from rich.console import Console

@@ -104,6 +104,9 @@ def print_annotation(so: Path, base: int, ips: list[int], function: str, n: int)
 
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     freq = "2000"
     all_threads = False
     annotate = None

@@ -31,7 +31,8 @@
  *
  * A drained batch is a sequence of chunks: MtChunkHeader, then records (tid 0: the core's own
  * records; otherwise one thread's events).  STACK records are followed by u64 frames[nframes],
- * AGG records by u64 values[nvalues]; a PAD record says how many bytes to skip.
+ * STACK_TAIL records by their inner frames (the host makes them STACK records: mt_def_shared), AGG
+ * records by u64 values[nvalues]; a PAD record says how many bytes to skip.
  */
 #include <glib.h>
 #include <gum/guminterceptor.h>
@@ -138,6 +139,7 @@ struct _MtGlobals
    * definition finds the outer frames they share where they are, and rewrites only the rest. */
   guint64 last_def_id;
   guint64 last_def_n;
+  guint64 last_def_epoch;          /* mt_core.defs_epoch when it was defined */
   guint64 last_def[MT_MAX_FRAMES];
 };
 
@@ -174,6 +176,7 @@ struct _MtCore
   volatile guint64 stack_unlocks;  /* times the stack lock was let go of (by its holder) */
   volatile guint64 stack_stalled;  /* stack_unlocks + 1 when a patient wait for it gave up */
   volatile guint64 any_cold;       /* some row had a cold add (mt_agg_cold_rows is worth reading) */
+  volatile guint64 defs_epoch;     /* drains so far: a STACK_TAIL never names a stack of an earlier one */
   /* the drain's own */
   guint64 shipped_epoch;
   guint64 composition_us;          /* when the last composition was shipped */
@@ -201,7 +204,8 @@ extern guint8 mt_ring_pool[];
  * order (0, 1, 2 ...), so a stack's aggregate rows are packed, whatever its hash.  The agent reserves
  * 4 * (stack_mask + 1) pairs: every generation's table, one after the other (mt_index_table). */
 extern volatile guint64 mt_stack_table[];
-extern guint8 mt_defs[];                      /* STACK records, a ring of defs_size bytes */
+extern guint8 mt_defs[];                      /* STACK and STACK_TAIL records (and the logger path's VM
+                                               * events), a ring of defs_size bytes */
 /* The live table: bucket b is MT_LIVE_WAYS MtLiveEntry (12 bytes each: a compressed key, the block's
  * size, its stack id and sampling multiplier), two cache lines at most at mt_live_table + b *
  * MT_LIVE_BUCKET_BYTES ("the live-pointer table", below). */
@@ -1136,7 +1140,8 @@ mt_walk (MtSlot * s, gpointer fp0, guint64 * out, guint max, gboolean * truncate
   return mt_walk_fp_chain (fp, lo, hi, out, 0, max, truncated);
 }
 
-/* Room for a len-byte STACK record in the definitions buffer (caller holds the stack lock). */
+/* Room for a len-byte record (STACK, STACK_TAIL, a VM event) in the definitions buffer (caller holds
+ * the stack lock). */
 static guint8 *
 mt_defs_reserve (guint64 len)
 {
@@ -1255,7 +1260,7 @@ mt_defs_wait (guint64 len)
   }
 }
 
-/* Stack definitions are ~90 % of what a compiler's capture ships (cc1plus: 48,000 stacks of 36
+/* Stack definitions are ~90 % of what a compiler's capture ships (cc1plus: 48,600 stacks of 36
  * frames, 14 MB), and each byte of them is written to the definitions ring, copied to the drain's
  * buffer and again by Frida's transport: pages the target faults in.  A stack and the one defined
  * just before it (on one thread: the same outer frames, main, the pass, the parser) share two
@@ -1264,12 +1269,17 @@ mt_defs_wait (guint64 len)
  * expands it, capture.StackTails: the capture holds STACK records as before). */
 #define MT_TAIL_MIN 2
 
-/* Outer frames the n frames (innermost first) share with the last stack defined (stack lock held). */
+/* Outer frames the n frames (innermost first) share with the last stack defined (stack lock held),
+ * if that one was defined since the last drain: each drain's first definition is whole, so a batch
+ * the host never saw (its target killed mid-send, say) costs the stacks of that batch, never those of
+ * every batch after it. */
 static inline guint
-mt_def_shared (const guint64 * frames, guint n)
+mt_def_shared (const guint64 * frames, guint n, guint64 epoch)
 {
   guint m = (guint) mt_globals.last_def_n, j = 0;
   const guint64 * last = &mt_globals.last_def[MT_MAX_FRAMES - 1];
+  if (mt_globals.last_def_epoch != epoch)
+    return 0;
   if (m > n)
     m = n;
   while (j != m && frames[n - 1 - j] == last[-(gint64) j])
@@ -1279,7 +1289,7 @@ mt_def_shared (const guint64 * frames, guint n)
 
 /* The stack just defined becomes the last one: its frames not shared with the previous are written. */
 static inline void
-mt_def_remember (const guint64 * frames, guint n, guint shared, guint64 id)
+mt_def_remember (const guint64 * frames, guint n, guint shared, guint64 id, guint64 epoch)
 {
   guint k;
   guint64 * at = &mt_globals.last_def[MT_MAX_FRAMES - n];
@@ -1287,6 +1297,7 @@ mt_def_remember (const guint64 * frames, guint n, guint shared, guint64 id)
     at[k] = frames[k];
   mt_globals.last_def_n = n;
   mt_globals.last_def_id = id;
+  mt_globals.last_def_epoch = epoch;
 }
 
 /* A stack's id, interning it on first sight.  The definition goes to the drain through mt_defs before
@@ -1337,7 +1348,8 @@ mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
     if (v == 0)
     {
       guint64 id = mt_core.n_stacks;
-      guint shared = mt_def_shared (frames, n);
+      guint64 epoch = mt_load_acquire (&mt_core.defs_epoch);
+      guint shared = mt_def_shared (frames, n, epoch);
       gboolean tail = shared >= MT_TAIL_MIN;
       guint own = tail ? n - shared : n;
       guint64 head_len = tail ? sizeof (MtStackTailRecord) : sizeof (MtStackRecord);
@@ -1367,7 +1379,7 @@ mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
         }
         for (k = 0; k != own; k++)
           out[k] = frames[k];
-        mt_def_remember (frames, n, shared, id);
+        mt_def_remember (frames, n, shared, id, epoch);
         mt_store_release (&mt_core.defs_head, mt_core.defs_head + len);
         /* The new row's words, 0 and used by nobody yet, written before anything reads them (the
          * interning thread's lane, where its next add goes, and its dirty flag): a first read of a

@@ -816,6 +816,8 @@ mt_drain (guint8 * out, guint64 cap, guint64 final)
   mt_core.tick++;
 
   used = mt_drain_defs (out, cap, used, head, tail);
+  /* The next definition is whole (core.c, mt_def_shared). */
+  MT_ADD64 (&mt_core.defs_epoch, 1);
 
   used = mt_drain_rings (out, cap, used);
   if (final)

@@ -2200,9 +2200,11 @@ class StackTails:
     count of outer frames it shares with the stack defined just before it) made STACK records again,
     batch by batch in the order the agent sent them, before anything else sees the batch: a capture
     only ever holds STACK records.  Only the definitions' chunks are walked (thread 0, opening with a
-    definition or padding); the rows', the composition's and the live table's are copied as they are.
+    definition, padding or one of the logger path's VM events); the rows', the composition's and the
+    live table's are copied as they are.
     A tail whose parent is not the stack defined before it (a batch lost on the way) keeps its own
-    frames only and is counted in ``broken``."""
+    frames only and is counted in ``broken``, and so is a tail of it (the agent starts each drain's
+    definitions with a whole stack, so the loss ends with the batch after the lost one)."""
 
     def __init__(self) -> None:
         self.last_id: int | None = None
@@ -2254,7 +2256,8 @@ class StackTails:
                     break
                 if last_at is not None:
                     self.last_frames, last_at = bytes(mv[last_at[0]:last_at[1]]), None
-                if parent == self.last_id and 8 * shared <= len(self.last_frames):
+                whole = parent == self.last_id and 8 * shared <= len(self.last_frames)
+                if whole:
                     frames = bytes(mv[pos + tail_size:pos + size]) + self.last_frames[len(self.last_frames) - 8 * shared:]
                     self.expanded += 1
                 else:
@@ -2266,7 +2269,8 @@ class StackTails:
                 pieces += [mv[copied:pos], _STACK_HEAD.pack(REC_STACK, n & 0xFF, n >> 8, sid), frames]
                 grew += head_size - tail_size + 8 * shared
                 copied = pos + size
-                self.last_id, self.last_frames = sid, frames
+                # (A broken stack is no parent: a tail of it is broken too, not made up.)
+                self.last_id, self.last_frames = (sid if whole else None), frames
             elif rtype == REC_PAD:
                 size = _PAD.unpack_from(mv, pos)[3]
                 if size < head_size:

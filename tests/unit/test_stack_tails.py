@@ -84,3 +84,14 @@ def test_a_tail_whose_parent_never_came_keeps_its_own_frames_and_is_counted() ->
     out = tails.expand(chunk(0, tail(2, 1, 2, [0x9])))
     assert stacks(out) == {2: (0x9,)}
     assert (tails.expanded, tails.broken) == (0, 1)
+
+
+def test_a_tail_of_a_broken_tail_is_broken_too_until_a_whole_stack_comes() -> None:
+    tails = StackTails()
+    tails.expand(chunk(0, full(0, [0x1, 0x2, 0x3, 0x4])))
+    # Stack 1 was lost; 2 names it, 3 names 2 (whose outer frames the host never had): both broken,
+    # neither made up from 2's inner frames.  Stack 4, a whole one (a drain's first), restarts the chain.
+    out = tails.expand(chunk(0, tail(2, 1, 2, [0x9, 0x8, 0x7]) + tail(3, 2, 2, [0x6]) + full(4, [0x5, 0x3, 0x4])
+                             + tail(5, 4, 2, [0xA])))
+    assert stacks(out) == {2: (0x9, 0x8, 0x7), 3: (0x6,), 4: (0x5, 0x3, 0x4), 5: (0xA, 0x3, 0x4)}
+    assert (tails.expanded, tails.broken) == (1, 2)

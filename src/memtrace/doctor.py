@@ -372,7 +372,10 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0,
 def _tracer_checks(report: Report, host: Any, tracer: tracers.Tracer, resumed: bool) -> bool:
     """One tracer's agent: load, recon, install, the checks it declares (malloc's runtime and
     self-test, the probe's result); returns resumed."""
+    from memtrace.capture import StackTails
+
     name, agent = tracer.name, tracer.agent_name
+    host.doctor_tails = (StackTails(), [])      # this agent's batches, whole (_whole_stacks)
     try:
         host.load(agent)
         hello = host.rpc("hello", "hello")
@@ -524,8 +527,31 @@ def _drain(host: Any, wait: float = 0.2) -> list[tuple[str, Any, Any]]:
         try:
             out.append(host.events.get(timeout=wait))
         except queue.Empty:
-            return out
+            return _whole_stacks(host, out)
         wait = 0.05
+
+
+def _whole_stacks(host: Any, messages: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """The messages with each batch's STACK_TAIL records made STACK records, as the capture loop does:
+    every batch of an agent goes through its one StackTails (_tracer_checks), in order (a tail names
+    the stack defined before it, which may have come in a drain the checks threw away).  A batch sent in
+    pieces (events:part) becomes whole in its events:batch message; the pieces' data is emptied."""
+    state = getattr(host, "doctor_tails", None)
+    if state is None:
+        return messages
+    tails, parts = state
+    out = []
+    for kind, message, data in messages:
+        ptype = (message.get("payload") or {}).get("type") if kind == "message" else None
+        if ptype == "events:part":
+            parts.append(data or b"")
+            data = b""
+        elif ptype == "events:batch":
+            whole = b"".join([*parts, data or b""])
+            parts.clear()
+            data = tails.expand(whole) if whole else data
+        out.append((kind, message, data))
+    return out
 
 
 def _payloads(messages: list[tuple[str, Any, Any]]) -> Iterator[dict[str, Any]]:
@@ -539,10 +565,7 @@ def _warnings(messages: list[tuple[str, Any, Any]]) -> list[str]:
 
 
 def _batches(messages: list[tuple[str, Any, Any]]) -> Iterator[bytes]:
-    from memtrace.capture import StackTails
-
     parts: list[bytes] = []       # a drain sent ahead of its batch in pieces (events:part)
-    tails = StackTails()          # the wire's STACK_TAIL records made whole, as the capture loop does
     for kind, message, data in messages:
         ptype = (message.get("payload") or {}).get("type") if kind == "message" else None
         if ptype == "events:part":
@@ -551,7 +574,7 @@ def _batches(messages: list[tuple[str, Any, Any]]) -> Iterator[bytes]:
             whole = b"".join([*parts, data or b""])
             parts.clear()
             if whole:
-                yield tails.expand(whole)
+                yield whole         # (its stacks made whole by _drain)
 
 
 def _counters(messages: list[tuple[str, Any, Any]]) -> list[int] | None:

@@ -59,6 +59,9 @@ from memtrace.tracers import Tracer
 from memtrace.tracers.options import Option, finite_non_negative, positive
 from memtrace.ui import UI, Progress, SilentUI
 
+# A local target without a live panel: its stacks are named first after it has run this long, then
+# this often (_names_while_running).
+NAMES_QUIET_S = 2.0
 DEFAULT_WINDOW = 60.0      # seconds: the window of an app or a running process, unless --window says
 # A process Frida calls terminated that still runs this long after is one whose channel was cut.
 CHANNEL_LOST_GRACE_S = 2.0
@@ -236,6 +239,7 @@ class CaptureLoop:
         self._parts: list[bytes] = []
         self._pieces_joined = 0
         self._tails = StackTails()      # the wire's STACK_TAIL records made whole (_route)
+        self._named_at = 0.0            # the last round of names while the target ran (_names_while_running)
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
         self._platform: str | None = None
@@ -405,6 +409,11 @@ class CaptureLoop:
             body.update(self.live.snapshot())
             body["batches"] = self.batches
             evidence["calls"] = self.live.activity()
+        if self._host_symbols:
+            # The names of the stacks written, which a local target's get at the end (the files are
+            # on this machine; the failure may be the symbolizer's own: then the stacks stay unnamed).
+            with contextlib.suppress(Exception):
+                self._symbolize(final=True)
         with contextlib.suppress(Exception):
             self._write(RecordType.END, body)
 
@@ -968,15 +977,24 @@ class CaptureLoop:
             raise KeyboardInterrupt
 
     def _names_while_running(self) -> bool:
-        """Whether to symbolize while the target runs.  A local target's stacks are named on this
-        machine, by this process, and naming them costs the host a CPU for a while (cc1plus: 0.23 s
-        spread over its run): work beside the target on a machine it shares, which slowed the
-        target itself -- the C++ bench program's CPU time was 6 % lower with the host idle while it
-        ran (its caches and memory bus are shared with the host's, whatever the scheduler does).
-        So a local target's stacks are named once it is done, at the end, in one round (0.14 s for
-        cc1plus's with the symbol cache warm), unless a live panel shows their names meanwhile.  A
-        device's are named at the end anyway (StacksSeen.symbolize)."""
-        return not self._host_symbols or bool(getattr(self.ui, "wants_families", False))
+        """Whether to symbolize now, while the target runs.  A local target's stacks are named on
+        this machine, by this process, and naming them costs the host a CPU for a while (cc1plus:
+        0.23 s spread over its 0.7 s): work beside the target on a machine it shares, which slowed
+        the target itself -- the C++ bench program's CPU time was ~6 % lower with the host idle
+        while it ran (caches and the memory bus are shared, whatever the scheduler does).  So
+        without a live panel to show the names, a local target's stacks are named first once it
+        has run NAMES_QUIET_S, then that often: a short program's all at the end (0.14 s for
+        cc1plus's with the symbol caches warm), a long one's as it goes -- so that a host killed,
+        a full disk (the writer holds only a few rounds then) or a library unloaded and replaced
+        late in a long run costs seconds of names, not all of them.  A device's are named at the
+        end anyway (StacksSeen.symbolize)."""
+        if not self._host_symbols or getattr(self.ui, "wants_families", False):
+            return True
+        now = time.monotonic()
+        if self.clock.start is None or now - max(self.clock.start, self._named_at) < NAMES_QUIET_S:
+            return False
+        self._named_at = now
+        return True
 
     def _symbolize(self, final: bool = False) -> None:
         t0 = time.monotonic()

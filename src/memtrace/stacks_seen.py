@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 Rows = list[list[Any]]
 # A stack's gross bytes from its aggregate totals: tracked + untracked + sampled weights - sampled sizes.
+HOST_ROUND = 20000      # addresses per SYMBOLS record the host writes (StacksSeen.symbolize)
 _GROSS = tuple(k for k in ("bytes", "untracked_bytes", "sampled_weight") if k in AGG_FIELDS)
 
 
@@ -136,10 +137,14 @@ class StacksSeen:
         if not self.pending:
             return out
         if self.host is not None:
-            rows = self.host.symbolize(self.pending)
-            self.symtab.add_rows(rows)
-            self.pending.clear()
-            return [(rows, "host")]
+            # In records of HOST_ROUND addresses at most: the round at a target's end may name a
+            # whole run's (a reader refuses a record past 256 MiB of JSON).
+            while self.pending:
+                rows = self.host.symbolize(self.pending[:HOST_ROUND])
+                self.symtab.add_rows(rows)
+                del self.pending[:HOST_ROUND]
+                out.append((rows, "host"))
+            return out
         if not final:
             return out
         if self.device_tree is not None:

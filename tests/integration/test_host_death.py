@@ -97,7 +97,9 @@ from memtrace.ui import SilentUI
 
 class BrokenUI(SilentUI):
     def progress(self, p):
-        if p.elapsed > 0.5:
+        # (Once two drains are in: on a loaded machine the loop's first tick can come after 0.5 s,
+        # before any batch -- and the capture then has no calls to keep.)
+        if p.elapsed > 0.5 and p.batches >= 2:
             raise RuntimeError("a bug in memtrace")
 
 run_capture("malloc", TargetSpec(device="local", pid=int(sys.argv[1])),

@@ -61,7 +61,7 @@ from memtrace.ui import UI, Progress, SilentUI
 
 # A local target without a live panel: its stacks are named first after it has run this long, then
 # this often (_names_while_running).
-NAMES_QUIET_S = 2.0
+NAMES_QUIET_S = 5.0
 DEFAULT_WINDOW = 60.0      # seconds: the window of an app or a running process, unless --window says
 # A process Frida calls terminated that still runs this long after is one whose channel was cut.
 CHANNEL_LOST_GRACE_S = 2.0

@@ -1357,25 +1357,18 @@ mt_intern_hashed (MtSlot * s, const guint64 * frames, guint n, guint64 h)
       guint8 * rec = id <= mt_config.stack_mask ? mt_defs_reserve (len) : NULL;
       if (rec != NULL)
       {
+        /* A STACK_TAIL record is a STACK record's head and two more fields (layout.py). */
+        MtStackRecord * r = (MtStackRecord *) rec;
         guint64 * out = (guint64 *) (rec + head_len);
         guint k;
+        r->type = tail ? MT_REC_STACK_TAIL : MT_REC_STACK;
+        r->nframes = (guint8) own;
+        r->nframes_hi = (guint16) (own >> 8);
+        r->stack_id = (guint32) id;
         if (tail)
         {
-          MtStackTailRecord * r = (MtStackTailRecord *) rec;
-          r->type = MT_REC_STACK_TAIL;
-          r->nframes = (guint8) own;
-          r->nframes_hi = (guint16) (own >> 8);
-          r->stack_id = (guint32) id;
-          r->parent_id = (guint32) mt_globals.last_def_id;
-          r->shared = shared;
-        }
-        else
-        {
-          MtStackRecord * r = (MtStackRecord *) rec;
-          r->type = MT_REC_STACK;
-          r->nframes = (guint8) n;
-          r->nframes_hi = (guint16) (n >> 8);
-          r->stack_id = (guint32) id;
+          ((MtStackTailRecord *) rec)->parent_id = (guint32) mt_globals.last_def_id;
+          ((MtStackTailRecord *) rec)->shared = shared;
         }
         for (k = 0; k != own; k++)
           out[k] = frames[k];

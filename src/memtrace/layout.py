@@ -78,8 +78,8 @@ STACK_RECORD = Layout("MtStackRecord", (("type", "u8"), ("nframes", "u8"), ("nfr
                                         ("stack_id", "u32")))
 # Followed by u64 frames[nframes + 256 * nframes_hi]: the stack's innermost frames; its outermost
 # `shared` frames are the outermost `shared` of stack parent_id, the stack defined just before it.
-STACK_TAIL_RECORD = Layout("MtStackTailRecord", (("type", "u8"), ("nframes", "u8"), ("nframes_hi", "u16"),
-                                                 ("stack_id", "u32"), ("parent_id", "u32"), ("shared", "u32")))
+# STACK's head, then two fields (the core writes the head through either struct: core.c).
+STACK_TAIL_RECORD = Layout("MtStackTailRecord", (*STACK_RECORD.fields, ("parent_id", "u32"), ("shared", "u32")))
 ALLOC_RECORD = Layout("MtAllocRecord", (("type", "u8"), ("kind", "u8"), ("flags", "u16"), ("stack_id", "u32"),
                                         ("ptr", "u64"), ("size", "u64"), ("weight", "u64")))
 FREE_RECORD = Layout("MtFreeRecord", (("type", "u8"), ("kind", "u8"), ("flags", "u16"), ("reserved", "u32"),

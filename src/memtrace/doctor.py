@@ -375,7 +375,7 @@ def _tracer_checks(report: Report, host: Any, tracer: tracers.Tracer, resumed: b
     from memtrace.capture import StackTails
 
     name, agent = tracer.name, tracer.agent_name
-    host.doctor_tails = (StackTails(), [])      # this agent's batches, whole (_whole_stacks)
+    host.doctor_tails = (StackTails(), [])      # this agent's batches, whole (_whole_stacks): one per agent
     try:
         host.load(agent)
         hello = host.rpc("hello", "hello")
@@ -536,9 +536,11 @@ def _whole_stacks(host: Any, messages: list[tuple[str, Any, Any]]) -> list[tuple
     every batch of an agent goes through its one StackTails (_tracer_checks), in order (a tail names
     the stack defined before it, which may have come in a drain the checks threw away).  A batch sent in
     pieces (events:part) becomes whole in its events:batch message; the pieces' data is emptied."""
-    state = getattr(host, "doctor_tails", None)
+    from memtrace.capture import StackTails
+
+    state: tuple[StackTails, list[bytes]] | None = getattr(host, "doctor_tails", None)
     if state is None:
-        return messages
+        state = host.doctor_tails = (StackTails(), [])
     tails, parts = state
     out = []
     for kind, message, data in messages:
@@ -565,16 +567,10 @@ def _warnings(messages: list[tuple[str, Any, Any]]) -> list[str]:
 
 
 def _batches(messages: list[tuple[str, Any, Any]]) -> Iterator[bytes]:
-    parts: list[bytes] = []       # a drain sent ahead of its batch in pieces (events:part)
+    """Each drain's bytes: _drain joined its pieces and made its stacks whole."""
     for kind, message, data in messages:
-        ptype = (message.get("payload") or {}).get("type") if kind == "message" else None
-        if ptype == "events:part":
-            parts.append(data or b"")
-        elif ptype == "events:batch":
-            whole = b"".join([*parts, data or b""])
-            parts.clear()
-            if whole:
-                yield whole         # (its stacks made whole by _drain)
+        if kind == "message" and (message.get("payload") or {}).get("type") == "events:batch" and data:
+            yield data
 
 
 def _counters(messages: list[tuple[str, Any, Any]]) -> list[int] | None:

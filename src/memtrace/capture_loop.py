@@ -821,9 +821,9 @@ class CaptureLoop:
                 self._pieces_joined += len(self._parts)
                 self._parts.clear()
             if data:
-                broken = self._tails.broken
+                broken_before = self._tails.broken
                 data = self._tails.expand(data)
-                if self._tails.broken != broken and broken == 0:
+                if broken_before == 0 and self._tails.broken:      # said once
                     self.ui.warning("a stack definition came without the one before it: its outer frames are "
                                     "missing (counted in the END record's stack_tails_broken)")
             exact_batch_ints(payload)

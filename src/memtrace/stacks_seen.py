@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from memtrace.symbols import HostSymbolizer
 
 Rows = list[list[Any]]
-# A stack's gross bytes from its aggregate totals: tracked + untracked + sampled weights - sampled sizes.
 HOST_ROUND = 20000      # addresses per SYMBOLS record the host writes (StacksSeen.symbolize)
+# A stack's gross bytes from its aggregate totals: tracked + untracked + sampled weights - sampled sizes.
 _GROSS = tuple(k for k in ("bytes", "untracked_bytes", "sampled_weight") if k in AGG_FIELDS)
 
 

@@ -126,6 +126,9 @@ def content(paths: list[Path]) -> bytes:
 
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     cover = "--cover" in args
     if cover:
         args.remove("--cover")

@@ -64,6 +64,9 @@ def heaptrack_size(p: Program, tmp: Path) -> int:
 
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     baseline: Path | None = None
     wanted = ["sqlite3", "cc1plus"]
     if "--baseline" in args:

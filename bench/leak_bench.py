@@ -169,6 +169,9 @@ def exit_scan(n: int, rounds: int, base: Path | None) -> int:
 
 def main() -> int:
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if not args or args[0] == "parity":
         return parity()
     if args[0] == "scale":

@@ -128,6 +128,9 @@ def heaptrack(exe: Path, n: int, threads: int, tmp: Path) -> float | None:
 
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     baseline: Path | None = None
     if "--baseline" in args:      # another checkout's src/ (its cmodule/ beside it), interleaved
         at = args.index("--baseline")

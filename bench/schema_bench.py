@@ -53,6 +53,9 @@ def best(run: Callable[[], object], rounds: int) -> float:
 
 
 def main() -> None:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     n_events = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 7
     recs = payloads(n_events)

@@ -180,6 +180,9 @@ def import_time(env: dict[str, str]) -> float:
 
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     baseline: Path | None = None
     if "--baseline" in args:
         at = args.index("--baseline")

@@ -93,6 +93,9 @@ def memtrace(exe: Path, n: int, mode: str, tmp: Path, unwind: str) -> tuple[floa
 
 
 def main() -> None:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     times: dict[tuple[str, str], list[float]] = {}

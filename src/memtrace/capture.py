@@ -259,6 +259,7 @@ _ALLOC = struct.Struct(layout.ALLOC_RECORD.format)
 _FREE = struct.Struct(layout.FREE_RECORD.format)
 _PAD = struct.Struct(layout.PAD_RECORD.format)
 _AGG_HEAD = struct.Struct(layout.AGG_RECORD.format)
+_AGG_NVALUES_AT = layout.AGG_RECORD.offsets["nvalues"]     # a u8 (iter_stacks_and_aggs reads it alone)
 _PEAK_HEAD = struct.Struct(layout.PEAK_HEAD_RECORD.format)
 _PEAK = struct.Struct(layout.PEAK_RECORD.format)
 _LIVE = struct.Struct(layout.LIVE_RECORD.format)
@@ -2141,13 +2142,17 @@ for _rtype, _st in ((REC_ALLOC, _ALLOC), (REC_FREE, _FREE), (REC_PEAK_HEAD, _PEA
     _FIXED_SIZE[_rtype] = _st.size
 
 
-def iter_stacks_and_aggs(data: bytes, allocs: bool = False) -> Iterator[tuple[Any, ...]]:
-    """The STACK and AGG records of a batch (and ALLOC with ``allocs``), as iter_agent_tuples gives
-    them; every other record is stepped over by its size without being decoded.  For a live fold
-    of the stream (stacks_seen): with --events a storm ships millions of ALLOC and FREE records a
-    second, and decoding each in Python made the host fall behind its target (issue 21).  Only the
-    framing is checked; anything wrong raises CaptureError (the capture keeps the bytes, and
-    reading it back checks and names each record)."""
+def iter_stacks_and_aggs(data: bytes, allocs: bool = False, aggs: bool = True,
+                         raw_frames: bool = False) -> Iterator[tuple[Any, ...]]:
+    """The STACK and AGG records of a batch (and ALLOC with ``allocs``; AGG only with ``aggs``), as
+    iter_agent_tuples gives them (with ``raw_frames`` a STACK's frames are a memoryview of their
+    little-endian u64 bytes, not a tuple); every other record is stepped over by its size without being
+    decoded.  For a live fold of the stream (stacks_seen): with --events a storm ships millions of
+    ALLOC and FREE records a second, and decoding each in Python made the host fall behind its
+    target (issue 21); a folder that wants only the stacks has every drain's changed rows stepped
+    over too (CPython's were most of the host's work while its target ran).  Only the framing is
+    checked; anything wrong raises CaptureError (the capture keeps the bytes, and reading it back
+    checks and names each record)."""
     mv = memoryview(data)
     end = len(data)
     pos = 0
@@ -2173,14 +2178,20 @@ def iter_stacks_and_aggs(data: bytes, allocs: bool = False) -> Iterator[tuple[An
                 size = head_size + 8 * nframes
                 if pos + size > stop:
                     break
-                yield (*head, struct.unpack_from(f"<{nframes}Q", mv, pos + head_size))
+                if raw_frames:
+                    yield (*head, mv[pos + head_size:pos + size])
+                else:
+                    yield (*head, struct.unpack_from(f"<{nframes}Q", mv, pos + head_size))
                 pos += size
             elif rtype == REC_AGG:
-                head = agg_from(mv, pos)
-                size = agg_size + 8 * head[1]
+                if pos + agg_size > stop:
+                    break
+                nvalues = mv[pos + _AGG_NVALUES_AT]
+                size = agg_size + 8 * nvalues
                 if pos + size > stop:
                     break
-                yield (*head, struct.unpack_from(f"<{head[1]}Q", mv, pos + agg_size))
+                if aggs:
+                    yield (*agg_from(mv, pos), struct.unpack_from(f"<{nvalues}Q", mv, pos + agg_size))
                 pos += size
             elif rtype == REC_PAD:
                 skip = _PAD.unpack_from(mv, pos)[3]

@@ -9,6 +9,7 @@ the SYMBOLS rows to write.  When the UI shows families, bytes are kept per stack
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 Rows = list[list[Any]]
 HOST_ROUND = 20000      # addresses per SYMBOLS record the host writes (StacksSeen.symbolize)
+HELD_MAX = 64 << 20     # bytes of batches held unread at most (StacksSeen.batch)
 # A stack's gross bytes from its aggregate totals: tracked + untracked + sampled weights - sampled sizes.
 _GROSS = tuple(k for k in ("bytes", "untracked_bytes", "sampled_weight") if k in AGG_FIELDS)
 
@@ -45,6 +47,8 @@ class StacksSeen:
         self._bytes: dict[Any, int] = {}
         self._totals: dict[int, dict[str, int]] = {}   # aggregate core: each stack's latest totals
         self._aggregates = False
+        self._held: list[bytes] = []      # batches not read yet (batch), and their bytes
+        self._held_bytes = 0
         self.uuids: dict[str, tuple[str, ...]] = {}      # module name -> the Mach-O UUID the agent read
         self.device_tree: Path | None = None             # a remote device's shared-cache symbols, if here
 
@@ -70,18 +74,52 @@ class StacksSeen:
                 self.uuids[m["name"]] = (m["uuid"],)
 
     def batch(self, data: bytes) -> None:
-        """An agent batch from a C core: its STACK records, and bytes per stack for families."""
+        """An agent batch from a C core: its STACK records, and bytes per stack for families.
+
+        Without families (no live panel) a batch's stacks are wanted only when its addresses are
+        named (:meth:`symbolize`), which for a local target is once it has run a while
+        (capture_loop.NAMES_QUIET_S): the batch is held until then, HELD_MAX bytes at most.
+        Reading the stacks out of every drain as it came was most of the host's CPU while a short
+        target ran, beside it on a machine they share."""
         if not data:
             return
+        if self.want_families:
+            self._fold(data)
+            return
+        self._held.append(data)
+        self._held_bytes += len(data)
+        if self._held_bytes > HELD_MAX:
+            self._fold_held()
+
+    def _fold_held(self) -> None:
+        """The held batches' return addresses, new ones queued to be named.  No families, so only
+        the addresses are wanted: each stack's frames are taken as one array, not a tuple a stack
+        (cc1plus's 48,000 stacks, 1.7 M frames, all read at its end)."""
+        held, self._held, self._held_bytes = self._held, [], 0
+        if sys.byteorder != "little":       # (the records' words are little-endian)
+            for data in held:
+                self._fold(data)
+            return
+        found: set[int] = set()
+        for data in held:
+            with contextlib.suppress(CaptureError):      # (as _fold: the capture names the record)
+                for r in iter_stacks_and_aggs(data, aggs=False, raw_frames=True):
+                    found.update(r[4].cast("Q"))
+        found -= self._seen
+        self._seen |= found
+        self.pending += sorted(found)
+
+    def _fold(self, data: bytes) -> None:
         # A record no agent should write: the live view skips the rest of this batch; the capture
         # keeps its bytes, and reading it back names the record (issue 26).
         with contextlib.suppress(CaptureError):
-            self._fold(data)
+            self._fold_records(data)
 
-    def _fold(self, data: bytes) -> None:
+    def _fold_records(self, data: bytes) -> None:
         frames_of, bytes_of = self._frames, self._bytes
-        # Only STACK and AGG records (ALLOC for families without aggregates): the rest is stepped over.
-        for r in iter_stacks_and_aggs(data, allocs=self.want_families and not self._aggregates):
+        # Only STACK records, and AGG (ALLOC without aggregates) for families: the rest is stepped over.
+        families = self.want_families
+        for r in iter_stacks_and_aggs(data, allocs=families and not self._aggregates, aggs=families):
             if r[0] == REC_AGG:
                 # The aggregate core's running totals (with --events, ALLOC records come too: not added twice).
                 self._aggregates = True
@@ -134,6 +172,7 @@ class StacksSeen:
         host's rpc timeout.  Until then its addresses wait; ``memtrace symbolize`` can do better
         on the host later (the modules carry their UUIDs)."""
         out: list[tuple[Rows, str]] = []
+        self._fold_held()
         if not self.pending:
             return out
         if self.host is not None:
@@ -185,6 +224,8 @@ class StacksSeen:
     def label(self, sid: int) -> str:
         """A stack for the live view: its first frame outside the allocator and runtime (the
         families' signature), ``← caller``."""
+        if self._held:
+            self._fold_held()
         frames = self._frames.get(sid)
         if not frames:
             return f"stack {sid}"

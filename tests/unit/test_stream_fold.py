@@ -34,6 +34,7 @@ def batch() -> bytes:
     ])
     aggregates = encode_agent_records(0, [
         AggRecord(1, {"allocs": 50, "bytes": 3200}),
+        StackRecord(0, 3, (0x600000, 0x601000)),
         PeakHeadRecord(1, 3, 4096, 1, 10),
         PeakRecord(2, 4096, 1),
         LiveRecord(2, 0x20000, 4096, 5, 0),
@@ -45,9 +46,14 @@ def batch() -> bytes:
 def test_walk_yields_what_the_checked_decoder_yields() -> None:
     data = batch()
     want = [r for r in iter_agent_tuples(data) if r[0] in (REC_STACK, REC_AGG)]
-    assert list(iter_stacks_and_aggs(data)) == want and len(want) == 4
+    assert list(iter_stacks_and_aggs(data)) == want and len(want) == 5
     with_allocs = [r for r in iter_agent_tuples(data) if r[0] in (REC_STACK, REC_AGG, REC_ALLOC)]
-    assert list(iter_stacks_and_aggs(data, allocs=True)) == with_allocs and len(with_allocs) == 55
+    assert list(iter_stacks_and_aggs(data, allocs=True)) == with_allocs and len(with_allocs) == 56
+    # Without aggs the rows are stepped over: the stack after one still comes, whole.
+    stacks_only = [r for r in want if r[0] == REC_STACK]
+    assert list(iter_stacks_and_aggs(data, aggs=False)) == stacks_only and len(stacks_only) == 3
+    raw = [(*r[:4], tuple(r[4].cast("Q"))) for r in iter_stacks_and_aggs(data, aggs=False, raw_frames=True)]
+    assert raw == stacks_only
 
 
 @pytest.mark.parametrize("what, mangle", [
@@ -66,3 +72,21 @@ def test_the_live_fold_learns_the_stacks_and_families_bytes() -> None:
     assert seen._frames[1] == (0x401000, 0x402000, 0x403000)
     assert seen._frames[2] == tuple(0x500000 + i for i in range(64))
     assert seen._bytes[1] == 3200 and seen._bytes[2] == 4096       # from the AGG records
+
+
+def test_without_families_the_batches_wait_for_the_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = StacksSeen(want_families=False)
+    seen.batch(batch())
+    assert seen.pending == []                                 # held, not read
+    assert seen.symbolize(None) == []                         # no one to name them yet: only read
+    every = {0x401000, 0x402000, 0x403000, 0x600000, 0x601000} | {0x500000 + i for i in range(64)}
+    assert seen.pending == sorted(every)
+    assert seen._bytes == {}                                  # no families: the rows were stepped over
+    seen.batch(batch())                                       # the same stacks again: nothing new
+    seen.symbolize(None)
+    assert seen.pending == sorted(every)
+    # Past HELD_MAX bytes held, a batch is read at once.
+    monkeypatch.setattr("memtrace.stacks_seen.HELD_MAX", 1)
+    other = StacksSeen(want_families=False)
+    other.batch(batch())
+    assert other.pending == sorted(every)

@@ -185,6 +185,7 @@ MAX_RECORD = 64 << 20
 FILE_NAME = "capture.mtc"
 END_RESERVE = 64 << 10      # disk space held back from the start so the END record can be written
 HELD_MAX = 32 << 10         # of which symbol and module records held back after a write failure
+HOLD_MAX = 64 << 20         # bytes of agent records CaptureWriter.hold keeps unwritten at most
 
 
 class RecordType(IntEnum):
@@ -1287,6 +1288,9 @@ class CaptureWriter:
         self._group_bytes = 0
         self._batches = 0
         self._opening = True               # (version 8) holding the run's opening records (OPENING)
+        # (hold) Records kept as they were written, to be written at release; their agent bytes.
+        self._holding: list[tuple[RecordType, Any, bytes]] | None = None
+        self._holding_bytes = 0
         self._reserve: Path | None = self.path.with_name(f".{self.path.name}.reserve") if reserve else None
         # Written under a name of its own until its header is whole, then linked in place: whoever
         # watches the folder (a test, a user's script, `memtrace show` run early) finds no capture or
@@ -1310,8 +1314,48 @@ class CaptureWriter:
             why = e.strerror if isinstance(e, OSError) else self.error
             raise CaptureWriteError(f"{self.path}: cannot start the capture: {why}{_free_space(self.path)}") from None
 
+    def hold(self) -> None:
+        """Keep every record written from here on, in order and unencoded, until :meth:`release`
+        (or the END record, or :meth:`close`), HOLD_MAX bytes at most: the capture loop's quiet start
+        of a short local target (capture_loop.CaptureLoop._start_quiet), where encoding each drain as
+        it came -- the rows' deltas, zstd -- was host CPU spent beside the target on the machine they
+        share.  A writer that does not group (MEMTRACE_CAPTURE_ZLIB=off: a capture that must grow as
+        the records come) does not hold either."""
+        if self._group is not None and self._holding is None and self.error is None:
+            self._holding, self._holding_bytes = [], 0
+
+    @property
+    def holding(self) -> bool:
+        return self._holding is not None
+
+    def release(self) -> None:
+        """Write what :meth:`hold` kept, as :meth:`write` would have then; raises CaptureWriteError
+        (once) when one of those writes failed -- the rest are then counted as lost, as any write
+        after a failure is."""
+        held, self._holding, self._holding_bytes = self._holding, None, 0
+        failed: CaptureWriteError | None = None
+        for rtype, body, data in held or ():
+            try:
+                self.write(rtype, body, data)
+            except CaptureWriteError as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
+
     def write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
         """Append one record; raises CaptureWriteError on the first write that fails."""
+        if self._holding is not None:
+            if rtype != RecordType.END:
+                self._holding.append((rtype, body, bytes(data)))
+                self._holding_bytes += len(data)
+                if self._holding_bytes >= HOLD_MAX:
+                    self.release()
+                return
+            with contextlib.suppress(CaptureWriteError):     # the END says so, and so does the raise after it
+                self.release()
+            if self.error is not None and not self._end_tried:
+                self._write_end(body)
+                raise CaptureWriteError(self.failure())
         # (version 8) Before the first drain, and in the first group only, the run's opening records
         # are held too (OPENING).
         was_opening = self._opening
@@ -1459,6 +1503,7 @@ class CaptureWriter:
             return
         try:
             with contextlib.suppress(CaptureWriteError):      # said by failure(), as any write's
+                self.release()
                 self.flush()
             os.fsync(self._fd)
         except OSError as e:

@@ -445,3 +445,90 @@ def test_a_capture_appears_with_its_header_whole_and_never_over_another(tmp_path
         CaptureWriter(path, reserve=0)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["capture.mtc"]
+
+
+def _written(p: Path) -> list[tuple[RecordType, object, bytes]]:
+    return [(r.type, r.body, r.data) for r in read_records(p)]
+
+
+def _some_records() -> list[tuple[RecordType, dict, bytes]]:
+    stack = encode_agent_records(0, [StackRecord(0, 1, (0x401000, 0x402000))])
+    return [(RecordType.MODULES, {"modules": [{"name": "a", "base": "0x400000", "size": 4096}]}, b""),
+            *((RecordType.BATCH, {"t": t, "counters": [t] * layout.N_COUNTERS}, stack if t == 1 else b"")
+              for t in range(1, 6)),
+            (RecordType.SYMBOLS, {"rows": [["0x401000", "a", 0, "f", None, None]], "by": "host"}, b"")]
+
+
+def test_a_held_capture_is_written_at_release_as_it_would_have_been(tmp_path: Path) -> None:
+    """CaptureWriter.hold (a short local target's quiet start): nothing but the header is written
+    until release, and then the same records, in the same order, as a writer that never held."""
+    plain, held = tmp_path / "plain.mtc", tmp_path / "held.mtc"
+    with CaptureWriter(plain) as w:
+        for rec in _some_records():
+            w.write(*rec)
+        w.write(RecordType.END, {"ended": "completed", "reason": "window ended"})
+    w = CaptureWriter(held)
+    w.hold()
+    assert w.holding
+    for rec in _some_records():
+        w.write(*rec)
+    assert held.read_bytes() == capture.header_bytes()        # all of it held
+    w.release()
+    assert not w.holding
+    w.write(RecordType.END, {"ended": "completed", "reason": "window ended"})
+    w.close()
+    assert _written(held) == _written(plain) and len(_written(plain)) == 8
+
+
+def test_an_end_or_a_close_writes_what_was_held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ended, closed, full = tmp_path / "ended.mtc", tmp_path / "closed.mtc", tmp_path / "full.mtc"
+    w = CaptureWriter(ended)
+    w.hold()
+    for rec in _some_records():
+        w.write(*rec)
+    w.write(RecordType.END, {"ended": "completed", "reason": "window ended"})
+    w.close()
+    assert [t for t, _, _ in _written(ended)] == [t for t, _, _ in _some_records()] + [RecordType.END]
+    w = CaptureWriter(closed)
+    w.hold()
+    for rec in _some_records():
+        w.write(*rec)
+    w.close()                       # (memtrace failing with no END: what it held is not lost)
+    assert [t for t, _, _ in _written(closed)] == [t for t, _, _ in _some_records()]
+    # Past HOLD_MAX bytes held, the writer writes them and holds no more.
+    monkeypatch.setattr(capture, "HOLD_MAX", 8)
+    w = CaptureWriter(full)
+    w.hold()
+    for rec in _some_records():
+        w.write(*rec)
+    assert not w.holding and full.stat().st_size > len(capture.header_bytes())
+    w.close()
+    assert [t for t, _, _ in _written(full)] == [t for t, _, _ in _some_records()]
+
+
+def test_a_failed_write_of_what_was_held_ends_the_capture_there(tmp_path: Path, monkeypatch) -> None:
+    """The disk fills while the held records are written at the END: the END still goes into the
+    space set aside for it, says so, and the write raises as any failed write does."""
+    import errno
+
+    p = tmp_path / "c.mtc"
+    real = capture._pwrite_all
+    failed: list[int] = []
+
+    def full_once(fd: int, data: bytes, offset: int) -> None:
+        if not failed:
+            failed.append(offset)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data, offset)
+
+    w = CaptureWriter(p)
+    w.hold()
+    for rec in _some_records():
+        w.write(*rec)
+    monkeypatch.setattr(capture, "_pwrite_all", full_once)
+    with pytest.raises(capture.CaptureWriteError, match="No space left on device"):
+        w.write(RecordType.END, {"t": 3, "ended": "completed", "reason": "window ended"})
+    w.close()
+    assert failed
+    end = [r.body for r in read_records(p) if r.type == RecordType.END]
+    assert len(end) == 1 and end[0]["ended"] == "write-failed" and end[0]["capture_error"]["lost_records"] >= 1, end

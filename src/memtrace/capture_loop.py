@@ -590,10 +590,9 @@ class CaptureLoop:
         if self.release is not None and self.child is not None:
             # A fork child waits in its atfork handler until its own agent is in.
             self.source.release_fork(self.release, self.child.pid)
+        self._start_quiet()
         self.source.resume()
         self.clock.phases["resumed"] = time.monotonic()
-        if self.fold is not None:
-            self.fold.start()       # the target runs: the summary is folded from here on
 
     def _window(self) -> None:
         self.ui.phase("capturing")
@@ -611,6 +610,7 @@ class CaptureLoop:
                 self._handle(event)
                 self.drain(wait=0.0, until=deadline)
             if self._names_while_running():
+                self._end_quiet()
                 self._symbolize()
             self._tick()
             silent = time.monotonic() - self._last_message
@@ -633,6 +633,7 @@ class CaptureLoop:
     def _finish(self) -> None:
         """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
         self.ui.phase("flushing")
+        self._end_quiet()       # the window is over: the records are written, the summary folds
         if not self.ending.gone:
             self.stage = "detach"
         loaded = self.clock.start is not None or self.clock.attach is not None
@@ -975,6 +976,31 @@ class CaptureLoop:
         signal still ends the window here, within its 100 ms turn."""
         if _ending_signal and self.child is None and threading.current_thread() is threading.main_thread():
             raise KeyboardInterrupt
+
+    def _start_quiet(self) -> None:
+        """As the target starts: a local target without a live panel starts quietly.  The writer
+        holds the records as they come (CaptureWriter.hold: no encoding, no compression) and the
+        summary's fold waits (SummaryFold: it decodes every record written), until the target has
+        run NAMES_QUIET_S (_names_while_running) or its window is over (_finish) -- the same quiet as
+        the naming's: host work beside a short target, on the machine they share, slowed the target
+        itself (cc1plus's CPU time, paired against the host doing all of it as the drains came: 0.88).
+        Otherwise -- a remote target, or a panel to keep up to date -- the fold starts now."""
+        assert self.writer is not None
+        if self._host_symbols and not getattr(self.ui, "wants_families", False):
+            self.writer.hold()
+        elif self.fold is not None:
+            self.fold.start()
+
+    def _end_quiet(self) -> None:
+        """The held records written, the summary folding from here on (_start_quiet)."""
+        assert self.writer is not None
+        if self.writer.holding:
+            try:
+                self.writer.release()
+            except CaptureWriteError as e:
+                self.write_error = self.write_error or e
+        if self.fold is not None:
+            self.fold.start()
 
     def _names_while_running(self) -> bool:
         """Whether to symbolize now, while the target runs.  A local target's stacks are named on

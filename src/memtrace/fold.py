@@ -8,6 +8,8 @@ each piece of the file it appends (:attr:`memtrace.capture.CaptureWriter.observe
 :class:`SummaryFold`, whose thread decodes them as :func:`memtrace.capture.read_records` would
 read them from the file (:func:`memtrace.capture.frame_records`) and feeds them to the tracer's
 own ``summarize``: the summary is the one a read of the finished file makes, built meanwhile.
+A short local target's records are held unwritten while it runs (capture_loop, _start_quiet), and
+its fold starts with the end's work instead.
 """
 
 from __future__ import annotations

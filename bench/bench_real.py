@@ -190,7 +190,9 @@ def main() -> None:
             h = results[(p.name, "heaptrack")]
             print(f"{'':9} heaptrack wall {statistics.median(h.wall):.2f} s, file {statistics.median(h.size) / 1e6:.1f}M")
         if baseline is not None:
-            print(f"{'':9} {paired_line(m.cpu, results[(p.name, 'baseline')].cpu)}")
+            b = results[(p.name, "baseline")]
+            print(f"{'':9} {paired_line(m.cpu, b.cpu)}; baseline wall {statistics.median(b.wall):.2f} s, "
+                  f"size {statistics.median(b.size) / 1e6:.1f}M")
 
 
 def paired_line(this: list[float], base: list[float]) -> str:

@@ -1254,6 +1254,29 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
+class DeferredBytes:
+    """Bytes made when first asked for (``bytes(x)``), then kept: a record's agent data that the
+    writer holds (CaptureWriter.hold) need not be made before it is written.  Whoever makes it
+    first makes it; the capture loop's (the stack definitions made whole, capture_loop._route)
+    are asked for in the order they came by each of their readers, as their making needs."""
+
+    __slots__ = ("_make", "_size", "_value")
+
+    def __init__(self, make: Callable[[], bytes], size: int) -> None:
+        self._make: Callable[[], bytes] | None = make
+        self._size = size
+        self._value: bytes | None = None
+
+    def __len__(self) -> int:
+        return self._size if self._value is None else len(self._value)
+
+    def __bytes__(self) -> bytes:
+        if self._value is None:
+            assert self._make is not None
+            self._value, self._make = self._make(), None
+        return self._value
+
+
 class CaptureWriter:
     """Appends checksummed records straight to the OS, so a crash loses nothing written; the
     agent's drains after the first are grouped, at most GROUP_S of them held here (module
@@ -1289,7 +1312,7 @@ class CaptureWriter:
         self._batches = 0
         self._opening = True               # (version 8) holding the run's opening records (OPENING)
         # (hold) Records kept as they were written, to be written at release; their agent bytes.
-        self._holding: list[tuple[RecordType, Any, bytes]] | None = None
+        self._holding: list[tuple[RecordType, Any, bytes | DeferredBytes]] | None = None
         self._holding_bytes = 0
         self._reserve: Path | None = self.path.with_name(f".{self.path.name}.reserve") if reserve else None
         # Written under a name of its own until its header is whole, then linked in place: whoever
@@ -1320,8 +1343,11 @@ class CaptureWriter:
         of a short local target (capture_loop.CaptureLoop._start_quiet), where encoding each drain as
         it came -- the rows' deltas, zstd -- was host CPU spent beside the target on the machine they
         share.  A writer that does not group (MEMTRACE_CAPTURE_ZLIB=off: a capture that must grow as
-        the records come) does not hold either."""
+        the records come) does not hold either.  What it held for a group is written first: the run's
+        opening records (META first) are on disk whatever becomes of the host meanwhile -- killed
+        while it holds, it leaves a capture that reads back to them (and says no END)."""
         if self._group is not None and self._holding is None and self.error is None:
+            self.flush()
             self._holding, self._holding_bytes = [], 0
 
     @property
@@ -1342,11 +1368,11 @@ class CaptureWriter:
         if failed is not None:
             raise failed
 
-    def write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
+    def write(self, rtype: RecordType, body: Any, data: bytes | DeferredBytes = b"") -> None:
         """Append one record; raises CaptureWriteError on the first write that fails."""
         if self._holding is not None:
             if rtype != RecordType.END:
-                self._holding.append((rtype, body, bytes(data)))
+                self._holding.append((rtype, body, data if isinstance(data, DeferredBytes) else bytes(data)))
                 self._holding_bytes += len(data)
                 if self._holding_bytes >= HOLD_MAX:
                     self.release()
@@ -1356,6 +1382,8 @@ class CaptureWriter:
             if self.error is not None and not self._end_tried:
                 self._write_end(body)
                 raise CaptureWriteError(self.failure())
+        if isinstance(data, DeferredBytes):
+            data = bytes(data)
         # (version 8) Before the first drain, and in the first group only, the run's opening records
         # are held too (OPENING).
         was_opening = self._opening

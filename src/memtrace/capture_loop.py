@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_fields
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from memtrace.capture import (
     FILE_NAME,
     CaptureWriteError,
     CaptureWriter,
+    DeferredBytes,
     Record,
     RecordType,
     StackTails,
@@ -787,6 +789,16 @@ class CaptureLoop:
             return
         self._route(event.payload.get("type"), event.payload, event.data)
 
+    def _whole_stacks(self, data: bytes) -> bytes:
+        """A batch with its STACK_TAIL records made STACK records (StackTails: each after the batch
+        before it, in the order they came)."""
+        broken_before = self._tails.broken
+        data = self._tails.expand(data)
+        if broken_before == 0 and self._tails.broken:      # said once
+            self.ui.warning("a stack definition came without the one before it: its outer frames are "
+                            "missing (counted in the END record's stack_tails_broken)")
+        return data
+
     def _channel_cut(self) -> bool:
         """A local target alive without a single socket descriptor: Frida's channel to the agent
         (a socket in the target) is gone.  Any socket left, or /proc unreadable: not known, False."""
@@ -821,12 +833,11 @@ class CaptureLoop:
                 data = b"".join([*self._parts, data or b""])
                 self._pieces_joined += len(self._parts)
                 self._parts.clear()
+            wire: bytes | DeferredBytes = data
             if data:
-                broken_before = self._tails.broken
-                data = self._tails.expand(data)
-                if broken_before == 0 and self._tails.broken:      # said once
-                    self.ui.warning("a stack definition came without the one before it: its outer frames are "
-                                    "missing (counted in the END record's stack_tails_broken)")
+                # Held unwritten (the quiet start), its definitions are made whole when it is written.
+                wire = DeferredBytes(partial(self._whole_stacks, data), len(data)) if self.writer and \
+                    self.writer.holding else self._whole_stacks(data)
             exact_batch_ints(payload)
             for said in admit_body(RecordType.BATCH, payload):
                 # Written as it came, the capture's reader would skip the batch and its stacks.
@@ -837,10 +848,10 @@ class CaptureLoop:
                     self._write(RecordType.WARNING, {"message": f"an agent batch's field left out: {said}",
                                                      "batch_field": said})
                     self.ui.warning(f"an agent batch's field left out: {said}")
-            self._write(RecordType.BATCH, payload, data)
+            self._write(RecordType.BATCH, payload, wire)
             self.batches += 1
-            self.live.batch(payload, data)
-            self.stacks.batch(data)
+            self.live.batch(payload)
+            self.stacks.batch(wire)
         elif ptype == "events:json":
             self._write(RecordType.EVENTS, payload)
             self.batches += 1
@@ -987,7 +998,10 @@ class CaptureLoop:
         Otherwise -- a remote target, or a panel to keep up to date -- the fold starts now."""
         assert self.writer is not None
         if self._host_symbols and not getattr(self.ui, "wants_families", False):
-            self.writer.hold()
+            try:
+                self.writer.hold()
+            except CaptureWriteError as e:
+                self.write_error = self.write_error or e
         elif self.fold is not None:
             self.fold.start()
 
@@ -1080,7 +1094,7 @@ class CaptureLoop:
         # it loads the core the host built (runtime/core.js), or compiles it with TinyCC.
         return config
 
-    def _write(self, rtype: RecordType, body: Any, data: bytes = b"") -> None:
+    def _write(self, rtype: RecordType, body: Any, data: bytes | DeferredBytes = b"") -> None:
         assert self.writer is not None
         try:
             self.writer.write(rtype, body, data)

@@ -27,7 +27,7 @@ class LiveStats:
         self.activity_events = 0
         self.event_bytes = 0
 
-    def batch(self, body: dict[str, Any], data: bytes) -> None:
+    def batch(self, body: dict[str, Any]) -> None:
         """A binary batch from a C core (its counters ride in the body)."""
 
     def event(self, ev: dict[str, Any]) -> None:
@@ -76,7 +76,7 @@ class CoreStats(LiveStats):
         self.samples: deque[tuple[float, dict[int, int]]] = deque(maxlen=64)
         self.label: Callable[[int], str] = lambda sid: f"stack {sid}"     # the capture loop names stacks
 
-    def batch(self, body: dict[str, Any], data: bytes) -> None:
+    def batch(self, body: dict[str, Any]) -> None:
         counters = body.get("counters")
         if isinstance(counters, list) and counters:
             self.counters = counters

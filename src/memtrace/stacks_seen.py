@@ -21,6 +21,7 @@ from memtrace.capture import (
     REC_ALLOC,
     REC_STACK,
     CaptureError,
+    DeferredBytes,
     agg_values,
     iter_stacks_and_aggs,
 )
@@ -47,7 +48,7 @@ class StacksSeen:
         self._bytes: dict[Any, int] = {}
         self._totals: dict[int, dict[str, int]] = {}   # aggregate core: each stack's latest totals
         self._aggregates = False
-        self._held: list[bytes] = []      # batches not read yet (batch), and their bytes
+        self._held: list[bytes | DeferredBytes] = []      # batches not read yet (batch), and their bytes
         self._held_bytes = 0
         self.uuids: dict[str, tuple[str, ...]] = {}      # module name -> the Mach-O UUID the agent read
         self.device_tree: Path | None = None             # a remote device's shared-cache symbols, if here
@@ -73,7 +74,7 @@ class StacksSeen:
             if m.get("uuid"):
                 self.uuids[m["name"]] = (m["uuid"],)
 
-    def batch(self, data: bytes) -> None:
+    def batch(self, data: bytes | DeferredBytes) -> None:
         """An agent batch from a C core: its STACK records, and bytes per stack for families.
 
         Without families (no live panel) a batch's stacks are wanted only when its addresses are
@@ -84,7 +85,7 @@ class StacksSeen:
         if not data:
             return
         if self.want_families:
-            self._fold(data)
+            self._fold(bytes(data))
             return
         self._held.append(data)
         self._held_bytes += len(data)
@@ -98,12 +99,12 @@ class StacksSeen:
         held, self._held, self._held_bytes = self._held, [], 0
         if sys.byteorder != "little":       # (the records' words are little-endian)
             for data in held:
-                self._fold(data)
+                self._fold(bytes(data))
             return
         found: set[int] = set()
         for data in held:
             with contextlib.suppress(CaptureError):      # (as _fold: the capture names the record)
-                for r in iter_stacks_and_aggs(data, aggs=False, raw_frames=True):
+                for r in iter_stacks_and_aggs(bytes(data), aggs=False, raw_frames=True):
                     found.update(r[4].cast("Q"))
         found -= self._seen
         self._seen |= found

@@ -532,3 +532,29 @@ def test_a_failed_write_of_what_was_held_ends_the_capture_there(tmp_path: Path, 
     assert failed
     end = [r.body for r in read_records(p) if r.type == RecordType.END]
     assert len(end) == 1 and end[0]["ended"] == "write-failed" and end[0]["capture_error"]["lost_records"] >= 1, end
+
+
+def test_held_deferred_data_is_made_once_in_order_as_it_is_written(tmp_path: Path) -> None:
+    """A BATCH's agent records handed over as DeferredBytes (the capture loop's stacks made whole
+    only when written): not made while held, made once each in the order written, and written."""
+    made: list[int] = []
+
+    def maker(t: int):  # noqa: ANN202
+        def make() -> bytes:
+            made.append(t)
+            return encode_agent_records(0, [StackRecord(0, t, (0x401000 + t, 0x402000))])
+        return make
+
+    p = tmp_path / "c.mtc"
+    w = CaptureWriter(p)
+    w.hold()
+    deferred = [capture.DeferredBytes(maker(t), 24) for t in range(1, 5)]
+    for t, d in enumerate(deferred, 1):
+        w.write(RecordType.BATCH, {"t": t, "counters": [t] * layout.N_COUNTERS}, d)
+    assert made == [] and len(deferred[0]) == 24
+    assert bytes(deferred[0]) == bytes(deferred[0]) and made == [1]     # made once, by whoever asks first
+    w.release()
+    assert made == [1, 2, 3, 4]
+    w.close()
+    stacks = [s.stack_id for r in read_records(p) if r.type == RecordType.BATCH for s in decode_agent_records(r.data)]
+    assert stacks == [1, 2, 3, 4]

@@ -22,8 +22,8 @@ def body(t: int, tracked: int, top: list[list[int]]) -> dict:
 def test_malloc_rows_show_footprint_in_use_and_the_fastest_growing_stacks() -> None:
     stats = MallocStats()
     stats.label = {1: "decode_tile ← worker", 2: "cache_put ← main", 3: "steady ← main"}.get  # type: ignore[assignment]
-    stats.batch(body(1000, 10 * MB, [[1, 4 * MB], [2, 1 * MB], [3, 5 * MB]]), b"")
-    stats.batch(body(2000, 20 * MB, [[1, 12 * MB], [2, 3 * MB], [3, 5 * MB]]), b"")
+    stats.batch(body(1000, 10 * MB, [[1, 4 * MB], [2, 1 * MB], [3, 5 * MB]]))
+    stats.batch(body(2000, 20 * MB, [[1, 12 * MB], [2, 3 * MB], [3, 5 * MB]]))
     rows = dict(stats.rows())
     assert rows["tracked live / peak"] == "20.0 MB / 20.0 MB"
     assert rows["allocator in use / footprint"] == "22.0 MB / 60.0 MB"

@@ -994,8 +994,10 @@ class CaptureLoop:
         summary's fold waits (SummaryFold: it decodes every record written), until the target has
         run NAMES_QUIET_S (_names_while_running) or its window is over (_finish) -- the same quiet as
         the naming's: host work beside a short target, on the machine they share, slowed the target
-        itself (cc1plus's CPU time, paired against the host doing all of it as the drains came: 0.88).
-        Otherwise -- a remote target, or a panel to keep up to date -- the fold starts now."""
+        itself (cc1plus's own CPU time, paired against the host doing all of it as the drains came:
+        0.91 in 15 repeats, 14 of them faster; CPython's 0.97).  The work is the same, done once the
+        target has exited: a short run's command takes ~0.25 s longer.  Otherwise -- a remote
+        target, or a panel to keep up to date -- the fold starts now."""
         assert self.writer is not None
         if self._host_symbols and not getattr(self.ui, "wants_families", False):
             try:

@@ -185,7 +185,8 @@ MAX_RECORD = 64 << 20
 FILE_NAME = "capture.mtc"
 END_RESERVE = 64 << 10      # disk space held back from the start so the END record can be written
 HELD_MAX = 32 << 10         # of which symbol and module records held back after a write failure
-HOLD_MAX = 64 << 20         # bytes of agent records CaptureWriter.hold keeps unwritten at most
+HOLD_MAX = 64 << 20         # bytes CaptureWriter.hold keeps unwritten at most (agent records and bodies)
+HOLD_S = 15.0               # ... and seconds (the capture loop ends its hold after 5 s of the target's run)
 
 
 class RecordType(IntEnum):
@@ -1254,6 +1255,15 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
+def _body_estimate(body: Any) -> int:
+    """About the bytes a record's JSON body takes (a SYMBOLS row ~90, an event ~100, the rest ~256)."""
+    if isinstance(body, dict):
+        rows = body.get("rows", body.get("events"))
+        if isinstance(rows, list):
+            return 256 + 100 * len(rows)
+    return 256
+
+
 class DeferredBytes:
     """Bytes made when first asked for (``bytes(x)``), then kept: a record's agent data that the
     writer holds (CaptureWriter.hold) need not be made before it is written.  Whoever makes it
@@ -1273,6 +1283,8 @@ class DeferredBytes:
     def __bytes__(self) -> bytes:
         if self._value is None:
             assert self._make is not None
+            # (A make that raises -- an interrupt -- is kept, to be tried again: the capture loop's
+            # leaves its StackTails as it found them.)
             self._value, self._make = self._make(), None
         return self._value
 
@@ -1280,7 +1292,7 @@ class DeferredBytes:
 class CaptureWriter:
     """Appends checksummed records straight to the OS, so a crash loses nothing written; the
     agent's drains after the first are grouped, at most GROUP_S of them held here (module
-    docstring, version 5).
+    docstring, version 5), and a short local target's first seconds are held whole (:meth:`hold`).
 
     When a write fails (disk full, quota, I/O error) the writer cuts the file back to its last
     complete record, raises :class:`CaptureWriteError` once, and from then on only counts what it
@@ -1311,9 +1323,11 @@ class CaptureWriter:
         self._group_bytes = 0
         self._batches = 0
         self._opening = True               # (version 8) holding the run's opening records (OPENING)
-        # (hold) Records kept as they were written, to be written at release; their agent bytes.
+        # (hold) Records kept as they were written, to be written at release; their bytes (agent
+        # records, and an estimate of the bodies'), since when.
         self._holding: list[tuple[RecordType, Any, bytes | DeferredBytes]] | None = None
         self._holding_bytes = 0
+        self._holding_t0 = 0.0
         self._reserve: Path | None = self.path.with_name(f".{self.path.name}.reserve") if reserve else None
         # Written under a name of its own until its header is whole, then linked in place: whoever
         # watches the folder (a test, a user's script, `memtrace show` run early) finds no capture or
@@ -1339,7 +1353,8 @@ class CaptureWriter:
 
     def hold(self) -> None:
         """Keep every record written from here on, in order and unencoded, until :meth:`release`
-        (or the END record, or :meth:`close`), HOLD_MAX bytes at most: the capture loop's quiet start
+        (or the END record, or :meth:`close`), HOLD_MAX bytes and HOLD_S seconds at most (then the
+        next write releases them): the capture loop's quiet start
         of a short local target (capture_loop.CaptureLoop._start_quiet), where encoding each drain as
         it came -- the rows' deltas, zstd -- was host CPU spent beside the target on the machine they
         share.  A writer that does not group (MEMTRACE_CAPTURE_ZLIB=off: a capture that must grow as
@@ -1348,7 +1363,7 @@ class CaptureWriter:
         while it holds, it leaves a capture that reads back to them (and says no END)."""
         if self._group is not None and self._holding is None and self.error is None:
             self.flush()
-            self._holding, self._holding_bytes = [], 0
+            self._holding, self._holding_bytes, self._holding_t0 = [], 0, time.monotonic()
 
     @property
     def holding(self) -> bool:
@@ -1357,14 +1372,23 @@ class CaptureWriter:
     def release(self) -> None:
         """Write what :meth:`hold` kept, as :meth:`write` would have then; raises CaptureWriteError
         (once) when one of those writes failed -- the rest are then counted as lost, as any write
-        after a failure is."""
+        after a failure is.  Interrupted (Ctrl-C), it keeps holding what it had not handed to
+        write yet, for the END or close to write."""
         held, self._holding, self._holding_bytes = self._holding, None, 0
         failed: CaptureWriteError | None = None
-        for rtype, body, data in held or ():
-            try:
-                self.write(rtype, body, data)
-            except CaptureWriteError as e:
-                failed = failed or e
+        done = 0
+        try:
+            for rtype, body, data in held or ():
+                if isinstance(data, DeferredBytes):
+                    data = bytes(data)      # (made before it is handed over: an interrupt here loses nothing)
+                done += 1
+                try:
+                    self.write(rtype, body, data)
+                except CaptureWriteError as e:
+                    failed = failed or e
+        finally:
+            if held is not None and done < len(held):
+                self._holding = held[done:]
         if failed is not None:
             raise failed
 
@@ -1373,8 +1397,8 @@ class CaptureWriter:
         if self._holding is not None:
             if rtype != RecordType.END:
                 self._holding.append((rtype, body, data if isinstance(data, DeferredBytes) else bytes(data)))
-                self._holding_bytes += len(data)
-                if self._holding_bytes >= HOLD_MAX:
+                self._holding_bytes += len(data) + _body_estimate(body)
+                if self._holding_bytes >= HOLD_MAX or time.monotonic() - self._holding_t0 >= HOLD_S:
                     self.release()
                 return
             with contextlib.suppress(CaptureWriteError):     # the END says so, and so does the raise after it

@@ -240,7 +240,7 @@ class CaptureLoop:
         # and how many pieces were joined to their batch.
         self._parts: list[bytes] = []
         self._pieces_joined = 0
-        self._tails = StackTails()      # the wire's STACK_TAIL records made whole (_route)
+        self._tails = StackTails()      # the wire's STACK_TAIL records made whole (_whole_stacks)
         self._named_at = 0.0            # the last round of names while the target ran (_names_while_running)
         if isinstance(self.live, CoreStats):
             self.live.label = self.stacks.label      # the live view names its fastest-growing stacks
@@ -635,7 +635,8 @@ class CaptureLoop:
     def _finish(self) -> None:
         """Detach cleanly: stop the hooks, flush, calibrate, then drain what arrived."""
         self.ui.phase("flushing")
-        self._end_quiet()       # the window is over: the records are written, the summary folds
+        if self.fold is not None:
+            self.fold.start()       # the window is over: the summary folds what is written from here on
         if not self.ending.gone:
             self.stage = "detach"
         loaded = self.clock.start is not None or self.clock.attach is not None
@@ -657,6 +658,8 @@ class CaptureLoop:
             except MemtraceError as e:
                 self.ui.warning(str(e))
         self.drain()
+        # The hooks are out (or the target is gone): what a quiet start held is written now.
+        self._end_quiet()
         self._symbolize(final=True)
         if not self.ending.gone:
             self.source.detach()
@@ -677,6 +680,7 @@ class CaptureLoop:
             self.drain()
 
     def _end(self, interrupted: bool) -> CaptureResult:
+        self._end_quiet()           # (a _finish cut short): the END counts what the held batches said
         self._crash_frames()
         assert self.follower is not None
         self.follower.settle(self.ending.exec_info if self.ending.replaced else None)
@@ -791,7 +795,17 @@ class CaptureLoop:
 
     def _whole_stacks(self, data: bytes) -> bytes:
         """A batch with its STACK_TAIL records made STACK records (StackTails: each after the batch
-        before it, in the order they came)."""
+        before it, in the order they came).  Interrupted (a deferred one is made at the end, where a
+        Ctrl-C can land), it leaves the StackTails as it found them, so that it can be made again."""
+        t = self._tails
+        before = (t.last_id, t.last_frames, t.expanded, t.broken)
+        try:
+            return self._whole_stacks_once(data)
+        except BaseException:
+            t.last_id, t.last_frames, t.expanded, t.broken = before
+            raise
+
+    def _whole_stacks_once(self, data: bytes) -> bytes:
         broken_before = self._tails.broken
         data = self._tails.expand(data)
         if broken_before == 0 and self._tails.broken:      # said once

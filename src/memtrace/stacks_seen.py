@@ -225,8 +225,6 @@ class StacksSeen:
     def label(self, sid: int) -> str:
         """A stack for the live view: its first frame outside the allocator and runtime (the
         families' signature), ``← caller``."""
-        if self._held:
-            self._fold_held()
         frames = self._frames.get(sid)
         if not frames:
             return f"stack {sid}"

@@ -558,3 +558,25 @@ def test_held_deferred_data_is_made_once_in_order_as_it_is_written(tmp_path: Pat
     w.close()
     stacks = [s.stack_id for r in read_records(p) if r.type == RecordType.BATCH for s in decode_agent_records(r.data)]
     assert stacks == [1, 2, 3, 4]
+
+
+def test_a_hold_is_bounded_by_its_bodies_and_by_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JSON tracer's records have no agent bytes: their events count against HOLD_MAX too; and a
+    hold the capture loop never ends (a source too busy to let it look) ends after HOLD_S."""
+    monkeypatch.setattr(capture, "HOLD_MAX", 5000)
+    w = CaptureWriter(tmp_path / "events.mtc")
+    w.hold()
+    events = [{"type": "fd:open", "t": i, "fd": i} for i in range(20)]
+    w.write(RecordType.EVENTS, {"type": "events:json", "t": 1, "events": events})
+    assert w.holding                                         # ~2,256 bytes: held
+    w.write(RecordType.EVENTS, {"type": "events:json", "t": 2, "events": events})
+    w.write(RecordType.EVENTS, {"type": "events:json", "t": 3, "events": events})
+    assert not w.holding                                     # past 5,000: written
+    w.close()
+    assert [r.body["t"] for r in read_records(tmp_path / "events.mtc")] == [1, 2, 3]
+    monkeypatch.setattr(capture, "HOLD_S", 0.0)
+    w = CaptureWriter(tmp_path / "timed.mtc")
+    w.hold()
+    w.write(RecordType.EVENTS, {"type": "events:json", "t": 1, "events": []})
+    assert not w.holding
+    w.close()

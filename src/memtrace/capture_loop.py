@@ -1014,10 +1014,7 @@ class CaptureLoop:
         target, or a panel to keep up to date -- the fold starts now."""
         assert self.writer is not None
         if self._host_symbols and not getattr(self.ui, "wants_families", False):
-            try:
-                self.writer.hold()
-            except CaptureWriteError as e:
-                self.write_error = self.write_error or e
+            self._writing(self.writer.hold)
         elif self.fold is not None:
             self.fold.start()
 
@@ -1025,10 +1022,7 @@ class CaptureLoop:
         """The held records written, the summary folding from here on (_start_quiet)."""
         assert self.writer is not None
         if self.writer.holding:
-            try:
-                self.writer.release()
-            except CaptureWriteError as e:
-                self.write_error = self.write_error or e
+            self._writing(self.writer.release)
         if self.fold is not None:
             self.fold.start()
 
@@ -1112,8 +1106,11 @@ class CaptureLoop:
 
     def _write(self, rtype: RecordType, body: Any, data: bytes | DeferredBytes = b"") -> None:
         assert self.writer is not None
+        self._writing(partial(self.writer.write, rtype, body, data))
+
+    def _writing(self, call: Callable[[], None]) -> None:
         try:
-            self.writer.write(rtype, body, data)
+            call()
         except CaptureWriteError as e:
             # Disk full (or failing): the window ends, the agent is stopped and detached as at any
             # window end, and the writer closes the capture with an END record that says why.

@@ -390,22 +390,27 @@ def test_a_stack_the_batch_json_names_is_checked_against_its_agent_records(tmp_p
             assert info.problem is not None and "stack id 5 is used but no STACK record defines it" in info.problem
 
 
-def test_a_failed_write_of_the_drains_held_before_the_end_is_raised(tmp_path: Path, monkeypatch) -> None:
-    """The drains held for a group are written right before the END: when that write is the one
-    that fails (disk full), the END still goes into the space held back for it and says so -- and
-    the write raises, as any failed write does, so the run does not end as if it had succeeded."""
+def _full_once(failed: list[int]):  # noqa: ANN202
+    """A _pwrite_all whose first write finds the disk full (its offset noted in ``failed``)."""
     import errno
 
-    p = tmp_path / "c.mtc"
     real = capture._pwrite_all
-    failed: list[int] = []
 
     def full_once(fd: int, data: bytes, offset: int) -> None:
         if not failed:
             failed.append(offset)
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data, offset)
+    return full_once
 
+
+def test_a_failed_write_of_the_drains_held_before_the_end_is_raised(tmp_path: Path, monkeypatch) -> None:
+    """The drains held for a group are written right before the END: when that write is the one
+    that fails (disk full), the END still goes into the space held back for it and says so -- and
+    the write raises, as any failed write does, so the run does not end as if it had succeeded."""
+    p = tmp_path / "c.mtc"
+    failed: list[int] = []
+    full_once = _full_once(failed)
     w = CaptureWriter(p)
     w.write(RecordType.BATCH, {"t": 1, "counters": [0] * layout.N_COUNTERS})
     w.write(RecordType.BATCH, {"t": 2, "counters": [0] * layout.N_COUNTERS})     # held for a group
@@ -509,18 +514,9 @@ def test_an_end_or_a_close_writes_what_was_held(tmp_path: Path, monkeypatch: pyt
 def test_a_failed_write_of_what_was_held_ends_the_capture_there(tmp_path: Path, monkeypatch) -> None:
     """The disk fills while the held records are written at the END: the END still goes into the
     space set aside for it, says so, and the write raises as any failed write does."""
-    import errno
-
     p = tmp_path / "c.mtc"
-    real = capture._pwrite_all
     failed: list[int] = []
-
-    def full_once(fd: int, data: bytes, offset: int) -> None:
-        if not failed:
-            failed.append(offset)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real(fd, data, offset)
-
+    full_once = _full_once(failed)
     w = CaptureWriter(p)
     w.hold()
     for rec in _some_records():

@@ -1394,6 +1394,7 @@ class CaptureWriter:
 
     def write(self, rtype: RecordType, body: Any, data: bytes | DeferredBytes = b"") -> None:
         """Append one record; raises CaptureWriteError on the first write that fails."""
+        released = True
         if self._holding is not None:
             if rtype != RecordType.END:
                 self._holding.append((rtype, body, data if isinstance(data, DeferredBytes) else bytes(data)))
@@ -1401,11 +1402,10 @@ class CaptureWriter:
                 if self._holding_bytes >= HOLD_MAX or time.monotonic() - self._holding_t0 >= HOLD_S:
                     self.release()
                 return
-            with contextlib.suppress(CaptureWriteError):     # the END says so, and so does the raise after it
+            try:
                 self.release()
-            if self.error is not None and not self._end_tried:
-                self._write_end(body)
-                raise CaptureWriteError(self.failure())
+            except CaptureWriteError:
+                released = False        # as a failed flush before the END, below
         if isinstance(data, DeferredBytes):
             data = bytes(data)
         # (version 8) Before the first drain, and in the first group only, the run's opening records
@@ -1433,7 +1433,7 @@ class CaptureWriter:
                 if self._group_bytes >= GROUP_MAX or time.monotonic() - self._group_t0 >= GROUP_S:
                     self.flush()
                 return
-        flushed = True
+        flushed = released
         if rtype not in AHEAD_OF_GROUP or was_opening:      # (the opening records stay first)
             try:
                 self.flush()            # what is held goes first: the records stay in order

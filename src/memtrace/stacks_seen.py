@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,7 +86,10 @@ class StacksSeen:
         if not data:
             return
         if self.want_families:
-            self._fold(bytes(data))
+            # A record no agent should write: the live view skips the rest of this batch; the capture
+            # keeps its bytes, and reading it back names the record (issue 26).
+            with contextlib.suppress(CaptureError):
+                self._fold(bytes(data))
             return
         self._held.append(data)
         self._held_bytes += len(data)
@@ -97,39 +101,32 @@ class StacksSeen:
         the addresses are wanted: each stack's frames are taken as one array, not a tuple a stack
         (cc1plus's 48,000 stacks, 1.7 M frames, all read at its end)."""
         held, self._held, self._held_bytes = self._held, [], 0
-        if sys.byteorder != "little":       # (the records' words are little-endian)
-            for data in held:
-                self._fold(bytes(data))
-            return
         found: set[int] = set()
         for data in held:
-            with contextlib.suppress(CaptureError):      # (as _fold: the capture names the record)
+            with contextlib.suppress(CaptureError):      # (as batch: the capture names the record)
                 for r in iter_stacks_and_aggs(bytes(data), aggs=False, raw_frames=True):
-                    found.update(r[4].cast("Q"))
+                    frames = array("Q")
+                    frames.frombytes(r[4])
+                    if sys.byteorder != "little":       # (the records' words are little-endian)
+                        frames.byteswap()
+                    found.update(frames)
         found -= self._seen
         self._seen |= found
         self.pending += sorted(found)
 
     def _fold(self, data: bytes) -> None:
-        # A record no agent should write: the live view skips the rest of this batch; the capture
-        # keeps its bytes, and reading it back names the record (issue 26).
-        with contextlib.suppress(CaptureError):
-            self._fold_records(data)
-
-    def _fold_records(self, data: bytes) -> None:
+        """A batch's STACK records, and bytes per stack for families (batch)."""
         frames_of, bytes_of = self._frames, self._bytes
-        # Only STACK records, and AGG (ALLOC without aggregates) for families: the rest is stepped over.
-        families = self.want_families
-        for r in iter_stacks_and_aggs(data, allocs=families and not self._aggregates, aggs=families):
+        # Only STACK, AGG and (without aggregates) ALLOC records: the rest is stepped over.
+        for r in iter_stacks_and_aggs(data, allocs=not self._aggregates):
             if r[0] == REC_AGG:
                 # The aggregate core's running totals (with --events, ALLOC records come too: not added twice).
                 self._aggregates = True
-                if self.want_families:
-                    t = self._totals.setdefault(r[3], {})
-                    t.update(agg_values(r[4], r[6]))
-                    bytes_of[r[3]] = sum(t.get(k, 0) for k in _GROSS) - t.get("sampled_bytes", 0)
+                t = self._totals.setdefault(r[3], {})
+                t.update(agg_values(r[4], r[6]))
+                bytes_of[r[3]] = sum(t.get(k, 0) for k in _GROSS) - t.get("sampled_bytes", 0)
             elif r[0] == REC_ALLOC:
-                if self.want_families and not self._aggregates:
+                if not self._aggregates:
                     sid = r[3]
                     bytes_of[sid] = bytes_of.get(sid, 0) + (r[6] if r[2] & FLAG_SAMPLED else r[5])
             elif r[0] == REC_STACK:

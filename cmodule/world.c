@@ -1311,16 +1311,72 @@ mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guin
   return 0;
 }
 
+/*
+ * Whether code address v can be a return address: the bytes before it end with a call.  Liberal:
+ * bytes that could end some call count (only a word that is no return address at all is told
+ * apart), as does a word whose bytes cannot be read.  x86-64: E8 rel32, or FF /2 (an indirect
+ * call: ModRM reg field 2) starting 2 to 9 bytes back, prefixes and all; arm64: BL, BLR and the
+ * authenticating BLRA*.
+ */
+static gboolean
+mt_world_after_call (MtWorld * w, guint64 v)
+{
+#if defined (__x86_64__) || defined (__aarch64__)
+  guint8 b[16];
+  guint k;
+  if (v < sizeof (b) || mt_world_read (w, v - sizeof (b), b, sizeof (b)) != (gssize) sizeof (b))
+    return TRUE;
+# if defined (__x86_64__)
+  if (b[16 - 5] == 0xe8)
+    return TRUE;
+  for (k = 2; k <= 9; k++)
+  {
+    if (b[16 - k] == 0xff && ((b[16 - k + 1] >> 3) & 7) == 2)
+      return TRUE;
+  }
+  return FALSE;
+# else
+  {
+    guint32 insn = (guint32) b[12] | ((guint32) b[13] << 8) | ((guint32) b[14] << 16) | ((guint32) b[15] << 24);
+    if ((v & 3) != 0)
+      return FALSE;                    /* no arm64 instruction starts there */
+    (void) k;
+    return (insn & 0xfc000000u) == 0x94000000u      /* BL */
+        || (insn & 0xfefff000u) == 0xd63f0000u;     /* BLR, BLRAA(Z), BLRAB(Z) */
+  }
+# endif
+#else
+  (void) w;
+  (void) v;
+  return TRUE;
+#endif
+}
+
 /* Whether stopped thread i points into `ranges` (a register, or a stack word from sp up, at most
  * `depth` bytes), and how: *where the register index (< MT_WORLD_REGS) or MT_WORLD_REGS + the
- * stack word's byte offset from sp, *value the value pointing in. */
+ * stack word's byte offset from sp, *value the value pointing in.
+ *
+ * `returns_only` (the strict stop's look for Frida's code: may this thread hold one of its
+ * locks?): a stack word counts only when it can be a return address (mt_world_after_call), so long
+ * as no signal frame lies below it -- a thread whose pc is elsewhere is inside that code only if it
+ * called out of it, or was interrupted in it.  A word that follows no call is data: a function
+ * pointer left in an unwritten slot of a live frame, which refused every patch of a session for
+ * its 4 s (docs/hook-storm.md, "the stale word": a pointer to the start of one of the agent's
+ * functions, 4.5 KB up a storm thread's stack).  A word into the signal-return code (w's
+ * signal_returns: Linux x86-64's __restore_rt, arm64's __kernel_rt_sigreturn, Darwin's _sigtramp,
+ * as the agent found them) is a handler's return address: a signal frame lies above it, whose
+ * saved pc is wherever the thread was interrupted, after no call -- every word above counts.
+ * Registers always count; with no signal-return code known, so does every word. */
 static gboolean
 mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_ranges, guint64 depth,
-    guint8 * scratch, guint64 scratch_size, guint64 * where, guint64 * value)
+    guint8 * scratch, guint64 scratch_size, gboolean returns_only, guint64 * where, guint64 * value)
 {
   const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
   guint64 sp = ((MtWorldThread *) w->threads)[i].sp & ~(guint64) 7;
   guint64 r, done = 0;
+  const guint64 * sigret = (const guint64 *) w->signal_returns;
+  guint64 n_sigret = sigret != NULL ? w->n_signal_returns : 0;
+  gboolean filter = returns_only && n_sigret != 0;
   /* The main thread of a program at the hold point, waiting in the hold library: nothing of
    * Frida's or ours runs on it, and the words above its sp are ld.so's frames, which keep what
    * they kept -- one of them, a pointer into a mapping since freed, once lay where Frida's agent
@@ -1330,12 +1386,17 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
     return FALSE;
   for (r = 0; r != MT_WORLD_REGS; r++)
   {
-    if (mt_world_in (mt_world_strip (regs[r]), ranges, n_ranges))    /* arm64e: x16/x17 may hold signed ones */
+    guint64 v = mt_world_strip (regs[r]);    /* arm64e: x16/x17 may hold signed ones */
+    if (mt_world_in (v, ranges, n_ranges))
     {
       *where = r;
       *value = regs[r];
       return TRUE;
     }
+    /* In the signal-return code (its pc, or arm64's link register in a handler's first
+     * instructions): the interrupted context is on the stack, at no call. */
+    if (filter && mt_world_in (v, sigret, n_sigret))
+      filter = FALSE;
   }
   while (sp != 0 && done < depth)
   {
@@ -1347,7 +1408,9 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
     for (k = 0; k + 8 <= (guint64) got; k += 8)
     {
       guint64 v = mt_world_strip (*(guint64 *) (scratch + k));    /* arm64e: a signed return address */
-      if (mt_world_in (v, ranges, n_ranges))
+      if (filter && mt_world_in (v, sigret, n_sigret))
+        filter = FALSE;                /* a signal frame: every word above it counts */
+      if (mt_world_in (v, ranges, n_ranges) && (!filter || mt_world_after_call (w, v)))
       {
         *where = MT_WORLD_REGS + done + k;
         *value = v;
@@ -1366,19 +1429,28 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
  * unloaded: memtrace's C module, Interceptor's trampolines) or will return into it -- a pc, a
  * register or a word of the stack from sp up (at most `depth` bytes) inside one.  Conservative:
  * a stale word on a live frame counts too (the caller then waits and asks again).  A stack that
- * cannot be read counts.
+ * cannot be read counts.  `returns_only`: see mt_world_thread_ref.
  */
-guint64
-mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
-    guint64 scratch_size)
+static guint64
+mt_world_count_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
+    guint64 scratch_size, gboolean returns_only)
 {
   guint64 i, n = 0, where, value;
   for (i = 0; i != w->n_threads; i++)
   {
-    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, &where, &value))
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, returns_only, &where, &value))
       n++;
   }
   return n;
+}
+
+/* mt_world_count_refs for code about to be freed: every word counts (a function pointer into it,
+ * called later, is as deadly as a return address). */
+guint64
+mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
+    guint64 scratch_size)
+{
+  return mt_world_count_refs (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE);
 }
 
 /*
@@ -1389,13 +1461,13 @@ mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 de
  */
 static void
 mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
-    guint64 scratch_size, guint64 * out)
+    guint64 scratch_size, gboolean returns_only, guint64 * out)
 {
   guint64 i;
   out[0] = out[1] = out[2] = 0;
   for (i = 0; i != w->n_threads; i++)
   {
-    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, &out[1], &out[2]))
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, returns_only, &out[1], &out[2]))
     {
       out[0] = ((MtWorldThread *) w->threads)[i].tid;
       return;
@@ -1410,7 +1482,7 @@ void
 mt_world_first_ref_of (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
     guint64 scratch_size, guint64 * out)
 {
-  mt_world_first_ref (w, ranges, n_ranges, depth, scratch, scratch_size, out);
+  mt_world_first_ref (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE, out);
 }
 
 
@@ -1534,13 +1606,13 @@ mt_world_stop_checked (MtWorld * w, const guint64 * ranges, guint64 n_ranges, gu
   }
   if (n_frida != 0)
   {
-    guint64 busy = mt_world_refs (w, frida, n_frida, frida_depth, scratch, scratch_size);
+    guint64 busy = mt_world_count_refs (w, frida, n_frida, frida_depth, scratch, scratch_size, TRUE);
     if (busy != 0)
     {
       if (n_busy != NULL)
       {
         *n_busy = busy;
-        mt_world_first_ref (w, frida, n_frida, frida_depth, scratch, scratch_size, n_busy + 1);
+        mt_world_first_ref (w, frida, n_frida, frida_depth, scratch, scratch_size, TRUE, n_busy + 1);
       }
       mt_world_resume (w);
       return MT_WORLD_STOP_BUSY;

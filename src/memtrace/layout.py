@@ -472,6 +472,10 @@ WORLD = Layout("MtWorld", (
     # of Frida's runs; while its pc is in [hold_code_lo, hold_code_hi) its stack (ld.so's frames,
     # with whatever they kept) is not searched for Frida's code or the module's (0: no such thread).
     ("hold_tid", "u64"), ("hold_code_lo", "u64"), ("hold_code_hi", "u64"),
+    # The signal-return code a handler returns into ([start, end) u64 pairs; 0 of them: none known):
+    # the strict stop then counts a stack word into Frida's code only where it can be a return
+    # address, below any signal frame (cmodule/world.c mt_world_thread_ref).
+    ("signal_returns", "u64"), ("n_signal_returns", "u64"),
 ))
 
 # ---- malloc --leaks: the conservative reachability scan (cmodule/leaks.c, agents/leaks.js) --------
@@ -527,6 +531,7 @@ LEAK_JOB = Layout("MtLeakJob", (
     ("stop_timeout_us", "u64"),    # how long stopping may take: the scan's whole budget
     ("abandoned", "u64"),          # as MtWorld's
     ("hold_tid", "u64"), ("hold_code_lo", "u64"), ("hold_code_hi", "u64"),     # as MtWorld's (0 here)
+    ("signal_returns", "u64"), ("n_signal_returns", "u64"),                     # as MtWorld's (0 here)
     ("ranges", "u64"), ("n_ranges", "u64"),             # MtLeakRange[]
     ("blocks", "u64"), ("blocks_cap", "u64"), ("n_blocks", "u64"), ("blocks_total", "u64"),
     ("marks", "u64"),              # u8 per block: its LEAK_MARKS verdict

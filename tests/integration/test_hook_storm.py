@@ -178,6 +178,9 @@ def _assert_every_patch_stopped(tracer: str, run: PatchedRun) -> None:
     assert world["applied"] >= 4 and world["stopped"] == world["applied"], _said(world)
     assert world["running"] == 0 and world["failed"] == 0, _said(world)
     assert world["frida_code_ranges"] >= 1, _said(world)
+    # The C library's signal-return code found (x86-64 and arm64 by its bytes): the strict stop
+    # counts only return addresses into Frida's code, below any signal frame (world.c).
+    assert world["signal_returns"] >= 1, _said(world)
     if platform.machine() == "x86_64":
         # Interceptor's way in (the guard's trampoline slices, the enter thunk) kept clear of the
         # stops too: a thread on it when a hook comes out would resume into a freed context.

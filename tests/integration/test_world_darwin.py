@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import ROOT
 
 from memtrace.agentbuild import c_layout_header
+from memtrace.layout import WORLD_REGS
 
 HARNESS = ROOT / "tests" / "programs" / "world_darwin"
 PATCHES = 300
@@ -60,6 +61,17 @@ def test_patches_under_the_mach_stop_kill_nothing_that_the_running_world_does(tm
     # named and let go; once it has left, clear.
     assert (doc["busy_got"], doc["busy_n"], doc["busy_first_is_parked"]) == (3, 1, 1), doc
     assert (doc["parked_suspended_after_busy"], doc["clear_got"]) == (0, 1), doc
+    # The strict stop counts a stack word into "Frida's code" only where it can be a return address,
+    # below no signal frame (world.c mt_world_thread_ref, returns_only), once the signal-return code
+    # is known; before, every word (each triple: none known, a wrong one, the right one).  A pointer
+    # to a function's first byte in a live frame: busy, then not; a return address after a call:
+    # busy; a pc interrupted by a signal, saved in the frame above the handler's: busy, and dismissed
+    # only when the signal frame goes unseen (the wrong range -- the control).
+    assert doc["pointer_got"] == [3, 1, 1] and doc["pointer_busy_where"] >= WORLD_REGS, doc
+    assert (doc["called_got"], doc["called_busy_is_it"]) == (3, 1), doc
+    assert doc["signaled_got"] == [3, 1, 3] and doc["signaled_busy_is_it"] == 1, doc
+    # Code about to be freed: every word counts, the function pointer too (mt_world_refs).
+    assert doc["refs_pointer"] == 1, doc
     # The clock: 24 MHz ticks through the 125/3 timebase, in microseconds (a 0.2 s sleep).
     assert 150_000 <= doc["slept_us"] < 30_000_000, doc
     # Frida's code found by its VM region (no /proc/self/maps on Darwin).

@@ -622,7 +622,7 @@ function scan(config, when) {
     // The stop is part of the scan's time: it may take the whole budget (thousands of threads on a
     // loaded machine need more than world.c's 10 s default for a patch), never more.
     stop_timeout_us: Math.round((config.leaksBudget || 30) * 1e6),
-    abandoned: 0, hold_tid: 0, hold_code_lo: 0, hold_code_hi: 0,
+    abandoned: 0, hold_tid: 0, hold_code_lo: 0, hold_code_hi: 0, signal_returns: 0, n_signal_returns: 0,
     ranges: uint64(rangeBuf.toString()), n_ranges: roots.length,
     blocks: uint64(blocks.toString()), blocks_cap: cap, n_blocks: 0, blocks_total: 0,
     marks: uint64(marks.toString()), worklist: uint64(worklist.toString()), n_work: 0,

@@ -108,6 +108,87 @@ parked_thread (void * arg)
   return NULL;
 }
 
+/* The strict stop's words into "Frida's code" that are no return address (world.c
+ * mt_world_thread_ref, returns_only).  A function of that code whose address a thread keeps in a
+ * live frame, while it waits elsewhere: a pointer to a function's first byte, which 16 NOPs
+ * precede (no byte of a call). */
+__asm__ (".pushsection mt_fridacode, \"ax\", @progbits\n"
+         ".byte 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90\n"
+         ".globl mt_frida_fn\n"
+         "mt_frida_fn:\n"
+         "  ret\n"
+         ".popsection\n");
+extern void mt_frida_fn (void);
+static volatile guint32 g_pointer_port, g_called_port, g_signaled_port;
+static volatile int g_pointer_in, g_called_in, g_signaled_spin, g_signaled_in, g_release_waits;
+static volatile guint64 g_restorer;
+
+static __attribute__ ((noinline)) void
+keep_pointer (volatile guint64 * slot)
+{
+  slot[0] = (guint64) mt_frida_fn;
+}
+
+static void *
+pointer_thread (void * arg)
+{
+  volatile guint64 slot[8];
+  (void) arg;
+  keep_pointer (slot);
+  g_pointer_port = mtmach_thread_self ();
+  g_pointer_in = 1;
+  while (!g_release_waits)
+    usleep (1000);
+  return (void *) (guint64) slot[0];
+}
+
+/* A thread that called out of "Frida's code" and waits there: a return address after a call. */
+__attribute__ ((noinline, section ("mt_fridacode"))) static void
+frida_code_calls_out (void)
+{
+  g_called_in = 1;
+  while (!g_release_waits)
+    usleep (1000);
+}
+
+static void *
+called_thread (void * arg)
+{
+  (void) arg;
+  g_called_port = mtmach_thread_self ();
+  frida_code_calls_out ();
+  return NULL;
+}
+
+/* A thread interrupted by a signal inside "Frida's code", its handler waiting outside it: the
+ * interrupted pc is only in the signal frame, after no call. */
+__attribute__ ((noinline, section ("mt_fridacode"))) static void
+frida_code_spin_until_signaled (void)
+{
+  g_signaled_spin = 1;
+  while (!g_signaled_in)
+    __asm__ volatile ("pause");
+}
+
+static void
+on_usr2 (int sig)
+{
+  (void) sig;
+  g_restorer = (guint64) __builtin_return_address (0);    /* the signal-return code */
+  g_signaled_in = 1;
+  while (!g_release_waits)
+    usleep (1000);
+}
+
+static void *
+signaled_thread (void * arg)
+{
+  (void) arg;
+  g_signaled_port = mtmach_thread_self ();
+  frida_code_spin_until_signaled ();
+  return NULL;
+}
+
 /* A thread that will return into a "module" (its own section) from a sleep. */
 __attribute__ ((noinline, section ("mt_module"))) static void
 module_wait (void)
@@ -320,6 +401,57 @@ main (int argc, char ** argv)
   gint clear_got = mt_world_stop_checked (w, range, 1, 400, 500, listed, n_listed, frida_code, 1, 8192, scratch, 65536,
       1, NULL);
 
+  /* The strict stop's look at words that are no return address.  Three threads wait outside
+   * "Frida's code": one keeps a pointer to one of its functions, one called out of it, one was
+   * interrupted inside it by a signal.  Each is looked at alone (the others skipped, as Frida's
+   * threads are), with no signal-return code known (every word counts), with a wrong one (the
+   * signal frame unseen: its saved pc dismissed -- the control), and with the right one. */
+  pthread_t pointer_t, called_t, signaled_t;
+  signal (SIGUSR2, on_usr2);
+  pthread_create (&pointer_t, NULL, pointer_thread, NULL);
+  pthread_create (&called_t, NULL, called_thread, NULL);
+  pthread_create (&signaled_t, NULL, signaled_thread, NULL);
+  while (!g_pointer_in || !g_called_in || !g_signaled_spin)
+    usleep (1000);
+  pthread_kill (signaled_t, SIGUSR2);
+  while (!g_signaled_in)
+    usleep (1000);
+  usleep (20000);                      /* each thread into its sleep */
+  guint64 skip_p[3] = { g_frida_port, g_called_port, g_signaled_port };
+  guint64 skip_c[3] = { g_frida_port, g_pointer_port, g_signaled_port };
+  guint64 skip_s[3] = { g_frida_port, g_pointer_port, g_called_port };
+  MtWorld * wp = new_world (skip_p, 3), * wc = new_world (skip_c, 3), * ws = new_world (skip_s, 3);
+  guint64 restorer[2] = { g_restorer, g_restorer + 16 }, elsewhere[2] = { 1, 2 };
+  guint64 busy_pointer[3][4], busy_called[4], busy_signaled[3][4];
+  gint got_pointer[3], got_called, got_signaled[3];
+  for (int known = 0; known < 3; known++)
+  {
+    wp->signal_returns = ws->signal_returns = (guint64) (known == 2 ? restorer : elsewhere);
+    wp->n_signal_returns = ws->n_signal_returns = known == 0 ? 0 : 1;
+    n_listed = mt_world_list_tasks (0, listed, MAX_HELD);
+    got_pointer[known] = mt_world_stop_checked (wp, range, 1, 400, 500, listed, n_listed, frida_code, 1, 8192,
+        scratch, 65536, 1, busy_pointer[known]);
+    n_listed = mt_world_list_tasks (0, listed, MAX_HELD);
+    got_signaled[known] = mt_world_stop_checked (ws, range, 1, 400, 500, listed, n_listed, frida_code, 1, 8192,
+        scratch, 65536, 1, busy_signaled[known]);
+  }
+  wc->signal_returns = (guint64) restorer;
+  wc->n_signal_returns = 1;
+  n_listed = mt_world_list_tasks (0, listed, MAX_HELD);
+  got_called = mt_world_stop_checked (wc, range, 1, 400, 500, listed, n_listed, frida_code, 1, 8192, scratch, 65536,
+      1, busy_called);
+  /* Code about to be freed still counts every word (mt_world_refs): the pointer's thread too. */
+  guint64 refs_pointer = ~0ULL;
+  if (mt_world_stop (wp))
+  {
+    refs_pointer = mt_world_refs (wp, frida_code, 1, 8192, scratch, 65536);
+    mt_world_resume (wp);
+  }
+  g_release_waits = 1;
+  pthread_join (pointer_t, NULL);
+  pthread_join (called_t, NULL);
+  pthread_join (signaled_t, NULL);
+
   /* The clock: mach_absolute_time through the timebase, in microseconds. */
   guint64 t0 = mt_world_now_us ();
   usleep (200000);
@@ -356,12 +488,18 @@ main (int argc, char ** argv)
           " \"refs_in\": %llu, \"refs_out\": %llu, \"busy_got\": %d, \"busy_n\": %llu, \"busy_first_is_parked\": %d,"
           " \"parked_suspended_after_busy\": %d, \"clear_got\": %d, \"slept_us\": %llu, \"frida_code_found\": %d,"
           " \"frida_code_has_gum\": %d, \"wrote\": %d, \"alias_wrote\": %d, \"alias_before\": %d, \"alias_after\": %d,"
-          " \"rights_released\": %d, \"names_are_not_tids\": %d, \"unheld_before\": %llu, \"unheld_after\": %llu}\n",
+          " \"rights_released\": %d, \"names_are_not_tids\": %d, \"unheld_before\": %llu, \"unheld_after\": %llu,"
+          " \"pointer_got\": [%d, %d, %d], \"pointer_busy_where\": %llu, \"called_got\": %d, \"called_busy_is_it\": %d,"
+          " \"signaled_got\": [%d, %d, %d], \"signaled_busy_is_it\": %d, \"refs_pointer\": %llu}\n",
           WIFSIGNALED (control_status), WIFSIGNALED (control_status) ? WTERMSIG (control_status) : 0, looks, inside,
           frida_held, frida_ran_stopped, frozen, patches, stopped, not_clear, n_held_min, calls_after, new_got,
           module_suspended_after_new, (unsigned long long) refs_in, (unsigned long long) refs_out, busy_got,
           (unsigned long long) busy[0], busy[1] == g_parked_port, parked_suspended_after_busy, clear_got,
           (unsigned long long) slept_us, frida_code_found, code_has_it, wrote, alias_wrote, before_alias, after_alias, refs_ok,
-          names_are_not_tids, (unsigned long long) unheld_before, (unsigned long long) unheld_after);
+          names_are_not_tids, (unsigned long long) unheld_before, (unsigned long long) unheld_after,
+          got_pointer[0], got_pointer[1], got_pointer[2], (unsigned long long) busy_pointer[0][2], got_called,
+          busy_called[1] == g_called_port, got_signaled[0], got_signaled[1], got_signaled[2],
+          busy_signaled[2][1] == g_signaled_port,
+          (unsigned long long) refs_pointer);
   return 0;
 }

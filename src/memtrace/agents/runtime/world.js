@@ -96,6 +96,7 @@ export const world = {
   mach: false,          // cmodule/world.c built with MT_DARWIN (buildWorld)
   why: 'no process CModule (cmodule/world.c) was built',   // why patches run unstopped (null: they do not)
   fridaCode: [],        // [start, end) of Frida's own code
+  signalReturns: 0,     // signal-return ranges the strict stop knows (0: every word into Frida's code counts)
   sites: new Set(),     // every address patched this session (string)
   warned: false,
   later: [],
@@ -208,6 +209,45 @@ export function fridaThreads(listTasks, buffer, listed) {
   return out;
 }
 
+/* The signal-return code a handler returns into, as [lo, hi) pointer pairs (cmodule/world.c
+ * MtWorld.signal_returns: a stack word into it means a signal frame, whose saved pc follows no
+ * call).  Linux, by its bytes -- x86-64: glibc's __restore_rt (mov $15, %rax; syscall) or musl's
+ * (mov $15, %eax; syscall) in the C library; arm64: mov x8, #139; svc #0 (the vDSO's
+ * __kernel_rt_sigreturn, or the C library's own).  Darwin: _sigtramp, which calls the handler
+ * (DEVICE-UNVERIFIED: its extent taken as 256 bytes).  [] when none is found: the strict stop then
+ * counts every word into Frida's code, as before. */
+const SIGRETURN_PATTERNS = {
+  x64: ['48 c7 c0 0f 00 00 00 0f 05', 'b8 0f 00 00 00 0f 05'],
+  arm64: ['68 11 80 d2 01 00 00 d4'],
+};
+const SIGTRAMP_BYTES = 256;
+
+function signalReturnRanges() {
+  const out = [];
+  try {
+    if (IS_DARWIN) {
+      const m = Process.findModuleByName('libsystem_platform.dylib');
+      const a = m === null ? null : m.findExportByName('_sigtramp');
+      if (a !== null)
+        out.push([a, a.add(SIGTRAMP_BYTES)]);
+      return out;
+    }
+    const patterns = SIGRETURN_PATTERNS[Process.arch] || [];
+    const where = Process.enumerateModules().filter(m => /^libc[.-]|^libc\.so|^linux-vdso|^linux-gate|^ld-musl/.test(m.name));
+    for (const m of where) {
+      for (const r of m.enumerateRanges('r-x')) {
+        for (const pattern of patterns) {
+          for (const hit of Memory.scanSync(r.base, r.size, pattern))
+            out.push([hit.address, hit.address.add(hit.size)]);
+        }
+      }
+    }
+  } catch (e) {
+    return [];     // none known: every word counts
+  }
+  return out;
+}
+
 /* The C library calls cmodule/world.c's Mach stop makes (MT_DARWIN): a CModule that compiles it
  * there is given these. */
 export const WORLD_MACH_SYMBOLS = ['mach_task_self_', 'task_threads', 'thread_suspend', 'thread_resume',
@@ -285,6 +325,14 @@ export function buildWorld(cm, mach = false) {
     world.mem.fridaRanges.add(i * 16).writePointer(lo);
     world.mem.fridaRanges.add(i * 16 + 8).writePointer(hi);
   });
+  // The strict stop's words into Frida's code: only return addresses, below any signal frame.
+  const sigret = signalReturnRanges();
+  world.mem.signalReturns = Memory.alloc(Math.max(1, sigret.length) * 16);
+  sigret.forEach(([lo, hi], i) => {
+    world.mem.signalReturns.add(i * 16).writePointer(lo);
+    world.mem.signalReturns.add(i * 16 + 8).writePointer(hi);
+  });
+  world.signalReturns = sigret.length;
   // How world.c writes code under a stop (restoreStopped): mprotect where the pages can go RWX
   // (Linux, the Mach stop over the stand-in included); on Darwin none is given and it writes
   // through a writable alias (cmodule/world.c mt_world_write_alias).
@@ -349,6 +397,7 @@ function prepare() {
     hold_tid: world.hold ? world.hold.tid : 0,
     hold_code_lo: world.hold ? world.hold.lo : 0,
     hold_code_hi: world.hold ? world.hold.hi : 0,
+    signal_returns: uint64(mem.signalReturns.toString()), n_signal_returns: world.signalReturns,
   });
   return Math.min(MAX_THREADS, listed.size);
 }
@@ -1157,6 +1206,8 @@ export function moduleCode(cm) {
 export function worldReport() {
   return Object.assign({ why: world.why, stop_by: world.stopBy, sites: world.sites.size,
     frida_code_ranges: world.fridaCode.length,
+    // signal-return code known to the strict stop (0: it counts every stack word into Frida's code)
+    signal_returns: world.signalReturns,
     // a held program: its main thread's wait in the hold library is known (its stack not searched there)
     hold_code: world.hold !== null,
     entry_ranges: world.entryCode.size, log: world.log, refused: world.refused,

@@ -1352,6 +1352,22 @@ mt_world_after_call (MtWorld * w, guint64 v)
 #endif
 }
 
+/* Whether v is the very start of one of ranges[open_from ...]: an entry only our own code calls (the
+ * trampolines the malloc hooks call the real entries through), so a stack word holding it is no
+ * reference of a thread not already inside that code -- and a page address a thread kept from
+ * mmap, the page an Interceptor trampoline's since, often is (docs/hook-storm.md, round 25). */
+static gboolean
+mt_world_open_start (guint64 v, const guint64 * ranges, guint64 open_from, guint64 n_ranges)
+{
+  guint64 r;
+  for (r = open_from; r < n_ranges; r++)
+  {
+    if (v == ranges[2 * r])
+      return TRUE;
+  }
+  return FALSE;
+}
+
 /* Whether stopped thread i points into `ranges` (a register, or a stack word from sp up, at most
  * `depth` bytes), and how: *where the register index (< MT_WORLD_REGS) or MT_WORLD_REGS + the
  * stack word's byte offset from sp, *value the value pointing in.
@@ -1366,10 +1382,12 @@ mt_world_after_call (MtWorld * w, guint64 v)
  * signal_returns: Linux x86-64's __restore_rt, arm64's __kernel_rt_sigreturn, Darwin's _sigtramp,
  * as the agent found them) is a handler's return address: a signal frame lies above it, whose
  * saved pc is wherever the thread was interrupted, after no call -- every word above counts.
- * Registers always count; with no signal-return code known, so does every word. */
+ * Registers always count; with no signal-return code known, so does every word.  `open_from`: a
+ * stack word at the very start of ranges[open_from ...] does not count (mt_world_open_start). */
 static gboolean
 mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_ranges, guint64 depth,
-    guint8 * scratch, guint64 scratch_size, gboolean returns_only, guint64 * where, guint64 * value)
+    guint8 * scratch, guint64 scratch_size, gboolean returns_only, guint64 open_from, guint64 * where,
+    guint64 * value)
 {
   const guint64 * regs = (const guint64 *) w->regs + i * MT_WORLD_REGS;
   guint64 sp = ((MtWorldThread *) w->threads)[i].sp & ~(guint64) 7;
@@ -1410,7 +1428,8 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
       guint64 v = mt_world_strip (*(guint64 *) (scratch + k));    /* arm64e: a signed return address */
       if (filter && mt_world_in (v, sigret, n_sigret))
         filter = FALSE;                /* a signal frame: every word above it counts */
-      if (mt_world_in (v, ranges, n_ranges) && (!filter || mt_world_after_call (w, v)))
+      if (mt_world_in (v, ranges, n_ranges) && !mt_world_open_start (v, ranges, open_from, n_ranges) &&
+          (!filter || mt_world_after_call (w, v)))
       {
         *where = MT_WORLD_REGS + done + k;
         *value = v;
@@ -1429,16 +1448,17 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
  * unloaded: memtrace's C module, Interceptor's trampolines) or will return into it -- a pc, a
  * register or a word of the stack from sp up (at most `depth` bytes) inside one.  Conservative:
  * a stale word on a live frame counts too (the caller then waits and asks again).  A stack that
- * cannot be read counts.  `returns_only`: see mt_world_thread_ref.
+ * cannot be read counts.  `returns_only`, `open_from`: see mt_world_thread_ref.
  */
 static guint64
 mt_world_count_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
-    guint64 scratch_size, gboolean returns_only)
+    guint64 scratch_size, gboolean returns_only, guint64 open_from)
 {
   guint64 i, n = 0, where, value;
   for (i = 0; i != w->n_threads; i++)
   {
-    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, returns_only, &where, &value))
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, returns_only, open_from, &where,
+        &value))
       n++;
   }
   return n;
@@ -1450,7 +1470,16 @@ guint64
 mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
     guint64 scratch_size)
 {
-  return mt_world_count_refs (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE);
+  return mt_world_count_refs (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE, n_ranges);
+}
+
+/* mt_world_refs where ranges[open_from ...] are entries only our own code calls: a stack word at
+ * one's very start does not count (mt_world_open_start). */
+guint64
+mt_world_refs_open (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 open_from, guint64 depth,
+    guint8 * scratch, guint64 scratch_size)
+{
+  return mt_world_count_refs (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE, open_from);
 }
 
 /*
@@ -1461,13 +1490,14 @@ mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 de
  */
 static void
 mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
-    guint64 scratch_size, gboolean returns_only, guint64 * out)
+    guint64 scratch_size, gboolean returns_only, guint64 open_from, guint64 * out)
 {
   guint64 i;
   out[0] = out[1] = out[2] = 0;
   for (i = 0; i != w->n_threads; i++)
   {
-    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, returns_only, &out[1], &out[2]))
+    if (mt_world_thread_ref (w, i, ranges, n_ranges, depth, scratch, scratch_size, returns_only, open_from, &out[1],
+        &out[2]))
     {
       out[0] = ((MtWorldThread *) w->threads)[i].tid;
       return;
@@ -1477,12 +1507,13 @@ mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint
 
 
 /* mt_world_first_ref for the agent, with the world stopped: which held thread points into `ranges`
- * (a quiesce that does not end must say which thread, and by what register or stack word). */
+ * (a quiesce that does not end must say which thread, and by what register or stack word);
+ * `open_from` as mt_world_refs_open's. */
 void
-mt_world_first_ref_of (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 depth, guint8 * scratch,
-    guint64 scratch_size, guint64 * out)
+mt_world_first_ref_of (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 open_from, guint64 depth,
+    guint8 * scratch, guint64 scratch_size, guint64 * out)
 {
-  mt_world_first_ref (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE, out);
+  mt_world_first_ref (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE, open_from, out);
 }
 
 
@@ -1606,13 +1637,13 @@ mt_world_stop_checked (MtWorld * w, const guint64 * ranges, guint64 n_ranges, gu
   }
   if (n_frida != 0)
   {
-    guint64 busy = mt_world_count_refs (w, frida, n_frida, frida_depth, scratch, scratch_size, TRUE);
+    guint64 busy = mt_world_count_refs (w, frida, n_frida, frida_depth, scratch, scratch_size, TRUE, n_frida);
     if (busy != 0)
     {
       if (n_busy != NULL)
       {
         *n_busy = busy;
-        mt_world_first_ref (w, frida, n_frida, frida_depth, scratch, scratch_size, TRUE, n_busy + 1);
+        mt_world_first_ref (w, frida, n_frida, frida_depth, scratch, scratch_size, TRUE, n_frida, n_busy + 1);
       }
       mt_world_resume (w);
       return MT_WORLD_STOP_BUSY;

@@ -204,6 +204,9 @@ def _assert_every_patch_stopped(tracer: str, run: PatchedRun) -> None:
     # Before the agent's code can be freed, no thread was left in it: process.c's (the descriptor
     # guard's mt_close, the execve hook) for every tracer, and the malloc tracer's own module.
     assert world["quiesced"] == (2 if tracer == "malloc" else 1) and world["not_quiesced"] == 0, _said(world)
+    # process.c's module quiesced from past its lead function (world.js moduleCode): a page address
+    # a storm thread kept from mmap, its pages the module's since, is no reference into the code.
+    assert world["lead_skipped"] >= 1, _said(world)
 
 
 # A cycle is a whole memtrace run (injection, agent load, hooks in, a 0.25 s window, hooks out,

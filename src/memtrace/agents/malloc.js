@@ -475,7 +475,9 @@ export const tracer = {
     mallocState.replaced = [];
     applyPatches('malloc hooks out');
     if (hadHooks) {
-      mallocState.quiesce = quiesce(ownCode(core.cm, mallocState.trampolines));
+      const code = ownCode(core.cm, mallocState.trampolines);
+      // (the trampolines last: entries only our code calls)
+      mallocState.quiesce = quiesce(code, code.length - mallocState.trampolines.length);
       if (!mallocState.quiesce.clear && mallocState.quiesce.threads !== null)
         warn(`${mallocState.quiesce.threads} thread(s) still inside memtrace's malloc hooks after ` +
           `${mallocState.quiesce.tries} looks` +

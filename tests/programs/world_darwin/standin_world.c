@@ -440,12 +440,21 @@ main (int argc, char ** argv)
   n_listed = mt_world_list_tasks (0, listed, MAX_HELD);
   got_called = mt_world_stop_checked (wc, range, 1, 400, 500, listed, n_listed, frida_code, 1, 8192, scratch, 65536,
       1, busy_called);
-  /* Code about to be freed still counts every word (mt_world_refs): the pointer's thread too. */
-  guint64 refs_pointer = ~0ULL;
+  /* Code about to be freed still counts every word (mt_world_refs): the pointer's thread too --
+   * unless the range is "open" (mt_world_refs_open: an entry only our own code calls, a
+   * trampoline) and the word is its very start; a return address inside one still counts. */
+  guint64 refs_pointer = ~0ULL, refs_pointer_open = ~0ULL, refs_called_open = ~0ULL;
+  guint64 fn_range[2] = { (guint64) mt_frida_fn, (guint64) mt_frida_fn + 1 };
   if (mt_world_stop (wp))
   {
-    refs_pointer = mt_world_refs (wp, frida_code, 1, 8192, scratch, 65536);
+    refs_pointer = mt_world_refs (wp, fn_range, 1, 8192, scratch, 65536);
+    refs_pointer_open = mt_world_refs_open (wp, fn_range, 1, 0, 8192, scratch, 65536);
     mt_world_resume (wp);
+  }
+  if (mt_world_stop (wc))
+  {
+    refs_called_open = mt_world_refs_open (wc, frida_code, 1, 0, 8192, scratch, 65536);
+    mt_world_resume (wc);
   }
   g_release_waits = 1;
   pthread_join (pointer_t, NULL);
@@ -490,7 +499,8 @@ main (int argc, char ** argv)
           " \"frida_code_has_gum\": %d, \"wrote\": %d, \"alias_wrote\": %d, \"alias_before\": %d, \"alias_after\": %d,"
           " \"rights_released\": %d, \"names_are_not_tids\": %d, \"unheld_before\": %llu, \"unheld_after\": %llu,"
           " \"pointer_got\": [%d, %d, %d], \"pointer_busy_where\": %llu, \"called_got\": %d, \"called_busy_is_it\": %d,"
-          " \"signaled_got\": [%d, %d, %d], \"signaled_busy_is_it\": %d, \"refs_pointer\": %llu}\n",
+          " \"signaled_got\": [%d, %d, %d], \"signaled_busy_is_it\": %d, \"refs_pointer\": %llu,"
+          " \"refs_pointer_open\": %llu, \"refs_called_open\": %llu}\n",
           WIFSIGNALED (control_status), WIFSIGNALED (control_status) ? WTERMSIG (control_status) : 0, looks, inside,
           frida_held, frida_ran_stopped, frozen, patches, stopped, not_clear, n_held_min, calls_after, new_got,
           module_suspended_after_new, (unsigned long long) refs_in, (unsigned long long) refs_out, busy_got,
@@ -500,6 +510,7 @@ main (int argc, char ** argv)
           got_pointer[0], got_pointer[1], got_pointer[2], (unsigned long long) busy_pointer[0][2], got_called,
           busy_called[1] == g_called_port, got_signaled[0], got_signaled[1], got_signaled[2],
           busy_signaled[2][1] == g_signaled_port,
-          (unsigned long long) refs_pointer);
+          (unsigned long long) refs_pointer, (unsigned long long) refs_pointer_open,
+          (unsigned long long) refs_called_open);
   return 0;
 }

@@ -20,7 +20,7 @@ import { IS_DARWIN, findExport, libcExport, libcModule, moduleSymbol, now } from
 import { readStruct, writeField, writeStruct } from './structs.js';
 import {
   applyPatches, buildWorld, deferPatch, fridaThreads, moduleCode, notePatched, quiesce, revertWhenStopped, world,
-  SIGSTOP_BYTES, signalStopSymbols, uninstallSignalStop, WORLD_MACH_SYMBOLS, writeWhenStopped,
+  SIGSTOP_BYTES, signalStopSymbols, TEXT_LEAD_C, uninstallSignalStop, WORLD_MACH_SYMBOLS, writeWhenStopped,
 } from './world.js';
 
 const STUB_PAGE = 4096;
@@ -391,7 +391,7 @@ export function buildProcess(config, sources) {
     defines += '#define MT_WORLD_SIGSTOP 1\n';
     Object.assign(symbols, sigstop);
   }
-  const cm = new CModule(defines + sources.join('\n'), symbols);
+  const cm = new CModule(defines + TEXT_LEAD_C + sources.join('\n'), symbols);
   if (cm.mt_sigstop_size !== undefined &&
       Number(new NativeFunction(cm.mt_sigstop_size, 'uint64', [])()) > SIGSTOP_BYTES)
     throw new Error('memtrace agent: MtSigStop outgrew its allocation');

@@ -373,10 +373,6 @@ def precompiled_module(source: str, builtin_defines: dict[str, Any], frida_versi
         return None
     cached = folder / f"cmodule-{key}.so"
     if cached.is_file():
-        # Newest is the one in use: bench/cmodule_profile.py matches perf's samples against the
-        # newest modules, and a module built once and used since would otherwise look old.
-        with contextlib.suppress(OSError):
-            os.utime(cached)
         return cached
     built = _gcc_in_headers(source, builtin_defines, headers, _MODULE_FLAGS, "module.so")
     if built is None:

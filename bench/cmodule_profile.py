@@ -10,7 +10,7 @@ the target's threads together instead of its main thread (a program whose work i
 --annotate: also the hottest instructions of one of the core's functions, as objdump shows them;
 --memtrace-option: one more argument for `memtrace malloc` (repeat it: `--memtrace-option
 --stack-threshold --memtrace-option 1099511627776` profiles tracking without stacks).  The CModule's code is
-anonymous memory to perf: its samples are matched against the host-built modules (the newest four)
+anonymous memory to perf: its samples are matched against every host-built module in the cache
 and the gcc stand-in's cached module.so files (memtrace.frida_host.gcc_cache_shim), trying each at every page-aligned load address and keeping the
 one that puts the most samples inside the hook and tracking functions.  Shares of one run are what
 to compare (the core's samples against the program's own): on a shared machine the load moves
@@ -177,8 +177,9 @@ def main() -> None:
     # The core the host built (agentbuild.precompiled_module: cmodule-KEY.so, loaded as it is), and
     # the modules the gcc stand-in kept (a core the agent compiled from the host's assembly).
     cache = Path(os.environ.get("MEMTRACE_CACHE_DIR") or Path.home() / ".cache" / "memtrace" / "agents")
-    shims = sorted(cache.glob("cmodule-*.so"), key=lambda p: -p.stat().st_mtime)[:4] + sorted(
-        cache.glob("cmodule-gcc-*/*.so"))
+    # Every one, not the newest few: a cache hit leaves its file untouched (agentbuild), so the
+    # module in use may be the oldest there, and the newest a build tried once and left.
+    shims = sorted(cache.glob("cmodule-*.so")) + sorted(cache.glob("cmodule-gcc-*/*.so"))
     fit = best_fit(anon, shims) if anon and shims else None
     who = "all threads" if all_threads else "main thread"
     kernel = sum(1 for _, _, _, ip, _ in main_rows if ip >= 1 << 63)

@@ -9,8 +9,8 @@
  *     middle of new instructions.  The agent queues its Interceptor changes, stops the world
  *     until no stopped thread's pc lies inside a prologue about to be rewritten (mt_world_stop_clear:
  *     a thread caught there is let go and caught again, which moves it on), applies them, resumes.
- *     Before memtrace's code is unloaded, mt_world_refs tells whether any thread still runs in
- *     it or will return into it.
+ *     Before memtrace's code is unloaded, mt_world_refs (mt_world_refs_open) tells whether any
+ *     thread still runs in it or will return into it.
  * Compiled into the malloc tracer's CModule (for leaks.c) and into every tracer's process CModule
  * (agents/runtime/process.js), so nothing in it may need a symbol the other lacks: it calls only
  * the C library functions both are given.
@@ -1383,7 +1383,9 @@ mt_world_open_start (guint64 v, const guint64 * ranges, guint64 open_from, guint
  * as the agent found them) is a handler's return address: a signal frame lies above it, whose
  * saved pc is wherever the thread was interrupted, after no call -- every word above counts.
  * Registers always count; with no signal-return code known, so does every word.  `open_from`: a
- * stack word at the very start of ranges[open_from ...] does not count (mt_world_open_start). */
+ * stack word at the very start of ranges[open_from ...] does not count (mt_world_open_start) --
+ * below any signal frame only, and only where signal frames can be seen: a thread interrupted at a
+ * trampoline's first instruction keeps that pc only in its signal frame, and resumes there. */
 static gboolean
 mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_ranges, guint64 depth,
     guint8 * scratch, guint64 scratch_size, gboolean returns_only, guint64 open_from, guint64 * where,
@@ -1394,7 +1396,10 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
   guint64 r, done = 0;
   const guint64 * sigret = (const guint64 *) w->signal_returns;
   guint64 n_sigret = sigret != NULL ? w->n_signal_returns : 0;
-  gboolean filter = returns_only && n_sigret != 0;
+  /* Until a signal frame is seen (a register or word into the signal-return code): the call filter
+   * (returns_only) and the open ranges' starts (open_from) apply. */
+  gboolean below_signal = n_sigret != 0;
+  gboolean filter = returns_only && below_signal;
   /* The main thread of a program at the hold point, waiting in the hold library: nothing of
    * Frida's or ours runs on it, and the words above its sp are ld.so's frames, which keep what
    * they kept -- one of them, a pointer into a mapping since freed, once lay where Frida's agent
@@ -1413,8 +1418,8 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
     }
     /* In the signal-return code (its pc, or arm64's link register in a handler's first
      * instructions): the interrupted context is on the stack, at no call. */
-    if (filter && mt_world_in (v, sigret, n_sigret))
-      filter = FALSE;
+    if (below_signal && mt_world_in (v, sigret, n_sigret))
+      below_signal = filter = FALSE;
   }
   while (sp != 0 && done < depth)
   {
@@ -1426,9 +1431,10 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
     for (k = 0; k + 8 <= (guint64) got; k += 8)
     {
       guint64 v = mt_world_strip (*(guint64 *) (scratch + k));    /* arm64e: a signed return address */
-      if (filter && mt_world_in (v, sigret, n_sigret))
-        filter = FALSE;                /* a signal frame: every word above it counts */
-      if (mt_world_in (v, ranges, n_ranges) && !mt_world_open_start (v, ranges, open_from, n_ranges) &&
+      if (below_signal && mt_world_in (v, sigret, n_sigret))
+        below_signal = filter = FALSE;  /* a signal frame: every word above it counts */
+      if (mt_world_in (v, ranges, n_ranges) &&
+          !(below_signal && mt_world_open_start (v, ranges, open_from, n_ranges)) &&
           (!filter || mt_world_after_call (w, v)))
       {
         *where = MT_WORLD_REGS + done + k;

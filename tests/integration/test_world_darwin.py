@@ -74,6 +74,10 @@ def test_patches_under_the_mach_stop_kill_nothing_that_the_running_world_does(tm
     # not one at the very start of an "open" range (an entry only our code calls: a trampoline,
     # mt_world_refs_open), while a return address inside one still does.
     assert (doc["refs_pointer"], doc["refs_pointer_open"], doc["refs_called_open"]) == (1, 0, 1), doc
+    # ... and a pc saved in a signal frame at an open range's start (where the thread resumes)
+    # counts: with no signal-return code known, and with the right one; only the control (a wrong
+    # one: the frame unseen) dismisses it.
+    assert doc["refs_saved_open"] == [1, 0, 1], doc
     # The clock: 24 MHz ticks through the 125/3 timebase, in microseconds (a 0.2 s sleep).
     assert 150_000 <= doc["slept_us"] < 30_000_000, doc
     # Frida's code found by its VM region (no /proc/self/maps on Darwin).

@@ -29,6 +29,7 @@ void gum_clear_cache (gpointer address, gsize size);
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <ucontext.h>
 
 extern guint32 mtmach_thread_self (void);
 extern int mtmach_suspend_count (guint32 thread);
@@ -121,7 +122,7 @@ __asm__ (".pushsection mt_fridacode, \"ax\", @progbits\n"
 extern void mt_frida_fn (void);
 static volatile guint32 g_pointer_port, g_called_port, g_signaled_port;
 static volatile int g_pointer_in, g_called_in, g_signaled_spin, g_signaled_in, g_release_waits;
-static volatile guint64 g_restorer;
+static volatile guint64 g_restorer, g_saved_pc;
 
 static __attribute__ ((noinline)) void
 keep_pointer (volatile guint64 * slot)
@@ -171,10 +172,12 @@ frida_code_spin_until_signaled (void)
 }
 
 static void
-on_usr2 (int sig)
+on_usr2 (int sig, siginfo_t * info, void * context)
 {
   (void) sig;
+  (void) info;
   g_restorer = (guint64) __builtin_return_address (0);    /* the signal-return code */
+  g_saved_pc = (guint64) ((ucontext_t *) context)->uc_mcontext.gregs[16];     /* x86-64's REG_RIP */
   g_signaled_in = 1;
   while (!g_release_waits)
     usleep (1000);
@@ -407,7 +410,11 @@ main (int argc, char ** argv)
    * threads are), with no signal-return code known (every word counts), with a wrong one (the
    * signal frame unseen: its saved pc dismissed -- the control), and with the right one. */
   pthread_t pointer_t, called_t, signaled_t;
-  signal (SIGUSR2, on_usr2);
+  struct sigaction usr2;
+  memset (&usr2, 0, sizeof (usr2));
+  usr2.sa_sigaction = on_usr2;
+  usr2.sa_flags = SA_SIGINFO;
+  sigaction (SIGUSR2, &usr2, NULL);
   pthread_create (&pointer_t, NULL, pointer_thread, NULL);
   pthread_create (&called_t, NULL, called_thread, NULL);
   pthread_create (&signaled_t, NULL, signaled_thread, NULL);
@@ -456,6 +463,19 @@ main (int argc, char ** argv)
     refs_called_open = mt_world_refs_open (wc, frida_code, 1, 0, 8192, scratch, 65536);
     mt_world_resume (wc);
   }
+  /* A pc saved in a signal frame at an open range's very start is where the thread resumes: it
+   * counts -- once the frame is seen (none known: no start is exempt; a wrong one: the control). */
+  guint64 saved_pc_range[2] = { g_saved_pc, g_saved_pc + 1 }, refs_saved_open[3] = { ~0ULL, ~0ULL, ~0ULL };
+  for (int known = 0; known < 3; known++)
+  {
+    ws->signal_returns = (guint64) (known == 2 ? restorer : elsewhere);
+    ws->n_signal_returns = known == 0 ? 0 : 1;
+    if (mt_world_stop (ws))
+    {
+      refs_saved_open[known] = mt_world_refs_open (ws, saved_pc_range, 1, 0, 8192, scratch, 65536);
+      mt_world_resume (ws);
+    }
+  }
   g_release_waits = 1;
   pthread_join (pointer_t, NULL);
   pthread_join (called_t, NULL);
@@ -500,7 +520,7 @@ main (int argc, char ** argv)
           " \"rights_released\": %d, \"names_are_not_tids\": %d, \"unheld_before\": %llu, \"unheld_after\": %llu,"
           " \"pointer_got\": [%d, %d, %d], \"pointer_busy_where\": %llu, \"called_got\": %d, \"called_busy_is_it\": %d,"
           " \"signaled_got\": [%d, %d, %d], \"signaled_busy_is_it\": %d, \"refs_pointer\": %llu,"
-          " \"refs_pointer_open\": %llu, \"refs_called_open\": %llu}\n",
+          " \"refs_pointer_open\": %llu, \"refs_called_open\": %llu, \"refs_saved_open\": [%llu, %llu, %llu]}\n",
           WIFSIGNALED (control_status), WIFSIGNALED (control_status) ? WTERMSIG (control_status) : 0, looks, inside,
           frida_held, frida_ran_stopped, frozen, patches, stopped, not_clear, n_held_min, calls_after, new_got,
           module_suspended_after_new, (unsigned long long) refs_in, (unsigned long long) refs_out, busy_got,
@@ -511,6 +531,7 @@ main (int argc, char ** argv)
           busy_called[1] == g_called_port, got_signaled[0], got_signaled[1], got_signaled[2],
           busy_signaled[2][1] == g_signaled_port,
           (unsigned long long) refs_pointer, (unsigned long long) refs_pointer_open,
-          (unsigned long long) refs_called_open);
+          (unsigned long long) refs_called_open, (unsigned long long) refs_saved_open[0],
+          (unsigned long long) refs_saved_open[1], (unsigned long long) refs_saved_open[2]);
   return 0;
 }

@@ -29,7 +29,8 @@
  *      before the next flush.  docs/domain/frida.md has the frida-gum source behind this.
  *   3. Before the malloc tracer's C module can be freed, quiesce() stops the world until no
  *      thread runs in it or will return into it (its pc, a register or a word of its stack
- *      pointing into the module or into Interceptor's trampolines).
+ *      pointing into the module or into Interceptor's trampolines -- but for a word at a
+ *      trampoline's very first byte, below any signal frame: cmodule/world.c mt_world_open_start).
  *
  * Deadlock-freedom, from the JavaScript side: every call into world.c is a NativeFunction with
  * `exclusive` scheduling, so this thread keeps the script's lock (no stopped thread can be holding
@@ -212,41 +213,104 @@ export function fridaThreads(listTasks, buffer, listed) {
 
 /* The signal-return code a handler returns into, as [lo, hi) pointer pairs (cmodule/world.c
  * MtWorld.signal_returns: a stack word into it means a signal frame, whose saved pc follows no
- * call).  Linux, by its bytes -- x86-64: glibc's __restore_rt (mov $15, %rax; syscall) or musl's
- * (mov $15, %eax; syscall) in the C library; arm64: mov x8, #139; svc #0 (the vDSO's
- * __kernel_rt_sigreturn, or the C library's own).  Darwin: _sigtramp, which calls the handler
+ * call).  Linux, by its bytes -- x86-64: glibc's and musl's __restore_rt (mov $15, %rax; syscall;
+ * and the mov $15, %eax form) in the C library; arm64: mov x8, #139; svc #0 (the vDSO's
+ * __kernel_rt_sigreturn, or the C library's own) -- and, on x86-64, where the kernel says
+ * every installed handler returns (its sa_restorer, required there: a Go runtime's or a
+ * sanitizer's own restorer is found so).  Darwin: _sigtramp, which calls the handler
  * (DEVICE-UNVERIFIED: its extent taken as 256 bytes).  [] when none is found: the strict stop then
- * counts every word into Frida's code, as before. */
+ * counts every word into Frida's code, and the quiesce every word into a trampoline, as before.
+ * Read again before each stop sequence (refreshSignalReturns): a handler installed since may
+ * return elsewhere. */
 const SIGRETURN_PATTERNS = {
   x64: ['48 c7 c0 0f 00 00 00 0f 05', 'b8 0f 00 00 00 0f 05'],
   arm64: ['68 11 80 d2 01 00 00 d4'],
 };
 const SIGTRAMP_BYTES = 256;
+const SIGRETURN_BYTES = 16;
+const SIGRETURN_MAX = 64;           // ranges kept (mem.signalReturns' room)
+const NSIG_LINUX = 64;
+const SA_RESTORER = 0x04000000;
+const SYS_RT_SIGACTION_X64 = 13;
+
+let libcSigreturns = null;          // the byte-pattern hits, found once
+
+function patternSignalReturns() {
+  if (libcSigreturns !== null)
+    return libcSigreturns;
+  const out = [];
+  const patterns = SIGRETURN_PATTERNS[Process.arch] || [];
+  const where = Process.enumerateModules().filter(m => /^libc[.-]|^libc\.so|^linux-vdso|^linux-gate|^ld-musl/.test(m.name));
+  for (const m of where) {
+    for (const r of m.enumerateRanges('r-x')) {
+      for (const pattern of patterns) {
+        for (const hit of Memory.scanSync(r.base, r.size, pattern))
+          out.push([hit.address, hit.address.add(hit.size)]);
+      }
+    }
+  }
+  libcSigreturns = out;
+  return out;
+}
+
+/* x86-64 Linux: the restorer of every signal with a handler, as the kernel keeps it (a raw
+ * rt_sigaction: the C library's wrapper reports its own restorer whatever was installed).
+ * null when a handler's cannot be read (the list is then not to be trusted). */
+function handlerSignalReturns() {
+  if (Process.arch !== 'x64' || world.fns === null || world.fns.syscall === null)
+    return [];
+  const act = world.mem.sigaction;     // struct kernel_sigaction: handler, flags, restorer, mask
+  const out = [];
+  for (let sig = 1; sig <= NSIG_LINUX; sig++) {
+    if (sig === 9 || sig === 19)
+      continue;                        // SIGKILL, SIGSTOP: no handler
+    if (Number(world.fns.syscall(SYS_RT_SIGACTION_X64, sig, NULL, act, 8)) !== 0)
+      continue;                        // (32, 33: glibc's own, still readable; an unknown one)
+    const handler = act.readPointer();
+    if (handler.compare(ptr(1)) <= 0)
+      continue;                        // SIG_DFL, SIG_IGN
+    const flags = act.add(8).readU64().toNumber();
+    const restorer = act.add(16).readPointer();
+    if ((flags & SA_RESTORER) === 0 || restorer.isNull())
+      return null;                     // returns where we cannot see (the kernel would refuse it on x86-64)
+    if (!out.some(([lo]) => lo.equals(restorer)))
+      out.push([restorer, restorer.add(SIGRETURN_BYTES)]);
+  }
+  return out;
+}
 
 function signalReturnRanges() {
-  const out = [];
   try {
     if (IS_DARWIN) {
       const m = Process.findModuleByName('libsystem_platform.dylib');
       const a = m === null ? null : m.findExportByName('_sigtramp');
-      if (a !== null)
-        out.push([a, a.add(SIGTRAMP_BYTES)]);
-      return out;
+      return a === null ? [] : [[a, a.add(SIGTRAMP_BYTES)]];
     }
-    const patterns = SIGRETURN_PATTERNS[Process.arch] || [];
-    const where = Process.enumerateModules().filter(m => /^libc[.-]|^libc\.so|^linux-vdso|^linux-gate|^ld-musl/.test(m.name));
-    for (const m of where) {
-      for (const r of m.enumerateRanges('r-x')) {
-        for (const pattern of patterns) {
-          for (const hit of Memory.scanSync(r.base, r.size, pattern))
-            out.push([hit.address, hit.address.add(hit.size)]);
-        }
-      }
+    const handlers = handlerSignalReturns();
+    if (handlers === null)
+      return [];
+    const out = patternSignalReturns().slice();
+    for (const r of handlers) {
+      if (!out.some(([lo, hi]) => r[0].compare(lo) >= 0 && r[0].compare(hi) < 0))
+        out.push(r);
     }
+    return out.length > SIGRETURN_MAX ? [] : out;
   } catch (e) {
     return [];     // none known: every word counts
   }
-  return out;
+}
+
+/* The signal-return ranges into mem.signalReturns, for the stops that follow (prepare writes them
+ * into each MtWorld). */
+function refreshSignalReturns() {
+  if (world.mem === null || world.mem.signalReturns === undefined)
+    return;
+  const sigret = signalReturnRanges();
+  sigret.forEach(([lo, hi], i) => {
+    world.mem.signalReturns.add(i * 16).writePointer(lo);
+    world.mem.signalReturns.add(i * 16 + 8).writePointer(hi);
+  });
+  world.signalReturns = sigret.length;
 }
 
 /* The C library calls cmodule/world.c's Mach stop makes (MT_DARWIN): a CModule that compiles it
@@ -292,6 +356,10 @@ export function buildWorld(cm, mach = false) {
   // The strict stop's back-off: libc's usleep, exclusive (the script's lock is kept: see FRIDA_MS).
   const usleep = Module.findGlobalExportByName('usleep');
   fns.pause = usleep === null ? null : new NativeFunction(usleep, 'int', ['uint'], { scheduling: 'exclusive' });
+  // The handlers' restorers (handlerSignalReturns): rt_sigaction, raw.
+  const syscall = IS_DARWIN ? null : Module.findGlobalExportByName('syscall');
+  fns.syscall = syscall === null ? null
+    : new NativeFunction(syscall, 'long', ['long', '...', 'long', 'pointer', 'pointer', 'long'], { scheduling: 'exclusive' });
   if (!mach && fns.seccomp(Process.id) === 1) {
     // No clone(CLONE_VM) helper under a filter that may trap it: the signal stop instead, where
     // this module has one (cmodule/world.c MT_WORLD_SIGSTOP), else the world runs.
@@ -328,13 +396,9 @@ export function buildWorld(cm, mach = false) {
     world.mem.fridaRanges.add(i * 16 + 8).writePointer(hi);
   });
   // The strict stop's words into Frida's code: only return addresses, below any signal frame.
-  const sigret = signalReturnRanges();
-  world.mem.signalReturns = Memory.alloc(Math.max(1, sigret.length) * 16);
-  sigret.forEach(([lo, hi], i) => {
-    world.mem.signalReturns.add(i * 16).writePointer(lo);
-    world.mem.signalReturns.add(i * 16 + 8).writePointer(hi);
-  });
-  world.signalReturns = sigret.length;
+  world.mem.signalReturns = Memory.alloc(SIGRETURN_MAX * 16);
+  world.mem.sigaction = Memory.alloc(64);
+  refreshSignalReturns();
   // How world.c writes code under a stop (restoreStopped): mprotect where the pages can go RWX
   // (Linux, the Mach stop over the stand-in included); on Darwin none is given and it writes
   // through a writable alias (cmodule/world.c mt_world_write_alias).
@@ -431,6 +495,7 @@ function stopOnce(n, strict, resumeNow = false) {
  * registry, the agent spinning.  A strict stop that stays busy for `budgetMs` is NOT kept: false,
  * with world.busy saying so (the world is running again). */
 function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
+  refreshSignalReturns();
   let timeouts = 0;
   let newThreads = 0;
   let inFrida = 0;
@@ -1194,15 +1259,16 @@ export function retireFridaKeyDestructors() {
 
 /* The first function of a CModule compiled from source (TinyCC lays functions out in source
  * order: process.js buildProcess puts this first): nothing calls it or takes its address, so no
- * live reference points at the module's first bytes -- where stale words do.  A program thread
+ * live reference points at the module's first byte -- where stale words do.  A program thread
  * that keeps a page address mmap gave it, the pages unmapped since and given to the module, holds
- * a word equal to the module's start: quiesce waited its 3 s for it, in ~2 % of the hook-storm
- * tests' runs (docs/hook-storm.md, round 25).  moduleCode starts the range past it. */
+ * a word equal to the module's start: quiesce waited its 3 s for it, in ~1 % of the hook-storm
+ * tests' runs (docs/hook-storm.md, round 25).  moduleCode starts the range one byte on (not at the
+ * next exported symbol: TinyCC exports no static function, and those after the lead stay in). */
 export const TEXT_LEAD_C = 'void mt_text_lead (void) { }\n';
 
 /* The code of a CModule `cm` as [start, end) pairs, for quiesce(): TinyCC's section bounds (Frida
  * hides the module's pages from Process's ranges); without them its functions' span, a page on.
- * A range that begins with TEXT_LEAD_C's function begins after it instead. */
+ * A range that begins with TEXT_LEAD_C's function begins one byte on instead. */
 export function moduleCode(cm) {
   const addrs = Object.keys(cm).map(k => cm[k]).filter(p => p instanceof NativePointer && !p.isNull());
   let lo;
@@ -1226,16 +1292,8 @@ export function moduleCode(cm) {
   }
   const lead = cm.mt_text_lead;
   if (lead instanceof NativePointer && lead.equals(lo)) {
-    // The next symbol up is where the module's callable code starts.
-    let next = null;
-    for (const p of addrs) {
-      if (p.compare(lead) > 0 && p.compare(hi) < 0 && (next === null || p.compare(next) < 0))
-        next = p;
-    }
-    if (next !== null) {
-      world.stats.lead_skipped++;
-      lo = next;
-    }
+    world.stats.lead_skipped++;
+    lo = lead.add(1);
   }
   return [[lo, hi]];
 }

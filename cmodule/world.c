@@ -1480,12 +1480,14 @@ mt_world_refs (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 de
 }
 
 /* mt_world_refs where ranges[open_from ...] are entries only our own code calls: a stack word at
- * one's very start does not count (mt_world_open_start). */
+ * one's very start does not count (mt_world_open_start); `returns_only`: code no program thread
+ * calls through a pointer it keeps (process.c's, on Linux), where a stack word counts only as a
+ * return address, as in the strict stop (mt_world_thread_ref). */
 guint64
-mt_world_refs_open (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 open_from, guint64 depth,
-    guint8 * scratch, guint64 scratch_size)
+mt_world_refs_open (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 open_from, guint64 returns_only,
+    guint64 depth, guint8 * scratch, guint64 scratch_size)
 {
-  return mt_world_count_refs (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE, open_from);
+  return mt_world_count_refs (w, ranges, n_ranges, depth, scratch, scratch_size, returns_only != 0, open_from);
 }
 
 /*
@@ -1514,12 +1516,12 @@ mt_world_first_ref (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint
 
 /* mt_world_first_ref for the agent, with the world stopped: which held thread points into `ranges`
  * (a quiesce that does not end must say which thread, and by what register or stack word);
- * `open_from` as mt_world_refs_open's. */
+ * `open_from`, `returns_only` as mt_world_refs_open's. */
 void
-mt_world_first_ref_of (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 open_from, guint64 depth,
-    guint8 * scratch, guint64 scratch_size, guint64 * out)
+mt_world_first_ref_of (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guint64 open_from,
+    guint64 returns_only, guint64 depth, guint8 * scratch, guint64 scratch_size, guint64 * out)
 {
-  mt_world_first_ref (w, ranges, n_ranges, depth, scratch, scratch_size, FALSE, open_from, out);
+  mt_world_first_ref (w, ranges, n_ranges, depth, scratch, scratch_size, returns_only != 0, open_from, out);
 }
 
 

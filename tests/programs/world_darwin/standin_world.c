@@ -455,13 +455,27 @@ main (int argc, char ** argv)
   if (mt_world_stop (wp))
   {
     refs_pointer = mt_world_refs (wp, fn_range, 1, 8192, scratch, 65536);
-    refs_pointer_open = mt_world_refs_open (wp, fn_range, 1, 0, 8192, scratch, 65536);
+    refs_pointer_open = mt_world_refs_open (wp, fn_range, 1, 0, 0, 8192, scratch, 65536);
     mt_world_resume (wp);
   }
   if (mt_world_stop (wc))
   {
-    refs_called_open = mt_world_refs_open (wc, frida_code, 1, 0, 8192, scratch, 65536);
+    refs_called_open = mt_world_refs_open (wc, frida_code, 1, 0, 0, 8192, scratch, 65536);
     mt_world_resume (wc);
+  }
+  /* The quiesce with return addresses only (process.c's module): the pointer's thread does not
+   * count, the caller's return address and the signal frame's saved pc do. */
+  guint64 refs_returns[3] = { ~0ULL, ~0ULL, ~0ULL };
+  MtWorld * rw[3] = { wp, wc, ws };
+  for (int t = 0; t < 3; t++)
+  {
+    rw[t]->signal_returns = (guint64) restorer;
+    rw[t]->n_signal_returns = 1;
+    if (mt_world_stop (rw[t]))
+    {
+      refs_returns[t] = mt_world_refs_open (rw[t], frida_code, 1, 1, 1, 8192, scratch, 65536);
+      mt_world_resume (rw[t]);
+    }
   }
   /* A pc saved in a signal frame at an open range's very start is where the thread resumes: it
    * counts -- once the frame is seen (none known: no start is exempt; a wrong one: the control). */
@@ -472,7 +486,7 @@ main (int argc, char ** argv)
     ws->n_signal_returns = known == 0 ? 0 : 1;
     if (mt_world_stop (ws))
     {
-      refs_saved_open[known] = mt_world_refs_open (ws, saved_pc_range, 1, 0, 8192, scratch, 65536);
+      refs_saved_open[known] = mt_world_refs_open (ws, saved_pc_range, 1, 0, 0, 8192, scratch, 65536);
       mt_world_resume (ws);
     }
   }
@@ -520,7 +534,8 @@ main (int argc, char ** argv)
           " \"rights_released\": %d, \"names_are_not_tids\": %d, \"unheld_before\": %llu, \"unheld_after\": %llu,"
           " \"pointer_got\": [%d, %d, %d], \"pointer_busy_where\": %llu, \"called_got\": %d, \"called_busy_is_it\": %d,"
           " \"signaled_got\": [%d, %d, %d], \"signaled_busy_is_it\": %d, \"refs_pointer\": %llu,"
-          " \"refs_pointer_open\": %llu, \"refs_called_open\": %llu, \"refs_saved_open\": [%llu, %llu, %llu]}\n",
+          " \"refs_pointer_open\": %llu, \"refs_called_open\": %llu, \"refs_saved_open\": [%llu, %llu, %llu],"
+          " \"refs_returns\": [%llu, %llu, %llu]}\n",
           WIFSIGNALED (control_status), WIFSIGNALED (control_status) ? WTERMSIG (control_status) : 0, looks, inside,
           frida_held, frida_ran_stopped, frozen, patches, stopped, not_clear, n_held_min, calls_after, new_got,
           module_suspended_after_new, (unsigned long long) refs_in, (unsigned long long) refs_out, busy_got,
@@ -532,6 +547,8 @@ main (int argc, char ** argv)
           busy_signaled[2][1] == g_signaled_port,
           (unsigned long long) refs_pointer, (unsigned long long) refs_pointer_open,
           (unsigned long long) refs_called_open, (unsigned long long) refs_saved_open[0],
-          (unsigned long long) refs_saved_open[1], (unsigned long long) refs_saved_open[2]);
+          (unsigned long long) refs_saved_open[1], (unsigned long long) refs_saved_open[2],
+          (unsigned long long) refs_returns[0], (unsigned long long) refs_returns[1],
+          (unsigned long long) refs_returns[2]);
   return 0;
 }

@@ -340,9 +340,9 @@ export function buildWorld(cm, mach = false) {
   const fns = {
     resume: exclusive(cm, 'mt_world_resume', 'void', ['pointer']),
     refs: exclusive(cm, 'mt_world_refs_open', 'uint64',
-      ['pointer', 'pointer', 'uint64', 'uint64', 'uint64', 'pointer', 'uint64']),
+      ['pointer', 'pointer', 'uint64', 'uint64', 'uint64', 'uint64', 'pointer', 'uint64']),
     firstRef: exclusive(cm, 'mt_world_first_ref_of', 'void',
-      ['pointer', 'pointer', 'uint64', 'uint64', 'uint64', 'pointer', 'uint64', 'pointer']),
+      ['pointer', 'pointer', 'uint64', 'uint64', 'uint64', 'uint64', 'pointer', 'uint64', 'pointer']),
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
     pc: exclusive(cm, 'mt_world_pc', 'uint64', ['pointer', 'uint64']),
@@ -1166,10 +1166,12 @@ function restoreStopped(sites, what) {
  * Waits (bounded) until no thread of the target runs in `ranges` ([start, end) NativePointer
  * pairs: code about to be freed) or will return into it.  Call with every hook into that code
  * already out.  ranges[openFrom ...] are entries only our own code calls (trampolines): a stack
- * word at one's very start is no reference (cmodule/world.c mt_world_open_start).  Returns
- * { clear, tries, threads } (threads: still referring at the last look).
+ * word at one's very start is no reference (cmodule/world.c mt_world_open_start).  `returnsOnly`:
+ * code no program thread calls through a pointer it keeps -- a stack word counts only as a return
+ * address (below any signal frame), as in the strict stop.  Returns { clear, tries, threads }
+ * (threads: still referring at the last look).
  */
-export function quiesce(ranges, openFrom = ranges.length) {
+export function quiesce(ranges, openFrom = ranges.length, returnsOnly = false) {
   if (world.fns === null || ranges.length === 0)
     return { clear: false, tries: 0, threads: null, why: world.why };
   if (world.alone) {
@@ -1186,12 +1188,12 @@ export function quiesce(ranges, openFrom = ranges.length) {
     // asked from JavaScript while the world is stopped.
     if (stopClear([], true, 0)) {
       const n = writeRanges(ranges);
-      threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, openFrom, REFS_DEPTH, world.mem.scratch,
-        SCRATCH));
+      threads = Number(world.fns.refs(world.mem.world, world.mem.ranges, n, openFrom, returnsOnly ? 1 : 0, REFS_DEPTH,
+        world.mem.scratch, SCRATCH));
       // Which thread, and by what (read still stopped, said once the world runs: busyThread).
       if (threads !== 0)
-        world.fns.firstRef(world.mem.world, world.mem.ranges, n, openFrom, REFS_DEPTH, world.mem.scratch, SCRATCH,
-          world.mem.busy.add(8));
+        world.fns.firstRef(world.mem.world, world.mem.ranges, n, openFrom, returnsOnly ? 1 : 0, REFS_DEPTH,
+          world.mem.scratch, SCRATCH, world.mem.busy.add(8));
       world.fns.resume(world.mem.world);
       if (threads === 0) {
         world.stats.quiesced++;
@@ -1278,16 +1280,13 @@ export function retireFridaKeyDestructors() {
  * live reference points at the module's first byte -- where stale words do.  A program thread
  * that keeps a page address mmap gave it, the pages unmapped since and given to the module, holds
  * a word equal to the module's start: quiesce waited its 3 s for it, in ~1 % of the hook-storm
- * tests' runs (docs/hook-storm.md, round 25).  moduleCode starts the range at the next exported
- * symbol, as it did before the lead (from the lowest function TinyCC exports): the static
- * functions laid out before it (world.c's first ~1,000 lines) stay outside the range, as they
- * always were -- taking them in made 3 of ~156 storm runs wait on a word 0x38a8 into them, not
- * yet explained (docs/hook-storm.md, round 25's review). */
+ * tests' runs (docs/hook-storm.md, round 25).  moduleCode starts the range one byte on (not at the
+ * next exported symbol: TinyCC exports no static function, and those after the lead stay in). */
 export const TEXT_LEAD_C = 'void mt_text_lead (void) { }\n';
 
 /* The code of a CModule `cm` as [start, end) pairs, for quiesce(): TinyCC's section bounds (Frida
  * hides the module's pages from Process's ranges); without them its functions' span, a page on.
- * A range that begins with TEXT_LEAD_C's function begins at the next exported symbol instead. */
+ * A range that begins with TEXT_LEAD_C's function begins one byte on instead. */
 export function moduleCode(cm) {
   const addrs = Object.keys(cm).map(k => cm[k]).filter(p => p instanceof NativePointer && !p.isNull());
   let lo;
@@ -1311,15 +1310,8 @@ export function moduleCode(cm) {
   }
   const lead = cm.mt_text_lead;
   if (lead instanceof NativePointer && lead.equals(lo)) {
-    let next = null;
-    for (const p of addrs) {
-      if (p.compare(lead) > 0 && p.compare(hi) < 0 && (next === null || p.compare(next) < 0))
-        next = p;
-    }
-    if (next !== null) {
-      world.stats.lead_skipped++;
-      lo = next;
-    }
+    world.stats.lead_skipped++;
+    lo = lead.add(1);
   }
   return [[lo, hi]];
 }

@@ -1312,34 +1312,33 @@ mt_world_stop_clear (MtWorld * w, const guint64 * ranges, guint64 n_ranges, guin
 }
 
 /*
- * Whether code address v can be a return address: the bytes before it end with a call.  Liberal:
- * bytes that could end some call count (only a word that is no return address at all is told
- * apart), as does a word whose bytes cannot be read.  x86-64: E8 rel32, or FF /2 (an indirect
- * call: ModRM reg field 2) starting 2 to 9 bytes back, prefixes and all; arm64: BL, BLR and the
- * authenticating BLRA*.
+ * Whether the bytes before code address v end with a call: 1, 0, or -1 when they cannot be read
+ * (or the architecture is not known here).  x86-64: E8 rel32, or FF /2 (an indirect call: ModRM
+ * reg field 2) starting 2 to 9 bytes back, prefixes and all; arm64: BL, BLR and the
+ * authenticating BLRA*.  Liberal: bytes that could end some call count.
  */
-static gboolean
-mt_world_after_call (MtWorld * w, guint64 v)
+static gint
+mt_world_call_before (MtWorld * w, guint64 v)
 {
 #if defined (__x86_64__) || defined (__aarch64__)
   guint8 b[16];
   guint k;
   if (v < sizeof (b) || mt_world_read (w, v - sizeof (b), b, sizeof (b)) != (gssize) sizeof (b))
-    return TRUE;
+    return -1;
 # if defined (__x86_64__)
   if (b[16 - 5] == 0xe8)
-    return TRUE;
+    return 1;
   for (k = 2; k <= 9; k++)
   {
     if (b[16 - k] == 0xff && ((b[16 - k + 1] >> 3) & 7) == 2)
-      return TRUE;
+      return 1;
   }
-  return FALSE;
+  return 0;
 # else
   {
     guint32 insn = (guint32) b[12] | ((guint32) b[13] << 8) | ((guint32) b[14] << 16) | ((guint32) b[15] << 24);
     if ((v & 3) != 0)
-      return FALSE;                    /* no arm64 instruction starts there */
+      return 0;                        /* no arm64 instruction starts there */
     (void) k;
     return (insn & 0xfc000000u) == 0x94000000u      /* BL */
         || (insn & 0xfefff000u) == 0xd63f0000u;     /* BLR, BLRAA(Z), BLRAB(Z) */
@@ -1348,8 +1347,24 @@ mt_world_after_call (MtWorld * w, guint64 v)
 #else
   (void) w;
   (void) v;
-  return TRUE;
+  return -1;
 #endif
+}
+
+/* Whether code address v can be a return address: only a word that is no return address at all
+ * is told apart -- one whose bytes cannot be read counts. */
+static gboolean
+mt_world_after_call (MtWorld * w, guint64 v)
+{
+  return mt_world_call_before (w, v) != 0;
+}
+
+/* mt_world_call_before for the agent's messages (world.js busyThread: a return address, or a
+ * pointer to code?). */
+gint64
+mt_world_follows_call (MtWorld * w, guint64 v)
+{
+  return mt_world_call_before (w, v);
 }
 
 /* Whether v is the very start of one of ranges[open_from ...]: an entry only our own code calls (the

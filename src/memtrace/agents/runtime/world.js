@@ -220,8 +220,9 @@ export function fridaThreads(listTasks, buffer, listed) {
  * sanitizer's own restorer is found so).  Darwin: _sigtramp, which calls the handler
  * (DEVICE-UNVERIFIED: its extent taken as 256 bytes).  [] when none is found: the strict stop then
  * counts every word into Frida's code, and the quiesce every word into a trampoline, as before.
- * Read again before each stop sequence (refreshSignalReturns): a handler installed since may
- * return elsewhere. */
+ * Read again at the start of each stop sequence (applyPatches, drain, quiesce, the key
+ * destructors' retirement: refreshSignalReturns), not at each of its stops: a handler installed
+ * since may return elsewhere. */
 const SIGRETURN_PATTERNS = {
   x64: ['48 c7 c0 0f 00 00 00 0f 05', 'b8 0f 00 00 00 0f 05'],
   arm64: ['68 11 80 d2 01 00 00 d4'],
@@ -305,12 +306,7 @@ function signalReturnRanges() {
 function refreshSignalReturns() {
   if (world.mem === null || world.mem.signalReturns === undefined)
     return;
-  const sigret = signalReturnRanges();
-  sigret.forEach(([lo, hi], i) => {
-    world.mem.signalReturns.add(i * 16).writePointer(lo);
-    world.mem.signalReturns.add(i * 16 + 8).writePointer(hi);
-  });
-  world.signalReturns = sigret.length;
+  world.signalReturns = writePairs(world.mem.signalReturns, signalReturnRanges());
 }
 
 /* The C library calls cmodule/world.c's Mach stop makes (MT_DARWIN): a CModule that compiles it
@@ -346,6 +342,7 @@ export function buildWorld(cm, mach = false) {
     listTasks: exclusive(cm, 'mt_world_list_tasks', 'uint64', ['uint64', 'pointer', 'uint64']),
     seccomp: exclusive(cm, 'mt_world_seccomp', 'int', ['uint64']),
     pc: exclusive(cm, 'mt_world_pc', 'uint64', ['pointer', 'uint64']),
+    followsCall: exclusive(cm, 'mt_world_follows_call', 'int64', ['pointer', 'pointer']),
     unheld: exclusive(cm, 'mt_world_unheld', 'uint64', ['pointer']),
     // Stop, then check in C before any JavaScript runs (cmodule/world.c says why).
     stopChecked: exclusive(cm, 'mt_world_stop_checked', 'int', ['pointer', 'pointer', 'uint64', 'uint64', 'uint64',
@@ -391,10 +388,7 @@ export function buildWorld(cm, mach = false) {
     world.stopBy = 'mach (task_threads, thread_suspend)';
   world.fridaCode = mach ? machFridaCode(cm) : fridaCodeRanges();
   world.mem.fridaRanges = Memory.alloc(Math.max(1, world.fridaCode.length) * 16);
-  world.fridaCode.forEach(([lo, hi], i) => {
-    world.mem.fridaRanges.add(i * 16).writePointer(lo);
-    world.mem.fridaRanges.add(i * 16 + 8).writePointer(hi);
-  });
+  writePairs(world.mem.fridaRanges, world.fridaCode);
   // The strict stop's words into Frida's code: only return addresses, below any signal frame.
   world.mem.signalReturns = Memory.alloc(SIGRETURN_MAX * 16);
   world.mem.sigaction = Memory.alloc(64);
@@ -495,7 +489,6 @@ function stopOnce(n, strict, resumeNow = false) {
  * registry, the agent spinning.  A strict stop that stays busy for `budgetMs` is NOT kept: false,
  * with world.busy saying so (the world is running again). */
 function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
-  refreshSignalReturns();
   let timeouts = 0;
   let newThreads = 0;
   let inFrida = 0;
@@ -541,6 +534,13 @@ function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
 // (ptrace), or Darwin's x86_THREAD_STATE64 (the Mach stop).
 const X64_REGS = ['r15', 'r14', 'r13', 'r12', 'rbp', 'rbx', 'r11', 'r10', 'r9', 'r8', 'rax', 'rcx', 'rdx', 'rsi',
   'rdi', 'orig_rax', 'rip', 'cs', 'eflags', 'rsp', 'ss', 'fs_base', 'gs_base', 'ds', 'es', 'fs', 'gs'];
+/* Whether the bytes before code address v end with a call (cmodule/world.c mt_world_follows_call,
+ * the check the stops make), for the evidence: a return address, or a pointer to code. */
+function followsCall(v) {
+  const got = Number(world.fns.followsCall(world.mem.world, v));
+  return got < 0 ? '' : got === 1 ? ', after a call' : ', after no call';
+}
+
 const X64_MACH_REGS = ['rax', 'rbx', 'rcx', 'rdx', 'rdi', 'rsi', 'rbp', 'rsp', 'r8', 'r9', 'r10', 'r11', 'r12', 'r13',
   'r14', 'r15', 'rip', 'rflags', 'cs', 'fs', 'gs'];
 
@@ -548,22 +548,6 @@ const X64_MACH_REGS = ['rax', 'rbx', 'rcx', 'rdx', 'rdi', 'rsi', 'rbp', 'rsp', '
  * in (a register, or a stack word at sp + offset) and where to (Frida's symbol).  Called with the
  * world running again (a JavaScript value may be made).  Without it a refusal cannot tell Frida's
  * own bootstrap from a program thread parked in a listener. */
-/* Whether the bytes before code address v end with a call (x86-64: as cmodule/world.c
- * mt_world_after_call reads them), for the evidence: a return address, or a pointer to code. */
-function followsCall(v) {
-  if (Process.arch !== 'x64')
-    return '';
-  try {
-    const b = new Uint8Array(v.sub(16).readByteArray(16));
-    let call = b[11] === 0xe8;
-    for (let k = 2; k <= 9 && !call; k++)
-      call = b[16 - k] === 0xff && ((b[16 - k + 1] >> 3) & 7) === 2;
-    return call ? ', after a call' : ', after no call';
-  } catch (e) {
-    return '';
-  }
-}
-
 function busyThread(ranges = null) {
   const b = world.mem.busy;
   const tid = Number(b.add(8).readU64());
@@ -687,12 +671,16 @@ function readError() {
 
 /* [start, end) pairs into the ranges buffer; returns how many. */
 function writeRanges(ranges) {
-  const n = Math.min(ranges.length, 4096);
-  for (let i = 0; i < n; i++) {
-    world.mem.ranges.add(i * 16).writePointer(ranges[i][0]);
-    world.mem.ranges.add(i * 16 + 8).writePointer(ranges[i][1]);
-  }
-  return n;
+  return writePairs(world.mem.ranges, ranges.slice(0, 4096));
+}
+
+/* [lo, hi) pairs into buf as u64 pairs (world.c's ranges); how many. */
+function writePairs(buf, pairs) {
+  pairs.forEach(([lo, hi], i) => {
+    buf.add(i * 16).writePointer(lo);
+    buf.add(i * 16 + 8).writePointer(hi);
+  });
+  return pairs.length;
 }
 
 /* A warning sent once the queued patches are applied (send() would apply them early). */
@@ -803,6 +791,7 @@ export function applyPatches(what, write = null) {
     [...world.entryCode.values()]);
   // At exit with no other thread of the program (skipParkedAtExit): nothing to stop.
   const alone = world.alone;
+  refreshSignalReturns();
   let stopped = alone || stopClear(avoid, true);
   if (!stopped && world.busy !== null && direct === 0)
     stopped = stopClearSleeping(avoid);
@@ -1049,6 +1038,7 @@ function givesUp(started, looks, ms, minLooks, capMs) {
 export function drain() {
   if (world.fns === null || world.fridaCode.length === 0)
     return false;
+  refreshSignalReturns();
   const started = Date.now();
   for (let looks = 1; ; looks++) {
     world.stats.drain_tries++;
@@ -1179,6 +1169,7 @@ export function quiesce(ranges, openFrom = ranges.length, returnsOnly = false) {
     world.stats.quiesced++;
     return { clear: true, tries: 0, threads: 0 };
   }
+  refreshSignalReturns();
   const deadline = Date.now() + QUIESCE_MS;
   let tries = 0;
   let threads = null;
@@ -1254,6 +1245,7 @@ export function retireFridaKeyDestructors() {
   };
   if (ours().length === 0)
     return (fk.retired = 0);
+  refreshSignalReturns();
   const started = Date.now();
   for (let looks = 1; ; looks++) {
     if (stopClear([], true, 0)) {
@@ -1288,7 +1280,6 @@ export const TEXT_LEAD_C = 'void mt_text_lead (void) { }\n';
  * hides the module's pages from Process's ranges); without them its functions' span, a page on.
  * A range that begins with TEXT_LEAD_C's function begins one byte on instead. */
 export function moduleCode(cm) {
-  const addrs = Object.keys(cm).map(k => cm[k]).filter(p => p instanceof NativePointer && !p.isNull());
   let lo;
   let hi;
   if (cm.__start_text instanceof NativePointer && cm.__stop_text instanceof NativePointer &&
@@ -1296,6 +1287,7 @@ export function moduleCode(cm) {
     lo = cm.__start_text;
     hi = cm.__stop_text;
   } else {
+    const addrs = Object.keys(cm).map(k => cm[k]).filter(p => p instanceof NativePointer && !p.isNull());
     if (addrs.length === 0)
       return [];
     lo = addrs[0];

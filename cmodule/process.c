@@ -301,6 +301,50 @@ struct _MtMaskJob
  * mt_world_sleep_us), never libc's wrappers -- a tracer may hook those (the descriptor guard
  * redirects close), and a hooked or locked libc entry run on a borrowed TLS is Frida's
  * interceptor, or a lock, entered twice on one thread's state.  Its bound is a time. */
+/* Attach to one thread and wait, a bounded time, for it to stop (world.c stops a whole pass of
+ * threads at once instead: mt_world_wait_pass).  PTRACE_SEIZE + PTRACE_INTERRUPT,
+ * not PTRACE_ATTACH: ATTACH's stop is a SIGSTOP, and a SIGCONT sent to the process meanwhile (job
+ * control, a supervisor, a debugger) discards a pending SIGSTOP -- the thread never stopped and the
+ * wait for it never ended: the agent's JavaScript thread hung for good at start (seen once in a
+ * loaded run, in mt_mask_threads).  INTERRUPT's stop is no signal: nothing can cancel it.  A signal
+ * that arrives first is handed back to the thread (PTRACE_CONT with it; the interrupt stays
+ * pending) and we wait again, as LeakSanitizer does.  A thread still running after
+ * MT_WORLD_ATTACH_LIMIT_US is given up (FALSE): it stays seized, harmlessly, until the helper
+ * ends, when the kernel lets go of every tracee the helper still has. */
+static gboolean
+mt_mask_attach (gint tid)
+{
+  gint status = 0, got, signals = 0;
+  guint64 deadline;
+  if (mt_ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
+    return FALSE;
+  if (mt_ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
+    return FALSE;                                 /* gone meanwhile */
+  deadline = mt_world_now_us () + MT_WORLD_ATTACH_LIMIT_US;
+  for (;;)
+  {
+    got = mt_waitpid (tid, &status, MT_WALL | MT_WNOHANG);
+    if (got == 0)
+    {
+      if (mt_world_now_us () > deadline)
+        return FALSE;
+      mt_world_sleep_us (MT_WORLD_WAIT_US);
+      continue;
+    }
+    if (got != tid)
+      return FALSE;
+    if ((status & 0xff) != 0x7f)
+      return FALSE;                               /* exited meanwhile */
+    if ((status >> 16) == MT_PTRACE_EVENT_STOP)
+      return TRUE;                                /* our interrupt's stop (or a group stop) */
+    if (++signals == 64)
+      break;
+    mt_ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+  }
+  mt_ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  return FALSE;
+}
+
 static gint
 mt_mask_helper (gpointer data)
 {
@@ -319,7 +363,7 @@ mt_mask_helper (gpointer data)
   {
     guint64 m = 0;
     gint tid = (gint) job->tids[i];
-    if (!mt_world_attach (tid))
+    if (!mt_mask_attach (tid))
       continue;                     /* gone meanwhile */
     if (mt_ptrace (MT_PTRACE_GETSIGMASK, tid, 8, &m) == 0)
     {

@@ -215,49 +215,9 @@ mt_world_now_us (void)
   return (guint64) ts[0] * 1000000ULL + (guint64) ts[1] / 1000ULL;
 }
 
-/* Attach to one thread and wait, a bounded time, for it to stop.  PTRACE_SEIZE + PTRACE_INTERRUPT,
- * not PTRACE_ATTACH: ATTACH's stop is a SIGSTOP, and a SIGCONT sent to the process meanwhile (job
- * control, a supervisor, a debugger) discards a pending SIGSTOP -- the thread never stopped and the
- * wait for it never ended: the agent's JavaScript thread hung for good at start (seen once in a
- * loaded run, in mt_mask_threads).  INTERRUPT's stop is no signal: nothing can cancel it.  A signal
- * that arrives first is handed back to the thread (PTRACE_CONT with it; the interrupt stays
- * pending) and we wait again, as LeakSanitizer does.  A thread still running after
- * MT_WORLD_ATTACH_LIMIT_US is given up (FALSE): it stays seized, harmlessly, until the helper
- * ends, when the kernel lets go of every tracee the helper still has. */
-#define MT_WORLD_ATTACH_LIMIT_US 1000000ULL        /* 1 s at most per thread, by the clock */
-static gboolean
-mt_world_attach (gint tid)
-{
-  gint status = 0, got, signals = 0;
-  guint64 deadline;
-  if (mt_ptrace (MT_PTRACE_SEIZE, tid, NULL, NULL) != 0)
-    return FALSE;
-  if (mt_ptrace (MT_PTRACE_INTERRUPT, tid, NULL, NULL) != 0)
-    return FALSE;                                 /* gone meanwhile */
-  deadline = mt_world_now_us () + MT_WORLD_ATTACH_LIMIT_US;
-  for (;;)
-  {
-    got = mt_waitpid (tid, &status, MT_WALL | MT_WNOHANG);
-    if (got == 0)
-    {
-      if (mt_world_now_us () > deadline)
-        return FALSE;
-      mt_world_sleep_us (MT_WORLD_WAIT_US);
-      continue;
-    }
-    if (got != tid)
-      return FALSE;
-    if ((status & 0xff) != 0x7f)
-      return FALSE;                               /* exited meanwhile */
-    if ((status >> 16) == MT_PTRACE_EVENT_STOP)
-      return TRUE;                                /* our interrupt's stop (or a group stop) */
-    if (++signals == 64)
-      break;
-    mt_ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
-  }
-  mt_ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
-  return FALSE;
-}
+/* How long a stop waits for threads that have not stopped yet: given up once none has stopped for
+ * this long (mt_world_wait_pass; process.c's mt_mask_attach, for one thread). */
+#define MT_WORLD_ATTACH_LIMIT_US 1000000ULL
 
 static guint64
 mt_world_parse_u64 (const gchar * s)
@@ -368,50 +328,148 @@ mt_world_seccomp (guint64 tgid)
   return 0;
 }
 
-/* One thread of the pass: attach it unless it is skipped or held already. */
+/* A thread that could not be stopped: most often ESRCH, the thread ended between the listing and
+ * the attach, and is no concern.  One still there runs on while the world is "stopped": counted,
+ * and a patch waits for a stop with none (mt_world_stop_clear). */
 static void
-mt_world_attach_one (MtWorld * w, guint64 tid, gpointer data)
+mt_world_not_stopped (MtWorld * w, guint64 tid)
 {
-  guint64 * added = data;
-  MtWorldThread * t;
-  guint64 * regs;
-  guint64 iov[2];
-  guint r;
+  if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, 0L) == 0)
+  {
+    w->n_failed++;
+    if (w->error == 0)
+      w->error = MT_WORLD_E_ATTACH;
+  }
+}
+
+/* One thread of the pass: seized and interrupted, unless it is skipped or held already.  Its stop
+ * is waited for with the whole pass's (mt_world_wait_pass), not before the next thread is asked:
+ * a thread stops only once the scheduler runs it, and with 64 threads spinning on two CPUs each
+ * one waited for in turn took a scheduling round, so a stop took seconds (the busy target's
+ * 1 s window took 9 s to put the hooks in and 18 s to take them out).  The pass's seized
+ * threads wait in w->threads past n_threads (`data`: how many), their `sp` a count of the signals
+ * handed back to them meanwhile. */
+static void
+mt_world_seize_one (MtWorld * w, guint64 tid, gpointer data)
+{
+  guint64 * pending = data, i;
+  MtWorldThread * t = (MtWorldThread *) w->threads;
   if (mt_world_is_skipped (w, tid) || mt_world_is_held (w, tid))
     return;
-  /* A stopper that gave up is not kept waiting for the rest of a pass (up to a second a thread). */
+  for (i = 0; i != *pending; i++)
+  {
+    if (t[w->n_threads + i].tid == tid)
+      return;                                     /* listed twice in one pass */
+  }
+  /* A stopper that gave up is not kept waiting for the rest of a pass. */
   if (g_atomic_int_add ((volatile gint *) &w->abandoned, 0) != 0)
     return;
-  if (w->n_threads == w->threads_cap)
+  if (w->n_threads + *pending == w->threads_cap)
   {
     w->n_failed++;
     return;
   }
-  if (!mt_world_attach ((gint) tid))
+  if (mt_ptrace (MT_PTRACE_SEIZE, (gint) tid, NULL, NULL) != 0)
   {
-    /* Most often ESRCH: the thread ended between the listing and the attach, and is no concern.
-     * One still there runs on while the world is "stopped": counted, and a patch waits for a
-     * stop with none (mt_world_stop_clear). */
-    if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, 0L) == 0)
-    {
-      w->n_failed++;
-      if (w->error == 0)
-        w->error = MT_WORLD_E_ATTACH;
-    }
+    mt_world_not_stopped (w, tid);
     return;
   }
-  t = (MtWorldThread *) w->threads + w->n_threads;
-  regs = (guint64 *) w->regs + w->n_threads * MT_WORLD_REGS;
-  for (r = 0; r != MT_WORLD_REGS; r++)
-    regs[r] = 0;
-  iov[0] = (guint64) regs;
-  iov[1] = MT_WORLD_REGS * 8;
+  if (mt_ptrace (MT_PTRACE_INTERRUPT, (gint) tid, NULL, NULL) != 0)
+  {
+    mt_world_not_stopped (w, tid);                /* gone meanwhile */
+    return;
+  }
+  t += w->n_threads + *pending;
   t->tid = tid;
   t->sp = 0;
-  if (mt_ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
-    t->sp = regs[MT_WORLD_SP];
-  w->n_threads++;
-  (*added)++;
+  (*pending)++;
+}
+
+/* Pending thread i (an index into w->threads) leaves the pass's wait: the last pending one takes
+ * its place. */
+static void
+mt_world_drop_pending (MtWorld * w, guint64 i, guint64 * pending)
+{
+  MtWorldThread * t = (MtWorldThread *) w->threads;
+  guint64 last = w->n_threads + *pending - 1;
+  t[i] = t[last];
+  (*pending)--;
+}
+
+/* Waits for the pass's seized threads to stop, all at once: each that stops for our interrupt is
+ * moved to w->threads[n_threads], its registers read, n_threads counted on.  A signal that arrives
+ * first is handed back to its thread (PTRACE_CONT with it; the interrupt stays pending) and the
+ * wait goes on, as LeakSanitizer does (64 at most a thread).  The pass gives up on the threads
+ * still running once none has stopped for MT_WORLD_ATTACH_LIMIT_US: they stay seized, harmlessly,
+ * until the helper ends, when the kernel lets go of every tracee the helper still has (and of
+ * the interrupt it has not taken).  Returns how many stopped. */
+static guint64
+mt_world_wait_pass (MtWorld * w, guint64 pending)
+{
+  MtWorldThread * t = (MtWorldThread *) w->threads;
+  guint64 added = 0, i, deadline = mt_world_now_us () + MT_WORLD_ATTACH_LIMIT_US;
+  while (pending != 0 && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0)
+  {
+    gboolean progress = FALSE;
+    i = w->n_threads;
+    while (i < w->n_threads + pending)
+    {
+      gint status = 0, got;
+      guint64 tid = t[i].tid;
+      got = mt_waitpid ((gint) tid, &status, MT_WALL | MT_WNOHANG);
+      if (got == 0)
+      {
+        i++;
+        continue;
+      }
+      progress = TRUE;
+      if (got == (gint) tid && (status & 0xff) == 0x7f && (status >> 16) == MT_PTRACE_EVENT_STOP)
+      {
+        /* Our interrupt's stop (or a group stop): held.  To the front of the pending ones, then
+         * counted (the one that was at the front, already looked at this round, takes slot i). */
+        guint64 * regs = (guint64 *) w->regs + w->n_threads * MT_WORLD_REGS;
+        guint64 iov[2];
+        MtWorldThread held = t[i];
+        guint r;
+        t[i] = t[w->n_threads];
+        t[w->n_threads] = held;
+        for (r = 0; r != MT_WORLD_REGS; r++)
+          regs[r] = 0;
+        iov[0] = (guint64) regs;
+        iov[1] = MT_WORLD_REGS * 8;
+        t[w->n_threads].sp = 0;
+        if (mt_ptrace (MT_PTRACE_GETREGSET, (gint) tid, (gpointer) MT_NT_PRSTATUS, iov) == 0)
+          t[w->n_threads].sp = regs[MT_WORLD_SP];
+        w->n_threads++;
+        pending--;
+        added++;
+        i++;
+        continue;
+      }
+      if (got == (gint) tid && (status & 0xff) == 0x7f && ++t[i].sp != 64)
+      {
+        mt_ptrace (MT_PTRACE_CONT, (gint) tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+        i++;
+        continue;
+      }
+      /* Exited meanwhile, or a 64th signal before our stop: let go (with that signal), not held. */
+      if (got == (gint) tid && (status & 0xff) == 0x7f)
+        mt_ptrace (MT_PTRACE_DETACH, (gint) tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+      mt_world_drop_pending (w, i, &pending);
+      mt_world_not_stopped (w, tid);
+    }
+    if (pending == 0)
+      break;
+    if (progress)
+      deadline = mt_world_now_us () + MT_WORLD_ATTACH_LIMIT_US;
+    else if (mt_world_now_us () > deadline)
+      break;
+    mt_world_sleep_us (MT_WORLD_WAIT_US);
+  }
+  /* Given up (or the stopper gave up): still seized, not held. */
+  for (i = 0; i != pending; i++)
+    mt_world_not_stopped (w, t[w->n_threads + i].tid);
+  return added;
 }
 
 /* The helper process: runs on its own small stack, shares our memory, never allocates. */
@@ -441,9 +499,9 @@ mt_world_tracer (gpointer data)
   /* Threads started while we attach are caught by the next pass; stop when a pass finds none. */
   for (pass = 0; pass != 16 && g_atomic_int_add ((volatile gint *) &w->abandoned, 0) == 0; pass++)
   {
-    guint64 added = 0;
-    mt_world_each_task (w->tgid, mt_world_attach_one, w, &added);
-    if (added == 0)
+    guint64 pending = 0;
+    mt_world_each_task (w->tgid, mt_world_seize_one, w, &pending);
+    if (mt_world_wait_pass (w, pending) == 0)
       break;
   }
   /* STOPPED is a plain store: it can overwrite the RESUME of a stopper that timed out meanwhile,
@@ -1400,7 +1458,8 @@ mt_world_open_start (guint64 v, const guint64 * ranges, guint64 open_from, guint
  * Registers always count; with no signal-return code known, so does every word.  `open_from`: a
  * stack word at the very start of ranges[open_from ...] does not count (mt_world_open_start) --
  * below any signal frame only, and only where signal frames can be seen: a thread interrupted at a
- * trampoline's first instruction keeps that pc only in its signal frame, and resumes there. */
+ * trampoline's first instruction keeps that pc only in its signal frame, and resumes there; nor
+ * does a register there other than the pc. */
 static gboolean
 mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_ranges, guint64 depth,
     guint8 * scratch, guint64 scratch_size, gboolean returns_only, guint64 open_from, guint64 * where,
@@ -1425,7 +1484,13 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
   for (r = 0; r != MT_WORLD_REGS; r++)
   {
     guint64 v = mt_world_strip (regs[r]);    /* arm64e: x16/x17 may hold signed ones */
-    if (mt_world_in (v, ranges, n_ranges))
+    /* A register other than the pc at an open range's very start is the pointer our code last
+     * called a trampoline through, left there: TinyCC's code calls through r11, which a thread
+     * spinning in its own loop afterwards never writes again -- 62 of 64 spinning threads held it
+     * through the whole 3 s wait, every uninstall (docs/hook-storm.md, round 26).  A thread that
+     * will still call through it runs our code, and is counted by its pc or a return address. */
+    if (mt_world_in (v, ranges, n_ranges) &&
+        !(r != MT_WORLD_PC && mt_world_open_start (v, ranges, open_from, n_ranges)))
     {
       *where = r;
       *value = regs[r];

@@ -94,7 +94,8 @@ def test_memtrace_attaches_to_64_spinning_threads_and_leaves_them_as_they_were(
     rows = [r for r in doc["top_stacks"] if r["frames"] and r["frames"][0].get("function") == "spin_alloc"]
     assert sum(r["count"] for r in rows) > 0
     time.sleep(0.3)
-    assert spinning.poll() is None, f"the target died: {spinning.returncode}"
+    # memtrace's own account (its warnings, the uninstall's waits) is the evidence of a death here.
+    assert spinning.poll() is None, f"the target died: {spinning.returncode}\n{res.stderr[-4000:]}"
     after = nice_values(pid)
     assert {tid: after[tid] for tid in before} == before
 

@@ -81,6 +81,10 @@ def test_patches_under_the_mach_stop_kill_nothing_that_the_running_world_does(tm
     # The quiesce with return addresses only (process.c's module, mt_world_refs_open returns_only):
     # the pointer's thread does not count; the caller's and the signalled thread's do.
     assert doc["refs_returns"] == [0, 1, 1], doc
+    # A register other than the pc at an open range's very start (the pointer TinyCC's code called a
+    # trampoline through, left in r11 by a thread spinning on) is no reference; where the range is
+    # not open it is, and a pc at an open range's start always is.
+    assert (doc["refs_register"], doc["refs_register_open"], doc["refs_pc_open"]) == (1, 0, 1), doc
     # The clock: 24 MHz ticks through the 125/3 timebase, in microseconds (a 0.2 s sleep).
     assert 150_000 <= doc["slept_us"] < 30_000_000, doc
     # Frida's code found by its VM region (no /proc/self/maps on Darwin).

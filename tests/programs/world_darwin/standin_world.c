@@ -192,6 +192,48 @@ signaled_thread (void * arg)
   return NULL;
 }
 
+/* Round 26: a thread that last called an open range's entry through a register (TinyCC's code calls
+ * through r11) and spins on in its own loop, r11 untouched: a register at the range's very start,
+ * its pc elsewhere.  The loop's compare is the other case: a pc at an open range's start. */
+extern void mt_register_loop (void);
+static volatile guint32 g_register_port;
+static volatile int g_register_in, g_release_register;
+
+static __attribute__ ((noinline)) void
+open_entry (void)
+{
+  __asm__ volatile ("");
+}
+
+static __attribute__ ((noinline)) void *
+register_thread (void * arg)
+{
+  (void) arg;
+  g_register_port = mtmach_thread_self ();
+  g_register_in = 1;
+  __asm__ volatile ("  mov %0, %%r11\n"
+                    "1:\n"
+                    "  pause\n"
+                    ".globl mt_register_loop\n"
+                    "mt_register_loop:\n"         /* where a pause is interrupted: its end */
+                    "  cmpl $0, %1\n"
+                    "  je 1b\n"
+                    : : "r" ((guint64) open_entry), "m" (g_release_register) : "r11", "memory", "cc");
+  return NULL;
+}
+
+/* The pc of the held thread `port` (0: not held). */
+static guint64
+held_pc (MtWorld * w, guint64 port)
+{
+  for (guint64 i = 0; i != w->n_threads; i++)
+  {
+    if (((MtWorldThread *) w->threads)[i].tid == port)
+      return ((guint64 *) w->regs)[i * MT_WORLD_REGS + MT_WORLD_PC];
+  }
+  return 0;
+}
+
 /* A thread that will return into a "module" (its own section) from a sleep. */
 __attribute__ ((noinline, section ("mt_module"))) static void
 module_wait (void)
@@ -495,6 +537,37 @@ main (int argc, char ** argv)
   pthread_join (called_t, NULL);
   pthread_join (signaled_t, NULL);
 
+  /* Registers at an open range's start: r11 left pointing at the entry does not count where the
+   * range is open (it does where it is not); the pc at the loop's first byte counts either way. */
+  pthread_t register_t;
+  pthread_create (&register_t, NULL, register_thread, NULL);
+  while (!g_register_in)
+    usleep (1000);
+  usleep (20000);
+  guint64 skip_r[1] = { g_frida_port };
+  MtWorld * wr = new_world (skip_r, 1);
+  guint64 entry_range[2] = { (guint64) open_entry, (guint64) open_entry + 1 };
+  guint64 loop_range[2] = { (guint64) mt_register_loop, (guint64) mt_register_loop + 1 };
+  guint64 refs_register = ~0ULL, refs_register_open = ~0ULL, refs_pc_open = ~0ULL;
+  if (mt_world_stop (wr))
+  {
+    refs_register = mt_world_refs (wr, entry_range, 1, 8192, scratch, 65536);
+    refs_register_open = mt_world_refs_open (wr, entry_range, 1, 0, 0, 8192, scratch, 65536);
+    mt_world_resume (wr);
+  }
+  /* Held until one stop finds its pc at the compare (after a pause: most of its time). */
+  for (int look = 0; look < 2000 && refs_pc_open == ~0ULL; look++)
+  {
+    if (mt_world_stop (wr))
+    {
+      if (held_pc (wr, g_register_port) == loop_range[0])
+        refs_pc_open = mt_world_refs_open (wr, loop_range, 1, 0, 0, 8192, scratch, 65536);
+      mt_world_resume (wr);
+    }
+  }
+  g_release_register = 1;
+  pthread_join (register_t, NULL);
+
   /* The clock: mach_absolute_time through the timebase, in microseconds. */
   guint64 t0 = mt_world_now_us ();
   usleep (200000);
@@ -535,7 +608,8 @@ main (int argc, char ** argv)
           " \"pointer_got\": [%d, %d, %d], \"pointer_busy_where\": %llu, \"called_got\": %d, \"called_busy_is_it\": %d,"
           " \"signaled_got\": [%d, %d, %d], \"signaled_busy_is_it\": %d, \"refs_pointer\": %llu,"
           " \"refs_pointer_open\": %llu, \"refs_called_open\": %llu, \"refs_saved_open\": [%llu, %llu, %llu],"
-          " \"refs_returns\": [%llu, %llu, %llu]}\n",
+          " \"refs_returns\": [%llu, %llu, %llu],"
+          " \"refs_register\": %llu, \"refs_register_open\": %llu, \"refs_pc_open\": %llu}\n",
           WIFSIGNALED (control_status), WIFSIGNALED (control_status) ? WTERMSIG (control_status) : 0, looks, inside,
           frida_held, frida_ran_stopped, frozen, patches, stopped, not_clear, n_held_min, calls_after, new_got,
           module_suspended_after_new, (unsigned long long) refs_in, (unsigned long long) refs_out, busy_got,
@@ -549,6 +623,7 @@ main (int argc, char ** argv)
           (unsigned long long) refs_called_open, (unsigned long long) refs_saved_open[0],
           (unsigned long long) refs_saved_open[1], (unsigned long long) refs_saved_open[2],
           (unsigned long long) refs_returns[0], (unsigned long long) refs_returns[1],
-          (unsigned long long) refs_returns[2]);
+          (unsigned long long) refs_returns[2], (unsigned long long) refs_register,
+          (unsigned long long) refs_register_open, (unsigned long long) refs_pc_open);
   return 0;
 }

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from memtrace import priority
+from memtrace.capture import RecordType, read_records
 
 from ..conftest import ROOT  # noqa: TID252
 
@@ -37,12 +38,25 @@ def nice_values(pid: int) -> dict[int, int]:
     return out
 
 
-@pytest.fixture
-def spinning(compile_c: Callable[..., Path]) -> Iterator[subprocess.Popen[str]]:
+def broken_compilers(folder: Path) -> dict[str, str]:
+    """gcc and cc that fail, first on PATH: Frida's CModule falls back to its TinyCC, as on a machine
+    without gcc (the environment of the target, which compiles the core, and of memtrace)."""
+    folder.mkdir()
+    for name in ("gcc", "cc"):
+        (folder / name).write_text("#!/bin/sh\necho 'broken for the test' >&2\nexit 1\n")
+        (folder / name).chmod(0o755)
+    return {"MEMTRACE_CACHE_DIR": str(folder / "cache"), "PATH": f"{folder}:{os.environ.get('PATH', '')}"}
+
+
+@pytest.fixture(params=["gcc"])
+def spinning(compile_c: Callable[..., Path], tmp_path: Path,
+             request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str]]:
     """64 threads spinning on the CPU; each has its own nice value (0..7), not all the same, so a
-    restore that writes one value to all would show."""
+    restore that writes one value to all would show.  Parametrized indirectly with the compiler
+    ("tinycc": broken_compilers in the target's environment)."""
     exe = compile_c("busy_threads")
-    target = subprocess.Popen([str(exe), str(SPINNERS), "spin"], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, **(broken_compilers(tmp_path / "broken") if request.param == "tinycc" else {})}
+    target = subprocess.Popen([str(exe), str(SPINNERS), "spin"], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert target.stdout is not None and target.stdout.readline().strip() == "ready"
         for i, tid in enumerate(sorted(nice_values(target.pid))):
@@ -79,11 +93,18 @@ def test_the_program_threads_get_their_exact_nice_back(spinning: subprocess.Pope
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("spinning", ["gcc", "tinycc"], indirect=True)
 def test_memtrace_attaches_to_64_spinning_threads_and_leaves_them_as_they_were(
-        spinning: subprocess.Popen[str], tmp_path: Path) -> None:
+        spinning: subprocess.Popen[str], tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """tinycc: the C core built by Frida's TinyCC (broken_compilers), as on a machine without gcc:
+    its code calls the real malloc through r11, a register a spinning thread then keeps -- it held
+    every quiesce to its end before round 26."""
+    compiler = request.node.callspec.params["spinning"]
     pid = spinning.pid
     before = nice_values(pid)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    if compiler == "tinycc":
+        env.update(broken_compilers(tmp_path / "broken-host"))
     res = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid", str(pid),
                           "--window", "1", "--rpc-timeout", "300", "--json", "--out", str(tmp_path / "cap")],
                          capture_output=True, text=True, env=env, timeout=560)
@@ -93,6 +114,14 @@ def test_memtrace_attaches_to_64_spinning_threads_and_leaves_them_as_they_were(
     # The spinners' own allocations were seen, with their function on the stack.
     rows = [r for r in doc["top_stacks"] if r["frames"] and r["frames"][0].get("function") == "spin_alloc"]
     assert sum(r["count"] for r in rows) > 0
+    # Every thread stopped and looked at until none was inside memtrace's code: the hooks came out
+    # with nothing "unloaded regardless" (a stop that waited for each spinning thread in turn left
+    # the 3 s quiesce room for a few looks; a register left at a trampoline's start held it to its end).
+    records = read_records(tmp_path / "cap" / "capture.mtc")
+    info = next(r.body for r in records if r.type == RecordType.RECON)["info"]
+    assert (info["toolchain"] == "internal") == (compiler == "tinycc"), info
+    warnings = [r.body.get("message", "") for r in records if r.type == RecordType.WARNING]
+    assert not [w for w in warnings if any(k in w for k in ("still inside", "not patched", "world running"))], warnings
     time.sleep(0.3)
     # memtrace's own account (its warnings, the uninstall's waits) is the evidence of a death here.
     assert spinning.poll() is None, f"the target died: {spinning.returncode}\n{res.stderr[-4000:]}"

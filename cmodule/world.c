@@ -1443,7 +1443,8 @@ mt_world_open_start (guint64 v, const guint64 * ranges, guint64 open_from, guint
 
 /* Whether stopped thread i points into `ranges` (a register, or a stack word from sp up, at most
  * `depth` bytes), and how: *where the register index (< MT_WORLD_REGS) or MT_WORLD_REGS + the
- * stack word's byte offset from sp, *value the value pointing in.
+ * stack word's byte offset from sp (+ MT_WORLD_WHERE_ABOVE_SIGNAL when a signal frame lies below
+ * it), *value the value pointing in.
  *
  * `returns_only` (the strict stop's look for Frida's code: may this thread hold one of its
  * locks?): a stack word counts only when it can be a return address (mt_world_after_call), so long
@@ -1517,7 +1518,7 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
           !(below_signal && mt_world_open_start (v, ranges, open_from, n_ranges)) &&
           (!filter || mt_world_after_call (w, v)))
       {
-        *where = MT_WORLD_REGS + done + k;
+        *where = MT_WORLD_REGS + done + k + (n_sigret != 0 && !below_signal ? MT_WORLD_WHERE_ABOVE_SIGNAL : 0);
         *value = v;
         return TRUE;
       }

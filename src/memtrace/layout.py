@@ -441,6 +441,9 @@ FD_DUP_REFUSED = 2 + 2 * FD_RANGES
 # Darwin's VM user tag of thread stacks (VM_MEMORY_STACK): the leak scan's roots.  DEVICE-UNVERIFIED
 VM_MEMORY_STACK = 30
 WORLD_REGS = 34                # u64 registers kept per stopped thread (x86-64 and arm64 both fit)
+# Added to a stack word's `where` (mt_world_thread_ref: WORLD_REGS + its offset from sp) when a
+# signal frame lies below it: a word of an interrupted context, where a pc after no call is live.
+WORLD_WHERE_ABOVE_SIGNAL = 1 << 48
 WORLD_THREAD = Layout("MtWorldThread", (("tid", "u64"), ("sp", "u64")))   # its registers: MtWorld.regs
 # MtWorld.state, written by the stopper and by the helper process.
 WORLD_STATES: dict[str, int] = {"idle": 0, "stopping": 1, "stopped": 2, "resume": 3, "resumed": 4, "failed": 5}

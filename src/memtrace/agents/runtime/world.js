@@ -50,7 +50,9 @@
  * (`world` in the stop result and a warning).
  */
 
-import { WORLD, WORLD_ERROR_CODES, WORLD_ERRORS, WORLD_REGS, WORLD_STATES, WORLD_THREAD } from '../layout.js';
+import {
+  WORLD, WORLD_ERROR_CODES, WORLD_ERRORS, WORLD_REGS, WORLD_STATES, WORLD_THREAD, WORLD_WHERE_ABOVE_SIGNAL,
+} from '../layout.js';
 import { IS_DARWIN } from './platform.js';
 import { writeStruct } from './structs.js';
 
@@ -85,6 +87,10 @@ const WORLD_TIMEOUT = WORLD_ERROR_CODES.timeout;
 const TRAMPOLINE_BYTES = 256;       // one Interceptor code slice
 const REFS_DEPTH = 256 * 1024;      // stack bytes looked at from sp up for a return into our code
 const QUIESCE_MS = 3000;
+// ... and this long when the last look's reference looked live -- a register, or a stack word that
+// follows a call: a thread still running our code, or about to return into it (a stale word, one
+// after no call, is given up on at QUIESCE_MS).  Freeing the code under such a thread kills it.
+const QUIESCE_LIVE_MS = 15000;
 const DRAIN_MS = 1000;           // threads inside Frida's code waited for (drain) at least this long,
 const DRAIN_LOOKS = 10;          // ... and for at least this many looks,
 const DRAIN_CAP_MS = 2500;       // ... but never longer than this (givesUp)
@@ -110,7 +116,7 @@ export const world = {
   otherSites: new Set(),      // sites memtrace also redirects (replaceFast/replace: malloc, execve, guard)
   pristine: new Map(),        // site -> its first PROLOGUE_BYTES before memtrace's first patch (read stopped)
   entryCode: new Map(),       // 'lo-hi' -> [lo, hi): Interceptor's trampoline slices and enter thunk (entryRanges)
-  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, not_quiesced: 0,
+  stats: { applied: 0, stopped: 0, running: 0, retries: 0, timeouts: 0, failed: 0, quiesced: 0, quiesced_late: 0, not_quiesced: 0,
     rewritten_stopped: 0,     // sites whose bytes the flush changed while the world was stopped
     // JavaScript listeners (releaseListenerSites): sites put back to their pristine bytes by memtrace
     // with the world stopped; sites left for Frida's own restore (shared with a redirect);
@@ -536,6 +542,29 @@ const X64_REGS = ['r15', 'r14', 'r13', 'r12', 'rbp', 'rbx', 'r11', 'r10', 'r9', 
   'rdi', 'orig_rax', 'rip', 'cs', 'eflags', 'rsp', 'ss', 'fs_base', 'gs_base', 'ds', 'es', 'fs', 'gs'];
 /* Whether the bytes before code address v end with a call (cmodule/world.c mt_world_follows_call,
  * the check the stops make), for the evidence: a return address, or a pointer to code. */
+/* Whether the last look's first reference (world.mem.busy, as busyThread reads it) looks live: a
+ * register (a pc inside, a pointer about to be called: the open ranges' starts are not counted),
+ * or a stack word the bytes before which end with a call (a return address) -- not a stack word
+ * after no call, which is a stale pointer or a page address more likely than code (round 25). */
+function refLooksLive() {
+  const b = world.mem.busy;
+  if (b.add(8).readU64().equals(0))
+    return false;
+  const { where, aboveSignal } = busyWhere();
+  if (where < WORLD_REGS || aboveSignal)
+    return true;
+  return Number(world.fns.followsCall(world.mem.world, ptr(b.add(24).readU64().toString()))) === 1;
+}
+
+/* The last look's first reference: a register index (< WORLD_REGS) or WORLD_REGS + a stack word's
+ * offset from sp, and whether a signal frame lies below that word (its interrupted context: a pc
+ * there resumes after no call). */
+function busyWhere() {
+  const raw = Number(world.mem.busy.add(16).readU64());
+  const aboveSignal = raw >= WORLD_WHERE_ABOVE_SIGNAL;
+  return { where: aboveSignal ? raw - WORLD_WHERE_ABOVE_SIGNAL : raw, aboveSignal };
+}
+
 function followsCall(v) {
   const got = Number(world.fns.followsCall(world.mem.world, v));
   return got < 0 ? '' : got === 1 ? ', after a call' : ', after no call';
@@ -553,7 +582,7 @@ function busyThread(ranges = null) {
   const tid = Number(b.add(8).readU64());
   if (tid === 0)
     return null;
-  const where = Number(b.add(16).readU64());
+  const { where, aboveSignal } = busyWhere();
   const value = ptr(b.add(24).readU64().toString());
   let name = '?';
   try {
@@ -564,7 +593,7 @@ function busyThread(ranges = null) {
   const names = world.mach ? X64_MACH_REGS : X64_REGS;
   const how = where < WORLD_REGS
     ? `register ${Process.arch === 'x64' && where < names.length ? names[where] : where}`
-    : `stack word at sp+0x${(where - WORLD_REGS).toString(16)}`;
+    : `stack word at sp+0x${(where - WORLD_REGS).toString(16)}${aboveSignal ? ', above a signal frame' : ''}`;
   let sym = value.toString();
   try {
     const d = DebugSymbol.fromAddress(value);
@@ -1170,9 +1199,10 @@ export function quiesce(ranges, openFrom = ranges.length, returnsOnly = false) {
     return { clear: true, tries: 0, threads: 0 };
   }
   refreshSignalReturns();
-  const deadline = Date.now() + QUIESCE_MS;
+  const t0 = Date.now();
   let tries = 0;
   let threads = null;
+  let live = false;
   for (;;) {
     tries++;
     // Strict (no thread held in Frida's code, budget 0: looked at again below): the question is
@@ -1188,10 +1218,14 @@ export function quiesce(ranges, openFrom = ranges.length, returnsOnly = false) {
       world.fns.resume(world.mem.world);
       if (threads === 0) {
         world.stats.quiesced++;
+        if (live)
+          world.stats.quiesced_late++;
         return { clear: true, tries, threads };
       }
+      live = refLooksLive();
     }
-    if (Date.now() > deadline)
+    const waited = Date.now() - t0;
+    if (waited > QUIESCE_LIVE_MS || (waited > QUIESCE_MS && !live))
       break;
     Thread.sleep(0.002);
   }

@@ -296,11 +296,6 @@ struct _MtMaskJob
   volatile gint done;
 };
 
-/* The helper runs on the caller's TLS (a clone without CLONE_SETTLS) while the caller waits: it
- * makes its system calls through syscall(2), as world.c's helper does (mt_ptrace, mt_prctl,
- * mt_world_sleep_us), never libc's wrappers -- a tracer may hook those (the descriptor guard
- * redirects close), and a hooked or locked libc entry run on a borrowed TLS is Frida's
- * interceptor, or a lock, entered twice on one thread's state.  Its bound is a time. */
 /* Attach to one thread and wait, a bounded time, for it to stop (world.c stops a whole pass of
  * threads at once instead: mt_world_wait_pass).  PTRACE_SEIZE + PTRACE_INTERRUPT,
  * not PTRACE_ATTACH: ATTACH's stop is a SIGSTOP, and a SIGCONT sent to the process meanwhile (job
@@ -341,16 +336,23 @@ mt_mask_attach (gint tid)
       break;
     mt_ptrace (MT_PTRACE_CONT, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
   }
-  mt_ptrace (MT_PTRACE_DETACH, tid, NULL, NULL);
+  /* The 64th signal handed back with the detach, not lost. */
+  mt_ptrace (MT_PTRACE_DETACH, tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
   return FALSE;
 }
 
+/* The helper runs on the caller's TLS (a clone without CLONE_SETTLS) while the caller waits: it
+ * makes its system calls through syscall(2), as world.c's helper does (mt_ptrace, mt_prctl,
+ * mt_world_sleep_us), never libc's wrappers -- a tracer may hook those (the descriptor guard
+ * redirects close), and a hooked or locked libc entry run on a borrowed TLS is Frida's
+ * interceptor, or a lock, entered twice on one thread's state.  Its bound is a time. */
 static gint
 mt_mask_helper (gpointer data)
 {
   MtMaskJob * job = data;
   guint64 i;
   guint64 deadline;
+  mt_world_block_signals ();      /* (world.c: the target's SIGCHLD handler must not run here) */
   mt_prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
   deadline = mt_world_now_us () + MT_MASK_GO_US;
   while (g_atomic_int_add (&job->go, 0) == 0)

@@ -162,6 +162,7 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 # define MT_SYS_PRCTL 167
 # define MT_SYS_WAIT4 260
 # define MT_SYS_GETPPID 173
+# define MT_SYS_RT_SIGPROCMASK 135
 # define MT_WORLD_SP 31                    /* struct user_pt_regs: x0..x30, sp, pc, pstate */
 # define MT_WORLD_PC 32
 #else
@@ -176,6 +177,7 @@ extern gssize process_vm_readv (gint pid, gpointer local, gulong nlocal, gpointe
 # define MT_SYS_PRCTL 157
 # define MT_SYS_WAIT4 61
 # define MT_SYS_GETPPID 110
+# define MT_SYS_RT_SIGPROCMASK 14
 # define MT_WORLD_SP 19                    /* struct user_regs_struct: ... rip(16) cs eflags rsp(19) ss ... */
 # define MT_WORLD_PC 16
 #endif
@@ -199,6 +201,19 @@ mt_world_sleep_us (guint64 us)
   ts[0] = (glong) (us / 1000000);
   ts[1] = (glong) ((us % 1000000) * 1000);
   syscall (MT_SYS_NANOSLEEP, (glong) (gsize) ts, 0L);
+}
+
+/* Every signal blocked in the calling task, by system call: the first thing a helper clone does.
+ * A clone without CLONE_SIGHAND starts with a copy of the target's handlers and the calling
+ * thread's mask, and every thread it stops sends it a SIGCHLD -- the target's own SIGCHLD handler
+ * (a reaper's waitpid loop took the helper's stop reports: none held) would run in the helper,
+ * with the world stopped and any of the target's locks held by a stopped thread.  SIGKILL (the
+ * death signal) cannot be blocked; waitpid needs no signal. */
+static void
+mt_world_block_signals (void)
+{
+  guint64 all = ~(guint64) 0;
+  syscall (MT_SYS_RT_SIGPROCMASK, 2L /* SIG_SETMASK */, (glong) (gsize) &all, 0L, 8L);
 }
 
 /* The monotonic clock, in microseconds, by system call (`syscall` is a symbol both CModules have).
@@ -328,13 +343,65 @@ mt_world_seccomp (guint64 tgid)
   return 0;
 }
 
+/* Whether thread tid of tgid is a zombie (or dead): /proc/<tgid>/task/<tid>/stat's state, the field
+ * after the name's last ')'.  A main thread that called pthread_exit stays a zombie while the
+ * others run: it cannot be seized (and runs nothing), yet tgkill (0) reaches it -- counted as a
+ * thread that would not stop, it made every stop of such a process unclear. */
+static gboolean
+mt_world_task_dead (guint64 tgid, guint64 tid)
+{
+  gchar path[64], buf[512];
+  gchar digits[24];
+  guint64 v = tid;
+  gssize got, i, close_paren = -1;
+  gint fd, k = 0, d = 0;
+  mt_world_proc_path (path, tgid, "task/");
+  while (path[k] != 0)
+    k++;
+  do
+  {
+    digits[d++] = (gchar) ('0' + v % 10);
+    v /= 10;
+  }
+  while (v != 0);
+  while (d > 0 && k < 56)
+    path[k++] = digits[--d];
+  path[k] = 0;
+  k = 0;
+  while (path[k] != 0)
+    k++;
+  if (k + 5 >= 64)
+    return FALSE;
+  path[k++] = '/';
+  path[k++] = 's';
+  path[k++] = 't';
+  path[k++] = 'a';
+  path[k++] = 't';
+  path[k] = 0;
+  fd = mt_open (path, 0);
+  if (fd < 0)
+    return FALSE;
+  got = mt_read (fd, buf, sizeof (buf) - 1);
+  mt_close_fd (fd);
+  if (got <= 0)
+    return FALSE;
+  for (i = 0; i < got; i++)
+  {
+    if (buf[i] == ')')
+      close_paren = i;
+  }
+  if (close_paren < 0 || close_paren + 2 >= got)
+    return FALSE;
+  return buf[close_paren + 2] == 'Z' || buf[close_paren + 2] == 'X';
+}
+
 /* A thread that could not be stopped: most often ESRCH, the thread ended between the listing and
  * the attach, and is no concern.  One still there runs on while the world is "stopped": counted,
  * and a patch waits for a stop with none (mt_world_stop_clear). */
 static void
 mt_world_not_stopped (MtWorld * w, guint64 tid)
 {
-  if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, 0L) == 0)
+  if (syscall (MT_SYS_TGKILL, (glong) w->tgid, (glong) tid, 0L) == 0 && !mt_world_task_dead (w->tgid, tid))
   {
     w->n_failed++;
     if (w->error == 0)
@@ -422,7 +489,6 @@ mt_world_wait_pass (MtWorld * w, guint64 pending)
         i++;
         continue;
       }
-      progress = TRUE;
       if (got == (gint) tid && (status & 0xff) == 0x7f && (status >> 16) == MT_PTRACE_EVENT_STOP)
       {
         /* Our interrupt's stop (or a group stop): held.  To the front of the pending ones, then
@@ -443,12 +509,15 @@ mt_world_wait_pass (MtWorld * w, guint64 pending)
         w->n_threads++;
         pending--;
         added++;
+        progress = TRUE;      /* (only a thread held: a thread's signals must not keep the others waiting) */
         i++;
         continue;
       }
       if (got == (gint) tid && (status & 0xff) == 0x7f && ++t[i].sp != 64)
       {
         mt_ptrace (MT_PTRACE_CONT, (gint) tid, NULL, (gpointer) (gsize) ((status >> 8) & 0xff));
+        /* Again: a signal stop that began before the interrupt arrived may have taken it. */
+        mt_ptrace (MT_PTRACE_INTERRUPT, (gint) tid, NULL, NULL);
         i++;
         continue;
       }
@@ -484,6 +553,7 @@ mt_world_tracer (gpointer data)
    * signal is only armed from here on, so a target already gone is seen by its pid: a helper
    * made by a process killed at that instant (a run given up on, under load) was seen holding
    * on, orphaned, to its 600 s hold limit.  The same look each turn of the waits below. */
+  mt_world_block_signals ();
   mt_prctl (MT_PR_SET_PDEATHSIG, MT_SIGKILL, 0, 0, 0);
   if (mt_getppid () != w->tgid)
     return 0;
@@ -1489,7 +1559,10 @@ mt_world_thread_ref (MtWorld * w, guint64 i, const guint64 * ranges, guint64 n_r
      * called a trampoline through, left there: TinyCC's code calls through r11, which a thread
      * spinning in its own loop afterwards never writes again -- 62 of 64 spinning threads held it
      * through the whole 3 s wait, every uninstall (docs/hook-storm.md, round 26).  A thread that
-     * will still call through it runs our code, and is counted by its pc or a return address. */
+     * will still call through it runs our code, and is counted by its pc or a return address; one
+     * interrupted by a signal just after our code jumped through it (gcc's hooks tail-jump), by the
+     * pc its signal frame saved -- where signal frames are seen: under a handler whose restorer
+     * was not found, this register was the last evidence of such a thread (review, round 26). */
     if (mt_world_in (v, ranges, n_ranges) &&
         !(r != MT_WORLD_PC && mt_world_open_start (v, ranges, open_from, n_ranges)))
     {

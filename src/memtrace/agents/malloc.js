@@ -478,10 +478,14 @@ export const tracer = {
       const code = ownCode(core.cm, mallocState.trampolines);
       // (the trampolines last: entries only our code calls)
       mallocState.quiesce = quiesce(code, code.length - mallocState.trampolines.length);
-      if (!mallocState.quiesce.clear && mallocState.quiesce.threads !== null)
-        warn(`${mallocState.quiesce.threads} thread(s) still inside memtrace's malloc hooks after ` +
-          `${mallocState.quiesce.tries} looks` +
-          `${mallocState.quiesce.first ? ` (the first: ${mallocState.quiesce.first})` : ''}; the agent unloads regardless`);
+      const q = mallocState.quiesce;
+      if (!q.clear && q.threads !== null)
+        warn(`${q.threads} thread(s) still inside memtrace's malloc hooks after ${q.tries} looks` +
+          `${q.first ? ` (the first: ${q.first})` : ''}; the agent unloads regardless`);
+      else if (!q.clear && q.tries > 0)
+        // Stops were made, none clear (a thread that would not stop): nothing was looked at.
+        warn(`no stop of every thread could be had in ${q.tries} tries to see that none is still inside ` +
+          `memtrace's malloc hooks${q.why ? ` (${q.why})` : ''}; the agent unloads regardless`);
     }
     // No more destructor calls into the CModule, and the key's index never reused (core.js).
     mallocState.keyRetired = retireThreadKey();

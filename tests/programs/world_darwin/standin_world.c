@@ -210,15 +210,18 @@ register_thread (void * arg)
 {
   (void) arg;
   g_register_port = mtmach_thread_self ();
-  g_register_in = 1;
+  /* g_register_in set once r11 holds the entry (a preemption between the two would otherwise leave
+   * the first look to an r11 not yet written). */
   __asm__ volatile ("  mov %0, %%r11\n"
+                    "  movl $1, %2\n"
                     "1:\n"
                     "  pause\n"
                     ".globl mt_register_loop\n"
                     "mt_register_loop:\n"         /* where a pause is interrupted: its end */
                     "  cmpl $0, %1\n"
                     "  je 1b\n"
-                    : : "r" ((guint64) open_entry), "m" (g_release_register) : "r11", "memory", "cc");
+                    : : "r" ((guint64) open_entry), "m" (g_release_register), "m" (g_register_in)
+                    : "r11", "memory", "cc");
   return NULL;
 }
 

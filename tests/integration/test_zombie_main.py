@@ -1,6 +1,9 @@
-"""A process whose main thread has called pthread_exit (a zombie while the others run) is stopped
-cleanly: the zombie is no thread that "would not stop" (world.c mt_world_task_dead), so every patch
-goes in and out with the world stopped, and the hooks' code is freed after a clear look."""
+"""Processes whose shape once made every world stop unclear (every patch then made with the world
+running, the hooks' code freed without a look) are stopped cleanly:
+- one whose main thread has called pthread_exit (a zombie while the others run): the zombie is no
+  thread that "would not stop" (world.c mt_world_task_dead);
+- one with a SIGCHLD handler that reaps (waitpid(-1, WNOHANG) in a loop): the helper clone inherited
+  it, and it took the stop reports the helper waited for (world.c mt_world_block_signals)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import pytest
 
 from memtrace.capture import RecordType, read_records
 
+from ..children import kill_and_reap  # noqa: TID252
 from ..conftest import ROOT  # noqa: TID252
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
@@ -49,3 +53,28 @@ def test_a_process_whose_main_thread_exited_is_stopped_cleanly(compile_c: Callab
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(180)
+def test_a_process_that_reaps_on_sigchld_is_stopped_cleanly(compile_c: Callable[..., Path], tmp_path: Path) -> None:
+    exe = compile_c("sigchld_reaper")
+    target = subprocess.Popen([str(exe)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout is not None and target.stdout.readline() == "ready\n"
+        out = tmp_path / "cap"
+        res = subprocess.run([sys.executable, "-m", "memtrace.cli", "malloc", "--device", "local", "--pid",
+                              str(target.pid), "--window", "1", "--json", "--out", str(out)],
+                             capture_output=True, text=True, timeout=150,
+                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert doc["ended"] == "completed", doc["reason"]
+        rows = [r for r in doc["top_stacks"] if r["frames"] and r["frames"][0].get("function") == "reaper_alloc"]
+        assert sum(r["count"] for r in rows) > 0, doc["top_stacks"]
+        warnings = [r.body.get("message", "") for r in read_records(out / "capture.mtc")
+                    if r.type == RecordType.WARNING]
+        assert not [w for w in warnings if any(k in w for k in ("unloads regardless", "not patched", "world running"))], \
+            warnings
+        assert target.poll() is None, f"the target died: {target.returncode}"
+    finally:
+        kill_and_reap(target)

@@ -421,6 +421,8 @@ class CalibrationRecord(Shape):
     phase: Maybe[str] = UNSET
     allocator: PhaseStats | None = None
     footprint: PhaseStats | None = None
+    # ("after" only) how the hooks came out: the agent's world report (runtime/world.js worldReport)
+    world: dict[str, Any] | None = None
 
 
 class Event(Shape):

@@ -646,10 +646,13 @@ class CaptureLoop:
                     self.tracer.window_end(self)
                 # Hooks out under stopped worlds (agents/runtime/world.js) can take seconds on a
                 # loaded machine; a host that leaves mid-stop unloads the agent early.
-                self.source.stop(timeout=max(10.0, self.options.thresholds.rpc_timeout))
+                hooks_out = self.source.stop(timeout=max(10.0, self.options.thresholds.rpc_timeout))
                 self.drain()
                 after = self.source.calibrate(timeout=10)
-                self._write(RecordType.CALIBRATION, {"phase": "after", **after})
+                # How the hooks came out (every stop of the world, the waits for threads inside our
+                # code), kept with the capture: the evidence a rare failure needs (docs/architecture.md).
+                self._write(RecordType.CALIBRATION, {"phase": "after", **after,
+                                                     **({"world": hooks_out} if hooks_out is not None else {})})
             except AgentTimeout as e:
                 if not self.ending.gone:
                     self.ending.timeout_info = self._timeout_evidence({"what": e.what, "timeout_s": e.seconds})

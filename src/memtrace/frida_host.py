@@ -581,8 +581,12 @@ class FridaHost:
         """A fork child waits in its atfork handler until its own agent is in."""
         self.rpc("release", "releaseFork", entry, pid)
 
-    def stop(self, timeout: float) -> None:
-        self.rpc("stop", "stop", timeout=timeout)
+    def stop(self, timeout: float) -> dict[str, Any] | None:
+        """The hooks out; the agent's account of how (runtime/world.js worldReport: every stop, the
+        waits for threads inside our code), or None."""
+        result = self.rpc("stop", "stop", timeout=timeout)
+        world = result.get("world") if isinstance(result, dict) else None
+        return world if isinstance(world, dict) else None
 
     def scan_leaks(self, config: dict[str, Any], timeout: float) -> None:
         """malloc --leaks: the agent scans the target's memory (cmodule/leaks.c) and sends the

@@ -152,8 +152,8 @@ class ReplaySource:
     def scan_leaks(self, config: dict[str, Any], timeout: float) -> None:
         pass                    # the capture's own scan result, if any, is replayed as a record
 
-    def stop(self, timeout: float) -> None:
-        pass
+    def stop(self, timeout: float) -> dict[str, Any] | None:
+        return None
 
     def ack(self) -> None:
         pass

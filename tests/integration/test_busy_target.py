@@ -120,6 +120,9 @@ def test_memtrace_attaches_to_64_spinning_threads_and_leaves_them_as_they_were(
     records = read_records(tmp_path / "cap" / "capture.mtc")
     info = next(r.body for r in records if r.type == RecordType.RECON)["info"]
     assert (info["toolchain"] == "internal") == (compiler == "tinycc"), info
+    # ... and the agent's own account, kept with the capture: every look of the quiesce ended clear.
+    world = next(r.body for r in records if r.type == RecordType.CALIBRATION and r.body.get("phase") == "after")["world"]
+    assert world["quiesced"] >= 1 and world["not_quiesced"] == 0 and world["refused"] == [], world
     warnings = [r.body.get("message", "") for r in records if r.type == RecordType.WARNING]
     assert not [w for w in warnings if any(k in w for k in ("unloads regardless", "not patched", "world running"))], warnings
     time.sleep(0.3)

@@ -295,8 +295,9 @@ class DvtHost:
     def release_fork(self, entry: str, pid: int) -> None:
         raise MemtraceError("--backend dvt does not follow children")
 
-    def stop(self, timeout: float) -> None:
+    def stop(self, timeout: float) -> dict[str, Any] | None:
         self._rpc_stop()
+        return None
 
     def scan_leaks(self, config: dict[str, Any], timeout: float) -> None:
         """--leaks: the Leaks service's memory graph at the window's end, as a RESULT."""

@@ -245,16 +245,12 @@ mt_world_parse_u64 (const gchar * s)
   return v;
 }
 
-/* "/proc/<tgid>/<leaf>" into path (64 bytes). */
-static void
-mt_world_proc_path (gchar * path, guint64 tgid, const gchar * leaf)
+/* v's decimal digits at out (20 at most, no terminator); returns how many. */
+static gint
+mt_world_put_u64 (gchar * out, guint64 v)
 {
-  const gchar * part = "/proc/";
   gchar digits[24];
-  guint64 v = tgid;
   gint k = 0, d = 0;
-  while (*part)
-    path[k++] = *part++;
   do
   {
     digits[d++] = (gchar) ('0' + v % 10);
@@ -262,7 +258,19 @@ mt_world_proc_path (gchar * path, guint64 tgid, const gchar * leaf)
   }
   while (v != 0);
   while (d > 0)
-    path[k++] = digits[--d];
+    out[k++] = digits[--d];
+  return k;
+}
+
+/* "/proc/<tgid>/<leaf>" into path (64 bytes). */
+static void
+mt_world_proc_path (gchar * path, guint64 tgid, const gchar * leaf)
+{
+  const gchar * part = "/proc/";
+  gint k = 0;
+  while (*part)
+    path[k++] = *part++;
+  k += mt_world_put_u64 (path + k, tgid);
   path[k++] = '/';
   while (*leaf && k < 62)
     path[k++] = *leaf++;
@@ -350,34 +358,18 @@ mt_world_seccomp (guint64 tgid)
 static gboolean
 mt_world_task_dead (guint64 tgid, guint64 tid)
 {
-  gchar path[64], buf[512];
-  gchar digits[24];
-  guint64 v = tid;
+  gchar path[64], leaf[40], buf[512];
+  const gchar * part = "task/";
   gssize got, i, close_paren = -1;
-  gint fd, k = 0, d = 0;
-  mt_world_proc_path (path, tgid, "task/");
-  while (path[k] != 0)
-    k++;
-  do
-  {
-    digits[d++] = (gchar) ('0' + v % 10);
-    v /= 10;
-  }
-  while (v != 0);
-  while (d > 0 && k < 56)
-    path[k++] = digits[--d];
-  path[k] = 0;
-  k = 0;
-  while (path[k] != 0)
-    k++;
-  if (k + 5 >= 64)
-    return FALSE;
-  path[k++] = '/';
-  path[k++] = 's';
-  path[k++] = 't';
-  path[k++] = 'a';
-  path[k++] = 't';
-  path[k] = 0;
+  gint fd, k = 0;
+  while (*part)
+    leaf[k++] = *part++;
+  k += mt_world_put_u64 (leaf + k, tid);
+  part = "/stat";
+  while (*part)
+    leaf[k++] = *part++;
+  leaf[k] = 0;
+  mt_world_proc_path (path, tgid, leaf);     /* "/proc/<tgid>/task/<tid>/stat": 56 bytes at most */
   fd = mt_open (path, 0);
   if (fd < 0)
     return FALSE;

@@ -123,6 +123,8 @@ def _patched_run(storm_exe: Path, demo_bin: Path, tracer: str, mach: bool) -> Pa
     target = _start(storm_exe, kind, demo_bin, {"LD_PRELOAD": preload} if mach else {})
     try:
         session = frida.get_local_device().attach(target.pid)
+        detached: list[str] = []
+        session.on("detached", lambda reason, crash: detached.append(f"{reason} (crash: {crash})"))
         try:
             script, api = load_tracer(session, tracer, extra)
             api.start()
@@ -130,7 +132,14 @@ def _patched_run(storm_exe: Path, demo_bin: Path, tracer: str, mach: bool) -> Pa
             keys = session.create_script(FRIDA_KEY_DESTRUCTORS)
             keys.load()
             destructors_before = keys.exports_sync.frida_destructors()
-            world = api.stop()["world"]
+            try:
+                world = api.stop()["world"]
+            except frida.InvalidOperationError as e:
+                # The session went away under the stop (round 26's one CI failure said only
+                # "script has been destroyed"): say why, and how the target ended.
+                time.sleep(0.5)
+                raise AssertionError(f"{tracer}: the stop lost its session ({e}): detached {detached}, "
+                                     f"target exit {exit_of(target)}") from e
             destructors_after = keys.exports_sync.frida_destructors()
             keys.unload()
             script.unload()

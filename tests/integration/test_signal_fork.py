@@ -48,7 +48,9 @@ def test_every_handler_allocation_is_counted_with_its_stack(compile_c, tmp_path:
     proc = run_memtrace("malloc", "--device", "local", "--json", "--stack-threshold", "0", "--window", "60",
                         "--top", "50", "--out", tmp_path / "c", "--", prog, str(FORKS), timeout=120)
     doc = json.loads(proc.stdout)
-    handled = int(proc.stderr.split("ok ")[1].split()[1])      # the target's stdout goes to stderr with --json
+    # The target's stdout goes to stderr with --json: "ok FORKS HANDLED ...".
+    assert "ok " in proc.stderr, (doc["ended"], doc["reason"], proc.stderr[-4000:])
+    handled = int(proc.stderr.split("ok ")[1].split()[1])
     rows = doc["top_stacks"]
     on_timer = [r for r in rows if r["frames"] and r["frames"][0].get("function") == "on_timer"]
     assert all(r["bytes"] == 96 * r["count"] for r in on_timer)

@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from memtrace.capture import RecordType, read_records
+from memtrace.capture import read_records
 
 from ..children import kill_and_reap  # noqa: TID252
 from ..conftest import ROOT  # noqa: TID252
+from .stop_evidence import unclean_stop_warnings
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="local-device tests run on Linux")
 
@@ -42,9 +43,7 @@ def _assert_stopped_cleanly(doc: dict[str, Any], out: Path) -> None:
     assert doc["ended"] == "completed", doc["reason"]
     rows = [r for r in doc["top_stacks"] if r["frames"] and r["frames"][0].get("function") == "shape_alloc"]
     assert sum(r["count"] for r in rows) > 0, doc["top_stacks"]
-    warnings = [r.body.get("message", "") for r in read_records(out / "capture.mtc") if r.type == RecordType.WARNING]
-    assert not [w for w in warnings if any(k in w for k in ("unloads regardless", "not patched", "world running"))], \
-        warnings
+    assert unclean_stop_warnings(read_records(out / "capture.mtc")) == []
 
 
 @pytest.mark.timeout(180)

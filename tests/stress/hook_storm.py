@@ -129,9 +129,24 @@ def death_of(status: int | None) -> str | None:
     return f"signal {-status}" if status < 0 else f"exit {status}"
 
 
+def world_of(out: Path) -> dict[str, Any] | None:
+    """The agent's own account of its world stops, as the capture keeps it (the "after"
+    CALIBRATION record's `world`); None when the run wrote none (a failed start, a death)."""
+    from memtrace.capture import CaptureError, RecordType, read_records
+
+    try:
+        for r in read_records(out):
+            if (r.type == RecordType.CALIBRATION and r.body.get("phase") == "after"
+                    and isinstance(r.body.get("world"), dict)):
+                return dict(r.body["world"])
+    except (OSError, CaptureError):
+        pass
+    return None
+
+
 class Cycle:
     """What one memtrace run said: its exit status, stdout (--json), stderr, and the agent's own
-    account of its world stops (the `stop` rpc's `world`; lib driver only)."""
+    account of its world stops (world_of: read from its capture, either driver)."""
 
     def __init__(self, rc: int, stdout: str, stderr: str, world: dict[str, Any] | None = None,
                  hung: bool = False) -> None:
@@ -154,31 +169,15 @@ def cli_driver(argv: list[str], env: dict[str, str], timeout: float) -> Cycle:
 class LibDriver:
     """`memtrace.cli.main(argv)` in this process, cycle after cycle: the command line's own code,
     with the interpreter, the imports, Frida's device and the built agent kept from one cycle to
-    the next.  The `stop` rpc's answer (the agent's world report) is kept for the log: the one
-    thing added is that observation (FridaHost.rpc wrapped, its answer passed on unchanged)."""
+    the next."""
 
     def __init__(self) -> None:
         from memtrace import cli
-        from memtrace.frida_host import FridaHost
 
         self.cli = cli
-        self.world: dict[str, Any] | None = None
-        original = FridaHost.rpc
-        driver = self
-
-        def rpc(host: Any, what: str, method: str, *args: Any, **options: Any) -> Any:
-            # (every keyword FridaHost.rpc takes: run_late was refused here, and every cycle of the
-            # leaks storm raised a TypeError -- counted as a failure, which nothing asserted)
-            answer = original(host, what, method, *args, **options)
-            if method == "stop" and isinstance(answer, dict) and isinstance(answer.get("world"), dict):
-                driver.world = answer["world"]
-            return answer
-
-        setattr(FridaHost, "rpc", rpc)  # noqa: B010 -- an assignment to a method, which mypy refuses
 
     def __call__(self, argv: list[str], env: dict[str, str], timeout: float) -> Cycle:
         os.environ.update(env)
-        self.world = None
         out, err = io.StringIO(), io.StringIO()
         rc = 0
         done = threading.Event()
@@ -195,7 +194,7 @@ class LibDriver:
             done.set()
         if rc in (129, 130, 143):
             raise KeyboardInterrupt     # the storm itself was told to stop (SIGHUP, ^C, SIGTERM)
-        return Cycle(rc, out.getvalue(), err.getvalue(), self.world)
+        return Cycle(rc, out.getvalue(), err.getvalue())
 
     @staticmethod
     def _watch(done: threading.Event, timeout: float, argv: list[str]) -> None:
@@ -289,6 +288,7 @@ def run_mode(mode: str, cycles: int, window: float, threads: int, exe: Path, wor
                 argv += ["--", str(exe), kind, str(threads)]
             t0 = time.monotonic()
             res = driver(argv, target_env(exe), cycle_timeout)
+            res.world = world_of(out)
             died = None
             if attach:
                 assert target is not None

@@ -127,6 +127,18 @@ class ChildExitWatcher:
         return self.result
 
 
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid`` (a process on this machine, alive now), or None where the system has
+    none (older Linux, macOS hosts): signals sent through it reach that process or none, never a
+    later one given the same pid."""
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
 def local_pid_alive(pid: int) -> bool:
     """Whether pid is a live process on this machine (a zombie is not)."""
     try:

@@ -21,6 +21,7 @@ import os
 import platform
 import queue
 import shutil
+import signal
 import stat
 import sys
 import threading
@@ -41,7 +42,7 @@ from memtrace.agentbuild import (
 )
 from memtrace.errors import AgentTimeout, MemtraceError, TargetError, TargetGone, TargetLost
 from memtrace.errors import first_line as _first_line
-from memtrace.exitwatch import ChildExitWatcher, local_pid_alive
+from memtrace.exitwatch import ChildExitWatcher, local_pid_alive, open_pidfd
 from memtrace.files import write_bytes_atomic, write_text_atomic
 from memtrace.hold import HeldImage, Hold
 from memtrace.hold import library as hold_library
@@ -99,6 +100,7 @@ class FridaHost:
         self.script: Any = None
         self.launched: launchers.Launched | None = None
         self.exit_watch: ChildExitWatcher | None = None
+        self._pidfd: int | None = None      # the local program memtrace spawned, for kill()
         self.unwind: UnwindFeed | None = None
         # The worker that runs every blocking Frida call, one at a time: frida-tools' Reactor, run
         # on a daemon thread of its own (so its worker is one too) from the first call until
@@ -195,6 +197,7 @@ class FridaHost:
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
             self.exit_watch = ChildExitWatcher(self.launched.pid)
+            self._pidfd = open_pidfd(self.launched.pid)
         if hold is not None:
             self._hold_at_constructors(hold)
             self.phases["held"] = time.monotonic()
@@ -739,6 +742,13 @@ class FridaHost:
     def kill(self) -> None:
         if self.pid is None:
             return
+        if self._pidfd is not None:
+            # Through the pidfd opened at launch: it names that process for good, where its pid --
+            # once the process is gone and reaped (Frida reaps what it spawns) -- may be another
+            # program's by the time memtrace gets here (32,768 pids on a default Linux).
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            return
         with contextlib.suppress(frida.ProcessNotFoundError, frida.InvalidOperationError):
             self.device.kill(self.pid)
 
@@ -750,6 +760,9 @@ class FridaHost:
         self._unboost()
         if self.exit_watch is not None:     # a target left running is no longer ours to watch
             self.exit_watch.stop()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
         for obj, signal_name, handler in self._handlers:
             with contextlib.suppress(Exception):     # an object Frida has already let go of
                 obj.off(signal_name, handler)

@@ -114,3 +114,39 @@ def test_without_pidfds_a_ptrace_stop_is_left_to_the_tracer(monkeypatch: pytest.
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfds (Linux 5.3+)")
+def test_the_kill_at_the_end_never_reaches_a_process_that_took_the_pid() -> None:
+    """FridaHost.kill signals through the pidfd opened at launch: the program memtrace spawned is
+    gone and reaped, and its pid -- simulated here by pointing the host at another live process --
+    now names a stranger, which lives on.  The same host kills its own program when it lives."""
+    from memtrace.exitwatch import open_pidfd
+    from memtrace.frida_host import FridaHost
+    from memtrace.launchers import Launched
+    from memtrace.target import TargetSpec
+
+    gone = subprocess.Popen(["true"])
+    gone_fd = open_pidfd(gone.pid)
+    gone.wait()
+    stranger = subprocess.Popen(["sleep", "30"])
+    ours = subprocess.Popen(["sleep", "30"])
+    try:
+        host = FridaHost(TargetSpec(device="local", argv=["true"]), 5.0)
+        host.launched = Launched(pid=stranger.pid, t_launch=None, suspended=False, spawned=True, how="test")
+        host._pidfd = gone_fd
+        host.kill()
+        assert stranger.poll() is None
+        host.close()
+        assert host._pidfd is None
+
+        host = FridaHost(TargetSpec(device="local", argv=["sleep", "30"]), 5.0)
+        host.launched = Launched(pid=ours.pid, t_launch=None, suspended=False, spawned=True, how="test")
+        host._pidfd = open_pidfd(ours.pid)
+        host.kill()
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        host.close()
+    finally:
+        for p in (stranger, ours):
+            p.kill()
+            p.wait()

@@ -364,7 +364,16 @@ main (int argc, char ** argv)
     long f0 = g_frida_count, c0 = g_calls[0];
     if (looks % 50 == 0)
     {
-      usleep (20000);
+      /* Until "Frida's" thread has run (2 s at most: a loaded machine -- 17 runnable threads a CPU
+       * in one CI-like run -- may not schedule it within a fixed 20 ms, the one failure of this
+       * check) and 20 ms at least, for the held callers to show they do not. */
+      int waited_ms = 0;
+      do
+      {
+        usleep (20000);
+        waited_ms += 20;
+      }
+      while (g_frida_count == f0 && waited_ms < 2000);
       frida_ran_stopped += g_frida_count != f0;
       frozen &= g_calls[0] == c0 && mtmach_suspend_count (g_ports[0]) == 1 && mtmach_suspend_count (g_frida_port) == 0;
     }

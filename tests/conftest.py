@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,54 @@ def pytest_configure(config: pytest.Config) -> None:
     watch = _SlowTestWatch()
     config.pluginmanager.register(watch, "memtrace-slow-test-watch")
     threading.Thread(target=watch.watch, name="slow-test-watch", daemon=True).start()
+
+
+def _programs_running_from(root: Path) -> dict[int, str]:
+    """The processes on this machine whose executable lies under `root` (pid -> path).  Read from
+    any thread's /proc entry: a process whose main thread exited (a zombie leader) still runs its
+    other threads, and has no executable of its own to show."""
+    found: dict[int, str] = {}
+    prefix = f"{root}/"
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            tasks = os.listdir(f"/proc/{entry.name}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                exe = os.readlink(f"/proc/{entry.name}/task/{tid}/exe")
+            except OSError:
+                continue
+            if exe.startswith(prefix):
+                found[int(entry.name)] = exe
+            break
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_program_left_running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A test module leaves none of the programs it built running (they live under this worker's
+    base temporary folder): one left spinning -- the stop-shapes test's, two busy threads, for the
+    rest of every suite run in round 26 -- loads the machine every later test runs on.  Killed and
+    named here, as an error of the module's last test."""
+    if sys.platform != "linux":
+        yield
+        return
+    root = tmp_path_factory.getbasetemp()
+    before = set(_programs_running_from(root))
+    yield
+    deadline = time.monotonic() + 5.0       # a kill in a teardown may take a moment to show
+    while True:
+        left = {pid: exe for pid, exe in _programs_running_from(root).items() if pid not in before}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"programs this module started are still running: {left}"
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -343,6 +343,8 @@ def target_checks(report: Report, target: TargetSpec, rpc_timeout: float = 20.0,
         host.attach()
     except MemtraceError as e:
         report.add("target", "attach", FAIL, f"{target.describe()}: {e}")
+        if host.spawned:        # launched, then not attached: not left behind
+            host.kill()
         host.close()
         return
     how = host.launched.how if host.launched is not None else "attached"

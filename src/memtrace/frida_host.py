@@ -742,6 +742,8 @@ class FridaHost:
     def kill(self) -> None:
         if self.pid is None:
             return
+        if self.is_local and self._closed.is_set():
+            return      # its pidfd is closed: by pid, a closed host could only reach a stranger
         if self._pidfd is not None:
             # Through the pidfd opened at launch: it names that process for good, where its pid --
             # once the process is gone and reaped (Frida reaps what it spawns) -- may be another

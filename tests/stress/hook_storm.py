@@ -406,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", choices=("native", "mach"), default="native",
                     help="native: Linux's stop (ptrace helper); mach: the Darwin stop (Mach thread suspension, "
                          "cmodule/world.c MT_DARWIN) over the stand-in library demo/darwin/mtmach.c")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="build the targets and write the captures under this folder (default: a temporary one, "
+                         "removed at the end)")
     args = ap.parse_args(argv)
     modes = list(MODES) if args.mode == "all" else args.mode.split(",")
     for m in modes:
@@ -415,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     log: list[dict[str, Any]] = []
     any_death = False
     driver: Driver = LibDriver() if args.driver == "lib" else cli_driver
-    with tempfile.TemporaryDirectory(prefix="hook-storm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="hook-storm-", dir=args.work) as tmp:
         work = Path(tmp)
         exe = build_target(work)
         if any(MODES[m][2] in STANDIN_KINDS for m in modes) or args.world == "mach":

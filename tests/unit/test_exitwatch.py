@@ -121,6 +121,8 @@ def test_the_kill_at_the_end_never_reaches_a_process_that_took_the_pid() -> None
     """FridaHost.kill signals through the pidfd opened at launch: the program memtrace spawned is
     gone and reaped, and its pid -- simulated here by pointing the host at another live process --
     now names a stranger, which lives on.  The same host kills its own program when it lives."""
+    import frida
+
     from memtrace.exitwatch import open_pidfd
     from memtrace.frida_host import FridaHost
     from memtrace.launchers import Launched
@@ -132,15 +134,17 @@ def test_the_kill_at_the_end_never_reaches_a_process_that_took_the_pid() -> None
     stranger = subprocess.Popen(["sleep", "30"])
     ours = subprocess.Popen(["sleep", "30"])
     try:
-        host = FridaHost(TargetSpec(device="local", argv=["true"]), 5.0)
+        host = FridaHost(TargetSpec(device="local", argv=["true"]), 5.0, device=frida.get_local_device())
         host.launched = Launched(pid=stranger.pid, t_launch=None, suspended=False, spawned=True, how="test")
         host._pidfd = gone_fd
         host.kill()
         assert stranger.poll() is None
         host.close()
         assert host._pidfd is None
+        host.kill()             # closed: no pidfd left, and by pid it could only reach a stranger
+        assert stranger.poll() is None
 
-        host = FridaHost(TargetSpec(device="local", argv=["sleep", "30"]), 5.0)
+        host = FridaHost(TargetSpec(device="local", argv=["sleep", "30"]), 5.0, device=frida.get_local_device())
         host.launched = Launched(pid=ours.pid, t_launch=None, suspended=False, spawned=True, how="test")
         host._pidfd = open_pidfd(ours.pid)
         host.kill()

@@ -148,9 +148,9 @@ class Cycle:
     """What one memtrace run said: its exit status, stdout (--json), stderr, and the agent's own
     account of its world stops (world_of: read from its capture, either driver)."""
 
-    def __init__(self, rc: int, stdout: str, stderr: str, world: dict[str, Any] | None = None,
-                 hung: bool = False) -> None:
-        self.rc, self.stdout, self.stderr, self.world, self.hung = rc, stdout, stderr, world, hung
+    def __init__(self, rc: int, stdout: str, stderr: str, hung: bool = False) -> None:
+        self.rc, self.stdout, self.stderr, self.hung = rc, stdout, stderr, hung
+        self.world: dict[str, Any] | None = None
 
 
 Driver = Callable[[list[str], dict[str, str], float], Cycle]

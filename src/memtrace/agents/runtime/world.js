@@ -545,8 +545,6 @@ function stopClear(ranges, strict = false, budgetMs = world.fridaMs) {
 // (ptrace), or Darwin's x86_THREAD_STATE64 (the Mach stop).
 const X64_REGS = ['r15', 'r14', 'r13', 'r12', 'rbp', 'rbx', 'r11', 'r10', 'r9', 'r8', 'rax', 'rcx', 'rdx', 'rsi',
   'rdi', 'orig_rax', 'rip', 'cs', 'eflags', 'rsp', 'ss', 'fs_base', 'gs_base', 'ds', 'es', 'fs', 'gs'];
-/* Whether the bytes before code address v end with a call (cmodule/world.c mt_world_follows_call,
- * the check the stops make), for the evidence: a return address, or a pointer to code. */
 /* Whether the last look's first reference (world.mem.busy, as busyThread reads it) looks live: a
  * register (a pc inside, a pointer about to be called: the open ranges' starts are not counted),
  * or a stack word the bytes before which end with a call (a return address) or above a signal frame,
@@ -573,6 +571,8 @@ function busyWhere() {
   return { where: aboveSignal ? raw - WORLD_WHERE_ABOVE_SIGNAL : raw, aboveSignal };
 }
 
+/* Whether the bytes before code address v end with a call (cmodule/world.c mt_world_follows_call,
+ * the check the stops make), for the evidence: a return address, or a pointer to code. */
 function followsCall(v) {
   const got = Number(world.fns.followsCall(world.mem.world, v));
   return got < 0 ? '' : got === 1 ? ', after a call' : ', after no call';

@@ -197,7 +197,8 @@ class FridaHost:
         if self.is_local:
             # Spawned or attached to: a pidfd opened now tells how it ends (exitwatch).
             self.exit_watch = ChildExitWatcher(self.launched.pid)
-            self._pidfd = open_pidfd(self.launched.pid)
+            if self.launched.spawned:       # what kill() may end (a program memtrace started)
+                self._pidfd = open_pidfd(self.launched.pid)
         if hold is not None:
             self._hold_at_constructors(hold)
             self.phases["held"] = time.monotonic()
